@@ -1,0 +1,19 @@
+"""gpufeed: image datasets onto the GPU at bus speed for PyTorch."""
+
+from gpufeed._version import __version__
+from gpufeed.packing import PackError, PackReport, SourceError, pack
+from gpufeed.store import Store, StoreError, VerifyResult, verify
+from gpufeed.store import open_store as open
+
+__all__ = [
+    "PackError",
+    "PackReport",
+    "SourceError",
+    "Store",
+    "StoreError",
+    "VerifyResult",
+    "__version__",
+    "open",
+    "pack",
+    "verify",
+]

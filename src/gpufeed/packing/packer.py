@@ -1,0 +1,185 @@
+"""`gpufeed.pack`: turn an image collection into a store, on all cores, atomically."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import time
+from collections import deque
+from concurrent.futures import Executor, Future, ProcessPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from functools import partial
+from itertools import islice
+from pathlib import Path
+from typing import Iterator
+
+from tqdm import tqdm
+
+from gpufeed._version import __version__
+from gpufeed.packing import worker
+from gpufeed.packing.imaging import DEFAULT_MAX_PIXELS
+from gpufeed.packing.sinks import JpegSink, RawSink
+from gpufeed.packing.sources import Item, Skip, open_source
+from gpufeed.store import format as fmt
+from gpufeed.store.writer import atomic_store_dir
+
+log = logging.getLogger(__name__)
+CHUNK = 32
+
+
+class PackError(Exception):
+    """Packing failed; nothing was written at the destination. `skipped` lists what was left out."""
+
+    def __init__(self, message: str, skipped: list[dict[str, str]] | None = None):
+        super().__init__(message)
+        self.skipped = skipped or []
+
+
+@dataclass
+class PackReport:
+    """What `pack` did: where, how many, what was skipped and why, how fast."""
+
+    dest: Path
+    mode: str
+    count: int
+    skipped: list[dict[str, str]] = field(default_factory=list)
+    seconds: float = 0.0
+    workers: int = 1
+    bytes: int = 0
+
+    @property
+    def images_per_s(self) -> float:
+        return self.count / self.seconds if self.seconds else 0.0
+
+    def summary(self) -> str:
+        lines = [
+            f"packed {self.count} images into {self.dest} ({self.mode}, {self.bytes / 1e6:.1f} MB) "
+            f"in {self.seconds:.1f} s: {self.images_per_s:.0f} img/s on {self.workers} worker(s)"
+        ]
+        if self.skipped:
+            lines.append(f"skipped {len(self.skipped)}:")
+            lines += [f"  {s['path']}: {s['reason']}" for s in self.skipped[:20]]
+            if len(self.skipped) > 20:
+                lines.append(f"  ... and {len(self.skipped) - 20} more (see manifest.json)")
+        return "\n".join(lines)
+
+
+class _Inline(Executor):
+    """Runs tasks in this process (workers=1): same code path, easy to debug."""
+
+    def submit(self, fn, /, *args, **kwargs) -> Future:
+        f: Future = Future()
+        f.set_result(fn(*args, **kwargs))
+        return f
+
+
+def _check_args(mode: str, size: int, fit: str, quality: int, max_side: int, on_error: str) -> None:
+    if mode not in fmt.MODES:
+        raise ValueError(f"mode must be one of {fmt.MODES}, got {mode!r}")
+    if fit not in fmt.FITS:
+        raise ValueError(f"fit must be one of {fmt.FITS}, got {fit!r}")
+    if on_error not in ("skip", "raise"):
+        raise ValueError(f"on_error must be 'skip' or 'raise', got {on_error!r}")
+    if not 1 <= quality <= 100:
+        raise ValueError(f"quality must be in 1..100, got {quality}")
+    if size < 1 or max_side < 1:
+        raise ValueError(f"size and max_side must be positive, got {size} and {max_side}")
+
+
+def _chunks(entries: Iterator, sink, raw_path: str | None, on_skip) -> Iterator[worker.Chunk]:
+    """Group source items into chunks, passing source-level skips to `on_skip`."""
+    items = (e for e in entries if isinstance(e, Item) or on_skip(e))
+    while batch := list(islice(items, CHUNK)):
+        yield worker.Chunk(sink.reserve(len(batch)), batch, raw_path)
+
+
+def _bounded(executor: Executor, fn, chunks: Iterator[worker.Chunk], window: int):
+    """Map in order with at most `window` chunks in flight (memory stays bounded)."""
+    pending: deque = deque()
+    for chunk in chunks:
+        pending.append((chunk, executor.submit(fn, chunk)))
+        if len(pending) >= window:
+            c, f = pending.popleft()
+            yield c, f.result()
+    while pending:
+        c, f = pending.popleft()
+        yield c, f.result()
+
+
+def pack(
+    source: str | os.PathLike,
+    dest: str | os.PathLike,
+    *,
+    mode: str = "raw",
+    size: int = 256,
+    fit: str = "crop",
+    quality: int = 90,
+    max_side: int = 512,
+    reencode: bool = True,
+    workers: int | None = None,
+    on_error: str = "skip",
+    overwrite: bool = False,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+    progress: bool = True,
+) -> PackReport:
+    """Pack `source` (image folder, CSV/JSONL list, tar shards) into a store at `dest`.
+
+    Bad files are skipped and listed with their reason (`on_error="skip"`), or stop the pack
+    at the first one (`"raise"`). The store appears at `dest` only once complete.
+    """
+    _check_args(mode, size, fit, quality, max_side, on_error)
+    workers = workers or os.cpu_count() or 1
+    settings = worker.Settings(mode, size, fit, quality, max_side, reencode, max_pixels)
+    src = open_source(source)
+    skipped: list[dict[str, str]] = []
+
+    def on_skip(s: Skip) -> bool:
+        if on_error == "raise" and s.fatal:
+            raise PackError(f"{s.name}: {s.reason}", skipped)
+        skipped.append({"path": s.name, "reason": s.reason})
+        return False
+
+    t0 = time.perf_counter()
+    with atomic_store_dir(dest, overwrite) as work:
+        sink = RawSink(work, size) if mode == "raw" else JpegSink(work)
+        raw_path = str(sink.path) if mode == "raw" else None
+        ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else None)
+        executor = _Inline() if workers == 1 else ProcessPoolExecutor(workers, mp_context=ctx)
+        bar = tqdm(total=src.total, unit="img", desc="pack", disable=not progress, smoothing=0.1)
+        try:
+            chunks = _chunks(src.entries, sink, raw_path, on_skip)
+            for chunk, results in _bounded(executor, partial(worker.process, s=settings), chunks, 4 * workers):
+                for k, (item, (error, encoded, hw)) in enumerate(zip(chunk.items, results)):
+                    if error is None:
+                        sink.add(chunk.start + k, item.label, encoded, hw)
+                    else:
+                        on_skip(Skip(item.name, error))
+                bar.update(len(chunk.items))
+                bar.set_postfix(skipped=len(skipped), refresh=False)
+        finally:
+            bar.close()
+            executor.shutdown(cancel_futures=True)
+        if sink.count == 0:
+            raise PackError(f"{src.description}: nothing could be packed ({len(skipped)} skipped)", skipped)
+        files = sink.finish()
+        fmt.Manifest(
+            mode=mode,
+            count=sink.count,
+            image_shape=[size, size, 3] if mode == "raw" else None,
+            classes=src.classes,
+            files=files,
+            skipped=skipped,
+            settings={
+                "source": os.fspath(source), "size": size, "fit": fit, "quality": quality,
+                "max_side": max_side, "reencode": reencode, "max_pixels": max_pixels,
+            },
+            gpufeed_version=__version__,
+            created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        ).write(work)
+    seconds = time.perf_counter() - t0
+    report = PackReport(Path(dest), mode, sink.count, skipped, seconds, workers,
+                        sum(f["bytes"] for f in files.values()))
+    log.debug("%s", report.summary())
+    return report

@@ -1,0 +1,100 @@
+"""Collect packed samples into the data files of a store being written."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from array import array
+from pathlib import Path
+
+import numpy as np
+
+from gpufeed.store import format as fmt
+from gpufeed.store.writer import HashingWriter, file_digest
+
+
+def _write_array(path: Path, values: np.ndarray) -> dict[str, object]:
+    w = HashingWriter(path)
+    w.write(np.ascontiguousarray(values))
+    return w.close()
+
+
+class RawSink:
+    """Hands out slots of images.u8 to workers; compacts away the slots of skipped images."""
+
+    def __init__(self, work: Path, size: int):
+        self.work = work
+        self.path = work / fmt.RAW_IMAGES
+        self.item = fmt.raw_item_bytes(size)
+        self.path.touch()
+        self.slots = 0
+        self.kept: array = array("q")
+        self.labels: array = array("q")
+
+    @property
+    def count(self) -> int:
+        return len(self.kept)
+
+    def reserve(self, n: int) -> int:
+        """Grow the (sparse) file by `n` slots and return the first one."""
+        start = self.slots
+        self.slots += n
+        os.truncate(self.path, self.slots * self.item)
+        return start
+
+    def add(self, slot: int, label: int, encoded: bytes | None, hw: tuple[int, int] | None) -> None:
+        self.kept.append(slot)
+        self.labels.append(label)
+
+    def finish(self) -> dict[str, dict[str, object]]:
+        files = {fmt.LABELS: _write_array(self.work / fmt.LABELS, np.asarray(self.labels, dtype="<i8"))}
+        if list(self.kept) == list(range(self.slots)):
+            files[fmt.RAW_IMAGES] = file_digest(self.path)
+            return files
+        sha = hashlib.sha256()
+        fd = os.open(self.path, os.O_RDWR)
+        try:
+            for k, slot in enumerate(self.kept):
+                buf = os.pread(fd, self.item, slot * self.item)
+                if slot != k:
+                    os.pwrite(fd, buf, k * self.item)
+                sha.update(buf)
+            os.ftruncate(fd, len(self.kept) * self.item)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        files[fmt.RAW_IMAGES] = {"bytes": len(self.kept) * self.item, "sha256": sha.hexdigest()}
+        return files
+
+
+class JpegSink:
+    """Appends encoded images to data.bin and keeps the offsets and shapes index."""
+
+    def __init__(self, work: Path):
+        self.work = work
+        self.data = HashingWriter(work / fmt.JPEG_DATA)
+        self.offsets: array = array("q", [0])
+        self.shapes: array = array("i")
+        self.labels: array = array("q")
+
+    @property
+    def count(self) -> int:
+        return len(self.labels)
+
+    def reserve(self, n: int) -> int:
+        return 0
+
+    def add(self, slot: int, label: int, encoded: bytes | None, hw: tuple[int, int] | None) -> None:
+        self.data.write(encoded)
+        self.offsets.append(self.data.bytes)
+        self.shapes.extend(hw)
+        self.labels.append(label)
+
+    def finish(self) -> dict[str, dict[str, object]]:
+        w = self.work
+        return {
+            fmt.JPEG_DATA: self.data.close(),
+            fmt.JPEG_OFFSETS: _write_array(w / fmt.JPEG_OFFSETS, np.asarray(self.offsets, dtype="<i8")),
+            fmt.JPEG_SHAPES: _write_array(w / fmt.JPEG_SHAPES, np.asarray(self.shapes, dtype="<i4")),
+            fmt.LABELS: _write_array(w / fmt.LABELS, np.asarray(self.labels, dtype="<i8")),
+        }

@@ -1,0 +1,223 @@
+"""Enumerate what to pack from a folder, a CSV/JSONL list or WebDataset-style tar shards.
+
+A source yields `Item`s (an image to pack, read by a worker from `path` or carried in
+`data`) and `Skip`s (something left out, with the reason) in a deterministic order.
+"""
+
+from __future__ import annotations
+
+import csv
+import glob
+import json
+import os
+import tarfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Union
+
+from PIL import Image
+
+IMAGE_EXTS = frozenset(Image.registered_extensions())
+TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz")
+TAR_IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
+
+
+class SourceError(Exception):
+    """The source as a whole cannot be read; the message names it and says why."""
+
+
+@dataclass
+class Item:
+    name: str  # a path, or shard:key for tar members; what reports show
+    label: int
+    path: str | None = None
+    data: bytes | None = None
+
+
+@dataclass
+class Skip:
+    name: str
+    reason: str
+    fatal: bool = True  # False for things that are simply not images (dotfiles, .txt)
+
+
+Entry = Union[Item, Skip]
+
+
+@dataclass
+class Source:
+    description: str
+    classes: list[str]
+    entries: Iterator[Entry]
+    total: int | None = None  # known up front for folders and lists, not for tar streams
+    kind: str = field(default="folder")
+
+
+def open_source(source: str | os.PathLike) -> Source:
+    """Recognise `source` and return its entries; raises SourceError if it cannot be used."""
+    text = os.fspath(source)
+    if glob.has_magic(text):
+        shards = sorted(glob.glob(text))
+        if not shards:
+            raise SourceError(f"{text}: no file matches this pattern")
+        return _tar_source(text, shards)
+    path = Path(text)
+    if not path.exists():
+        raise SourceError(f"{path}: no such file or directory")
+    if path.is_dir():
+        return _folder_source(path)
+    lower = path.name.lower()
+    if lower.endswith(TAR_SUFFIXES):
+        return _tar_source(text, [text])
+    if lower.endswith((".csv", ".jsonl")):
+        return _list_source(path)
+    raise SourceError(f"{path}: not a folder, .csv/.jsonl list or .tar/.tar.gz/.tgz shard")
+
+
+def _walk(directory: str, seen: set[tuple[int, int]]) -> Iterator[str | Skip]:
+    """Image files under `directory`, sorted, following symlinks but never looping."""
+    try:
+        st = os.stat(directory)
+        entries = sorted(os.scandir(directory), key=lambda e: e.name)
+    except OSError as e:
+        yield Skip(directory, f"unreadable directory: {e.strerror or e}")
+        return
+    if (st.st_dev, st.st_ino) in seen:
+        yield Skip(directory, "symlink loop: directory already visited")
+        return
+    seen.add((st.st_dev, st.st_ino))
+    for e in entries:
+        ext = os.path.splitext(e.name)[1]
+        if e.name.startswith("."):
+            yield Skip(e.path, "hidden file or folder (dotfile)", fatal=False)
+        elif _is_dir(e):
+            yield from _walk(e.path, seen)
+        elif ext.lower() in IMAGE_EXTS:
+            yield e.path  # a broken or looping link fails when read, with the reason
+        else:
+            yield Skip(e.path, f"not an image file (extension {ext or 'none'!r})", fatal=False)
+
+
+def _is_dir(entry: os.DirEntry) -> bool:
+    """Whether `entry` is a directory, following links; a link that cannot resolve is not."""
+    try:
+        return entry.is_dir()
+    except OSError:
+        return False
+
+
+def _folder_source(root: Path) -> Source:
+    children = sorted(os.scandir(root), key=lambda e: e.name)
+    class_dirs = [e for e in children if not e.name.startswith(".") and _is_dir(e)]
+    entries: list[Entry] = []
+    seen: set[tuple[int, int]] = set()
+    if not class_dirs:
+        for found in _walk(str(root), seen):
+            entries.append(found if isinstance(found, Skip) else Item(found, -1, path=found))
+        return Source(f"flat folder {root}", [], iter(entries), _count(entries))
+    seen.add((os.stat(root).st_dev, os.stat(root).st_ino))
+    for e in children:
+        if e.name.startswith("."):
+            entries.append(Skip(e.path, "hidden file or folder (dotfile)", fatal=False))
+        elif not _is_dir(e):
+            entries.append(Skip(e.path, "not inside a class folder (ImageFolder layout)", fatal=False))
+    classes = [d.name for d in class_dirs]
+    for label, d in enumerate(class_dirs):
+        for found in _walk(d.path, seen):
+            entries.append(found if isinstance(found, Skip) else Item(found, label, path=found))
+    return Source(f"image folder {root} ({len(classes)} classes)", classes, iter(entries), _count(entries))
+
+
+def _count(entries: list[Entry]) -> int:
+    return sum(isinstance(e, Item) for e in entries)
+
+
+def _list_rows(path: Path) -> Iterator[tuple[int, object, object]]:
+    """(line number, path, label) of each row of a CSV or JSONL list."""
+    with open(path, newline="", encoding="utf-8") as f:
+        if path.suffix.lower() == ".jsonl":
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                    yield n, row["path"], row.get("label", -1)
+                except (ValueError, KeyError, TypeError, AttributeError):
+                    yield n, None, None
+            return
+        for n, row in enumerate(csv.reader(f), 1):
+            if n == 1 and [c.strip().lower() for c in row[:2]] == ["path", "label"]:
+                continue
+            if row:
+                yield n, row[0].strip(), row[1].strip() if len(row) > 1 else -1
+
+
+def _list_source(path: Path) -> Source:
+    rows = list(_list_rows(path))
+    raw_labels = [lab for _, p, lab in rows if p]
+    numeric = all(_is_int(lab) for lab in raw_labels)
+    classes = [] if numeric else sorted({str(lab) for lab in raw_labels})
+    index = {c: i for i, c in enumerate(classes)}
+    entries: list[Entry] = []
+    for n, p, lab in rows:
+        if not p:
+            entries.append(Skip(f"{path}:{n}", "malformed row (need path,label)"))
+            continue
+        full = str((path.parent / str(p)) if not os.path.isabs(str(p)) else Path(str(p)))
+        entries.append(Item(full, int(lab) if numeric else index[str(lab)], path=full))
+    return Source(f"list {path}", classes, iter(entries), _count(entries), kind="list")
+
+
+def _is_int(value: object) -> bool:
+    try:
+        int(str(value))
+        return True
+    except ValueError:
+        return False
+
+
+def _tar_source(text: str, shards: list[str]) -> Source:
+    return Source(f"{len(shards)} tar shard(s) {text}", [], _tar_entries(shards), None, kind="tar")
+
+
+def _tar_entries(shards: list[str]) -> Iterator[Entry]:
+    for shard in shards:
+        try:
+            with tarfile.open(shard, mode="r|*") as tar:
+                yield from _tar_samples(shard, tar)
+        except (OSError, tarfile.TarError, EOFError) as e:
+            yield Skip(shard, f"unreadable tar shard (rest of shard lost): {e}")
+
+
+def _tar_samples(shard: str, tar: tarfile.TarFile) -> Iterator[Entry]:
+    """Group consecutive members by WebDataset key (name up to the first dot of the basename)."""
+    key, parts = None, {}
+    for member in tar:
+        if not member.isfile():
+            continue
+        directory, base = os.path.split(member.name)
+        if base.startswith("."):
+            continue
+        stem, _, ext = base.partition(".")
+        member_key = os.path.join(directory, stem)
+        if member_key != key and key is not None:
+            yield _tar_sample(shard, key, parts)
+            parts = {}
+        key = member_key
+        parts[ext.lower()] = tar.extractfile(member).read()
+    if key is not None:
+        yield _tar_sample(shard, key, parts)
+
+
+def _tar_sample(shard: str, key: str, parts: dict[str, bytes]) -> Entry:
+    name = f"{shard}:{key}"
+    image = next((parts[e] for e in TAR_IMAGE_EXTS if e in parts), None)
+    if image is None:
+        return Skip(name, f"no image member ({'/'.join(TAR_IMAGE_EXTS)})")
+    label = -1
+    if "cls" in parts:
+        text = parts["cls"].decode("utf-8", "replace").strip()
+        if not _is_int(text):
+            return Skip(name, f"label {text!r} in .cls is not an integer")
+        label = int(text)
+    return Item(name, label, data=image)

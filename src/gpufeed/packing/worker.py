@@ -1,0 +1,89 @@
+"""What one packing process does with one chunk of items (runs in worker processes).
+
+Raw chunks are written by the worker straight into their slots of the memory-mapped output
+file, so pixels never cross a pipe; jpeg chunks return their encoded bytes to the writer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from gpufeed.packing import imaging
+from gpufeed.packing.imaging import BadImage
+from gpufeed.packing.sources import Item
+from gpufeed.store.format import raw_item_bytes
+
+
+@dataclass(frozen=True)
+class Settings:
+    mode: str
+    size: int
+    fit: str
+    quality: int
+    max_side: int
+    reencode: bool
+    max_pixels: int
+
+
+@dataclass
+class Chunk:
+    start: int  # slot of the first item in the raw output file
+    items: list[Item]
+    raw_path: str | None = None
+
+
+# per item: (error or None, encoded bytes or None, (h, w) or None)
+Result = tuple[str | None, bytes | None, tuple[int, int] | None]
+
+
+def _read(item: Item) -> bytes:
+    if item.data is not None:
+        return item.data
+    try:
+        with open(item.path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise BadImage(f"unreadable: {e.strerror or e}") from None
+    if not data:
+        raise BadImage("empty file (0 bytes)")
+    return data
+
+
+def _jpeg(data: bytes, s: Settings) -> tuple[bytes, tuple[int, int]]:
+    if not s.reencode:
+        kept = imaging.is_plain_jpeg(data, s.max_side)
+        if kept is not None:
+            return data, kept
+    img = imaging.decode(data, "jpeg", s.size, s.fit, s.max_side, s.max_pixels)
+    return imaging.encode_jpeg(img, s.quality, s.max_side)
+
+
+def process(chunk: Chunk, s: Settings) -> list[Result]:
+    """Pack every item of `chunk`; a bad item yields its reason instead of raising."""
+    out: np.memmap | None = None
+    if s.mode == "raw":
+        item_bytes = raw_item_bytes(s.size)
+        out = np.memmap(
+            chunk.raw_path, dtype=np.uint8, mode="r+", offset=chunk.start * item_bytes,
+            shape=(len(chunk.items), s.size, s.size, 3),
+        )
+    results: list[Result] = []
+    with imaging.own_bomb_guard():
+        for k, item in enumerate(chunk.items):
+            try:
+                data = _read(item)
+                if out is not None:
+                    img = imaging.decode(data, "raw", s.size, s.fit, s.max_side, s.max_pixels)
+                    out[k] = imaging.fit_square(img, s.size, s.fit)
+                    results.append((None, None, None))
+                else:
+                    encoded, hw = _jpeg(data, s)
+                    results.append((None, encoded, hw))
+            except BadImage as e:
+                results.append((str(e), None, None))
+    if out is not None:
+        out.flush()
+        del out
+    return results

@@ -1,0 +1,118 @@
+"""Open a store in O(1): read the manifest, check file sizes, memory-map the data files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import warnings
+
+import numpy as np
+import torch
+
+from gpufeed.store import format as fmt
+from gpufeed.store.format import Manifest, StoreError
+
+
+def _map(directory: Path, manifest: Manifest, name: str, shape: tuple[int, ...]) -> np.ndarray:
+    """Memory-map one data file read-only (private writable maps of huge files exhaust commit)."""
+    path = directory / name
+    if not path.is_file():
+        raise StoreError(f"{path}: data file missing")
+    actual = path.stat().st_size
+    recorded = manifest.files[name]["bytes"]
+    if actual != recorded:
+        raise StoreError(f"{path}: {actual} bytes on disk, manifest says {recorded} (damaged store)")
+    if actual == 0:
+        return np.zeros(shape, dtype=fmt.DTYPES[name])
+    return np.memmap(path, dtype=fmt.DTYPES[name], mode="r", shape=shape)
+
+
+def as_tensor(array: np.ndarray) -> torch.Tensor:
+    """Zero-copy tensor over a read-only memory map; it must not be written to."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.from_numpy(array)
+
+
+class Store:
+    """A packed dataset: `len(store)`, `store[i] -> (CHW uint8 tensor, label)`.
+
+    The arrays are read-only memory maps: nothing is read until it is used, so a store of
+    any size opens in constant time and memory. Tensors it returns are views: don't write.
+    """
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.manifest = Manifest.read(self.path)
+        m = self.manifest
+        self._labels = _map(self.path, m, fmt.LABELS, (m.count,))
+        if m.mode == "raw":
+            side = m.image_shape[0]
+            self.images = _map(self.path, m, fmt.RAW_IMAGES, (m.count, side, side, 3))
+        else:
+            self.data = _map(self.path, m, fmt.JPEG_DATA, (m.files[fmt.JPEG_DATA]["bytes"],))
+            self.offsets = _map(self.path, m, fmt.JPEG_OFFSETS, (m.count + 1,))
+            self.shapes = _map(self.path, m, fmt.JPEG_SHAPES, (m.count, 2))
+            if m.count and int(self.offsets[-1]) != self.data.shape[0]:
+                raise StoreError(
+                    f"{self.path / fmt.JPEG_OFFSETS}: last offset {int(self.offsets[-1])} "
+                    f"!= {self.data.shape[0]} bytes of {fmt.JPEG_DATA} (damaged store)"
+                )
+
+    @property
+    def mode(self) -> str:
+        return self.manifest.mode
+
+    @property
+    def classes(self) -> list[str]:
+        return list(self.manifest.classes)
+
+    @property
+    def labels(self) -> torch.Tensor:
+        """int64 labels of all samples (a view of the memory map)."""
+        return as_tensor(self._labels)
+
+    @property
+    def image_shape(self) -> tuple[int, int, int] | None:
+        """(H, W, 3) of every raw sample; None for jpeg stores, whose sizes vary."""
+        shape = self.manifest.image_shape
+        return tuple(shape) if shape else None
+
+    @property
+    def nbytes(self) -> int:
+        """Size of the data files on disk."""
+        return sum(f["bytes"] for f in self.manifest.files.values())
+
+    def __len__(self) -> int:
+        return self.manifest.count
+
+    def encoded(self, i: int) -> torch.Tensor:
+        """The stored JPEG bytes of sample `i` (jpeg stores only), as a uint8 tensor."""
+        if self.mode != "jpeg":
+            raise TypeError(f"{self.path}: encoded() needs a jpeg store, this one is {self.mode}")
+        i = self._index(i)
+        start, end = int(self.offsets[i]), int(self.offsets[i + 1])
+        return as_tensor(self.data[start:end])
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        i = self._index(i)
+        label = int(self._labels[i])
+        if self.mode == "raw":
+            return as_tensor(self.images[i]).permute(2, 0, 1), label
+        from torchvision.io import ImageReadMode, decode_image
+
+        return decode_image(self.encoded(i), mode=ImageReadMode.RGB), label
+
+    def _index(self, i: int) -> int:
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(f"sample {i} out of range for a store of {n}")
+        return i % n
+
+    def __repr__(self) -> str:
+        return f"Store({str(self.path)!r}, mode={self.mode!r}, count={len(self)})"
+
+
+def open_store(path: str | Path) -> Store:
+    """Open the store at `path` (exported as `gpufeed.open`)."""
+    return Store(path)

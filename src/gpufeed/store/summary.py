@@ -1,0 +1,57 @@
+"""Describe a store for people: a summary table and a PNG grid of samples with their labels."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from PIL import Image, ImageDraw
+
+from gpufeed.store.reader import Store
+
+
+def describe(store: Store) -> str:
+    """Multi-line summary: count, mode, shape, size on disk, classes, skipped."""
+    m = store.manifest
+    if store.image_shape:
+        shape = "x".join(map(str, store.image_shape)) + " uint8 (HWC)"
+    else:
+        hw = store.shapes
+        shape = (f"JPEG, {int(hw[:, 0].min())}-{int(hw[:, 0].max())} x "
+                 f"{int(hw[:, 1].min())}-{int(hw[:, 1].max())} px" if len(store) else "JPEG")
+    counts = torch.bincount(store.labels[store.labels >= 0], minlength=len(m.classes)) if len(store) else []
+    classes = ", ".join(f"{c} ({int(n)})" for c, n in zip(m.classes[:8], counts))
+    if len(m.classes) > 8:
+        classes += f", ... ({len(m.classes)} in all)"
+    rows = [
+        ("store", str(store.path)),
+        ("format", f"{m.format} v{m.version} (gpufeed {m.gpufeed_version}, {m.created})"),
+        ("mode", m.mode),
+        ("count", str(len(store))),
+        ("shape", shape),
+        ("size on disk", f"{store.nbytes / 1e6:.1f} MB ({store.nbytes / max(len(store), 1) / 1e3:.1f} KB/image)"),
+        ("classes", classes or "none (unlabelled)"),
+        ("skipped", str(len(m.skipped))),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def save_grid(store: Store, out: str | Path, n: int = 16, tile: int = 128, columns: int = 8) -> Path:
+    """Write a PNG grid of `n` samples spread evenly over the store, captioned with labels."""
+    n = min(n, len(store))
+    picks = torch.linspace(0, len(store) - 1, n).round().long().tolist() if n else []
+    rows = max(1, -(-n // columns))
+    canvas = Image.new("RGB", (columns * tile, rows * (tile + 14)), "white")
+    draw = ImageDraw.Draw(canvas)
+    for k, i in enumerate(picks):
+        image, label = store[i]
+        pil = Image.fromarray(image.permute(1, 2, 0).contiguous().numpy())
+        pil.thumbnail((tile, tile))
+        x, y = (k % columns) * tile, (k // columns) * (tile + 14)
+        canvas.paste(pil, (x + (tile - pil.width) // 2, y + (tile - pil.height) // 2))
+        name = store.classes[label] if 0 <= label < len(store.classes) else str(label)
+        draw.text((x + 2, y + tile), f"{i}: {name}"[:22], fill="black")
+    out = Path(out)
+    canvas.save(out)
+    return out

@@ -1,0 +1,48 @@
+"""Shared fakes: tiny deterministic images derived from their index, written in the test."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+
+def pixels(index: int, h: int = 24, w: int = 32) -> np.ndarray:
+    """HWC uint8 image whose every pixel depends on `index`, so mix-ups are caught."""
+    y, x = np.mgrid[0:h, 0:w]
+    img = np.stack([(x * 7 + index * 13) % 256, (y * 11 + index * 29) % 256, (x + y + index * 37) % 256], -1)
+    return img.astype(np.uint8)
+
+
+def smooth(index: int, h: int = 48, w: int = 64) -> np.ndarray:
+    """A smooth image (JPEG-friendly) that still depends on `index`."""
+    y, x = np.mgrid[0:h, 0:w] / max(h, w)
+    img = np.stack([120 + 100 * np.sin(3 * x + index), 120 + 100 * np.cos(2 * y + index), 60 + 150 * x * y], -1)
+    return np.clip(img, 0, 255).astype(np.uint8)
+
+
+def save(path: Path, array: np.ndarray, **kw) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(array).save(path, **kw)
+    return path
+
+
+def jpeg_bytes(array: np.ndarray, **kw) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(array).save(buf, format="JPEG", **kw)
+    return buf.getvalue()
+
+
+@pytest.fixture
+def image_folder(tmp_path: Path) -> Path:
+    """ImageFolder of lossless 32x32 PNGs: 3 classes x 4 images, pixels = pixels(global index)."""
+    root = tmp_path / "folder"
+    k = 0
+    for c in ("cat", "dog", "emu"):
+        for i in range(4):
+            save(root / c / f"{i:03d}.png", pixels(k, 32, 32))
+            k += 1
+    return root

@@ -1,0 +1,154 @@
+"""Bad files are skipped with a reason (or raise naming them); packing is atomic."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import gpufeed
+from conftest import jpeg_bytes, pixels, save, smooth
+from gpufeed.packing import worker
+
+
+@pytest.fixture
+def messy(tmp_path):
+    """One good image per class plus one of each kind of bad input."""
+    root = tmp_path / "messy"
+    save(root / "a" / "good.png", pixels(0, 32, 32))
+    save(root / "b" / "good.png", pixels(1, 32, 32))
+    (root / "a" / "empty.jpg").write_bytes(b"")
+    (root / "a" / "truncated.jpg").write_bytes(jpeg_bytes(smooth(0))[:300])
+    png = bytearray(save(tmp_path / "ok.png", smooth(2)).read_bytes())
+    png[60:160] = os.urandom(100)  # header intact, image data garbled
+    (root / "a" / "corrupt.png").write_bytes(bytes(png))
+    (root / "a" / "text.jpg").write_text("I am not a picture")
+    (root / "a" / "notes.txt").write_text("readme")
+    (root / "a" / ".DS_Store").write_bytes(b"\0\0")
+    (root / ".cache").mkdir()
+    (root / "b" / "dangling.jpg").symlink_to(root / "nowhere.jpg")
+    (root / "b" / "self.jpg").symlink_to(root / "b" / "self.jpg")
+    (root / "b" / "loop").symlink_to(root / "b")
+    return root
+
+
+EXPECTED = {
+    "empty.jpg": "empty file",
+    "truncated.jpg": "cannot decode",
+    "corrupt.png": "cannot decode",
+    "text.jpg": "not an image",
+    "notes.txt": "not an image file",
+    ".DS_Store": "dotfile",
+    ".cache": "dotfile",
+    "dangling.jpg": "unreadable",
+    "self.jpg": "unreadable",
+    "loop": "symlink loop",
+}
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_every_bad_kind_is_skipped_with_its_reason(messy, tmp_path, workers):
+    report = gpufeed.pack(messy, tmp_path / "s", size=32, workers=workers, progress=False)
+    assert report.count == 2
+    reasons = {os.path.basename(s["path"]): s["reason"] for s in report.skipped}
+    assert set(reasons) == set(EXPECTED), reasons
+    for name, words in EXPECTED.items():
+        assert words in reasons[name], (name, reasons[name])
+    store = gpufeed.open(tmp_path / "s")
+    assert store.manifest.skipped == report.skipped
+    assert store.labels.tolist() == [0, 1]
+    assert np.array_equal(store.images[1], pixels(1, 32, 32))
+
+
+def test_raise_stops_at_the_bad_file_and_names_it(image_folder, messy, tmp_path):
+    (image_folder / "dog" / "zz.jpg").write_bytes(jpeg_bytes(smooth(0))[:300])
+    with pytest.raises(gpufeed.PackError, match=r"dog/zz\.jpg: cannot decode"):
+        gpufeed.pack(image_folder, tmp_path / "s", size=32, workers=2, on_error="raise", progress=False)
+    with pytest.raises(gpufeed.PackError, match="|".join(k for k in EXPECTED if not k.startswith("."))):
+        gpufeed.pack(messy, tmp_path / "s", size=32, workers=1, on_error="raise", progress=False)
+    assert not (tmp_path / "s").exists()
+
+
+def test_nothing_packable_is_an_error(tmp_path):
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "x.jpg").write_bytes(b"junk")
+    with pytest.raises(gpufeed.PackError, match="nothing could be packed") as e:
+        gpufeed.pack(tmp_path / "src", tmp_path / "s", workers=1, progress=False)
+    assert e.value.skipped[0]["path"].endswith("x.jpg")
+    assert not (tmp_path / "s").exists()
+
+
+def test_missing_source_and_bad_arguments(tmp_path):
+    with pytest.raises(gpufeed.SourceError, match="no such file"):
+        gpufeed.pack(tmp_path / "nope", tmp_path / "s")
+    with pytest.raises(ValueError, match="mode"):
+        gpufeed.pack(tmp_path, tmp_path / "s", mode="png")
+
+
+def test_huge_jpeg_is_drafted_not_decoded_in_full(tmp_path):
+    Image.new("RGB", (12000, 12000), (10, 120, 230)).save(tmp_path / "huge.jpg", quality=75)
+    report = gpufeed.pack(tmp_path, tmp_path / "s", size=64, workers=1, progress=False)
+    assert report.count == 1
+    assert gpufeed.open(tmp_path / "s")[0][0][:, 32, 32].tolist() == pytest.approx([10, 120, 230], abs=3)
+
+
+def test_pixel_budget_replaces_pillow_bomb_guard(tmp_path):
+    save(tmp_path / "src" / "big.png", smooth(0, 300, 300))
+    save(tmp_path / "src" / "big.jpg", smooth(1, 300, 300), quality=90)
+    report = gpufeed.pack(tmp_path / "src", tmp_path / "s", size=32, max_pixels=10_000, workers=1, progress=False)
+    assert report.count == 1  # the JPEG shrinks to 38x38 while decoding; the PNG cannot
+    assert "exceeds max_pixels" in report.skipped[0]["reason"]
+    assert Image.MAX_IMAGE_PIXELS is not None  # Pillow's global guard is restored
+
+
+def test_existing_destination_needs_overwrite(image_folder, tmp_path):
+    gpufeed.pack(image_folder, tmp_path / "s", size=8, workers=1, progress=False)
+    with pytest.raises(gpufeed.StoreError, match="exists"):
+        gpufeed.pack(image_folder, tmp_path / "s", size=8, workers=1, progress=False)
+    gpufeed.pack(image_folder, tmp_path / "s", size=16, workers=1, progress=False, overwrite=True)
+    assert gpufeed.open(tmp_path / "s").image_shape == (16, 16, 3)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["folder", "s"]
+
+
+@pytest.mark.parametrize("exc", [RuntimeError, KeyboardInterrupt])
+def test_crash_mid_pack_leaves_nothing(image_folder, tmp_path, monkeypatch, exc):
+    calls = []
+    real = worker.process
+
+    def dying(chunk, s):
+        calls.append(1)
+        if len(calls) == 2:
+            raise exc("simulated crash")
+        return real(chunk, s)
+
+    gpufeed.pack(image_folder, tmp_path / "old", size=8, workers=1, progress=False)
+    monkeypatch.setattr("gpufeed.packing.packer.CHUNK", 4)
+    monkeypatch.setattr("gpufeed.packing.worker.process", dying)
+    with pytest.raises(exc):
+        gpufeed.pack(image_folder, tmp_path / "old", size=8, workers=1, progress=False, overwrite=True)
+    assert len(gpufeed.open(tmp_path / "old")) == 12  # the previous store survives intact
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["folder", "old"]
+
+
+def test_killed_pack_leaves_no_store(tmp_path):
+    for i in range(1500):
+        save(tmp_path / "src" / f"{i:04d}.png", pixels(i, 64, 64))
+    code = (f"import gpufeed; gpufeed.pack({str(tmp_path / 'src')!r}, {str(tmp_path / 'dest')!r}, "
+            "size=64, workers=1, progress=False)")
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    deadline = time.time() + 60
+    while not any(p.name.startswith(".dest.packing") for p in tmp_path.iterdir()):
+        assert proc.poll() is None and time.time() < deadline, "pack ended before it could be killed"
+        time.sleep(0.01)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (tmp_path / "dest").exists()
+    leftover = next(p for p in tmp_path.iterdir() if p.name.startswith(".dest.packing"))
+    with pytest.raises(gpufeed.StoreError, match="not a gpufeed store"):
+        gpufeed.open(leftover)

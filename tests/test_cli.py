@@ -1,0 +1,66 @@
+"""The CLI verbs end to end: exit codes and what they print."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from gpufeed.cli import main
+
+
+def test_pack_inspect_verify(image_folder, tmp_path, capsys):
+    (image_folder / "cat" / "broken.jpg").write_bytes(b"\xff\xd8 nope")
+    assert main(["pack", str(image_folder), str(tmp_path / "s"), "--size", "16", "--workers", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "packed 12 images" in out and "skipped 1" in out and "broken.jpg" in out
+
+    assert main(["inspect", str(tmp_path / "s"), "--grid", str(tmp_path / "grid.png")]) == 0
+    out = capsys.readouterr().out
+    assert "count         12" in out and "cat (4)" in out and "skipped       1" in out
+    assert Image.open(tmp_path / "grid.png").size[0] > 0
+
+    assert main(["verify", str(tmp_path / "s")]) == 0
+    with open(tmp_path / "s" / "images.u8", "r+b") as f:
+        f.seek(100)
+        byte = f.read(1)
+        f.seek(100)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    assert main(["verify", str(tmp_path / "s")]) == 1
+    assert "DAMAGED: images.u8" in capsys.readouterr().err
+
+
+def test_errors_exit_nonzero_with_a_message(image_folder, tmp_path, capsys):
+    assert main(["pack", str(tmp_path / "missing"), str(tmp_path / "s")]) == 1
+    assert "no such file" in capsys.readouterr().err
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "a.jpg").write_bytes(b"junk")
+    assert main(["pack", str(tmp_path / "junk"), str(tmp_path / "s"), "--workers", "1"]) == 1
+    assert "nothing could be packed" in capsys.readouterr().err
+    assert main(["pack", str(image_folder), str(tmp_path / "s"), "--size", "8"]) == 0
+    assert main(["pack", str(image_folder), str(tmp_path / "s"), "--size", "8"]) == 1
+    assert "--overwrite" in capsys.readouterr().err
+    assert main(["inspect", str(tmp_path)]) == 1
+    with pytest.raises(SystemExit):
+        main(["pack", "--mode", "gif", "a", "b"])
+
+
+def test_demo_runs(tmp_path, capsys):
+    rows = main(["demo", "--dir", str(tmp_path / "demo"), "--per-class", "4"])
+    assert rows == 0
+    out = capsys.readouterr().out
+    assert "raw" in out and "jpeg" in out and "intact" in out
+
+
+def test_console_script(tmp_path):
+    script = shutil.which("gpufeed", path=str(Path(sys.executable).parent)) or shutil.which("gpufeed")
+    assert script, "the gpufeed console script is not installed next to this Python"
+    proc = subprocess.run([script, "--help"], capture_output=True, text=True, check=True)
+    for verb in ("pack", "inspect", "verify", "demo"):
+        assert verb in proc.stdout
+    proc = subprocess.run([sys.executable, "-m", "gpufeed.cli", "verify", str(tmp_path)], capture_output=True, text=True)
+    assert proc.returncode == 1 and "not a gpufeed store" in proc.stderr
