@@ -47,16 +47,18 @@ def make_image_folder(
 ) -> Path:
     """Write an ImageFolder tree of JPEGs (class_000/000000.jpg, ...) and return its root."""
     root = Path(root)
-    jobs = [(root / f"class_{c:03d}", c, per_class, height, width, quality, seed) for c in range(classes)]
-    with ProcessPoolExecutor(min(classes, os.cpu_count() or 1)) as pool:
-        list(pool.map(_write_class, jobs))
+    jobs = [(root / f"class_{c:03d}", c, start, min(start + 64, per_class), height, width, quality, seed)
+            for c in range(classes) for start in range(0, per_class, 64)]
+    for c in range(classes):
+        (root / f"class_{c:03d}").mkdir(parents=True, exist_ok=True)
+    with ProcessPoolExecutor(min(len(jobs), os.cpu_count() or 1)) as pool:
+        list(pool.map(_write_chunk, jobs))
     return root
 
 
-def _write_class(job: tuple) -> None:
-    folder, label, count, height, width, quality, seed = job
-    folder.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng([seed, label])
-    for i in range(count):
+def _write_chunk(job: tuple) -> None:
+    folder, label, start, stop, height, width, quality, seed = job
+    rng = np.random.default_rng([seed, label, start])
+    for i in range(start, stop):
         pixels = natural_image(rng, height, width, label=label)
         Image.fromarray(pixels).save(folder / f"{i:06d}.jpg", quality=quality)

@@ -1,0 +1,150 @@
+"""Augmentation ops: each draws per-sample parameters for a whole batch as tensors.
+
+Geometric ops don't touch pixels: they move a per-sample source box (x1, y1, x2, y2) and the
+output size, so any chain of crops, resizes and flips becomes one resampling pass. Semantics
+follow torchvision.transforms.v2 (same parameter ranges, same sampling of crops).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class View:
+    """Where the current (virtual) image lies in the source, for every sample of a batch."""
+
+    boxes: torch.Tensor  # float64 (N, 4): x1, y1, x2, y2 in source pixels
+    flip: torch.Tensor  # bool (N,): mirrored relative to the source
+    height: int
+    width: int
+
+    def crop(self, top: torch.Tensor, left: torch.Tensor, h: torch.Tensor, w: torch.Tensor,
+             out_h: int, out_w: int) -> View:
+        """Crop rows top..top+h, cols left..left+w of the current view (per sample), output out_h×out_w."""
+        sx = (self.boxes[:, 2] - self.boxes[:, 0]) / self.width
+        sy = (self.boxes[:, 3] - self.boxes[:, 1]) / self.height
+        left = torch.where(self.flip, self.width - (left + w), left).double()
+        x1 = self.boxes[:, 0] + left * sx
+        y1 = self.boxes[:, 1] + top.double() * sy
+        boxes = torch.stack([x1, y1, x1 + w.double() * sx, y1 + h.double() * sy], 1)
+        return View(boxes, self.flip, out_h, out_w)
+
+
+def _pair(size: int | tuple[int, int]) -> tuple[int, int]:
+    return (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
+
+
+def _full(n: int, value: float) -> torch.Tensor:
+    return torch.full((n,), float(value), dtype=torch.float64)
+
+
+@dataclass
+class RandomResizedCrop:
+    """Crop a random area fraction in `scale` with aspect in `ratio`, resize to `size`."""
+
+    size: int | tuple[int, int]
+    scale: tuple[float, float] = (0.08, 1.0)
+    ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    attempts: int = 10
+
+    def __call__(self, view: View, g: torch.Generator) -> View:
+        n, height, width = view.boxes.shape[0], view.height, view.width
+        area = height * width
+        target = area * torch.empty(n, self.attempts, dtype=torch.float64).uniform_(*self.scale, generator=g)
+        log_r = torch.empty(n, self.attempts, dtype=torch.float64).uniform_(
+            math.log(self.ratio[0]), math.log(self.ratio[1]), generator=g)
+        aspect = torch.exp(log_r)
+        w = torch.round(torch.sqrt(target * aspect))
+        h = torch.round(torch.sqrt(target / aspect))
+        ok = (w > 0) & (h > 0) & (w <= width) & (h <= height)
+        first = torch.where(ok.any(1), ok.double().argmax(1), -1)
+        rows = torch.arange(n)
+        w, h = w[rows, first.clamp(min=0)], h[rows, first.clamp(min=0)]
+        u = torch.rand(n, 2, dtype=torch.float64, generator=g)
+        top = torch.floor(u[:, 0] * (height - h + 1))
+        left = torch.floor(u[:, 1] * (width - w + 1))
+        # fallback (no attempt fit): torchvision's central crop at the clamped ratio
+        in_ratio = width / height
+        if in_ratio < self.ratio[0]:
+            fw, fh = width, round(width / self.ratio[0])
+        elif in_ratio > self.ratio[1]:
+            fh, fw = height, round(height * self.ratio[1])
+        else:
+            fw, fh = width, height
+        bad = first < 0
+        w, h = torch.where(bad, fw, w), torch.where(bad, fh, h)
+        top = torch.where(bad, (height - fh) // 2, top)
+        left = torch.where(bad, (width - fw) // 2, left)
+        return view.crop(top, left, h, w, *_pair(self.size))
+
+
+@dataclass
+class Resize:
+    """Resize to `size`: an int sets the shorter side (aspect kept), a pair sets (h, w)."""
+
+    size: int | tuple[int, int]
+
+    def __call__(self, view: View, g: torch.Generator) -> View:
+        if isinstance(self.size, int):
+            short, long_ = sorted((view.height, view.width))
+            other = int(self.size * long_ / short)
+            out = (self.size, other) if view.height <= view.width else (other, self.size)
+        else:
+            out = _pair(self.size)
+        n = view.boxes.shape[0]
+        return view.crop(_full(n, 0), _full(n, 0), _full(n, view.height), _full(n, view.width), *out)
+
+
+@dataclass
+class CenterCrop:
+    """Crop the central `size` region (torchvision's rounding)."""
+
+    size: int | tuple[int, int]
+
+    def __call__(self, view: View, g: torch.Generator) -> View:
+        h, w = _pair(self.size)
+        if h > view.height or w > view.width:
+            raise ValueError(f"CenterCrop({self.size}) is larger than the {view.height}x{view.width} image")
+        n = view.boxes.shape[0]
+        top, left = round((view.height - h) / 2.0), round((view.width - w) / 2.0)
+        return view.crop(_full(n, top), _full(n, left), _full(n, h), _full(n, w), h, w)
+
+
+@dataclass
+class RandomHorizontalFlip:
+    """Mirror each sample with probability `p`."""
+
+    p: float = 0.5
+
+    def __call__(self, view: View, g: torch.Generator) -> View:
+        flip = torch.rand(view.boxes.shape[0], generator=g) < self.p
+        return View(view.boxes, view.flip ^ flip, view.height, view.width)
+
+
+@dataclass
+class ColorJitter:
+    """Per-sample brightness, contrast and saturation factors, applied in that order."""
+
+    brightness: float = 0.0
+    contrast: float = 0.0
+    saturation: float = 0.0
+
+    def factors(self, n: int, g: torch.Generator) -> torch.Tensor:
+        """(N, 3) float32 factors; a range of 0 gives exactly 1."""
+        out = torch.ones(n, 3)
+        for k, amount in enumerate((self.brightness, self.contrast, self.saturation)):
+            if amount:
+                out[:, k].uniform_(max(0.0, 1 - amount), 1 + amount, generator=g)
+        return out
+
+
+@dataclass
+class Normalize:
+    """(x / 255 - mean) / std per channel, mean and std on the 0..1 scale like torchvision."""
+
+    mean: tuple[float, float, float] = (0.485, 0.456, 0.406)
+    std: tuple[float, float, float] = (0.229, 0.224, 0.225)

@@ -1,0 +1,105 @@
+"""Run a list of augmentation ops on a whole uint8 batch in a handful of kernels.
+
+`sample` draws every random parameter for the batch on the CPU from a seeded generator (so
+GPU and CPU runs, and resumed runs, crop identically); `apply` then does one resampling pass
+for all geometry (torchvision's roi_align: bilinear, box-averaged when downscaling), one
+flip, the colour jitter and normalisation, and the cast, on whatever device the batch is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Sequence
+
+import torch
+from torchvision.ops import roi_align
+
+from gpufeed.augment.ops import (CenterCrop, ColorJitter, Normalize, RandomHorizontalFlip,
+                                 RandomResizedCrop, Resize, View)
+
+GEOMETRIC = (RandomResizedCrop, Resize, CenterCrop, RandomHorizontalFlip)
+GRAY = (0.2989, 0.587, 0.114)
+
+
+@dataclass
+class Params:
+    """Everything random about one batch; move it with `.to(device)` before `apply`."""
+
+    boxes: torch.Tensor  # (N, 4) source boxes x1, y1, x2, y2
+    flip: torch.Tensor  # (N,) bool
+    out_hw: tuple[int, int]
+    identity: bool  # no resampling needed
+    jitter: torch.Tensor | None  # (N, 3) brightness, contrast, saturation factors
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> Params:
+        move = lambda t: None if t is None else t.to(device, non_blocking=non_blocking)  # noqa: E731
+        return replace(self, boxes=move(self.boxes), flip=move(self.flip), jitter=move(self.jitter))
+
+
+class Augment:
+    """A validated chain of ops: geometry first, then ColorJitter, then Normalize last."""
+
+    def __init__(self, ops: Sequence[object]):
+        self.ops = list(ops)
+        rank = {cls: 0 for cls in GEOMETRIC} | {ColorJitter: 1, Normalize: 2}
+        order = []
+        for op in self.ops:
+            if type(op) not in rank:
+                raise TypeError(f"{op!r} is not a gpufeed.augment op ({', '.join(c.__name__ for c in rank)})")
+            order.append(rank[type(op)])
+        if order != sorted(order) or order.count(1) > 1 or order.count(2) > 1:
+            raise ValueError("augment order must be: geometric ops, then at most one ColorJitter, "
+                             "then at most one Normalize")
+        self.geometric = [op for op in self.ops if isinstance(op, GEOMETRIC)]
+        self.jitter = next((op for op in self.ops if isinstance(op, ColorJitter)), None)
+        self.normalize = next((op for op in self.ops if isinstance(op, Normalize)), None)
+
+    def sample(self, n: int, height: int, width: int, g: torch.Generator) -> Params:
+        """Draw the parameters of a batch of `n` height×width images."""
+        full = torch.tensor([0.0, 0.0, width, height], dtype=torch.float64).expand(n, 4)
+        view = View(full, torch.zeros(n, dtype=torch.bool), height, width)
+        for op in self.geometric:
+            view = op(view, g)
+        identity = (view.height, view.width) == (height, width) and bool((view.boxes == full).all())
+        jitter = self.jitter.factors(n, g) if self.jitter else None
+        return Params(view.boxes.float(), view.flip, (view.height, view.width), identity, jitter)
+
+    def apply(self, images: torch.Tensor, params: Params, dtype: torch.dtype = torch.float32,
+              channels_last: bool = False) -> torch.Tensor:
+        """Augment NHWC uint8 `images` (on any device) to NCHW `dtype`."""
+        if dtype == torch.uint8 and self.normalize:
+            raise ValueError("Normalize needs a floating output dtype, not uint8")
+        x = images.permute(0, 3, 1, 2)
+        y = x.to(torch.float32, memory_format=torch.contiguous_format)
+        if not params.identity:
+            idx = torch.arange(len(y), device=y.device, dtype=torch.float32)[:, None]
+            rois = torch.cat([idx, params.boxes], 1)
+            y = roi_align(y, rois, params.out_hw, spatial_scale=1.0, sampling_ratio=-1, aligned=True)
+        if bool(params.flip.any()):
+            y = torch.where(params.flip.view(-1, 1, 1, 1), y.flip(3), y)
+        if params.jitter is not None:
+            y = color_jitter(y, params.jitter)
+        return finish(y, dtype, self.normalize, channels_last)
+
+
+def color_jitter(y: torch.Tensor, factors: torch.Tensor) -> torch.Tensor:
+    """Brightness, contrast, saturation blends on 0..255 float NCHW (torchvision's formulas)."""
+    gray_w = torch.tensor(GRAY, device=y.device).view(1, 3, 1, 1)
+    b, c, s = (factors[:, k].view(-1, 1, 1, 1) for k in range(3))
+    y = (y * b).clamp_(0, 255)
+    mean = (y * gray_w).sum(1, keepdim=True).mean((2, 3), keepdim=True)
+    y = (c * y + (1 - c) * mean).clamp_(0, 255)
+    gray = (y * gray_w).sum(1, keepdim=True)
+    return (s * y + (1 - s) * gray).clamp_(0, 255)
+
+
+def finish(y: torch.Tensor, dtype: torch.dtype, normalize: Normalize | None, channels_last: bool) -> torch.Tensor:
+    """Normalise (or scale to 0..1), cast, and lay out the batch."""
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    if dtype == torch.uint8:
+        return y.round_().clamp_(0, 255).to(torch.uint8, memory_format=fmt)
+    if normalize is None:
+        return (y * (1 / 255)).to(dtype, memory_format=fmt)
+    std = torch.tensor(normalize.std, device=y.device).view(1, 3, 1, 1)
+    mean = torch.tensor(normalize.mean, device=y.device).view(1, 3, 1, 1)
+    return torch.addcmul(-mean / std, y, 1 / (255 * std)).to(dtype, memory_format=fmt)

@@ -1,0 +1,50 @@
+"""Counters the loader keeps as it runs: seconds and bytes per stage, images, stalls."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+
+
+class Stats:
+    """Thread-safe accumulators; `as_dict` is what `Loader.stats()` returns."""
+
+    def __init__(self, tier: str):
+        self.tier = tier
+        self._lock = threading.Lock()
+        self._seconds: dict[str, float] = defaultdict(float)
+        self._bytes: dict[str, int] = defaultdict(int)
+        self._images = 0
+        self._stalls = 0
+        self._notes: list[str] = []
+        self._started = time.perf_counter()
+
+    def add(self, stage: str, seconds: float, nbytes: int = 0) -> None:
+        with self._lock:
+            self._seconds[stage] += seconds
+            self._bytes[stage] += nbytes
+            if stage == "wait" and seconds > 1e-3:
+                self._stalls += 1
+
+    def count(self, images: int) -> None:
+        with self._lock:
+            self._images += images
+
+    def note(self, text: str) -> None:
+        with self._lock:
+            if text not in self._notes:
+                self._notes.append(text)
+
+    def as_dict(self) -> dict:
+        with self._lock:
+            elapsed = time.perf_counter() - self._started
+            return {
+                "tier": self.tier,
+                "images": self._images,
+                "elapsed_s": elapsed,
+                "seconds": dict(self._seconds),
+                "bytes": dict(self._bytes),
+                "stalls": self._stalls,
+                "notes": list(self._notes),
+            }

@@ -1,0 +1,60 @@
+"""Host→device transfer: a ring of pinned slots, copies on a side stream, an event per slot.
+
+A slot is refilled only after the event recorded behind its last copy has fired, so the CPU
+never overwrites bytes the DMA engine is still reading. Tensors produced on the side stream
+are handed to the consumer with `hand_over`, which makes the consumer's stream wait for the
+copy and tells the caching allocator the consumer uses them (`record_stream`), so their
+memory is not reused while the consumer's kernels may still read it.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+def pinned_empty(shape: tuple[int, ...], dtype: torch.dtype, pin: bool) -> torch.Tensor:
+    """A host buffer, page-locked if asked and possible (says so once if not)."""
+    if pin:
+        try:
+            return torch.empty(shape, dtype=dtype, pin_memory=True)
+        except RuntimeError as e:
+            log.warning("pinned host memory unavailable (%s): host->device copies will be pageable and slower", e)
+    return torch.empty(shape, dtype=dtype)
+
+
+class PinnedRing:
+    """`slots` reusable host buffers for batches of images and labels."""
+
+    def __init__(self, slots: int, image_shape: tuple[int, ...], batch_size: int, pin: bool):
+        self.images = [pinned_empty((batch_size, *image_shape), torch.uint8, pin) for _ in range(slots)]
+        self.labels = [pinned_empty((batch_size,), torch.int64, pin) for _ in range(slots)]
+        self.pinned = self.images[0].is_pinned()
+        self._events: list[torch.cuda.Event | None] = [None] * slots
+        self._next = 0
+
+    def acquire(self) -> int:
+        """Index of the next slot, once the last copy out of it has finished."""
+        k = self._next
+        self._next = (k + 1) % len(self.images)
+        if self._events[k] is not None:
+            self._events[k].synchronize()
+            self._events[k] = None
+        return k
+
+    def release(self, k: int, event: torch.cuda.Event | None) -> None:
+        """Slot `k` may be refilled once `event` (recorded after its copy) has fired."""
+        self._events[k] = event
+
+
+def hand_over(event: torch.cuda.Event | None, *tensors: torch.Tensor) -> None:
+    """Make the current stream wait for `event` and own `tensors` for the allocator."""
+    if event is None:
+        return
+    stream = torch.cuda.current_stream(tensors[0].device)
+    stream.wait_event(event)
+    for t in tensors:
+        t.record_stream(stream)

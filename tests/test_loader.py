@@ -1,0 +1,120 @@
+"""The Loader on CPU tensors: same pipeline as on the GPU, checked against the store."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from torchvision.transforms.v2 import functional as F
+
+import gpufeed
+from gpufeed.augment import Normalize, RandomHorizontalFlip, RandomResizedCrop
+from loader_checks import check_resume, check_uint8_batches, make_store
+
+MEAN, STD = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    return make_store(tmp_path_factory.mktemp("loader"))
+
+
+@pytest.mark.parametrize("cache", ["disk", "host"])
+def test_uint8_batches_equal_the_store(store, cache):
+    loader = gpufeed.Loader(store, batch_size=16, device="cpu", cache=cache, seed=3)
+    assert loader.tier.name == cache and len(loader) == 6
+    seen = check_uint8_batches(loader)
+    assert sorted(seen) == list(range(96))
+
+
+def test_augmented_batch_equals_torchvision_reference(store):
+    ops = [RandomResizedCrop(40, scale=(0.3, 1)), RandomHorizontalFlip(), Normalize(MEAN, STD)]
+    loader = gpufeed.Loader(store, batch_size=16, device="cpu", augment=ops, dtype=torch.float32, seed=1)
+    images, labels = next(iter(loader))
+    idx, params = loader.plan(0, 0)
+    assert images.shape == (16, 3, 40, 40) and images.dtype == torch.float32
+    for k, i in enumerate(idx.tolist()):
+        image, label = store[i]
+        left, top, right, bottom = (int(round(v)) for v in params.boxes[k].tolist())
+        ref = F.resized_crop(image.float(), top, left, bottom - top, right - left, [40, 40], antialias=True)
+        ref = ref.flip(-1) if params.flip[k] else ref
+        ref = (ref / 255 - 0.5) / 0.25
+        assert labels[k] == label
+        assert (images[k] - ref).abs().mean() < 1.0 / 255 / 0.25
+
+
+def test_ranks_get_disjoint_equal_shards(store):
+    loaders = [gpufeed.Loader(store, batch_size=8, device="cpu", rank=r, world_size=3) for r in range(3)]
+    assert len({len(x) for x in loaders}) == 1
+    seen = [check_uint8_batches(x) for x in loaders]
+    assert sorted(i for s in seen for i in s) == list(range(96))
+
+
+def test_epochs_reshuffle_and_are_reproducible(store):
+    a = gpufeed.Loader(store, batch_size=32, device="cpu", seed=7)
+    b = gpufeed.Loader(store, batch_size=32, device="cpu", seed=7)
+    first = [y.tolist() for _, y in a]
+    assert a.epoch == 1 and a.state_dict()["batch"] == 0
+    second = [y.tolist() for _, y in a]
+    assert [y.tolist() for _, y in b] == first
+    assert a.plan(0, 0)[0].tolist() != a.plan(1, 0)[0].tolist()
+    b.set_epoch(1)
+    assert [y.tolist() for _, y in b] == second
+
+
+@pytest.mark.parametrize("augment", [None, [RandomResizedCrop(24), RandomHorizontalFlip(), Normalize()]])
+def test_resume_mid_epoch_yields_exactly_the_rest(store, augment):
+    make = lambda: gpufeed.Loader(store, batch_size=16, device="cpu", augment=augment, seed=2)  # noqa: E731
+    check_resume(make, [0, 1, 3, 5])
+
+
+def test_breaking_out_stops_the_producer(store):
+    before = threading.active_count()
+    loader = gpufeed.Loader(store, batch_size=8, device="cpu", prefetch=2)
+    for _ in range(3):
+        for k, _batch in enumerate(loader):
+            if k == 1:
+                break
+    assert loader.state_dict()["batch"] == 6
+    assert threading.active_count() <= before + loader._gather.threads
+
+
+def test_channels_last_and_dtypes(store):
+    loader = gpufeed.Loader(store, batch_size=8, device="cpu", channels_last=True)
+    images, _ = next(iter(loader))
+    assert images.dtype == torch.uint8 and images.is_contiguous(memory_format=torch.channels_last)
+    loader = gpufeed.Loader(store, batch_size=8, device="cpu", augment=[Normalize()], dtype=torch.bfloat16)
+    assert next(iter(loader))[0].dtype == torch.bfloat16
+
+
+def test_clear_errors(store, tmp_path):
+    with pytest.raises(ValueError, match="not a valid torch device"):
+        gpufeed.Loader(store, device="gpu0")
+    with pytest.raises(ValueError, match="runs on 'cuda' or 'cpu'"):
+        gpufeed.Loader(store, device="meta")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA is not available"):
+            gpufeed.Loader(store, device="cuda")
+    with pytest.raises(ValueError, match="larger than this rank's shard"):
+        gpufeed.Loader(store, batch_size=64, device="cpu", world_size=2, rank=0)
+    with pytest.raises(ValueError, match="cache must be one of"):
+        gpufeed.Loader(store, batch_size=8, device="cpu", cache="ssd")
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        gpufeed.Loader(store, batch_size=8, device="cpu", cache="gpu")
+    other = gpufeed.Loader(store, batch_size=8, device="cpu", seed=1)
+    with pytest.raises(ValueError, match="seed"):
+        gpufeed.Loader(store, batch_size=8, device="cpu", seed=0).load_state_dict(other.state_dict())
+
+
+def test_jpeg_and_damaged_stores_are_refused(store, tmp_path):
+    gpufeed.pack(store.manifest.settings["source"], tmp_path / "j", mode="jpeg", workers=1, progress=False)
+    with pytest.raises(ValueError, match="reads raw stores"):
+        gpufeed.Loader(tmp_path / "j", device="cpu")
+    import shutil
+
+    shutil.copytree(store.path, tmp_path / "cut")
+    with open(tmp_path / "cut" / "images.u8", "r+b") as f:
+        f.truncate(1000)
+    with pytest.raises(gpufeed.StoreError, match="bytes on disk"):
+        gpufeed.Loader(tmp_path / "cut", device="cpu")
