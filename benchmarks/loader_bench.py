@@ -112,6 +112,27 @@ def bench_pil_dataloader(folder: Path, batch: int, workers: int, limit: int) -> 
     return timed(run, len(dl) * batch, 1)
 
 
+def gather_variants(store, batch: int) -> dict:
+    """CPU gather memmap -> pinned buffer, GB/s, for several thread counts (page cache warm)."""
+    from gpufeed.store.reader import as_tensor
+    from gpufeed.transfer import Gatherer
+
+    src = as_tensor(store.images)
+    out = torch.empty((batch, *src.shape[1:]), dtype=torch.uint8, pin_memory=True)
+    rng = np.random.default_rng(0)
+    result = {}
+    for threads in (1, 4, 8, 16):
+        gather = Gatherer(threads)
+        idx = [torch.from_numpy(np.sort(rng.choice(len(src), batch, replace=False))) for _ in range(40)]
+        gather(src, idx[0], out)
+        t0 = time.perf_counter()
+        for i in idx:
+            gather(src, i, out)
+        result[threads] = batch * len(idx) * out[0].numel() / (time.perf_counter() - t0) / 1e9
+        gather.close()
+    return result
+
+
 def h2d_reference() -> dict:
     out = {}
     for pinned in (True, False):
@@ -147,12 +168,14 @@ def main() -> None:
         make_image_folder(folder, per_class=a.n // 10, classes=10)
         results["make_images_s"] = time.perf_counter() - t0
     shutil.rmtree(work / "store", ignore_errors=True)
+    one = gpufeed.pack(folder / "class_000", work / "one", size=256, workers=1, progress=False, overwrite=True)
     report = gpufeed.pack(folder, work / "store", size=256, progress=False)
     results["pack"] = {"img_per_s": report.images_per_s, "workers": report.workers,
-                       "img_per_s_per_core": report.images_per_s / report.workers}
+                       "one_worker_img_per_s": one.images_per_s, "one_worker_images": one.count}
     store = gpufeed.open(work / "store")
     results["h2d_gb_per_s"] = h2d_reference()
     results["augment_only"] = bench_augment_only(a.batch)
+    results["cpu_gather_gb_per_s_by_threads"] = gather_variants(store, a.batch)
     rows = {}
     for cache in ("gpu", "host", "disk"):
         rows[f"gpufeed {cache}"] = bench_gpufeed(store, cache, OPS, a.epochs, a.batch)

@@ -8,6 +8,9 @@ flip, the colour jitter and normalisation, and the cast, on whatever device the 
 
 from __future__ import annotations
 
+import functools
+import logging
+import math
 from dataclasses import dataclass, replace
 from typing import Sequence
 
@@ -17,6 +20,7 @@ from torchvision.ops import roi_align
 from gpufeed.augment.ops import (CenterCrop, ColorJitter, Normalize, RandomHorizontalFlip,
                                  RandomResizedCrop, Resize, View)
 
+log = logging.getLogger(__name__)
 GEOMETRIC = (RandomResizedCrop, Resize, CenterCrop, RandomHorizontalFlip)
 GRAY = (0.2989, 0.587, 0.114)
 
@@ -30,6 +34,11 @@ class Params:
     out_hw: tuple[int, int]
     identity: bool  # no resampling needed
     jitter: torch.Tensor | None  # (N, 3) brightness, contrast, saturation factors
+    any_flip: bool = True  # known on the host, so apply() never syncs with the device
+    grid: int = 1  # largest roi_align sampling grid side in the batch (host-side, for the GPU kernel)
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [t for t in (self.boxes, self.flip, self.jitter) if t is not None]
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Params:
         move = lambda t: None if t is None else t.to(device, non_blocking=non_blocking)  # noqa: E731
@@ -62,24 +71,76 @@ class Augment:
             view = op(view, g)
         identity = (view.height, view.width) == (height, width) and bool((view.boxes == full).all())
         jitter = self.jitter.factors(n, g) if self.jitter else None
-        return Params(view.boxes.float(), view.flip, (view.height, view.width), identity, jitter)
+        boxes = view.boxes.float()
+        return Params(boxes, view.flip, (view.height, view.width), identity, jitter, bool(view.flip.any()),
+                      grid_side(boxes, (view.height, view.width)))
 
     def apply(self, images: torch.Tensor, params: Params, dtype: torch.dtype = torch.float32,
               channels_last: bool = False) -> torch.Tensor:
         """Augment NHWC uint8 `images` (on any device) to NCHW `dtype`."""
         if dtype == torch.uint8 and self.normalize:
             raise ValueError("Normalize needs a floating output dtype, not uint8")
+        if images.is_cuda and dtype != torch.uint8 and _fused() is not None:
+            return self._apply_fused(images, params, dtype, channels_last)
         x = images.permute(0, 3, 1, 2)
         y = x.to(torch.float32, memory_format=torch.contiguous_format)
         if not params.identity:
             idx = torch.arange(len(y), device=y.device, dtype=torch.float32)[:, None]
             rois = torch.cat([idx, params.boxes], 1)
             y = roi_align(y, rois, params.out_hw, spatial_scale=1.0, sampling_ratio=-1, aligned=True)
-        if bool(params.flip.any()):
+        if params.any_flip:
             y = torch.where(params.flip.view(-1, 1, 1, 1), y.flip(3), y)
         if params.jitter is not None:
             y = color_jitter(y, params.jitter)
         return finish(y, dtype, self.normalize, channels_last)
+
+
+    def _apply_fused(self, images: torch.Tensor, params: Params, dtype: torch.dtype,
+                     channels_last: bool) -> torch.Tensor:
+        """One Triton kernel for resample + flip + normalise + cast (jitter, if any, after it)."""
+        jitter = params.jitter is not None
+        scale, shift = _affine(images.device, None if jitter else self.normalize)
+        y = _fused().resample_normalize(images, params.boxes, params.flip, params.out_hw, params.grid, scale,
+                                        shift, torch.float32 if jitter else dtype, channels_last and not jitter)
+        if not jitter:
+            return y
+        return finish(color_jitter(y * 255, params.jitter), dtype, self.normalize, channels_last)
+
+
+def grid_side(boxes: torch.Tensor, out_hw: tuple[int, int]) -> int:
+    """Largest roi_align sampling grid side of the batch; a margin only adds masked work."""
+    if len(boxes) == 0:
+        return 1
+    w = (boxes[:, 2] - boxes[:, 0]).max().item() / out_hw[1]
+    h = (boxes[:, 3] - boxes[:, 1]).max().item() / out_hw[0]
+    return max(1, math.ceil(max(w, h) + 1e-3))
+
+
+_AFFINE: dict = {}
+
+
+def _affine(device: torch.device, normalize: Normalize | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-channel (scale, shift) taking 0..255 to the output scale, cached per device."""
+    key = (device, None if normalize is None else (tuple(normalize.mean), tuple(normalize.std)))
+    if key not in _AFFINE:
+        if normalize is None:
+            scale, shift = torch.full((3,), 1 / 255), torch.zeros(3)
+        else:
+            std, mean = torch.tensor(normalize.std), torch.tensor(normalize.mean)
+            scale, shift = 1 / (255 * std), -mean / std
+        _AFFINE[key] = (scale.float().to(device), shift.float().to(device))
+    return _AFFINE[key]
+
+
+@functools.cache
+def _fused():
+    """The Triton kernel module, or None (said once) where Triton cannot be imported."""
+    try:
+        from gpufeed.augment import fused
+    except ImportError as e:
+        log.warning("Triton unavailable (%s): GPU augmentation falls back to several torch kernels (slower)", e)
+        return None
+    return fused
 
 
 def color_jitter(y: torch.Tensor, factors: torch.Tensor) -> torch.Tensor:

@@ -127,7 +127,7 @@ class Loader:
 
     def _finish(self, images, labels, params, event) -> tuple[torch.Tensor, torch.Tensor]:
         t0 = time.perf_counter()
-        hand_over(event, images, labels)
+        hand_over(event, images, labels, *(params.tensors() if params else ()))
         if self.augment is not None:
             images = self.augment.apply(images, params, self.dtype, self.channels_last)
         else:
@@ -151,10 +151,7 @@ class Loader:
 
     def _produce(self, epoch: int, start: int, out: queue.Queue, stop: threading.Event) -> None:
         try:
-            batches = self.sampler.batches(epoch, start)
-            if self.tier.gathers_on_device:
-                batches = [b.to(self.device) for b in batches]
-            for number, idx in enumerate(batches, start):
+            for number, idx in enumerate(self.sampler.batches(epoch, start), start):
                 if stop.is_set():
                     return
                 item = self._load(idx.sort().values, self._params(epoch, number, len(idx)))
@@ -171,8 +168,9 @@ class Loader:
     def _load(self, idx: torch.Tensor, params):
         t0 = time.perf_counter()
         stream = self._copy_stream
-        if self.tier.gathers_on_device:
+        if self.tier.gathers_on_device:  # every device op of the batch runs on the side stream
             with torch.cuda.stream(stream):
+                idx = idx.to(self.device, non_blocking=True)
                 images = self.tier.images.index_select(0, idx)
                 labels = self.tier.labels.index_select(0, idx)
                 params = params.to(self.device, non_blocking=True) if params else None

@@ -88,6 +88,15 @@ def _check_args(mode: str, size: int, fit: str, quality: int, max_side: int, on_
         raise ValueError(f"size and max_side must be positive, got {size} and {max_side}")
 
 
+def _context() -> multiprocessing.context.BaseContext:
+    """Workers forked from a clean server process: forking a threaded caller (torch, a loader) can deadlock."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["gpufeed.packing.worker"])
+    return ctx
+
+
 def _chunks(entries: Iterator, sink, raw_path: str | None, on_skip) -> Iterator[worker.Chunk]:
     """Group source items into chunks, passing source-level skips to `on_skip`."""
     items = (e for e in entries if isinstance(e, Item) or on_skip(e))
@@ -145,8 +154,7 @@ def pack(
     with atomic_store_dir(dest, overwrite) as work:
         sink = RawSink(work, size) if mode == "raw" else JpegSink(work)
         raw_path = str(sink.path) if mode == "raw" else None
-        ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else None)
-        executor = _Inline() if workers == 1 else ProcessPoolExecutor(workers, mp_context=ctx)
+        executor = _Inline() if workers == 1 else ProcessPoolExecutor(workers, mp_context=_context())
         bar = tqdm(total=src.total, unit="img", desc="pack", disable=not progress, smoothing=0.1)
         try:
             chunks = _chunks(src.entries, sink, raw_path, on_skip)

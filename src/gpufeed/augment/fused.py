@@ -1,0 +1,99 @@
+"""One GPU kernel for the whole geometric + normalise part of the pipeline (Triton).
+
+uint8 NHWC batch in, per-sample box + flip, out: normalised fp16/bf16/fp32 NCHW or NHWC.
+The sampling is roi_align's (aligned=True, adaptive sampling ratio): bilinear at bin centres
+when upscaling, the mean of ceil(scale)² bilinear samples per output pixel when downscaling,
+so it agrees with the CPU path (`pipeline.Augment.apply` on CPU tensors) to float rounding.
+Reads each needed source byte from cache once and writes each output element once.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+BLOCK = 256
+
+
+@triton.jit
+def _bilinear(src, base, y, x, H, W, mask):
+    """Bilinear sample of the 3 channels at (y, x) with roi_align's border rules."""
+    valid = mask & (y >= -1.0) & (y <= H) & (x >= -1.0) & (x <= W)
+    y = tl.maximum(y, 0.0)
+    x = tl.maximum(x, 0.0)
+    y0 = tl.minimum(y.to(tl.int32), H - 1)
+    x0 = tl.minimum(x.to(tl.int32), W - 1)
+    y = tl.where(y0 >= H - 1, y0.to(tl.float32), y)
+    x = tl.where(x0 >= W - 1, x0.to(tl.float32), x)
+    y1 = tl.minimum(y0 + 1, H - 1)
+    x1 = tl.minimum(x0 + 1, W - 1)
+    ly, lx = y - y0, x - x0
+    hy, hx = 1.0 - ly, 1.0 - lx
+    w00, w01, w10, w11 = hy * hx, hy * lx, ly * hx, ly * lx
+    p00 = base + (y0 * W + x0) * 3
+    p01 = base + (y0 * W + x1) * 3
+    p10 = base + (y1 * W + x0) * 3
+    p11 = base + (y1 * W + x1) * 3
+    out = []
+    for c in tl.static_range(3):
+        v = (w00 * tl.load(src + p00 + c, mask=valid, other=0).to(tl.float32)
+             + w01 * tl.load(src + p01 + c, mask=valid, other=0).to(tl.float32)
+             + w10 * tl.load(src + p10 + c, mask=valid, other=0).to(tl.float32)
+             + w11 * tl.load(src + p11 + c, mask=valid, other=0).to(tl.float32))
+        out.append(tl.where(valid, v, 0.0))
+    return out[0], out[1], out[2]
+
+
+@triton.jit
+def _resample_kernel(src, boxes, flip, scale, shift, out, H, W, OH, OW,
+                     s_n, s_c, s_y, s_x, GRID_MAX: tl.constexpr, BLOCK: tl.constexpr):
+    n = tl.program_id(0)
+    p = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = p < OH * OW
+    oy, ox = p // OW, p % OW
+    bx = tl.where(tl.load(flip + n) != 0, OW - 1 - ox, ox)
+    x1 = tl.load(boxes + n * 4 + 0) - 0.5
+    y1 = tl.load(boxes + n * 4 + 1) - 0.5
+    roi_w = tl.load(boxes + n * 4 + 2) - 0.5 - x1
+    roi_h = tl.load(boxes + n * 4 + 3) - 0.5 - y1
+    bin_w, bin_h = roi_w / OW, roi_h / OH
+    gw = tl.maximum(tl.math.ceil(roi_w / OW), 1.0)
+    gh = tl.maximum(tl.math.ceil(roi_h / OH), 1.0)
+    gw_i = tl.zeros([BLOCK], tl.int32) + gw.to(tl.int32)  # per-lane copies keep the masks block-shaped
+    gh_i = tl.zeros([BLOCK], tl.int32) + gh.to(tl.int32)
+    base = n.to(tl.int64) * H * W * 3
+    r = tl.zeros([BLOCK], tl.float32)
+    g = tl.zeros([BLOCK], tl.float32)
+    b = tl.zeros([BLOCK], tl.float32)
+    for iy in tl.static_range(GRID_MAX):
+        y = y1 + oy * bin_h + (iy + 0.5) * bin_h / gh
+        for ix in tl.static_range(GRID_MAX):
+            x = x1 + bx * bin_w + (ix + 0.5) * bin_w / gw
+            m = mask & (gh_i > iy) & (gw_i > ix)
+            vr, vg, vb = _bilinear(src, base, y, x, H, W, m)
+            r += vr
+            g += vg
+            b += vb
+    count = gh * gw
+    dst = out + n.to(tl.int64) * s_n + oy * s_y + ox * s_x
+    ty = out.dtype.element_ty
+    tl.store(dst, (r / count * tl.load(scale) + tl.load(shift)).to(ty), mask=mask)
+    tl.store(dst + s_c, (g / count * tl.load(scale + 1) + tl.load(shift + 1)).to(ty), mask=mask)
+    tl.store(dst + 2 * s_c, (b / count * tl.load(scale + 2) + tl.load(shift + 2)).to(ty), mask=mask)
+
+
+def resample_normalize(images: torch.Tensor, boxes: torch.Tensor, flip: torch.Tensor, out_hw: tuple[int, int],
+                       grid: int, scale: torch.Tensor, shift: torch.Tensor, dtype: torch.dtype,
+                       channels_last: bool) -> torch.Tensor:
+    """`out = resample(images)[c] * scale[c] + shift[c]` as `dtype`, NCHW (or channels_last)."""
+    n, h, w, _ = images.shape
+    oh, ow = out_hw
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    out = torch.empty((n, 3, oh, ow), dtype=dtype, device=images.device, memory_format=fmt)
+    if n == 0:
+        return out
+    _resample_kernel[(n, triton.cdiv(oh * ow, BLOCK))](
+        images.contiguous(), boxes.contiguous(), flip.to(torch.uint8), scale, shift, out, h, w, oh, ow,
+        out.stride(0), out.stride(1), out.stride(2), out.stride(3), GRID_MAX=grid, BLOCK=BLOCK)
+    return out
