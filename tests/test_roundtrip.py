@@ -84,7 +84,7 @@ def test_open_is_constant_time_on_a_huge_sparse_store(tmp_path):
     for name, size in ((fmt.RAW_IMAGES, n * fmt.raw_item_bytes(side)), (fmt.LABELS, n * 8)):
         with open(d / name, "wb") as f:
             f.truncate(size)
-        files[name] = {"bytes": size, "sha256": ""}
+        files[name] = {"bytes": size, "digest": ""}
     fmt.Manifest(mode="raw", count=n, image_shape=[side, side, 3], classes=[], files=files).write(d)
     store = gpufeed.open(d)
     assert len(store) == n and store[n - 1][0].shape == (3, side, side)

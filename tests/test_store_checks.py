@@ -68,3 +68,18 @@ def test_manifest_records_settings_and_version(store_path):
     assert m.format == "gpufeed-store" and m.version == 1 and m.gpufeed_version == gpufeed.__version__
     assert m.settings["size"] == 16 and m.classes == ["cat", "dog", "emu"] and m.count == 12
     assert set(m.files) == set(fmt.data_files(m.mode))
+
+
+def test_streaming_and_parallel_digests_agree(tmp_path, monkeypatch):
+    """The writer's one-pass digest equals the block-parallel one, across block boundaries."""
+    import os
+
+    from gpufeed.store import writer
+
+    monkeypatch.setattr(writer, "CHECKSUM_BLOCK", 1000)
+    for size in (0, 1, 999, 1000, 1001, 4567):
+        data = os.urandom(size)
+        w = writer.HashingWriter(tmp_path / "f")
+        for k in range(0, size, 333):
+            w.write(data[k : k + 333])
+        assert w.close() == writer.file_digest(tmp_path / "f", threads=3)

@@ -35,14 +35,20 @@ def _bilinear(src, base, y, x, H, W, mask):
     p01 = base + (y0 * W + x1) * 3
     p10 = base + (y1 * W + x0) * 3
     p11 = base + (y1 * W + x1) * 3
-    out = []
-    for c in tl.static_range(3):
-        v = (w00 * tl.load(src + p00 + c, mask=valid, other=0).to(tl.float32)
-             + w01 * tl.load(src + p01 + c, mask=valid, other=0).to(tl.float32)
-             + w10 * tl.load(src + p10 + c, mask=valid, other=0).to(tl.float32)
-             + w11 * tl.load(src + p11 + c, mask=valid, other=0).to(tl.float32))
-        out.append(tl.where(valid, v, 0.0))
-    return out[0], out[1], out[2]
+    r = _tap(src, p00, p01, p10, p11, w00, w01, w10, w11, 0, valid)
+    g = _tap(src, p00, p01, p10, p11, w00, w01, w10, w11, 1, valid)
+    b = _tap(src, p00, p01, p10, p11, w00, w01, w10, w11, 2, valid)
+    return r, g, b
+
+
+@triton.jit
+def _tap(src, p00, p01, p10, p11, w00, w01, w10, w11, c: tl.constexpr, valid):
+    """One channel of the four-neighbour blend; 0 outside the image like roi_align."""
+    v = (w00 * tl.load(src + p00 + c, mask=valid, other=0).to(tl.float32)
+         + w01 * tl.load(src + p01 + c, mask=valid, other=0).to(tl.float32)
+         + w10 * tl.load(src + p10 + c, mask=valid, other=0).to(tl.float32)
+         + w11 * tl.load(src + p11 + c, mask=valid, other=0).to(tl.float32))
+    return tl.where(valid, v, 0.0)
 
 
 @triton.jit

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 from dataclasses import dataclass, replace
 from typing import Sequence
 
@@ -72,8 +71,8 @@ class Augment:
         identity = (view.height, view.width) == (height, width) and bool((view.boxes == full).all())
         jitter = self.jitter.factors(n, g) if self.jitter else None
         boxes = view.boxes.float()
-        return Params(boxes, view.flip, (view.height, view.width), identity, jitter, bool(view.flip.any()),
-                      grid_side(boxes, (view.height, view.width)))
+        grid = int(grid_sides(boxes, (view.height, view.width)).max()) if n else 1
+        return Params(boxes, view.flip, (view.height, view.width), identity, jitter, bool(view.flip.any()), grid)
 
     def apply(self, images: torch.Tensor, params: Params, dtype: torch.dtype = torch.float32,
               channels_last: bool = False) -> torch.Tensor:
@@ -107,13 +106,11 @@ class Augment:
         return finish(color_jitter(y * 255, params.jitter), dtype, self.normalize, channels_last)
 
 
-def grid_side(boxes: torch.Tensor, out_hw: tuple[int, int]) -> int:
-    """Largest roi_align sampling grid side of the batch; a margin only adds masked work."""
-    if len(boxes) == 0:
-        return 1
-    w = (boxes[:, 2] - boxes[:, 0]).max().item() / out_hw[1]
-    h = (boxes[:, 3] - boxes[:, 1]).max().item() / out_hw[0]
-    return max(1, math.ceil(max(w, h) + 1e-3))
+def grid_sides(boxes: torch.Tensor, out_hw: tuple[int, int]) -> torch.Tensor:
+    """Per sample, the side of roi_align's sampling grid (a margin only adds masked work)."""
+    w = (boxes[:, 2] - boxes[:, 0]) / out_hw[1]
+    h = (boxes[:, 3] - boxes[:, 1]) / out_hw[0]
+    return torch.ceil(torch.maximum(w, h) + 1e-3).clamp(min=1).long()
 
 
 _AFFINE: dict = {}

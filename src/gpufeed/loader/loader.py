@@ -9,7 +9,6 @@ then runs the augmentation on its own stream.
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import threading
 import time
@@ -20,6 +19,7 @@ import torch
 
 from gpufeed.augment.pipeline import Augment
 from gpufeed.loader import tiers
+from gpufeed.loader.plan import EpochPlan, plan_epoch
 from gpufeed.loader.sampler import ShardedBatchSampler, resolve_rank
 from gpufeed.loader.stats import Stats
 from gpufeed.store.reader import Store
@@ -64,7 +64,7 @@ class Loader:
         self.channels_last, self.seed, self.prefetch = channels_last, seed, max(1, prefetch)
         self.tier = tiers.materialize(self.store, self.device, cache)
         log.info("gpufeed.Loader: tier %s (%s)", self.tier.name, self.tier.reason)
-        self._gather = Gatherer(gather_threads or min(8, os.cpu_count() or 1))
+        self._gather = Gatherer(gather_threads or 1)
         self._ring: PinnedRing | None = None
         self._copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.epoch, self._batch = 0, 0
@@ -139,22 +139,24 @@ class Loader:
 
     def plan(self, epoch: int, number: int):
         """(sorted sample indices, augment Params or None) of batch `number` of `epoch` on this rank."""
-        idx = self.sampler.batches(epoch, number)[0].sort().values
-        return idx, self._params(epoch, number, len(idx))
+        return self._plan(epoch).batch(number)
 
-    def _params(self, epoch: int, number: int, n: int):
-        if self.augment is None:
-            return None
-        g = torch.Generator().manual_seed(hash((self.seed, epoch, self.rank, number)) & (2**63 - 1))
-        h, w, _ = self.store.image_shape
-        return self.augment.sample(n, h, w, g)
+    def _plan(self, epoch: int) -> EpochPlan:
+        shape = self.store.image_shape
+        return plan_epoch(self.sampler, self.augment, self.seed, epoch, (shape[0], shape[1]))
 
     def _produce(self, epoch: int, start: int, out: queue.Queue, stop: threading.Event) -> None:
         try:
-            for number, idx in enumerate(self.sampler.batches(epoch, start), start):
+            plan = on_device = self._plan(epoch)
+            if self._copy_stream is not None:  # one upload per epoch, on the copy stream
+                with torch.cuda.stream(self._copy_stream):
+                    on_device = plan.to(self.device)
+            for number in range(start, len(plan)):
                 if stop.is_set():
                     return
-                item = self._load(idx.sort().values, self._params(epoch, number, len(idx)))
+                idx, _ = plan.batch(number)
+                device_idx, params = on_device.batch(number)
+                item = self._load(idx, device_idx, params)
                 while not stop.is_set():
                     try:
                         out.put(item, timeout=0.1)
@@ -165,15 +167,14 @@ class Loader:
         except BaseException as e:  # handed to the consumer, raised there
             out.put(e)
 
-    def _load(self, idx: torch.Tensor, params):
+    def _load(self, idx: torch.Tensor, device_idx: torch.Tensor, params):
+        """Gather batch `idx` (`device_idx`: the same, on the device) and start its copy."""
         t0 = time.perf_counter()
         stream = self._copy_stream
         if self.tier.gathers_on_device:  # every device op of the batch runs on the side stream
             with torch.cuda.stream(stream):
-                idx = idx.to(self.device, non_blocking=True)
-                images = self.tier.images.index_select(0, idx)
-                labels = self.tier.labels.index_select(0, idx)
-                params = params.to(self.device, non_blocking=True) if params else None
+                images = self.tier.images.index_select(0, device_idx)
+                labels = self.tier.labels.index_select(0, device_idx)
                 event = stream.record_event()
             self._stats.add("gather", time.perf_counter() - t0, images.numel())
             return images, labels, params, event
@@ -194,7 +195,6 @@ class Loader:
         with torch.cuda.stream(stream):
             images = images.to(self.device, non_blocking=True)
             labels = labels.to(self.device, non_blocking=True)
-            params = params.to(self.device, non_blocking=True) if params else None
             event = stream.record_event()
         self._ring.release(k, event)
         self._stats.add("h2d_issue", time.perf_counter() - t1, images.numel())

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 from array import array
 from pathlib import Path
@@ -48,23 +47,26 @@ class RawSink:
 
     def finish(self) -> dict[str, dict[str, object]]:
         files = {fmt.LABELS: _write_array(self.work / fmt.LABELS, np.asarray(self.labels, dtype="<i8"))}
-        if list(self.kept) == list(range(self.slots)):
-            files[fmt.RAW_IMAGES] = file_digest(self.path)
-            return files
-        sha = hashlib.sha256()
+        if list(self.kept) != list(range(self.slots)):
+            self._compact()
         fd = os.open(self.path, os.O_RDWR)
         try:
-            for k, slot in enumerate(self.kept):
-                buf = os.pread(fd, self.item, slot * self.item)
-                if slot != k:
-                    os.pwrite(fd, buf, k * self.item)
-                sha.update(buf)
-            os.ftruncate(fd, len(self.kept) * self.item)
             os.fsync(fd)
         finally:
             os.close(fd)
-        files[fmt.RAW_IMAGES] = {"bytes": len(self.kept) * self.item, "sha256": sha.hexdigest()}
+        files[fmt.RAW_IMAGES] = file_digest(self.path)
         return files
+
+    def _compact(self) -> None:
+        """Move the kept slots down over the holes left by skipped images, then truncate."""
+        fd = os.open(self.path, os.O_RDWR)
+        try:
+            for k, slot in enumerate(self.kept):
+                if slot != k:
+                    os.pwrite(fd, os.pread(fd, self.item, slot * self.item), k * self.item)
+            os.ftruncate(fd, len(self.kept) * self.item)
+        finally:
+            os.close(fd)
 
 
 class JpegSink:

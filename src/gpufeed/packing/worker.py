@@ -83,7 +83,5 @@ def process(chunk: Chunk, s: Settings) -> list[Result]:
                     results.append((None, encoded, hw))
             except BadImage as e:
                 results.append((str(e), None, None))
-    if out is not None:
-        out.flush()
-        del out
+    del out  # pages stay in the shared page cache; the writer fsyncs once at the end
     return results

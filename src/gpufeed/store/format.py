@@ -12,7 +12,9 @@ A store is a directory::
       shapes.i32      int32[N, 2]         (height, width) of each encoded image
 
 Every data file is little-endian, headerless and memory-mappable; the manifest records its
-byte size and SHA-256 so a damaged store is detected. Everything else asks this module.
+byte size and digest so a damaged store is detected. The digest (CHECKSUM) is the SHA-256 of
+the concatenated SHA-256 digests of the file's consecutive 64 MiB blocks, so it is computed
+on all cores and in one streaming pass alike. Everything else asks this module.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ FORMAT_NAME = "gpufeed-store"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 MODES = ("raw", "jpeg")
+CHECKSUM = "sha256-tree-64MiB"
+CHECKSUM_BLOCK = 64 << 20
 FITS = ("crop", "stretch", "pad")
 
 LABELS = "labels.i64"
@@ -70,11 +74,12 @@ class Manifest:
     count: int
     image_shape: list[int] | None  # [S, S, 3] for raw, None for jpeg (sizes vary)
     classes: list[str]
-    files: dict[str, dict[str, Any]]  # name -> {"bytes": int, "sha256": str}
+    files: dict[str, dict[str, Any]]  # name -> {"bytes": int, "digest": str} (see CHECKSUM)
     skipped: list[dict[str, str]] = field(default_factory=list)  # {"path", "reason"}
     settings: dict[str, Any] = field(default_factory=dict)
     gpufeed_version: str = ""
     created: str = ""
+    checksum: str = CHECKSUM
     layout: str = "HWC"
     dtype: str = "uint8"
     format: str = FORMAT_NAME
@@ -113,6 +118,8 @@ class Manifest:
             manifest = cls(**raw)
         except TypeError as e:
             raise StoreError(f"{path}: malformed manifest ({e})") from e
+        if manifest.checksum != CHECKSUM:
+            raise StoreError(f"{path}: unknown checksum scheme {manifest.checksum!r}")
         manifest._validate(path)
         return manifest
 

@@ -35,6 +35,6 @@ def verify(path: str | Path) -> VerifyResult:
         got = file_digest(file)
         if got["bytes"] != entry["bytes"]:
             damaged[name] = f"{got['bytes']} bytes, manifest says {entry['bytes']}"
-        elif got["sha256"] != entry["sha256"]:
+        elif got["digest"] != entry["digest"]:
             damaged[name] = "checksum mismatch (contents changed since packing)"
     return VerifyResult(path, sorted(manifest.files), damaged)

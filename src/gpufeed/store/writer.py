@@ -10,47 +10,84 @@ import hashlib
 import os
 import shutil
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
-from gpufeed.store.format import MANIFEST, StoreError
+from gpufeed.store.format import CHECKSUM_BLOCK, MANIFEST, StoreError
 
-HASH_CHUNK = 8 << 20
+class TreeHasher:
+    """Streaming form of the store digest: SHA-256 over the SHA-256 of each 64 MiB block."""
+
+    def __init__(self):
+        self._blocks: list[bytes] = []
+        self._block = hashlib.sha256()
+        self._filled = 0
+
+    def update(self, data: memoryview) -> None:
+        while data.nbytes:
+            take = min(CHECKSUM_BLOCK - self._filled, data.nbytes)
+            self._block.update(data[:take])
+            self._filled += take
+            data = data[take:]
+            if self._filled == CHECKSUM_BLOCK:
+                self._blocks.append(self._block.digest())
+                self._block, self._filled = hashlib.sha256(), 0
+
+    def hexdigest(self) -> str:
+        blocks = self._blocks + ([self._block.digest()] if self._filled or not self._blocks else [])
+        return hashlib.sha256(b"".join(blocks)).hexdigest()
 
 
 class HashingWriter:
-    """Append-only file writer that keeps the byte count and SHA-256 as it goes."""
+    """Append-only file writer that keeps the byte count and the store digest as it goes."""
 
     def __init__(self, path: Path):
         self.path = path
         self._f: BinaryIO = open(path, "wb")
-        self._sha = hashlib.sha256()
+        self._hash = TreeHasher()
         self.bytes = 0
 
     def write(self, data) -> None:
         view = memoryview(data).cast("B")
         self._f.write(view)
-        self._sha.update(view)
+        self._hash.update(view)
         self.bytes += view.nbytes
 
     def close(self) -> dict[str, object]:
-        """Flush to disk and return the manifest entry {"bytes", "sha256"}."""
+        """Flush to disk and return the manifest entry {"bytes", "digest"}."""
         self._f.flush()
         os.fsync(self._f.fileno())
         self._f.close()
-        return {"bytes": self.bytes, "sha256": self._sha.hexdigest()}
+        return {"bytes": self.bytes, "digest": self._hash.hexdigest()}
 
 
-def file_digest(path: Path) -> dict[str, object]:
-    """Manifest entry {"bytes", "sha256"} of an existing file, read in chunks."""
-    sha = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(HASH_CHUNK):
-            sha.update(chunk)
-            size += len(chunk)
-    return {"bytes": size, "sha256": sha.hexdigest()}
+def _block_digest(fd: int, index: int, size: int) -> bytes:
+    start = index * CHECKSUM_BLOCK
+    h = hashlib.sha256()
+    done = 0
+    length = min(CHECKSUM_BLOCK, size - start)
+    while done < length:
+        chunk = os.pread(fd, min(8 << 20, length - done), start + done)
+        if not chunk:
+            raise OSError(f"short read at byte {start + done}")
+        h.update(chunk)
+        done += len(chunk)
+    return h.digest()
+
+
+def file_digest(path: Path, threads: int | None = None) -> dict[str, object]:
+    """Manifest entry {"bytes", "digest"} of an existing file, its blocks hashed in parallel."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        count = max(1, -(-size // CHECKSUM_BLOCK))
+        with ThreadPoolExecutor(threads or min(16, os.cpu_count() or 1)) as pool:
+            blocks = list(pool.map(lambda i: _block_digest(fd, i, size), range(count)))
+    finally:
+        os.close(fd)
+    return {"bytes": size, "digest": hashlib.sha256(b"".join(blocks)).hexdigest()}
 
 
 @contextmanager

@@ -1,0 +1,61 @@
+"""Everything random about one epoch on one rank, decided up front in a few vectorised calls.
+
+Per batch the loader then only slices: no per-batch sampling ops on the CPU, no per-batch
+uploads of indices or parameters (they go to the device once per epoch). The plan is a pure
+function of (seed, epoch, rank), so a resumed loader replays exactly the same batches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from gpufeed.augment.pipeline import Augment, Params, grid_sides
+from gpufeed.loader.sampler import ShardedBatchSampler
+
+
+@dataclass
+class EpochPlan:
+    """Sorted indices of every batch, back to back, and the augment parameters aligned with them."""
+
+    indices: torch.Tensor  # (samples,) int64; batch b is indices[starts[b]:starts[b + 1]]
+    starts: list[int]
+    params: Params | None
+    grids: list[int]  # per batch: largest sampling grid side
+    flips: list[bool]  # per batch: any sample mirrored
+
+    def __len__(self) -> int:
+        return len(self.starts) - 1
+
+    def batch(self, number: int) -> tuple[torch.Tensor, Params | None]:
+        a, b = self.starts[number], self.starts[number + 1]
+        if self.params is None:
+            return self.indices[a:b], None
+        p = self.params
+        params = replace(p, boxes=p.boxes[a:b], flip=p.flip[a:b], grid=self.grids[number],
+                         any_flip=self.flips[number], jitter=None if p.jitter is None else p.jitter[a:b])
+        return self.indices[a:b], params
+
+    def to(self, device: torch.device) -> EpochPlan:
+        """The same plan with its tensors on `device` (one copy each per epoch)."""
+        params = self.params.to(device, non_blocking=True) if self.params is not None else None
+        return replace(self, indices=self.indices.to(device, non_blocking=True), params=params)
+
+
+def plan_epoch(sampler: ShardedBatchSampler, augment: Augment | None, seed: int, epoch: int,
+               image_hw: tuple[int, int]) -> EpochPlan:
+    """The plan of `epoch` for the sampler's rank."""
+    batches = [b.sort().values for b in sampler.batches(epoch)]
+    starts = [0]
+    for b in batches:
+        starts.append(starts[-1] + len(b))
+    indices = torch.cat(batches) if batches else torch.empty(0, dtype=torch.int64)
+    if augment is None:
+        return EpochPlan(indices, starts, None, [], [])
+    g = torch.Generator().manual_seed(hash((seed, epoch, sampler.rank)) & (2**63 - 1))
+    params = augment.sample(len(indices), *image_hw, g)
+    sides = grid_sides(params.boxes, params.out_hw)
+    grids = [int(sides[a:b].max()) if b > a else 1 for a, b in zip(starts, starts[1:])]
+    flips = [bool(params.flip[a:b].any()) for a, b in zip(starts, starts[1:])]
+    return EpochPlan(indices, starts, params, grids, flips)
