@@ -152,3 +152,10 @@ def test_killed_pack_leaves_no_store(tmp_path):
     leftover = next(p for p in tmp_path.iterdir() if p.name.startswith(".dest.packing"))
     with pytest.raises(gpufeed.StoreError, match="not a gpufeed store"):
         gpufeed.open(leftover)
+
+
+def test_packing_workers_start_without_torch():
+    """Workers import only what packing needs (fast start on every core)."""
+    code = "import sys, gpufeed.packing.worker, gpufeed; gpufeed.pack; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"

@@ -52,8 +52,8 @@ def _tap(src, p00, p01, p10, p11, w00, w01, w10, w11, c: tl.constexpr, valid):
 
 
 @triton.jit
-def _resample_kernel(src, boxes, flip, scale, shift, out, H, W, OH, OW,
-                     s_n, s_c, s_y, s_x, GRID_MAX: tl.constexpr, BLOCK: tl.constexpr):
+def _resample_kernel(src, index, boxes, flip, scale, shift, out, H, W, OH, OW,
+                     s_n, s_c, s_y, s_x, GRID_MAX: tl.constexpr, HAS_INDEX: tl.constexpr, BLOCK: tl.constexpr):
     n = tl.program_id(0)
     p = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = p < OH * OW
@@ -68,7 +68,10 @@ def _resample_kernel(src, boxes, flip, scale, shift, out, H, W, OH, OW,
     gh = tl.maximum(tl.math.ceil(roi_h / OH), 1.0)
     gw_i = tl.zeros([BLOCK], tl.int32) + gw.to(tl.int32)  # per-lane copies keep the masks block-shaped
     gh_i = tl.zeros([BLOCK], tl.int32) + gh.to(tl.int32)
-    base = n.to(tl.int64) * H * W * 3
+    if HAS_INDEX:  # gather fused in: sample n is row index[n] of the whole store
+        base = tl.load(index + n).to(tl.int64) * H * W * 3
+    else:
+        base = n.to(tl.int64) * H * W * 3
     r = tl.zeros([BLOCK], tl.float32)
     g = tl.zeros([BLOCK], tl.float32)
     b = tl.zeros([BLOCK], tl.float32)
@@ -91,15 +94,21 @@ def _resample_kernel(src, boxes, flip, scale, shift, out, H, W, OH, OW,
 
 def resample_normalize(images: torch.Tensor, boxes: torch.Tensor, flip: torch.Tensor, out_hw: tuple[int, int],
                        grid: int, scale: torch.Tensor, shift: torch.Tensor, dtype: torch.dtype,
-                       channels_last: bool) -> torch.Tensor:
-    """`out = resample(images)[c] * scale[c] + shift[c]` as `dtype`, NCHW (or channels_last)."""
-    n, h, w, _ = images.shape
+                       channels_last: bool, index: torch.Tensor | None = None) -> torch.Tensor:
+    """`out = resample(images[index])[c] * scale[c] + shift[c]` as `dtype`, NCHW (or channels_last).
+
+    With `index`, sample k is read straight from row index[k] of `images` (no gathered copy).
+    """
+    images = images if images.is_contiguous() else images.contiguous()
+    _, h, w, _ = images.shape
+    n = len(boxes)
     oh, ow = out_hw
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     out = torch.empty((n, 3, oh, ow), dtype=dtype, device=images.device, memory_format=fmt)
     if n == 0:
         return out
     _resample_kernel[(n, triton.cdiv(oh * ow, BLOCK))](
-        images.contiguous(), boxes.contiguous(), flip.to(torch.uint8), scale, shift, out, h, w, oh, ow,
-        out.stride(0), out.stride(1), out.stride(2), out.stride(3), GRID_MAX=grid, BLOCK=BLOCK)
+        images, boxes if index is None else index, boxes, flip, scale, shift, out, h, w, oh, ow,
+        out.stride(0), out.stride(1), out.stride(2), out.stride(3), GRID_MAX=grid, HAS_INDEX=index is not None,
+        BLOCK=BLOCK)
     return out

@@ -29,7 +29,7 @@ class Params:
     """Everything random about one batch; move it with `.to(device)` before `apply`."""
 
     boxes: torch.Tensor  # (N, 4) source boxes x1, y1, x2, y2
-    flip: torch.Tensor  # (N,) bool
+    flip: torch.Tensor  # (N,) uint8, 1 = mirrored
     out_hw: tuple[int, int]
     identity: bool  # no resampling needed
     jitter: torch.Tensor | None  # (N, 3) brightness, contrast, saturation factors
@@ -72,15 +72,18 @@ class Augment:
         jitter = self.jitter.factors(n, g) if self.jitter else None
         boxes = view.boxes.float()
         grid = int(grid_sides(boxes, (view.height, view.width)).max()) if n else 1
-        return Params(boxes, view.flip, (view.height, view.width), identity, jitter, bool(view.flip.any()), grid)
+        return Params(boxes, view.flip.to(torch.uint8), (view.height, view.width), identity, jitter,
+                      bool(view.flip.any()), grid)
 
     def apply(self, images: torch.Tensor, params: Params, dtype: torch.dtype = torch.float32,
-              channels_last: bool = False) -> torch.Tensor:
-        """Augment NHWC uint8 `images` (on any device) to NCHW `dtype`."""
+              channels_last: bool = False, index: torch.Tensor | None = None) -> torch.Tensor:
+        """Augment NHWC uint8 `images` (or `images[index]`) on any device to NCHW `dtype`."""
         if dtype == torch.uint8 and self.normalize:
             raise ValueError("Normalize needs a floating output dtype, not uint8")
         if images.is_cuda and dtype != torch.uint8 and _fused() is not None:
-            return self._apply_fused(images, params, dtype, channels_last)
+            return self._apply_fused(images, params, dtype, channels_last, index)
+        if index is not None:
+            images = images.index_select(0, index)
         x = images.permute(0, 3, 1, 2)
         y = x.to(torch.float32, memory_format=torch.contiguous_format)
         if not params.identity:
@@ -88,19 +91,20 @@ class Augment:
             rois = torch.cat([idx, params.boxes], 1)
             y = roi_align(y, rois, params.out_hw, spatial_scale=1.0, sampling_ratio=-1, aligned=True)
         if params.any_flip:
-            y = torch.where(params.flip.view(-1, 1, 1, 1), y.flip(3), y)
+            y = torch.where(params.flip.view(-1, 1, 1, 1).bool(), y.flip(3), y)
         if params.jitter is not None:
             y = color_jitter(y, params.jitter)
         return finish(y, dtype, self.normalize, channels_last)
 
 
     def _apply_fused(self, images: torch.Tensor, params: Params, dtype: torch.dtype,
-                     channels_last: bool) -> torch.Tensor:
-        """One Triton kernel for resample + flip + normalise + cast (jitter, if any, after it)."""
+                     channels_last: bool, index: torch.Tensor | None) -> torch.Tensor:
+        """One Triton kernel for gather + resample + flip + normalise + cast (jitter, if any, after it)."""
         jitter = params.jitter is not None
         scale, shift = _affine(images.device, None if jitter else self.normalize)
         y = _fused().resample_normalize(images, params.boxes, params.flip, params.out_hw, params.grid, scale,
-                                        shift, torch.float32 if jitter else dtype, channels_last and not jitter)
+                                        shift, torch.float32 if jitter else dtype, channels_last and not jitter,
+                                        index)
         if not jitter:
             return y
         return finish(color_jitter(y * 255, params.jitter), dtype, self.normalize, channels_last)

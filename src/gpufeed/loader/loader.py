@@ -9,6 +9,7 @@ then runs the augmentation on its own stream.
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import time
@@ -64,7 +65,7 @@ class Loader:
         self.channels_last, self.seed, self.prefetch = channels_last, seed, max(1, prefetch)
         self.tier = tiers.materialize(self.store, self.device, cache)
         log.info("gpufeed.Loader: tier %s (%s)", self.tier.name, self.tier.reason)
-        self._gather = Gatherer(gather_threads or 1)
+        self._gather = Gatherer(gather_threads or min(8, os.cpu_count() or 1))
         self._ring: PinnedRing | None = None
         self._copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.epoch, self._batch = 0, 0
@@ -125,11 +126,13 @@ class Loader:
         if self._batch >= len(self):
             self.epoch, self._batch = epoch + 1, 0
 
-    def _finish(self, images, labels, params, event) -> tuple[torch.Tensor, torch.Tensor]:
+    def _finish(self, images, labels, params, event, index) -> tuple[torch.Tensor, torch.Tensor]:
         t0 = time.perf_counter()
-        hand_over(event, images, labels, *(params.tensors() if params else ()))
+        made_on_side_stream = [labels, *(params.tensors() if params else ())]
+        made_on_side_stream += [images] if index is None else [index]
+        hand_over(event, *made_on_side_stream)
         if self.augment is not None:
-            images = self.augment.apply(images, params, self.dtype, self.channels_last)
+            images = self.augment.apply(images, params, self.dtype, self.channels_last, index)
         else:
             fmt = torch.channels_last if self.channels_last else torch.contiguous_format
             images = images.permute(0, 3, 1, 2).contiguous(memory_format=fmt)
@@ -148,15 +151,23 @@ class Loader:
     def _produce(self, epoch: int, start: int, out: queue.Queue, stop: threading.Event) -> None:
         try:
             plan = on_device = self._plan(epoch)
+            labels = ready = None
             if self._copy_stream is not None:  # one upload per epoch, on the copy stream
                 with torch.cuda.stream(self._copy_stream):
                     on_device = plan.to(self.device)
+                    if self.tier.gathers_on_device:
+                        labels = self.tier.labels.index_select(0, on_device.indices)
+                    ready = self._copy_stream.record_event()
             for number in range(start, len(plan)):
                 if stop.is_set():
                     return
                 idx, _ = plan.batch(number)
                 device_idx, params = on_device.batch(number)
-                item = self._load(idx, device_idx, params)
+                if labels is not None:
+                    a, b = plan.starts[number], plan.starts[number + 1]
+                    item = self._on_device(device_idx, labels[a:b], params, ready)
+                else:
+                    item = self._load(idx, params)
                 while not stop.is_set():
                     try:
                         out.put(item, timeout=0.1)
@@ -167,22 +178,28 @@ class Loader:
         except BaseException as e:  # handed to the consumer, raised there
             out.put(e)
 
-    def _load(self, idx: torch.Tensor, device_idx: torch.Tensor, params):
-        """Gather batch `idx` (`device_idx`: the same, on the device) and start its copy."""
+    def _on_device(self, idx: torch.Tensor, labels: torch.Tensor, params, ready: torch.cuda.Event):
+        """gpu/host tiers: the GPU gathers. With augmentation on the gpu tier, the augment kernel
+        reads the store rows itself (no gathered copy); otherwise gather on the copy stream."""
         t0 = time.perf_counter()
         stream = self._copy_stream
-        if self.tier.gathers_on_device:  # every device op of the batch runs on the side stream
-            with torch.cuda.stream(stream):
-                images = self.tier.images.index_select(0, device_idx)
-                labels = self.tier.labels.index_select(0, device_idx)
-                event = stream.record_event()
-            self._stats.add("gather", time.perf_counter() - t0, images.numel())
-            return images, labels, params, event
+        if self.augment is not None and self.tier.name == "gpu":
+            return self.tier.images, labels, params, ready, idx
+        with torch.cuda.stream(stream):
+            images = self.tier.images.index_select(0, idx)
+            event = stream.record_event()
+        self._stats.add("gather", time.perf_counter() - t0, images.numel())
+        return images, labels, params, event, None
+
+    def _load(self, idx: torch.Tensor, params):
+        """disk tier (and CPU device): CPU threads gather into a pinned slot, then copy."""
+        t0 = time.perf_counter()
+        stream = self._copy_stream
         n, shape = len(idx), tuple(self.tier.images.shape[1:])
         if stream is None:  # CPU device: gather straight into the batch handed out
             images = self._gather(self.tier.images, idx, torch.empty((n, *shape), dtype=torch.uint8))
             self._stats.add("gather", time.perf_counter() - t0, images.numel())
-            return images, self.tier.labels.index_select(0, idx), params, None
+            return images, self.tier.labels.index_select(0, idx), params, None, None
         if self._ring is None:
             self._ring = PinnedRing(self.prefetch + 2, shape, self.sampler.batch_size, pin=True)
             if not self._ring.pinned:
@@ -198,4 +215,4 @@ class Loader:
             event = stream.record_event()
         self._ring.release(k, event)
         self._stats.add("h2d_issue", time.perf_counter() - t1, images.numel())
-        return images, labels, params, event
+        return images, labels, params, event, None

@@ -1,7 +1,25 @@
-"""The on-disk store: format (one module), atomic writing, O(1) reading, verification."""
+"""The on-disk store: format (one module), atomic writing, O(1) reading, verification.
 
-from gpufeed.store.format import FORMAT_VERSION, Manifest, StoreError
-from gpufeed.store.reader import Store, open_store
-from gpufeed.store.verify import VerifyResult, verify
+Reading needs torch; the format and the writer don't, so they import without it.
+"""
 
-__all__ = ["FORMAT_VERSION", "Manifest", "Store", "StoreError", "VerifyResult", "open_store", "verify"]
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "FORMAT_VERSION": "gpufeed.store.format",
+    "Manifest": "gpufeed.store.format",
+    "StoreError": "gpufeed.store.format",
+    "Store": "gpufeed.store.reader",
+    "open_store": "gpufeed.store.reader",
+    "VerifyResult": "gpufeed.store.integrity",
+    "verify": "gpufeed.store.integrity",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'gpufeed.store' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)
