@@ -169,7 +169,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--n", type=int, default=10000)
     p.add_argument("--batch", type=int, default=256)
-    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--workdir", default=None)
     p.add_argument("--out", default="loader_bench.json")
     p.add_argument("--skip-baselines", action="store_true")
@@ -185,6 +185,10 @@ def main() -> None:
         results["make_images_s"] = time.perf_counter() - t0
     shutil.rmtree(work / "store", ignore_errors=True)
     one = gpufeed.pack(folder / "class_000", work / "one", size=256, workers=1, progress=False, overwrite=True)
+    if os.path.isdir("/dev/shm"):  # same pack into RAM: tells the disk's share of pack time
+        shm = gpufeed.pack(folder, "/dev/shm/gpufeed-bench-store", size=256, progress=False, overwrite=True)
+        results["pack_to_dev_shm_img_per_s"] = shm.images_per_s
+        shutil.rmtree("/dev/shm/gpufeed-bench-store")
     report = gpufeed.pack(folder, work / "store", size=256, progress=False)
     results["pack"] = {"img_per_s": report.images_per_s, "workers": report.workers,
                        "one_worker_img_per_s": one.images_per_s, "one_worker_images": one.count}
@@ -196,6 +200,9 @@ def main() -> None:
     for cache in ("gpu", "host", "disk"):
         rows[f"gpufeed {cache}"] = bench_gpufeed(store, cache, OPS, a.epochs, a.batch)
         rows[f"gpufeed {cache} uint8"] = bench_gpufeed(store, cache, None, a.epochs, a.batch)
+    gpufeed.Loader.FUSED_GATHER = ("gpu", "host")
+    rows["gpufeed host, augment kernel reads over PCIe"] = bench_gpufeed(store, "host", OPS, a.epochs, a.batch)
+    gpufeed.Loader.FUSED_GATHER = ("gpu",)
     if not a.skip_baselines:
         rows["numpy memmap + roi_align, 1 thread"] = bench_memmap_recipe(store, a.batch, 40)
         rows["DataLoader(ImageFolder, PIL), 16 workers"] = bench_pil_dataloader(folder, a.batch, 16, min(a.n, 8192))

@@ -12,6 +12,7 @@ import logging
 import os
 import queue
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 import time
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -48,6 +49,8 @@ def _device(device: str | torch.device) -> torch.device:
 class Loader:
     """Iterate `(images, labels)` batches of a raw store on `device`; see the README for every argument."""
 
+    FUSED_GATHER = ("gpu",)  # tiers whose augment kernel reads store rows directly
+
     def __init__(self, store: Store | str | Path, batch_size: int = 256, device: str | torch.device = "cuda",
                  shuffle: bool = True, seed: int = 0, drop_last: bool = True, augment: Sequence | None = None,
                  dtype: torch.dtype = torch.float16, channels_last: bool = False, cache: str = "auto",
@@ -70,6 +73,8 @@ class Loader:
         self._copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.epoch, self._batch = 0, 0
         self._stats = Stats(self.tier.name)
+        self._planner = ThreadPoolExecutor(1, thread_name_prefix="gpufeed-planner")
+        self._next_plan: tuple[int, Future] | None = None
 
     def __len__(self) -> int:
         return len(self.sampler)
@@ -148,9 +153,16 @@ class Loader:
         shape = self.store.image_shape
         return plan_epoch(self.sampler, self.augment, self.seed, epoch, (shape[0], shape[1]))
 
+    def _plan_ahead(self, epoch: int) -> EpochPlan:
+        """The plan of `epoch` (ready if it was prepared ahead); starts preparing `epoch + 1`."""
+        ready = self._next_plan
+        plan = ready[1].result() if ready is not None and ready[0] == epoch else self._plan(epoch)
+        self._next_plan = (epoch + 1, self._planner.submit(self._plan, epoch + 1))
+        return plan
+
     def _produce(self, epoch: int, start: int, out: queue.Queue, stop: threading.Event) -> None:
         try:
-            plan = on_device = self._plan(epoch)
+            plan = on_device = self._plan_ahead(epoch)
             labels = ready = None
             if self._copy_stream is not None:  # one upload per epoch, on the copy stream
                 with torch.cuda.stream(self._copy_stream):
@@ -179,11 +191,11 @@ class Loader:
             out.put(e)
 
     def _on_device(self, idx: torch.Tensor, labels: torch.Tensor, params, ready: torch.cuda.Event):
-        """gpu/host tiers: the GPU gathers. With augmentation on the gpu tier, the augment kernel
-        reads the store rows itself (no gathered copy); otherwise gather on the copy stream."""
+        """gpu/host tiers: the GPU gathers. With augmentation (tiers in FUSED_GATHER), the augment
+        kernel reads the store rows itself (no gathered copy); otherwise gather on the copy stream."""
         t0 = time.perf_counter()
         stream = self._copy_stream
-        if self.augment is not None and self.tier.name == "gpu":
+        if self.augment is not None and self.tier.name in self.FUSED_GATHER:
             return self.tier.images, labels, params, ready, idx
         with torch.cuda.stream(stream):
             images = self.tier.images.index_select(0, idx)
