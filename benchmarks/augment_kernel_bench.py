@@ -29,12 +29,12 @@ def main() -> None:
     out = {}
     for block in (128, 256, 512, 1024):
         fused.BLOCK = block
-        run = lambda: fused.resample_normalize(store, p.boxes, p.flip, p.out_hw, p.grid, scale, shift,  # noqa: E731
+        run = lambda: fused.resample_normalize(store, p.boxes, p.flip, p.out_hw, scale, shift,  # noqa: E731
                                                torch.float16, False, idx)
         ms = do_bench(run, warmup=50, rep=300, return_mode="median")
         out[f"fused gather, BLOCK={block}, do_bench us/batch"] = ms * 1e3
     fused.BLOCK = 256
-    run = lambda: fused.resample_normalize(gathered, p.boxes, p.flip, p.out_hw, p.grid, scale, shift,  # noqa: E731
+    run = lambda: fused.resample_normalize(gathered, p.boxes, p.flip, p.out_hw, scale, shift,  # noqa: E731
                                            torch.float16, False)
     out["pre-gathered, BLOCK=256, do_bench us/batch"] = do_bench(run, warmup=50, rep=300, return_mode="median") * 1e3
     g = torch.cuda.CUDAGraph()
@@ -60,7 +60,6 @@ def main() -> None:
         store.index_select(0, idx)
     torch.cuda.synchronize()
     out["index_select gather us/batch"] = (time.perf_counter() - t0) / 200 * 1e6
-    out["grid"] = p.grid
     json.dump(out, sys.stdout, indent=1)
 
 

@@ -128,24 +128,8 @@ def gather_variants(store, batch: int) -> dict:
         t0 = time.perf_counter()
         for i in idx:
             gather(src, i, out)
-        result[f"torch index_select x{threads} threads"] = batch * len(idx) * out[0].numel() / (time.perf_counter() - t0) / 1e9
+        result[f"Gatherer (numpy take) x{threads} threads"] = batch * len(idx) * out[0].numel() / (time.perf_counter() - t0) / 1e9
         gather.close()
-    from concurrent.futures import ThreadPoolExecutor
-
-    out_np = out.numpy()
-    for threads in (4, 8, 16):
-        with ThreadPoolExecutor(threads) as pool:
-            idx = [np.sort(rng.choice(len(src), batch, replace=False)) for _ in range(40)]
-
-            def take(i):
-                parts = np.array_split(np.arange(batch), threads)
-                list(pool.map(lambda p: np.take(store.images, i[p], axis=0, out=out_np[p[0]:p[-1] + 1]), parts))
-
-            take(idx[0])
-            t0 = time.perf_counter()
-            for i in idx:
-                take(i)
-            result[f"numpy take x{threads} threads"] = batch * len(idx) * out[0].numel() / (time.perf_counter() - t0) / 1e9
     return result
 
 

@@ -27,7 +27,7 @@ SCRIPT = textwrap.dedent("""
         ref = aug.apply(images, p, torch.float32)
         for channels_last in (False, True):
             scale, shift = _affine(torch.device("cpu"), aug.normalize)
-            got = fused.resample_normalize(images, p.boxes, p.flip, p.out_hw, p.grid, scale, shift,
+            got = fused.resample_normalize(images, p.boxes, p.flip, p.out_hw, scale, shift,
                                            torch.float32, channels_last)
             assert got.shape == ref.shape, (got.shape, ref.shape)
             err = (got - ref).abs().max().item()

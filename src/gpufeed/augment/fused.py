@@ -53,7 +53,7 @@ def _tap(src, p00, p01, p10, p11, w00, w01, w10, w11, c: tl.constexpr, valid):
 
 @triton.jit
 def _resample_kernel(src, index, boxes, flip, scale, shift, out, H, W, OH, OW,
-                     s_n, s_c, s_y, s_x, GRID_MAX: tl.constexpr, HAS_INDEX: tl.constexpr, BLOCK: tl.constexpr):
+                     s_n, s_c, s_y, s_x, HAS_INDEX: tl.constexpr, BLOCK: tl.constexpr):
     n = tl.program_id(0)
     p = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = p < OH * OW
@@ -66,8 +66,6 @@ def _resample_kernel(src, index, boxes, flip, scale, shift, out, H, W, OH, OW,
     bin_w, bin_h = roi_w / OW, roi_h / OH
     gw = tl.maximum(tl.math.ceil(roi_w / OW), 1.0)
     gh = tl.maximum(tl.math.ceil(roi_h / OH), 1.0)
-    gw_i = tl.zeros([BLOCK], tl.int32) + gw.to(tl.int32)  # per-lane copies keep the masks block-shaped
-    gh_i = tl.zeros([BLOCK], tl.int32) + gh.to(tl.int32)
     if HAS_INDEX:  # gather fused in: sample n is row index[n] of the whole store
         base = tl.load(index + n).to(tl.int64) * H * W * 3
     else:
@@ -75,12 +73,11 @@ def _resample_kernel(src, index, boxes, flip, scale, shift, out, H, W, OH, OW,
     r = tl.zeros([BLOCK], tl.float32)
     g = tl.zeros([BLOCK], tl.float32)
     b = tl.zeros([BLOCK], tl.float32)
-    for iy in tl.static_range(GRID_MAX):
+    for iy in range(gh.to(tl.int32)):  # one program is one sample: its own grid, no masked work
         y = y1 + oy * bin_h + (iy + 0.5) * bin_h / gh
-        for ix in tl.static_range(GRID_MAX):
+        for ix in range(gw.to(tl.int32)):
             x = x1 + bx * bin_w + (ix + 0.5) * bin_w / gw
-            m = mask & (gh_i > iy) & (gw_i > ix)
-            vr, vg, vb = _bilinear(src, base, y, x, H, W, m)
+            vr, vg, vb = _bilinear(src, base, y, x, H, W, mask)
             r += vr
             g += vg
             b += vb
@@ -93,7 +90,7 @@ def _resample_kernel(src, index, boxes, flip, scale, shift, out, H, W, OH, OW,
 
 
 def resample_normalize(images: torch.Tensor, boxes: torch.Tensor, flip: torch.Tensor, out_hw: tuple[int, int],
-                       grid: int, scale: torch.Tensor, shift: torch.Tensor, dtype: torch.dtype,
+                       scale: torch.Tensor, shift: torch.Tensor, dtype: torch.dtype,
                        channels_last: bool, index: torch.Tensor | None = None) -> torch.Tensor:
     """`out = resample(images[index])[c] * scale[c] + shift[c]` as `dtype`, NCHW (or channels_last).
 
@@ -109,6 +106,5 @@ def resample_normalize(images: torch.Tensor, boxes: torch.Tensor, flip: torch.Te
         return out
     _resample_kernel[(n, triton.cdiv(oh * ow, BLOCK))](
         images, boxes if index is None else index, boxes, flip, scale, shift, out, h, w, oh, ow,
-        out.stride(0), out.stride(1), out.stride(2), out.stride(3), GRID_MAX=grid, HAS_INDEX=index is not None,
-        BLOCK=BLOCK)
+        out.stride(0), out.stride(1), out.stride(2), out.stride(3), HAS_INDEX=index is not None, BLOCK=BLOCK)
     return out

@@ -34,7 +34,6 @@ class Params:
     identity: bool  # no resampling needed
     jitter: torch.Tensor | None  # (N, 3) brightness, contrast, saturation factors
     any_flip: bool = True  # known on the host, so apply() never syncs with the device
-    grid: int = 1  # largest roi_align sampling grid side in the batch (host-side, for the GPU kernel)
 
     def tensors(self) -> list[torch.Tensor]:
         return [t for t in (self.boxes, self.flip, self.jitter) if t is not None]
@@ -70,10 +69,8 @@ class Augment:
             view = op(view, g)
         identity = (view.height, view.width) == (height, width) and bool((view.boxes == full).all())
         jitter = self.jitter.factors(n, g) if self.jitter else None
-        boxes = view.boxes.float()
-        grid = int(grid_sides(boxes, (view.height, view.width)).max()) if n else 1
-        return Params(boxes, view.flip.to(torch.uint8), (view.height, view.width), identity, jitter,
-                      bool(view.flip.any()), grid)
+        return Params(view.boxes.float(), view.flip.to(torch.uint8), (view.height, view.width), identity, jitter,
+                      bool(view.flip.any()))
 
     def apply(self, images: torch.Tensor, params: Params, dtype: torch.dtype = torch.float32,
               channels_last: bool = False, index: torch.Tensor | None = None) -> torch.Tensor:
@@ -102,19 +99,11 @@ class Augment:
         """One Triton kernel for gather + resample + flip + normalise + cast (jitter, if any, after it)."""
         jitter = params.jitter is not None
         scale, shift = _affine(images.device, None if jitter else self.normalize)
-        y = _fused().resample_normalize(images, params.boxes, params.flip, params.out_hw, params.grid, scale,
-                                        shift, torch.float32 if jitter else dtype, channels_last and not jitter,
+        y = _fused().resample_normalize(images, params.boxes, params.flip, params.out_hw, scale, shift, torch.float32 if jitter else dtype, channels_last and not jitter,
                                         index)
         if not jitter:
             return y
         return finish(color_jitter(y * 255, params.jitter), dtype, self.normalize, channels_last)
-
-
-def grid_sides(boxes: torch.Tensor, out_hw: tuple[int, int]) -> torch.Tensor:
-    """Per sample, the side of roi_align's sampling grid (a margin only adds masked work)."""
-    w = (boxes[:, 2] - boxes[:, 0]) / out_hw[1]
-    h = (boxes[:, 3] - boxes[:, 1]) / out_hw[0]
-    return torch.ceil(torch.maximum(w, h) + 1e-3).clamp(min=1).long()
 
 
 _AFFINE: dict = {}

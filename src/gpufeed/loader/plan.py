@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from gpufeed.augment.pipeline import Augment, Params, grid_sides
+from gpufeed.augment.pipeline import Augment, Params
 from gpufeed.loader.sampler import ShardedBatchSampler
 
 
@@ -22,7 +22,6 @@ class EpochPlan:
     indices: torch.Tensor  # (samples,) int64; batch b is indices[starts[b]:starts[b + 1]]
     starts: list[int]
     params: Params | None
-    grids: list[int]  # per batch: largest sampling grid side
     flips: list[bool]  # per batch: any sample mirrored
 
     def __len__(self) -> int:
@@ -33,8 +32,8 @@ class EpochPlan:
         if self.params is None:
             return self.indices[a:b], None
         p = self.params
-        params = replace(p, boxes=p.boxes[a:b], flip=p.flip[a:b], grid=self.grids[number],
-                         any_flip=self.flips[number], jitter=None if p.jitter is None else p.jitter[a:b])
+        params = replace(p, boxes=p.boxes[a:b], flip=p.flip[a:b], any_flip=self.flips[number],
+                         jitter=None if p.jitter is None else p.jitter[a:b])
         return self.indices[a:b], params
 
     def to(self, device: torch.device) -> EpochPlan:
@@ -52,10 +51,8 @@ def plan_epoch(sampler: ShardedBatchSampler, augment: Augment | None, seed: int,
         starts.append(starts[-1] + len(b))
     indices = torch.cat(batches) if batches else torch.empty(0, dtype=torch.int64)
     if augment is None:
-        return EpochPlan(indices, starts, None, [], [])
+        return EpochPlan(indices, starts, None, [])
     g = torch.Generator().manual_seed(hash((seed, epoch, sampler.rank)) & (2**63 - 1))
     params = augment.sample(len(indices), *image_hw, g)
-    sides = grid_sides(params.boxes, params.out_hw)
-    grids = [int(sides[a:b].max()) if b > a else 1 for a, b in zip(starts, starts[1:])]
     flips = [bool(params.flip[a:b].any()) for a, b in zip(starts, starts[1:])]
-    return EpochPlan(indices, starts, params, grids, flips)
+    return EpochPlan(indices, starts, params, flips)
