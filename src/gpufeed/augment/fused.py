@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-BLOCK = 256
+BLOCK = 512  # measured on H200: 120 us per 256x224² batch vs 137 at 256, 151 at 1024
 
 
 @triton.jit

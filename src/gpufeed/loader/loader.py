@@ -1,19 +1,15 @@
 """`gpufeed.Loader`: batches from a raw store, augmented on the device, the training loop never waiting.
 
-A producer thread runs ahead by `prefetch` batches: it gathers the batch (on the GPU for the
-gpu/host tiers, with CPU threads into a pinned ring slot for the disk tier), issues the copy
-on a side stream and records an event. The consumer makes its stream wait on that event,
-then runs the augmentation on its own stream.
+The loader owns the state (epoch, position, seed), the tier and the streams; `feeds` moves
+the batches (asynchronous launches for the gpu/host tiers, a producer thread with a pinned
+ring for the disk tier); `_finish` runs the augmentation on the consumer's stream.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import queue
-import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-import time
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -21,15 +17,15 @@ import torch
 
 from gpufeed.augment.pipeline import Augment
 from gpufeed.loader import tiers
+from gpufeed.loader.feeds import Batch, device_feed, host_feed
 from gpufeed.loader.plan import EpochPlan, plan_epoch
 from gpufeed.loader.sampler import ShardedBatchSampler, resolve_rank
 from gpufeed.loader.stats import Stats
 from gpufeed.store.reader import Store
 from gpufeed.transfer.gather import Gatherer
-from gpufeed.transfer.ring import PinnedRing, hand_over
+from gpufeed.transfer.ring import PinnedRing
 
 log = logging.getLogger(__name__)
-_DONE = object()
 
 
 def _device(device: str | torch.device) -> torch.device:
@@ -68,11 +64,11 @@ class Loader:
         self.channels_last, self.seed, self.prefetch = channels_last, seed, max(1, prefetch)
         self.tier = tiers.materialize(self.store, self.device, cache)
         log.info("gpufeed.Loader: tier %s (%s)", self.tier.name, self.tier.reason)
-        self._gather = Gatherer(gather_threads or min(8, os.cpu_count() or 1))
-        self._ring: PinnedRing | None = None
-        self._copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self.gather = Gatherer(gather_threads or min(8, os.cpu_count() or 1))
+        self.copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self.counters = Stats(self.tier.name)
         self.epoch, self._batch = 0, 0
-        self._stats = Stats(self.tier.name)
+        self._ring: PinnedRing | None = None
         self._planner = ThreadPoolExecutor(1, thread_name_prefix="gpufeed-planner")
         self._next_plan: tuple[int, Future] | None = None
 
@@ -97,57 +93,43 @@ class Loader:
 
     def stats(self) -> dict:
         """Per-stage times, bytes moved, tier and consumer stalls so far."""
-        return self._stats.as_dict()
+        return self.counters.as_dict()
+
+    def plan(self, epoch: int, number: int):
+        """(sorted sample indices, augment Params or None) of batch `number` of `epoch` on this rank."""
+        return self._plan(epoch).batch(number)
+
+    def ring(self) -> PinnedRing:
+        """The pinned host slots of the disk tier, allocated once (pinning is slow)."""
+        if self._ring is None:
+            shape = tuple(self.tier.images.shape[1:])
+            self._ring = PinnedRing(self.prefetch + 2, shape, self.sampler.batch_size, pin=True)
+            if not self._ring.pinned:
+                self.counters.note("pinned memory unavailable: pageable copies")
+        return self._ring
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         epoch, start = self.epoch, self._batch
         if start >= len(self):
             epoch, start = epoch + 1, 0
         self.epoch, self._batch = epoch, start
-        out: queue.Queue = queue.Queue(self.prefetch)
-        stop = threading.Event()
-        producer = threading.Thread(target=self._produce, args=(epoch, start, out, stop), daemon=True,
-                                    name="gpufeed-producer")
-        producer.start()
-        try:
-            while True:
-                t0 = time.perf_counter()
-                item = out.get()
-                self._stats.add("wait", time.perf_counter() - t0)
-                if item is _DONE:
-                    break
-                if isinstance(item, BaseException):
-                    raise item
-                batch = self._finish(*item)
-                self._batch += 1
-                yield batch
-        finally:
-            stop.set()
-            while producer.is_alive():
-                try:
-                    out.get_nowait()
-                except queue.Empty:
-                    producer.join(0.01)
+        plan = self._plan_ahead(epoch)
+        feed = device_feed if self.tier.gathers_on_device else host_feed
+        for batch in feed(self, plan, start):
+            out = self._finish(batch)
+            self._batch += 1
+            yield out
         if self._batch >= len(self):
             self.epoch, self._batch = epoch + 1, 0
 
-    def _finish(self, images, labels, params, event, index) -> tuple[torch.Tensor, torch.Tensor]:
-        t0 = time.perf_counter()
-        made_on_side_stream = [labels, *(params.tensors() if params else ())]
-        made_on_side_stream += [images] if index is None else [index]
-        hand_over(event, *made_on_side_stream)
+    def _finish(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         if self.augment is not None:
-            images = self.augment.apply(images, params, self.dtype, self.channels_last, index)
+            images = self.augment.apply(batch.images, batch.params, self.dtype, self.channels_last, batch.index)
         else:
             fmt = torch.channels_last if self.channels_last else torch.contiguous_format
-            images = images.permute(0, 3, 1, 2).contiguous(memory_format=fmt)
-        self._stats.add("augment", time.perf_counter() - t0)
-        self._stats.count(len(labels))
-        return images, labels
-
-    def plan(self, epoch: int, number: int):
-        """(sorted sample indices, augment Params or None) of batch `number` of `epoch` on this rank."""
-        return self._plan(epoch).batch(number)
+            images = batch.images.permute(0, 3, 1, 2).contiguous(memory_format=fmt)
+        self.counters.count(len(batch.labels))
+        return images, batch.labels
 
     def _plan(self, epoch: int) -> EpochPlan:
         shape = self.store.image_shape
@@ -159,72 +141,3 @@ class Loader:
         plan = ready[1].result() if ready is not None and ready[0] == epoch else self._plan(epoch)
         self._next_plan = (epoch + 1, self._planner.submit(self._plan, epoch + 1))
         return plan
-
-    def _produce(self, epoch: int, start: int, out: queue.Queue, stop: threading.Event) -> None:
-        try:
-            plan = on_device = self._plan_ahead(epoch)
-            labels = ready = None
-            if self._copy_stream is not None:  # one upload per epoch, on the copy stream
-                with torch.cuda.stream(self._copy_stream):
-                    on_device = plan.to(self.device)
-                    if self.tier.gathers_on_device:
-                        labels = self.tier.labels.index_select(0, on_device.indices)
-                    ready = self._copy_stream.record_event()
-            for number in range(start, len(plan)):
-                if stop.is_set():
-                    return
-                idx, _ = plan.batch(number)
-                device_idx, params = on_device.batch(number)
-                if labels is not None:
-                    a, b = plan.starts[number], plan.starts[number + 1]
-                    item = self._on_device(device_idx, labels[a:b], params, ready)
-                else:
-                    item = self._load(idx, params)
-                while not stop.is_set():
-                    try:
-                        out.put(item, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-            out.put(_DONE)
-        except BaseException as e:  # handed to the consumer, raised there
-            out.put(e)
-
-    def _on_device(self, idx: torch.Tensor, labels: torch.Tensor, params, ready: torch.cuda.Event):
-        """gpu/host tiers: the GPU gathers. With augmentation (tiers in FUSED_GATHER), the augment
-        kernel reads the store rows itself (no gathered copy); otherwise gather on the copy stream."""
-        t0 = time.perf_counter()
-        stream = self._copy_stream
-        if self.augment is not None and self.tier.name in self.FUSED_GATHER:
-            return self.tier.images, labels, params, ready, idx
-        with torch.cuda.stream(stream):
-            images = self.tier.images.index_select(0, idx)
-            event = stream.record_event()
-        self._stats.add("gather", time.perf_counter() - t0, images.numel())
-        return images, labels, params, event, None
-
-    def _load(self, idx: torch.Tensor, params):
-        """disk tier (and CPU device): CPU threads gather into a pinned slot, then copy."""
-        t0 = time.perf_counter()
-        stream = self._copy_stream
-        n, shape = len(idx), tuple(self.tier.images.shape[1:])
-        if stream is None:  # CPU device: gather straight into the batch handed out
-            images = self._gather(self.tier.images, idx, torch.empty((n, *shape), dtype=torch.uint8))
-            self._stats.add("gather", time.perf_counter() - t0, images.numel())
-            return images, self.tier.labels.index_select(0, idx), params, None, None
-        if self._ring is None:
-            self._ring = PinnedRing(self.prefetch + 2, shape, self.sampler.batch_size, pin=True)
-            if not self._ring.pinned:
-                self._stats.note("pinned memory unavailable: pageable copies")
-        k = self._ring.acquire()
-        images = self._gather(self.tier.images, idx, self._ring.images[k][:n])
-        labels = torch.index_select(self.tier.labels, 0, idx, out=self._ring.labels[k][:n])
-        self._stats.add("gather", time.perf_counter() - t0, images.numel())
-        t1 = time.perf_counter()
-        with torch.cuda.stream(stream):
-            images = images.to(self.device, non_blocking=True)
-            labels = labels.to(self.device, non_blocking=True)
-            event = stream.record_event()
-        self._ring.release(k, event)
-        self._stats.add("h2d_issue", time.perf_counter() - t1, images.numel())
-        return images, labels, params, event, None

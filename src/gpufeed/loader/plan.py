@@ -32,8 +32,8 @@ class EpochPlan:
         if self.params is None:
             return self.indices[a:b], None
         p = self.params
-        params = replace(p, boxes=p.boxes[a:b], flip=p.flip[a:b], any_flip=self.flips[number],
-                         jitter=None if p.jitter is None else p.jitter[a:b])
+        jitter = None if p.jitter is None else p.jitter[a:b]
+        params = Params(p.boxes[a:b], p.flip[a:b], p.out_hw, p.identity, jitter, self.flips[number])
         return self.indices[a:b], params
 
     def to(self, device: torch.device) -> EpochPlan:

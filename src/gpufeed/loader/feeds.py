@@ -1,0 +1,149 @@
+"""The two ways batches reach the consumer, one per kind of tier.
+
+- `device_feed` (gpu and host tiers): the GPU gathers, so there is no CPU work per batch.
+  Everything is an asynchronous launch from the consumer's thread: the epoch's plan is uploaded
+  once on the side stream; gathers for the next `prefetch` batches are queued on it ahead of use;
+  the consumer's stream waits on each batch's event. With augmentation on the gpu tier, the
+  augment kernel reads store rows itself and nothing is gathered at all.
+- `host_feed` (disk tier, and every tier on a CPU device): a producer thread gathers with CPU
+  threads into a pinned ring slot and queues the copy on the side stream, `prefetch` ahead.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+
+from gpufeed.augment.pipeline import Params
+from gpufeed.loader.plan import EpochPlan
+from gpufeed.transfer.ring import PinnedRing, hand_over
+
+_DONE = object()
+
+
+@dataclass
+class Batch:
+    """What the consumer turns into (images, labels): pixels are `images`, or `images[index]`."""
+
+    images: torch.Tensor
+    labels: torch.Tensor
+    params: Params | None
+    index: torch.Tensor | None = None
+
+
+def device_feed(loader, plan: EpochPlan, start: int) -> Iterator[Batch]:
+    """Batches of the gpu/host tiers, all device work queued asynchronously."""
+    stream, tier, stats = loader.copy_stream, loader.tier, loader.counters
+    with torch.cuda.stream(stream):
+        on_device = plan.to(loader.device)
+        labels = tier.labels.index_select(0, on_device.indices)
+        uploaded = stream.record_event()
+    # once per epoch: the consumer waits for the upload and owns the epoch tensors
+    hand_over(uploaded, labels, on_device.indices, *(on_device.params.tensors() if on_device.params else ()))
+    fused = loader.augment is not None and tier.name in loader.FUSED_GATHER
+
+    def issue(number: int) -> tuple[Batch, torch.cuda.Event | None]:
+        idx, params = on_device.batch(number)
+        a, b = plan.starts[number], plan.starts[number + 1]
+        if fused:
+            return Batch(tier.images, labels[a:b], params, idx), None
+        t0 = time.perf_counter()
+        with torch.cuda.stream(stream):
+            images = tier.images.index_select(0, idx)
+            event = stream.record_event()
+        stats.add("gather", time.perf_counter() - t0, images.numel())
+        return Batch(images, labels[a:b], params), event
+
+    pending: deque = deque(issue(n) for n in range(start, min(start + loader.prefetch, len(plan))))
+    for number in range(start, len(plan)):
+        batch, event = pending.popleft()
+        if number + loader.prefetch < len(plan):
+            pending.append(issue(number + loader.prefetch))
+        if event is not None:
+            hand_over(event, batch.images)
+        yield batch
+
+
+def host_feed(loader, plan: EpochPlan, start: int) -> Iterator[Batch]:
+    """Batches gathered by CPU threads, produced `prefetch` ahead on a background thread."""
+    on_device = plan
+    if loader.copy_stream is not None:
+        with torch.cuda.stream(loader.copy_stream):
+            on_device = plan.to(loader.device)
+            uploaded = loader.copy_stream.record_event()
+        hand_over(uploaded, *(on_device.params.tensors() if on_device.params else ()))
+    out: queue.Queue = queue.Queue(loader.prefetch)
+    stop = threading.Event()
+    producer = threading.Thread(target=_produce, args=(loader, plan, on_device, start, out, stop), daemon=True,
+                                name="gpufeed-producer")
+    producer.start()
+    try:
+        while True:
+            t0 = time.perf_counter()
+            item = out.get()
+            loader.counters.add("wait", time.perf_counter() - t0)
+            if item is _DONE:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            batch, event = item
+            hand_over(event, batch.images, batch.labels)
+            yield batch
+    finally:
+        stop.set()
+        while producer.is_alive():
+            try:
+                out.get_nowait()
+            except queue.Empty:
+                producer.join(0.01)
+
+
+def _produce(loader, plan: EpochPlan, on_device: EpochPlan, start: int, out: queue.Queue,
+             stop: threading.Event) -> None:
+    try:
+        ring = loader.ring() if loader.copy_stream is not None else None
+        for number in range(start, len(plan)):
+            if stop.is_set():
+                return
+            idx, _ = plan.batch(number)
+            _, params = on_device.batch(number)
+            item = _gather(loader, ring, idx, params)
+            while not stop.is_set():
+                try:
+                    out.put(item, timeout=0.1)
+                    break
+                except queue.Full:
+                    continue
+        out.put(_DONE)
+    except BaseException as e:  # handed to the consumer, raised there
+        out.put(e)
+
+
+def _gather(loader, ring: PinnedRing | None, idx: torch.Tensor, params) -> tuple[Batch, torch.cuda.Event | None]:
+    """CPU threads gather batch `idx`; on a GPU into a pinned slot, then an async copy."""
+    t0 = time.perf_counter()
+    tier, n = loader.tier, len(idx)
+    shape = tuple(tier.images.shape[1:])
+    if ring is None:  # CPU device: gather straight into the batch handed out
+        images = loader.gather(tier.images, idx, torch.empty((n, *shape), dtype=torch.uint8))
+        loader.counters.add("gather", time.perf_counter() - t0, images.numel())
+        return Batch(images, tier.labels.index_select(0, idx), params), None
+    k = ring.acquire()
+    images = loader.gather(tier.images, idx, ring.images[k][:n])
+    labels = torch.index_select(tier.labels, 0, idx, out=ring.labels[k][:n])
+    loader.counters.add("gather", time.perf_counter() - t0, images.numel())
+    t1 = time.perf_counter()
+    stream = loader.copy_stream
+    with torch.cuda.stream(stream):
+        images = images.to(loader.device, non_blocking=True)
+        labels = labels.to(loader.device, non_blocking=True)
+        event = stream.record_event()
+    ring.release(k, event)
+    loader.counters.add("h2d_issue", time.perf_counter() - t1, images.numel())
+    return Batch(images, labels, params), event
