@@ -73,14 +73,18 @@ def _resample_kernel(src, index, boxes, flip, scale, shift, out, H, W, OH, OW,
     r = tl.zeros([BLOCK], tl.float32)
     g = tl.zeros([BLOCK], tl.float32)
     b = tl.zeros([BLOCK], tl.float32)
-    for iy in range(gh.to(tl.int32)):  # one program is one sample: its own grid, no masked work
+    iy = 0.0
+    while iy < gh:  # one program is one sample: its own grid, no masked work
         y = y1 + oy * bin_h + (iy + 0.5) * bin_h / gh
-        for ix in range(gw.to(tl.int32)):
+        ix = 0.0
+        while ix < gw:
             x = x1 + bx * bin_w + (ix + 0.5) * bin_w / gw
             vr, vg, vb = _bilinear(src, base, y, x, H, W, mask)
             r += vr
             g += vg
             b += vb
+            ix += 1.0
+        iy += 1.0
     count = gh * gw
     dst = out + n.to(tl.int64) * s_n + oy * s_y + ox * s_x
     ty = out.dtype.element_ty

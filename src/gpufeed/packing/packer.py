@@ -89,12 +89,9 @@ def _check_args(mode: str, size: int, fit: str, quality: int, max_side: int, on_
 
 
 def _context() -> multiprocessing.context.BaseContext:
-    """Workers forked from a clean server process: forking a threaded caller (torch, a loader) can deadlock."""
-    if "forkserver" not in multiprocessing.get_all_start_methods():
-        return multiprocessing.get_context("spawn")
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["gpufeed.packing.worker"])
-    return ctx
+    """fork where available, like torch's DataLoader: forkserver/spawn would re-run the caller's
+    __main__ in every worker (a script without a main guard, or stdin, would break the pool)."""
+    return multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
 
 
 def _chunks(entries: Iterator, sink, raw_path: str | None, on_skip) -> Iterator[worker.Chunk]:

@@ -52,7 +52,7 @@ class PinnedRing:
 
 def hand_over(event: torch.cuda.Event | None, *tensors: torch.Tensor) -> None:
     """Make the current stream wait for `event` and own `tensors` for the allocator."""
-    if event is None:
+    if event is None or not tensors:
         return
     stream = torch.cuda.current_stream(tensors[0].device)
     stream.wait_event(event)
