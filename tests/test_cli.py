@@ -54,6 +54,7 @@ def test_demo_runs(tmp_path, capsys):
     assert rows == 0
     out = capsys.readouterr().out
     assert "raw" in out and "jpeg" in out and "intact" in out
+    assert "gpufeed.Loader on cpu (host tier)" in out and "(16, 3, 224, 224) float16" in out
 
 
 def test_console_script(tmp_path):

@@ -44,10 +44,38 @@ def run_demo(directory: str | Path = "gpufeed-demo", per_class: int = 64, classe
             "pack img/s": report.images_per_s, "read img/s": len(store) / t_read,
             "verify": "intact" if check.ok else "DAMAGED", "verify s": t_verify,
         })
+    loaded = _load(root / "store-raw")
     print(f"\nsample images made in {t_make:.1f} s; stores in {root}/")
     header = list(rows[0])
     print("  ".join(f"{h:>11}" for h in header))
     for r in rows:
         print("  ".join(f"{v:>11.1f}" if isinstance(v, float) else f"{v!s:>11}" for v in r.values()))
     print("read img/s: store[i] one sample at a time on this CPU (decode included for jpeg).")
-    return rows
+    print(f"gpufeed.Loader on {loaded['device']} ({loaded['tier']} tier): {loaded['img/s']:.0f} img/s, "
+          f"batches of {loaded['shape']} {loaded['dtype']} (RandomResizedCrop 224 + flip + normalize, "
+          f"{loaded['epochs']} epochs after a warm-up epoch)")
+    return rows + [loaded]
+
+
+def _load(store_path: Path, epochs: int = 3) -> dict:
+    """Time the Loader over the raw store on the GPU if there is one, else on the CPU."""
+    import torch
+
+    from gpufeed.augment import Normalize, RandomHorizontalFlip, RandomResizedCrop
+    from gpufeed.loader import Loader
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    batch = min(32, len(open_store(store_path)))
+    loader = Loader(store_path, batch_size=batch, device=device, dtype=torch.float16,
+                    augment=[RandomResizedCrop(224), RandomHorizontalFlip(), Normalize()])
+    for images, _ in loader:
+        pass
+    t0 = time.perf_counter()
+    for _ in range(epochs):
+        for images, _ in loader:
+            pass
+    if device == "cuda":
+        torch.cuda.synchronize()
+    rate = epochs * len(loader) * batch / (time.perf_counter() - t0)
+    return {"mode": "loader", "device": device, "tier": loader.tier.name, "img/s": rate,
+            "shape": tuple(images.shape), "dtype": str(images.dtype).replace("torch.", ""), "epochs": epochs}

@@ -113,6 +113,6 @@ def materialize(store: Store, device: torch.device, cache: str) -> Tier:
             log.warning("host tier: cannot register the store with CUDA (%s); falling back to CPU gathers "
                         "into pinned buffers (slower)", e)
             return Tier("disk", images, labels, f"{reason}; zero-copy unavailable ({e})")
-    if name == "host":
-        return Tier("host", torch.from_numpy(np.array(store.images)), labels.clone(), reason + "; loaded into RAM")
+    if name == "host":  # CPU device: the page cache is host memory already, shared by every process
+        return Tier("host", images, labels, reason + "; CPU device reads the page cache in place")
     return Tier("disk", images, labels, reason)
