@@ -10,7 +10,6 @@ import sys
 import time
 
 import torch
-import triton
 from triton.testing import do_bench
 
 from gpufeed.augment import Augment, Normalize, RandomHorizontalFlip, RandomResizedCrop

@@ -51,7 +51,7 @@ def bench_gpufeed(store, cache: str, augment, epochs: int, batch: int) -> dict:
     n = len(loader) * batch
 
     def run():
-        for images, labels in loader:
+        for _batch in loader:
             pass
 
     torch.cuda.reset_peak_memory_stats()
@@ -107,7 +107,7 @@ def bench_pil_dataloader(folder: Path, batch: int, workers: int, limit: int) -> 
                                      drop_last=True, persistent_workers=True)
 
     def run():
-        for x, y in dl:
+        for x, _labels in dl:
             x.cuda(non_blocking=True).half()
 
     return timed(run, len(dl) * batch, 1)

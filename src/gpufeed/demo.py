@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from functools import partial
 import time
 from pathlib import Path
 
@@ -37,8 +38,8 @@ def run_demo(directory: str | Path = "gpufeed-demo", per_class: int = 64, classe
         store = open_store(root / f"store-{mode}")
         print(f"3/3 reading back mode={mode}")
         store[0]  # warm-up: first use loads the decoder
-        _, t_read = _timed(lambda: _read_all(store))
-        check, t_verify = _timed(lambda: verify(store.path))
+        _, t_read = _timed(partial(_read_all, store))
+        check, t_verify = _timed(partial(verify, store.path))
         rows.append({
             "mode": mode, "images": len(store), "MB": store.nbytes / 1e6,
             "pack img/s": report.images_per_s, "read img/s": len(store) / t_read,
@@ -68,7 +69,7 @@ def _load(store_path: Path, epochs: int = 3) -> dict:
     batch = min(32, len(open_store(store_path)))
     loader = Loader(store_path, batch_size=batch, device=device, dtype=torch.float16,
                     augment=[RandomResizedCrop(224), RandomHorizontalFlip(), Normalize()])
-    for images, _ in loader:
+    for _batch in loader:
         pass
     t0 = time.perf_counter()
     for _ in range(epochs):

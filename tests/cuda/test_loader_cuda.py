@@ -52,7 +52,7 @@ def test_no_cross_stream_race(store, cache, consumer):
                 torch.cuda._sleep(2_000_000)
             results.append((number, images.float().sum(), labels.clone()))
             del images, labels
-        for number, total, labels in results:
+        for number, total, _labels in results:
             idx, _ = loader.plan(epoch, number)
             ref = torch.stack([store[int(i)][0] for i in idx])
             assert total.item() == ref.float().sum().item(), f"epoch {epoch} batch {number}"
