@@ -32,6 +32,26 @@ SCRIPT = textwrap.dedent("""
             assert got.shape == ref.shape, (got.shape, ref.shape)
             err = (got - ref).abs().max().item()
             assert err < 1e-4, (ops, channels_last, err)
+
+    # images of different sizes packed back to back (jpeg path), CHW and HWC, rows out of order
+    sizes = [(20, 24), (13, 31), (40, 17)]
+    imgs = [torch.randint(0, 256, (h, w, 3), dtype=torch.uint8) for h, w in sizes]
+    hs, ws = torch.tensor([h for h, _ in sizes]), torch.tensor([w for _, w in sizes])
+    aug = Augment([RandomResizedCrop(10, scale=(0.3, 1)), RandomHorizontalFlip(), Normalize()])
+    p = aug.sample(3, hs, ws, torch.Generator().manual_seed(3))
+    ref = torch.cat([aug.apply(im[None], type(p)(p.boxes[k:k + 1], p.flip[k:k + 1], p.out_hw, False, None, True),
+                               torch.float32) for k, im in enumerate(imgs)])
+    scale, shift = _affine(torch.device("cpu"), aug.normalize)
+    for chw in (False, True):
+        rows = torch.tensor([2, 0, 1])
+        flat = [(imgs[r].permute(2, 0, 1) if chw else imgs[r]).reshape(-1) for r in rows]
+        numels = torch.tensor([f.numel() for f in flat])
+        offsets = torch.cumsum(numels, 0) - numels
+        out = torch.full((3, 3, 10, 10), float("nan"))
+        fused.resample_packed(torch.cat(flat), offsets, torch.tensor([sizes[r] for r in rows],
+                              dtype=torch.int32), chw, rows, p.boxes, p.flip, out, scale, shift)
+        err = (out - ref).abs().max().item()
+        assert err < 1e-4, ("packed", chw, err)
     print("fused kernel OK")
 """)
 

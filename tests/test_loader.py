@@ -108,7 +108,7 @@ def test_clear_errors(store, tmp_path):
 
 def test_jpeg_and_damaged_stores_are_refused(store, tmp_path):
     gpufeed.pack(store.manifest.settings["source"], tmp_path / "j", mode="jpeg", workers=1, progress=False)
-    with pytest.raises(ValueError, match="reads raw stores"):
+    with pytest.raises(ValueError, match="images of different sizes"):
         gpufeed.Loader(tmp_path / "j", device="cpu")
     import shutil
 

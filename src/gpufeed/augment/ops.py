@@ -19,8 +19,12 @@ class View:
 
     boxes: torch.Tensor  # float64 (N, 4): x1, y1, x2, y2 in source pixels
     flip: torch.Tensor  # bool (N,): mirrored relative to the source
-    height: int
-    width: int
+    height: int | torch.Tensor  # a tensor (N,) while samples still differ in size (jpeg sources)
+    width: int | torch.Tensor
+
+    @property
+    def uniform(self) -> bool:
+        return isinstance(self.height, int) and isinstance(self.width, int)
 
     def crop(self, top: torch.Tensor, left: torch.Tensor, h: torch.Tensor, w: torch.Tensor,
              out_h: int, out_w: int) -> View:
@@ -42,6 +46,11 @@ def _full(n: int, value: float) -> torch.Tensor:
     return torch.full((n,), float(value), dtype=torch.float64)
 
 
+def _column(size: int | torch.Tensor, n: int) -> torch.Tensor:
+    """A per-sample float64 column of an image dimension (uniform int or per-sample tensor)."""
+    return size.double() if isinstance(size, torch.Tensor) else _full(n, size)
+
+
 @dataclass
 class RandomResizedCrop:
     """Crop a random area fraction in `scale` with aspect in `ratio`, resize to `size`."""
@@ -52,15 +61,16 @@ class RandomResizedCrop:
     attempts: int = 10
 
     def __call__(self, view: View, g: torch.Generator) -> View:
-        n, height, width = view.boxes.shape[0], view.height, view.width
-        area = height * width
+        n = view.boxes.shape[0]
+        height, width = _column(view.height, n), _column(view.width, n)
+        area = (height * width)[:, None]
         target = area * torch.empty(n, self.attempts, dtype=torch.float64).uniform_(*self.scale, generator=g)
         log_r = torch.empty(n, self.attempts, dtype=torch.float64).uniform_(
             math.log(self.ratio[0]), math.log(self.ratio[1]), generator=g)
         aspect = torch.exp(log_r)
         w = torch.round(torch.sqrt(target * aspect))
         h = torch.round(torch.sqrt(target / aspect))
-        ok = (w > 0) & (h > 0) & (w <= width) & (h <= height)
+        ok = (w > 0) & (h > 0) & (w <= width[:, None]) & (h <= height[:, None])
         first = torch.where(ok.any(1), ok.double().argmax(1), -1)
         rows = torch.arange(n)
         w, h = w[rows, first.clamp(min=0)], h[rows, first.clamp(min=0)]
@@ -69,16 +79,13 @@ class RandomResizedCrop:
         left = torch.floor(u[:, 1] * (width - w + 1))
         # fallback (no attempt fit): torchvision's central crop at the clamped ratio
         in_ratio = width / height
-        if in_ratio < self.ratio[0]:
-            fw, fh = width, round(width / self.ratio[0])
-        elif in_ratio > self.ratio[1]:
-            fh, fw = height, round(height * self.ratio[1])
-        else:
-            fw, fh = width, height
+        narrow, wide = in_ratio < self.ratio[0], in_ratio > self.ratio[1]
+        fw = torch.where(wide, torch.round(height * self.ratio[1]), width)
+        fh = torch.where(narrow, torch.round(width / self.ratio[0]), height)
         bad = first < 0
         w, h = torch.where(bad, fw, w), torch.where(bad, fh, h)
-        top = torch.where(bad, (height - fh) // 2, top)
-        left = torch.where(bad, (width - fw) // 2, left)
+        top = torch.where(bad, torch.div(height - fh, 2, rounding_mode="floor"), top)
+        left = torch.where(bad, torch.div(width - fw, 2, rounding_mode="floor"), left)
         return view.crop(top, left, h, w, *_pair(self.size))
 
 
@@ -89,6 +96,9 @@ class Resize:
     size: int | tuple[int, int]
 
     def __call__(self, view: View, g: torch.Generator) -> View:
+        if isinstance(self.size, int) and not view.uniform:
+            raise ValueError(f"Resize({self.size}) of images of different sizes gives different output sizes: "
+                             "put RandomResizedCrop or Resize((h, w)) first")
         if isinstance(self.size, int):
             short, long_ = sorted((view.height, view.width))
             other = int(self.size * long_ / short)
@@ -96,7 +106,7 @@ class Resize:
         else:
             out = _pair(self.size)
         n = view.boxes.shape[0]
-        return view.crop(_full(n, 0), _full(n, 0), _full(n, view.height), _full(n, view.width), *out)
+        return view.crop(_full(n, 0), _full(n, 0), _column(view.height, n), _column(view.width, n), *out)
 
 
 @dataclass
@@ -107,11 +117,12 @@ class CenterCrop:
 
     def __call__(self, view: View, g: torch.Generator) -> View:
         h, w = _pair(self.size)
-        if h > view.height or w > view.width:
-            raise ValueError(f"CenterCrop({self.size}) is larger than the {view.height}x{view.width} image")
         n = view.boxes.shape[0]
-        top, left = round((view.height - h) / 2.0), round((view.width - w) / 2.0)
-        return view.crop(_full(n, top), _full(n, left), _full(n, h), _full(n, w), h, w)
+        height, width = _column(view.height, n), _column(view.width, n)
+        if bool((height < h).any() or (width < w).any()):
+            raise ValueError(f"CenterCrop({self.size}) is larger than some images of the batch")
+        top, left = torch.round((height - h) / 2.0), torch.round((width - w) / 2.0)
+        return view.crop(top, left, _full(n, h), _full(n, w), h, w)
 
 
 @dataclass

@@ -61,13 +61,19 @@ class Augment:
         self.jitter = next((op for op in self.ops if isinstance(op, ColorJitter)), None)
         self.normalize = next((op for op in self.ops if isinstance(op, Normalize)), None)
 
-    def sample(self, n: int, height: int, width: int, g: torch.Generator) -> Params:
-        """Draw the parameters of a batch of `n` height×width images."""
-        full = torch.tensor([0.0, 0.0, width, height], dtype=torch.float64).expand(n, 4)
+    def sample(self, n: int, height: int | torch.Tensor, width: int | torch.Tensor, g: torch.Generator) -> Params:
+        """Draw the parameters of a batch of `n` height×width images (per-sample tensors if sizes differ)."""
+        hs = height.double() if isinstance(height, torch.Tensor) else torch.full((n,), float(height), dtype=torch.float64)
+        ws = width.double() if isinstance(width, torch.Tensor) else torch.full((n,), float(width), dtype=torch.float64)
+        full = torch.stack([torch.zeros(n, dtype=torch.float64), torch.zeros(n, dtype=torch.float64), ws, hs], 1)
         view = View(full, torch.zeros(n, dtype=torch.bool), height, width)
         for op in self.geometric:
             view = op(view, g)
-        identity = (view.height, view.width) == (height, width) and bool((view.boxes == full).all())
+        if not view.uniform:
+            raise ValueError("the augment ops leave images of different sizes: end with RandomResizedCrop, "
+                             "Resize((h, w)) or CenterCrop")
+        same_size = isinstance(height, int) and (view.height, view.width) == (height, width)
+        identity = same_size and bool((view.boxes == full).all())
         jitter = self.jitter.factors(n, g) if self.jitter else None
         return Params(view.boxes.float(), view.flip.to(torch.uint8), (view.height, view.width), identity, jitter,
                       bool(view.flip.any()))
@@ -109,11 +115,15 @@ class Augment:
 _AFFINE: dict = {}
 
 
-def _affine(device: torch.device, normalize: Normalize | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-channel (scale, shift) taking 0..255 to the output scale, cached per device."""
-    key = (device, None if normalize is None else (tuple(normalize.mean), tuple(normalize.std)))
+def _affine(device: torch.device, normalize: Normalize | None, uint8: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-channel (scale, shift) taking 0..255 to the output scale, cached per device.
+
+    For uint8 output the values stay 0..255 and 0.5 is added, so the kernel's truncating cast rounds."""
+    key = (device, None if normalize is None else (tuple(normalize.mean), tuple(normalize.std)), uint8)
     if key not in _AFFINE:
-        if normalize is None:
+        if uint8:
+            scale, shift = torch.ones(3), torch.full((3,), 0.5)
+        elif normalize is None:
             scale, shift = torch.full((3,), 1 / 255), torch.zeros(3)
         else:
             std, mean = torch.tensor(normalize.std), torch.tensor(normalize.mean)

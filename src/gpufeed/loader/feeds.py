@@ -16,7 +16,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 
@@ -35,6 +35,7 @@ class Batch:
     labels: torch.Tensor
     params: Params | None
     index: torch.Tensor | None = None
+    final: bool = False  # already augmented (jpeg stores)
 
 
 def device_feed(loader, plan: EpochPlan, start: int) -> Iterator[Batch]:
@@ -78,9 +79,21 @@ def host_feed(loader, plan: EpochPlan, start: int) -> Iterator[Batch]:
             on_device = plan.to(loader.device)
             uploaded = loader.copy_stream.record_event()
         hand_over(uploaded, *(on_device.params.tensors() if on_device.params else ()))
+    ring = loader.ring() if loader.copy_stream is not None else None
+
+    def make(number: int) -> tuple[Batch, torch.cuda.Event | None]:
+        return _gather(loader, ring, plan.batch(number)[0], on_device.batch(number)[1])
+
+    return threaded(loader, make, range(start, len(plan)))
+
+
+def threaded(loader, make: Callable[[int], tuple[Batch, torch.cuda.Event | None]],
+             numbers: range) -> Iterator[Batch]:
+    """Run `make(number)` for each batch number on a producer thread, `prefetch` ahead; errors
+    raised there are raised here; breaking out stops the thread."""
     out: queue.Queue = queue.Queue(loader.prefetch)
     stop = threading.Event()
-    producer = threading.Thread(target=_produce, args=(loader, plan, on_device, start, out, stop), daemon=True,
+    producer = threading.Thread(target=_produce, args=(make, numbers, out, stop), daemon=True,
                                 name="gpufeed-producer")
     producer.start()
     try:
@@ -104,16 +117,12 @@ def host_feed(loader, plan: EpochPlan, start: int) -> Iterator[Batch]:
                 producer.join(0.01)
 
 
-def _produce(loader, plan: EpochPlan, on_device: EpochPlan, start: int, out: queue.Queue,
-             stop: threading.Event) -> None:
+def _produce(make, numbers: range, out: queue.Queue, stop: threading.Event) -> None:
     try:
-        ring = loader.ring() if loader.copy_stream is not None else None
-        for number in range(start, len(plan)):
+        for number in numbers:
             if stop.is_set():
                 return
-            idx, _ = plan.batch(number)
-            _, params = on_device.batch(number)
-            item = _gather(loader, ring, idx, params)
+            item = make(number)
             while not stop.is_set():
                 try:
                     out.put(item, timeout=0.1)

@@ -13,11 +13,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterator, Sequence
 
+import numpy as np
 import torch
 
 from gpufeed.augment.pipeline import Augment
 from gpufeed.loader import tiers
 from gpufeed.loader.feeds import Batch, device_feed, host_feed
+from gpufeed.loader.jpeg import JpegBatcher, jpeg_feed
 from gpufeed.loader.plan import EpochPlan, plan_epoch
 from gpufeed.loader.sampler import ShardedBatchSampler, resolve_rank
 from gpufeed.loader.stats import Stats
@@ -53,10 +55,11 @@ class Loader:
                  shuffle: bool = True, seed: int = 0, drop_last: bool = True, augment: Sequence | None = None,
                  dtype: torch.dtype = torch.float16, channels_last: bool = False, cache: str = "auto",
                  rank: int | None = None, world_size: int | None = None, prefetch: int = 3,
-                 gather_threads: int | None = None):
+                 gather_threads: int | None = None, on_error: str = "skip", decode_threads: int | None = None):
         self.store = store if isinstance(store, Store) else Store(store)
-        if self.store.mode != "raw":
-            raise ValueError(f"{self.store.path}: Loader reads raw stores; this one is {self.store.mode!r}")
+        if self.store.mode == "jpeg" and not augment:
+            raise ValueError(f"{self.store.path}: a jpeg store holds images of different sizes; give augment ops "
+                             "that end in a fixed size, e.g. [RandomResizedCrop(224), Normalize()]")
         self.device = _device(device)
         self.rank, self.world_size = resolve_rank(rank, world_size)
         self.sampler = ShardedBatchSampler(len(self.store), batch_size, shuffle=shuffle, seed=seed, rank=self.rank,
@@ -66,6 +69,8 @@ class Loader:
         self.channels_last, self.seed, self.prefetch = channels_last, seed, max(1, prefetch)
         self.tier = tiers.materialize(self.store, self.device, cache)
         log.info("gpufeed.Loader: tier %s (%s)", self.tier.name, self.tier.reason)
+        self.jpeg = JpegBatcher(self, on_error, decode_threads or os.cpu_count() or 1) \
+            if self.store.mode == "jpeg" else None
         self.gather = Gatherer(gather_threads or min(8, os.cpu_count() or 1))
         self.copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.counters = Stats(self.tier.name)
@@ -116,7 +121,10 @@ class Loader:
             epoch, start = epoch + 1, 0
         self.epoch, self._batch = epoch, start
         plan = self._plan_ahead(epoch)
-        feed = device_feed if self.tier.gathers_on_device else host_feed
+        if self.jpeg is not None:
+            feed = jpeg_feed
+        else:
+            feed = device_feed if self.tier.gathers_on_device else host_feed
         for batch in feed(self, plan, start):
             out = self._finish(batch)
             self._batch += 1
@@ -125,7 +133,9 @@ class Loader:
             self.epoch, self._batch = epoch + 1, 0
 
     def _finish(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.augment is not None:
+        if batch.final:
+            images = batch.images
+        elif self.augment is not None:
             images = self.augment.apply(batch.images, batch.params, self.dtype, self.channels_last, batch.index)
         else:
             fmt = torch.channels_last if self.channels_last else torch.contiguous_format
@@ -135,7 +145,8 @@ class Loader:
 
     def _plan(self, epoch: int) -> EpochPlan:
         shape = self.store.image_shape
-        return plan_epoch(self.sampler, self.augment, self.seed, epoch, (shape[0], shape[1]))
+        sizes = torch.from_numpy(np.asarray(self.store.shapes)) if shape is None else (shape[0], shape[1])
+        return plan_epoch(self.sampler, self.augment, self.seed, epoch, sizes)
 
     def _plan_ahead(self, epoch: int) -> EpochPlan:
         """The plan of `epoch` (ready if it was prepared ahead); starts preparing `epoch + 1`."""

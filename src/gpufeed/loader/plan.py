@@ -43,8 +43,8 @@ class EpochPlan:
 
 
 def plan_epoch(sampler: ShardedBatchSampler, augment: Augment | None, seed: int, epoch: int,
-               image_hw: tuple[int, int]) -> EpochPlan:
-    """The plan of `epoch` for the sampler's rank."""
+               image_hw: tuple[int, int] | torch.Tensor) -> EpochPlan:
+    """The plan of `epoch` for the sampler's rank; `image_hw` is one (H, W) or a (samples, 2) tensor."""
     batches = [b.sort().values for b in sampler.batches(epoch)]
     starts = [0]
     for b in batches:
@@ -53,6 +53,10 @@ def plan_epoch(sampler: ShardedBatchSampler, augment: Augment | None, seed: int,
     if augment is None:
         return EpochPlan(indices, starts, None, [])
     g = torch.Generator().manual_seed(hash((seed, epoch, sampler.rank)) & (2**63 - 1))
-    params = augment.sample(len(indices), *image_hw, g)
+    if isinstance(image_hw, torch.Tensor):
+        hw = image_hw[indices]
+        params = augment.sample(len(indices), hw[:, 0], hw[:, 1], g)
+    else:
+        params = augment.sample(len(indices), *image_hw, g)
     flips = [bool(params.flip[a:b].any()) for a, b in zip(starts, starts[1:])]
     return EpochPlan(indices, starts, params, flips)

@@ -99,6 +99,8 @@ def _zero_copy(array: np.ndarray, device: torch.device) -> tuple[torch.Tensor, o
 def materialize(store: Store, device: torch.device, cache: str) -> Tier:
     """Build the tier `cache` asks for (or picks), degrading loudly when it cannot."""
     name, reason = choose(store, device, cache)
+    if store.mode == "jpeg":
+        return Tier("disk", as_tensor(store.data), store.labels, "jpeg store: encoded bytes read from the page cache")
     images, labels = as_tensor(store.images), store.labels
     if name == "gpu":
         gpu = torch.empty(images.shape, dtype=torch.uint8, device=device)

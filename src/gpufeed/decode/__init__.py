@@ -1,0 +1,8 @@
+"""JPEG decoding: nvJPEG on the GPU and libjpeg-turbo threads on the CPU, scheduled together."""
+
+from gpufeed.decode.base import Decoded
+from gpufeed.decode.cpu import CpuDecoder
+from gpufeed.decode.nvjpeg import NvJpegDecoder
+from gpufeed.decode.scheduler import Scheduler
+
+__all__ = ["CpuDecoder", "Decoded", "NvJpegDecoder", "Scheduler"]

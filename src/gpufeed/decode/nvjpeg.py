@@ -1,0 +1,32 @@
+"""Batched GPU JPEG decoding with nvJPEG, through `torchvision.io.decode_jpeg(list, device=...)`."""
+
+from __future__ import annotations
+
+import torch
+from torchvision.io import ImageReadMode, decode_jpeg
+
+from gpufeed.decode.base import Decoded, pack_images
+
+
+class NvJpegDecoder:
+    """Decodes a list of JPEGs on the GPU in one batched call; images it rejects are reported."""
+
+    name = "nvjpeg"
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def decode(self, datas: list[torch.Tensor]) -> Decoded:
+        """Decode CPU uint8 tensors of JPEG bytes to a packed CHW buffer on the device."""
+        failed: dict[int, str] = {}
+        try:
+            images = decode_jpeg(datas, mode=ImageReadMode.RGB, device=self.device)
+        except RuntimeError:  # one bad image fails the batch call: find it, keep the rest
+            images = []
+            for k, d in enumerate(datas):
+                try:
+                    images.append(decode_jpeg(d, mode=ImageReadMode.RGB, device=self.device))
+                except RuntimeError as e:
+                    failed[k] = f"nvJPEG: {e}".splitlines()[0]
+        packed, offsets, sizes = pack_images(images, chw=True, device=self.device)
+        return Decoded(packed, offsets, sizes, True, failed)

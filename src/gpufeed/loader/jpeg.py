@@ -1,0 +1,127 @@
+"""Batches from a jpeg store: crops planned from the stored sizes, decoded by the scheduler's
+decoders at once, resized from the variable-sized decoded images in batched GPU kernels.
+
+Samples no decoder can read are replaced by another sample of the same batch (`on_error="skip"`,
+counted, warned about once with the index) or raise naming the index (`"raise"`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import numpy as np
+import torch
+
+from gpufeed.augment.pipeline import Augment, Params, _affine, _fused, color_jitter, finish
+from gpufeed.decode import Scheduler
+
+log = logging.getLogger(__name__)
+
+
+class DecodeError(RuntimeError):
+    """A sample of a jpeg store could not be decoded (on_error="raise")."""
+
+
+class JpegBatcher:
+    """Turns (indices, params) into a finished (images, labels) batch on the loader's device."""
+
+    def __init__(self, loader, on_error: str, threads: int):
+        if on_error not in ("skip", "raise"):
+            raise ValueError(f"on_error must be 'skip' or 'raise', got {on_error!r}")
+        self.loader, self.on_error = loader, on_error
+        gpu = loader.device.type == "cuda"
+        self.scheduler = Scheduler(loader.device, threads, use_gpu=gpu)
+        self.fused = gpu and _fused() is not None
+        self._warned = threading.Event()
+        log.info("gpufeed.Loader: jpeg decoders %s", " + ".join(self.scheduler.names))
+
+    def make(self, idx: torch.Tensor, params: Params) -> tuple[torch.Tensor, torch.Tensor]:
+        store, loader = self.loader.store, self.loader
+        datas = [store.encoded(int(i)) for i in idx]
+        shapes = torch.from_numpy(np.asarray(store.shapes[idx.numpy()]))
+        parts, failed = self.scheduler.run(datas, shapes, params.boxes, params.out_hw, pin=self.fused)
+        labels = store.labels.index_select(0, idx)
+        if failed:
+            self._failed(idx, failed)
+        boxes = params.boxes.clone()
+        for part, positions in parts:  # boxes follow each image's decoded (maybe DCT-reduced) size
+            if positions:
+                pos = torch.tensor(positions)
+                ratio = part.sizes.double() / shapes[pos].double()
+                boxes[pos] *= torch.stack([ratio[:, 1], ratio[:, 0], ratio[:, 1], ratio[:, 0]], 1).float()
+        if self.fused:
+            images = self._gpu(parts, boxes, params)
+        else:
+            images = self._cpu(parts, boxes, params, len(idx))
+        if failed:  # keep batches full: a failed sample becomes a copy of the next good one
+            good = [p for p in range(len(idx)) if p not in failed]
+            for p in failed:
+                src = next((g for g in good if g > p), good[0])
+                images[p], labels[p] = images[src], labels[src]
+        return images, labels.to(loader.device, non_blocking=True)
+
+    def _failed(self, idx: torch.Tensor, failed: dict[int, str]) -> None:
+        first = min(failed)
+        where = f"{self.loader.store.path}: sample {int(idx[first])}"
+        if self.on_error == "raise" or len(failed) == len(idx):
+            raise DecodeError(f"{where} cannot be decoded ({failed[first]})")
+        self.loader.counters.note(f"{len(failed)} undecodable sample(s) replaced, e.g. {where}")
+        if not self._warned.is_set():
+            self._warned.set()
+            log.warning("%s cannot be decoded (%s); replaced by another sample of the batch "
+                        "(further ones are counted in loader.stats())", where, failed[first])
+
+    def _gpu(self, parts, boxes: torch.Tensor, params: Params) -> torch.Tensor:
+        loader, aug = self.loader, self.loader.augment
+        dev, jitter = loader.device, params.jitter is not None
+        out_dtype = torch.float32 if jitter else loader.dtype
+        fmt = torch.channels_last if loader.channels_last and not jitter else torch.contiguous_format
+        out = torch.empty((len(boxes), 3, *params.out_hw), dtype=out_dtype, device=dev, memory_format=fmt)
+        scale, shift = _affine(dev, None if jitter else aug.normalize, uint8=out_dtype == torch.uint8)
+        boxes_d, flip_d = boxes.to(dev, non_blocking=True), params.flip.to(dev, non_blocking=True)
+        for part, positions in parts:
+            if positions:
+                rows = torch.tensor(positions, dtype=torch.int64).to(dev, non_blocking=True)
+                _fused().resample_packed(part.packed, part.offsets.to(dev, non_blocking=True),
+                                         part.sizes.to(dev, non_blocking=True), part.chw, rows, boxes_d, flip_d,
+                                         out, scale, shift)
+        if not jitter:
+            return out
+        return finish(color_jitter(out * 255, params.jitter.to(dev)), loader.dtype, aug.normalize, loader.channels_last)
+
+    def _cpu(self, parts, boxes: torch.Tensor, params: Params, n: int) -> torch.Tensor:
+        """CPU device: edge-pad the decoded images to one size, then the roi_align path (same math)."""
+        images: list = [None] * n
+        for part, positions in parts:
+            for k, p in enumerate(positions):
+                start, (h, w) = int(part.offsets[k]), part.sizes[k].tolist()
+                img = part.packed[start : start + 3 * h * w]
+                images[p] = img.view(3, h, w).permute(1, 2, 0) if part.chw else img.view(h, w, 3)
+        filler = next(im for im in images if im is not None)
+        images = [filler if im is None else im for im in images]
+        top_h, top_w = max(im.shape[0] for im in images), max(im.shape[1] for im in images)
+        batch = torch.from_numpy(np.stack([np.pad(im.numpy(), ((0, top_h - im.shape[0]), (0, top_w - im.shape[1]),
+                                                               (0, 0)), mode="edge") for im in images]))
+        padded = Params(boxes, params.flip, params.out_hw, False, params.jitter, params.any_flip)
+        return self.loader.augment.apply(batch, padded, self.loader.dtype, self.loader.channels_last)
+
+    def close(self) -> None:
+        self.scheduler.close()
+
+
+def jpeg_feed(loader, plan, start: int):
+    """Batches of a jpeg store, decoded and augmented on a producer thread, `prefetch` ahead."""
+    from gpufeed.loader.feeds import Batch, threaded
+
+    def make(number: int):
+        idx, params = plan.batch(number)
+        if loader.copy_stream is None:
+            images, labels = loader.jpeg.make(idx, params)
+            return Batch(images, labels, None, final=True), None
+        with torch.cuda.stream(loader.copy_stream):
+            images, labels = loader.jpeg.make(idx, params)
+            event = loader.copy_stream.record_event()
+        return Batch(images, labels, None, final=True), event
+
+    return threaded(loader, make, range(start, len(plan)))

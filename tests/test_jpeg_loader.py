@@ -1,0 +1,103 @@
+"""The Loader over jpeg stores on CPU: crops planned from stored sizes, decoded, resized, checked."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+from torchvision.transforms.v2 import functional as F
+
+import gpufeed
+from conftest import save, smooth
+from gpufeed.augment import Normalize, RandomHorizontalFlip, RandomResizedCrop
+from gpufeed.loader.jpeg import DecodeError
+from loader_checks import check_resume
+
+OPS = [RandomResizedCrop(24, scale=(0.3, 1)), RandomHorizontalFlip(), Normalize((0.5,) * 3, (0.25,) * 3)]
+
+
+@pytest.fixture(scope="module")
+def jpeg_store(tmp_path_factory):
+    """48 JPEGs of several sizes in 3 classes; sample i is smooth(i) at one of 4 sizes."""
+    root = tmp_path_factory.mktemp("jpeg")
+    sizes = [(40, 60), (64, 48), (90, 120), (33, 33)]
+    for i in range(48):
+        h, w = sizes[i % 4]
+        save(root / "src" / f"c{i % 3}" / f"{i:03d}.png", smooth(i, h, w))
+    gpufeed.pack(root / "src", root / "store", mode="jpeg", quality=95, workers=2, progress=False)
+    return gpufeed.open(root / "store")
+
+
+def test_batches_match_torchvision_reference(jpeg_store):
+    loader = gpufeed.Loader(jpeg_store, batch_size=12, device="cpu", augment=OPS, dtype=torch.float32, seed=5)
+    assert loader.jpeg.scheduler.names == ["cpu"]
+    for number, (images, labels) in enumerate(loader):
+        idx, params = loader.plan(0, number)
+        assert images.shape == (12, 3, 24, 24) and labels.tolist() == [jpeg_store[int(i)][1] for i in idx]
+        for k, i in enumerate(idx.tolist()):
+            image = jpeg_store[i][0].float()
+            left, top, right, bottom = (int(round(v)) for v in params.boxes[k].tolist())
+            ref = F.resized_crop(image, top, left, bottom - top, right - left, [24, 24], antialias=True)
+            ref = ref.flip(-1) if params.flip[k] else ref
+            got = (images[k] * 0.25 + 0.5) * 255
+            assert (got - ref).abs().mean() < 4.0, (number, k)
+
+
+def test_every_sample_once_per_epoch_and_resume(jpeg_store):
+    loader = gpufeed.Loader(jpeg_store, batch_size=8, device="cpu", augment=OPS, seed=1)
+    seen = torch.cat([loader.plan(0, b)[0] for b in range(len(loader))])
+    assert sorted(seen.tolist()) == list(range(48))
+    make = lambda: gpufeed.Loader(jpeg_store, batch_size=8, device="cpu", augment=OPS, seed=1)  # noqa: E731
+    check_resume(make, [0, 2, 5])
+
+
+def test_dct_downscaled_decode_for_large_crops(tmp_path):
+    for i in range(4):
+        save(tmp_path / "src" / f"{i}.png", smooth(i, 400, 400))
+    gpufeed.pack(tmp_path / "src", tmp_path / "s", mode="jpeg", workers=1, progress=False)
+    loader = gpufeed.Loader(tmp_path / "s", batch_size=4, device="cpu", seed=0, dtype=torch.float32,
+                            augment=[RandomResizedCrop(32, scale=(0.9, 1))])
+    images, _ = next(iter(loader))
+    idx, params = loader.plan(0, 0)
+    store = gpufeed.open(tmp_path / "s")
+    for k, i in enumerate(idx.tolist()):
+        left, top, right, bottom = (int(round(v)) for v in params.boxes[k].tolist())
+        ref = F.resized_crop(store[i][0].float(), top, left, bottom - top, right - left, [32, 32], antialias=True)
+        assert (images[k] * 255 - ref).abs().mean() < 3.0
+
+
+def _damage(store, sample: int) -> None:
+    start, end = int(store.offsets[sample]), int(store.offsets[sample + 1])
+    with open(store.path / "data.bin", "r+b") as f:
+        f.seek(start)
+        f.write(b"\0" * (end - start))
+
+
+def test_corrupt_sample_is_replaced_or_raises(jpeg_store, tmp_path, caplog):
+    import shutil
+
+    shutil.copytree(jpeg_store.path, tmp_path / "s")
+    store = gpufeed.open(tmp_path / "s")
+    _damage(store, 7)
+    loader = gpufeed.Loader(store, batch_size=8, device="cpu", augment=OPS, shuffle=False)
+    with caplog.at_level(logging.WARNING, logger="gpufeed"):
+        batches = list(loader)
+    assert len(batches) == 6 and all(len(y) == 8 for _, y in batches)
+    assert "sample 7 cannot be decoded" in caplog.text
+    assert any("undecodable" in n for n in loader.stats()["notes"])
+    assert torch.equal(batches[0][0][7], batches[0][0][0])  # the last of batch 0 became a copy of another
+    strict = gpufeed.Loader(store, batch_size=8, device="cpu", augment=OPS, shuffle=False, on_error="raise")
+    with pytest.raises(DecodeError, match="sample 7 cannot be decoded"):
+        list(strict)
+
+
+def test_jpeg_needs_a_fixed_output(jpeg_store):
+    with pytest.raises(ValueError, match="images of different sizes"):
+        gpufeed.Loader(jpeg_store, device="cpu")
+    from gpufeed.augment import Resize
+
+    loader = gpufeed.Loader(jpeg_store, batch_size=8, device="cpu", augment=[Resize(16)])
+    with pytest.raises(ValueError, match="different output sizes"):
+        next(iter(loader))
