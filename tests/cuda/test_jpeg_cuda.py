@@ -1,0 +1,63 @@
+"""jpeg stores on a real GPU: nvJPEG and CPU threads together give the CPU path's batches."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+
+import pytest
+import torch
+
+import gpufeed
+from gpufeed.augment import Normalize, RandomHorizontalFlip, RandomResizedCrop
+from gpufeed.synth import make_image_folder
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+OPS = [RandomResizedCrop(64, scale=(0.2, 1)), RandomHorizontalFlip(), Normalize()]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    root = tmp_path_factory.mktemp("jpegcuda")
+    make_image_folder(root / "src", per_class=48, classes=4, height=150, width=200)
+    gpufeed.pack(root / "src", root / "store", mode="jpeg", reencode=False, workers=4, progress=False)
+    return gpufeed.open(root / "store")
+
+
+def test_gpu_batches_match_cpu_batches_and_use_both_decoders(store):
+    gpu = gpufeed.Loader(store, batch_size=32, device="cuda", augment=OPS, dtype=torch.float32, seed=3)
+    cpu = gpufeed.Loader(store, batch_size=32, device="cpu", augment=OPS, dtype=torch.float32, seed=3)
+    assert gpu.jpeg.scheduler.names == ["nvjpeg", "cpu"]
+    for (g, gl), (c, cl) in zip(gpu, cpu):
+        assert g.is_cuda and g.shape == (32, 3, 64, 64) and torch.equal(gl.cpu(), cl)
+        # nvJPEG and libjpeg-turbo differ by rounding; DCT-reduced CPU decodes by a little more
+        assert (g.cpu() - c).abs().mean() < 0.05, (g.cpu() - c).abs().mean()
+    counts = gpu.jpeg.scheduler.counts
+    assert counts["nvjpeg"] > 0 and counts["cpu"] > 0 and counts["failed"] == 0
+
+
+def test_corrupt_sample_replaced_on_gpu(store, tmp_path, caplog):
+    shutil.copytree(store.path, tmp_path / "s")
+    damaged = gpufeed.open(tmp_path / "s")
+    start, end = int(damaged.offsets[3]), int(damaged.offsets[4])
+    with open(tmp_path / "s" / "data.bin", "r+b") as f:
+        f.seek(start + 20)
+        f.write(b"\xff" * (end - start - 40))
+    loader = gpufeed.Loader(damaged, batch_size=32, device="cuda", augment=OPS, shuffle=False)
+    with caplog.at_level(logging.WARNING, logger="gpufeed"):
+        batches = [(x.cpu(), y.cpu()) for x, y in loader]
+    assert all(len(y) == 32 for _, y in batches)
+    assert "sample 3 cannot be decoded" in caplog.text
+
+
+def test_memory_flat_over_epochs(store):
+    loader = gpufeed.Loader(store, batch_size=32, device="cuda", augment=OPS)
+    for _ in loader:
+        pass
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    for _ in range(3):
+        for _ in loader:
+            pass
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() <= before + (8 << 20)
