@@ -7,6 +7,7 @@ When the planned crop is at least twice the output size, the decoder asks libjpe
 from __future__ import annotations
 
 import io
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -16,11 +17,13 @@ from PIL import Image
 from gpufeed.decode.base import Decoded, pack_images
 
 
-def _decode_one(data: bytes, reduce_to: tuple[int, int] | None) -> np.ndarray:
+def _decode_one(data: bytes, reduce_to: tuple[int, int] | None) -> tuple[np.ndarray, float]:
+    """(HWC pixels, time it finished): the finish time gives the pool's true rate."""
     img = Image.open(io.BytesIO(data))
     if reduce_to is not None and img.format == "JPEG":
         img.draft("RGB", reduce_to)
-    return np.asarray(img.convert("RGB"))
+    img = img if img.mode == "RGB" else img.convert("RGB")
+    return np.asarray(img), time.perf_counter()
 
 
 class CpuDecoder:
@@ -31,6 +34,7 @@ class CpuDecoder:
     def __init__(self, threads: int):
         self.threads = max(1, threads)
         self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="gpufeed-decode")
+        self.last_done = 0.0  # when the last image of the last `collect` finished decoding
 
     def submit(self, datas: list[bytes], reduce_to: list[tuple[int, int] | None]):
         """Start decoding; returns futures (one per image) for `collect`."""
@@ -38,10 +42,12 @@ class CpuDecoder:
 
     def collect(self, futures, device: torch.device | str, pin: bool) -> Decoded:
         """Wait for `submit`'s futures and pack the images (HWC) onto `device`."""
-        images, failed = [], {}
+        images, failed, self.last_done = [], {}, 0.0
         for k, f in enumerate(futures):
             try:
-                images.append(torch.from_numpy(f.result()))
+                pixels, done = f.result()
+                images.append(torch.from_numpy(pixels))
+                self.last_done = max(self.last_done, done)
             except Exception as e:  # any decoder error marks this image, never the batch
                 failed[k] = f"{type(e).__name__}: {e}"
         packed, offsets, sizes = pack_images(images, chw=False, device=device, pin=pin)

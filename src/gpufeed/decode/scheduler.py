@@ -49,9 +49,10 @@ class Scheduler:
                                                                           for p in cpu_pos])
         parts, failed = [], {}
         if k:
+            t_gpu = time.perf_counter()
             part = self.gpu.decode(datas[:k])
             torch.cuda.current_stream(self.device).synchronize()
-            self._rate("nvjpeg", k - len(part.failed), time.perf_counter() - t0)
+            self._rate("nvjpeg", k - len(part.failed), time.perf_counter() - t_gpu)
             parts.append((part, part.kept(k)))
             if part.failed:  # rejected by nvJPEG: the CPU decodes them instead
                 retry = sorted(part.failed)
@@ -61,7 +62,7 @@ class Scheduler:
                 parts.append((extra, [retry[i] for i in extra.kept(len(retry))]))
                 failed.update({retry[i]: f"{part.failed[retry[i]]}; CPU: {why}" for i, why in extra.failed.items()})
         cpu_part = self.cpu.collect(futures, self.device, pin)
-        self._rate("cpu", len(cpu_pos), time.perf_counter() - t0)
+        self._rate("cpu", len(cpu_pos), self.cpu.last_done - t0)
         parts.append((cpu_part, [cpu_pos[i] for i in cpu_part.kept(len(cpu_pos))]))
         failed.update({cpu_pos[i]: why for i, why in cpu_part.failed.items()})
         self.counts["nvjpeg"] += k - len(parts[0][0].failed) if k else 0
