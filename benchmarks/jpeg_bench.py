@@ -95,8 +95,9 @@ def main() -> None:
     result = {"gpu": torch.cuda.get_device_name(), "cpus": os.cpu_count(), "images": len(store),
               "kb_per_image": store.nbytes / len(store) / 1e3, "pack_img_per_s": report.images_per_s, "rows": {}}
     rows = result["rows"]
-    rows["gpufeed jpeg (nvJPEG + CPU threads)"] = gpufeed_jpeg(store, a.epochs, a.batch, None)
-    rows["gpufeed jpeg, 8 CPU decode threads"] = gpufeed_jpeg(store, a.epochs, a.batch, 8)
+    for threads in (None, 4, 12):
+        name = f"gpufeed jpeg, nvJPEG + {threads or 'default'} CPU decode threads"
+        rows[name] = gpufeed_jpeg(store, a.epochs, a.batch, threads)
     rows["torchvision batched nvJPEG + per-image RRC loop"] = torchvision_nvjpeg_loop(store, 20, a.batch)
     Path(a.out).write_text(json.dumps(result, indent=1))
     print(json.dumps({k: v for k, v in result.items() if k != "rows"}))

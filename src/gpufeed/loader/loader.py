@@ -69,8 +69,9 @@ class Loader:
         self.channels_last, self.seed, self.prefetch = channels_last, seed, max(1, prefetch)
         self.tier = tiers.materialize(self.store, self.device, cache)
         log.info("gpufeed.Loader: tier %s (%s)", self.tier.name, self.tier.reason)
-        self.jpeg = JpegBatcher(self, on_error, decode_threads or os.cpu_count() or 1) \
-            if self.store.mode == "jpeg" else None
+        # half the cores by default: nvJPEG does its Huffman decoding on the host too
+        threads = decode_threads or max(1, (os.cpu_count() or 2) // 2)
+        self.jpeg = JpegBatcher(self, on_error, threads) if self.store.mode == "jpeg" else None
         self.gather = Gatherer(gather_threads or min(8, os.cpu_count() or 1))
         self.copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.counters = Stats(self.tier.name)
