@@ -22,19 +22,19 @@ from torchvision.io import ImageReadMode, decode_jpeg
 from gpufeed.decode.base import Decoded, pack_images
 
 
-def _pillow(data: np.ndarray, reduce_to: tuple[int, int] | None) -> torch.Tensor:
-    img = Image.open(io.BytesIO(data))
+def _pillow(data: torch.Tensor, reduce_to: tuple[int, int] | None) -> torch.Tensor:
+    img = Image.open(io.BytesIO(data.numpy()))
     if reduce_to is not None and img.format == "JPEG":
         img.draft("RGB", reduce_to)
     img = img if img.mode == "RGB" else img.convert("RGB")
     return torch.from_numpy(np.asarray(img)).permute(2, 0, 1).contiguous()
 
 
-def _decode_one(data: np.ndarray, reduce_to: tuple[int, int] | None) -> tuple[torch.Tensor, float]:
+def _decode_one(data: torch.Tensor, reduce_to: tuple[int, int] | None) -> tuple[torch.Tensor, float]:
     """(CHW pixels, time it finished): the finish time gives the pool's true rate."""
     if reduce_to is None:
         try:
-            return decode_jpeg(torch.from_numpy(data), mode=ImageReadMode.RGB), time.perf_counter()
+            return decode_jpeg(data, mode=ImageReadMode.RGB), time.perf_counter()
         except RuntimeError:
             pass
     return _pillow(data, reduce_to), time.perf_counter()
@@ -50,7 +50,7 @@ class CpuDecoder:
         self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="gpufeed-decode")
         self.last_done = 0.0  # when the last image of the last `collect` finished decoding
 
-    def submit(self, datas: list[np.ndarray], reduce_to: list[tuple[int, int] | None]):
+    def submit(self, datas: list[torch.Tensor], reduce_to: list[tuple[int, int] | None]):
         """Start decoding; returns futures (one per image) for `collect`."""
         return [self._pool.submit(_decode_one, d, r) for d, r in zip(datas, reduce_to)]
 

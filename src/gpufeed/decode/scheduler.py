@@ -45,8 +45,8 @@ class Scheduler:
         k = self.gpu_share(n)
         cpu_pos = list(range(k, n))
         t0 = time.perf_counter()
-        futures = self.cpu.submit([datas[p].numpy() for p in cpu_pos], [_reduce_to(shapes[p], boxes[p], out_hw)
-                                                                          for p in cpu_pos])
+        futures = self.cpu.submit([datas[p] for p in cpu_pos], [_reduce_to(shapes[p], boxes[p], out_hw)
+                                                                 for p in cpu_pos])
         parts, failed = [], {}
         if k:
             t_gpu = time.perf_counter()
@@ -57,7 +57,7 @@ class Scheduler:
             if part.failed:  # rejected by nvJPEG: the CPU decodes them instead
                 retry = sorted(part.failed)
                 self.counts["cpu_fallback"] += len(retry)
-                extra = self.cpu.collect(self.cpu.submit([datas[p].numpy() for p in retry], [None] * len(retry)),
+                extra = self.cpu.collect(self.cpu.submit([datas[p] for p in retry], [None] * len(retry)),
                                          self.device, pin)
                 parts.append((extra, [retry[i] for i in extra.kept(len(retry))]))
                 failed.update({retry[i]: f"{part.failed[retry[i]]}; CPU: {why}" for i, why in extra.failed.items()})

@@ -15,6 +15,7 @@ import torch
 
 from gpufeed.augment.pipeline import Augment, Params, _affine, _fused, color_jitter, finish
 from gpufeed.decode import Scheduler
+from gpufeed.store.reader import as_tensor
 
 log = logging.getLogger(__name__)
 
@@ -34,12 +35,18 @@ class JpegBatcher:
         self.scheduler = Scheduler(loader.device, threads, use_gpu=gpu)
         self.fused = gpu and _fused() is not None
         self._warned = threading.Event()
+        store = loader.store  # plain views: slicing a memmap object per sample is slow
+        self._data = as_tensor(store.data.view(np.ndarray))
+        self._offsets = np.asarray(store.offsets).view(np.ndarray)
+        self._shapes = torch.from_numpy(np.array(store.shapes))
         log.info("gpufeed.Loader: jpeg decoders %s", " + ".join(self.scheduler.names))
 
     def make(self, idx: torch.Tensor, params: Params) -> tuple[torch.Tensor, torch.Tensor]:
         store, loader = self.loader.store, self.loader
-        datas = [store.encoded(int(i)) for i in idx]
-        shapes = torch.from_numpy(np.asarray(store.shapes[idx.numpy()]))
+        i = idx.numpy()
+        starts, ends = self._offsets[i].tolist(), self._offsets[i + 1].tolist()
+        datas = [self._data[a:b] for a, b in zip(starts, ends)]
+        shapes = self._shapes[idx]
         parts, failed = self.scheduler.run(datas, shapes, params.boxes, params.out_hw, pin=self.fused)
         labels = store.labels.index_select(0, idx)
         if failed:
