@@ -48,8 +48,10 @@ SCRIPT = textwrap.dedent("""
         numels = torch.tensor([f.numel() for f in flat])
         offsets = torch.cumsum(numels, 0) - numels
         out = torch.full((3, 3, 10, 10), float("nan"))
-        fused.resample_packed(torch.cat(flat), offsets, torch.tensor([sizes[r] for r in rows],
-                              dtype=torch.int32), chw, rows, p.boxes, p.flip, out, scale, shift)
+        hw = [sizes[r] for r in rows]
+        strides = torch.tensor([(h * w, w, 1) if chw else (1, w * 3, 3) for h, w in hw], dtype=torch.int64)
+        fused.resample_packed(torch.cat(flat), offsets, torch.tensor(hw, dtype=torch.int32), strides, rows,
+                              p.boxes, p.flip, out, scale, shift)
         err = (out - ref).abs().max().item()
         assert err < 1e-4, ("packed", chw, err)
     print("fused kernel OK")

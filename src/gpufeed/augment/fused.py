@@ -103,21 +103,20 @@ def _resample_kernel(src, index, boxes, flip, scale, shift, out, H, W, OH, OW,
 
 
 @triton.jit
-def _varsize_kernel(src, offsets, sizes, rows, boxes, flip, scale, shift, out, OH, OW,
-                    s_n, s_c, s_y, s_x, CHW: tl.constexpr, BLOCK: tl.constexpr):
-    """Images of different sizes back to back in `src`: image n starts at offsets[n], is sizes[n] = (H, W),
-    is cropped by boxes[rows[n]] and written to out[rows[n]]."""
+def _varsize_kernel(src, offsets, sizes, strides, rows, boxes, flip, scale, shift, out, OH, OW,
+                    s_n, s_c, s_y, s_x, BLOCK: tl.constexpr):
+    """Images of different sizes and layouts: image i starts at src + offsets[i] (offsets may point
+    into other allocations than `src`'s), is sizes[i] = (H, W) with element strides[i] = (c, y, x),
+    is cropped by boxes[rows[i]] and written to out[rows[i]]."""
     i = tl.program_id(0)
     n = tl.load(rows + i)
     base = tl.load(offsets + i)
     H = tl.load(sizes + 2 * i)
     W = tl.load(sizes + 2 * i + 1)
-    if CHW:
-        _one_sample(src, base, H, W, W, 1, H * W, boxes, flip, scale, shift, out, n, OH, OW, s_n, s_c, s_y, s_x,
-                    BLOCK)
-    else:
-        _one_sample(src, base, H, W, W * 3, 3, 1, boxes, flip, scale, shift, out, n, OH, OW, s_n, s_c, s_y, s_x,
-                    BLOCK)
+    sc = tl.load(strides + 3 * i)
+    sy = tl.load(strides + 3 * i + 1)
+    sx = tl.load(strides + 3 * i + 2)
+    _one_sample(src, base, H, W, sy, sx, sc, boxes, flip, scale, shift, out, n, OH, OW, s_n, s_c, s_y, s_x, BLOCK)
 
 
 def _output(n: int, out_hw: tuple[int, int], dtype: torch.dtype, device, channels_last: bool) -> torch.Tensor:
@@ -142,14 +141,14 @@ def resample_normalize(images: torch.Tensor, boxes: torch.Tensor, flip: torch.Te
     return out
 
 
-def resample_packed(packed: torch.Tensor, offsets: torch.Tensor, sizes: torch.Tensor, chw: bool, rows: torch.Tensor,
-                    boxes: torch.Tensor, flip: torch.Tensor, out: torch.Tensor, scale: torch.Tensor,
-                    shift: torch.Tensor) -> torch.Tensor:
-    """Like `resample_normalize` for images of different sizes packed back to back in `packed`
-    (offsets int64, sizes int32 (·, 2) = H, W; CHW or HWC): image i is cropped by boxes[rows[i]]
-    and written to out[rows[i]] (out: (N, 3, OH, OW))."""
+def resample_packed(src: torch.Tensor, offsets: torch.Tensor, sizes: torch.Tensor, strides: torch.Tensor,
+                    rows: torch.Tensor, boxes: torch.Tensor, flip: torch.Tensor, out: torch.Tensor,
+                    scale: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """Like `resample_normalize` for images of different sizes: image i is at element offsets[i]
+    from `src`, sizes[i] = (H, W) int32, strides[i] = (c, y, x) int64 elements; it is cropped by
+    boxes[rows[i]] and written to out[rows[i]] (out: (N, 3, OH, OW))."""
     oh, ow = out.shape[2], out.shape[3]
     if len(rows):
         _varsize_kernel[(len(rows), triton.cdiv(oh * ow, BLOCK))](
-            packed, offsets, sizes, rows, boxes, flip, scale, shift, out, oh, ow, *out.stride(), CHW=chw, BLOCK=BLOCK)
+            src, offsets, sizes, strides, rows, boxes, flip, scale, shift, out, oh, ow, *out.stride(), BLOCK=BLOCK)
     return out

@@ -19,7 +19,7 @@ import torch
 from PIL import Image
 from torchvision.io import ImageReadMode, decode_jpeg
 
-from gpufeed.decode.base import Decoded, pack_images
+from gpufeed.decode.base import Decoded, packed
 
 
 def _pillow(data: torch.Tensor, reduce_to: tuple[int, int] | None) -> torch.Tensor:
@@ -64,8 +64,7 @@ class CpuDecoder:
                 self.last_done = max(self.last_done, done)
             except Exception as e:  # any decoder error marks this image, never the batch
                 failed[k] = f"{type(e).__name__}: {e}"
-        packed, offsets, sizes = pack_images(images, chw=True, device=device, pin=pin)
-        return Decoded(packed, offsets, sizes, True, failed)
+        return packed(images, failed, device, pin)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)

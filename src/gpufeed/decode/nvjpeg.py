@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torchvision.io import ImageReadMode, decode_jpeg
 
-from gpufeed.decode.base import Decoded, pack_images
+from gpufeed.decode.base import Decoded, in_place
 
 
 class NvJpegDecoder:
@@ -17,7 +17,7 @@ class NvJpegDecoder:
         self.device = device
 
     def decode(self, datas: list[torch.Tensor]) -> Decoded:
-        """Decode CPU uint8 tensors of JPEG bytes to a packed CHW buffer on the device."""
+        """Decode CPU uint8 tensors of JPEG bytes to CHW images on the device, addressed in place."""
         failed: dict[int, str] = {}
         try:
             images = decode_jpeg(datas, mode=ImageReadMode.RGB, device=self.device)
@@ -28,5 +28,4 @@ class NvJpegDecoder:
                     images.append(decode_jpeg(d, mode=ImageReadMode.RGB, device=self.device))
                 except RuntimeError as e:
                     failed[k] = f"nvJPEG: {e}".splitlines()[0]
-        packed, offsets, sizes = pack_images(images, chw=True, device=self.device)
-        return Decoded(packed, offsets, sizes, True, failed)
+        return in_place(images, failed)

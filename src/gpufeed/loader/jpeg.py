@@ -90,9 +90,9 @@ class JpegBatcher:
         for part, positions in parts:
             if positions:
                 rows = torch.tensor(positions, dtype=torch.int64).to(dev, non_blocking=True)
-                _fused().resample_packed(part.packed, part.offsets.to(dev, non_blocking=True),
-                                         part.sizes.to(dev, non_blocking=True), part.chw, rows, boxes_d, flip_d,
-                                         out, scale, shift)
+                _fused().resample_packed(part.base, part.offsets.to(dev, non_blocking=True),
+                                         part.sizes.to(dev, non_blocking=True), part.strides.to(dev, non_blocking=True),
+                                         rows, boxes_d, flip_d, out, scale, shift)
         if not jitter:
             return out
         return finish(color_jitter(out * 255, params.jitter.to(dev)), loader.dtype, aug.normalize, loader.channels_last)
@@ -102,9 +102,9 @@ class JpegBatcher:
         images: list = [None] * n
         for part, positions in parts:
             for k, p in enumerate(positions):
-                start, (h, w) = int(part.offsets[k]), part.sizes[k].tolist()
-                img = part.packed[start : start + 3 * h * w]
-                images[p] = img.view(3, h, w).permute(1, 2, 0) if part.chw else img.view(h, w, 3)
+                (h, w), (sc, sy, sx) = part.sizes[k].tolist(), part.strides[k].tolist()
+                chw = part.base.as_strided((3, h, w), (sc, sy, sx), int(part.offsets[k]))
+                images[p] = chw.permute(1, 2, 0)
         filler = next(im for im in images if im is not None)
         images = [filler if im is None else im for im in images]
         top_h, top_w = max(im.shape[0] for im in images), max(im.shape[1] for im in images)
