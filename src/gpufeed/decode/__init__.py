@@ -1,4 +1,4 @@
-"""JPEG decoding: nvJPEG on the GPU and libjpeg-turbo threads on the CPU, scheduled together."""
+"""JPEG decoding: hardware engines (nvImageCodec, optional), nvJPEG and CPU threads, scheduled together."""
 
 from gpufeed.decode.base import Decoded
 from gpufeed.decode.cpu import CpuDecoder

@@ -1,15 +1,18 @@
 """Split each batch between the decoders in proportion to their measured rates, run them at once.
 
-The CPU threads start first (asynchronously), the GPU decodes its share meanwhile, and each
-decoder's rate (images/s, an exponential average) sets the next batch's split, so both finish
-together. Images nvJPEG rejects (CMYK, some progressive files) are decoded on the CPU instead.
+The CPU threads start first, the hardware engines decode their share on a helper thread, and
+nvJPEG decodes its share on the calling thread meanwhile. Each decoder's rate (images/s, an
+exponential average over batches) sets the next batch's split, so all finish together. Images
+a GPU decoder rejects (CMYK, some progressive files) are decoded on the CPU instead.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -17,58 +20,100 @@ from gpufeed.decode.base import Decoded
 from gpufeed.decode.cpu import CpuDecoder
 from gpufeed.decode.nvjpeg import NvJpegDecoder
 
+log = logging.getLogger(__name__)
+START_RATES = {"hw": 15_000.0, "nvjpeg": 10_000.0}
+
+
+def _hardware(device: torch.device):
+    """The hardware-engine decoder, or None with the reason logged once."""
+    try:
+        from gpufeed.decode.nvimgcodec import HwJpegDecoder
+
+        return HwJpegDecoder(device)
+    except ImportError:
+        log.warning("nvImageCodec is not installed (pip install 'gpufeed[nvimgcodec]'): the GPU's hardware "
+                    "JPEG engines stay unused")
+    except Exception as e:  # no engines on this GPU, driver too old, ...
+        log.warning("hardware JPEG decoding unavailable (%s): using nvJPEG and CPU threads", e)
+    return None
+
 
 class Scheduler:
-    """Decoders for one loader: nvJPEG (if on a GPU) and a CPU thread pool."""
+    """Decoders for one loader: hardware engines and nvJPEG (on a GPU) and a CPU thread pool."""
 
-    def __init__(self, device: torch.device, cpu_threads: int, use_gpu: bool):
+    def __init__(self, device: torch.device, cpu_threads: int, use: tuple[str, ...] = ("hw", "nvjpeg", "cpu")):
+        unknown = set(use) - {"hw", "nvjpeg", "cpu"}
+        if unknown:
+            raise ValueError(f"unknown decoders {sorted(unknown)}: choose from 'hw', 'nvjpeg', 'cpu'")
         self.device = device
-        self.cpu = CpuDecoder(cpu_threads)
-        self.gpu = NvJpegDecoder(device) if use_gpu else None
-        self.rates = {"nvjpeg": 10_000.0, "cpu": 300.0 * self.cpu.threads}
+        self.cpu = CpuDecoder(cpu_threads)  # always there: the fallback for what GPU decoders reject
+        gpu = device.type == "cuda"
+        self.gpu = [d for d in (_hardware(device) if gpu and "hw" in use else None,
+                                NvJpegDecoder(device) if gpu and "nvjpeg" in use else None) if d is not None]
+        self.rates = {d.name: START_RATES[d.name] for d in self.gpu} | {"cpu": 300.0 * self.cpu.threads}
         self.counts: Counter = Counter()
+        self._helper = ThreadPoolExecutor(1, thread_name_prefix="gpufeed-hwdecode") if len(self.gpu) > 1 else None
+        # a stream per GPU decoder so they overlap; the host waits on it, so results are complete
+        self._streams = {d.name: torch.cuda.Stream(device) for d in self.gpu}
 
     @property
     def names(self) -> list[str]:
-        return ([self.gpu.name] if self.gpu else []) + [self.cpu.name]
+        return [d.name for d in self.gpu] + [self.cpu.name]
 
-    def gpu_share(self, n: int) -> int:
-        if self.gpu is None:
-            return 0
-        g, c = self.rates["nvjpeg"], self.rates["cpu"]
-        return min(n, round(n * g / (g + c)))
+    def shares(self, n: int) -> list[int]:
+        """Images per decoder (GPU decoders in order, then the CPU) for a batch of `n`."""
+        total = sum(self.rates.values())
+        cuts = [round(n * self.rates[d.name] / total) for d in self.gpu]
+        while sum(cuts) > n:
+            cuts[cuts.index(max(cuts))] -= 1
+        return cuts + [n - sum(cuts)]
 
     def run(self, datas: list[torch.Tensor], shapes: torch.Tensor, boxes: torch.Tensor, out_hw: tuple[int, int],
             pin: bool) -> tuple[list[tuple[Decoded, list[int]]], dict[int, str]]:
         """Decode a batch: ([(part, batch positions of its images)], {position: reason it failed})."""
-        n = len(datas)
-        k = self.gpu_share(n)
-        cpu_pos = list(range(k, n))
+        shares = self.shares(len(datas))
+        starts = [sum(shares[:i]) for i in range(len(shares) + 1)]
+        cpu_pos = list(range(starts[-2], starts[-1]))
         t0 = time.perf_counter()
         futures = self.cpu.submit([datas[p] for p in cpu_pos], [_reduce_to(shapes[p], boxes[p], out_hw)
                                                                  for p in cpu_pos])
-        parts, failed = [], {}
-        if k:
-            t_gpu = time.perf_counter()
-            part = self.gpu.decode(datas[:k])
-            torch.cuda.current_stream(self.device).synchronize()
-            self._rate("nvjpeg", k - len(part.failed), time.perf_counter() - t_gpu)
-            parts.append((part, part.kept(k)))
-            if part.failed:  # rejected by nvJPEG: the CPU decodes them instead
-                retry = sorted(part.failed)
-                self.counts["cpu_fallback"] += len(retry)
-                extra = self.cpu.collect(self.cpu.submit([datas[p] for p in retry], [None] * len(retry)),
-                                         self.device, pin)
-                parts.append((extra, [retry[i] for i in extra.kept(len(retry))]))
-                failed.update({retry[i]: f"{part.failed[retry[i]]}; CPU: {why}" for i, why in extra.failed.items()})
+        jobs = []
+        for i, dec in enumerate(self.gpu):
+            pos = list(range(starts[i], starts[i + 1]))
+            if not pos:
+                continue
+            stream = self._streams[dec.name]
+            if self._helper is not None and i < len(self.gpu) - 1:  # all but the last on the helper thread
+                jobs.append((dec, pos, self._helper.submit(self._timed, dec, [datas[p] for p in pos], stream)))
+            else:
+                jobs.append((dec, pos, self._timed(dec, [datas[p] for p in pos], stream)))
+        parts, failed, retry = [], {}, []
+        for dec, pos, job in jobs:
+            part, seconds = job.result() if hasattr(job, "result") else job
+            self._rate(dec.name, len(pos) - len(part.failed), seconds)
+            self.counts[dec.name] += len(pos) - len(part.failed)
+            parts.append((part, [pos[k] for k in part.kept(len(pos))]))
+            retry += [(pos[k], f"{dec.name}: {why}") for k, why in part.failed.items()]
+        if retry:  # rejected by a GPU decoder: the CPU decodes them instead
+            self.counts["cpu_fallback"] += len(retry)
+            extra = self.cpu.collect(self.cpu.submit([datas[p] for p, _ in retry], [None] * len(retry)),
+                                     self.device, pin)
+            parts.append((extra, [retry[i][0] for i in extra.kept(len(retry))]))
+            failed.update({retry[i][0]: f"{retry[i][1]}; cpu: {why}" for i, why in extra.failed.items()})
         cpu_part = self.cpu.collect(futures, self.device, pin)
         self._rate("cpu", len(cpu_pos), self.cpu.last_done - t0)
         parts.append((cpu_part, [cpu_pos[i] for i in cpu_part.kept(len(cpu_pos))]))
         failed.update({cpu_pos[i]: why for i, why in cpu_part.failed.items()})
-        self.counts["nvjpeg"] += k - len(parts[0][0].failed) if k else 0
         self.counts["cpu"] += len(cpu_pos) - len(cpu_part.failed)
         self.counts["failed"] += len(failed)
         return parts, failed
+
+    def _timed(self, dec, datas: list[torch.Tensor], stream) -> tuple[Decoded, float]:
+        t0 = time.perf_counter()
+        with torch.cuda.stream(stream):
+            part = dec.decode(datas)
+            stream.synchronize()
+        return part, time.perf_counter() - t0
 
     def _rate(self, name: str, images: int, seconds: float) -> None:
         if images and seconds > 0:
@@ -76,6 +121,8 @@ class Scheduler:
 
     def close(self) -> None:
         self.cpu.close()
+        if self._helper is not None:
+            self._helper.shutdown(wait=True)
 
 
 def _reduce_to(shape: torch.Tensor, box: torch.Tensor, out_hw: tuple[int, int]) -> tuple[int, int] | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import deque
 
 import numpy as np
 import torch
@@ -27,18 +28,18 @@ class DecodeError(RuntimeError):
 class JpegBatcher:
     """Turns (indices, params) into a finished (images, labels) batch on the loader's device."""
 
-    def __init__(self, loader, on_error: str, threads: int):
+    def __init__(self, loader, on_error: str, threads: int, decoders: tuple[str, ...]):
         if on_error not in ("skip", "raise"):
             raise ValueError(f"on_error must be 'skip' or 'raise', got {on_error!r}")
         self.loader, self.on_error = loader, on_error
-        gpu = loader.device.type == "cuda"
-        self.scheduler = Scheduler(loader.device, threads, use_gpu=gpu)
-        self.fused = gpu and _fused() is not None
+        self.scheduler = Scheduler(loader.device, threads, decoders)
+        self.fused = loader.device.type == "cuda" and _fused() is not None
         self._warned = threading.Event()
         store = loader.store  # plain views: slicing a memmap object per sample is slow
         self._data = as_tensor(store.data.view(np.ndarray))
         self._offsets = np.asarray(store.offsets).view(np.ndarray)
         self._shapes = torch.from_numpy(np.array(store.shapes))
+        self._inflight: deque = deque()  # (event, decoded buffers) until the kernels reading them ran
         log.info("gpufeed.Loader: jpeg decoders %s", " + ".join(self.scheduler.names))
 
     def make(self, idx: torch.Tensor, params: Params) -> tuple[torch.Tensor, torch.Tensor]:
@@ -93,6 +94,10 @@ class JpegBatcher:
                 _fused().resample_packed(part.base, part.offsets.to(dev, non_blocking=True),
                                          part.sizes.to(dev, non_blocking=True), part.strides.to(dev, non_blocking=True),
                                          rows, boxes_d, flip_d, out, scale, shift)
+        done = torch.cuda.current_stream(dev).record_event()
+        self._inflight.append((done, [part.keep for part, _ in parts]))
+        while self._inflight and self._inflight[0][0].query():
+            self._inflight.popleft()
         if not jitter:
             return out
         return finish(color_jitter(out * 255, params.jitter.to(dev)), loader.dtype, aug.normalize, loader.channels_last)

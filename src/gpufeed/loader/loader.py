@@ -55,7 +55,8 @@ class Loader:
                  shuffle: bool = True, seed: int = 0, drop_last: bool = True, augment: Sequence | None = None,
                  dtype: torch.dtype = torch.float16, channels_last: bool = False, cache: str = "auto",
                  rank: int | None = None, world_size: int | None = None, prefetch: int = 3,
-                 gather_threads: int | None = None, on_error: str = "skip", decode_threads: int | None = None):
+                 gather_threads: int | None = None, on_error: str = "skip", decode_threads: int | None = None,
+                 decoders: tuple[str, ...] = ("hw", "nvjpeg", "cpu")):
         self.store = store if isinstance(store, Store) else Store(store)
         if self.store.mode == "jpeg" and not augment:
             raise ValueError(f"{self.store.path}: a jpeg store holds images of different sizes; give augment ops "
@@ -71,7 +72,7 @@ class Loader:
         log.info("gpufeed.Loader: tier %s (%s)", self.tier.name, self.tier.reason)
         # half the cores by default: nvJPEG does its Huffman decoding on the host too
         threads = decode_threads or max(1, (os.cpu_count() or 2) // 2)
-        self.jpeg = JpegBatcher(self, on_error, threads) if self.store.mode == "jpeg" else None
+        self.jpeg = JpegBatcher(self, on_error, threads, decoders) if self.store.mode == "jpeg" else None
         self.gather = Gatherer(gather_threads or min(8, os.cpu_count() or 1))
         self.copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.counters = Stats(self.tier.name)
