@@ -38,17 +38,17 @@ def gpufeed_jpeg(store, epochs: int, batch: int, threads: int | None, decoders=(
         pass
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
-    before = dict(loader.jpeg.scheduler.counts)
+    before = loader.stats()["decoded_by"]
     c0, t0 = cpu_seconds(), time.perf_counter()
     for _ in range(epochs):
         for _ in loader:
             pass
     torch.cuda.synchronize()
     wall = time.perf_counter() - t0
-    counts = {k: v - before.get(k, 0) for k, v in loader.jpeg.scheduler.counts.items()}
+    counts = {k: v - before.get(k, 0) for k, v in loader.stats()["decoded_by"].items()}
     return {"img_per_s": epochs * len(loader) * batch / wall, "cpu_cores_used": (cpu_seconds() - c0) / wall,
             "gpu_peak_gb": torch.cuda.max_memory_allocated() / 1e9, "decoded_by": counts,
-            "rates_img_per_s": dict(loader.jpeg.scheduler.rates), "decoders": loader.jpeg.scheduler.names}
+            "rates_img_per_s": loader.stats()["decoder_rates"], "decoders": loader.stats()["decoders"]}
 
 
 def torchvision_nvjpeg_loop(store, batches: int, batch: int) -> dict:

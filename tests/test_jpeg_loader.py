@@ -32,7 +32,7 @@ def jpeg_store(tmp_path_factory):
 
 def test_batches_match_torchvision_reference(jpeg_store):
     loader = gpufeed.Loader(jpeg_store, batch_size=12, device="cpu", augment=OPS, dtype=torch.float32, seed=5)
-    assert loader.jpeg.scheduler.names == ["cpu"]
+    assert loader.stats()["decoders"] == ["cpu"]
     for number, (images, labels) in enumerate(loader):
         idx, params = loader.plan(0, number)
         assert images.shape == (12, 3, 24, 24) and labels.tolist() == [jpeg_store[int(i)][1] for i in idx]
@@ -87,6 +87,7 @@ def test_corrupt_sample_is_replaced_or_raises(jpeg_store, tmp_path, caplog):
     assert len(batches) == 6 and all(len(y) == 8 for _, y in batches)
     assert "sample 7 cannot be decoded" in caplog.text
     assert any("undecodable" in n for n in loader.stats()["notes"])
+    assert loader.stats()["decoded_by"]["failed"] == 1  # the damaged sample, once in the epoch
     assert torch.equal(batches[0][0][7], batches[0][0][0])  # the last of batch 0 became a copy of another
     strict = gpufeed.Loader(store, batch_size=8, device="cpu", augment=OPS, shuffle=False, on_error="raise")
     with pytest.raises(DecodeError, match="sample 7 cannot be decoded"):

@@ -27,14 +27,14 @@ def store(tmp_path_factory):
 def test_gpu_batches_match_cpu_batches_and_use_both_decoders(store):
     gpu = gpufeed.Loader(store, batch_size=32, device="cuda", augment=OPS, dtype=torch.float32, seed=3)
     cpu = gpufeed.Loader(store, batch_size=32, device="cpu", augment=OPS, dtype=torch.float32, seed=3)
-    names = gpu.jpeg.scheduler.names
+    names = gpu.stats()["decoders"]
     assert "nvjpeg" in names and names[-1] == "cpu"
     for (g, gl), (c, cl) in zip(gpu, cpu):
         assert g.is_cuda and g.shape == (32, 3, 64, 64) and torch.equal(gl.cpu(), cl)
         # nvJPEG and libjpeg-turbo differ by rounding; DCT-reduced CPU decodes by a little more
         assert (g.cpu() - c).abs().mean() < 0.05, (g.cpu() - c).abs().mean()
-    counts = gpu.jpeg.scheduler.counts
-    assert all(counts[name] > 0 for name in names) and counts["failed"] == 0, counts
+    counts = gpu.stats()["decoded_by"]
+    assert all(counts.get(name, 0) > 0 for name in names) and counts.get("failed", 0) == 0, counts
 
 
 def test_corrupt_sample_replaced_on_gpu(store, tmp_path, caplog):

@@ -24,9 +24,6 @@ from gpufeed.augment.pipeline import Params
 from gpufeed.loader.plan import EpochPlan
 from gpufeed.transfer.ring import PinnedRing, hand_over
 
-_DONE = object()
-
-
 @dataclass
 class Batch:
     """What the consumer turns into (images, labels): pixels are `images`, or `images[index]`."""
@@ -81,28 +78,28 @@ def host_feed(loader, plan: EpochPlan, start: int) -> Iterator[Batch]:
         hand_over(uploaded, *(on_device.params.tensors() if on_device.params else ()))
     ring = loader.ring() if loader.copy_stream is not None else None
 
-    def make(number: int) -> tuple[Batch, torch.cuda.Event | None]:
+    def make(number: int, worker: int) -> tuple[Batch, torch.cuda.Event | None]:
         return _gather(loader, ring, plan.batch(number)[0], on_device.batch(number)[1])
 
     return threaded(loader, make, range(start, len(plan)))
 
 
-def threaded(loader, make: Callable[[int], tuple[Batch, torch.cuda.Event | None]],
-             numbers: range) -> Iterator[Batch]:
-    """Run `make(number)` for each batch number on a producer thread, `prefetch` ahead; errors
-    raised there are raised here; breaking out stops the thread."""
-    out: queue.Queue = queue.Queue(loader.prefetch)
+def threaded(loader, make: Callable[[int, int], tuple[Batch, torch.cuda.Event | None]], numbers: range,
+             workers: int = 1) -> Iterator[Batch]:
+    """Run `make(number, worker)` for each batch number on `workers` producer threads (batch k on
+    thread k % workers), `prefetch` ahead, yielding in order; errors raised there are raised here;
+    breaking out stops the threads."""
+    queues = [queue.Queue(loader.prefetch) for _ in range(workers)]
     stop = threading.Event()
-    producer = threading.Thread(target=_produce, args=(make, numbers, out, stop), daemon=True,
-                                name="gpufeed-producer")
-    producer.start()
+    producers = [threading.Thread(target=_produce, args=(make, w, numbers[w::workers], queues[w], stop),
+                                  daemon=True, name="gpufeed-producer") for w in range(workers)]
+    for p in producers:
+        p.start()
     try:
-        while True:
+        for k in range(len(numbers)):
             t0 = time.perf_counter()
-            item = out.get()
+            item = queues[k % workers].get()
             loader.counters.add("wait", time.perf_counter() - t0)
-            if item is _DONE:
-                return
             if isinstance(item, BaseException):
                 raise item
             batch, event = item
@@ -110,26 +107,26 @@ def threaded(loader, make: Callable[[int], tuple[Batch, torch.cuda.Event | None]
             yield batch
     finally:
         stop.set()
-        while producer.is_alive():
-            try:
-                out.get_nowait()
-            except queue.Empty:
-                producer.join(0.01)
+        for q, p in zip(queues, producers):
+            while p.is_alive():
+                try:
+                    q.get_nowait()
+                except queue.Empty:
+                    p.join(0.01)
 
 
-def _produce(make, numbers: range, out: queue.Queue, stop: threading.Event) -> None:
+def _produce(make, worker: int, numbers: range, out: queue.Queue, stop: threading.Event) -> None:
     try:
         for number in numbers:
             if stop.is_set():
                 return
-            item = make(number)
+            item = make(number, worker)
             while not stop.is_set():
                 try:
                     out.put(item, timeout=0.1)
                     break
                 except queue.Full:
                     continue
-        out.put(_DONE)
     except BaseException as e:  # handed to the consumer, raised there
         out.put(e)
 

@@ -34,13 +34,14 @@ class JpegBatcher:
         self.loader, self.on_error = loader, on_error
         self.scheduler = Scheduler(loader.device, threads, decoders)
         self.fused = loader.device.type == "cuda" and _fused() is not None
+        self.stream = torch.cuda.Stream(loader.device) if loader.device.type == "cuda" else None
         self._warned = threading.Event()
         store = loader.store  # plain views: slicing a memmap object per sample is slow
         self._data = as_tensor(store.data.view(np.ndarray))
         self._offsets = np.asarray(store.offsets).view(np.ndarray)
         self._shapes = torch.from_numpy(np.array(store.shapes))
         self._inflight: deque = deque()  # (event, decoded buffers) until the kernels reading them ran
-        log.info("gpufeed.Loader: jpeg decoders %s", " + ".join(self.scheduler.names))
+        log.debug("gpufeed.Loader: jpeg decoders %s", " + ".join(self.scheduler.names))
 
     def make(self, idx: torch.Tensor, params: Params) -> tuple[torch.Tensor, torch.Tensor]:
         store, loader = self.loader.store, self.loader
@@ -123,17 +124,19 @@ class JpegBatcher:
 
 
 def jpeg_feed(loader, plan, start: int):
-    """Batches of a jpeg store, decoded and augmented on a producer thread, `prefetch` ahead."""
+    """Batches of a jpeg store, decoded and augmented by the loader's pipelines (batch k on pipeline
+    k % pipelines, so one batch's Python work overlaps another's decoding), `prefetch` ahead."""
     from gpufeed.loader.feeds import Batch, threaded
 
-    def make(number: int):
+    def make(number: int, worker: int):
+        batcher = loader.jpeg[worker]
         idx, params = plan.batch(number)
-        if loader.copy_stream is None:
-            images, labels = loader.jpeg.make(idx, params)
+        if batcher.stream is None:
+            images, labels = batcher.make(idx, params)
             return Batch(images, labels, None, final=True), None
-        with torch.cuda.stream(loader.copy_stream):
-            images, labels = loader.jpeg.make(idx, params)
-            event = loader.copy_stream.record_event()
+        with torch.cuda.stream(batcher.stream):
+            images, labels = batcher.make(idx, params)
+            event = batcher.stream.record_event()
         return Batch(images, labels, None, final=True), event
 
-    return threaded(loader, make, range(start, len(plan)))
+    return threaded(loader, make, range(start, len(plan)), workers=len(loader.jpeg))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -70,9 +71,14 @@ class Loader:
         self.channels_last, self.seed, self.prefetch = channels_last, seed, max(1, prefetch)
         self.tier = tiers.materialize(self.store, self.device, cache)
         log.info("gpufeed.Loader: tier %s (%s)", self.tier.name, self.tier.reason)
-        # half the cores by default: nvJPEG does its Huffman decoding on the host too
-        threads = decode_threads or max(1, (os.cpu_count() or 2) // 2)
-        self.jpeg = JpegBatcher(self, on_error, threads, decoders) if self.store.mode == "jpeg" else None
+        self.jpeg: list[JpegBatcher] = []
+        if self.store.mode == "jpeg":
+            # half the cores by default (nvJPEG decodes Huffman on the host too), split over the pipelines
+            threads = decode_threads or max(1, (os.cpu_count() or 2) // 2)
+            pipelines = 2 if self.device.type == "cuda" else 1
+            self.jpeg = [JpegBatcher(self, on_error, max(1, threads // pipelines), decoders) for _ in range(pipelines)]
+            log.info("gpufeed.Loader: jpeg decoders %s, %d pipeline(s)", " + ".join(self.jpeg[0].scheduler.names),
+                     pipelines)
         self.gather = Gatherer(gather_threads or min(8, os.cpu_count() or 1))
         self.copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.counters = Stats(self.tier.name)
@@ -101,8 +107,14 @@ class Loader:
         self.epoch, self._batch = int(state["epoch"]), int(state["batch"])
 
     def stats(self) -> dict:
-        """Per-stage times, bytes moved, tier and consumer stalls so far."""
-        return self.counters.as_dict()
+        """Per-stage times, bytes moved, tier, consumer stalls, and for jpeg stores the decoders,
+        how many images each decoded (and CPU fallbacks, failures) and their rates in img/s."""
+        out = self.counters.as_dict()
+        if self.jpeg:
+            out["decoders"] = self.jpeg[0].scheduler.names
+            out["decoded_by"] = dict(sum((b.scheduler.counts for b in self.jpeg), Counter()))
+            out["decoder_rates"] = {name: sum(b.scheduler.rates[name] for b in self.jpeg) for name in out["decoders"]}
+        return out
 
     def plan(self, epoch: int, number: int):
         """(sorted sample indices, augment Params or None) of batch `number` of `epoch` on this rank."""
@@ -123,7 +135,7 @@ class Loader:
             epoch, start = epoch + 1, 0
         self.epoch, self._batch = epoch, start
         plan = self._plan_ahead(epoch)
-        if self.jpeg is not None:
+        if self.jpeg:
             feed = jpeg_feed
         else:
             feed = device_feed if self.tier.gathers_on_device else host_feed
