@@ -31,9 +31,10 @@ def cpu_seconds() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def gpufeed_jpeg(store, epochs: int, batch: int, threads: int | None, decoders=("hw", "nvjpeg", "cpu")) -> dict:
+def gpufeed_jpeg(store, epochs: int, batch: int, threads: int | None, decoders=("hw", "nvjpeg", "cpu"),
+                 pipelines: int | None = None) -> dict:
     loader = gpufeed.Loader(store, batch_size=batch, device="cuda", augment=OPS, decode_threads=threads,
-                            decoders=decoders)
+                            decoders=decoders, decode_pipelines=pipelines)
     for _ in loader:
         pass
     torch.cuda.synchronize()
@@ -97,8 +98,10 @@ def main() -> None:
               "kb_per_image": store.nbytes / len(store) / 1e3, "pack_img_per_s": report.images_per_s, "rows": {}}
     rows = result["rows"]
     rows["gpufeed jpeg, all decoders (default)"] = gpufeed_jpeg(store, a.epochs, a.batch, None)
-    rows["gpufeed jpeg, all decoders, 4 CPU threads"] = gpufeed_jpeg(store, a.epochs, a.batch, 4)
-    rows["gpufeed jpeg, nvJPEG + CPU threads only"] = gpufeed_jpeg(store, a.epochs, a.batch, None, ("nvjpeg", "cpu"))
+    for pipelines, threads in ((2, 4), (3, 3), (3, 6), (4, 4)):
+        rows[f"gpufeed jpeg, all decoders, {pipelines} pipelines, {threads} CPU threads"] = gpufeed_jpeg(
+            store, a.epochs, a.batch, threads, pipelines=pipelines)
+    rows["gpufeed jpeg, nvJPEG + CPU threads only"] = gpufeed_jpeg(store, a.epochs, a.batch, 4, ("nvjpeg", "cpu"))
     rows["torchvision batched nvJPEG + per-image RRC loop"] = torchvision_nvjpeg_loop(store, 20, a.batch)
     Path(a.out).write_text(json.dumps(result, indent=1))
     print(json.dumps({k: v for k, v in result.items() if k != "rows"}))

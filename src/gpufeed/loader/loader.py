@@ -57,7 +57,7 @@ class Loader:
                  dtype: torch.dtype = torch.float16, channels_last: bool = False, cache: str = "auto",
                  rank: int | None = None, world_size: int | None = None, prefetch: int = 3,
                  gather_threads: int | None = None, on_error: str = "skip", decode_threads: int | None = None,
-                 decoders: tuple[str, ...] = ("hw", "nvjpeg", "cpu")):
+                 decoders: tuple[str, ...] = ("hw", "nvjpeg", "cpu"), decode_pipelines: int | None = None):
         self.store = store if isinstance(store, Store) else Store(store)
         if self.store.mode == "jpeg" and not augment:
             raise ValueError(f"{self.store.path}: a jpeg store holds images of different sizes; give augment ops "
@@ -75,7 +75,7 @@ class Loader:
         if self.store.mode == "jpeg":
             # half the cores by default (nvJPEG decodes Huffman on the host too), split over the pipelines
             threads = decode_threads or max(1, (os.cpu_count() or 2) // 2)
-            pipelines = 2 if self.device.type == "cuda" else 1
+            pipelines = decode_pipelines or (2 if self.device.type == "cuda" else 1)
             self.jpeg = [JpegBatcher(self, on_error, max(1, threads // pipelines), decoders) for _ in range(pipelines)]
             log.info("gpufeed.Loader: jpeg decoders %s, %d pipeline(s)", " + ".join(self.jpeg[0].scheduler.names),
                      pipelines)
