@@ -73,9 +73,11 @@ class Loader:
         log.info("gpufeed.Loader: tier %s (%s)", self.tier.name, self.tier.reason)
         self.jpeg: list[JpegBatcher] = []
         if self.store.mode == "jpeg":
-            # half the cores by default (nvJPEG decodes Huffman on the host too), split over the pipelines
-            threads = decode_threads or max(1, (os.cpu_count() or 2) // 2)
-            pipelines = decode_pipelines or (2 if self.device.type == "cuda" else 1)
+            # defaults measured on a 16-core H200 host (benchmarks/jpeg_bench.py): 3 pipelines and few CPU
+            # decode threads (nvJPEG decodes Huffman on the host; more CPU threads slow it down)
+            gpu = self.device.type == "cuda"
+            threads = decode_threads or max(1, (os.cpu_count() or 1) // (5 if gpu else 1))
+            pipelines = decode_pipelines or (3 if gpu else 1)
             self.jpeg = [JpegBatcher(self, on_error, max(1, threads // pipelines), decoders) for _ in range(pipelines)]
             log.info("gpufeed.Loader: jpeg decoders %s, %d pipeline(s)", " + ".join(self.jpeg[0].scheduler.names),
                      pipelines)
