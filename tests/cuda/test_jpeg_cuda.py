@@ -25,7 +25,9 @@ def store(tmp_path_factory):
 
 
 def test_gpu_batches_match_cpu_batches_and_use_both_decoders(store):
-    gpu = gpufeed.Loader(store, batch_size=32, device="cuda", augment=OPS, dtype=torch.float32, seed=3)
+    # enough CPU threads in one pipeline that the CPU's rate earns it a share of every batch
+    gpu = gpufeed.Loader(store, batch_size=32, device="cuda", augment=OPS, dtype=torch.float32, seed=3,
+                         decode_threads=8, decode_pipelines=1)
     cpu = gpufeed.Loader(store, batch_size=32, device="cpu", augment=OPS, dtype=torch.float32, seed=3)
     names = gpu.stats()["decoders"]
     assert "nvjpeg" in names and names[-1] == "cpu"
