@@ -1,4 +1,4 @@
-"""The `gpufeed` command: pack, inspect, verify, demo."""
+"""The `gpufeed` command: pack, inspect, verify, bench, demo."""
 
 from __future__ import annotations
 
@@ -46,6 +46,16 @@ def _demo(a: argparse.Namespace) -> int:
     return 0
 
 
+def _bench(a: argparse.Namespace) -> int:
+    from gpufeed.bench import plot, run_bench
+
+    if a.plot_only:
+        print(f"{len(plot(a.out))} plot(s) and summary.md written to {a.out}")
+        return 0
+    run_bench(a.experiments or None, a.out, quick=a.quick, device=a.device)
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gpufeed", description="Image datasets onto the GPU at bus speed.")
     sub = p.add_subparsers(dest="verb", required=True)
@@ -72,6 +82,14 @@ def _parser() -> argparse.ArgumentParser:
     q = sub.add_parser("verify", help="recompute a store's checksums")
     q.add_argument("store")
     q.set_defaults(run=_verify)
+
+    q = sub.add_parser("bench", help="measure transfers, dtype order, decoders, loaders, training on this machine")
+    q.add_argument("experiments", nargs="*", help="transfer, dtype, decoders, loaders, training (default: all)")
+    q.add_argument("--quick", action="store_true", help="small sizes and few repeats")
+    q.add_argument("--out", default="gpufeed-bench", help="folder for results.json, PNGs and summary.md")
+    q.add_argument("--device", choices=["cuda", "cpu"], default=None, help="default: cuda if available")
+    q.add_argument("--plot-only", action="store_true", help="redraw plots and summary from results.json")
+    q.set_defaults(run=_bench)
 
     q = sub.add_parser("demo", help="make sample images, pack them, load them, print measurements")
     q.add_argument("--dir", default="gpufeed-demo", help="working folder (default ./gpufeed-demo)")

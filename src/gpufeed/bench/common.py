@@ -1,0 +1,84 @@
+"""What every bench experiment shares: the context it runs in, repeat timing, the result shape.
+
+An experiment returns figures; a figure has series; a series has, for each x, the median,
+min and max over repeats. `plots.py` draws any figure from that alone, so measuring and
+plotting stay apart (the plot step reads results.json).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+
+@dataclass
+class Context:
+    """Where and how an experiment runs."""
+
+    device: str  # "cuda" or "cpu"
+    quick: bool
+    work: Path  # scratch space for generated data
+
+    @property
+    def cuda(self) -> bool:
+        return self.device == "cuda"
+
+    def repeats(self) -> int:
+        return 3 if self.quick else 7
+
+
+@dataclass
+class Series:
+    x: list = field(default_factory=list)
+    median: list = field(default_factory=list)
+    min: list = field(default_factory=list)
+    max: list = field(default_factory=list)
+
+    def add(self, x, samples: list[float]) -> None:
+        self.x.append(x)
+        self.median.append(statistics.median(samples))
+        self.min.append(min(samples))
+        self.max.append(max(samples))
+
+
+@dataclass
+class Figure:
+    name: str  # file stem of the PNG
+    title: str
+    xlabel: str
+    ylabel: str
+    series: dict[str, Series] = field(default_factory=dict)
+    kind: str = "line"  # or "bar" (categorical x)
+    logx: bool = False
+    logy: bool = False
+    note: str = ""
+
+    def line(self, name: str) -> Series:
+        return self.series.setdefault(name, Series())
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def measure(fn: Callable[[], object], repeats: int, device: str, warmup: int = 1) -> list[float]:
+    """Seconds per call of `fn`, `repeats` times after `warmup` calls (synchronised on CUDA)."""
+    for _ in range(warmup):
+        fn()
+    sync(device)
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        samples.append(time.perf_counter() - t0)
+    return samples

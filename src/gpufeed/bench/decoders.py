@@ -1,0 +1,90 @@
+"""Experiment 3: JPEG decoders: img/s on one core and on all, and quality vs size vs decode time."""
+
+from __future__ import annotations
+
+import io
+import os
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+
+import numpy as np
+import torch
+from PIL import Image
+from torchvision.io import ImageReadMode, decode_jpeg
+
+from gpufeed.bench.common import Context, Figure, measure
+from gpufeed.synth import natural_image
+
+QUALITIES = (95, 90, 75, 50)
+
+
+def _pil(data: bytes) -> None:
+    np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+
+
+def _torchvision(data: torch.Tensor) -> None:
+    decode_jpeg(data, mode=ImageReadMode.RGB)
+
+
+def _encode(images: list[np.ndarray], quality: int) -> list[bytes]:
+    out = []
+    for img in images:
+        buf = io.BytesIO()
+        Image.fromarray(img).save(buf, format="JPEG", quality=quality)
+        out.append(buf.getvalue())
+    return out
+
+
+def _gpu_decoders(ctx: Context) -> dict:
+    if not ctx.cuda:
+        return {}
+    found = {"nvJPEG (batched)": lambda ts: decode_jpeg(ts, mode=ImageReadMode.RGB, device="cuda")}
+    try:
+        from gpufeed.decode.nvimgcodec import HwJpegDecoder
+
+        hw = HwJpegDecoder(torch.device("cuda", torch.cuda.current_device()))
+        found["hardware engines (nvImageCodec)"] = hw.decode
+    except Exception:  # not installed or no engines: the figure's note says so
+        pass
+    return found
+
+
+def run(ctx: Context) -> list[Figure]:
+    rng = np.random.default_rng(0)
+    count = 16 if ctx.quick else 64
+    images = [natural_image(rng, 375, 500, i) for i in range(count)]
+    cores = os.cpu_count() or 1
+    gpu = _gpu_decoders(ctx)
+    quality = Figure("decode_quality", "JPEG quality vs file size vs decode time (500×375)",
+                     "mean file size (KB), quality 50 → 95", "decode time per image (ms)")
+    speed = Figure("decode_throughput", f"JPEG decode throughput (500×375, quality 90, {cores} cores)",
+                   "decoder", "images/s", kind="bar")
+    if ctx.cuda and len(gpu) < 2:
+        speed.note = quality.note = "hardware engines not measured: nvImageCodec not installed or unavailable"
+    for q in QUALITIES:
+        datas = _encode(images, q)
+        tensors = [torch.frombuffer(bytearray(d), dtype=torch.uint8) for d in datas]
+        kb = float(np.mean([len(d) for d in datas])) / 1e3
+        reps = ctx.repeats()
+        quality.line("Pillow").add(kb, [s / count * 1e3 for s in measure(lambda: [_pil(d) for d in datas], reps, "cpu")])
+        quality.line("torchvision (libjpeg-turbo)").add(
+            kb, [s / count * 1e3 for s in measure(lambda: [_torchvision(t) for t in tensors], reps, "cpu")])
+        for name, dec in gpu.items():
+            quality.line(name).add(kb, [s / count * 1e3 for s in measure(lambda: dec(tensors), reps, "cuda")])
+        if q == 90:
+            _throughput(speed, datas, tensors, gpu, cores, reps)
+    return [quality, speed]
+
+
+def _throughput(fig: Figure, datas: list[bytes], tensors: list[torch.Tensor], gpu: dict, cores: int,
+                reps: int) -> None:
+    n = len(datas)
+    one, every = fig.line("one core"), fig.line(f"all {cores} cores")
+    for name, fn, pool_cls in (("Pillow", _pil, ProcessPoolExecutor), ("torchvision (libjpeg-turbo)", _torchvision,
+                                                                          ThreadPoolExecutor)):
+        items = datas if fn is _pil else tensors
+        one.add(name, [n / s for s in measure(lambda: [fn(d) for d in items], reps, "cpu")])
+        with pool_cls(cores) as pool:  # Pillow holds the GIL: processes; libjpeg-turbo via torch: threads
+            every.add(name, [n / s for s in measure(lambda: list(pool.map(fn, items)), reps, "cpu")])
+    for name, dec in gpu.items():
+        every.add(name, [n / s for s in measure(lambda: dec(tensors), reps, "cuda")])
+        one.add(name, [float("nan")] * reps)

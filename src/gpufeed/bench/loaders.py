@@ -1,0 +1,26 @@
+"""Experiment 4: the loaders end to end on the same data: img/s vs batch size."""
+
+from __future__ import annotations
+
+import time
+
+from gpufeed.bench.common import Context, Figure, sync
+from gpufeed.bench.feeders import dataset, feeders
+
+
+def run(ctx: Context) -> list[Figure]:
+    root = dataset(ctx)
+    fig = Figure("loaders", f"Loaders end to end on {ctx.device} (RandomResizedCrop + flip + normalize)",
+                 "batch size", "images/s")
+    for batch in ([16, 32] if ctx.quick else [32, 64, 128, 256]):
+        for name, epoch in feeders(ctx, root, batch).items():
+            samples = []
+            for rep in range(ctx.repeats() + 1):  # the first pass warms workers and caches up
+                t0, n = time.perf_counter(), 0
+                for images, _ in epoch():
+                    n += len(images)
+                sync(ctx.device)
+                if rep:
+                    samples.append(n / (time.perf_counter() - t0))
+            fig.line(name).add(batch, samples)
+    return [fig]

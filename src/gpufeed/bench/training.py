@@ -1,0 +1,55 @@
+"""Experiment 5: is the GPU starved? A torchvision ResNet (random weights, AMP) fed by each loader."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from gpufeed.bench.common import Context, Figure, sync
+from gpufeed.bench.feeders import dataset, feeders
+
+
+def run(ctx: Context) -> list[Figure]:
+    from torchvision.models import resnet18
+
+    root = dataset(ctx)
+    batch = 16 if ctx.quick else 128
+    steps = 4 if ctx.quick else 30
+    model = resnet18(num_classes=8).to(ctx.device).to(memory_format=torch.channels_last)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    busy = Figure("training", f"ResNet-18 training step fed by each loader ({ctx.device}, batch {batch})",
+                  "loader", "share of step time (%)", kind="bar")
+    rate = Figure("training_rate", f"ResNet-18 training throughput by loader ({ctx.device}, batch {batch})",
+                  "loader", "images/s", kind="bar")
+    for name, epoch in feeders(ctx, root, batch).items():
+        waits, computes = [], []
+        for rep in range(ctx.repeats()):
+            it, wait, compute = epoch(), 0.0, 0.0
+            for k in range(steps):
+                t0 = time.perf_counter()
+                try:
+                    images, labels = next(it)
+                except StopIteration:
+                    it = epoch()
+                    images, labels = next(it)
+                sync(ctx.device)
+                t1 = time.perf_counter()
+                with torch.autocast(ctx.device, dtype=torch.bfloat16):
+                    loss = torch.nn.functional.cross_entropy(model(images.contiguous(memory_format=torch.channels_last)),
+                                                             labels.to(ctx.device).clamp(min=0))
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                sync(ctx.device)
+                if k:  # step 0 includes the loader's start-up
+                    wait += t1 - t0
+                    compute += time.perf_counter() - t1
+            waits.append(wait)
+            computes.append(compute)
+        totals = [w + c for w, c in zip(waits, computes)]
+        busy.line("data wait").add(name, [100 * w / t for w, t in zip(waits, totals)])
+        busy.line("model step (GPU busy)" if ctx.cuda else "model step").add(
+            name, [100 * c / t for c, t in zip(computes, totals)])
+        rate.line("images/s").add(name, [(steps - 1) * batch / t for t in totals])
+    return [busy, rate]
