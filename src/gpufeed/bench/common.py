@@ -16,6 +16,10 @@ from typing import Callable
 import torch
 
 
+class Skipped(Exception):
+    """This experiment cannot run here (e.g. no GPU); the message says why."""
+
+
 @dataclass
 class Context:
     """Where and how an experiment runs."""

@@ -31,7 +31,7 @@ def _torch_loader(root: Path, batch: int, ctx: Context, uint8: bool):
 
     steps = [transforms.RandomResizedCrop(size(ctx)), transforms.RandomHorizontalFlip()]
     steps += [transforms.PILToTensor()] if uint8 else [transforms.ToTensor(), transforms.Normalize(MEAN, STD)]
-    workers = min(8, os.cpu_count() or 1)
+    workers = min(8, max(1, (os.cpu_count() or 2) // 2))
     return torch.utils.data.DataLoader(datasets.ImageFolder(root / "images", transforms.Compose(steps)),
                                        batch_size=batch, shuffle=True, drop_last=True, num_workers=workers,
                                        pin_memory=ctx.cuda, persistent_workers=True)

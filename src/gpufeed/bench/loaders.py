@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import time
 
 from gpufeed.bench.common import Context, Figure, sync
@@ -13,7 +14,8 @@ def run(ctx: Context) -> list[Figure]:
     fig = Figure("loaders", f"Loaders end to end on {ctx.device} (RandomResizedCrop + flip + normalize)",
                  "batch size", "images/s")
     for batch in ([16, 32] if ctx.quick else [32, 64, 128, 256]):
-        for name, epoch in feeders(ctx, root, batch).items():
+        feeds = feeders(ctx, root, batch)
+        for name, epoch in feeds.items():
             samples = []
             for rep in range(ctx.repeats() + 1):  # the first pass warms workers and caches up
                 t0, n = time.perf_counter(), 0
@@ -23,4 +25,6 @@ def run(ctx: Context) -> list[Figure]:
                 if rep:
                     samples.append(n / (time.perf_counter() - t0))
             fig.line(name).add(batch, samples)
+        del feeds  # the DataLoaders' persistent workers go with them
+        gc.collect()
     return [fig]

@@ -79,8 +79,8 @@ def plot(out: str | Path) -> list[Path]:
     pngs = []
     for exp, entry in results["experiments"].items():
         lines += [f"## {exp}", ""]
-        if entry.get("skipped"):
-            lines += [f"Skipped: {entry['skipped']}", ""]
+        if entry.get("skipped") or entry.get("failed"):
+            lines += [f"Skipped: {entry['skipped']}" if entry.get("skipped") else f"FAILED: {entry['failed']}", ""]
             continue
         for fig in entry["figures"]:
             path = out / f"{fig['name']}.png"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import platform
@@ -12,7 +13,7 @@ from pathlib import Path
 import torch
 
 from gpufeed.bench import decoders, dtypes, loaders, training, transfer
-from gpufeed.bench.common import Context
+from gpufeed.bench.common import Context, Skipped
 from gpufeed.bench.plots import plot
 
 EXPERIMENTS = {"transfer": transfer.run, "dtype": dtypes.run, "decoders": decoders.run, "loaders": loaders.run,
@@ -45,9 +46,14 @@ def run_bench(names: list[str] | None = None, out: str | Path = "gpufeed-bench",
         t0 = time.perf_counter()
         try:
             entry = {"figures": [f.as_dict() for f in EXPERIMENTS[name](ctx)]}
-        except RuntimeError as e:
+        except Skipped as e:
             entry = {"skipped": str(e)}
             print(f"  skipped: {e}", flush=True)
+        except Exception as e:  # one broken experiment must not lose the others' results
+            entry = {"failed": f"{type(e).__name__}: {e}"}
+            print(f"  FAILED: {entry['failed']}", flush=True)
+        finally:
+            gc.collect()  # shut down the DataLoader workers an experiment kept alive
         entry.update(seconds=time.perf_counter() - t0, device=device, quick=quick)
         results["experiments"][name] = entry
         path.write_text(json.dumps(results, indent=1))
