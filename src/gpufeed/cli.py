@@ -1,4 +1,4 @@
-"""The `gpufeed` command: pack, inspect, verify, bench, demo."""
+"""The `gpufeed` command: pack, inspect, verify, bench, doctor, demo."""
 
 from __future__ import annotations
 
@@ -56,6 +56,23 @@ def _bench(a: argparse.Namespace) -> int:
     return 0
 
 
+def _doctor(a: argparse.Namespace) -> int:
+    from gpufeed.doctor import diagnose
+
+    r = diagnose(a.target, device=a.device, limit=a.limit, trace=a.trace)
+    print(f"{r['kind']} on {r['device']}: {r['images']} images timed\n")
+    print(r["table"])
+    print("\nfindings:" if r["findings"] else "\nfindings: none; the pipeline keeps up")
+    for f in r["findings"]:
+        print(f"  - {f}")
+    print()
+    for line in r["gpufeed"]:
+        print(line)
+    if a.trace:
+        print(f"\ntrace written to {a.trace} (open in chrome://tracing or Perfetto)")
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gpufeed", description="Image datasets onto the GPU at bus speed.")
     sub = p.add_subparsers(dest="verb", required=True)
@@ -90,6 +107,13 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--device", choices=["cuda", "cpu"], default=None, help="default: cuda if available")
     q.add_argument("--plot-only", action="store_true", help="redraw plots and summary from results.json")
     q.set_defaults(run=_bench)
+
+    q = sub.add_parser("doctor", help="time each stage of a data pipeline and name the bottleneck")
+    q.add_argument("target", help="image folder, gpufeed store, or module:function returning (images, labels) batches")
+    q.add_argument("--device", choices=["cuda", "cpu"], default=None)
+    q.add_argument("--limit", type=int, default=256, help="images to time (default 256)")
+    q.add_argument("--trace", metavar="TRACE.json", help="write a torch.profiler Chrome trace")
+    q.set_defaults(run=_doctor)
 
     q = sub.add_parser("demo", help="make sample images, pack them, load them, print measurements")
     q.add_argument("--dir", default="gpufeed-demo", help="working folder (default ./gpufeed-demo)")

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import torch
+from torch.profiler import record_function
 
 from gpufeed.augment.pipeline import Params
 from gpufeed.loader.plan import EpochPlan
@@ -133,6 +134,11 @@ def _produce(make, worker: int, numbers: range, out: queue.Queue, stop: threadin
 
 def _gather(loader, ring: PinnedRing | None, idx: torch.Tensor, params) -> tuple[Batch, torch.cuda.Event | None]:
     """CPU threads gather batch `idx`; on a GPU into a pinned slot, then an async copy."""
+    with record_function("gpufeed.gather+h2d"):
+        return _gather_copy(loader, ring, idx, params)
+
+
+def _gather_copy(loader, ring: PinnedRing | None, idx: torch.Tensor, params) -> tuple[Batch, torch.cuda.Event | None]:
     t0 = time.perf_counter()
     tier, n = loader.tier, len(idx)
     shape = tuple(tier.images.shape[1:])

@@ -13,6 +13,7 @@ from collections import deque
 
 import numpy as np
 import torch
+from torch.profiler import record_function
 
 from gpufeed.augment.pipeline import Augment, Params, _affine, _fused, color_jitter, finish
 from gpufeed.decode import Scheduler
@@ -44,6 +45,10 @@ class JpegBatcher:
         log.debug("gpufeed.Loader: jpeg decoders %s", " + ".join(self.scheduler.names))
 
     def make(self, idx: torch.Tensor, params: Params) -> tuple[torch.Tensor, torch.Tensor]:
+        with record_function("gpufeed.decode+resize"):
+            return self._make(idx, params)
+
+    def _make(self, idx: torch.Tensor, params: Params) -> tuple[torch.Tensor, torch.Tensor]:
         store, loader = self.loader.store, self.loader
         i = idx.numpy()
         starts, ends = self._offsets[i].tolist(), self._offsets[i + 1].tolist()

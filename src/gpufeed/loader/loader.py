@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 import torch
+from torch.profiler import record_function
 
 from gpufeed.augment.pipeline import Augment
 from gpufeed.loader import tiers
@@ -149,6 +151,13 @@ class Loader:
             self.epoch, self._batch = epoch + 1, 0
 
     def _finish(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        t0 = time.perf_counter()
+        with record_function("gpufeed.augment"):
+            out = self._augment(batch)
+        self.counters.add("augment", time.perf_counter() - t0)
+        return out
+
+    def _augment(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         if batch.final:
             images = batch.images
         elif self.augment is not None:

@@ -1,0 +1,62 @@
+"""`diagnose(target)`: time the stages, rank them, recommend, and say what gpufeed would use here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from gpufeed.doctor import stages
+from gpufeed.doctor.report import findings, table
+
+
+def _gpufeed_here(t: stages.Timings, device: str) -> list[str]:
+    lines = []
+    if "tier" in t.facts:
+        lines.append(f"gpufeed tier: {t.facts['tier']} ({t.facts['tier_reason']})")
+    if t.facts.get("decoders"):
+        lines.append(f"gpufeed decoders: {' + '.join(t.facts['decoders'])} (decoded: {t.facts['decoded_by']})")
+    if device == "cuda" and "tier" not in t.facts:
+        free, _ = torch.cuda.mem_get_info()
+        lines.append(f"gpufeed would keep a store of up to {free / 2e9:.0f} GB in GPU memory (the gpu tier)")
+    if device == "cuda":
+        try:
+            from gpufeed.decode.nvimgcodec import HwJpegDecoder
+
+            HwJpegDecoder(torch.device("cuda", torch.cuda.current_device()))
+            lines.append("jpeg decoders available: hardware engines + nvJPEG + CPU threads")
+        except Exception:
+            lines.append("jpeg decoders available: nvJPEG + CPU threads (hardware engines: nvImageCodec missing "
+                         "or unsupported; pip install 'gpufeed[nvimgcodec]')")
+    else:
+        lines.append("no CUDA GPU here: gpufeed runs its pipeline on the CPU (no pinning, no GPU decode)")
+    return lines
+
+
+def diagnose(target: str, device: str | None = None, limit: int = 256, trace: str | Path | None = None) -> dict:
+    """Profile `target` (image folder, gpufeed store or module:function) and return the report."""
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    path = Path(target)
+
+    def run() -> stages.Timings:
+        if (path / "manifest.json").is_file():
+            return stages.store(path, max(2, limit // 64), device)
+        if path.is_dir():
+            return stages.folder(path, limit, device)
+        if ":" in target and not path.exists():
+            return stages.iterable(target, max(2, limit // 64), device)
+        raise ValueError(f"{target}: not an image folder, a gpufeed store or module:function")
+
+    if trace:
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        activities += [torch.profiler.ProfilerActivity.CUDA] if device == "cuda" else []
+        with torch.profiler.profile(activities=activities) as prof:
+            timings = run()
+        prof.export_chrome_trace(str(trace))
+    else:
+        timings = run()
+    report = {"target": target, "kind": timings.kind, "device": device, "images": timings.images,
+              "seconds_per_1000": timings.per_1000(), "facts": timings.facts,
+              "findings": findings(timings, device == "cuda"), "table": table(timings),
+              "gpufeed": _gpufeed_here(timings, device)}
+    return report

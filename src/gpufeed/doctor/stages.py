@@ -1,0 +1,138 @@
+"""Time the stages a target lets us separate, in seconds per 1000 images.
+
+- an image folder: read bytes, decode (Pillow), transform (RandomResizedCrop 224 + flip +
+  ToTensor + Normalize), collate, host→device (as float32 from pageable memory, the usual way);
+- a gpufeed store: the Loader's own stages from `loader.stats()` (gather, decode, copy, augment,
+  waiting for data);
+- `module:function`: the user's iterable of (images, labels) batches: producing a batch, and
+  host→device of what it yields (with its dtype and whether it is pinned).
+Each stage runs under a `record_function` (and NVTX on a GPU) range for `--trace`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import io
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from PIL import Image
+from torch.profiler import record_function
+
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+@dataclass
+class Timings:
+    """Seconds per 1000 images for each stage, plus facts the recommendations use."""
+
+    kind: str
+    images: int = 0
+    seconds: dict[str, float] = field(default_factory=dict)
+    facts: dict[str, object] = field(default_factory=dict)
+
+    def per_1000(self) -> dict[str, float]:
+        return {k: v * 1000 / max(self.images, 1) for k, v in self.seconds.items()}
+
+
+@contextmanager
+def stage(t: Timings, name: str, cuda: bool):
+    """Time a stage (synchronising the GPU) inside a named profiler and NVTX range."""
+    if cuda:
+        torch.cuda.nvtx.range_push(name)
+    t0 = time.perf_counter()
+    with record_function(f"doctor.{name}"):
+        yield
+        if cuda:
+            torch.cuda.synchronize()
+    t.seconds[name] = t.seconds.get(name, 0.0) + time.perf_counter() - t0
+    if cuda:
+        torch.cuda.nvtx.range_pop()
+
+
+def decode(data: bytes) -> Image.Image:
+    """Decode one image file's bytes (a stage of its own, so it can be measured and replaced)."""
+    img = Image.open(io.BytesIO(data))
+    img.load()
+    return img.convert("RGB")
+
+
+def folder(path: Path, limit: int, device: str) -> Timings:
+    from torchvision import transforms
+
+    from gpufeed.packing.sources import Item, open_source
+
+    files = [e.path for e in open_source(path).entries if isinstance(e, Item)][:limit]
+    if not files:
+        raise ValueError(f"{path}: no image files found")
+    tf = transforms.Compose([transforms.RandomResizedCrop(224), transforms.RandomHorizontalFlip(),
+                             transforms.ToTensor(), transforms.Normalize(MEAN, STD)])
+    t, cuda = Timings("image folder", len(files)), device == "cuda"
+    with stage(t, "read bytes", False):
+        datas = [Path(f).read_bytes() for f in files]
+    with stage(t, "decode", False):
+        images = [decode(d) for d in datas]
+    with stage(t, "transform", False):
+        tensors = [tf(im) for im in images]
+    with stage(t, "collate", False):
+        batches = [torch.stack(tensors[k : k + 64]) for k in range(0, len(tensors), 64)]
+    t.facts.update(dtype="float32", pinned=False, mean_kb=sum(map(len, datas)) / len(datas) / 1e3,
+                   mean_pixels=sum(im.size[0] * im.size[1] for im in images) / len(images))
+    if cuda:
+        with stage(t, "host→device", True):
+            for b in batches:
+                b.to(device)
+    return t
+
+
+def store(path: Path, batches: int, device: str) -> Timings:
+    from gpufeed.augment import Normalize, RandomHorizontalFlip, RandomResizedCrop
+    from gpufeed.loader import Loader
+
+    from gpufeed.store import open_store
+
+    loader = Loader(path, batch_size=min(64, len(open_store(path))), device=device, shuffle=True,
+                    augment=[RandomResizedCrop(224), RandomHorizontalFlip(), Normalize(MEAN, STD)])
+    t = Timings(f"gpufeed {loader.store.mode} store", 0)
+    t0 = time.perf_counter()
+    with record_function("doctor.gpufeed loader"):
+        for k, (images, _) in enumerate(loader):
+            t.images += len(images)
+            if k + 1 >= batches:
+                break
+        if device == "cuda":
+            torch.cuda.synchronize()
+    stats = loader.stats()
+    names = {"gather": "gather", "h2d_issue": "host→device (issue)", "wait": "waiting for data",
+             "augment": "augment (launch)" if device == "cuda" else "augment"}
+    t.seconds = {names.get(k, k): v for k, v in stats["seconds"].items()}
+    t.seconds["total (wall)"] = time.perf_counter() - t0
+    t.facts.update(tier=loader.tier.name, tier_reason=loader.tier.reason, decoders=stats.get("decoders"),
+                   decoded_by=stats.get("decoded_by"), mode=loader.store.mode)
+    return t
+
+
+def iterable(spec: str, batches: int, device: str) -> Timings:
+    module, _, name = spec.partition(":")
+    try:
+        factory = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"{spec}: cannot load it ({e}); give module:function returning an iterable") from None
+    t, cuda = Timings(f"your iterable {spec}"), device == "cuda"
+    it = iter(factory())
+    for k in range(batches):
+        with stage(t, "produce batch (your iterable)", False):
+            try:
+                images, _ = next(it)[:2]
+            except StopIteration:
+                break
+        t.images += len(images)
+        t.facts.update(dtype=str(images.dtype).replace("torch.", ""), pinned=images.is_pinned(),
+                       on_device=images.device.type)
+        if cuda and images.device.type == "cpu":
+            with stage(t, "host→device", True):
+                images.to(device, non_blocking=True)
+    return t

@@ -1,0 +1,66 @@
+"""`gpufeed doctor` names a planted bottleneck, covers every target kind, and writes a trace."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+import gpufeed
+from gpufeed.cli import main
+from gpufeed.doctor import diagnose
+from gpufeed.doctor import stages
+from gpufeed.synth import make_image_folder
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return make_image_folder(tmp_path_factory.mktemp("doctor") / "images", per_class=8, classes=2)
+
+
+def bottleneck(report: dict) -> str:
+    line = next(row for row in report["table"].splitlines() if "<- bottleneck" in row)
+    return line.split("  ")[0].strip()
+
+
+def test_planted_slow_decode_is_named(folder, monkeypatch):
+    real = stages.decode
+
+    def slow(data):
+        time.sleep(0.03)
+        return real(data)
+
+    monkeypatch.setattr(stages, "decode", slow)
+    report = diagnose(str(folder), device="cpu", limit=16)
+    assert bottleneck(report) == "decode"
+    assert any(f.startswith("decode is") and "pack to a raw store" in f for f in report["findings"])
+    assert report["images"] == 16 and report["seconds_per_1000"]["decode"] > 30
+
+
+def test_slow_user_iterable_is_named():
+    report = diagnose("slow_iterable:batches", device="cpu", limit=256)
+    assert bottleneck(report) == "produce batch (your iterable)"
+    assert any("your iterable takes" in f for f in report["findings"])
+    assert report["facts"]["dtype"] == "float32"
+
+
+def test_store_target_reports_loader_stages_and_tier(folder, tmp_path):
+    gpufeed.pack(folder, tmp_path / "s", size=64, workers=1, progress=False)
+    report = diagnose(str(tmp_path / "s"), device="cpu", limit=128)
+    assert {"gather", "augment"} <= set(report["seconds_per_1000"])
+    assert any(line.startswith("gpufeed tier: ") for line in report["gpufeed"])
+
+
+def test_trace_has_the_stage_ranges(folder, tmp_path, capsys):
+    trace = tmp_path / "trace.json"
+    assert main(["doctor", str(folder), "--device", "cpu", "--limit", "8", "--trace", str(trace)]) == 0
+    out = capsys.readouterr().out
+    assert "<- bottleneck" in out and "trace written" in out
+    names = {e.get("name") for e in json.loads(trace.read_text())["traceEvents"]}
+    assert {"doctor.read bytes", "doctor.decode", "doctor.transform", "doctor.collate"} <= names
+
+
+def test_bad_targets(tmp_path):
+    assert main(["doctor", str(tmp_path / "missing")]) == 1
+    assert main(["doctor", "no_such_module:fn"]) == 1
