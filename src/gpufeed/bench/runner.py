@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import json
+import logging
 import os
 import platform
 import sys
@@ -16,6 +17,7 @@ from gpufeed.bench import decoders, dtypes, loaders, training, transfer
 from gpufeed.bench.common import Context, Skipped
 from gpufeed.bench.plots import plot
 
+log = logging.getLogger(__name__)
 EXPERIMENTS = {"transfer": transfer.run, "dtype": dtypes.run, "decoders": decoders.run, "loaders": loaders.run,
                "training": training.run}
 
@@ -42,21 +44,21 @@ def run_bench(names: list[str] | None = None, out: str | Path = "gpufeed-bench",
     results.update(machine=machine(device), command=" ".join(["gpufeed", "bench", *sys.argv[2:]]))
     ctx = Context(device, quick, out / "work")
     for name in names or list(EXPERIMENTS):
-        print(f"bench {name} ({device}{', quick' if quick else ''}) ...", flush=True)
+        log.info("bench %s (%s%s) ...", name, device, ", quick" if quick else "")
         t0 = time.perf_counter()
         try:
             entry = {"figures": [f.as_dict() for f in EXPERIMENTS[name](ctx)]}
         except Skipped as e:
             entry = {"skipped": str(e)}
-            print(f"  skipped: {e}", flush=True)
+            log.info("  skipped: %s", e)
         except Exception as e:  # one broken experiment must not lose the others' results
             entry = {"failed": f"{type(e).__name__}: {e}"}
-            print(f"  FAILED: {entry['failed']}", flush=True)
+            log.error("  %s FAILED: %s", name, entry["failed"])
         finally:
             gc.collect()  # shut down the DataLoader workers an experiment kept alive
         entry.update(seconds=time.perf_counter() - t0, device=device, quick=quick)
         results["experiments"][name] = entry
         path.write_text(json.dumps(results, indent=1))
     pngs = plot(out)
-    print(f"results: {path}; {len(pngs)} plot(s) and summary.md in {out}")
+    log.info("results: %s; %d plot(s) and summary.md in %s", path, len(pngs), out)
     return results

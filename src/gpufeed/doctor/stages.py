@@ -22,6 +22,8 @@ import torch
 from PIL import Image
 from torch.profiler import record_function
 
+from gpufeed.loader.stats import stage_range
+
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
@@ -41,16 +43,12 @@ class Timings:
 @contextmanager
 def stage(t: Timings, name: str, cuda: bool):
     """Time a stage (synchronising the GPU) inside a named profiler and NVTX range."""
-    if cuda:
-        torch.cuda.nvtx.range_push(name)
     t0 = time.perf_counter()
-    with record_function(f"doctor.{name}"):
+    with stage_range(f"doctor.{name}", cuda):
         yield
         if cuda:
             torch.cuda.synchronize()
     t.seconds[name] = t.seconds.get(name, 0.0) + time.perf_counter() - t0
-    if cuda:
-        torch.cuda.nvtx.range_pop()
 
 
 def decode(data: bytes) -> Image.Image:

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import torch
-from torch.profiler import record_function
 
 from gpufeed.augment.pipeline import Params
 from gpufeed.loader.plan import EpochPlan
+from gpufeed.loader.stats import stage_range
 from gpufeed.transfer.ring import PinnedRing, hand_over
 
 @dataclass
@@ -134,7 +134,7 @@ def _produce(make, worker: int, numbers: range, out: queue.Queue, stop: threadin
 
 def _gather(loader, ring: PinnedRing | None, idx: torch.Tensor, params) -> tuple[Batch, torch.cuda.Event | None]:
     """CPU threads gather batch `idx`; on a GPU into a pinned slot, then an async copy."""
-    with record_function("gpufeed.gather+h2d"):
+    with stage_range("gpufeed.gather+h2d", loader.copy_stream is not None):
         return _gather_copy(loader, ring, idx, params)
 
 

@@ -13,10 +13,10 @@ from collections import deque
 
 import numpy as np
 import torch
-from torch.profiler import record_function
 
 from gpufeed.augment.pipeline import Augment, Params, _affine, _fused, color_jitter, finish
 from gpufeed.decode import Scheduler
+from gpufeed.loader.stats import stage_range
 from gpufeed.store.reader import as_tensor
 
 log = logging.getLogger(__name__)
@@ -45,7 +45,7 @@ class JpegBatcher:
         log.debug("gpufeed.Loader: jpeg decoders %s", " + ".join(self.scheduler.names))
 
     def make(self, idx: torch.Tensor, params: Params) -> tuple[torch.Tensor, torch.Tensor]:
-        with record_function("gpufeed.decode+resize"):
+        with stage_range("gpufeed.decode+resize", self.stream is not None):
             return self._make(idx, params)
 
     def _make(self, idx: torch.Tensor, params: Params) -> tuple[torch.Tensor, torch.Tensor]:

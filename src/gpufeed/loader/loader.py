@@ -17,7 +17,6 @@ from typing import Iterator, Sequence
 
 import numpy as np
 import torch
-from torch.profiler import record_function
 
 from gpufeed.augment.pipeline import Augment
 from gpufeed.loader import tiers
@@ -25,7 +24,7 @@ from gpufeed.loader.feeds import Batch, device_feed, host_feed
 from gpufeed.loader.jpeg import JpegBatcher, jpeg_feed
 from gpufeed.loader.plan import EpochPlan, plan_epoch
 from gpufeed.loader.sampler import ShardedBatchSampler, resolve_rank
-from gpufeed.loader.stats import Stats
+from gpufeed.loader.stats import Stats, stage_range
 from gpufeed.store.reader import Store
 from gpufeed.transfer.gather import Gatherer
 from gpufeed.transfer.ring import PinnedRing
@@ -152,7 +151,7 @@ class Loader:
 
     def _finish(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         t0 = time.perf_counter()
-        with record_function("gpufeed.augment"):
+        with stage_range("gpufeed.augment", self.copy_stream is not None):
             out = self._augment(batch)
         self.counters.add("augment", time.perf_counter() - t0)
         return out

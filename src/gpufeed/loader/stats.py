@@ -5,6 +5,23 @@ from __future__ import annotations
 import threading
 import time
 from collections import defaultdict
+from contextlib import contextmanager
+
+import torch
+from torch.profiler import record_function
+
+
+@contextmanager
+def stage_range(name: str, cuda: bool):
+    """A named range for profilers: torch.profiler's record_function, and NVTX on a GPU (Nsight)."""
+    if cuda:
+        torch.cuda.nvtx.range_push(name)
+    try:
+        with record_function(name):
+            yield
+    finally:
+        if cuda:
+            torch.cuda.nvtx.range_pop()
 
 
 class Stats:
