@@ -15,7 +15,7 @@ WAYS = {
 
 def run(ctx: Context) -> list[Figure]:
     if not ctx.cuda:
-        raise Skipped("needs a CUDA device (compares host→device orders)")
+        raise Skipped("needs a CUDA device (compares host-to-device orders)")
     shapes = [(384, 384)] if ctx.quick else [(384, 384), (480, 640), (960, 1280)]
     batches = [8, 16] if ctx.quick else [8, 16, 32, 64]
     figures = []

@@ -1,4 +1,4 @@
-"""Experiment 1: host→device bandwidth, pageable vs pinned, over copy sizes."""
+"""Experiment 1: host-to-device bandwidth, pageable vs pinned, over copy sizes."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from gpufeed.bench.common import Context, Figure, Skipped, measure
 
 def run(ctx: Context) -> list[Figure]:
     if not ctx.cuda:
-        raise Skipped("needs a CUDA device (host→device copies)")
+        raise Skipped("needs a CUDA device (host-to-device copies)")
     sizes_mb = [1, 16] if ctx.quick else [1, 4, 16, 64, 256]
     fig = Figure("transfer", "Host→device copy bandwidth", "copy size (MB)", "bandwidth (GB/s)", logx=True)
     device_buf = torch.empty(max(sizes_mb) << 20, dtype=torch.uint8, device="cuda")

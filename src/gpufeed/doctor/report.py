@@ -29,10 +29,10 @@ def findings(t: Timings, gpu: bool) -> list[str]:
     if share.get("waiting for data", 0) > 0.3:
         out.append(f"the consumer waited for data {share['waiting for data']:.0%} of the time: "
                    f"{'use a host or gpu tier (cache=)' if t.facts.get('tier') == 'disk' else 'more prefetch'}")
-    if gpu and t.facts.get("dtype") == "float32" and "host→device" in per:
+    if gpu and t.facts.get("dtype") == "float32" and "host-to-device" in per:
         out.append("float32 over the bus: send uint8 (4x fewer bytes) and convert/normalize on the GPU "
                    "(gpufeed.nn.Normalize)")
-    if gpu and t.facts.get("pinned") is False and "host→device" in per:
+    if gpu and t.facts.get("pinned") is False and "host-to-device" in per:
         out.append("copies are pageable: pin memory (pin_memory=True) so copies run at full PCIe speed and "
                    "overlap compute")
     return out

@@ -1,11 +1,11 @@
 """Time the stages a target lets us separate, in seconds per 1000 images.
 
 - an image folder: read bytes, decode (Pillow), transform (RandomResizedCrop 224 + flip +
-  ToTensor + Normalize), collate, host→device (as float32 from pageable memory, the usual way);
+  ToTensor + Normalize), collate, host-to-device (as float32 from pageable memory, the usual way);
 - a gpufeed store: the Loader's own stages from `loader.stats()` (gather, decode, copy, augment,
   waiting for data);
 - `module:function`: the user's iterable of (images, labels) batches: producing a batch, and
-  host→device of what it yields (with its dtype and whether it is pinned).
+  host-to-device of what it yields (with its dtype and whether it is pinned).
 Each stage runs under a `record_function` (and NVTX on a GPU) range for `--trace`.
 """
 
@@ -80,7 +80,7 @@ def folder(path: Path, limit: int, device: str) -> Timings:
     t.facts.update(dtype="float32", pinned=False, mean_kb=sum(map(len, datas)) / len(datas) / 1e3,
                    mean_pixels=sum(im.size[0] * im.size[1] for im in images) / len(images))
     if cuda:
-        with stage(t, "host→device", True):
+        with stage(t, "host-to-device", True):
             for b in batches:
                 b.to(device)
     return t
@@ -104,7 +104,7 @@ def store(path: Path, batches: int, device: str) -> Timings:
         if device == "cuda":
             torch.cuda.synchronize()
     stats = loader.stats()
-    names = {"gather": "gather", "h2d_issue": "host→device (issue)", "wait": "waiting for data",
+    names = {"gather": "gather", "h2d_issue": "host-to-device (issue)", "wait": "waiting for data",
              "augment": "augment (launch)" if device == "cuda" else "augment"}
     t.seconds = {names.get(k, k): v for k, v in stats["seconds"].items()}
     t.seconds["total (wall)"] = time.perf_counter() - t0
@@ -131,6 +131,6 @@ def iterable(spec: str, batches: int, device: str) -> Timings:
         t.facts.update(dtype=str(images.dtype).replace("torch.", ""), pinned=images.is_pinned(),
                        on_device=images.device.type)
         if cuda and images.device.type == "cpu":
-            with stage(t, "host→device", True):
+            with stage(t, "host-to-device", True):
                 images.to(device, non_blocking=True)
     return t

@@ -1,4 +1,4 @@
-"""Moving batches: threaded gathers, the pinned ring and side-stream host→device copies."""
+"""Moving batches: threaded gathers, the pinned ring and side-stream host-to-device copies."""
 
 from gpufeed.transfer.gather import Gatherer
 from gpufeed.transfer.ring import PinnedRing, hand_over, pinned_empty
