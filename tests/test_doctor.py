@@ -64,3 +64,18 @@ def test_trace_has_the_stage_ranges(folder, tmp_path, capsys):
 def test_bad_targets(tmp_path):
     assert main(["doctor", str(tmp_path / "missing")]) == 1
     assert main(["doctor", "no_such_module:fn"]) == 1
+
+
+def test_model_step_and_its_finding():
+    """The model step (run on a GPU by doctor) times the step and compares the data stages with it."""
+    import torch
+
+    from gpufeed.doctor.report import MODEL, findings, table
+
+    t = stages.Timings("image folder", images=4, seconds={"decode": 1.0})
+    stages.model_step(t, [torch.rand(2, 3, 32, 32), torch.rand(2, 3, 32, 32)], "cpu")
+    assert t.seconds[MODEL] > 0
+    t.seconds[MODEL] = 0.1  # data 10x slower than the model: the GPU would starve
+    assert any("10.0x the model step" in f for f in findings(t, gpu=True))
+    text = table(t)
+    assert "for scale" in text and text.index("<- bottleneck") < text.index("for scale")

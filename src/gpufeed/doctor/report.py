@@ -4,13 +4,19 @@ from __future__ import annotations
 
 from gpufeed.doctor.stages import Timings
 
+MODEL = "model step (ResNet-18)"
+
 
 def findings(t: Timings, gpu: bool) -> list[str]:
-    """One recommendation per problem the timings show."""
+    """One recommendation per problem the timings show (shares are of the data stages' time)."""
     per = t.per_1000()
-    total = sum(v for k, v in per.items() if k != "total (wall)") or 1.0
-    share = {k: v / total for k, v in per.items()}
+    data = {k: v for k, v in per.items() if k not in ("total (wall)", MODEL)}
+    total = sum(data.values()) or 1.0
+    share = {k: v / total for k, v in data.items()}
     out = []
+    if MODEL in per and sum(data.values()) > per[MODEL]:
+        out.append(f"the data pipeline needs {sum(data.values()) / per[MODEL]:.1f}x the model step's time on one "
+                   "core: the model will wait for data unless loading is that many times parallel or cheaper")
     if share.get("decode", 0) > 0.3:
         out.append(f"decode is {share['decode']:.0%} of the time: pack to a raw store (gpufeed pack SRC DEST "
                    "--mode raw), or to a jpeg store decoded on the GPU (--mode jpeg)")
@@ -41,14 +47,16 @@ def findings(t: Timings, gpu: bool) -> list[str]:
 def table(t: Timings) -> str:
     """The ranked stage table, slowest first, with the bottleneck marked."""
     per = t.per_1000()
-    staged = {k: v for k, v in per.items() if k != "total (wall)"}
+    staged = {k: v for k, v in per.items() if k not in ("total (wall)", MODEL)}
     total = sum(staged.values()) or 1.0
     rows = sorted(staged.items(), key=lambda kv: -kv[1])
-    width = max([len(k) for k in per] + [5])
+    width = max([len(k) for k in per] + [len(MODEL) + 11])
     lines = [f"{'stage':<{width}}  s / 1000 img   share", "-" * (width + 24)]
     for k, (name, value) in enumerate(rows):
         mark = "  <- bottleneck" if k == 0 else ""
         lines.append(f"{name:<{width}}  {value:12.3f}  {value / total:6.0%}{mark}")
+    if MODEL in per:
+        lines.append(f"{MODEL + ', for scale':<{width}}  {per[MODEL]:12.3f}")
     if "total (wall)" in per:
         lines.append(f"{'total (wall)':<{width}}  {per['total (wall)']:12.3f}  "
                      f"({1000 / max(per['total (wall)'], 1e-9):,.0f} img/s)")

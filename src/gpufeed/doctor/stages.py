@@ -1,7 +1,8 @@
 """Time the stages a target lets us separate, in seconds per 1000 images.
 
 - an image folder: read bytes, decode (Pillow), transform (RandomResizedCrop 224 + flip +
-  ToTensor + Normalize), collate, host-to-device (as float32 from pageable memory, the usual way);
+  ToTensor + Normalize), collate, host-to-device (as float32 from pageable memory, the usual way),
+  and on a GPU the model step it feeds (ResNet-18 forward + backward), for scale;
 - a gpufeed store: the Loader's own stages from `loader.stats()` (gather, decode, copy, augment,
   waiting for data);
 - `module:function`: the user's iterable of (images, labels) batches: producing a batch, and
@@ -81,9 +82,23 @@ def folder(path: Path, limit: int, device: str) -> Timings:
                    mean_pixels=sum(im.size[0] * im.size[1] for im in images) / len(images))
     if cuda:
         with stage(t, "host-to-device", True):
-            for b in batches:
-                b.to(device)
+            batches = [b.to(device) for b in batches]
+        model_step(t, batches, device)
     return t
+
+
+def model_step(t: Timings, batches: list[torch.Tensor], device: str) -> None:
+    """The step the data feeds, for scale: ResNet-18 forward + backward (bf16 autocast) on the batches."""
+    from torchvision.models import resnet18
+
+    model = resnet18(num_classes=10).to(device)
+    run = lambda b: torch.nn.functional.cross_entropy(  # noqa: E731
+        model(b.to(device).float()), torch.zeros(len(b), dtype=torch.int64, device=device)).backward()
+    with torch.autocast(device, dtype=torch.bfloat16):
+        run(batches[0][:2])  # warm-up: kernels, allocator
+        with stage(t, "model step (ResNet-18)", device == "cuda"):
+            for b in batches:
+                run(b)
 
 
 def store(path: Path, batches: int, device: str) -> Timings:
