@@ -1,23 +1,48 @@
-import time, io, numpy as np, torch, glob, os
-print([p for p in glob.glob('/opt/torch/.venv/lib/python3.12/site-packages/**/libnvjpeg*', recursive=True)][:5])
-from nvidia import nvimgcodec
+"""nvImageCodec backends on 500x375 JPEGs: hardware engines alone, CUDA, hybrid (img/s).
+
+Needs the `[nvimgcodec]` extra.
+
+    PYTHONPATH=src python benchmarks/nvimgcodec_probe.py
+"""
+
+from __future__ import annotations
+
+import io
+import time
+
+import numpy as np
+import torch
 from PIL import Image
+
 from gpufeed.synth import natural_image
-rng = np.random.default_rng(0)
-datas = []
-for i in range(64):
-    b = io.BytesIO(); Image.fromarray(natural_image(rng, 375, 500, i)).save(b, format="JPEG", quality=90); datas.append(b.getvalue())
-datas = datas * 4
-for name, backends in [("hw", [nvimgcodec.Backend(nvimgcodec.BackendKind.HW_GPU_ONLY)]), ("gpu", [nvimgcodec.Backend(nvimgcodec.BackendKind.GPU_ONLY)]), ("hybrid", [nvimgcodec.Backend(nvimgcodec.BackendKind.HYBRID_CPU_GPU)])]:
-    try:
-        dec = nvimgcodec.Decoder(backends=backends)
-        out = dec.decode(datas)
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(8):
-            out = dec.decode(datas)
-            imgs = [torch.as_tensor(o, device="cuda") for o in out]
-        torch.cuda.synchronize()
-        print(name, len(datas) * 8 / (time.perf_counter() - t0), "img/s", imgs[0].shape, imgs[0].dtype, imgs[0].stride(), sum(o is None for o in out))
-    except Exception as e:
-        print(name, "failed:", repr(e)[:300])
+
+
+def main() -> None:
+    from nvidia import nvimgcodec
+
+    rng = np.random.default_rng(0)
+    datas = []
+    for i in range(64):
+        buf = io.BytesIO()
+        Image.fromarray(natural_image(rng, 375, 500, i)).save(buf, format="JPEG", quality=90)
+        datas.append(buf.getvalue())
+    datas *= 4
+    kinds = {"hardware only": nvimgcodec.BackendKind.HW_GPU_ONLY, "CUDA only": nvimgcodec.BackendKind.GPU_ONLY,
+             "hybrid CPU+GPU": nvimgcodec.BackendKind.HYBRID_CPU_GPU}
+    for name, kind in kinds.items():
+        try:
+            decoder = nvimgcodec.Decoder(backends=[nvimgcodec.Backend(kind)])
+            decoder.decode(datas)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(8):
+                images = [torch.as_tensor(o, device="cuda") for o in decoder.decode(datas)]
+            torch.cuda.synchronize()
+            rate = len(datas) * 8 / (time.perf_counter() - t0)
+            print(f"{name:16s} {rate:9.0f} img/s  {tuple(images[0].shape)} {images[0].dtype}")
+        except Exception as e:  # a backend this GPU or build lacks
+            print(f"{name:16s} unavailable: {e!r:.200}")
+
+
+if __name__ == "__main__":
+    main()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 
-import numpy as np
 import pytest
 import torch
 from torchvision.transforms.v2 import functional as F

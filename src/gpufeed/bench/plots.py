@@ -87,6 +87,6 @@ def plot(out: str | Path) -> list[Path]:
             _draw(fig, path)
             pngs.append(path)
             lines += [f"### {fig['title']} ({fig['ylabel']})", "", f"![{fig['name']}]({path.name})", ""]
-            lines += _table(fig) + ([f"", fig["note"]] if fig.get("note") else []) + [""]
+            lines += _table(fig) + (["", fig["note"]] if fig.get("note") else []) + [""]
     (out / "summary.md").write_text("\n".join(lines))
     return pngs

@@ -24,7 +24,7 @@ def run(ctx: Context) -> list[Figure]:
                   "loader", "images/s", kind="bar")
     for name, epoch in feeders(ctx, root, batch).items():
         waits, computes = [], []
-        for rep in range(ctx.repeats()):
+        for _ in range(ctx.repeats()):
             it, wait, compute = epoch(), 0.0, 0.0
             for k in range(steps):
                 t0 = time.perf_counter()

@@ -136,7 +136,7 @@ def iterable(spec: str, batches: int, device: str) -> Timings:
         raise ValueError(f"{spec}: cannot load it ({e}); give module:function returning an iterable") from None
     t, cuda = Timings(f"your iterable {spec}"), device == "cuda"
     it = iter(factory())
-    for k in range(batches):
+    for _ in range(batches):
         with stage(t, "produce batch (your iterable)", False):
             try:
                 images, _ = next(it)[:2]

@@ -14,7 +14,7 @@ from collections import deque
 import numpy as np
 import torch
 
-from gpufeed.augment.pipeline import Augment, Params, _affine, _fused, color_jitter, finish
+from gpufeed.augment.pipeline import Params, _affine, _fused, color_jitter, finish
 from gpufeed.decode import Scheduler
 from gpufeed.loader.stats import stage_range
 from gpufeed.store.reader import as_tensor
