@@ -1,0 +1,28 @@
+"""examples/train_ddp.py under torchrun with 2 CPU processes (gloo): the multi-rank guarantees."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from loader_checks import make_store
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "train_ddp.py"
+
+
+def test_ddp_two_ranks_on_cpu(tmp_path):
+    store = make_store(tmp_path, n=64, side=32)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(EXAMPLE),
+           "--store", str(store.path), "--steps", "6", "--batch-size", "8", "--image-size", "32", "--device", "cpu",
+           "--report", str(tmp_path / "r")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    reports = [json.loads((tmp_path / f"r.rank{r}.json").read_text()) for r in range(2)]
+    assert [r["world_size"] for r in reports] == [2, 2]
+    assert reports[0]["batches_per_epoch"] == reports[1]["batches_per_epoch"] == 4  # 64 / 2 ranks / 8
+    a, b = (set(r["epoch0_indices"]) for r in reports)
+    assert not a & b and a | b == set(range(64))  # disjoint shards covering the epoch
+    for r in reports:  # both ranks stopped after 6 steps: epoch 1, batch 2, ready to resume there
+        assert r["state"]["epoch"] == 1 and r["state"]["batch"] == 2 and r["state"]["rank"] == r["rank"]
