@@ -79,6 +79,14 @@ def test_breaking_out_stops_the_producer(store):
     assert not [t for t in threading.enumerate() if t.name == "gpufeed-producer"]
 
 
+def test_close_stops_the_pools(store, tmp_path):
+    with gpufeed.Loader(store, batch_size=8, device="cpu", gather_threads=2) as loader:
+        for _ in loader:
+            pass
+        threads = [*loader.gather._pool._threads, *loader._planner._threads]
+    assert threads and not any(t.is_alive() for t in threads)
+
+
 def test_channels_last_and_dtypes(store):
     loader = gpufeed.Loader(store, batch_size=8, device="cpu", channels_last=True)
     images, _ = next(iter(loader))

@@ -93,6 +93,19 @@ class Loader:
     def __len__(self) -> int:
         return len(self.sampler)
 
+    def close(self) -> None:
+        """Stop the loader's thread pools (gather, decode, planning); the loader can't iterate after."""
+        self.gather.close()
+        for batcher in self.jpeg:
+            batcher.close()
+        self._planner.shutdown(wait=True)
+
+    def __enter__(self) -> Loader:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def set_epoch(self, epoch: int) -> None:
         """Start `epoch` from its first batch at the next iteration."""
         self.epoch, self._batch = epoch, 0
