@@ -16,7 +16,7 @@ import torch
 from PIL import Image
 from torchvision.io import ImageReadMode, decode_jpeg
 
-from gpufeed.synth import natural_image
+from gpufeed.synth import encode_jpegs, natural_images
 
 
 def pil(data: bytes) -> int:
@@ -35,12 +35,7 @@ def rate(fn, items, pool) -> float:
 
 
 def main() -> None:
-    rng = np.random.default_rng(0)
-    datas = []
-    for i in range(64):
-        buf = io.BytesIO()
-        Image.fromarray(natural_image(rng, 375, 500, i)).save(buf, format="JPEG", quality=90)
-        datas.append(buf.getvalue())
+    datas = encode_jpegs(natural_images(64), 90)
     items = datas * 32  # 2048
     tensors = [torch.frombuffer(bytearray(d), dtype=torch.uint8) for d in items]
     out = {}

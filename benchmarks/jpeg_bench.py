@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import tempfile
 import time
 from pathlib import Path
@@ -20,15 +19,11 @@ from pathlib import Path
 import torch
 
 import gpufeed
+from gpufeed.bench.common import cpu_seconds
 from gpufeed.augment import Normalize, RandomHorizontalFlip, RandomResizedCrop
 from gpufeed.synth import make_image_folder
 
 OPS = [RandomResizedCrop(224), RandomHorizontalFlip(), Normalize()]
-
-
-def cpu_seconds() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
 
 
 def gpufeed_jpeg(store, epochs: int, batch: int, threads: int | None, decoders=("hw", "nvjpeg", "cpu"),

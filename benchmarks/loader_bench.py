@@ -12,7 +12,6 @@ import argparse
 import json
 import os
 import platform
-import resource
 import shutil
 import tempfile
 import time
@@ -22,15 +21,11 @@ import numpy as np
 import torch
 
 import gpufeed
+from gpufeed.bench.common import cpu_seconds
 from gpufeed.augment import Augment, Normalize, RandomHorizontalFlip, RandomResizedCrop
 from gpufeed.synth import make_image_folder
 
 OPS = [RandomResizedCrop(224), RandomHorizontalFlip(), Normalize()]
-
-
-def cpu_seconds() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return sum(x.ru_utime + x.ru_stime for x in r)
 
 
 def timed(run, images_per_epoch: int, epochs: int) -> dict:

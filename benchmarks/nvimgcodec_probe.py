@@ -7,25 +7,17 @@ Needs the `[nvimgcodec]` extra.
 
 from __future__ import annotations
 
-import io
 import time
 
-import numpy as np
 import torch
-from PIL import Image
 
-from gpufeed.synth import natural_image
+from gpufeed.synth import encode_jpegs, natural_images
 
 
 def main() -> None:
     from nvidia import nvimgcodec
 
-    rng = np.random.default_rng(0)
-    datas = []
-    for i in range(64):
-        buf = io.BytesIO()
-        Image.fromarray(natural_image(rng, 375, 500, i)).save(buf, format="JPEG", quality=90)
-        datas.append(buf.getvalue())
+    datas = encode_jpegs(natural_images(64), 90)
     datas *= 4
     kinds = {"hardware only": nvimgcodec.BackendKind.HW_GPU_ONLY, "CUDA only": nvimgcodec.BackendKind.GPU_ONLY,
              "hybrid CPU+GPU": nvimgcodec.BackendKind.HYBRID_CPU_GPU}

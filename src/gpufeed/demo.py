@@ -66,8 +66,9 @@ def _load(store_path: Path, epochs: int = 3) -> dict:
     from gpufeed.loader import Loader
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    batch = min(32, len(open_store(store_path)))
-    loader = Loader(store_path, batch_size=batch, device=device, dtype=torch.float16,
+    store = open_store(store_path)
+    batch = min(32, len(store))
+    loader = Loader(store, batch_size=batch, device=device, dtype=torch.float16,
                     augment=[RandomResizedCrop(224), RandomHorizontalFlip(), Normalize()])
     for _batch in loader:
         pass

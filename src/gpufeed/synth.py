@@ -6,6 +6,7 @@ Smooth multi-scale colour fields plus shapes and fine grain: they compress like 
 
 from __future__ import annotations
 
+import io
 import os
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -34,6 +35,22 @@ def natural_image(rng: np.random.Generator, height: int = 375, width: int = 500,
         color = tuple(int(c) for c in rng.integers(0, 256, 3))
         (draw.ellipse if rng.random() < 0.5 else draw.rectangle)((x0, y0, x1, y1), fill=color)
     return np.asarray(pil)
+
+
+def natural_images(count: int, height: int = 375, width: int = 500, seed: int = 0) -> list[np.ndarray]:
+    """`count` natural-looking HWC uint8 images, one tint per index."""
+    rng = np.random.default_rng(seed)
+    return [natural_image(rng, height, width, i) for i in range(count)]
+
+
+def encode_jpegs(images: list[np.ndarray], quality: int = 90) -> list[bytes]:
+    """Each image as baseline JPEG bytes at `quality`."""
+    out = []
+    for img in images:
+        buf = io.BytesIO()
+        Image.fromarray(img).save(buf, format="JPEG", quality=quality)
+        out.append(buf.getvalue())
+    return out
 
 
 def make_image_folder(

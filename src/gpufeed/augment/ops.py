@@ -46,7 +46,7 @@ def _full(n: int, value: float) -> torch.Tensor:
     return torch.full((n,), float(value), dtype=torch.float64)
 
 
-def _column(size: int | torch.Tensor, n: int) -> torch.Tensor:
+def column(size: int | torch.Tensor, n: int) -> torch.Tensor:
     """A per-sample float64 column of an image dimension (uniform int or per-sample tensor)."""
     return size.double() if isinstance(size, torch.Tensor) else _full(n, size)
 
@@ -62,7 +62,7 @@ class RandomResizedCrop:
 
     def __call__(self, view: View, g: torch.Generator) -> View:
         n = view.boxes.shape[0]
-        height, width = _column(view.height, n), _column(view.width, n)
+        height, width = column(view.height, n), column(view.width, n)
         area = (height * width)[:, None]
         target = area * torch.empty(n, self.attempts, dtype=torch.float64).uniform_(*self.scale, generator=g)
         log_r = torch.empty(n, self.attempts, dtype=torch.float64).uniform_(
@@ -106,7 +106,7 @@ class Resize:
         else:
             out = _pair(self.size)
         n = view.boxes.shape[0]
-        return view.crop(_full(n, 0), _full(n, 0), _column(view.height, n), _column(view.width, n), *out)
+        return view.crop(_full(n, 0), _full(n, 0), column(view.height, n), column(view.width, n), *out)
 
 
 @dataclass
@@ -118,7 +118,7 @@ class CenterCrop:
     def __call__(self, view: View, g: torch.Generator) -> View:
         h, w = _pair(self.size)
         n = view.boxes.shape[0]
-        height, width = _column(view.height, n), _column(view.width, n)
+        height, width = column(view.height, n), column(view.width, n)
         if bool((height < h).any() or (width < w).any()):
             raise ValueError(f"CenterCrop({self.size}) is larger than some images of the batch")
         top, left = torch.round((height - h) / 2.0), torch.round((width - w) / 2.0)

@@ -17,7 +17,7 @@ import torch
 from torchvision.ops import roi_align
 
 from gpufeed.augment.ops import (CenterCrop, ColorJitter, Normalize, RandomHorizontalFlip,
-                                 RandomResizedCrop, Resize, View)
+                                 RandomResizedCrop, Resize, View, column)
 
 log = logging.getLogger(__name__)
 GEOMETRIC = (RandomResizedCrop, Resize, CenterCrop, RandomHorizontalFlip)
@@ -63,9 +63,8 @@ class Augment:
 
     def sample(self, n: int, height: int | torch.Tensor, width: int | torch.Tensor, g: torch.Generator) -> Params:
         """Draw the parameters of a batch of `n` height×width images (per-sample tensors if sizes differ)."""
-        hs = height.double() if isinstance(height, torch.Tensor) else torch.full((n,), float(height), dtype=torch.float64)
-        ws = width.double() if isinstance(width, torch.Tensor) else torch.full((n,), float(width), dtype=torch.float64)
-        full = torch.stack([torch.zeros(n, dtype=torch.float64), torch.zeros(n, dtype=torch.float64), ws, hs], 1)
+        zeros = torch.zeros(n, dtype=torch.float64)
+        full = torch.stack([zeros, zeros, column(width, n), column(height, n)], 1)
         view = View(full, torch.zeros(n, dtype=torch.bool), height, width)
         for op in self.geometric:
             view = op(view, g)

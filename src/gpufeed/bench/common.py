@@ -7,6 +7,7 @@ plotting stay apart (the plot step reads results.json).
 
 from __future__ import annotations
 
+import resource
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -67,6 +68,12 @@ class Figure:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+def cpu_seconds() -> float:
+    """CPU time of this process and its finished children (DataLoader workers, pack workers)."""
+    r = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return sum(x.ru_utime + x.ru_stime for x in r)
 
 
 def sync(device: str) -> None:

@@ -12,7 +12,7 @@ from PIL import Image
 from torchvision.io import ImageReadMode, decode_jpeg
 
 from gpufeed.bench.common import Context, Figure, measure
-from gpufeed.synth import natural_image
+from gpufeed.synth import encode_jpegs, natural_images
 
 QUALITIES = (95, 90, 75, 50)
 
@@ -23,15 +23,6 @@ def _pil(data: bytes) -> None:
 
 def _torchvision(data: torch.Tensor) -> None:
     decode_jpeg(data, mode=ImageReadMode.RGB)
-
-
-def _encode(images: list[np.ndarray], quality: int) -> list[bytes]:
-    out = []
-    for img in images:
-        buf = io.BytesIO()
-        Image.fromarray(img).save(buf, format="JPEG", quality=quality)
-        out.append(buf.getvalue())
-    return out
 
 
 def _gpu_decoders(ctx: Context) -> dict:
@@ -49,9 +40,8 @@ def _gpu_decoders(ctx: Context) -> dict:
 
 
 def run(ctx: Context) -> list[Figure]:
-    rng = np.random.default_rng(0)
     count = 16 if ctx.quick else 64
-    images = [natural_image(rng, 375, 500, i) for i in range(count)]
+    images = natural_images(count)
     cores = os.cpu_count() or 1
     gpu = _gpu_decoders(ctx)
     quality = Figure("decode_quality", "JPEG quality vs file size vs decode time (500×375)",
@@ -61,7 +51,7 @@ def run(ctx: Context) -> list[Figure]:
     if ctx.cuda and len(gpu) < 2:
         speed.note = quality.note = "hardware engines not measured: nvImageCodec not installed or unavailable"
     for q in QUALITIES:
-        datas = _encode(images, q)
+        datas = encode_jpegs(images, q)
         tensors = [torch.frombuffer(bytearray(d), dtype=torch.uint8) for d in datas]
         kb = float(np.mean([len(d) for d in datas])) / 1e3
         reps = ctx.repeats()

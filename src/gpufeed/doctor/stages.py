@@ -107,7 +107,8 @@ def store(path: Path, batches: int, device: str) -> Timings:
 
     from gpufeed.store import open_store
 
-    loader = Loader(path, batch_size=min(64, len(open_store(path))), device=device, shuffle=True,
+    opened = open_store(path)
+    loader = Loader(opened, batch_size=min(64, len(opened)), device=device, shuffle=True,
                     augment=[RandomResizedCrop(224), RandomHorizontalFlip(), Normalize(MEAN, STD)])
     t = Timings(f"gpufeed {loader.store.mode} store", 0)
     t0 = time.perf_counter()
