@@ -15,6 +15,7 @@ def _pack(a: argparse.Namespace) -> int:
     report = pack(
         a.source, a.dest, mode=a.mode, size=a.size, fit=a.fit, quality=a.quality, max_side=a.max_side,
         reencode=not a.no_reencode, workers=a.workers, on_error=a.on_error, overwrite=a.overwrite,
+        engine=a.engine, ray_address=a.ray_address,
     )
     print(report.summary())
     return 0
@@ -86,7 +87,11 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--quality", type=int, default=90, help="jpeg: re-encode quality (default 90)")
     q.add_argument("--max-side", type=int, default=512, help="jpeg: longest side kept (default 512)")
     q.add_argument("--no-reencode", action="store_true", help="jpeg: keep baseline RGB JPEGs as they are")
-    q.add_argument("--workers", type=int, default=None, help="processes (default: all cores)")
+    q.add_argument("--workers", type=int, default=None, help="local processes (default: all cores)")
+    q.add_argument("--engine", choices=["local", "ray"], default="local",
+                   help="ray: pack on a Ray cluster's CPUs (needs gpufeed[ray] on every node)")
+    q.add_argument("--ray-address", default=None,
+                   help="Ray cluster to join (default: RAY_ADDRESS, else a local cluster)")
     q.add_argument("--on-error", choices=["skip", "raise"], default="skip")
     q.add_argument("--overwrite", action="store_true", help="replace an existing destination")
     q.set_defaults(run=_pack)
@@ -128,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return args.run(args)
-    except (PackError, SourceError, StoreError, ValueError) as e:
+    except (PackError, SourceError, StoreError, ValueError, ImportError) as e:
         print(f"gpufeed {args.verb}: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import os
 import time
 from collections import deque
-from concurrent.futures import Executor, Future, ProcessPoolExecutor
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from functools import partial
@@ -18,7 +17,7 @@ from typing import Iterator
 from tqdm import tqdm
 
 from gpufeed._version import __version__
-from gpufeed.packing import worker
+from gpufeed.packing import engines, worker
 from gpufeed.packing.imaging import DEFAULT_MAX_PIXELS
 from gpufeed.packing.sinks import JpegSink, RawSink
 from gpufeed.packing.sources import Item, Skip, open_source
@@ -66,16 +65,9 @@ class PackReport:
         return "\n".join(lines)
 
 
-class _Inline(Executor):
-    """Runs tasks in this process (workers=1): same code path, easy to debug."""
-
-    def submit(self, fn, /, *args, **kwargs) -> Future:
-        f: Future = Future()
-        f.set_result(fn(*args, **kwargs))
-        return f
-
-
-def _check_args(mode: str, size: int, fit: str, quality: int, max_side: int, on_error: str) -> None:
+def _check_args(mode: str, size: int, fit: str, quality: int, max_side: int, on_error: str, engine: str) -> None:
+    if engine not in engines.ENGINES:
+        raise ValueError(f"engine must be one of {engines.ENGINES}, got {engine!r}")
     if mode not in fmt.MODES:
         raise ValueError(f"mode must be one of {fmt.MODES}, got {mode!r}")
     if fit not in fmt.FITS:
@@ -88,17 +80,22 @@ def _check_args(mode: str, size: int, fit: str, quality: int, max_side: int, on_
         raise ValueError(f"size and max_side must be positive, got {size} and {max_side}")
 
 
-def _context() -> multiprocessing.context.BaseContext:
-    """fork where available, like torch's DataLoader: forkserver/spawn would re-run the caller's
-    __main__ in every worker (a script without a main guard, or stdin, would break the pool)."""
-    return multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
-
-
 def _chunks(entries: Iterator, sink, raw_path: str | None, on_skip) -> Iterator[worker.Chunk]:
     """Group source items into chunks, passing source-level skips to `on_skip`."""
     items = (e for e in entries if isinstance(e, Item) or on_skip(e))
     while batch := list(islice(items, CHUNK)):
         yield worker.Chunk(sink.reserve(len(batch)), batch, raw_path)
+
+
+def _result(chunk: worker.Chunk, future):
+    """The chunk's results; a task that failed for good fails the pack naming its files."""
+    try:
+        return future.result()
+    except Exception as e:
+        names = [item.name for item in chunk.items]
+        shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+        reason = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+        raise PackError(f"packing failed on {len(names)} file(s): {shown}: {reason}") from e
 
 
 def _bounded(executor: Executor, fn, chunks: Iterator[worker.Chunk], window: int):
@@ -108,10 +105,10 @@ def _bounded(executor: Executor, fn, chunks: Iterator[worker.Chunk], window: int
         pending.append((chunk, executor.submit(fn, chunk)))
         if len(pending) >= window:
             c, f = pending.popleft()
-            yield c, f.result()
+            yield c, _result(c, f)
     while pending:
         c, f = pending.popleft()
-        yield c, f.result()
+        yield c, _result(c, f)
 
 
 def pack(
@@ -129,14 +126,17 @@ def pack(
     overwrite: bool = False,
     max_pixels: int = DEFAULT_MAX_PIXELS,
     progress: bool = True,
+    engine: str = "local",
+    ray_address: str | None = None,
 ) -> PackReport:
     """Pack `source` (image folder, CSV/JSONL list, tar shards) into a store at `dest`.
 
     Bad files are skipped and listed with their reason (`on_error="skip"`), or stop the pack
     at the first one (`"raise"`). The store appears at `dest` only once complete.
+    `engine="ray"` packs on the Ray cluster at `ray_address` (see `engines.RayExecutor`);
+    the store is the same as a local pack's.
     """
-    _check_args(mode, size, fit, quality, max_side, on_error)
-    workers = workers or os.cpu_count() or 1
+    _check_args(mode, size, fit, quality, max_side, on_error, engine)
     settings = worker.Settings(mode, size, fit, quality, max_side, reencode, max_pixels)
     src = open_source(source)
     skipped: list[dict[str, str]] = []
@@ -150,8 +150,9 @@ def pack(
     t0 = time.perf_counter()
     with atomic_store_dir(dest, overwrite) as work:
         sink = RawSink(work, size) if mode == "raw" else JpegSink(work)
-        raw_path = str(sink.path) if mode == "raw" else None
-        executor = _Inline() if workers == 1 else ProcessPoolExecutor(workers, mp_context=_context())
+        run = engines.start(engine, workers or os.cpu_count() or 1, ray_address)
+        executor, workers = run.executor, run.workers
+        raw_path = str(sink.path) if mode == "raw" and run.local_disk else None
         bar = tqdm(total=src.total, unit="img", desc="pack", disable=not progress, smoothing=0.1)
         try:
             chunks = _chunks(src.entries, sink, raw_path, on_skip)
@@ -178,7 +179,7 @@ def pack(
             skipped=skipped,
             settings={
                 "source": os.fspath(source), "size": size, "fit": fit, "quality": quality,
-                "max_side": max_side, "reencode": reencode, "max_pixels": max_pixels,
+                "max_side": max_side, "reencode": reencode, "max_pixels": max_pixels, "engine": engine,
             },
             gpufeed_version=__version__,
             created=datetime.now(timezone.utc).isoformat(timespec="seconds"),

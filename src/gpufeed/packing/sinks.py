@@ -19,7 +19,8 @@ def _write_array(path: Path, values: np.ndarray) -> dict[str, object]:
 
 
 class RawSink:
-    """Hands out slots of images.u8 to workers; compacts away the slots of skipped images."""
+    """Hands out slots of images.u8 to workers (or writes the pixels remote workers send back);
+    compacts away the slots of skipped images."""
 
     def __init__(self, work: Path, size: int):
         self.work = work
@@ -29,6 +30,7 @@ class RawSink:
         self.slots = 0
         self.kept: array = array("q")
         self.labels: array = array("q")
+        self._fd: int | None = None
 
     @property
     def count(self) -> int:
@@ -41,12 +43,18 @@ class RawSink:
         os.truncate(self.path, self.slots * self.item)
         return start
 
-    def add(self, slot: int, label: int, encoded: bytes | None, hw: tuple[int, int] | None) -> None:
+    def add(self, slot: int, label: int, pixels: np.ndarray | None, hw: tuple[int, int] | None) -> None:
+        if pixels is not None:
+            if self._fd is None:
+                self._fd = os.open(self.path, os.O_RDWR)
+            os.pwrite(self._fd, memoryview(pixels).cast("B"), slot * self.item)
         self.kept.append(slot)
         self.labels.append(label)
 
     def finish(self) -> dict[str, dict[str, object]]:
         files = {fmt.LABELS: _write_array(self.work / fmt.LABELS, np.asarray(self.labels, dtype="<i8"))}
+        if self._fd is not None:
+            os.close(self._fd)
         if list(self.kept) != list(range(self.slots)):
             self._compact()
         fd = os.open(self.path, os.O_RDWR)

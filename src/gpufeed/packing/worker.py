@@ -1,7 +1,8 @@
 """What one packing process does with one chunk of items (runs in worker processes).
 
-Raw chunks are written by the worker straight into their slots of the memory-mapped output
-file, so pixels never cross a pipe; jpeg chunks return their encoded bytes to the writer.
+Raw chunks are written by a local worker straight into their slots of the memory-mapped
+output file, so pixels never cross a pipe; a remote worker (no `raw_path`) returns the pixels
+instead. Jpeg chunks return their encoded bytes to the writer.
 """
 
 from __future__ import annotations
@@ -31,11 +32,11 @@ class Settings:
 class Chunk:
     start: int  # slot of the first item in the raw output file
     items: list[Item]
-    raw_path: str | None = None
+    raw_path: str | None = None  # raw: the output file, when this worker can write it
 
 
-# per item: (error or None, encoded bytes or None, (h, w) or None)
-Result = tuple[str | None, bytes | None, tuple[int, int] | None]
+# per item: (error or None, encoded bytes or raw pixels or None, (h, w) or None)
+Result = tuple[str | None, bytes | np.ndarray | None, tuple[int, int] | None]
 
 
 def _read(item: Item) -> bytes:
@@ -63,7 +64,7 @@ def _jpeg(data: bytes, s: Settings) -> tuple[bytes, tuple[int, int]]:
 def process(chunk: Chunk, s: Settings) -> list[Result]:
     """Pack every item of `chunk`; a bad item yields its reason instead of raising."""
     out: np.memmap | None = None
-    if s.mode == "raw":
+    if s.mode == "raw" and chunk.raw_path is not None:
         item_bytes = raw_item_bytes(s.size)
         out = np.memmap(
             chunk.raw_path, dtype=np.uint8, mode="r+", offset=chunk.start * item_bytes,
@@ -74,9 +75,13 @@ def process(chunk: Chunk, s: Settings) -> list[Result]:
         for k, item in enumerate(chunk.items):
             try:
                 data = _read(item)
-                if out is not None:
+                if s.mode == "raw":
                     img = imaging.decode(data, "raw", s.size, s.fit, s.max_side, s.max_pixels)
-                    out[k] = imaging.fit_square(img, s.size, s.fit)
+                    square = imaging.fit_square(img, s.size, s.fit)
+                    if out is None:
+                        results.append((None, np.ascontiguousarray(square), None))
+                        continue
+                    out[k] = square
                     results.append((None, None, None))
                 else:
                     encoded, hw = _jpeg(data, s)
