@@ -105,3 +105,12 @@ def test_images_of_different_sizes_need_size(cluster, folder):
     ds = ray.data.read_images(str(folder))
     with pytest.raises(Exception, match="pass size="):
         list(gray.RayLoader(ds, batch_size=4, device="cpu", size=None))
+
+
+def test_read_store_shards_per_rank(cluster, folder, tmp_path):
+    gpufeed.pack(folder, tmp_path / "s", size=24, workers=1, progress=False)
+    labels = gpufeed.open(tmp_path / "s").labels
+    parts = [gray.read_store(tmp_path / "s", rank=r, world_size=3).take_all() for r in range(3)]
+    assert [len(p) for p in parts] == [7, 7, 6]
+    for r, rows in enumerate(parts):
+        assert [int(row["label"]) for row in rows] == labels[r::3].tolist()

@@ -63,17 +63,23 @@ class RandomResizedCrop:
     def __call__(self, view: View, g: torch.Generator) -> View:
         n = view.boxes.shape[0]
         height, width = column(view.height, n), column(view.width, n)
-        area = (height * width)[:, None]
-        target = area * torch.empty(n, self.attempts, dtype=torch.float64).uniform_(*self.scale, generator=g)
-        log_r = torch.empty(n, self.attempts, dtype=torch.float64).uniform_(
-            math.log(self.ratio[0]), math.log(self.ratio[1]), generator=g)
-        aspect = torch.exp(log_r)
-        w = torch.round(torch.sqrt(target * aspect))
-        h = torch.round(torch.sqrt(target / aspect))
-        ok = (w > 0) & (h > 0) & (w <= width[:, None]) & (h <= height[:, None])
-        first = torch.where(ok.any(1), ok.double().argmax(1), -1)
-        rows = torch.arange(n)
-        w, h = w[rows, first.clamp(min=0)], h[rows, first.clamp(min=0)]
+        area, log_ratio = height * width, (math.log(self.ratio[0]), math.log(self.ratio[1]))
+        w, h = torch.zeros(n, dtype=torch.float64), torch.zeros(n, dtype=torch.float64)
+        bad = torch.ones(n, dtype=torch.bool)
+        pending = torch.arange(n)
+        for tries in (1, self.attempts - 1):  # one try for all, then the rest at once for the misses
+            if tries < 1 or not len(pending):
+                break
+            m = len(pending)
+            t = area[pending, None] * torch.empty(m, tries, dtype=torch.float64).uniform_(*self.scale, generator=g)
+            aspect = torch.exp(torch.empty(m, tries, dtype=torch.float64).uniform_(*log_ratio, generator=g))
+            wk, hk = torch.round(torch.sqrt(t * aspect)), torch.round(torch.sqrt(t / aspect))
+            ok = (wk > 0) & (hk > 0) & (wk <= width[pending, None]) & (hk <= height[pending, None])
+            hit, first = ok.any(1), ok.to(torch.uint8).argmax(1)  # argmax: the first try that fits
+            rows = torch.arange(m)
+            done = pending[hit]
+            w[done], h[done], bad[done] = wk[rows, first][hit], hk[rows, first][hit], False
+            pending = pending[~hit]
         u = torch.rand(n, 2, dtype=torch.float64, generator=g)
         top = torch.floor(u[:, 0] * (height - h + 1))
         left = torch.floor(u[:, 1] * (width - w + 1))
@@ -82,7 +88,6 @@ class RandomResizedCrop:
         narrow, wide = in_ratio < self.ratio[0], in_ratio > self.ratio[1]
         fw = torch.where(wide, torch.round(height * self.ratio[1]), width)
         fh = torch.where(narrow, torch.round(width / self.ratio[0]), height)
-        bad = first < 0
         w, h = torch.where(bad, fw, w), torch.where(bad, fh, h)
         top = torch.where(bad, torch.div(height - fh, 2, rounding_mode="floor"), top)
         left = torch.where(bad, torch.div(width - fw, 2, rounding_mode="floor"), left)

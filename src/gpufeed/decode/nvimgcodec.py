@@ -25,13 +25,27 @@ class HwJpegDecoder:
         self._decoder = nvimgcodec.Decoder(device_id=device.index or 0, backends=[backend])
 
     def decode(self, datas: list[torch.Tensor]) -> Decoded:
-        """Decode on the current CUDA stream; images stay where the decoder put them (HWC, as CHW views)."""
+        """Decode on the current CUDA stream; images stay where the decoder put them (HWC, read as CHW).
+
+        Addresses come from each image's CUDA array interface: one tensor is made for the base
+        pointer, not one per image (a torch.as_tensor per image was a visible share of the batch)."""
         stream = torch.cuda.current_stream(self.device).cuda_stream
         results = self._decoder.decode([d.numpy() for d in datas], cuda_stream=stream)
-        images, failed = [], {}
+        kept, ptrs, sizes, strides, failed = [], [], [], [], {}
         for k, r in enumerate(results):
             if r is None:
                 failed[k] = "hardware JPEG decoder refused it"
-            else:
-                images.append(torch.as_tensor(r, device=self.device).permute(2, 0, 1))
-        return in_place(images, failed)
+                continue
+            face = r.__cuda_array_interface__
+            h, w, c = face["shape"]
+            sy, sx, sc = face["strides"] or (w * c, c, 1)
+            kept.append(r)
+            ptrs.append(face["data"][0])
+            sizes.append((h, w))
+            strides.append((sc, sy, sx))
+        if not kept:
+            return in_place([], failed)
+        base = torch.as_tensor(kept[0], device=self.device)
+        offsets = torch.tensor(ptrs, dtype=torch.int64) - ptrs[0]
+        return Decoded(base, offsets, torch.tensor(sizes, dtype=torch.int32), torch.tensor(strides, dtype=torch.int64),
+                       kept, failed)

@@ -45,11 +45,15 @@ class EpochPlan:
 def plan_epoch(sampler: ShardedBatchSampler, augment: Augment | None, seed: int, epoch: int,
                image_hw: tuple[int, int] | torch.Tensor) -> EpochPlan:
     """The plan of `epoch` for the sampler's rank; `image_hw` is one (H, W) or a (samples, 2) tensor."""
-    batches = [b.sort().values for b in sampler.batches(epoch)]
+    batches = sampler.batches(epoch)
     starts = [0]
     for b in batches:
         starts.append(starts[-1] + len(b))
     indices = torch.cat(batches) if batches else torch.empty(0, dtype=torch.int64)
+    full = (len(indices) // sampler.batch_size) * sampler.batch_size  # whole batches: one sort call
+    indices[:full] = indices[:full].view(-1, sampler.batch_size).sort(1).values.view(-1)
+    if full < len(indices):
+        indices[full:] = indices[full:].sort().values
     if augment is None:
         return EpochPlan(indices, starts, None, [])
     g = torch.Generator().manual_seed(hash((seed, epoch, sampler.rank)) & (2**63 - 1))
@@ -58,5 +62,6 @@ def plan_epoch(sampler: ShardedBatchSampler, augment: Augment | None, seed: int,
         params = augment.sample(len(indices), hw[:, 0], hw[:, 1], g)
     else:
         params = augment.sample(len(indices), *image_hw, g)
-    flips = [bool(params.flip[a:b].any()) for a, b in zip(starts, starts[1:])]
+    mirrored = torch.cat([torch.zeros(1, dtype=torch.int64), params.flip.cumsum(0)])[starts]
+    flips = (mirrored[1:] > mirrored[:-1]).tolist()
     return EpochPlan(indices, starts, params, flips)

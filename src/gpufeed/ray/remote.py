@@ -18,27 +18,32 @@ from gpufeed.packing import imaging
 log = logging.getLogger(__name__)
 
 
-def read_store(path: str | os.PathLike, rows_per_block: int = 1024) -> ray.data.Dataset:
-    """A Ray Dataset of a gpufeed store, rows {"image", "label"} in store order.
+def read_store(path: str | os.PathLike, rows_per_block: int = 1024, rank: int | None = None,
+               world_size: int | None = None) -> ray.data.Dataset:
+    """A Ray Dataset of this rank's samples of a gpufeed store (rank::world_size), rows
+    {"image", "label"} (in store order where Ray Data preserves order).
 
-    `image` is HWC uint8 pixels for raw stores and the encoded bytes for jpeg stores. The
-    store is opened by the workers, so `path` must be the same on every node (shared
-    filesystem, or the store copied to each node).
+    `image` is HWC uint8 pixels for raw stores and the encoded bytes for jpeg stores. Rank and
+    world size come from the arguments, else torch.distributed, else RANK/WORLD_SIZE, as for
+    the Loader. The store is opened by the workers, so `path` must be the same on every node
+    (shared filesystem, or the store copied to each node).
     """
+    from gpufeed.loader.sampler import resolve_rank
     from gpufeed.store.reader import open_store
 
     path = os.path.abspath(path)
-    n = len(open_store(path))
-    blocks = max(1, -(-n // rows_per_block))
-    return ray.data.range(n, override_num_blocks=blocks).map_batches(
-        _store_rows, fn_kwargs={"path": path}, batch_format="numpy")
+    rank, world_size = resolve_rank(rank, world_size)
+    mine = np.arange(rank, len(open_store(path)), world_size)
+    blocks = max(1, -(-len(mine) // rows_per_block))
+    ids = ray.data.from_numpy(mine).repartition(blocks)
+    return ids.map_batches(_store_rows, fn_kwargs={"path": path}, batch_format="numpy")
 
 
 def _store_rows(batch: dict[str, np.ndarray], path: str) -> dict[str, np.ndarray]:
     from gpufeed.store.reader import open_store
 
     store = open_store(path)  # O(1): a manifest read and memory maps
-    idx = batch["id"]
+    idx = batch["data"]
     labels = np.asarray(store.labels)[idx]
     if store.mode == "raw":
         return {"image": np.take(store.images, idx, axis=0), "label": labels}

@@ -1,0 +1,149 @@
+"""Per-GPU loader throughput with 1 rank and with N ranks (torchrun, NCCL), and host RAM used.
+
+Issue 6's check: with 2 ranks on a 2-GPU host, each GPU's img/s must be >= 90 % of the
+single-GPU figure, on the same raw and jpeg stores, and the ranks together must hold about
+one copy of the store in host RAM (page cache / one registered region), not one each.
+
+    PYTHONPATH=src python benchmarks/ddp_bench.py --n 10000 --out ddp.json
+
+Each configuration runs as `torchrun --nproc-per-node W benchmarks/ddp_bench.py --worker ...`;
+every rank times whole epochs after a warm-up epoch and reports its img/s and its PSS
+(proportional set size: shared pages are split between the processes mapping them, so the
+ranks' PSS add up to the RAM they use together).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+OPS_DOC = "RandomResizedCrop 224 + flip + normalize -> fp16, batch 256"
+CONFIGS = {  # name: (store, cache, epochs timed)
+    "raw, gpu tier": ("raw", "gpu", 200),
+    "raw, host tier": ("raw", "host", 40),
+    "jpeg (default decoders)": ("jpeg", "auto", 6),
+}
+
+
+def _pss_mb() -> float:
+    with open("/proc/self/smaps_rollup") as f:
+        for line in f:
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _store_mappings_mb(store: str) -> dict[str, float]:
+    """Rss and Pss of this process's mappings of the store's files (page cache pages it maps)."""
+    root, inside, out = str(Path(store).resolve()), False, {"rss": 0.0, "pss": 0.0}
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()
+            if head and "-" in head[0] and len(head) >= 5:  # a mapping's header line
+                inside = len(head) >= 6 and head[5].startswith(root)
+            elif inside and head[0] in ("Rss:", "Pss:"):
+                out[head[0][:-1].lower()] += int(head[1]) / 1024
+    return out
+
+
+def worker(a: argparse.Namespace) -> None:
+    """One rank: load `--epochs` epochs after a warm-up one; write its numbers as JSON."""
+    import torch
+    import torch.distributed as dist
+
+    import gpufeed
+    from gpufeed.augment import Normalize, RandomHorizontalFlip, RandomResizedCrop
+
+    local = int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(local)
+    dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+    ops = [RandomResizedCrop(224), RandomHorizontalFlip(), Normalize()]
+    with gpufeed.Loader(a.store, batch_size=256, device="cuda", cache=a.cache, augment=ops) as loader:
+        for _ in loader:
+            pass
+        torch.cuda.synchronize()
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(a.epochs):
+            for _ in loader:
+                pass
+        torch.cuda.synchronize()
+        seconds = time.perf_counter() - t0
+        stats = loader.stats()
+        result = {"rank": dist.get_rank(), "world": dist.get_world_size(), "tier": stats["tier"],
+                  "img_per_s": a.epochs * len(loader) * loader.sampler.batch_size / seconds,
+                  "batches_per_epoch": len(loader), "pss_mb": _pss_mb(), "store_maps_mb": _store_mappings_mb(a.store),
+                  "gpu_peak_gb": torch.cuda.max_memory_allocated() / 1e9,
+                  "decoded_by": stats.get("decoded_by")}
+        dist.barrier()  # every rank measured while the others still ran
+    Path(f"{a.report}.rank{result['rank']}.json").write_text(json.dumps(result))
+    dist.destroy_process_group()
+
+
+def run(store: Path, cache: str, epochs: int, world: int, work: Path) -> dict:
+    report = work / f"r-{store.name}-{cache}-{world}"
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={world}", "--master-port=29517",
+           __file__, "--worker", "--store", str(store), "--cache", cache, "--epochs", str(epochs),
+           "--report", str(report)]
+    subprocess.run(cmd, check=True, env={**os.environ, "NCCL_NVLS_ENABLE": "0", "OMP_NUM_THREADS": "1"})
+    ranks = [json.loads(Path(f"{report}.rank{r}.json").read_text()) for r in range(world)]
+    per_gpu = [r["img_per_s"] for r in ranks]
+    return {"world": world, "per_gpu_img_per_s": per_gpu, "mean_per_gpu": sum(per_gpu) / world,
+            "total_img_per_s": sum(per_gpu), "pss_mb_sum": sum(r["pss_mb"] for r in ranks),
+            "store_pss_mb_sum": sum(r["store_maps_mb"]["pss"] for r in ranks),
+            "store_rss_mb_sum": sum(r["store_maps_mb"]["rss"] for r in ranks), "ranks": ranks}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--n", type=int, default=10000)
+    p.add_argument("--worlds", default="1,2", help="rank counts to run (default 1,2)")
+    p.add_argument("--workdir", default=None)
+    p.add_argument("--out", default="ddp_bench.json")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--store")
+    p.add_argument("--cache", default="auto")
+    p.add_argument("--epochs", type=int, default=5)
+    p.add_argument("--report")
+    a = p.parse_args()
+    if a.worker:
+        return worker(a)
+
+    import torch
+
+    import gpufeed
+    from gpufeed.synth import make_image_folder
+
+    work = Path(a.workdir or tempfile.mkdtemp(prefix="gpufeed-ddp-"))
+    if not (work / "images").exists():
+        make_image_folder(work / "images", per_class=a.n // 10, classes=10)
+    stores = {"raw": work / "raw", "jpeg": work / "jpeg"}
+    gpufeed.pack(work / "images", stores["raw"], size=256, progress=False, overwrite=True)
+    gpufeed.pack(work / "images", stores["jpeg"], mode="jpeg", reencode=False, progress=False, overwrite=True)
+    result = {"gpu": torch.cuda.get_device_name(), "gpus": torch.cuda.device_count(), "cpus": os.cpu_count(),
+              "workload": OPS_DOC, "images": a.n,
+              "store_mb": {k: gpufeed.open(v).nbytes / 1e6 for k, v in stores.items()}, "rows": {}}
+    worlds = [int(w) for w in a.worlds.split(",") if int(w) <= torch.cuda.device_count()]
+    for name, (kind, cache, epochs) in CONFIGS.items():
+        runs = [run(stores[kind], cache, epochs, w, work) for w in worlds]
+        for r in runs:
+            r["efficiency_vs_1"] = r["mean_per_gpu"] / runs[0]["mean_per_gpu"]
+        result["rows"][name] = runs
+        Path(a.out).write_text(json.dumps(result, indent=1))
+    print(json.dumps({k: v for k, v in result.items() if k != "rows"}))
+    for name, runs in result["rows"].items():
+        for r in runs:
+            print(f"{name:26s} ranks {r['world']}: per GPU {r['mean_per_gpu']:10.0f} img/s "
+                  f"({r['efficiency_vs_1']:6.1%} of 1 rank), total {r['total_img_per_s']:10.0f}, "
+                  f"PSS of all ranks {r['pss_mb_sum']:7.0f} MB, of which store pages {r['store_pss_mb_sum']:6.0f} MB "
+                  f"(mapped {r['store_rss_mb_sum']:6.0f} MB)")
+
+
+if __name__ == "__main__":
+    main()
