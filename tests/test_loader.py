@@ -83,8 +83,10 @@ def test_close_stops_the_pools(store, tmp_path):
     with gpufeed.Loader(store, batch_size=8, device="cpu", gather_threads=2) as loader:
         for _ in loader:
             pass
-        threads = [*loader.gather._pool._threads, *loader._planner._threads]
+        threads = list(loader.gather._pool._threads)
+        planners = list(loader._planner._pool._processes.values())
     assert threads and not any(t.is_alive() for t in threads)
+    assert planners and not any(p.is_alive() for p in planners)
 
 
 def test_channels_last_and_dtypes(store):

@@ -11,7 +11,6 @@ import logging
 import os
 import time
 from collections import Counter
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -22,7 +21,7 @@ from gpufeed.augment.pipeline import Augment
 from gpufeed.loader import tiers
 from gpufeed.loader.feeds import Batch, device_feed, host_feed
 from gpufeed.loader.jpeg import JpegBatcher, jpeg_feed
-from gpufeed.loader.plan import EpochPlan, plan_epoch
+from gpufeed.loader.planner import Planner
 from gpufeed.loader.sampler import ShardedBatchSampler, resolve_rank
 from gpufeed.loader.stats import Stats, stage_range
 from gpufeed.store.reader import Store
@@ -87,8 +86,9 @@ class Loader:
         self.counters = Stats(self.tier.name)
         self.epoch, self._batch = 0, 0
         self._ring: PinnedRing | None = None
-        self._planner = ThreadPoolExecutor(1, thread_name_prefix="gpufeed-planner")
-        self._next_plan: tuple[int, Future] | None = None
+        shape = self.store.image_shape
+        sizes = torch.from_numpy(np.array(self.store.shapes)) if shape is None else (shape[0], shape[1])
+        self._planner = Planner(self.sampler, self.augment, seed, sizes)
 
     def __len__(self) -> int:
         return len(self.sampler)
@@ -98,7 +98,7 @@ class Loader:
         self.gather.close()
         for batcher in self.jpeg:
             batcher.close()
-        self._planner.shutdown(wait=True)
+        self._planner.close()
 
     def __enter__(self) -> Loader:
         return self
@@ -134,7 +134,7 @@ class Loader:
 
     def plan(self, epoch: int, number: int):
         """(sorted sample indices, augment Params or None) of batch `number` of `epoch` on this rank."""
-        return self._plan(epoch).batch(number)
+        return self._planner.now(epoch).batch(number)
 
     def ring(self) -> PinnedRing:
         """The pinned host slots of the disk tier, allocated once (pinning is slow)."""
@@ -150,7 +150,7 @@ class Loader:
         if start >= len(self):
             epoch, start = epoch + 1, 0
         self.epoch, self._batch = epoch, start
-        plan = self._plan_ahead(epoch)
+        plan = self._planner.get(epoch)
         if self.jpeg:
             feed = jpeg_feed
         else:
@@ -179,15 +179,3 @@ class Loader:
             images = batch.images.permute(0, 3, 1, 2).contiguous(memory_format=fmt)
         self.counters.count(len(batch.labels))
         return images, batch.labels
-
-    def _plan(self, epoch: int) -> EpochPlan:
-        shape = self.store.image_shape
-        sizes = torch.from_numpy(np.asarray(self.store.shapes)) if shape is None else (shape[0], shape[1])
-        return plan_epoch(self.sampler, self.augment, self.seed, epoch, sizes)
-
-    def _plan_ahead(self, epoch: int) -> EpochPlan:
-        """The plan of `epoch` (ready if it was prepared ahead); starts preparing `epoch + 1`."""
-        ready = self._next_plan
-        plan = ready[1].result() if ready is not None and ready[0] == epoch else self._plan(epoch)
-        self._next_plan = (epoch + 1, self._planner.submit(self._plan, epoch + 1))
-        return plan
