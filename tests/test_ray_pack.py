@@ -99,3 +99,19 @@ def test_unknown_engine_is_refused(source, tmp_path):
     with pytest.raises(ValueError, match="engine must be one of"):
         gpufeed.pack(source, tmp_path / "s", engine="dask", progress=False)
     assert not (tmp_path / "s").exists()
+
+
+def test_tar_shards_travel_to_ray_tasks(cluster, tmp_path):
+    """Tar members are read here and their bytes sent with the task: the workers need no shards."""
+    from test_sources import write_shard
+
+    samples = [(f"k{i}", {"jpg": jpeg_bytes(smooth(i, 40, 50), quality=90), "cls": str(i % 3).encode()})
+               for i in range(36)]
+    write_shard(tmp_path / "s-000.tar", samples[:20])
+    write_shard(tmp_path / "s-001.tar", samples[20:])
+    for engine in ("local", "ray"):
+        gpufeed.pack(str(tmp_path / "s-*.tar"), tmp_path / engine, mode="jpeg", workers=2, engine=engine,
+                     progress=False)
+    a, b = gpufeed.open(tmp_path / "local"), gpufeed.open(tmp_path / "ray")
+    assert len(a) == len(b) == 36 and a.labels.tolist() == b.labels.tolist()
+    assert np.array_equal(np.asarray(a.data), np.asarray(b.data))
