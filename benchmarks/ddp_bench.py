@@ -61,6 +61,10 @@ def worker(a: argparse.Namespace) -> None:
     from gpufeed.augment import Normalize, RandomHorizontalFlip, RandomResizedCrop
 
     local = int(os.environ["LOCAL_RANK"])
+    if a.bind:  # this rank (and its planner/decoder children) on its own slice of the cores
+        cores = sorted(os.sched_getaffinity(0))
+        per = len(cores) // int(os.environ["LOCAL_WORLD_SIZE"])
+        os.sched_setaffinity(0, cores[local * per:(local + 1) * per])
     torch.cuda.set_device(local)
     dist.init_process_group("nccl", device_id=torch.device("cuda", local))
     ops = [RandomResizedCrop(224), RandomHorizontalFlip(), Normalize()]
@@ -80,17 +84,18 @@ def worker(a: argparse.Namespace) -> None:
                   "img_per_s": a.epochs * len(loader) * loader.sampler.batch_size / seconds,
                   "batches_per_epoch": len(loader), "pss_mb": _pss_mb(), "store_maps_mb": _store_mappings_mb(a.store),
                   "gpu_peak_gb": torch.cuda.max_memory_allocated() / 1e9,
-                  "decoded_by": stats.get("decoded_by")}
+                  "decoded_by": stats.get("decoded_by"), "stage_seconds": stats["seconds"],
+                  "images_loaded": stats["images"], "cores": len(os.sched_getaffinity(0))}
         dist.barrier()  # every rank measured while the others still ran
     Path(f"{a.report}.rank{result['rank']}.json").write_text(json.dumps(result))
     dist.destroy_process_group()
 
 
-def run(store: Path, cache: str, epochs: int, world: int, work: Path) -> dict:
+def run(store: Path, cache: str, epochs: int, world: int, work: Path, bind: bool) -> dict:
     report = work / f"r-{store.name}-{cache}-{world}"
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={world}", "--master-port=29517",
            __file__, "--worker", "--store", str(store), "--cache", cache, "--epochs", str(epochs),
-           "--report", str(report)]
+           "--report", str(report), *(["--bind"] if bind else [])]
     subprocess.run(cmd, check=True, env={**os.environ, "NCCL_NVLS_ENABLE": "0", "OMP_NUM_THREADS": "1"})
     ranks = [json.loads(Path(f"{report}.rank{r}.json").read_text()) for r in range(world)]
     per_gpu = [r["img_per_s"] for r in ranks]
@@ -107,6 +112,7 @@ def main() -> None:
     p.add_argument("--configs", default=",".join(CONFIGS), help="which rows (default: all), comma-separated")
     p.add_argument("--repeats", type=int, default=1, help="runs of each rank count, interleaved; medians reported")
     p.add_argument("--epochs-scale", type=float, default=1.0, help="multiply each row's timed epochs")
+    p.add_argument("--bind", action="store_true", help="give each rank its own equal slice of the cores")
     p.add_argument("--workdir", default=None)
     p.add_argument("--out", default="ddp_bench.json")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -136,7 +142,7 @@ def main() -> None:
     for name in a.configs.split(","):
         kind, cache, epochs = CONFIGS[name]
         epochs = max(1, round(epochs * a.epochs_scale))
-        repeats = [[run(stores[kind], cache, epochs, w, work) for w in worlds] for _ in range(a.repeats)]
+        repeats = [[run(stores[kind], cache, epochs, w, work, a.bind) for w in worlds] for _ in range(a.repeats)]
         runs = []
         for k, w in enumerate(worlds):  # the repeat with the median per-GPU rate stands for this rank count
             tries = sorted((rep[k] for rep in repeats), key=lambda r: r["mean_per_gpu"])

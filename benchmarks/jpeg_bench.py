@@ -75,6 +75,21 @@ def torchvision_nvjpeg_loop(store, batches: int, batch: int) -> dict:
     return {"img_per_s": batches * batch / wall, "cpu_cores_used": (cpu_seconds() - c0) / wall}
 
 
+def trace(store, batch: int, path: str) -> None:
+    """A Chrome trace of 12 batches of the default loader after a warm-up epoch: the loader's
+    stage ranges on each pipeline thread show where a batch's time goes."""
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with gpufeed.Loader(store, batch_size=batch, device="cuda", augment=OPS) as loader:
+        for _ in loader:
+            pass
+        with torch.profiler.profile(activities=activities) as prof:
+            for k, _ in enumerate(loader):
+                if k == 11:
+                    break
+            torch.cuda.synchronize()
+    prof.export_chrome_trace(path)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--n", type=int, default=10000)
@@ -82,6 +97,7 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--workdir", default=None)
     p.add_argument("--out", default="jpeg_bench.json")
+    p.add_argument("--trace", help="also write a torch.profiler Chrome trace of the default loader here")
     a = p.parse_args()
     work = Path(a.workdir or tempfile.mkdtemp(prefix="gpufeed-jpeg-"))
     if not (work / "images").exists():
@@ -98,6 +114,8 @@ def main() -> None:
             store, a.epochs, a.batch, threads, pipelines=pipelines)
     rows["gpufeed jpeg, nvJPEG + CPU threads only"] = gpufeed_jpeg(store, a.epochs, a.batch, 4, ("nvjpeg", "cpu"))
     rows["torchvision batched nvJPEG + per-image RRC loop"] = torchvision_nvjpeg_loop(store, 20, a.batch)
+    if a.trace:
+        trace(store, a.batch, a.trace)
     Path(a.out).write_text(json.dumps(result, indent=1))
     print(json.dumps({k: v for k, v in result.items() if k != "rows"}))
     for name, r in rows.items():
