@@ -127,3 +127,19 @@ def test_jpeg_and_damaged_stores_are_refused(store, tmp_path):
         f.truncate(1000)
     with pytest.raises(gpufeed.StoreError, match="bytes on disk"):
         gpufeed.Loader(tmp_path / "cut", device="cpu")
+
+
+def test_a_dead_planning_process_is_replaced_by_a_thread(store, caplog):
+    with gpufeed.Loader(store, batch_size=8, device="cpu", augment=[Normalize()], dtype=torch.float32) as loader:
+        first = [y for _, y in loader]  # epoch 0; epochs 1 and 2 are being planned in the child
+        for process in loader._planner._pool._processes.values():
+            process.kill()
+            process.join()
+        with caplog.at_level("WARNING"):
+            second = [y for _, y in loader]
+            third = [y for _, y in loader]
+    assert "planning process died" in caplog.text
+    with gpufeed.Loader(store, batch_size=8, device="cpu", augment=[Normalize()], dtype=torch.float32) as fresh:
+        fresh.set_epoch(1)
+        again = [y for _, y in fresh]
+    assert len(first) == len(second) == len(third) and all(torch.equal(a, b) for a, b in zip(second, again))

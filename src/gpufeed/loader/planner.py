@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 
 import torch
 
@@ -45,12 +46,24 @@ class Planner:
 
     def get(self, epoch: int) -> EpochPlan:
         ready = self._ahead.pop(epoch, None)
-        plan = ready.result() if ready is not None else self.now(epoch)
+        plan = self._result(ready, epoch) if ready is not None else self.now(epoch)
         self._ahead = {e: f for e, f in self._ahead.items() if epoch < e <= epoch + self._depth}
         for e in range(epoch + 1, epoch + self._depth + 1):
             if e not in self._ahead:
                 self._ahead[e] = self.ahead(e)
         return plan
+
+    def _result(self, ready: Future, epoch: int) -> EpochPlan:
+        """The planned epoch; if the planning process died (killed, out of memory), say so and
+        plan on a thread from now on: the same plan, only slower."""
+        try:
+            return ready.result()
+        except BrokenProcessPool as e:
+            log.warning("gpufeed.Loader: the planning process died (%s); planning on a thread from now on", e)
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._ahead.clear()
+            self._pool, self._fn = ThreadPoolExecutor(1, thread_name_prefix="gpufeed-planner"), self.now
+            return self.now(epoch)
 
     def now(self, epoch: int) -> EpochPlan:
         sampler, augment, seed, sizes = self._args
