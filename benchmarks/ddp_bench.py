@@ -39,19 +39,6 @@ def _pss_mb() -> float:
     return float("nan")
 
 
-def _store_mappings_mb(store: str) -> dict[str, float]:
-    """Rss and Pss of this process's mappings of the store's files (page cache pages it maps)."""
-    root, inside, out = str(Path(store).resolve()), False, {"rss": 0.0, "pss": 0.0}
-    with open("/proc/self/smaps") as f:
-        for line in f:
-            head = line.split()
-            if head and "-" in head[0] and len(head) >= 5:  # a mapping's header line
-                inside = len(head) >= 6 and head[5].startswith(root)
-            elif inside and head[0] in ("Rss:", "Pss:"):
-                out[head[0][:-1].lower()] += int(head[1]) / 1024
-    return out
-
-
 def worker(a: argparse.Namespace) -> None:
     """One rank: load `--epochs` epochs after a warm-up one; write its numbers as JSON."""
     import torch
@@ -59,6 +46,7 @@ def worker(a: argparse.Namespace) -> None:
 
     import gpufeed
     from gpufeed.augment import Normalize, RandomHorizontalFlip, RandomResizedCrop
+    from gpufeed.bench.common import mapped_mb
 
     local = int(os.environ["LOCAL_RANK"])
     if a.bind:  # this rank (and its planner/decoder children) on its own slice of the cores
@@ -82,7 +70,7 @@ def worker(a: argparse.Namespace) -> None:
         stats = loader.stats()
         result = {"rank": dist.get_rank(), "world": dist.get_world_size(), "tier": stats["tier"],
                   "img_per_s": a.epochs * len(loader) * loader.sampler.batch_size / seconds,
-                  "batches_per_epoch": len(loader), "pss_mb": _pss_mb(), "store_maps_mb": _store_mappings_mb(a.store),
+                  "batches_per_epoch": len(loader), "pss_mb": _pss_mb(), "store_maps_mb": mapped_mb(a.store),
                   "gpu_peak_gb": torch.cuda.max_memory_allocated() / 1e9,
                   "decoded_by": stats.get("decoded_by"), "stage_seconds": stats["seconds"],
                   "images_loaded": stats["images"], "cores": len(os.sched_getaffinity(0))}

@@ -23,6 +23,7 @@ from torchvision.models import resnet18
 
 import gpufeed
 from gpufeed.augment import Normalize, RandomHorizontalFlip, RandomResizedCrop
+from gpufeed.bench.common import mapped_mb
 
 
 def main() -> None:
@@ -75,7 +76,8 @@ def main() -> None:
     seconds = time.perf_counter() - t0
     result = {"rank": rank, "world_size": world, "steps": step, "img_per_s": step * a.batch_size / seconds,
               "batches_per_epoch": len(loader), "loss": float(loss), "tier": loader.tier.name,
-              "epoch0_indices": seen, "state": loader.state_dict()}
+              "epoch0_indices": seen, "state": loader.state_dict(), "store_memory_mb": mapped_mb(store.path),
+              "store_mb": store.nbytes / 2**20}
     print(f"rank {rank}/{world}: {result['img_per_s']:.0f} img/s, loss {result['loss']:.3f}, "
           f"{len(loader)} batches per epoch, tier {loader.tier.name}", flush=True)
     if a.report:

@@ -76,6 +76,22 @@ def cpu_seconds() -> float:
     return sum(x.ru_utime + x.ru_stime for x in r)
 
 
+def mapped_mb(directory: str | Path) -> dict[str, float]:
+    """Rss and Pss (MB) of this process's mappings of the files under `directory` (Linux).
+
+    Pss splits each shared page between the processes mapping it, so the ranks' Pss of a store
+    adds up to the host RAM the store takes for all of them together."""
+    root, inside, out = str(Path(directory).resolve()), False, {"rss": 0.0, "pss": 0.0}
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()
+            if head and "-" in head[0] and len(head) >= 5:  # a mapping's header line
+                inside = len(head) >= 6 and head[5].startswith(root)
+            elif inside and head[0] in ("Rss:", "Pss:"):
+                out[head[0][:-1].lower()] += int(head[1]) / 1024
+    return out
+
+
 def sync(device: str) -> None:
     if device == "cuda":
         torch.cuda.synchronize()
