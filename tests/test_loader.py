@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import torch
@@ -132,9 +133,13 @@ def test_jpeg_and_damaged_stores_are_refused(store, tmp_path):
 def test_a_dead_planning_process_is_replaced_by_a_thread(store, caplog):
     with gpufeed.Loader(store, batch_size=8, device="cpu", augment=[Normalize()], dtype=torch.float32) as loader:
         first = [y for _, y in loader]  # epoch 0; epochs 1 and 2 are being planned in the child
-        for process in loader._planner._pool._processes.values():
+        pool = loader._planner._pool
+        for process in pool._processes.values():
             process.kill()
             process.join()
+        deadline = time.monotonic() + 10
+        while not pool._broken and time.monotonic() < deadline:  # the executor notices the death
+            time.sleep(0.01)
         with caplog.at_level("WARNING"):
             second = [y for _, y in loader]
             third = [y for _, y in loader]

@@ -59,11 +59,14 @@ class Planner:
         try:
             return ready.result()
         except BrokenProcessPool as e:
-            log.warning("gpufeed.Loader: the planning process died (%s); planning on a thread from now on", e)
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._ahead.clear()
-            self._pool, self._fn = ThreadPoolExecutor(1, thread_name_prefix="gpufeed-planner"), self.now
+            self._to_thread(e)
             return self.now(epoch)
+
+    def _to_thread(self, error: BaseException) -> None:
+        log.warning("gpufeed.Loader: the planning process died (%s); planning on a thread from now on", error)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._ahead.clear()
+        self._pool, self._fn = ThreadPoolExecutor(1, thread_name_prefix="gpufeed-planner"), self.now
 
     def now(self, epoch: int) -> EpochPlan:
         sampler, augment, seed, sizes = self._args
@@ -72,7 +75,11 @@ class Planner:
     def ahead(self, epoch: int) -> Future:
         if self._pool is None:
             self._pool = self._start_pool()
-        return self._pool.submit(self._fn, epoch)
+        try:
+            return self._pool.submit(self._fn, epoch)
+        except BrokenProcessPool as e:
+            self._to_thread(e)
+            return self._pool.submit(self._fn, epoch)
 
     def _start_pool(self) -> Executor:
         if "fork" not in multiprocessing.get_all_start_methods():
