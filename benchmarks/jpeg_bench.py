@@ -26,25 +26,29 @@ from gpufeed.synth import make_image_folder
 OPS = [RandomResizedCrop(224), RandomHorizontalFlip(), Normalize()]
 
 
-def gpufeed_jpeg(store, epochs: int, batch: int, threads: int | None, decoders=("hw", "nvjpeg", "cpu"),
+def gpufeed_jpeg(store, epochs: int, batch: int, threads: int | None, decoders: tuple[str, ...] | None,
                  pipelines: int | None = None) -> dict:
+    given = {"decoders": decoders} if decoders else {}
     loader = gpufeed.Loader(store, batch_size=batch, device="cuda", augment=OPS, decode_threads=threads,
-                            decoders=decoders, decode_pipelines=pipelines)
+                            decode_pipelines=pipelines, **given)
     for _ in loader:
         pass
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
-    before = loader.stats()["decoded_by"]
+    before, seconds = loader.stats()["decoded_by"], loader.stats()["seconds"]
     c0, t0 = cpu_seconds(), time.perf_counter()
     for _ in range(epochs):
         for _ in loader:
             pass
     torch.cuda.synchronize()
     wall = time.perf_counter() - t0
-    counts = {k: v - before.get(k, 0) for k, v in loader.stats()["decoded_by"].items()}
+    stats, (free, total) = loader.stats(), torch.cuda.mem_get_info()
+    loader.close()
+    counts = {k: v - before.get(k, 0) for k, v in stats["decoded_by"].items()}
     return {"img_per_s": epochs * len(loader) * batch / wall, "cpu_cores_used": (cpu_seconds() - c0) / wall,
-            "gpu_peak_gb": torch.cuda.max_memory_allocated() / 1e9, "decoded_by": counts,
-            "rates_img_per_s": loader.stats()["decoder_rates"], "decoders": loader.stats()["decoders"]}
+            "gpu_used_gb": (total - free) / 1e9, "gpu_peak_gb": torch.cuda.max_memory_allocated() / 1e9,
+            "decoded_by": counts, "rates_img_per_s": stats["decoder_rates"], "decoders": stats["decoders"],
+            "stage_s_per_batch": {k: (v - seconds.get(k, 0)) / (epochs * len(loader)) for k, v in stats["seconds"].items()}}
 
 
 def torchvision_nvjpeg_loop(store, batches: int, batch: int) -> dict:
@@ -75,6 +79,45 @@ def torchvision_nvjpeg_loop(store, batches: int, batch: int) -> dict:
     return {"img_per_s": batches * batch / wall, "cpu_cores_used": (cpu_seconds() - c0) / wall}
 
 
+def dali(folder: Path, epochs: int, batch: int, threads: int) -> dict:
+    """NVIDIA DALI on the same JPEG files, the issue's reference recipe: mixed decoder with the random
+    crop fused in (`decoders.image_random_crop`), resize 224, flip + normalize -> fp16 CHW. An optional
+    comparison: needs the nvidia-dali wheel for this CUDA, never a gpufeed dependency."""
+    from nvidia.dali import fn, pipeline_def, types
+    from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+
+    mean, std = [0.485 * 255, 0.456 * 255, 0.406 * 255], [0.229 * 255, 0.224 * 255, 0.225 * 255]
+
+    @pipeline_def(batch_size=batch, num_threads=threads, device_id=torch.cuda.current_device(), seed=0)
+    def pipe():
+        jpegs, labels = fn.readers.file(file_root=str(folder), random_shuffle=True, name="reader")
+        images = fn.decoders.image_random_crop(jpegs, device="mixed", output_type=types.RGB)
+        images = fn.resize(images, resize_x=224, resize_y=224)
+        images = fn.crop_mirror_normalize(images, dtype=types.FLOAT16, output_layout="CHW", mean=mean, std=std,
+                                          mirror=fn.random.coin_flip())
+        return images, labels.gpu()
+
+    loader = DALIGenericIterator([pipe()], ["images", "labels"], reader_name="reader", auto_reset=True,
+                                 last_batch_policy=LastBatchPolicy.DROP)  # torch tensors, as users take them
+
+    def run(epochs: int) -> int:
+        count = 0
+        for _ in range(epochs):
+            for out in loader:
+                count += out[0]["images"].shape[0]
+        return count
+
+    run(1)
+    torch.cuda.synchronize()
+    c0, t0 = cpu_seconds(), time.perf_counter()
+    images = run(epochs)
+    torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+    total = torch.cuda.mem_get_info()[1]
+    return {"img_per_s": images / wall, "cpu_cores_used": (cpu_seconds() - c0) / wall,
+            "gpu_used_gb": (total - torch.cuda.mem_get_info()[0]) / 1e9, "threads": threads}
+
+
 def trace(store, batch: int, path: str) -> None:
     """A Chrome trace of 12 batches of the default loader after a warm-up epoch: the loader's
     stage ranges on each pipeline thread show where a batch's time goes."""
@@ -98,6 +141,9 @@ def main() -> None:
     p.add_argument("--workdir", default=None)
     p.add_argument("--out", default="jpeg_bench.json")
     p.add_argument("--trace", help="also write a torch.profiler Chrome trace of the default loader here")
+    p.add_argument("--only", help="run only the rows whose name holds one of these comma-separated words")
+    p.add_argument("--grid", help="instead of the standard rows, the defaults and these loaders: comma-separated "
+                                  "DECODERS:PIPELINES:THREADS, e.g. nvjpeg+cpu:2:4")
     a = p.parse_args()
     work = Path(a.workdir or tempfile.mkdtemp(prefix="gpufeed-jpeg-"))
     if not (work / "images").exists():
@@ -108,18 +154,39 @@ def main() -> None:
     result = {"gpu": torch.cuda.get_device_name(), "cpus": os.cpu_count(), "images": len(store),
               "kb_per_image": store.nbytes / len(store) / 1e3, "pack_img_per_s": report.images_per_s, "rows": {}}
     rows = result["rows"]
-    rows["gpufeed jpeg, all decoders (default)"] = gpufeed_jpeg(store, a.epochs, a.batch, None)
-    for pipelines, threads in ((2, 4), (3, 3), (3, 6), (4, 4)):
-        rows[f"gpufeed jpeg, all decoders, {pipelines} pipelines, {threads} CPU threads"] = gpufeed_jpeg(
-            store, a.epochs, a.batch, threads, pipelines=pipelines)
-    rows["gpufeed jpeg, nvJPEG + CPU threads only"] = gpufeed_jpeg(store, a.epochs, a.batch, 4, ("nvjpeg", "cpu"))
-    rows["torchvision batched nvJPEG + per-image RRC loop"] = torchvision_nvjpeg_loop(store, 20, a.batch)
+    runs = {"gpufeed jpeg, defaults": lambda: gpufeed_jpeg(store, a.epochs, a.batch, None, None)}
+    for decoders in (("hw", "nvjpeg", "cpu"), ("hw", "nvjpeg", "cuda", "cpu"), ("nvjpeg", "cuda", "cpu"),
+                     ("hw", "cuda", "cpu"), ("nvjpeg", "cpu")):
+        for pipelines, threads in ((3, 3), (3, 6)):
+            runs[f"gpufeed jpeg, {'+'.join(decoders)}, {pipelines} pipelines, {threads} CPU threads"] = (
+                lambda d=decoders, p=pipelines, t=threads: gpufeed_jpeg(store, a.epochs, a.batch, t, d, p))
+    runs["torchvision batched decode_jpeg + per-image RRC loop"] = lambda: torchvision_nvjpeg_loop(store, 20, a.batch)
+    for threads in (8, 16):
+        runs[f"DALI, mixed decoder, {threads} threads"] = lambda t=threads: dali(work / "images", a.epochs, a.batch, t)
+    if a.grid:  # e.g. "nvjpeg+cpu:2:4,hw+nvjpeg+cpu:3:3": decoders, pipelines, total CPU threads
+        runs = {"gpufeed jpeg, defaults": runs["gpufeed jpeg, defaults"]}
+        for cell in a.grid.split(","):
+            names, pipelines, threads = cell.split(":")
+            runs[f"gpufeed jpeg, {names}, {pipelines} pipelines, {threads} CPU threads"] = (
+                lambda d=tuple(names.split("+")), p=int(pipelines), t=int(threads):
+                gpufeed_jpeg(store, a.epochs, a.batch, t, d, p))
+    for name, measure in runs.items():
+        if a.only and not any(word in name for word in a.only.split(",")):
+            continue
+        torch.cuda.empty_cache()  # each row's GPU memory figure counts what it holds itself
+        try:
+            rows[name] = measure()
+        except Exception as e:  # an optional comparison that is not installed here, or a decoder missing
+            rows[name] = {"error": f"{type(e).__name__}: {e}"[:300]}
+        r = rows[name]
+        stages = " ".join(f"{k} {v * 1e3:.1f}" for k, v in r.get("stage_s_per_batch", {}).items())
+        print(f"{name:62s} " + (f"{r['img_per_s']:9.0f} img/s {r['cpu_cores_used']:5.1f} cores "
+                                f"{r.get('decoded_by', '')} ms/batch: {stages}" if "error" not in r else r["error"]),
+              flush=True)
     if a.trace:
         trace(store, a.batch, a.trace)
     Path(a.out).write_text(json.dumps(result, indent=1))
     print(json.dumps({k: v for k, v in result.items() if k != "rows"}))
-    for name, r in rows.items():
-        print(f"{name:50s} {r['img_per_s']:9.0f} img/s {r['cpu_cores_used']:5.1f} cores  {r.get('decoded_by', '')}")
 
 
 if __name__ == "__main__":

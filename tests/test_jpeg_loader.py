@@ -101,3 +101,11 @@ def test_jpeg_needs_a_fixed_output(jpeg_store):
     loader = gpufeed.Loader(jpeg_store, batch_size=8, device="cpu", augment=[Resize(16)])
     with pytest.raises(ValueError, match="different output sizes"):
         next(iter(loader))
+
+
+def test_decoder_names_checked_and_gpu_decoders_ignored_on_cpu(jpeg_store):
+    with pytest.raises(ValueError, match="choose from hw, nvjpeg, cuda, cpu"):
+        gpufeed.Loader(jpeg_store, batch_size=8, device="cpu", augment=OPS, decoders=("hw", "fast"))
+    loader = gpufeed.Loader(jpeg_store, batch_size=8, device="cpu", augment=OPS, decoders=("cuda", "nvjpeg", "cpu"))
+    assert loader.stats()["decoders"] == ["cpu"]
+    assert sum(len(y) for _, y in loader) == 48

@@ -1,7 +1,8 @@
-"""jpeg stores on a real GPU: nvJPEG and CPU threads together give the CPU path's batches."""
+"""jpeg stores on a real GPU: the GPU decoders and CPU threads together give the CPU path's batches."""
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import shutil
 
@@ -27,10 +28,12 @@ def store(tmp_path_factory):
 def test_gpu_batches_match_cpu_batches_and_use_both_decoders(store):
     # enough CPU threads in one pipeline that the CPU's rate earns it a share of every batch
     gpu = gpufeed.Loader(store, batch_size=32, device="cuda", augment=OPS, dtype=torch.float32, seed=3,
-                         decode_threads=8, decode_pipelines=1)
+                         decode_threads=8, decode_pipelines=1, decoders=("hw", "nvjpeg", "cuda", "cpu"))
     cpu = gpufeed.Loader(store, batch_size=32, device="cpu", augment=OPS, dtype=torch.float32, seed=3)
     names = gpu.stats()["decoders"]
     assert "nvjpeg" in names and names[-1] == "cpu"
+    if importlib.util.find_spec("nvidia.nvimgcodec"):  # the [nvimgcodec] extra brings two more
+        assert names == ["hw", "nvjpeg", "cuda", "cpu"], names
     for (g, gl), (c, cl) in zip(gpu, cpu):
         assert g.is_cuda and g.shape == (32, 3, 64, 64) and torch.equal(gl.cpu(), cl)
         # nvJPEG and libjpeg-turbo differ by rounding; DCT-reduced CPU decodes by a little more

@@ -19,7 +19,7 @@ import torch
 from PIL import Image
 from torchvision.io import ImageReadMode, decode_jpeg
 
-from gpufeed.decode.base import Decoded, packed
+from gpufeed.decode.base import Decoded, PinnedStaging, packed
 
 
 def _pillow(data: torch.Tensor, reduce_to: tuple[int, int] | None) -> torch.Tensor:
@@ -49,13 +49,14 @@ class CpuDecoder:
         self.threads = max(1, threads)
         self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="gpufeed-decode")
         self.last_done = 0.0  # when the last image of the last `collect` finished decoding
+        self._staging = PinnedStaging()  # used from the one thread that calls `collect`
 
     def submit(self, datas: list[torch.Tensor], reduce_to: list[tuple[int, int] | None]):
         """Start decoding; returns futures (one per image) for `collect`."""
         return [self._pool.submit(_decode_one, d, r) for d, r in zip(datas, reduce_to)]
 
-    def collect(self, futures, device: torch.device | str, pin: bool) -> Decoded:
-        """Wait for `submit`'s futures and pack the images (CHW) onto `device`."""
+    def collect(self, futures, device: torch.device, pin: bool) -> Decoded:
+        """Wait for `submit`'s futures and pack the images (CHW) onto `device`, through pinned buffers if `pin`."""
         images, failed, self.last_done = [], {}, 0.0
         for k, f in enumerate(futures):
             try:
@@ -64,7 +65,7 @@ class CpuDecoder:
                 self.last_done = max(self.last_done, done)
             except Exception as e:  # any decoder error marks this image, never the batch
                 failed[k] = f"{type(e).__name__}: {e}"
-        return packed(images, failed, device, pin)
+        return packed(images, failed, device, self._staging if pin else None)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)

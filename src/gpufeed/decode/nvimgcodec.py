@@ -1,8 +1,14 @@
-"""The GPU's hardware JPEG engines (NVJPG on A100/H100/H200) through nvImageCodec.
+"""Two decoders through nvImageCodec (optional: `pip install gpufeed[nvimgcodec]`, imported only when a
+loader asks for one):
 
-Optional (`pip install gpufeed[nvimgcodec]`), imported only when a loader asks for it. The
-engines use neither CUDA cores nor much CPU, so they add to nvJPEG and the CPU threads
-(measured on an H200, 500x375 JPEGs: 23.6k img/s on their own).
+- `hw`: the GPU's hardware JPEG engines (NVJPG on A100/H100/H200) alone;
+- `cuda`: nvJPEG's hybrid decoder, Huffman on nvImageCodec's own CPU threads and the rest on CUDA
+  cores. It is the one GPU decoder that leaves the engines free: on Hopper, torchvision's batched
+  `decode_jpeg(device="cuda")` (the `nvjpeg` decoder) runs on the same engines as `hw`.
+
+Measured on an H100 (`benchmarks/nvimgcodec_probe.py`, 500x375 q90, batch 256): hw 16.3k img/s
+from one thread, 19.6k from two; cuda 10.2k. Region-of-interest decode made both slower (13.1k, 9.5k),
+so the loader decodes whole images and crops in its resize kernel.
 """
 
 from __future__ import annotations
@@ -12,17 +18,16 @@ import torch
 from gpufeed.decode.base import Decoded, in_place
 
 
-class HwJpegDecoder:
-    """Batched hardware-only decode; images the engines refuse are reported as failed."""
+class NvImgCodecDecoder:
+    """Batched decode with one nvImageCodec backend; images it refuses are reported as failed."""
 
-    name = "hw"
-
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, name: str = "hw", cpu_threads: int = 4):
         from nvidia import nvimgcodec  # ImportError when the extra is not installed
 
-        self.device = device
-        backend = nvimgcodec.Backend(nvimgcodec.BackendKind.HW_GPU_ONLY)
-        self._decoder = nvimgcodec.Decoder(device_id=device.index or 0, backends=[backend])
+        kinds = {"hw": nvimgcodec.BackendKind.HW_GPU_ONLY, "cuda": nvimgcodec.BackendKind.HYBRID_CPU_GPU}
+        self.name, self.device = name, device
+        self._decoder = nvimgcodec.Decoder(device_id=device.index or 0, max_num_cpu_threads=cpu_threads,
+                                           backends=[nvimgcodec.Backend(kinds[name])])
 
     def decode(self, datas: list[torch.Tensor]) -> Decoded:
         """Decode on the current CUDA stream; images stay where the decoder put them (HWC, read as CHW).
@@ -34,7 +39,7 @@ class HwJpegDecoder:
         kept, ptrs, sizes, strides, failed = [], [], [], [], {}
         for k, r in enumerate(results):
             if r is None:
-                failed[k] = "hardware JPEG decoder refused it"
+                failed[k] = f"nvImageCodec ({self.name}) refused it"
                 continue
             face = r.__cuda_array_interface__
             h, w, c = face["shape"]

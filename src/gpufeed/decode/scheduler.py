@@ -1,7 +1,7 @@
 """Split each batch between the decoders in proportion to their measured rates, run them at once.
 
-The CPU threads start first, the hardware engines decode their share on a helper thread, and
-nvJPEG decodes its share on the calling thread meanwhile. Each decoder's rate (images/s, an
+The CPU threads start first, every GPU decoder but the last decodes its share on a helper thread,
+and the last decodes on the calling thread meanwhile. Each decoder's rate (images/s, an
 exponential average over batches) sets the next batch's split, so all finish together. Images
 a GPU decoder rejects (CMYK, some progressive files) are decoded on the CPU instead.
 """
@@ -21,20 +21,21 @@ from gpufeed.decode.cpu import CpuDecoder
 from gpufeed.decode.nvjpeg import NvJpegDecoder
 
 log = logging.getLogger(__name__)
-START_RATES = {"hw": 15_000.0, "nvjpeg": 10_000.0}
+START_RATES = {"hw": 15_000.0, "nvjpeg": 10_000.0, "cuda": 8_000.0}
+KNOWN = ("hw", "nvjpeg", "cuda", "cpu")
 
 
-def _hardware(device: torch.device):
-    """The hardware-engine decoder, or None with the reason logged once."""
+def _nvimgcodec(device: torch.device, name: str, cpu_threads: int):
+    """An nvImageCodec decoder (`hw` engines or `cuda` hybrid), or None with the reason logged once."""
+    what = {"hw": "the GPU's hardware JPEG engines", "cuda": "nvImageCodec's CUDA decoder"}[name]
     try:
-        from gpufeed.decode.nvimgcodec import HwJpegDecoder
+        from gpufeed.decode.nvimgcodec import NvImgCodecDecoder
 
-        return HwJpegDecoder(device)
+        return NvImgCodecDecoder(device, name, cpu_threads)
     except ImportError:
-        log.warning("nvImageCodec is not installed (pip install 'gpufeed[nvimgcodec]'): the GPU's hardware "
-                    "JPEG engines stay unused")
+        log.warning("nvImageCodec is not installed (pip install 'gpufeed[nvimgcodec]'): %s stay(s) unused", what)
     except Exception as e:  # no engines on this GPU, driver too old, ...
-        log.warning("hardware JPEG decoding unavailable (%s): using nvJPEG and CPU threads", e)
+        log.warning("%s unavailable (%s): using the other decoders", what, e)
     return None
 
 
@@ -42,17 +43,19 @@ class Scheduler:
     """Decoders for one loader: hardware engines and nvJPEG (on a GPU) and a CPU thread pool."""
 
     def __init__(self, device: torch.device, cpu_threads: int, use: tuple[str, ...] = ("hw", "nvjpeg", "cpu")):
-        unknown = set(use) - {"hw", "nvjpeg", "cpu"}
+        unknown = set(use) - set(KNOWN)
         if unknown:
-            raise ValueError(f"unknown decoders {sorted(unknown)}: choose from 'hw', 'nvjpeg', 'cpu'")
+            raise ValueError(f"unknown decoders {sorted(unknown)}: choose from {', '.join(KNOWN)}")
         self.device = device
         self.cpu = CpuDecoder(cpu_threads)  # always there: the fallback for what GPU decoders reject
-        gpu = device.type == "cuda"
-        self.gpu = [d for d in (_hardware(device) if gpu and "hw" in use else None,
-                                NvJpegDecoder(device) if gpu and "nvjpeg" in use else None) if d is not None]
+        gpu = [] if device.type != "cuda" else [name for name in KNOWN[:-1] if name in use]
+        made = {"nvjpeg": lambda: NvJpegDecoder(device)}
+        self.gpu = [d for d in (made[n]() if n in made else _nvimgcodec(device, n, max(2, cpu_threads)) for n in gpu)
+                    if d is not None]
         self.rates = {d.name: START_RATES[d.name] for d in self.gpu} | {"cpu": 300.0 * self.cpu.threads}
         self.counts: Counter = Counter()
-        self._helper = ThreadPoolExecutor(1, thread_name_prefix="gpufeed-hwdecode") if len(self.gpu) > 1 else None
+        helpers = len(self.gpu) - 1  # every GPU decoder but the last decodes on a helper thread
+        self._helper = ThreadPoolExecutor(helpers, thread_name_prefix="gpufeed-gpudecode") if helpers > 0 else None
         # a stream per GPU decoder so they overlap; the host waits on it, so results are complete
         self._streams = {d.name: torch.cuda.Stream(device) for d in self.gpu}
 

@@ -21,13 +21,13 @@ def _gpufeed_here(t: stages.Timings, device: str) -> list[str]:
         lines.append(f"gpufeed would keep a store of up to {free / 2e9:.0f} GB in GPU memory (the gpu tier)")
     if device == "cuda":
         try:
-            from gpufeed.decode.nvimgcodec import HwJpegDecoder
+            from gpufeed.decode.nvimgcodec import NvImgCodecDecoder
 
-            HwJpegDecoder(torch.device("cuda", torch.cuda.current_device()))
-            lines.append("jpeg decoders available: hardware engines + nvJPEG + CPU threads")
+            NvImgCodecDecoder(torch.device("cuda", torch.cuda.current_device()), "hw")
+            lines.append("jpeg decoders available: hardware engines (nvImageCodec) + nvJPEG + CPU threads")
         except Exception:
-            lines.append("jpeg decoders available: nvJPEG + CPU threads (hardware engines: nvImageCodec missing "
-                         "or unsupported; pip install 'gpufeed[nvimgcodec]')")
+            lines.append("jpeg decoders available: nvJPEG + CPU threads (nvImageCodec missing or unsupported; "
+                         "pip install 'gpufeed[nvimgcodec]')")
     else:
         lines.append("no CUDA GPU here: gpufeed runs its pipeline on the CPU (no pinning, no GPU decode)")
     return lines

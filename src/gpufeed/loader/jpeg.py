@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 
 import numpy as np
@@ -50,11 +51,16 @@ class JpegBatcher:
 
     def _make(self, idx: torch.Tensor, params: Params) -> tuple[torch.Tensor, torch.Tensor]:
         store, loader = self.loader.store, self.loader
+        t0 = time.perf_counter()
         i = idx.numpy()
-        starts, ends = self._offsets[i].tolist(), self._offsets[i + 1].tolist()
-        datas = [self._data[a:b] for a, b in zip(starts, ends)]
+        begins, ends = self._offsets[i], self._offsets[i + 1]
+        datas = [self._data[a:b] for a, b in zip(begins.tolist(), ends.tolist())]
         shapes = self._shapes[idx]
+        t1 = time.perf_counter()
+        loader.counters.add("read", t1 - t0, int((ends - begins).sum()))
         parts, failed = self.scheduler.run(datas, shapes, params.boxes, params.out_hw, pin=self.fused)
+        t2 = time.perf_counter()
+        loader.counters.add("decode", t2 - t1)
         labels = store.labels.index_select(0, idx)
         if failed:
             self._failed(idx, failed)
@@ -68,6 +74,7 @@ class JpegBatcher:
             images = self._gpu(parts, boxes, params)
         else:
             images = self._cpu(parts, boxes, params, len(idx))
+        loader.counters.add("resize", time.perf_counter() - t2)
         if failed:  # keep batches full: a failed sample becomes a copy of the next good one
             good = [p for p in range(len(idx)) if p not in failed]
             for p in failed:
