@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -141,6 +142,7 @@ def main() -> None:
     p.add_argument("--workdir", default=None)
     p.add_argument("--out", default="jpeg_bench.json")
     p.add_argument("--trace", help="also write a torch.profiler Chrome trace of the default loader here")
+    p.add_argument("--repeats", type=int, default=1, help="measure each row this many times, interleaved")
     p.add_argument("--only", help="run only the rows whose name holds one of these comma-separated words")
     p.add_argument("--grid", help="instead of the standard rows, the defaults and these loaders: comma-separated "
                                   "DECODERS:PIPELINES:THREADS, e.g. nvjpeg+cpu:2:4")
@@ -170,19 +172,24 @@ def main() -> None:
             runs[f"gpufeed jpeg, {names}, {pipelines} pipelines, {threads} CPU threads"] = (
                 lambda d=tuple(names.split("+")), p=int(pipelines), t=int(threads):
                 gpufeed_jpeg(store, a.epochs, a.batch, t, d, p))
-    for name, measure in runs.items():
-        if a.only and not any(word in name for word in a.only.split(",")):
-            continue
-        torch.cuda.empty_cache()  # each row's GPU memory figure counts what it holds itself
-        try:
-            rows[name] = measure()
-        except Exception as e:  # an optional comparison that is not installed here, or a decoder missing
-            rows[name] = {"error": f"{type(e).__name__}: {e}"[:300]}
-        r = rows[name]
-        stages = " ".join(f"{k} {v * 1e3:.1f}" for k, v in r.get("stage_s_per_batch", {}).items())
-        print(f"{name:62s} " + (f"{r['img_per_s']:9.0f} img/s {r['cpu_cores_used']:5.1f} cores "
-                                f"{r.get('decoded_by', '')} ms/batch: {stages}" if "error" not in r else r["error"]),
-              flush=True)
+    chosen = {n: m for n, m in runs.items() if not a.only or any(word in n for word in a.only.split(","))}
+    for repeat in range(a.repeats):  # rows interleaved, so a drift of the machine touches each alike
+        for name, measure in chosen.items():
+            torch.cuda.empty_cache()  # each row's GPU memory figure counts what it holds itself
+            try:
+                r = measure()
+            except Exception as e:  # an optional comparison that is not installed here, or a decoder missing
+                r = {"error": f"{type(e).__name__}: {e}"[:300]}
+            rows.setdefault(name, []).append(r)
+            stages = " ".join(f"{k} {v * 1e3:.1f}" for k, v in r.get("stage_s_per_batch", {}).items())
+            print(f"{name:62s} " + (f"{r['img_per_s']:9.0f} img/s {r['cpu_cores_used']:5.1f} cores "
+                                    f"{r.get('decoded_by', '')} ms/batch: {stages}" if "error" not in r else r["error"]),
+                  flush=True)
+    for name, runs_of_row in rows.items():
+        rates = [r["img_per_s"] for r in runs_of_row if "img_per_s" in r]
+        if rates:
+            print(f"{name:62s} median {statistics.median(rates):9.0f} img/s (min {min(rates):.0f}, max "
+                  f"{max(rates):.0f}, {len(rates)} runs)")
     if a.trace:
         trace(store, a.batch, a.trace)
     Path(a.out).write_text(json.dumps(result, indent=1))
