@@ -109,6 +109,9 @@ class JpegBatcher:
                                          rows, boxes_d, flip_d, out, scale, shift)
         done = torch.cuda.current_stream(dev).record_event()
         self._inflight.append((done, [part.keep for part, _ in parts]))
+        for part, _ in parts:
+            if part.on_done is not None:
+                part.on_done(done)
         while self._inflight and self._inflight[0][0].query():
             self._inflight.popleft()
         if not jitter:

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from gpufeed.store.reader import Store, as_tensor
+from gpufeed.transfer.uva import device_view
 
 log = logging.getLogger(__name__)
 TIERS = ("auto", "gpu", "host", "disk")
@@ -66,15 +67,6 @@ def choose(store: Store, device: torch.device, cache: str) -> tuple[str, str]:
     return "disk", f"store {size / 1e9:.2f} GB exceeds the host budget ({budget / 1e9:.1f} GB): streaming"
 
 
-class _DeviceView:
-    """Exposes host memory registered with CUDA as a device array (UVA: same address)."""
-
-    def __init__(self, ptr: int, shape: tuple[int, ...]):
-        self.__cuda_array_interface__ = {
-            "shape": shape, "typestr": "|u1", "data": (ptr, False), "version": 3, "strides": None,
-        }
-
-
 class _Registration:
     """Keeps host memory registered with CUDA for as long as it is referenced."""
 
@@ -91,9 +83,7 @@ class _Registration:
 def _zero_copy(array: np.ndarray, device: torch.device) -> tuple[torch.Tensor, object]:
     """A CUDA tensor reading `array` (host memory) over PCIe, and the owner to keep alive."""
     reg = _Registration(array)
-    with torch.cuda.device(device):
-        view = torch.as_tensor(_DeviceView(reg.ptr, array.shape), device=device)
-    return view, reg
+    return device_view(reg.ptr, array.shape, device), reg
 
 
 def materialize(store: Store, device: torch.device, cache: str) -> Tier:

@@ -1,0 +1,21 @@
+"""Page-locked host memory seen by the GPU at its own address (unified virtual addressing)."""
+
+from __future__ import annotations
+
+import torch
+
+
+class _DeviceArray:
+    """Describes `nbytes` of page-locked host memory at `ptr` as a CUDA uint8 array."""
+
+    def __init__(self, ptr: int, shape: tuple[int, ...]):
+        self.__cuda_array_interface__ = {
+            "shape": shape, "typestr": "|u1", "data": (ptr, False), "version": 3, "strides": None,
+        }
+
+
+def device_view(ptr: int, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """A CUDA uint8 tensor over page-locked host memory (pinned or registered): kernels read it over
+    PCIe, nothing is copied. The caller keeps the host memory alive and pinned while kernels read it."""
+    with torch.cuda.device(device):
+        return torch.as_tensor(_DeviceArray(ptr, shape), device=device)
