@@ -54,6 +54,9 @@ class Scheduler:
                     if d is not None]
         self.rates = {d.name: START_RATES[d.name] for d in self.gpu} | {"cpu": 300.0 * self.cpu.threads}
         self.counts: Counter = Counter()
+        # per batch, summed: "gpu" until every GPU decoder is done, "cpu" the CPU part's work after that;
+        # each decoder's own time (the GPU decoders' calls, "cpu_threads" until the last CPU image)
+        self.seconds: Counter = Counter()
         helpers = len(self.gpu) - 1  # every GPU decoder but the last decodes on a helper thread
         self._helper = ThreadPoolExecutor(helpers, thread_name_prefix="gpufeed-gpudecode") if helpers > 0 else None
         # a stream per GPU decoder so they overlap; the host waits on it, so results are complete
@@ -93,10 +96,13 @@ class Scheduler:
         parts, failed, retry = [], {}, []
         for dec, pos, job in jobs:
             part, seconds = job.result() if hasattr(job, "result") else job
+            self.seconds[dec.name] += seconds
             self._rate(dec.name, len(pos) - len(part.failed), seconds)
             self.counts[dec.name] += len(pos) - len(part.failed)
             parts.append((part, [pos[k] for k in part.kept(len(pos))]))
             retry += [(pos[k], f"{dec.name}: {why}") for k, why in part.failed.items()]
+        t_cpu = time.perf_counter()
+        self.seconds["gpu"] += t_cpu - t0
         if retry:  # rejected by a GPU decoder: the CPU decodes them instead
             self.counts["cpu_fallback"] += len(retry)
             extra = self.cpu.collect(self.cpu.submit([datas[p] for p, _ in retry], [None] * len(retry)),
@@ -105,10 +111,12 @@ class Scheduler:
             failed.update({retry[i][0]: f"{retry[i][1]}; cpu: {why}" for i, why in extra.failed.items()})
         cpu_part = self.cpu.collect(futures, self.device, pin)
         self._rate("cpu", len(cpu_pos), self.cpu.last_done - t0)
+        self.seconds["cpu_threads"] += max(0.0, self.cpu.last_done - t0)
         parts.append((cpu_part, [cpu_pos[i] for i in cpu_part.kept(len(cpu_pos))]))
         failed.update({cpu_pos[i]: why for i, why in cpu_part.failed.items()})
         self.counts["cpu"] += len(cpu_pos) - len(cpu_part.failed)
         self.counts["failed"] += len(failed)
+        self.seconds["cpu"] += time.perf_counter() - t_cpu
         return parts, failed
 
     def _timed(self, dec, datas: list[torch.Tensor], stream) -> tuple[Decoded, float]:
