@@ -109,3 +109,6 @@ def test_decoder_names_checked_and_gpu_decoders_ignored_on_cpu(jpeg_store):
     loader = gpufeed.Loader(jpeg_store, batch_size=8, device="cpu", augment=OPS, decoders=("cuda", "nvjpeg", "cpu"))
     assert loader.stats()["decoders"] == ["cpu"]
     assert sum(len(y) for _, y in loader) == 48
+    stats = loader.stats()  # where the time went, for doctor and training loops
+    assert all(stats["seconds"][stage] > 0 for stage in ("read", "decode", "resize"))
+    assert stats["decode_seconds"]["cpu_threads"] > 0 and stats["bytes"]["read"] == int(jpeg_store.offsets[-1])
