@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import tempfile
 import time
@@ -154,6 +155,9 @@ def main() -> None:
     p.add_argument("--grid", help="instead of the standard rows, the defaults and these loaders: comma-separated "
                                   "DECODERS:PIPELINES:THREADS, e.g. nvjpeg+cpu:2:4")
     a = p.parse_args()
+    bad = [cell for cell in (a.grid.split(",") if a.grid else []) if not re.fullmatch(r"[a-z+]+:\d+:\d+", cell)]
+    if bad:
+        p.error(f"--grid {bad[0]!r}: expected DECODERS:PIPELINES:THREADS, e.g. nvjpeg+cpu:2:4")
     work = Path(a.workdir or tempfile.mkdtemp(prefix="gpufeed-jpeg-"))
     if not (work / "images").exists():
         make_image_folder(work / "images", per_class=a.n // 10, classes=10)
@@ -189,9 +193,9 @@ def main() -> None:
                 r = {"error": f"{type(e).__name__}: {e}"[:300]}
             rows.setdefault(name, []).append(r)
             stages = " ".join(f"{k} {v * 1e3:.1f}" for k, v in r.get("stage_s_per_batch", {}).items())
-            print(f"{name:62s} " + (f"{r['img_per_s']:9.0f} img/s {r['cpu_cores_used']:5.1f} cores "
-                                    f"{r.get('decoded_by', '')} ms/batch: {stages}" if "error" not in r else r["error"]),
-                  flush=True)
+            line = r.get("error") or (f"{r['img_per_s']:9.0f} img/s {r['cpu_cores_used']:5.1f} cores "
+                                      f"{r.get('decoded_by', '')} ms/batch: {stages}")
+            print(f"{name:62s} {line}", flush=True)
     for name, runs_of_row in rows.items():
         rates = [r["img_per_s"] for r in runs_of_row if "img_per_s" in r]
         if rates:

@@ -30,11 +30,11 @@ def _gpu_decoders(ctx: Context) -> dict:
         return {}
     found = {"torchvision decode_jpeg on cuda (batched)": lambda ts: decode_jpeg(ts, mode=ImageReadMode.RGB,
                                                                                  device="cuda")}
+    from gpufeed.decode.nvimgcodec import NvImgCodecDecoder  # its nvImageCodec import waits for the constructor
+
     labels = {"hw": "hardware engines (nvImageCodec)", "cuda": "CUDA hybrid (nvImageCodec)"}
     for name, label in labels.items():
         try:
-            from gpufeed.decode.nvimgcodec import NvImgCodecDecoder
-
             found[label] = NvImgCodecDecoder(torch.device("cuda", torch.cuda.current_device()), name).decode
         except Exception:  # not installed or no engines: the figure's note says so
             pass

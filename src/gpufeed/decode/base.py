@@ -48,8 +48,7 @@ class PinnedStaging:
     """Pinned host buffers reused across batches, each free again once the kernels reading it ran.
 
     Pinning a fresh buffer for every batch cost about 6 ms of a 23 ms batch (H100, torch 2.11,
-    benchmarks/jpeg_bench.py profiled with py-spy), and page-locking serialises with the GPU work.
-    One instance per thread: it is not locked."""
+    benchmarks/jpeg_bench.py profiled with py-spy). One instance per thread: it is not locked."""
 
     def __init__(self, pin: bool = True):
         self.pin = pin

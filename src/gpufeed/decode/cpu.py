@@ -56,7 +56,8 @@ class CpuDecoder:
         return [self._pool.submit(_decode_one, d, r) for d, r in zip(datas, reduce_to)]
 
     def collect(self, futures, device: torch.device, pin: bool) -> Decoded:
-        """Wait for `submit`'s futures and pack the images (CHW) onto `device`, through pinned buffers if `pin`."""
+        """Wait for `submit`'s futures and put the images (CHW) back to back where `device` reads them:
+        pinned buffers the GPU reads in place if `pin`, else a copy on `device`."""
         images, failed, self.last_done = [], {}, 0.0
         for k, f in enumerate(futures):
             try:

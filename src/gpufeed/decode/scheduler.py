@@ -25,6 +25,15 @@ START_RATES = {"hw": 15_000.0, "nvjpeg": 10_000.0, "cuda": 8_000.0}
 KNOWN = ("hw", "nvjpeg", "cuda", "cpu")
 
 
+_warned: set[str] = set()  # every pipeline of every loader builds its decoders: say each reason once
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        log.warning(message)
+
+
 def _nvimgcodec(device: torch.device, name: str, cpu_threads: int):
     """An nvImageCodec decoder (`hw` engines or `cuda` hybrid), or None with the reason logged once."""
     what = {"hw": "the GPU's hardware JPEG engines", "cuda": "nvImageCodec's CUDA decoder"}[name]
@@ -33,14 +42,14 @@ def _nvimgcodec(device: torch.device, name: str, cpu_threads: int):
 
         return NvImgCodecDecoder(device, name, cpu_threads)
     except ImportError:
-        log.warning("nvImageCodec is not installed (pip install 'gpufeed[nvimgcodec]'): %s stay(s) unused", what)
+        _warn_once(f"nvImageCodec is not installed (pip install 'gpufeed[nvimgcodec]'): {what} stay(s) unused")
     except Exception as e:  # no engines on this GPU, driver too old, ...
-        log.warning("%s unavailable (%s): using the other decoders", what, e)
+        _warn_once(f"{what} unavailable ({e}): using the other decoders")
     return None
 
 
 class Scheduler:
-    """Decoders for one loader: hardware engines and nvJPEG (on a GPU) and a CPU thread pool."""
+    """Decoders for one pipeline: on a GPU those of `use` that can be made here, and a CPU thread pool."""
 
     def __init__(self, device: torch.device, cpu_threads: int, use: tuple[str, ...] = ("hw", "nvjpeg", "cpu")):
         unknown = set(use) - set(KNOWN)
@@ -48,10 +57,11 @@ class Scheduler:
             raise ValueError(f"unknown decoders {sorted(unknown)}: choose from {', '.join(KNOWN)}")
         self.device = device
         self.cpu = CpuDecoder(cpu_threads)  # always there: the fallback for what GPU decoders reject
-        gpu = [] if device.type != "cuda" else [name for name in KNOWN[:-1] if name in use]
-        made = {"nvjpeg": lambda: NvJpegDecoder(device)}
-        self.gpu = [d for d in (made[n]() if n in made else _nvimgcodec(device, n, max(2, cpu_threads)) for n in gpu)
-                    if d is not None]
+        def make(name: str):
+            return NvJpegDecoder(device) if name == "nvjpeg" else _nvimgcodec(device, name, max(2, cpu_threads))
+
+        wanted = [name for name in KNOWN[:-1] if name in use] if device.type == "cuda" else []
+        self.gpu = [d for d in map(make, wanted) if d is not None]
         self.rates = {d.name: START_RATES[d.name] for d in self.gpu} | {"cpu": 300.0 * self.cpu.threads}
         self.counts: Counter = Counter()
         # per batch, summed: "gpu" until every GPU decoder is done, "cpu" the CPU part's work after that;
