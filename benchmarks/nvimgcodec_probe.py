@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import threading
 import time
@@ -18,18 +17,24 @@ import time
 import numpy as np
 import torch
 
-from gpufeed.augment import RandomResizedCrop
-from gpufeed.augment.pipeline import Augment
 from gpufeed.synth import encode_jpegs, natural_images
 
 
-def rrc_regions(count: int, h: int = 375, w: int = 500) -> list[tuple[int, int, int, int]]:
-    """The loader's own RandomResizedCrop boxes for `count` h×w images, as whole-pixel (y0, x0, y1, x1)."""
-    boxes = Augment([RandomResizedCrop(224)]).sample(count, h, w, torch.Generator().manual_seed(0)).boxes
+def rrc_regions(count: int, h: int = 375, w: int = 500, seed: int = 0) -> list[tuple[int, int, int, int]]:
+    """RandomResizedCrop-like boxes (scale 0.08-1, ratio 3/4-4/3), as (y0, x0, y1, x1)."""
+    rng = np.random.default_rng(seed)
     out = []
-    for x0, y0, x1, y1 in boxes.tolist():
-        top, left = max(0, math.floor(y0)), max(0, math.floor(x0))
-        out.append((top, left, min(h, max(top + 1, math.ceil(y1))), min(w, max(left + 1, math.ceil(x1)))))
+    for _ in range(count):
+        for _ in range(10):
+            area = h * w * rng.uniform(0.08, 1.0)
+            ratio = np.exp(rng.uniform(np.log(3 / 4), np.log(4 / 3)))
+            cw, ch = int(round((area * ratio) ** 0.5)), int(round((area / ratio) ** 0.5))
+            if 0 < cw <= w and 0 < ch <= h:
+                y, x = int(rng.integers(0, h - ch + 1)), int(rng.integers(0, w - cw + 1))
+                out.append((y, x, y + ch, x + cw))
+                break
+        else:
+            out.append((0, 0, h, w))
     return out
 
 
