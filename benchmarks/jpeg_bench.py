@@ -33,10 +33,10 @@ def _stage_seconds(stats: dict) -> dict:
     return stats["seconds"] | {f"decode.{k}": v for k, v in stats["decode_seconds"].items()}
 
 
-def gpufeed_jpeg(store, epochs: int, batch: int, threads: int | None, decoders: tuple[str, ...] | None,
+def gpufeed_jpeg(store, epochs: int, batch: int, workers: int | None, decoders: tuple[str, ...] | None,
                  pipelines: int | None = None) -> dict:
     given = {"decoders": decoders} if decoders else {}
-    loader = gpufeed.Loader(store, batch_size=batch, device="cuda", augment=OPS, decode_threads=threads,
+    loader = gpufeed.Loader(store, batch_size=batch, device="cuda", augment=OPS, decode_workers=workers,
                             decode_pipelines=pipelines, **given)
     for _ in loader:
         pass
@@ -153,11 +153,11 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=1, help="measure each row this many times, interleaved")
     p.add_argument("--only", help="run only the rows whose name holds one of these comma-separated words")
     p.add_argument("--grid", help="instead of the standard rows, the defaults and these loaders: comma-separated "
-                                  "DECODERS:PIPELINES:THREADS, e.g. nvjpeg+cpu:2:4")
+                                  "DECODERS:PIPELINES:CPU_WORKERS, e.g. nvjpeg+cpu:2:4")
     a = p.parse_args()
     bad = [cell for cell in (a.grid.split(",") if a.grid else []) if not re.fullmatch(r"[a-z+]+:\d+:\d+", cell)]
     if bad:
-        p.error(f"--grid {bad[0]!r}: expected DECODERS:PIPELINES:THREADS, e.g. nvjpeg+cpu:2:4")
+        p.error(f"--grid {bad[0]!r}: expected DECODERS:PIPELINES:CPU_WORKERS, e.g. nvjpeg+cpu:2:4")
     work = Path(a.workdir or tempfile.mkdtemp(prefix="gpufeed-jpeg-"))
     if not (work / "images").exists():
         make_image_folder(work / "images", per_class=a.n // 10, classes=10)
@@ -170,19 +170,19 @@ def main() -> None:
     runs = {"gpufeed jpeg, defaults": lambda: gpufeed_jpeg(store, a.epochs, a.batch, None, None)}
     for decoders in (("hw", "nvjpeg", "cpu"), ("hw", "nvjpeg", "cuda", "cpu"), ("nvjpeg", "cuda", "cpu"),
                      ("hw", "cuda", "cpu"), ("nvjpeg", "cpu")):
-        for pipelines, threads in ((3, 3), (3, 6)):
-            runs[f"gpufeed jpeg, {'+'.join(decoders)}, {pipelines} pipelines, {threads} CPU threads"] = (
-                lambda d=decoders, p=pipelines, t=threads: gpufeed_jpeg(store, a.epochs, a.batch, t, d, p))
+        for pipelines, workers in ((3, 4), (3, 8)):
+            runs[f"gpufeed jpeg, {'+'.join(decoders)}, {pipelines} pipelines, {workers} CPU workers"] = (
+                lambda d=decoders, p=pipelines, w=workers: gpufeed_jpeg(store, a.epochs, a.batch, w, d, p))
     runs["torchvision batched decode_jpeg + per-image RRC loop"] = lambda: torchvision_nvjpeg_loop(store, 20, a.batch)
     for threads in (8, 16):
         runs[f"DALI, mixed decoder, {threads} threads"] = lambda t=threads: dali(work / "images", a.epochs, a.batch, t)
-    if a.grid:  # e.g. "nvjpeg+cpu:2:4,hw+nvjpeg+cpu:3:3": decoders, pipelines, total CPU threads
+    if a.grid:  # e.g. "nvjpeg+cpu:2:4,hw+nvjpeg+cpu:3:8": decoders, pipelines, CPU decode workers
         runs = {"gpufeed jpeg, defaults": runs["gpufeed jpeg, defaults"]}
         for cell in a.grid.split(","):
-            names, pipelines, threads = cell.split(":")
-            runs[f"gpufeed jpeg, {names}, {pipelines} pipelines, {threads} CPU threads"] = (
-                lambda d=tuple(names.split("+")), p=int(pipelines), t=int(threads):
-                gpufeed_jpeg(store, a.epochs, a.batch, t, d, p))
+            names, pipelines, workers = cell.split(":")
+            runs[f"gpufeed jpeg, {names}, {pipelines} pipelines, {workers} CPU workers"] = (
+                lambda d=tuple(names.split("+")), p=int(pipelines), w=int(workers):
+                gpufeed_jpeg(store, a.epochs, a.batch, w, d, p))
     chosen = {n: m for n, m in runs.items() if not a.only or any(word in n for word in a.only.split(","))}
     for repeat in range(a.repeats):  # rows interleaved, so a drift of the machine touches each alike
         for name, measure in chosen.items():

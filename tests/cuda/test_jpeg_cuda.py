@@ -28,7 +28,7 @@ def store(tmp_path_factory):
 def test_gpu_batches_match_cpu_batches_and_use_both_decoders(store):
     # enough CPU threads in one pipeline that the CPU's rate earns it a share of every batch
     gpu = gpufeed.Loader(store, batch_size=32, device="cuda", augment=OPS, dtype=torch.float32, seed=3,
-                         decode_threads=8, decode_pipelines=1, decoders=("hw", "nvjpeg", "cuda", "cpu"))
+                         decode_workers=8, decode_pipelines=1, decoders=("hw", "nvjpeg", "cuda", "cpu"))
     cpu = gpufeed.Loader(store, batch_size=32, device="cpu", augment=OPS, dtype=torch.float32, seed=3)
     names = gpu.stats()["decoders"]
     assert "nvjpeg" in names and names[-1] == "cpu"
@@ -67,3 +67,19 @@ def test_memory_flat_over_epochs(store):
             pass
     torch.cuda.synchronize()
     assert torch.cuda.memory_allocated() <= before + (8 << 20)
+
+
+@pytest.mark.parametrize("cache", ["host", "disk", "gpu"])
+def test_cpu_workers_feed_the_gpu_from_each_tier(store, cache, caplog):
+    """Worker processes' shared buffers, page-locked, read in place by the resize kernel."""
+    with caplog.at_level(logging.WARNING, logger="gpufeed"):
+        gpu = gpufeed.Loader(store, batch_size=32, device="cuda", augment=OPS, dtype=torch.float32, seed=4,
+                             decoders=("cpu",), decode_workers=3, cache=cache)
+    assert gpu.stats()["tier"] == ("disk" if cache == "disk" else "host")
+    assert ("decoders read bitstreams from host memory" in caplog.text) == (cache == "gpu")
+    cpu = gpufeed.Loader(store, batch_size=32, device="cpu", augment=OPS, dtype=torch.float32, seed=4)
+    for _ in range(2):  # the second epoch reuses the shared buffers
+        for (g, gl), (c, cl) in zip(gpu, cpu):
+            assert torch.equal(gl.cpu(), cl) and (g.cpu() - c).abs().mean(dim=(1, 2, 3)).max() < 0.05
+    assert gpu.stats()["decoded_by"]["cpu"] == 2 * len(gpu) * 32
+    gpu.close()

@@ -7,6 +7,7 @@ plotting stay apart (the plot step reads results.json).
 
 from __future__ import annotations
 
+import os
 import resource
 import statistics
 import time
@@ -71,9 +72,33 @@ class Figure:
 
 
 def cpu_seconds() -> float:
-    """CPU time of this process and its finished children (DataLoader workers, pack workers)."""
+    """CPU time of this process and of its children, finished ones (reaped) and live ones such as
+    DataLoader or decode workers, whose time the kernel reports only in /proc while they run."""
     r = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return sum(x.ru_utime + x.ru_stime for x in r)
+    return sum(x.ru_utime + x.ru_stime for x in r) + sum(_proc_seconds(pid) for pid in _descendants(os.getpid()))
+
+
+def _descendants(pid: int) -> list[int]:
+    """Live descendant processes of `pid` (Linux /proc; none elsewhere)."""
+    found, todo = [], [pid]
+    while todo:
+        for task in Path(f"/proc/{todo.pop()}/task").glob("*/children"):
+            try:
+                kids = [int(k) for k in task.read_text().split()]
+            except OSError:
+                continue
+            found += kids
+            todo += kids
+    return found
+
+
+def _proc_seconds(pid: int) -> float:
+    """User + system seconds of a live process, from /proc/PID/stat (0 if it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def mapped_mb(directory: str | Path) -> dict[str, float]:

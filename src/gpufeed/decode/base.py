@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -48,25 +48,40 @@ class PinnedStaging:
     """Pinned host buffers reused across batches, each free again once the kernels reading it ran.
 
     Pinning a fresh buffer for every batch cost about 6 ms of a 23 ms batch (H100, torch 2.11,
-    benchmarks/jpeg_bench.py profiled with py-spy). One instance per thread: it is not locked."""
+    benchmarks/jpeg_bench.py profiled with py-spy). `alloc(nbytes)` makes another kind of buffer
+    (anything with `numel()`). One instance per thread: it is not locked."""
 
-    def __init__(self, pin: bool = True):
+    def __init__(self, pin: bool = True, alloc: Callable[[int], Any] | None = None):
         self.pin = pin
-        self._free: list[torch.Tensor] = []
-        self._busy: deque[tuple[torch.cuda.Event, torch.Tensor]] = deque()
+        self._alloc = alloc or (lambda nbytes: torch.empty(nbytes, dtype=torch.uint8, pin_memory=self.pin))
+        self._free: list = []
+        self._busy: deque[tuple[torch.cuda.Event, Any]] = deque()
 
-    def take(self, nbytes: int) -> torch.Tensor:
-        """A pinned uint8 buffer of at least `nbytes` (the smallest free one that fits, else a new one)."""
+    def take(self, nbytes: int):
+        """A buffer of at least `nbytes` (the smallest free one that fits, else a new one)."""
         while self._busy and self._busy[0][0].query():
             self._free.append(self._busy.popleft()[1])
         fits = [k for k, b in enumerate(self._free) if b.numel() >= nbytes]
         if fits:  # by position: `list.remove` would compare tensors element-wise
             return self._free.pop(min(fits, key=lambda k: self._free[k].numel()))
-        return torch.empty(nbytes + nbytes // 4, dtype=torch.uint8, pin_memory=self.pin)  # headroom for the next sizes
+        return self._alloc(nbytes + nbytes // 4)  # headroom for the next sizes
 
-    def give_back(self, buf: torch.Tensor, done: torch.cuda.Event) -> None:
-        """`buf` may be reused once `done` (recorded after the last GPU work reading it) has completed."""
-        self._busy.append((done, buf))
+    def give_back(self, buf, done: torch.cuda.Event | None) -> None:
+        """`buf` may be reused once `done` (recorded after the last GPU work reading it) has completed;
+        at once if `done` is None."""
+        if done is None:
+            self._free.append(buf)
+        else:
+            self._busy.append((done, buf))
+
+    def drain(self) -> list:
+        """Every buffer, once the GPU work reading it is done; the staging is empty after."""
+        for done, buf in self._busy:
+            done.synchronize()
+            self._free.append(buf)
+        self._busy.clear()
+        buffers, self._free = self._free, []
+        return buffers
 
 
 def packed(images: list[torch.Tensor], failed: dict[int, str], device: torch.device,

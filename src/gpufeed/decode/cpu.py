@@ -30,7 +30,7 @@ def _pillow(data: torch.Tensor, reduce_to: tuple[int, int] | None) -> torch.Tens
     return torch.from_numpy(np.asarray(img)).permute(2, 0, 1).contiguous()
 
 
-def _decode_one(data: torch.Tensor, reduce_to: tuple[int, int] | None) -> tuple[torch.Tensor, float]:
+def decode_one(data: torch.Tensor, reduce_to: tuple[int, int] | None) -> tuple[torch.Tensor, float]:
     """(CHW pixels, time it finished): the finish time gives the pool's true rate."""
     if reduce_to is None:
         try:
@@ -51,9 +51,10 @@ class CpuDecoder:
         self.last_done = 0.0  # when the last image of the last `collect` finished decoding
         self._staging = PinnedStaging()  # used from the one thread that calls `collect`
 
-    def submit(self, datas: list[torch.Tensor], reduce_to: list[tuple[int, int] | None]):
-        """Start decoding; returns futures (one per image) for `collect`."""
-        return [self._pool.submit(_decode_one, d, r) for d, r in zip(datas, reduce_to)]
+    def submit(self, datas: list[torch.Tensor], shapes: torch.Tensor, reduce_to: list[tuple[int, int] | None]):
+        """Start decoding; returns futures (one per image) for `collect`. (`shapes`, the sizes the
+        store records, are for decoders that reserve room up front; threads don't need them.)"""
+        return [self._pool.submit(decode_one, d, r) for d, r in zip(datas, reduce_to)]
 
     def collect(self, futures, device: torch.device, pin: bool) -> Decoded:
         """Wait for `submit`'s futures and put the images (CHW) back to back where `device` reads them:

@@ -49,19 +49,23 @@ def _nvimgcodec(device: torch.device, name: str, cpu_threads: int):
 
 
 class Scheduler:
-    """Decoders for one pipeline: on a GPU those of `use` that can be made here, and a CPU thread pool."""
+    """Decoders for one pipeline: on a GPU those of `use` that can be made here, and a CPU decoder
+    (`cpu`, e.g. a `ProcessDecoder`; else `cpu_threads` threads)."""
 
-    def __init__(self, device: torch.device, cpu_threads: int, use: tuple[str, ...] = ("hw", "nvjpeg", "cpu")):
+    def __init__(self, device: torch.device, cpu_threads: int, use: tuple[str, ...] = ("hw", "nvjpeg", "cpu"),
+                 cpu=None):
         unknown = set(use) - set(KNOWN)
         if unknown:
             raise ValueError(f"unknown decoders {sorted(unknown)}: choose from {', '.join(KNOWN)}")
         self.device = device
-        self.cpu = CpuDecoder(cpu_threads)  # always there: the fallback for what GPU decoders reject
+        # always there, the fallback for what GPU decoders reject: `cpu` (worker processes) or threads
+        self.cpu = cpu or CpuDecoder(cpu_threads)
         def make(name: str):
             return NvJpegDecoder(device) if name == "nvjpeg" else _nvimgcodec(device, name, max(2, cpu_threads))
 
         wanted = [name for name in KNOWN[:-1] if name in use] if device.type == "cuda" else []
         self.gpu = [d for d in map(make, wanted) if d is not None]
+        self.cpu_share = "cpu" in use or not self.gpu  # else the CPU decodes only what GPU decoders reject
         self.rates = {d.name: START_RATES[d.name] for d in self.gpu} | {"cpu": 300.0 * self.cpu.threads}
         self.counts: Counter = Counter()
         # per batch, summed: "gpu" until every GPU decoder is done, "cpu" the CPU part's work after that;
@@ -78,10 +82,12 @@ class Scheduler:
 
     def shares(self, n: int) -> list[int]:
         """Images per decoder (GPU decoders in order, then the CPU) for a batch of `n`."""
-        total = sum(self.rates.values())
+        total = sum(self.rates[d.name] for d in self.gpu) + (self.rates["cpu"] if self.cpu_share else 0.0)
         cuts = [round(n * self.rates[d.name] / total) for d in self.gpu]
         while sum(cuts) > n:
             cuts[cuts.index(max(cuts))] -= 1
+        if not self.cpu_share:
+            cuts[-1] += n - sum(cuts)
         return cuts + [n - sum(cuts)]
 
     def run(self, datas: list[torch.Tensor], shapes: torch.Tensor, boxes: torch.Tensor, out_hw: tuple[int, int],
@@ -91,8 +97,8 @@ class Scheduler:
         starts = [sum(shares[:i]) for i in range(len(shares) + 1)]
         cpu_pos = list(range(starts[-2], starts[-1]))
         t0 = time.perf_counter()
-        futures = self.cpu.submit([datas[p] for p in cpu_pos], [_reduce_to(shapes[p], boxes[p], out_hw)
-                                                                 for p in cpu_pos])
+        futures = self.cpu.submit([datas[p] for p in cpu_pos], shapes[cpu_pos],
+                                  [_reduce_to(shapes[p], boxes[p], out_hw) for p in cpu_pos])
         jobs = []
         for i, dec in enumerate(self.gpu):
             pos = list(range(starts[i], starts[i + 1]))
@@ -115,7 +121,8 @@ class Scheduler:
         self.seconds["gpu"] += t_cpu - t0
         if retry:  # rejected by a GPU decoder: the CPU decodes them instead
             self.counts["cpu_fallback"] += len(retry)
-            extra = self.cpu.collect(self.cpu.submit([datas[p] for p, _ in retry], [None] * len(retry)),
+            again = [p for p, _ in retry]
+            extra = self.cpu.collect(self.cpu.submit([datas[p] for p in again], shapes[again], [None] * len(retry)),
                                      self.device, pin)
             parts.append((extra, [retry[i][0] for i in extra.kept(len(retry))]))
             failed.update({retry[i][0]: f"{retry[i][1]}; cpu: {why}" for i, why in extra.failed.items()})

@@ -8,6 +8,7 @@ counted, warned about once with the index) or raise naming the index (`"raise"`)
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections import deque
@@ -17,8 +18,8 @@ import torch
 
 from gpufeed.augment.pipeline import Params, _affine, _fused, color_jitter, finish
 from gpufeed.decode import Scheduler
+from gpufeed.decode.workers import DecodeWorkers, ProcessDecoder
 from gpufeed.loader.stats import stage_range
-from gpufeed.store.reader import as_tensor
 
 log = logging.getLogger(__name__)
 
@@ -30,16 +31,16 @@ class DecodeError(RuntimeError):
 class JpegBatcher:
     """Turns (indices, params) into a finished (images, labels) batch on the loader's device."""
 
-    def __init__(self, loader, on_error: str, threads: int, decoders: tuple[str, ...]):
+    def __init__(self, loader, on_error: str, threads: int, decoders: tuple[str, ...], cpu=None):
         if on_error not in ("skip", "raise"):
             raise ValueError(f"on_error must be 'skip' or 'raise', got {on_error!r}")
         self.loader, self.on_error = loader, on_error
-        self.scheduler = Scheduler(loader.device, threads, decoders)
+        self.scheduler = Scheduler(loader.device, threads, decoders, cpu)
         self.fused = loader.device.type == "cuda" and _fused() is not None
         self.stream = torch.cuda.Stream(loader.device) if loader.device.type == "cuda" else None
         self._warned = threading.Event()
-        store = loader.store  # plain views: slicing a memmap object per sample is slow
-        self._data = as_tensor(store.data.view(np.ndarray))
+        store = loader.store
+        self._data = loader.tier.images  # the encoded bytes, where the tier keeps them (host memory)
         self._offsets = np.asarray(store.offsets).view(np.ndarray)
         self._shapes = torch.from_numpy(np.array(store.shapes))
         self._inflight: deque = deque()  # (event, decoded buffers) until the kernels reading them ran
@@ -155,3 +156,30 @@ def jpeg_feed(loader, plan, start: int):
         return Batch(images, labels, None, final=True), event
 
     return threaded(loader, make, range(start, len(plan)), workers=len(loader.jpeg))
+
+
+def jpeg_batchers(loader, on_error: str, decoders: tuple[str, ...], workers: int | None, pipelines: int | None):
+    """The loader's decode pipelines and the CPU decode worker processes they share (None where
+    processes can't be used: then each pipeline decodes on threads, and says why once).
+
+    Defaults measured on a 16-core H100 host (benchmarks/jpeg_bench.py --grid): 3 pipelines on a GPU
+    (one batch's Python overlaps another's decoding), half the cores decoding on the CPU."""
+    gpu = loader.device.type == "cuda"
+    cores = os.cpu_count() or 1
+    workers = workers or max(1, cores // 2 if gpu else cores)
+    pipelines = pipelines or (3 if gpu else 1)
+    pool = None
+    if "cpu" in decoders or not gpu:
+        try:
+            pool = DecodeWorkers(loader.store.data, workers)
+        except (RuntimeError, OSError) as e:
+            log.warning("gpufeed.Loader: CPU JPEG decode in worker processes unavailable (%s); decoding on "
+                        "threads, which share the GIL with the pipelines (slower)", e)
+    per_pipeline = max(1, workers // pipelines)
+    batchers = [JpegBatcher(loader, on_error, per_pipeline, decoders,
+                            ProcessDecoder(pool, loader.device) if pool is not None else None)
+                for _ in range(pipelines)]
+    where = f"{workers} processes" if pool is not None else f"{per_pipeline} threads per pipeline"
+    log.info("gpufeed.Loader: jpeg decoders %s, %d pipeline(s), CPU decode in %s",
+             " + ".join(batchers[0].scheduler.names), pipelines, where)
+    return batchers, pool

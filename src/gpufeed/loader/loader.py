@@ -20,7 +20,7 @@ import torch
 from gpufeed.augment.pipeline import Augment
 from gpufeed.loader import tiers
 from gpufeed.loader.feeds import Batch, device_feed, host_feed
-from gpufeed.loader.jpeg import JpegBatcher, jpeg_feed
+from gpufeed.loader.jpeg import JpegBatcher, jpeg_batchers, jpeg_feed
 from gpufeed.loader.planner import Planner
 from gpufeed.loader.sampler import ShardedBatchSampler, resolve_rank
 from gpufeed.loader.stats import Stats, stage_range
@@ -56,7 +56,7 @@ class Loader:
                  shuffle: bool = True, seed: int = 0, drop_last: bool = True, augment: Sequence | None = None,
                  dtype: torch.dtype = torch.float16, channels_last: bool = False, cache: str = "auto",
                  rank: int | None = None, world_size: int | None = None, prefetch: int = 3,
-                 gather_threads: int | None = None, on_error: str = "skip", decode_threads: int | None = None,
+                 gather_threads: int | None = None, on_error: str = "skip", decode_workers: int | None = None,
                  decoders: tuple[str, ...] = ("hw", "nvjpeg", "cpu"), decode_pipelines: int | None = None):
         self.store = store if isinstance(store, Store) else Store(store)
         if self.store.mode == "jpeg" and not augment:
@@ -72,15 +72,9 @@ class Loader:
         self.tier = tiers.materialize(self.store, self.device, cache)
         log.info("gpufeed.Loader: tier %s (%s)", self.tier.name, self.tier.reason)
         self.jpeg: list[JpegBatcher] = []
+        self._workers = None
         if self.store.mode == "jpeg":
-            # defaults measured on a 16-core H200 host (benchmarks/jpeg_bench.py): 3 pipelines and few CPU
-            # decode threads (nvJPEG decodes Huffman on the host; more CPU threads slow it down)
-            gpu = self.device.type == "cuda"
-            threads = decode_threads or max(1, (os.cpu_count() or 1) // (5 if gpu else 1))
-            pipelines = decode_pipelines or (3 if gpu else 1)
-            self.jpeg = [JpegBatcher(self, on_error, max(1, threads // pipelines), decoders) for _ in range(pipelines)]
-            log.info("gpufeed.Loader: jpeg decoders %s, %d pipeline(s)", " + ".join(self.jpeg[0].scheduler.names),
-                     pipelines)
+            self.jpeg, self._workers = jpeg_batchers(self, on_error, decoders, decode_workers, decode_pipelines)
         self.gather = Gatherer(gather_threads or min(8, os.cpu_count() or 1))
         self.copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.counters = Stats(self.tier.name)
@@ -94,10 +88,12 @@ class Loader:
         return len(self.sampler)
 
     def close(self) -> None:
-        """Stop the loader's thread pools (gather, decode, planning); the loader can't iterate after."""
+        """Stop the loader's threads and processes (gather, decode, planning); it can't iterate after."""
         self.gather.close()
         for batcher in self.jpeg:
             batcher.close()
+        if self._workers is not None:
+            self._workers.close()
         self._planner.close()
 
     def __enter__(self) -> Loader:

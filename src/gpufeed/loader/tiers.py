@@ -3,8 +3,11 @@
 - `gpu`: the whole store is copied to the device once; batches are gathered there.
 - `host`: the store's memory map is page-locked and registered with CUDA (one copy in RAM,
   shared through the page cache by every process on the machine); the GPU gathers batches
-  straight over PCIe, no CPU copy at all. If registration fails, a pinned copy is used.
+  straight over PCIe, no CPU copy at all. If registration fails, the disk tier is used.
 - `disk`: batches are gathered by CPU threads from the memory map into a pinned ring.
+
+A jpeg store's encoded bytes are decoded from host memory whatever the tier: `host` page-locks
+them in RAM, `disk` reads them from the page cache (see `_encoded`).
 """
 
 from __future__ import annotations
@@ -16,11 +19,10 @@ import numpy as np
 import torch
 
 from gpufeed.store.reader import Store, as_tensor
-from gpufeed.transfer.uva import device_view
+from gpufeed.transfer.uva import Registration, device_view
 
 log = logging.getLogger(__name__)
 TIERS = ("auto", "gpu", "host", "disk")
-REGISTER_FLAGS = 0x01 | 0x02 | 0x08  # cudaHostRegisterPortable | Mapped | ReadOnly
 
 
 @dataclass
@@ -28,7 +30,7 @@ class Tier:
     """The chosen tier, the tensor batches are gathered from, and why."""
 
     name: str
-    images: torch.Tensor = field(repr=False)  # (N, H, W, 3) uint8, on the device that gathers
+    images: torch.Tensor = field(repr=False)  # (N, H, W, 3) uint8 on the device that gathers; jpeg: CPU bytes
     labels: torch.Tensor = field(repr=False)  # (N,) int64, same device as images
     reason: str = ""
     _keep: list = field(default_factory=list, repr=False)  # owners of the memory `images` reads
@@ -67,22 +69,9 @@ def choose(store: Store, device: torch.device, cache: str) -> tuple[str, str]:
     return "disk", f"store {size / 1e9:.2f} GB exceeds the host budget ({budget / 1e9:.1f} GB): streaming"
 
 
-class _Registration:
-    """Keeps host memory registered with CUDA for as long as it is referenced."""
-
-    def __init__(self, array: np.ndarray):
-        self.array, self.ptr = array, array.ctypes.data
-        err = torch.cuda.cudart().cudaHostRegister(self.ptr, array.nbytes, REGISTER_FLAGS)
-        if int(err) != 0:
-            raise RuntimeError(f"cudaHostRegister failed with CUDA error {int(err)}")
-
-    def __del__(self):
-        torch.cuda.cudart().cudaHostUnregister(self.ptr)
-
-
 def _zero_copy(array: np.ndarray, device: torch.device) -> tuple[torch.Tensor, object]:
     """A CUDA tensor reading `array` (host memory) over PCIe, and the owner to keep alive."""
-    reg = _Registration(array)
+    reg = Registration(array.ctypes.data, array.nbytes)
     return device_view(reg.ptr, array.shape, device), reg
 
 
@@ -90,7 +79,7 @@ def materialize(store: Store, device: torch.device, cache: str) -> Tier:
     """Build the tier `cache` asks for (or picks), degrading loudly when it cannot."""
     name, reason = choose(store, device, cache)
     if store.mode == "jpeg":
-        return Tier("disk", as_tensor(store.data), store.labels, "jpeg store: encoded bytes read from the page cache")
+        return _encoded(store, device, name, reason)
     images, labels = as_tensor(store.images), store.labels
     if name == "gpu":
         gpu = torch.empty(images.shape, dtype=torch.uint8, device=device)
@@ -108,3 +97,27 @@ def materialize(store: Store, device: torch.device, cache: str) -> Tier:
     if name == "host":  # CPU device: the page cache is host memory already, shared by every process
         return Tier("host", images, labels, reason + "; CPU device reads the page cache in place")
     return Tier("disk", images, labels, reason)
+
+
+def _encoded(store: Store, device: torch.device, name: str, reason: str) -> Tier:
+    """Tier of a jpeg store's encoded bytes. Every decoder parses bitstreams on the host (nvJPEG,
+    nvImageCodec and libjpeg take host memory), so the fastest place for them is page-locked RAM:
+    `host` locks the memory map there (no page faults, nothing evicted, DMA-able); `gpu` is served so."""
+    data, labels = as_tensor(store.data), store.labels
+    if name == "gpu":
+        if reason != "asked for":  # auto picked gpu because it fits there; host RAM holds it as well
+            name, reason = choose(store, torch.device("cpu"), "auto")
+        else:
+            log.warning("%s: cache='gpu' on a jpeg store: decoders read bitstreams from host memory, so its "
+                        "encoded bytes are page-locked in RAM instead (the host tier)", store.path)
+            name, reason = "host", "cache='gpu' asked for; decoders read bitstreams from host memory"
+    if name == "disk" or device.type != "cuda" or data.numel() == 0:
+        where = "page-locked" if name == "host" and device.type == "cuda" else "read from the page cache"
+        return Tier(name, data, labels, f"{reason}; jpeg store: encoded bytes {where}")
+    try:
+        owner = Registration(store.data.ctypes.data, store.data.nbytes)
+    except RuntimeError as e:
+        log.warning("host tier: cannot page-lock the jpeg store's %.2f GB of encoded bytes (%s); they are read "
+                    "from the page cache instead", store.data.nbytes / 1e9, e)
+        return Tier("disk", data, labels, f"{reason}; page-locking failed ({e})")
+    return Tier("host", data, labels, f"{reason}; encoded bytes page-locked in RAM", [owner])

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+REGISTER_FLAGS = 0x01 | 0x02 | 0x08  # cudaHostRegisterPortable | Mapped | ReadOnly
+
 
 class _DeviceArray:
     """Describes `nbytes` of page-locked host memory at `ptr` as a CUDA uint8 array."""
@@ -19,3 +21,17 @@ def device_view(ptr: int, shape: tuple[int, ...], device: torch.device) -> torch
     PCIe, nothing is copied. The caller keeps the host memory alive and pinned while kernels read it."""
     with torch.cuda.device(device):
         return torch.as_tensor(_DeviceArray(ptr, shape), device=device)
+
+
+class Registration:
+    """Page-locks `nbytes` of existing host memory at `ptr` (a memory map, a shared segment) and maps
+    it for the GPU, for as long as this object lives. Raises RuntimeError if CUDA refuses."""
+
+    def __init__(self, ptr: int, nbytes: int):
+        self.ptr = ptr
+        err = torch.cuda.cudart().cudaHostRegister(ptr, nbytes, REGISTER_FLAGS)
+        if int(err) != 0:
+            raise RuntimeError(f"cudaHostRegister of {nbytes} bytes failed with CUDA error {int(err)}")
+
+    def __del__(self):
+        torch.cuda.cudart().cudaHostUnregister(self.ptr)

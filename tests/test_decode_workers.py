@@ -1,0 +1,134 @@
+"""CPU JPEG decode in worker processes: same pixels as the thread decoder, failures per image,
+a dead worker survived, shared buffers reused and removed, and the encoded bytes' tiers."""
+
+from __future__ import annotations
+
+import logging
+import os
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import gpufeed
+from conftest import save, smooth
+from gpufeed.augment import Normalize, RandomResizedCrop
+from gpufeed.decode import Scheduler
+from gpufeed.decode.cpu import CpuDecoder
+from gpufeed.decode.workers import SHM, DecodeWorkers, ProcessDecoder
+from gpufeed.loader import tiers
+from gpufeed.store.reader import as_tensor
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    root = tmp_path_factory.mktemp("jpegw")
+    for i, (h, w) in enumerate([(40, 60), (64, 48), (90, 120), (33, 33)] * 3):
+        save(root / "src" / f"c{i % 2}" / f"{i:03d}.png", smooth(i, h, w))
+    gpufeed.pack(root / "src", root / "store", mode="jpeg", quality=95, workers=1, progress=False)
+    return gpufeed.open(root / "store")
+
+
+def _inputs(store, idx):
+    data = as_tensor(store.data)
+    datas = [data[int(store.offsets[i]) : int(store.offsets[i + 1])] for i in idx]
+    return datas, torch.from_numpy(store.shapes[idx].copy()).int()
+
+
+def _images(part):
+    return [part.base.as_strided((3, h, w), tuple(s), int(o))
+            for (h, w), s, o in zip(part.sizes.tolist(), part.strides.tolist(), part.offsets.tolist())]
+
+
+def _segments() -> set[str]:
+    return {p.name for p in SHM.iterdir()}
+
+
+def test_processes_decode_the_same_pixels_as_threads(store):
+    idx = list(range(len(store)))
+    datas, shapes = _inputs(store, idx)
+    reduce_to = [None] * len(idx)
+    big = [tuple(s) for s in store.shapes.tolist()].index((90, 120))
+    reduce_to[big] = (60, 45)  # a DCT-reduced decode (Pillow draft) goes through the worker too
+    threads = CpuDecoder(2)
+    want = threads.collect(threads.submit(datas, shapes, reduce_to), CPU, pin=False)
+    before = _segments()
+    workers = DecodeWorkers(store.data, 2)
+    decoder = ProcessDecoder(workers, CPU)
+    try:
+        for _ in range(2):  # the second batch reuses the first one's shared buffer
+            got = decoder.collect(decoder.submit(datas, shapes, reduce_to), CPU, pin=False)
+            assert got.failed == {} and torch.equal(got.sizes, want.sizes)
+            assert all(torch.equal(a, b) for a, b in zip(_images(got), _images(want)))
+            assert got.sizes[big].tolist() == [45, 60]
+        assert len(_segments() - before) == 1
+        assert decoder.last_done > 0
+    finally:
+        decoder.close()
+        workers.close()
+        threads.close()
+    assert _segments() <= before  # buffers removed on close
+
+
+def test_a_bad_image_fails_alone_and_a_view_of_another_store_is_refused(store, tmp_path):
+    broken = tmp_path / "bad.bin"
+    good = bytes(store.data[int(store.offsets[0]) : int(store.offsets[1])])
+    broken.write_bytes(good + b"\xff\xd8 not a jpeg at all")
+    import numpy as np
+
+    data = np.memmap(broken, dtype=np.uint8, mode="r")
+    workers = DecodeWorkers(data, 1)
+    decoder = ProcessDecoder(workers, CPU)
+    try:
+        datas = [as_tensor(data[: len(good)]), as_tensor(data[len(good) :])]
+        shapes = torch.tensor([list(store.shapes[0])] * 2, dtype=torch.int32)
+        part = decoder.collect(decoder.submit(datas, shapes, [None, None]), CPU, pin=False)
+        assert list(part.failed) == [1] and part.sizes.tolist() == [list(store.shapes[0])]
+        small = torch.tensor([[2, 2], list(store.shapes[0])], dtype=torch.int32)  # the store records less
+        part = decoder.collect(decoder.submit(datas[:1] * 2, small, [None, None]), CPU, pin=False)
+        assert "larger than the size the store records" in part.failed[0] and 1 not in part.failed
+        with pytest.raises(ValueError, match="views of the store"):
+            decoder.submit([torch.zeros(10, dtype=torch.uint8)], shapes[:1], [None])
+    finally:
+        decoder.close()
+        workers.close()
+
+
+def test_a_dead_worker_is_survived_on_threads(store, caplog):
+    ops = [RandomResizedCrop(16), Normalize()]
+    loader = gpufeed.Loader(store, batch_size=4, device="cpu", augment=ops, decode_workers=2, seed=3)
+    want = [images for images, _ in gpufeed.Loader(store, batch_size=4, device="cpu", augment=ops, seed=3)]
+    it = iter(loader)
+    first = next(it)[0]
+    for pid in list(loader._workers._pool._processes):
+        os.kill(pid, 9)
+    with caplog.at_level(logging.WARNING, logger="gpufeed"):
+        rest = [images for images, _ in it]
+    loader.close()
+    assert "decode worker process died" in caplog.text
+    assert all(torch.equal(a, b) for a, b in zip([first] + rest, want))
+    assert loader.stats()["decoded_by"].get("failed", 0) == 0
+
+
+def test_cpu_share_follows_the_decoders_asked_for():
+    scheduler = Scheduler(CPU, 1, ("nvjpeg",))
+    assert not scheduler.gpu and scheduler.cpu_share  # no GPU here: the CPU decodes everything anyway
+    assert scheduler.shares(10) == [10]
+    scheduler.gpu, scheduler.cpu_share = [SimpleNamespace(name="nvjpeg")], False  # as on a GPU
+    scheduler.rates.update(nvjpeg=1000.0, cpu=1000.0)
+    assert scheduler.shares(11) == [11, 0]  # the CPU only decodes what the GPU decoder rejects
+    scheduler.cpu_share = True
+    assert scheduler.shares(10) == [5, 5]
+    scheduler.close()
+
+
+def test_encoded_bytes_tiers_on_cpu(store):
+    assert tiers.materialize(store, CPU, "auto").name == "host"
+    assert tiers.materialize(store, CPU, "disk").name == "disk"
+    with pytest.raises(ValueError, match="CUDA"):
+        tiers.materialize(store, CPU, "gpu")
+    loader = gpufeed.Loader(store, batch_size=4, device="cpu", augment=[RandomResizedCrop(8)], cache="disk")
+    assert loader.stats()["tier"] == "disk" and len(list(loader)) == 3
+    loader.close()
