@@ -49,11 +49,11 @@ def gpufeed_jpeg(store, epochs: int, batch: int, workers: int | None, decoders: 
         for _ in loader:
             pass
     torch.cuda.synchronize()
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, cpu_seconds() - c0  # before close: the decode workers still run
     stats, (free, total) = loader.stats(), torch.cuda.mem_get_info()
     loader.close()
     counts = {k: v - before.get(k, 0) for k, v in stats["decoded_by"].items()}
-    return {"img_per_s": epochs * len(loader) * batch / wall, "cpu_cores_used": (cpu_seconds() - c0) / wall,
+    return {"img_per_s": epochs * len(loader) * batch / wall, "cpu_cores_used": cpu / wall,
             "gpu_used_gb": (total - free) / 1e9, "gpu_peak_gb": torch.cuda.max_memory_allocated() / 1e9,
             "decoded_by": counts, "rates_img_per_s": stats["decoder_rates"], "decoders": stats["decoders"],
             "stage_s_per_batch": {k: (v - seconds.get(k, 0)) / (epochs * len(loader))

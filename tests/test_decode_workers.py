@@ -18,6 +18,7 @@ from gpufeed.decode.cpu import CpuDecoder
 from gpufeed.decode.workers import SHM, DecodeWorkers, ProcessDecoder
 from gpufeed.loader import tiers
 from gpufeed.store.reader import as_tensor
+from torchvision.io import decode_jpeg as torchvision_decode
 
 CPU = torch.device("cpu")
 
@@ -56,7 +57,7 @@ def test_processes_decode_the_same_pixels_as_threads(store):
     want = threads.collect(threads.submit(datas, shapes, reduce_to), CPU, pin=False)
     before = _segments()
     workers = DecodeWorkers(store.data, 2)
-    decoder = ProcessDecoder(workers, CPU)
+    decoder = ProcessDecoder(workers, workers.conns, CPU)
     try:
         for _ in range(2):  # the second batch reuses the first one's shared buffer
             got = decoder.collect(decoder.submit(datas, shapes, reduce_to), CPU, pin=False)
@@ -72,6 +73,24 @@ def test_processes_decode_the_same_pixels_as_threads(store):
     assert _segments() <= before  # buffers removed on close
 
 
+def test_jobs_collected_out_of_order_get_their_own_images(store):
+    """The scheduler submits a batch's CPU share, then GPU rejects on the same workers, and collects
+    the rejects first: each must get its own replies."""
+    workers = DecodeWorkers(store.data, 2)
+    decoder = ProcessDecoder(workers, workers.conns, CPU)
+    try:
+        first, second = _inputs(store, range(0, 8)), _inputs(store, [9, 10, 11])
+        a = decoder.submit(*first, [None] * 8)
+        b = decoder.submit(*second, [None] * 3)
+        got_b, got_a = decoder.collect(b, CPU, pin=False), decoder.collect(a, CPU, pin=False)
+        for got, (datas, shapes) in ((got_a, first), (got_b, second)):
+            assert torch.equal(got.sizes, shapes)
+            assert all(torch.equal(image, torchvision_decode(d)) for image, d in zip(_images(got), datas))
+    finally:
+        decoder.close()
+        workers.close()
+
+
 def test_a_bad_image_fails_alone_and_a_view_of_another_store_is_refused(store, tmp_path):
     broken = tmp_path / "bad.bin"
     good = bytes(store.data[int(store.offsets[0]) : int(store.offsets[1])])
@@ -80,7 +99,7 @@ def test_a_bad_image_fails_alone_and_a_view_of_another_store_is_refused(store, t
 
     data = np.memmap(broken, dtype=np.uint8, mode="r")
     workers = DecodeWorkers(data, 1)
-    decoder = ProcessDecoder(workers, CPU)
+    decoder = ProcessDecoder(workers, workers.conns, CPU)
     try:
         datas = [as_tensor(data[: len(good)]), as_tensor(data[len(good) :])]
         shapes = torch.tensor([list(store.shapes[0])] * 2, dtype=torch.int32)
@@ -102,8 +121,8 @@ def test_a_dead_worker_is_survived_on_threads(store, caplog):
     want = [images for images, _ in gpufeed.Loader(store, batch_size=4, device="cpu", augment=ops, seed=3)]
     it = iter(loader)
     first = next(it)[0]
-    for pid in list(loader._workers._pool._processes):
-        os.kill(pid, 9)
+    for proc in loader._workers._procs:
+        os.kill(proc.pid, 9)
     with caplog.at_level(logging.WARNING, logger="gpufeed"):
         rest = [images for images, _ in it]
     loader.close()

@@ -8,19 +8,22 @@ thread decoder does) and writes CHW pixels into a shared-memory segment that the
 page-locked for the GPU; the resize kernel reads them in place. Per chunk of images one small
 message goes each way: byte ranges out, decoded sizes back.
 
-Linux only (fork, /dev/shm). Where processes can't run, or a worker dies, the loader says so once
+Linux only (forkserver, /dev/shm). Where processes can't run, or a worker dies, the loader says so once
 and decodes on threads instead.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import multiprocessing
 import os
-from concurrent.futures import Future, ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
+import signal
+import time
+from collections import Counter
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from multiprocessing.shared_memory import SharedMemory
 from pathlib import Path
 
@@ -62,30 +65,34 @@ class Segment:
         self._shm.unlink()
 
 
-_DATA: np.ndarray | None = None  # in a worker: the store's encoded bytes
-_OPEN: dict[str, np.memmap] = {}  # in a worker: segments by path
-
-
-def _start(path: str, offset: int, nbytes: int) -> None:
-    global _DATA
+def _serve(conn: Connection, path: str, offset: int, nbytes: int) -> None:
+    """A worker: decode the chunks that come down `conn` until told to stop (None) or the loader is gone."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the loader's to handle; it stops us
     torch.set_num_threads(1)
-    _DATA = np.memmap(path, dtype=np.uint8, mode="r", offset=offset, shape=(nbytes,)).view(np.ndarray)
+    data = np.memmap(path, dtype=np.uint8, mode="r", offset=offset, shape=(nbytes,)).view(np.ndarray)
+    segments: dict[str, np.memmap] = {}
+    while True:
+        try:
+            task = conn.recv()
+        except (EOFError, OSError):
+            return
+        if task is None:
+            return
+        ticket, segment, jobs = task
+        if segment not in segments:
+            segments[segment] = np.memmap(segment, dtype=np.uint8, mode="r+")
+        wall, cpu = time.perf_counter(), time.process_time()
+        results = _decode(data, segments[segment], jobs)
+        conn.send((ticket, results, time.perf_counter() - wall, time.process_time() - cpu))
 
 
-def _ready(_: int) -> int:
-    return os.getpid()
-
-
-def _decode(segment: str, jobs: list[tuple]) -> list[tuple[int, int, float] | str]:
-    """Decode (begin, end, at, capacity, reduce_to) jobs into `segment`: (height, width, finish time)
-    per image, or why it failed."""
-    out = _OPEN.get(segment)
-    if out is None:
-        out = _OPEN[segment] = np.memmap(segment, dtype=np.uint8, mode="r+")
+def _decode(data: np.ndarray, out: np.ndarray, jobs: list[tuple]) -> list[tuple[int, int, float] | str]:
+    """Decode (begin, end, at, capacity, reduce_to) jobs into `out`: (height, width, finish time) per
+    image, or why it failed."""
     results: list = []
     for begin, end, at, capacity, reduce_to in jobs:
         try:
-            pixels, done = decode_one(as_tensor(_DATA[begin:end]), reduce_to)
+            pixels, done = decode_one(as_tensor(data[begin:end]), reduce_to)
             if pixels.numel() > capacity:
                 raise ValueError(f"decoded to {tuple(pixels.shape[1:])}, larger than the size the store records")
             out[at : at + pixels.numel()] = pixels.reshape(-1).numpy()
@@ -95,22 +102,41 @@ def _decode(segment: str, jobs: list[tuple]) -> list[tuple[int, int, float] | st
     return results
 
 
-class DecodeWorkers:
-    """`workers` decode processes over one store's encoded bytes, shared by a loader's pipelines.
+def _context():
+    """forkserver: workers forked from a clean single-threaded server (preloaded with the decoders),
+    never from the loader's process, whose CUDA and decoder threads make fork unsafe."""
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload([__name__])
+    return ctx
 
-    Forked at once, while the loader's process has no threads of its own running yet. Raises
-    RuntimeError when processes can't be used here (no fork, no /dev/shm)."""
+
+class DecodeWorkers:
+    """`workers` decode processes over one store's encoded bytes, each with a pipe of its own; the
+    loader's pipelines divide them (`share`), so no thread or queue sits between a pipeline and its
+    workers. Raises RuntimeError when processes can't be used here (no forkserver, no /dev/shm)."""
 
     def __init__(self, data: np.memmap, workers: int):
-        if "fork" not in multiprocessing.get_all_start_methods() or not SHM.is_dir():
-            raise RuntimeError("decode worker processes need fork and /dev/shm (Linux)")
+        if "forkserver" not in multiprocessing.get_all_start_methods() or not SHM.is_dir():
+            raise RuntimeError("decode worker processes need forkserver and /dev/shm (Linux)")
         if not isinstance(data, np.memmap) or data.filename is None:
             raise RuntimeError("decode workers read the store from its file; these bytes have none")
         self.workers = workers
         self._base, self._nbytes = data.ctypes.data, data.nbytes
-        self._pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
-                                         initializer=_start, initargs=(data.filename, data.offset, data.nbytes))
-        list(self._pool.map(_ready, range(workers)))
+        ctx, self._procs, self.conns = _context(), [], []
+        for _ in range(workers):
+            mine, theirs = ctx.Pipe()
+            proc = ctx.Process(target=_serve, args=(theirs, data.filename, data.offset, data.nbytes), daemon=True,
+                               name="gpufeed-decode")
+            proc.start()
+            theirs.close()
+            self._procs.append(proc)
+            self.conns.append(mine)
+
+    def share(self, k: int, of: int) -> list[Connection]:
+        """The pipes of pipeline `k` of `of` (every `of`-th worker): a pipe serves one pipeline only."""
+        if of > len(self.conns):
+            raise ValueError(f"{of} pipelines need at least as many decode workers, there are {len(self.conns)}")
+        return self.conns[k::of]
 
     def begin(self, data: torch.Tensor) -> int:
         """Where `data` (a view of the store's bytes) starts in the store."""
@@ -119,11 +145,18 @@ class DecodeWorkers:
             raise ValueError("decode workers can only decode views of the store they were started on")
         return begin
 
-    def submit(self, segment: str, jobs: list[tuple]) -> Future:
-        return self._pool.submit(_decode, segment, jobs)
-
     def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        for conn in self.conns:
+            try:
+                conn.send(None)
+            except OSError:  # that worker is gone already
+                pass
+        for proc in self._procs:
+            proc.join(timeout=5)
+            if proc.is_alive():
+                proc.terminate()
+        for conn in self.conns:
+            conn.close()
 
 
 @dataclass
@@ -131,50 +164,70 @@ class _Job:
     segment: Segment
     at: np.ndarray  # where each image goes in the segment
     total: int  # bytes of the segment the images may fill
-    futures: list[Future]
-    datas: list[torch.Tensor]  # kept to decode again on threads if the pool broke
+    conns: list[Connection]  # the workers that have a chunk of it, in order
+    ticket: int  # tags its chunks' replies: a pipe may carry replies of two jobs (a batch and its retries)
+    datas: list[torch.Tensor]  # kept to decode again on threads if a worker died
     reduce_to: list
 
 
 class ProcessDecoder:
-    """One pipeline's view of the shared workers: `submit`/`collect` like `CpuDecoder`, images in
-    this pipeline's own shared buffers (reused once the kernels reading them have run)."""
+    """One pipeline's share of the workers (`conns`): `submit`/`collect` like `CpuDecoder`, images in
+    this pipeline's own shared buffers, reused once the kernels reading them have run."""
 
     name = "cpu"
 
-    def __init__(self, workers: DecodeWorkers, device: torch.device):
-        self.workers, self.device = workers, device
-        self.threads = workers.workers
-        self.last_done = 0.0
+    def __init__(self, workers: DecodeWorkers, conns: list[Connection], device: torch.device):
+        self.workers, self.conns, self.device = workers, conns, device
+        self.threads = len(conns)
+        self._last_done = 0.0
         self._staging = PinnedStaging(alloc=lambda nbytes: Segment(nbytes, device))
-        self._threads: CpuDecoder | None = None  # once the pool broke
+        self._threads: CpuDecoder | None = None  # once a worker died
+        # seconds the workers spent on this pipeline's chunks: wall, and CPU (less than wall: starved of cores)
+        self.busy: Counter = Counter()
+        self._tickets = itertools.count()
+        self._early: dict[tuple[int, int], tuple] = {}  # replies read while waiting for an earlier job's
+
+    @property
+    def last_done(self) -> float:
+        """When the last image of the last `collect` finished decoding (a worker's perf_counter)."""
+        return self._threads.last_done if self._threads is not None else self._last_done
 
     def submit(self, datas: list[torch.Tensor], shapes: torch.Tensor, reduce_to: list):
-        if self._threads is not None:
-            return self._threads.submit(datas, shapes, reduce_to)
-        capacity = (shapes[:, 0].long() * shapes[:, 1].long() * 3).numpy() if len(datas) else np.zeros(0, np.int64)
-        at = np.cumsum(capacity) - capacity
-        segment = self._staging.take(max(1, int(capacity.sum())))
-        jobs = [(self.workers.begin(d), self.workers.begin(d) + d.numel(), int(a), int(c), r)
-                for d, a, c, r in zip(datas, at, capacity, reduce_to)]
-        size = math.ceil(len(jobs) / self.workers.workers) or 1
-        futures = [self.workers.submit(segment.path, jobs[k : k + size]) for k in range(0, len(jobs), size)]
-        return _Job(segment, at, int(capacity.sum()), futures, datas, reduce_to)
+        """Send each worker its chunk (byte ranges, where to write); the pipes carry no pixels."""
+        if self._threads is None:
+            capacity = (shapes[:, 0].long() * shapes[:, 1].long() * 3).numpy().reshape(-1)
+            at = np.cumsum(capacity) - capacity
+            segment = self._staging.take(max(1, int(capacity.sum())))
+            begins = [self.workers.begin(d) for d in datas]
+            jobs = [(b, b + d.numel(), int(a), int(c), r)
+                    for b, d, a, c, r in zip(begins, datas, at, capacity, reduce_to)]
+            size = math.ceil(len(jobs) / len(self.conns)) or 1
+            job = _Job(segment, at, int(capacity.sum()), [], next(self._tickets), datas, reduce_to)
+            try:
+                for conn, k in zip(self.conns, range(0, len(jobs), size)):
+                    conn.send((job.ticket, segment.path, jobs[k : k + size]))
+                    job.conns.append(conn)
+                return job
+            except OSError as e:
+                self._broken(e, job)
+        return self._threads.submit(datas, shapes, reduce_to)
 
     def collect(self, job, device: torch.device, pin: bool) -> Decoded:
         """The decoded images where `device` reads them: in place in the shared buffer if `pin`."""
-        if self._threads is not None and not isinstance(job, _Job):
+        if not isinstance(job, _Job):
             return self._threads.collect(job, device, pin)
         try:
-            results = [r for f in job.futures for r in f.result()]
-        except BrokenProcessPool as e:
-            self._staging.give_back(job.segment, None)
-            return self._broken(e, job, device, pin)
+            replies = [self._reply(conn, job.ticket) for conn in job.conns]
+        except (EOFError, OSError) as e:
+            self._broken(e, job)
+            return self._threads.collect(self._threads.submit(job.datas, None, job.reduce_to), device, pin)
+        results = [r for _, chunk, _, _ in replies for r in chunk]
+        self.busy.update(workers_wall=sum(r[2] for r in replies), workers_cpu=sum(r[3] for r in replies))
         kept = [k for k, r in enumerate(results) if not isinstance(r, str)]
         failed = {k: r for k, r in enumerate(results) if isinstance(r, str)}
         sizes = torch.tensor([results[k][:2] for k in kept], dtype=torch.int32).reshape(-1, 2)
         strides = torch.stack([sizes[:, 0] * sizes[:, 1], sizes[:, 1], torch.ones_like(sizes[:, 0])], 1).long()
-        self.last_done = max((results[k][2] for k in kept), default=0.0)
+        self._last_done = max((results[k][2] for k in kept), default=0.0)
         offsets = torch.from_numpy(job.at[kept]).long()
         if pin:
             return Decoded(job.segment.view, offsets, sizes, strides, [job.segment], failed,
@@ -183,14 +236,22 @@ class ProcessDecoder:
         self._staging.give_back(job.segment, None)
         return Decoded(base, offsets, sizes, strides, [], failed)
 
-    def _broken(self, error: BaseException, job: _Job, device: torch.device, pin: bool) -> Decoded:
-        log.warning("gpufeed: a JPEG decode worker process died (%s); this pipeline decodes on %d threads "
-                    "from now on", error, self.threads)
+    def _reply(self, conn: Connection, ticket: int) -> tuple:
+        """The reply to `ticket` from `conn`, keeping replies to other jobs that come first."""
+        reply = self._early.pop((id(conn), ticket), None)
+        while reply is None:
+            got = conn.recv()
+            if got[0] == ticket:
+                reply = got
+            else:
+                self._early[(id(conn), got[0])] = got
+        return reply
+
+    def _broken(self, error: BaseException, job: _Job) -> None:
+        log.warning("gpufeed: a JPEG decode worker process died (%s: %s); this pipeline decodes on %d threads "
+                    "from now on", type(error).__name__, error, self.threads)
+        self._staging.give_back(job.segment, None)
         self._threads = CpuDecoder(self.threads)
-        shapes = torch.zeros((len(job.datas), 2), dtype=torch.int32)
-        decoded = self._threads.collect(self._threads.submit(job.datas, shapes, job.reduce_to), device, pin)
-        self.last_done = self._threads.last_done
-        return decoded
 
     def close(self) -> None:
         if self._threads is not None:

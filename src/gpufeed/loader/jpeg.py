@@ -163,23 +163,25 @@ def jpeg_batchers(loader, on_error: str, decoders: tuple[str, ...], workers: int
     processes can't be used: then each pipeline decodes on threads, and says why once).
 
     Defaults measured on a 16-core H100 host (benchmarks/jpeg_bench.py --grid): 3 pipelines on a GPU
-    (one batch's Python overlaps another's decoding), half the cores decoding on the CPU."""
+    (one batch's Python overlaps another's decoding) and a fifth of the cores decoding on the CPU: each
+    JPEG costs a worker ~2 ms of CPU there, and busier CPUs slow the GPU decoders' host work more than
+    they add (3 workers 21.5k img/s, 14 workers 15.8k). On a CPU device every core decodes."""
     gpu = loader.device.type == "cuda"
     cores = os.cpu_count() or 1
-    workers = workers or max(1, cores // 2 if gpu else cores)
     pipelines = pipelines or (3 if gpu else 1)
+    workers = workers or (max(pipelines, cores // 5) if gpu else cores)
     pool = None
     if "cpu" in decoders or not gpu:
         try:
-            pool = DecodeWorkers(loader.store.data, workers)
+            pool = DecodeWorkers(loader.store.data, max(workers, pipelines))  # a worker serves one pipeline
         except (RuntimeError, OSError) as e:
             log.warning("gpufeed.Loader: CPU JPEG decode in worker processes unavailable (%s); decoding on "
                         "threads, which share the GIL with the pipelines (slower)", e)
     per_pipeline = max(1, workers // pipelines)
     batchers = [JpegBatcher(loader, on_error, per_pipeline, decoders,
-                            ProcessDecoder(pool, loader.device) if pool is not None else None)
-                for _ in range(pipelines)]
-    where = f"{workers} processes" if pool is not None else f"{per_pipeline} threads per pipeline"
+                            ProcessDecoder(pool, pool.share(k, pipelines), loader.device) if pool is not None else None)
+                for k in range(pipelines)]
+    where = f"{pool.workers} processes" if pool is not None else f"{per_pipeline} threads per pipeline"
     log.info("gpufeed.Loader: jpeg decoders %s, %d pipeline(s), CPU decode in %s",
              " + ".join(batchers[0].scheduler.names), pipelines, where)
     return batchers, pool

@@ -121,13 +121,15 @@ class Loader:
     def stats(self) -> dict:
         """Per-stage times, bytes moved, tier, consumer stalls, and for jpeg stores the decoders,
         how many images each decoded (and CPU fallbacks, failures), their rates in img/s, and the
-        decode seconds spent until the GPU decoders were done and on the CPU's share after that."""
+        decode seconds spent until the GPU decoders were done and on the CPU's share after that
+        (with worker processes, also their wall and CPU seconds: CPU well below wall means starved)."""
         out = self.counters.as_dict()
         if self.jpeg:
             out["decoders"] = self.jpeg[0].scheduler.names
             out["decoded_by"] = dict(sum((b.scheduler.counts for b in self.jpeg), Counter()))
             out["decoder_rates"] = {name: sum(b.scheduler.rates[name] for b in self.jpeg) for name in out["decoders"]}
-            out["decode_seconds"] = dict(sum((b.scheduler.seconds for b in self.jpeg), Counter()))
+            out["decode_seconds"] = dict(sum((b.scheduler.seconds + getattr(b.scheduler.cpu, "busy", Counter())
+                                              for b in self.jpeg), Counter()))
         return out
 
     def plan(self, epoch: int, number: int):

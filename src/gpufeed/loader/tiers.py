@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from gpufeed.store.reader import Store, as_tensor
-from gpufeed.transfer.uva import Registration, device_view
+from gpufeed.transfer.uva import device_view, register
 
 log = logging.getLogger(__name__)
 TIERS = ("auto", "gpu", "host", "disk")
@@ -71,7 +71,7 @@ def choose(store: Store, device: torch.device, cache: str) -> tuple[str, str]:
 
 def _zero_copy(array: np.ndarray, device: torch.device) -> tuple[torch.Tensor, object]:
     """A CUDA tensor reading `array` (host memory) over PCIe, and the owner to keep alive."""
-    reg = Registration(array.ctypes.data, array.nbytes)
+    reg = register(array.ctypes.data, array.nbytes)
     return device_view(reg.ptr, array.shape, device), reg
 
 
@@ -115,7 +115,7 @@ def _encoded(store: Store, device: torch.device, name: str, reason: str) -> Tier
         where = "page-locked" if name == "host" and device.type == "cuda" else "read from the page cache"
         return Tier(name, data, labels, f"{reason}; jpeg store: encoded bytes {where}")
     try:
-        owner = Registration(store.data.ctypes.data, store.data.nbytes)
+        owner = register(store.data.ctypes.data, store.data.nbytes)
     except RuntimeError as e:
         log.warning("host tier: cannot page-lock the jpeg store's %.2f GB of encoded bytes (%s); they are read "
                     "from the page cache instead", store.data.nbytes / 1e9, e)

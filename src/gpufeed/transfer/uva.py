@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 REGISTER_FLAGS = 0x01 | 0x02 | 0x08  # cudaHostRegisterPortable | Mapped | ReadOnly
@@ -21,6 +23,19 @@ def device_view(ptr: int, shape: tuple[int, ...], device: torch.device) -> torch
     PCIe, nothing is copied. The caller keeps the host memory alive and pinned while kernels read it."""
     with torch.cuda.device(device):
         return torch.as_tensor(_DeviceArray(ptr, shape), device=device)
+
+
+_registered: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+def register(ptr: int, nbytes: int) -> Registration:
+    """Page-lock and map host memory for the GPU while the returned object lives; a range that is
+    registered already (the same store's map under two loaders) shares that registration, as CUDA
+    refuses to register memory twice."""
+    reg = _registered.get((ptr, nbytes))
+    if reg is None:
+        reg = _registered[(ptr, nbytes)] = Registration(ptr, nbytes)
+    return reg
 
 
 class Registration:
