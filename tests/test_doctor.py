@@ -50,6 +50,7 @@ def test_store_target_reports_loader_stages_and_tier(folder, tmp_path):
     report = diagnose(str(tmp_path / "s"), device="cpu", limit=128)
     assert {"gather", "augment"} <= set(report["seconds_per_1000"])
     assert any(line.startswith("gpufeed tier: ") for line in report["gpufeed"])
+    assert "CPU JPEG decode: in worker processes" in report["gpufeed"]  # Linux: forkserver and /dev/shm
 
 
 def test_trace_has_the_stage_ranges(folder, tmp_path, capsys):

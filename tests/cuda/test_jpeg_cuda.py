@@ -1,4 +1,4 @@
-"""jpeg stores on a real GPU: the GPU decoders and CPU threads together give the CPU path's batches."""
+"""jpeg stores on a real GPU: the GPU decoders and CPU decode workers together give the CPU path's batches."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def store(tmp_path_factory):
 
 
 def test_gpu_batches_match_cpu_batches_and_use_both_decoders(store):
-    # enough CPU threads in one pipeline that the CPU's rate earns it a share of every batch
+    # enough CPU workers in one pipeline that the CPU's rate earns it a share of every batch
     gpu = gpufeed.Loader(store, batch_size=32, device="cuda", augment=OPS, dtype=torch.float32, seed=3,
                          decode_workers=8, decode_pipelines=1, decoders=("hw", "nvjpeg", "cuda", "cpu"))
     cpu = gpufeed.Loader(store, batch_size=32, device="cpu", augment=OPS, dtype=torch.float32, seed=3)

@@ -102,6 +102,13 @@ def _decode(data: np.ndarray, out: np.ndarray, jobs: list[tuple]) -> list[tuple[
     return results
 
 
+def unavailable() -> str | None:
+    """Why decode worker processes can't run here, or None if they can."""
+    if "forkserver" not in multiprocessing.get_all_start_methods() or not SHM.is_dir():
+        return "decode worker processes need forkserver and /dev/shm (Linux)"
+    return None
+
+
 def _context():
     """forkserver: workers forked from a clean single-threaded server (preloaded with the decoders),
     never from the loader's process, whose CUDA and decoder threads make fork unsafe."""
@@ -116,8 +123,9 @@ class DecodeWorkers:
     workers. Raises RuntimeError when processes can't be used here (no forkserver, no /dev/shm)."""
 
     def __init__(self, data: np.memmap, workers: int):
-        if "forkserver" not in multiprocessing.get_all_start_methods() or not SHM.is_dir():
-            raise RuntimeError("decode worker processes need forkserver and /dev/shm (Linux)")
+        why = unavailable()
+        if why:
+            raise RuntimeError(why)
         if not isinstance(data, np.memmap) or data.filename is None:
             raise RuntimeError("decode workers read the store from its file; these bytes have none")
         self.workers = workers

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import torch
 
+from gpufeed.decode.workers import unavailable
 from gpufeed.doctor import stages
 from gpufeed.doctor.report import findings, table
 
@@ -24,12 +25,15 @@ def _gpufeed_here(t: stages.Timings, device: str) -> list[str]:
             from gpufeed.decode.nvimgcodec import NvImgCodecDecoder
 
             NvImgCodecDecoder(torch.device("cuda", torch.cuda.current_device()), "hw")
-            lines.append("jpeg decoders available: hardware engines (nvImageCodec) + nvJPEG + CPU threads")
+            lines.append("jpeg decoders available: hardware engines (nvImageCodec) + nvJPEG + CPU")
         except Exception:
-            lines.append("jpeg decoders available: nvJPEG + CPU threads (nvImageCodec missing or unsupported; "
+            lines.append("jpeg decoders available: nvJPEG + CPU (nvImageCodec missing or unsupported; "
                          "pip install 'gpufeed[nvimgcodec]')")
     else:
         lines.append("no CUDA GPU here: gpufeed runs its pipeline on the CPU (no pinning, no GPU decode)")
+    why = unavailable()
+    lines.append("CPU JPEG decode: in worker processes" if why is None else
+                 f"CPU JPEG decode: on threads, which share the GIL with the loader (slower): {why}")
     return lines
 
 
