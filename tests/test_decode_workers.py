@@ -15,6 +15,7 @@ from conftest import save, smooth
 from gpufeed.augment import Normalize, RandomResizedCrop
 from gpufeed.decode import Scheduler
 from gpufeed.decode.cpu import CpuDecoder
+from gpufeed.decode import workers as workers_module
 from gpufeed.decode.workers import SHM, DecodeWorkers, ProcessDecoder
 from gpufeed.loader import tiers
 from gpufeed.store.reader import as_tensor
@@ -41,6 +42,11 @@ def _inputs(store, idx):
 def _images(part):
     return [part.base.as_strided((3, h, w), tuple(s), int(o))
             for (h, w), s, o in zip(part.sizes.tolist(), part.strides.tolist(), part.offsets.tolist())]
+
+
+def _same_as_torchvision(got, datas, shapes) -> None:
+    assert torch.equal(got.sizes, shapes)
+    assert all(torch.equal(image, torchvision_decode(d)) for image, d in zip(_images(got), datas))
 
 
 def _segments() -> set[str]:
@@ -83,9 +89,8 @@ def test_jobs_collected_out_of_order_get_their_own_images(store):
         a = decoder.submit(*first, [None] * 8)
         b = decoder.submit(*second, [None] * 3)
         got_b, got_a = decoder.collect(b, CPU, pin=False), decoder.collect(a, CPU, pin=False)
-        for got, (datas, shapes) in ((got_a, first), (got_b, second)):
-            assert torch.equal(got.sizes, shapes)
-            assert all(torch.equal(image, torchvision_decode(d)) for image, d in zip(_images(got), datas))
+        _same_as_torchvision(got_a, *first)
+        _same_as_torchvision(got_b, *second)
     finally:
         decoder.close()
         workers.close()
@@ -129,6 +134,41 @@ def test_a_dead_worker_is_survived_on_threads(store, caplog):
     assert "decode worker process died" in caplog.text
     assert all(torch.equal(a, b) for a, b in zip([first] + rest, want))
     assert loader.stats()["decoded_by"].get("failed", 0) == 0
+
+
+def test_two_jobs_on_dead_workers_switch_to_threads_once(store, caplog):
+    workers = DecodeWorkers(store.data, 2)
+    decoder = ProcessDecoder(workers, workers.conns, CPU)
+    try:
+        first, second = _inputs(store, range(0, 6)), _inputs(store, [7, 8])
+        a, b = decoder.submit(*first, [None] * 6), decoder.submit(*second, [None] * 2)
+        for proc in workers._procs:
+            os.kill(proc.pid, 9)
+            proc.join()
+        with caplog.at_level(logging.WARNING, logger="gpufeed"):
+            got_a, threads = decoder.collect(a, CPU, pin=False), decoder._threads
+            got_b = decoder.collect(b, CPU, pin=False)
+        assert decoder._threads is threads and caplog.text.count("decode worker process died") == 1
+        _same_as_torchvision(got_a, *first)
+        _same_as_torchvision(got_b, *second)
+    finally:
+        decoder.close()
+        workers.close()
+
+
+def test_no_room_in_dev_shm_decodes_on_threads(store, monkeypatch, caplog):
+    def full(nbytes, device):
+        raise RuntimeError(f"/dev/shm has 0 MB free, a decode buffer needs {nbytes / 1e6:.0f} MB")
+
+    ops = [RandomResizedCrop(16), Normalize()]
+    want = [images for images, _ in gpufeed.Loader(store, batch_size=4, device="cpu", augment=ops, seed=2)]
+    monkeypatch.setattr(workers_module, "Segment", full)
+    with caplog.at_level(logging.WARNING, logger="gpufeed"):
+        loader = gpufeed.Loader(store, batch_size=4, device="cpu", augment=ops, seed=2, decode_workers=2)
+        got = [images for images, _ in loader]
+    loader.close()
+    assert "no shared buffer for decoded JPEGs (/dev/shm has 0 MB free" in caplog.text
+    assert all(torch.equal(a, b) for a, b in zip(got, want)) and len(got) == len(want) == 3
 
 
 def test_cpu_share_follows_the_decoders_asked_for():

@@ -84,6 +84,12 @@ class PinnedStaging:
         return buffers
 
 
+def chw_strides(sizes: torch.Tensor) -> torch.Tensor:
+    """Element strides (c, y, x) of contiguous CHW images of `sizes` (N, 2: height, width)."""
+    h, w = sizes[:, 0].long(), sizes[:, 1].long()
+    return torch.stack([h * w, w, torch.ones_like(w)], 1)
+
+
 def packed(images: list[torch.Tensor], failed: dict[int, str], device: torch.device,
            staging: PinnedStaging | None) -> Decoded:
     """Put contiguous CHW host images back to back in one buffer the kernels on `device` read: on a GPU
@@ -91,7 +97,7 @@ def packed(images: list[torch.Tensor], failed: dict[int, str], device: torch.dev
     numels = torch.tensor([t.numel() for t in images], dtype=torch.int64)
     offsets = torch.cumsum(numels, 0) - numels
     sizes = torch.tensor([(t.shape[1], t.shape[2]) for t in images], dtype=torch.int32).reshape(-1, 2)
-    strides = torch.tensor([(h * w, w, 1) for h, w in sizes.tolist()], dtype=torch.int64).reshape(-1, 3)
+    strides = chw_strides(sizes)
     if not images:
         return Decoded(torch.empty(0, dtype=torch.uint8, device=device), offsets, sizes, strides, [], failed)
     total = int(numels.sum())

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gpufeed.decode.base import Decoded, PinnedStaging
+from gpufeed.decode.base import Decoded, PinnedStaging, chw_strides
 from gpufeed.decode.cpu import CpuDecoder, decode_one
 from gpufeed.store.reader import as_tensor
 from gpufeed.transfer.uva import Registration, device_view
@@ -205,7 +205,11 @@ class ProcessDecoder:
         if self._threads is None:
             capacity = (shapes[:, 0].long() * shapes[:, 1].long() * 3).numpy().reshape(-1)
             at = np.cumsum(capacity) - capacity
-            segment = self._staging.take(max(1, int(capacity.sum())))
+            try:
+                segment = self._staging.take(max(1, int(capacity.sum())))
+            except (RuntimeError, OSError) as e:  # /dev/shm full (a container's default 64 MB), no pinning
+                self._to_threads(f"no shared buffer for decoded JPEGs ({e})")
+                return self._threads.submit(datas, shapes, reduce_to)
             begins = [self.workers.begin(d) for d in datas]
             jobs = [(b, b + d.numel(), int(a), int(c), r)
                     for b, d, a, c, r in zip(begins, datas, at, capacity, reduce_to)]
@@ -234,7 +238,7 @@ class ProcessDecoder:
         kept = [k for k, r in enumerate(results) if not isinstance(r, str)]
         failed = {k: r for k, r in enumerate(results) if isinstance(r, str)}
         sizes = torch.tensor([results[k][:2] for k in kept], dtype=torch.int32).reshape(-1, 2)
-        strides = torch.stack([sizes[:, 0] * sizes[:, 1], sizes[:, 1], torch.ones_like(sizes[:, 0])], 1).long()
+        strides = chw_strides(sizes)
         self._last_done = max((results[k][2] for k in kept), default=0.0)
         offsets = torch.from_numpy(job.at[kept]).long()
         if pin:
@@ -256,10 +260,14 @@ class ProcessDecoder:
         return reply
 
     def _broken(self, error: BaseException, job: _Job) -> None:
-        log.warning("gpufeed: a JPEG decode worker process died (%s: %s); this pipeline decodes on %d threads "
-                    "from now on", type(error).__name__, error, self.threads)
         self._staging.give_back(job.segment, None)
-        self._threads = CpuDecoder(self.threads)
+        self._to_threads(f"a JPEG decode worker process died ({type(error).__name__}: {error})")
+
+    def _to_threads(self, why: str) -> None:
+        """Decode on threads from now on (once: a batch and its retries may both find a worker dead)."""
+        if self._threads is None:
+            log.warning("gpufeed: %s; this pipeline decodes on %d threads from now on", why, self.threads)
+            self._threads = CpuDecoder(self.threads)
 
     def close(self) -> None:
         if self._threads is not None:

@@ -79,7 +79,7 @@ def materialize(store: Store, device: torch.device, cache: str) -> Tier:
     """Build the tier `cache` asks for (or picks), degrading loudly when it cannot."""
     name, reason = choose(store, device, cache)
     if store.mode == "jpeg":
-        return _encoded(store, device, name, reason)
+        return _encoded(store, device, cache, name, reason)
     images, labels = as_tensor(store.images), store.labels
     if name == "gpu":
         gpu = torch.empty(images.shape, dtype=torch.uint8, device=device)
@@ -99,13 +99,13 @@ def materialize(store: Store, device: torch.device, cache: str) -> Tier:
     return Tier("disk", images, labels, reason)
 
 
-def _encoded(store: Store, device: torch.device, name: str, reason: str) -> Tier:
+def _encoded(store: Store, device: torch.device, cache: str, name: str, reason: str) -> Tier:
     """Tier of a jpeg store's encoded bytes. Every decoder parses bitstreams on the host (nvJPEG,
     nvImageCodec and libjpeg take host memory), so the fastest place for them is page-locked RAM:
     `host` locks the memory map there (no page faults, nothing evicted, DMA-able); `gpu` is served so."""
     data, labels = as_tensor(store.data), store.labels
     if name == "gpu":
-        if reason != "asked for":  # auto picked gpu because it fits there; host RAM holds it as well
+        if cache == "auto":  # it fits in GPU memory; whether host RAM holds it decides
             name, reason = choose(store, torch.device("cpu"), "auto")
         else:
             log.warning("%s: cache='gpu' on a jpeg store: decoders read bitstreams from host memory, so its "
