@@ -7,6 +7,7 @@ import logging
 import os
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
@@ -14,6 +15,7 @@ import gpufeed
 from conftest import save, smooth
 from gpufeed.augment import Normalize, RandomResizedCrop
 from gpufeed.decode import Scheduler
+from gpufeed.decode.base import Encoded
 from gpufeed.decode.cpu import CpuDecoder
 from gpufeed.decode import workers as workers_module
 from gpufeed.decode.workers import SHM, DecodeWorkers, ProcessDecoder
@@ -34,9 +36,8 @@ def store(tmp_path_factory):
 
 
 def _inputs(store, idx):
-    data = as_tensor(store.data)
-    datas = [data[int(store.offsets[i]) : int(store.offsets[i + 1])] for i in idx]
-    return datas, torch.from_numpy(store.shapes[idx].copy()).int()
+    idx = np.array(list(idx))
+    return Encoded.of(as_tensor(store.data), np.asarray(store.offsets), idx), np.asarray(store.shapes)[idx]
 
 
 def _images(part):
@@ -44,9 +45,9 @@ def _images(part):
             for (h, w), s, o in zip(part.sizes.tolist(), part.strides.tolist(), part.offsets.tolist())]
 
 
-def _same_as_torchvision(got, datas, shapes) -> None:
-    assert torch.equal(got.sizes, shapes)
-    assert all(torch.equal(image, torchvision_decode(d)) for image, d in zip(_images(got), datas))
+def _same_as_torchvision(got, batch, shapes) -> None:
+    assert np.array_equal(got.sizes, shapes)
+    assert all(torch.equal(image, torchvision_decode(d)) for image, d in zip(_images(got), batch.tensors()))
 
 
 def _segments() -> set[str]:
@@ -67,7 +68,7 @@ def test_processes_decode_the_same_pixels_as_threads(store):
     try:
         for _ in range(2):  # the second batch reuses the first one's shared buffer
             got = decoder.collect(decoder.submit(datas, shapes, reduce_to), CPU, pin=False)
-            assert got.failed == {} and torch.equal(got.sizes, want.sizes)
+            assert got.failed == {} and np.array_equal(got.sizes, want.sizes)
             assert all(torch.equal(a, b) for a, b in zip(_images(got), _images(want)))
             assert got.sizes[big].tolist() == [45, 60]
         assert len(_segments() - before) == 1
@@ -100,21 +101,20 @@ def test_a_bad_image_fails_alone_and_a_view_of_another_store_is_refused(store, t
     broken = tmp_path / "bad.bin"
     good = bytes(store.data[int(store.offsets[0]) : int(store.offsets[1])])
     broken.write_bytes(good + b"\xff\xd8 not a jpeg at all")
-    import numpy as np
-
     data = np.memmap(broken, dtype=np.uint8, mode="r")
     workers = DecodeWorkers(data, 1)
     decoder = ProcessDecoder(workers, workers.conns, CPU)
     try:
-        datas = [as_tensor(data[: len(good)]), as_tensor(data[len(good) :])]
-        shapes = torch.tensor([list(store.shapes[0])] * 2, dtype=torch.int32)
-        part = decoder.collect(decoder.submit(datas, shapes, [None, None]), CPU, pin=False)
+        both = Encoded.of(as_tensor(data), np.array([0, len(good), len(data)]), np.array([0, 1]))
+        shapes = np.array([list(store.shapes[0])] * 2)
+        part = decoder.collect(decoder.submit(both, shapes, [None, None]), CPU, pin=False)
         assert list(part.failed) == [1] and part.sizes.tolist() == [list(store.shapes[0])]
-        small = torch.tensor([[2, 2], list(store.shapes[0])], dtype=torch.int32)  # the store records less
-        part = decoder.collect(decoder.submit(datas[:1] * 2, small, [None, None]), CPU, pin=False)
+        small = np.array([[2, 2], list(store.shapes[0])])  # the store records less
+        part = decoder.collect(decoder.submit(both.take([0, 0]), small, [None, None]), CPU, pin=False)
         assert "larger than the size the store records" in part.failed[0] and 1 not in part.failed
+        foreign = Encoded.of(torch.zeros(10, dtype=torch.uint8), np.array([0, 10]), np.array([0]))
         with pytest.raises(ValueError, match="views of the store"):
-            decoder.submit([torch.zeros(10, dtype=torch.uint8)], shapes[:1], [None])
+            decoder.submit(foreign, shapes[:1], [None])
     finally:
         decoder.close()
         workers.close()

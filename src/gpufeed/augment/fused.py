@@ -111,8 +111,8 @@ def _varsize_kernel(src, offsets, sizes, strides, rows, boxes, flip, scale, shif
     i = tl.program_id(0)
     n = tl.load(rows + i)
     base = tl.load(offsets + i)
-    H = tl.load(sizes + 2 * i)
-    W = tl.load(sizes + 2 * i + 1)
+    H = tl.load(sizes + 2 * i).to(tl.int32)  # int32 or int64 given
+    W = tl.load(sizes + 2 * i + 1).to(tl.int32)
     sc = tl.load(strides + 3 * i)
     sy = tl.load(strides + 3 * i + 1)
     sx = tl.load(strides + 3 * i + 2)
@@ -145,7 +145,7 @@ def resample_packed(src: torch.Tensor, offsets: torch.Tensor, sizes: torch.Tenso
                     rows: torch.Tensor, boxes: torch.Tensor, flip: torch.Tensor, out: torch.Tensor,
                     scale: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
     """Like `resample_normalize` for images of different sizes: image i is at element offsets[i]
-    from `src`, sizes[i] = (H, W) int32, strides[i] = (c, y, x) int64 elements; it is cropped by
+    from `src`, sizes[i] = (H, W) int32 or int64, strides[i] = (c, y, x) int64 elements; it is cropped by
     boxes[rows[i]] and written to out[rows[i]] (out: (N, 3, OH, OW))."""
     oh, ow = out.shape[2], out.shape[3]
     if len(rows):

@@ -12,6 +12,7 @@ from PIL import Image
 from torchvision.io import ImageReadMode, decode_jpeg
 
 from gpufeed.bench.common import Context, Figure, measure
+from gpufeed.decode.base import Encoded
 from gpufeed.synth import encode_jpegs, natural_images
 
 QUALITIES = (95, 90, 75, 50)
@@ -25,11 +26,18 @@ def _torchvision(data: torch.Tensor) -> None:
     decode_jpeg(data, mode=ImageReadMode.RGB)
 
 
+def _encoded(datas: list[bytes]) -> Encoded:
+    """The images back to back in one buffer, as the loader hands them to its decoders."""
+    offsets = np.cumsum([0] + [len(d) for d in datas])
+    return Encoded.of(torch.frombuffer(bytearray(b"".join(datas)), dtype=torch.uint8), offsets, np.arange(len(datas)))
+
+
 def _gpu_decoders(ctx: Context) -> dict:
+    """name -> decode(Encoded batch) on the GPU."""
     if not ctx.cuda:
         return {}
-    found = {"torchvision decode_jpeg on cuda (batched)": lambda ts: decode_jpeg(ts, mode=ImageReadMode.RGB,
-                                                                                 device="cuda")}
+    found = {"torchvision decode_jpeg on cuda (batched)": lambda b: decode_jpeg(b.tensors(), mode=ImageReadMode.RGB,
+                                                                                device="cuda")}
     from gpufeed.decode.nvimgcodec import NvImgCodecDecoder  # its nvImageCodec import waits for the constructor
 
     labels = {"hw": "hardware engines (nvImageCodec)", "cuda": "CUDA hybrid (nvImageCodec)"}
@@ -54,22 +62,22 @@ def run(ctx: Context) -> list[Figure]:
         speed.note = quality.note = "nvImageCodec decoders not measured: not installed or unavailable"
     for q in QUALITIES:
         datas = encode_jpegs(images, q)
-        tensors = [torch.frombuffer(bytearray(d), dtype=torch.uint8) for d in datas]
+        batch = _encoded(datas)
+        tensors = batch.tensors()
         kb = float(np.mean([len(d) for d in datas])) / 1e3
         reps = ctx.repeats()
         quality.line("Pillow").add(kb, [s / count * 1e3 for s in measure(lambda: [_pil(d) for d in datas], reps, "cpu")])
         quality.line("torchvision (libjpeg-turbo)").add(
             kb, [s / count * 1e3 for s in measure(lambda: [_torchvision(t) for t in tensors], reps, "cpu")])
         for name, dec in gpu.items():
-            quality.line(name).add(kb, [s / count * 1e3 for s in measure(lambda: dec(tensors), reps, "cuda")])
+            quality.line(name).add(kb, [s / count * 1e3 for s in measure(lambda: dec(batch), reps, "cuda")])
         if q == 90:
-            _throughput(speed, datas, tensors, gpu, cores, reps)
+            _throughput(speed, datas, batch, gpu, cores, reps)
     return [quality, speed]
 
 
-def _throughput(fig: Figure, datas: list[bytes], tensors: list[torch.Tensor], gpu: dict, cores: int,
-                reps: int) -> None:
-    n = len(datas)
+def _throughput(fig: Figure, datas: list[bytes], batch: Encoded, gpu: dict, cores: int, reps: int) -> None:
+    n, tensors = len(datas), batch.tensors()
     one, every = fig.line("one core"), fig.line(f"all {cores} cores")
     for name, fn, pool_cls in (("Pillow", _pil, ProcessPoolExecutor), ("torchvision (libjpeg-turbo)", _torchvision,
                                                                           ThreadPoolExecutor)):
@@ -78,5 +86,5 @@ def _throughput(fig: Figure, datas: list[bytes], tensors: list[torch.Tensor], gp
         with pool_cls(cores) as pool:  # Pillow holds the GIL: processes; libjpeg-turbo via torch: threads
             every.add(name, [n / s for s in measure(lambda: list(pool.map(fn, items)), reps, "cpu")])
     for name, dec in gpu.items():
-        every.add(name, [n / s for s in measure(lambda: dec(tensors), reps, "cuda")])
+        every.add(name, [n / s for s in measure(lambda: dec(batch), reps, "cuda")])
         one.add(name, [float("nan")] * reps)

@@ -1,4 +1,9 @@
-"""What every decoder returns: the decoded images of a batch packed back to back in one buffer."""
+"""What decoders take (a batch's encoded images as byte ranges of one buffer) and return (the
+decoded images addressed from one base).
+
+Per-image bookkeeping is numpy arrays, not tensors: every small torch op lets go of the GIL and has
+to win it back from the other pipelines' threads, and those waits, not the work, slowed batches.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +11,38 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import numpy as np
 import torch
 
 from gpufeed.transfer.uva import device_view
+
+
+@dataclass
+class Encoded:
+    """A batch's encoded images: image k is `data[begins[k]:ends[k]]` (`array` is `data` as numpy)."""
+
+    data: torch.Tensor  # uint8, 1-D: the store's bytes where the tier keeps them
+    array: np.ndarray
+    begins: np.ndarray  # int64 (N,)
+    ends: np.ndarray
+
+    @classmethod
+    def of(cls, data: torch.Tensor, offsets: np.ndarray, indices: np.ndarray) -> Encoded:
+        """Images `indices` of a store whose image i is data[offsets[i]:offsets[i + 1]]."""
+        return cls(data, data.numpy(), offsets[indices], offsets[indices + 1])
+
+    def __len__(self) -> int:
+        return len(self.begins)
+
+    def take(self, positions) -> Encoded:
+        """The images at `positions` (anything numpy indexes with)."""
+        return Encoded(self.data, self.array, self.begins[positions], self.ends[positions])
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.data[a:b] for a, b in zip(self.begins.tolist(), self.ends.tolist())]
+
+    def arrays(self) -> list[np.ndarray]:
+        return [self.array[a:b] for a, b in zip(self.begins.tolist(), self.ends.tolist())]
 
 
 @dataclass
@@ -18,9 +52,9 @@ class Decoded:
     holds alive) with element strides `strides[i]` = (c, y, x)."""
 
     base: torch.Tensor  # uint8
-    offsets: torch.Tensor  # int64 (N,)
-    sizes: torch.Tensor  # int32 (N, 2): height, width as decoded
-    strides: torch.Tensor  # int64 (N, 3)
+    offsets: np.ndarray  # int64 (N,)
+    sizes: np.ndarray  # int64 (N, 2): height, width as decoded
+    strides: np.ndarray  # int64 (N, 3)
     keep: list = field(default_factory=list)  # the tensors the offsets point into
     failed: dict[int, str] = field(default_factory=dict)  # position in its list -> reason
     # called with an event recorded after the kernels that read `base`: hands its buffer back for reuse
@@ -34,14 +68,12 @@ class Decoded:
 def in_place(images: list[torch.Tensor], failed: dict[int, str]) -> Decoded:
     """Address CHW images where they are (no copy): offsets relative to the first image."""
     if not images:
-        return Decoded(torch.empty(0, dtype=torch.uint8), torch.empty(0, dtype=torch.int64),
-                       torch.empty((0, 2), dtype=torch.int32), torch.empty((0, 3), dtype=torch.int64), [], failed)
-    base = images[0]
-    origin = base.data_ptr()
-    offsets = torch.tensor([t.data_ptr() - origin for t in images], dtype=torch.int64)
-    sizes = torch.tensor([(t.shape[1], t.shape[2]) for t in images], dtype=torch.int32)
-    strides = torch.tensor([t.stride() for t in images], dtype=torch.int64)
-    return Decoded(base, offsets, sizes, strides, images, failed)
+        return Decoded(torch.empty(0, dtype=torch.uint8), np.zeros(0, np.int64), np.zeros((0, 2), np.int64),
+                       np.zeros((0, 3), np.int64), [], failed)
+    offsets = np.array([t.data_ptr() for t in images], np.int64)
+    sizes = np.array([t.shape[1:] for t in images], np.int64)
+    strides = np.array([t.stride() for t in images], np.int64)
+    return Decoded(images[0], offsets - offsets[0], sizes, strides, images, failed)
 
 
 class PinnedStaging:
@@ -84,19 +116,19 @@ class PinnedStaging:
         return buffers
 
 
-def chw_strides(sizes: torch.Tensor) -> torch.Tensor:
+def chw_strides(sizes: np.ndarray) -> np.ndarray:
     """Element strides (c, y, x) of contiguous CHW images of `sizes` (N, 2: height, width)."""
-    h, w = sizes[:, 0].long(), sizes[:, 1].long()
-    return torch.stack([h * w, w, torch.ones_like(w)], 1)
+    h, w = sizes[:, 0].astype(np.int64), sizes[:, 1].astype(np.int64)
+    return np.stack([h * w, w, np.ones_like(w)], 1)
 
 
 def packed(images: list[torch.Tensor], failed: dict[int, str], device: torch.device,
            staging: PinnedStaging | None) -> Decoded:
     """Put contiguous CHW host images back to back in one buffer the kernels on `device` read: on a GPU
     one of `staging`'s pinned buffers, read in place over PCIe (no copy; `on_done` hands it back)."""
-    numels = torch.tensor([t.numel() for t in images], dtype=torch.int64)
-    offsets = torch.cumsum(numels, 0) - numels
-    sizes = torch.tensor([(t.shape[1], t.shape[2]) for t in images], dtype=torch.int32).reshape(-1, 2)
+    sizes = np.array([t.shape[1:] for t in images], np.int64).reshape(-1, 2)
+    numels = sizes[:, 0] * sizes[:, 1] * 3
+    offsets = np.cumsum(numels) - numels
     strides = chw_strides(sizes)
     if not images:
         return Decoded(torch.empty(0, dtype=torch.uint8, device=device), offsets, sizes, strides, [], failed)

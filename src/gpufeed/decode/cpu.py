@@ -19,7 +19,7 @@ import torch
 from PIL import Image
 from torchvision.io import ImageReadMode, decode_jpeg
 
-from gpufeed.decode.base import Decoded, PinnedStaging, packed
+from gpufeed.decode.base import Decoded, Encoded, PinnedStaging, packed
 
 
 def _pillow(data: torch.Tensor, reduce_to: tuple[int, int] | None) -> torch.Tensor:
@@ -51,10 +51,10 @@ class CpuDecoder:
         self.last_done = 0.0  # when the last image of the last `collect` finished decoding
         self._staging = PinnedStaging()  # used from the one thread that calls `collect`
 
-    def submit(self, datas: list[torch.Tensor], shapes: torch.Tensor, reduce_to: list[tuple[int, int] | None]):
+    def submit(self, batch: Encoded, shapes, reduce_to: list[tuple[int, int] | None]):
         """Start decoding; returns futures (one per image) for `collect`. (`shapes`, the sizes the
         store records, are for decoders that reserve room up front; threads don't need them.)"""
-        return [self._pool.submit(decode_one, d, r) for d, r in zip(datas, reduce_to)]
+        return [self._pool.submit(decode_one, d, r) for d, r in zip(batch.tensors(), reduce_to)]
 
     def collect(self, futures, device: torch.device, pin: bool) -> Decoded:
         """Wait for `submit`'s futures and put the images (CHW) back to back where `device` reads them:

@@ -13,9 +13,10 @@ so the loader decodes whole images and crops in its resize kernel.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-from gpufeed.decode.base import Decoded, in_place
+from gpufeed.decode.base import Decoded, Encoded, in_place
 
 
 class NvImgCodecDecoder:
@@ -29,13 +30,13 @@ class NvImgCodecDecoder:
         self._decoder = nvimgcodec.Decoder(device_id=device.index or 0, max_num_cpu_threads=cpu_threads,
                                            backends=[nvimgcodec.Backend(kinds[name])])
 
-    def decode(self, datas: list[torch.Tensor]) -> Decoded:
+    def decode(self, batch: Encoded) -> Decoded:
         """Decode on the current CUDA stream; images stay where the decoder put them (HWC, read as CHW).
 
         Addresses come from each image's CUDA array interface: one tensor is made for the base
         pointer, not one per image (a torch.as_tensor per image was a visible share of the batch)."""
         stream = torch.cuda.current_stream(self.device).cuda_stream
-        results = self._decoder.decode([d.numpy() for d in datas], cuda_stream=stream)
+        results = self._decoder.decode(batch.arrays(), cuda_stream=stream)
         kept, ptrs, sizes, strides, failed = [], [], [], [], {}
         for k, r in enumerate(results):
             if r is None:
@@ -51,6 +52,5 @@ class NvImgCodecDecoder:
         if not kept:
             return in_place([], failed)
         base = torch.as_tensor(kept[0], device=self.device)
-        offsets = torch.tensor(ptrs, dtype=torch.int64) - ptrs[0]
-        return Decoded(base, offsets, torch.tensor(sizes, dtype=torch.int32), torch.tensor(strides, dtype=torch.int64),
-                       kept, failed)
+        offsets = np.array(ptrs, np.int64)
+        return Decoded(base, offsets - offsets[0], np.array(sizes, np.int64), np.array(strides, np.int64), kept, failed)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torchvision.io import ImageReadMode, decode_jpeg
 
-from gpufeed.decode.base import Decoded, in_place
+from gpufeed.decode.base import Decoded, Encoded, in_place
 
 
 class NvJpegDecoder:
@@ -16,9 +16,9 @@ class NvJpegDecoder:
     def __init__(self, device: torch.device):
         self.device = device
 
-    def decode(self, datas: list[torch.Tensor]) -> Decoded:
-        """Decode CPU uint8 tensors of JPEG bytes to CHW images on the device, addressed in place."""
-        failed: dict[int, str] = {}
+    def decode(self, batch: Encoded) -> Decoded:
+        """Decode to CHW images on the device, addressed in place."""
+        datas, failed = batch.tensors(), {}
         try:
             images = decode_jpeg(datas, mode=ImageReadMode.RGB, device=self.device)
         except RuntimeError:  # one bad image fails the batch call: find it, keep the rest

@@ -9,14 +9,14 @@ a GPU decoder rejects (CMYK, some progressive files) are decoded on the CPU inst
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import torch
 
-from gpufeed.decode.base import Decoded
+from gpufeed.decode.base import Decoded, Encoded
 from gpufeed.decode.cpu import CpuDecoder
 from gpufeed.decode.nvjpeg import NvJpegDecoder
 
@@ -90,56 +90,57 @@ class Scheduler:
             cuts[-1] += n - sum(cuts)
         return cuts + [n - sum(cuts)]
 
-    def run(self, datas: list[torch.Tensor], shapes: torch.Tensor, boxes: torch.Tensor, out_hw: tuple[int, int],
-            pin: bool) -> tuple[list[tuple[Decoded, list[int]]], dict[int, str]]:
-        """Decode a batch: ([(part, batch positions of its images)], {position: reason it failed})."""
-        shares = self.shares(len(datas))
-        starts = [sum(shares[:i]) for i in range(len(shares) + 1)]
-        cpu_pos = list(range(starts[-2], starts[-1]))
+    def run(self, batch: Encoded, shapes: np.ndarray, boxes: np.ndarray, out_hw: tuple[int, int],
+            pin: bool) -> tuple[list[tuple[Decoded, np.ndarray]], dict[int, str]]:
+        """Decode a batch (`shapes` (N, 2) as the store records them, crop `boxes` (N, 4) x0 y0 x1 y1):
+        ([(part, batch positions of its images)], {position: reason it failed})."""
+        shares = self.shares(len(batch))
+        starts = np.cumsum([0] + shares)
+        cpu_pos = np.arange(starts[-2], starts[-1])
         t0 = time.perf_counter()
-        futures = self.cpu.submit([datas[p] for p in cpu_pos], shapes[cpu_pos],
-                                  [_reduce_to(shapes[p], boxes[p], out_hw) for p in cpu_pos])
+        futures = self.cpu.submit(batch.take(cpu_pos), shapes[cpu_pos],
+                                  _reduce_to(shapes[cpu_pos], boxes[cpu_pos], out_hw))
         jobs = []
         for i, dec in enumerate(self.gpu):
-            pos = list(range(starts[i], starts[i + 1]))
-            if not pos:
+            pos = np.arange(starts[i], starts[i + 1])
+            if not len(pos):
                 continue
             stream = self._streams[dec.name]
             if self._helper is not None and i < len(self.gpu) - 1:  # all but the last on the helper thread
-                jobs.append((dec, pos, self._helper.submit(self._timed, dec, [datas[p] for p in pos], stream)))
+                jobs.append((dec, pos, self._helper.submit(self._timed, dec, batch.take(pos), stream)))
             else:
-                jobs.append((dec, pos, self._timed(dec, [datas[p] for p in pos], stream)))
+                jobs.append((dec, pos, self._timed(dec, batch.take(pos), stream)))
         parts, failed, retry = [], {}, []
         for dec, pos, job in jobs:
             part, seconds = job.result() if hasattr(job, "result") else job
             self.seconds[dec.name] += seconds
             self._rate(dec.name, len(pos) - len(part.failed), seconds)
             self.counts[dec.name] += len(pos) - len(part.failed)
-            parts.append((part, [pos[k] for k in part.kept(len(pos))]))
-            retry += [(pos[k], f"{dec.name}: {why}") for k, why in part.failed.items()]
+            parts.append((part, pos[part.kept(len(pos))]))
+            retry += [(int(pos[k]), f"{dec.name}: {why}") for k, why in part.failed.items()]
         t_cpu = time.perf_counter()
         self.seconds["gpu"] += t_cpu - t0
         if retry:  # rejected by a GPU decoder: the CPU decodes them instead
             self.counts["cpu_fallback"] += len(retry)
-            again = [p for p, _ in retry]
-            extra = self.cpu.collect(self.cpu.submit([datas[p] for p in again], shapes[again], [None] * len(retry)),
+            again = np.array([p for p, _ in retry])
+            extra = self.cpu.collect(self.cpu.submit(batch.take(again), shapes[again], [None] * len(retry)),
                                      self.device, pin)
-            parts.append((extra, [retry[i][0] for i in extra.kept(len(retry))]))
+            parts.append((extra, again[extra.kept(len(retry))]))
             failed.update({retry[i][0]: f"{retry[i][1]}; cpu: {why}" for i, why in extra.failed.items()})
         cpu_part = self.cpu.collect(futures, self.device, pin)
         self._rate("cpu", len(cpu_pos), self.cpu.last_done - t0)
         self.seconds["cpu_threads"] += max(0.0, self.cpu.last_done - t0)
-        parts.append((cpu_part, [cpu_pos[i] for i in cpu_part.kept(len(cpu_pos))]))
-        failed.update({cpu_pos[i]: why for i, why in cpu_part.failed.items()})
+        parts.append((cpu_part, cpu_pos[cpu_part.kept(len(cpu_pos))]))
+        failed.update({int(cpu_pos[i]): why for i, why in cpu_part.failed.items()})
         self.counts["cpu"] += len(cpu_pos) - len(cpu_part.failed)
         self.counts["failed"] += len(failed)
         self.seconds["cpu"] += time.perf_counter() - t_cpu
         return parts, failed
 
-    def _timed(self, dec, datas: list[torch.Tensor], stream) -> tuple[Decoded, float]:
+    def _timed(self, dec, batch: Encoded, stream) -> tuple[Decoded, float]:
         t0 = time.perf_counter()
         with torch.cuda.stream(stream):
-            part = dec.decode(datas)
+            part = dec.decode(batch)
             stream.synchronize()
         return part, time.perf_counter() - t0
 
@@ -153,10 +154,9 @@ class Scheduler:
             self._helper.shutdown(wait=True)
 
 
-def _reduce_to(shape: torch.Tensor, box: torch.Tensor, out_hw: tuple[int, int]) -> tuple[int, int] | None:
-    """Size to ask libjpeg for when the crop is >= 2x the output both ways (DCT downscaling), else None."""
-    h, w = int(shape[0]), int(shape[1])
-    factor = min(float(box[2] - box[0]) / out_hw[1], float(box[3] - box[1]) / out_hw[0])
-    if factor < 2:
-        return None
-    return math.ceil(w / factor), math.ceil(h / factor)
+def _reduce_to(shapes: np.ndarray, boxes: np.ndarray, out_hw: tuple[int, int]) -> list[tuple[int, int] | None]:
+    """Per image, the size to ask libjpeg for when its crop is >= 2x the output both ways (DCT
+    downscaling), else None."""
+    factor = np.minimum((boxes[:, 2] - boxes[:, 0]) / out_hw[1], (boxes[:, 3] - boxes[:, 1]) / out_hw[0])
+    w, h = np.ceil(shapes[:, 1] / factor), np.ceil(shapes[:, 0] / factor)
+    return [(int(x), int(y)) if f >= 2 else None for f, x, y in zip(factor.tolist(), w.tolist(), h.tolist())]

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gpufeed.decode.base import Decoded, PinnedStaging, chw_strides
+from gpufeed.decode.base import Decoded, Encoded, PinnedStaging, chw_strides
 from gpufeed.decode.cpu import CpuDecoder, decode_one
 from gpufeed.store.reader import as_tensor
 from gpufeed.transfer.uva import Registration, device_view
@@ -146,12 +146,13 @@ class DecodeWorkers:
             raise ValueError(f"{of} pipelines need at least as many decode workers, there are {len(self.conns)}")
         return self.conns[k::of]
 
-    def begin(self, data: torch.Tensor) -> int:
-        """Where `data` (a view of the store's bytes) starts in the store."""
-        begin = data.data_ptr() - self._base
-        if not 0 <= begin <= self._nbytes - data.numel():
+    def ranges(self, batch: Encoded) -> tuple[np.ndarray, np.ndarray]:
+        """Where `batch`'s images (views of the store's bytes) start and end in the store."""
+        shift = batch.data.data_ptr() - self._base
+        begins, ends = batch.begins + shift, batch.ends + shift
+        if len(begins) and (begins.min() < 0 or ends.max() > self._nbytes):
             raise ValueError("decode workers can only decode views of the store they were started on")
-        return begin
+        return begins, ends
 
     def close(self) -> None:
         for conn in self.conns:
@@ -174,7 +175,7 @@ class _Job:
     total: int  # bytes of the segment the images may fill
     conns: list[Connection]  # the workers that have a chunk of it, in order
     ticket: int  # tags its chunks' replies: a pipe may carry replies of two jobs (a batch and its retries)
-    datas: list[torch.Tensor]  # kept to decode again on threads if a worker died
+    batch: Encoded  # kept to decode again on threads if a worker died
     reduce_to: list
 
 
@@ -200,21 +201,20 @@ class ProcessDecoder:
         """When the last image of the last `collect` finished decoding (a worker's perf_counter)."""
         return self._threads.last_done if self._threads is not None else self._last_done
 
-    def submit(self, datas: list[torch.Tensor], shapes: torch.Tensor, reduce_to: list):
+    def submit(self, batch: Encoded, shapes: np.ndarray, reduce_to: list):
         """Send each worker its chunk (byte ranges, where to write); the pipes carry no pixels."""
         if self._threads is None:
-            capacity = (shapes[:, 0].long() * shapes[:, 1].long() * 3).numpy().reshape(-1)
+            capacity = shapes[:, 0].astype(np.int64) * shapes[:, 1] * 3
             at = np.cumsum(capacity) - capacity
             try:
                 segment = self._staging.take(max(1, int(capacity.sum())))
             except (RuntimeError, OSError) as e:  # /dev/shm full (a container's default 64 MB), no pinning
                 self._to_threads(f"no shared buffer for decoded JPEGs ({e})")
-                return self._threads.submit(datas, shapes, reduce_to)
-            begins = [self.workers.begin(d) for d in datas]
-            jobs = [(b, b + d.numel(), int(a), int(c), r)
-                    for b, d, a, c, r in zip(begins, datas, at, capacity, reduce_to)]
+                return self._threads.submit(batch, shapes, reduce_to)
+            begins, ends = self.workers.ranges(batch)
+            jobs = list(zip(begins.tolist(), ends.tolist(), at.tolist(), capacity.tolist(), reduce_to))
             size = math.ceil(len(jobs) / len(self.conns)) or 1
-            job = _Job(segment, at, int(capacity.sum()), [], next(self._tickets), datas, reduce_to)
+            job = _Job(segment, at, int(capacity.sum()), [], next(self._tickets), batch, reduce_to)
             try:
                 for conn, k in zip(self.conns, range(0, len(jobs), size)):
                     conn.send((job.ticket, segment.path, jobs[k : k + size]))
@@ -222,7 +222,7 @@ class ProcessDecoder:
                 return job
             except OSError as e:
                 self._broken(e, job)
-        return self._threads.submit(datas, shapes, reduce_to)
+        return self._threads.submit(batch, shapes, reduce_to)
 
     def collect(self, job, device: torch.device, pin: bool) -> Decoded:
         """The decoded images where `device` reads them: in place in the shared buffer if `pin`."""
@@ -232,15 +232,15 @@ class ProcessDecoder:
             replies = [self._reply(conn, job.ticket) for conn in job.conns]
         except (EOFError, OSError) as e:
             self._broken(e, job)
-            return self._threads.collect(self._threads.submit(job.datas, None, job.reduce_to), device, pin)
+            return self._threads.collect(self._threads.submit(job.batch, None, job.reduce_to), device, pin)
         results = [r for _, chunk, _, _ in replies for r in chunk]
         self.busy.update(workers_wall=sum(r[2] for r in replies), workers_cpu=sum(r[3] for r in replies))
         kept = [k for k, r in enumerate(results) if not isinstance(r, str)]
         failed = {k: r for k, r in enumerate(results) if isinstance(r, str)}
-        sizes = torch.tensor([results[k][:2] for k in kept], dtype=torch.int32).reshape(-1, 2)
+        sizes = np.array([results[k][:2] for k in kept], np.int64).reshape(-1, 2)
         strides = chw_strides(sizes)
         self._last_done = max((results[k][2] for k in kept), default=0.0)
-        offsets = torch.from_numpy(job.at[kept]).long()
+        offsets = job.at[kept]
         if pin:
             return Decoded(job.segment.view, offsets, sizes, strides, [job.segment], failed,
                            on_done=lambda done: self._staging.give_back(job.segment, done))

@@ -18,6 +18,7 @@ import torch
 
 from gpufeed.augment.pipeline import Params, _affine, _fused, color_jitter, finish
 from gpufeed.decode import Scheduler
+from gpufeed.decode.base import Encoded
 from gpufeed.decode.workers import DecodeWorkers, ProcessDecoder
 from gpufeed.loader.stats import stage_range
 
@@ -42,7 +43,8 @@ class JpegBatcher:
         store = loader.store
         self._data = loader.tier.images  # the encoded bytes, where the tier keeps them (host memory)
         self._offsets = np.asarray(store.offsets).view(np.ndarray)
-        self._shapes = torch.from_numpy(np.array(store.shapes))
+        self._shapes = np.asarray(store.shapes).view(np.ndarray).astype(np.int64)
+        self._labels = store.labels.numpy()
         self._inflight: deque = deque()  # (event, decoded buffers) until the kernels reading them ran
         log.debug("gpufeed.Loader: jpeg decoders %s", " + ".join(self.scheduler.names))
 
@@ -51,37 +53,33 @@ class JpegBatcher:
             return self._make(idx, params)
 
     def _make(self, idx: torch.Tensor, params: Params) -> tuple[torch.Tensor, torch.Tensor]:
-        store, loader = self.loader.store, self.loader
+        """Host-side bookkeeping is numpy: see `gpufeed.decode.base` for why."""
         t0 = time.perf_counter()
         i = idx.numpy()
-        begins, ends = self._offsets[i], self._offsets[i + 1]
-        datas = [self._data[a:b] for a, b in zip(begins.tolist(), ends.tolist())]
-        shapes = self._shapes[idx]
+        batch = Encoded.of(self._data, self._offsets, i)
+        shapes, boxes, labels = self._shapes[i], params.boxes.numpy().copy(), self._labels[i]
         t1 = time.perf_counter()
-        loader.counters.add("read", t1 - t0, int((ends - begins).sum()))
-        parts, failed = self.scheduler.run(datas, shapes, params.boxes, params.out_hw, pin=self.fused)
+        self.loader.counters.add("read", t1 - t0, int((batch.ends - batch.begins).sum()))
+        parts, failed = self.scheduler.run(batch, shapes, boxes, params.out_hw, pin=self.fused)
         t2 = time.perf_counter()
-        loader.counters.add("decode", t2 - t1)
-        labels = store.labels.index_select(0, idx)
+        self.loader.counters.add("decode", t2 - t1)
         if failed:
             self._failed(idx, failed)
-        boxes = params.boxes.clone()
+            good = [p for p in range(len(i)) if p not in failed]
+            copies = {p: next((g for g in good if g > p), good[0]) for p in failed}
+            labels[list(copies)] = labels[list(copies.values())]
         for part, positions in parts:  # boxes follow each image's decoded (maybe DCT-reduced) size
-            if positions:
-                pos = torch.tensor(positions)
-                ratio = part.sizes.double() / shapes[pos].double()
-                boxes[pos] *= torch.stack([ratio[:, 1], ratio[:, 0], ratio[:, 1], ratio[:, 0]], 1).float()
+            ratio = part.sizes / shapes[positions]
+            boxes[positions] *= ratio[:, [1, 0, 1, 0]]
         if self.fused:
-            images = self._gpu(parts, boxes, params)
+            images, labels = self._gpu(parts, boxes, labels, params)
         else:
-            images = self._cpu(parts, boxes, params, len(idx))
-        loader.counters.add("resize", time.perf_counter() - t2)
+            images, labels = self._cpu(parts, boxes, params, len(i)), torch.from_numpy(labels)
+        self.loader.counters.add("resize", time.perf_counter() - t2)
         if failed:  # keep batches full: a failed sample becomes a copy of the next good one
-            good = [p for p in range(len(idx)) if p not in failed]
-            for p in failed:
-                src = next((g for g in good if g > p), good[0])
-                images[p], labels[p] = images[src], labels[src]
-        return images, labels.to(loader.device, non_blocking=True)
+            for p, src in copies.items():
+                images[p] = images[src]
+        return images, labels
 
     def _failed(self, idx: torch.Tensor, failed: dict[int, str]) -> None:
         first = min(failed)
@@ -94,20 +92,26 @@ class JpegBatcher:
             log.warning("%s cannot be decoded (%s); replaced by another sample of the batch "
                         "(further ones are counted in loader.stats())", where, failed[first])
 
-    def _gpu(self, parts, boxes: torch.Tensor, params: Params) -> torch.Tensor:
+    def _gpu(self, parts, boxes: np.ndarray, labels: np.ndarray, params: Params) -> tuple[torch.Tensor, torch.Tensor]:
+        """One resize kernel per decoder's part; every part's per-image table, the boxes, the flips and
+        the labels go to the device in two copies."""
         loader, aug = self.loader, self.loader.augment
         dev, jitter = loader.device, params.jitter is not None
         out_dtype = torch.float32 if jitter else loader.dtype
         fmt = torch.channels_last if loader.channels_last and not jitter else torch.contiguous_format
         out = torch.empty((len(boxes), 3, *params.out_hw), dtype=out_dtype, device=dev, memory_format=fmt)
         scale, shift = _affine(dev, None if jitter else aug.normalize, uint8=out_dtype == torch.uint8)
-        boxes_d, flip_d = boxes.to(dev, non_blocking=True), params.flip.to(dev, non_blocking=True)
-        for part, positions in parts:
-            if positions:
-                rows = torch.tensor(positions, dtype=torch.int64).to(dev, non_blocking=True)
-                _fused().resample_packed(part.base, part.offsets.to(dev, non_blocking=True),
-                                         part.sizes.to(dev, non_blocking=True), part.strides.to(dev, non_blocking=True),
-                                         rows, boxes_d, flip_d, out, scale, shift)
+        parts = [(part, positions) for part, positions in parts if len(positions)]
+        columns = [[part.offsets, part.sizes.ravel(), part.strides.ravel(), positions] for part, positions in parts]
+        flat = [c for cols in columns for c in cols] + [labels]
+        table, at = _table(flat)
+        floats = np.concatenate([boxes.ravel(), params.flip.numpy()]).astype(np.float32)
+        table_d = torch.from_numpy(table).to(dev, non_blocking=True)
+        floats_d = torch.from_numpy(floats).to(dev, non_blocking=True)
+        boxes_d, flip_d = floats_d[: boxes.size], floats_d[boxes.size :]
+        views = [table_d[a : a + len(c)] for c, a in zip(flat, at)]
+        for k, (part, _) in enumerate(parts):
+            _fused().resample_packed(part.base, *views[4 * k : 4 * k + 4], boxes_d, flip_d, out, scale, shift)
         done = torch.cuda.current_stream(dev).record_event()
         self._inflight.append((done, [part.keep for part, _ in parts]))
         for part, _ in parts:
@@ -115,15 +119,18 @@ class JpegBatcher:
                 part.on_done(done)
         while self._inflight and self._inflight[0][0].query():
             self._inflight.popleft()
+        labels_d = views[-1]
         if not jitter:
-            return out
-        return finish(color_jitter(out * 255, params.jitter.to(dev)), loader.dtype, aug.normalize, loader.channels_last)
+            return out, labels_d
+        images = finish(color_jitter(out * 255, params.jitter.to(dev)), loader.dtype, aug.normalize,
+                        loader.channels_last)
+        return images, labels_d
 
-    def _cpu(self, parts, boxes: torch.Tensor, params: Params, n: int) -> torch.Tensor:
+    def _cpu(self, parts, boxes: np.ndarray, params: Params, n: int) -> torch.Tensor:
         """CPU device: edge-pad the decoded images to one size, then the roi_align path (same math)."""
         images: list = [None] * n
         for part, positions in parts:
-            for k, p in enumerate(positions):
+            for k, p in enumerate(positions.tolist()):
                 (h, w), (sc, sy, sx) = part.sizes[k].tolist(), part.strides[k].tolist()
                 chw = part.base.as_strided((3, h, w), (sc, sy, sx), int(part.offsets[k]))
                 images[p] = chw.permute(1, 2, 0)
@@ -132,11 +139,24 @@ class JpegBatcher:
         top_h, top_w = max(im.shape[0] for im in images), max(im.shape[1] for im in images)
         batch = torch.from_numpy(np.stack([np.pad(im.numpy(), ((0, top_h - im.shape[0]), (0, top_w - im.shape[1]),
                                                                (0, 0)), mode="edge") for im in images]))
-        padded = Params(boxes, params.flip, params.out_hw, False, params.jitter, params.any_flip)
+        padded = Params(torch.from_numpy(boxes), params.flip, params.out_hw, False, params.jitter, params.any_flip)
         return self.loader.augment.apply(batch, padded, self.loader.dtype, self.loader.channels_last)
 
     def close(self) -> None:
         self.scheduler.close()
+
+
+def _table(columns: list[np.ndarray]) -> tuple[np.ndarray, list[int]]:
+    """int64 columns back to back in one array, each starting on 16 bytes (Triton specializes a
+    kernel on its pointers' alignment: unaligned views would compile more variants), and where each
+    starts."""
+    at = [0]
+    for c in columns:
+        at.append(at[-1] + len(c) + len(c) % 2)
+    table = np.zeros(at[-1], np.int64)
+    for c, a in zip(columns, at):
+        table[a : a + len(c)] = c
+    return table, at[:-1]
 
 
 def jpeg_feed(loader, plan, start: int):
