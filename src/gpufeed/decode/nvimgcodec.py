@@ -4,7 +4,8 @@ loader asks for one):
 - `hw`: the GPU's hardware JPEG engines (NVJPG on A100/H100/H200) alone;
 - `cuda`: nvJPEG's hybrid decoder, Huffman on nvImageCodec's own CPU threads and the rest on CUDA
   cores. It is the one GPU decoder that leaves the engines free: on Hopper, torchvision's batched
-  `decode_jpeg(device="cuda")` (the `nvjpeg` decoder) runs on the same engines as `hw`.
+  `decode_jpeg(device="cuda")` (the `nvjpeg` decoder) shares the engines with `hw`
+  (`benchmarks/gpu_decoders_probe.py`).
 
 Measured on an H100 (`benchmarks/nvimgcodec_probe.py`, 500x375 q90, batch 256): hw 16.3k img/s
 from one thread, 19.6k from two; cuda 10.2k. Region-of-interest decode made both slower (13.1k, 9.5k),
