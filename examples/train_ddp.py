@@ -76,8 +76,10 @@ def main() -> None:
     seconds = time.perf_counter() - t0
     result = {"rank": rank, "world_size": world, "steps": step, "img_per_s": step * a.batch_size / seconds,
               "batches_per_epoch": len(loader), "loss": float(loss), "tier": loader.tier.name,
-              "epoch0_indices": seen, "state": loader.state_dict(), "store_memory_mb": mapped_mb(store.path),
-              "store_mb": store.nbytes / 2**20}
+              "epoch0_indices": seen, "state": loader.state_dict(), "store_mb": store.nbytes / 2**20}
+    loader.close()
+    dist.barrier()  # every rank has read all it will: a page one rank maps later would count twice in the sum
+    result["store_memory_mb"] = mapped_mb(store.path)
     print(f"rank {rank}/{world}: {result['img_per_s']:.0f} img/s, loss {result['loss']:.3f}, "
           f"{len(loader)} batches per epoch, tier {loader.tier.name}", flush=True)
     if a.report:
