@@ -14,6 +14,7 @@ import json
 import os
 import re
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -154,7 +155,11 @@ def main() -> None:
     p.add_argument("--only", help="run only the rows whose name holds one of these comma-separated words")
     p.add_argument("--grid", help="instead of the standard rows, the defaults and these loaders: comma-separated "
                                   "DECODERS:PIPELINES:CPU_WORKERS, e.g. nvjpeg+cpu:2:4")
+    p.add_argument("--switch-interval", type=float,
+                   help="sys.setswitchinterval(SECONDS) for this run (Python's default: 0.005)")
     a = p.parse_args()
+    if a.switch_interval:
+        sys.setswitchinterval(a.switch_interval)
     bad = [cell for cell in (a.grid.split(",") if a.grid else []) if not re.fullmatch(r"[a-z+]+:\d+:\d+", cell)]
     if bad:
         p.error(f"--grid {bad[0]!r}: expected DECODERS:PIPELINES:CPU_WORKERS, e.g. nvjpeg+cpu:2:4")
