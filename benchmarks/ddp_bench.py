@@ -67,6 +67,7 @@ def worker(a: argparse.Namespace) -> None:
                 pass
         torch.cuda.synchronize()
         seconds = time.perf_counter() - t0
+        dist.barrier()  # every rank has read all it will: a page another rank maps later would count twice
         stats = loader.stats()
         result = {"rank": dist.get_rank(), "world": dist.get_world_size(), "tier": stats["tier"],
                   "img_per_s": a.epochs * len(loader) * loader.sampler.batch_size / seconds,

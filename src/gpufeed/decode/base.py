@@ -2,7 +2,8 @@
 decoded images addressed from one base).
 
 Per-image bookkeeping is numpy arrays, not tensors: every small torch op lets go of the GIL and has
-to win it back from the other pipelines' threads, and those waits, not the work, slowed batches.
+to win it back from the other pipelines' threads. In numpy a batch's read and resize stages took
+0.1-0.2 and 1.8-2.7 ms instead of 0.7-0.8 and 3.5-3.6 (H200); the throughput did not measurably change.
 """
 
 from __future__ import annotations
