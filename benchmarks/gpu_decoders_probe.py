@@ -84,9 +84,12 @@ def main() -> None:
     p.add_argument("--cpu-threads", type=int, default=4, help="nvImageCodec's CPU threads per decoder")
     p.add_argument("--out", default="gpu_decoders_probe.json")
     a = p.parse_args()
+    make = factories(a.cpu_threads)
+    unknown = sorted({name for row in a.rows.split(",") for name in row.split("+")} - set(make))
+    if unknown:
+        p.error(f"--rows: unknown decoder(s) {', '.join(unknown)}; choose from {', '.join(make)}")
     tensors = [torch.frombuffer(bytearray(d), dtype=torch.uint8)
                for d in encode_jpegs(natural_images(256), 90)] * 8
-    make = factories(a.cpu_threads)
     out = {"gpu": torch.cuda.get_device_name(), "rows": {}}
     for row in a.rows.split(","):
         try:

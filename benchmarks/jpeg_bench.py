@@ -158,7 +158,9 @@ def main() -> None:
     p.add_argument("--switch-interval", type=float,
                    help="sys.setswitchinterval(SECONDS) for this run (Python's default: 0.005)")
     a = p.parse_args()
-    if a.switch_interval:
+    if a.switch_interval is not None:
+        if a.switch_interval <= 0:
+            p.error(f"--switch-interval must be a positive number of seconds, got {a.switch_interval}")
         sys.setswitchinterval(a.switch_interval)
     bad = [cell for cell in (a.grid.split(",") if a.grid else []) if not re.fullmatch(r"[a-z+]+:\d+:\d+", cell)]
     if bad:
