@@ -64,7 +64,7 @@ def test_processes_decode_the_same_pixels_as_threads(store):
     want = threads.collect(threads.submit(datas, shapes, reduce_to), CPU, pin=False)
     before = _segments()
     workers = DecodeWorkers(store.data, 2)
-    decoder = ProcessDecoder(workers, workers.conns, CPU)
+    decoder = ProcessDecoder(workers.span, workers.conns, CPU)
     try:
         for _ in range(2):  # the second batch reuses the first one's shared buffer
             got = decoder.collect(decoder.submit(datas, shapes, reduce_to), CPU, pin=False)
@@ -84,7 +84,7 @@ def test_jobs_collected_out_of_order_get_their_own_images(store):
     """The scheduler submits a batch's CPU share, then GPU rejects on the same workers, and collects
     the rejects first: each must get its own replies."""
     workers = DecodeWorkers(store.data, 2)
-    decoder = ProcessDecoder(workers, workers.conns, CPU)
+    decoder = ProcessDecoder(workers.span, workers.conns, CPU)
     try:
         first, second = _inputs(store, range(0, 8)), _inputs(store, [9, 10, 11])
         a = decoder.submit(*first, [None] * 8)
@@ -103,7 +103,7 @@ def test_a_bad_image_fails_alone_and_a_view_of_another_store_is_refused(store, t
     broken.write_bytes(good + b"\xff\xd8 not a jpeg at all")
     data = np.memmap(broken, dtype=np.uint8, mode="r")
     workers = DecodeWorkers(data, 1)
-    decoder = ProcessDecoder(workers, workers.conns, CPU)
+    decoder = ProcessDecoder(workers.span, workers.conns, CPU)
     try:
         both = Encoded.of(as_tensor(data), np.array([0, len(good), len(data)]), np.array([0, 1]))
         shapes = np.array([list(store.shapes[0])] * 2)
@@ -138,7 +138,7 @@ def test_a_dead_worker_is_survived_on_threads(store, caplog):
 
 def test_two_jobs_on_dead_workers_switch_to_threads_once(store, caplog):
     workers = DecodeWorkers(store.data, 2)
-    decoder = ProcessDecoder(workers, workers.conns, CPU)
+    decoder = ProcessDecoder(workers.span, workers.conns, CPU)
     try:
         first, second = _inputs(store, range(0, 6)), _inputs(store, [7, 8])
         a, b = decoder.submit(*first, [None] * 6), decoder.submit(*second, [None] * 2)

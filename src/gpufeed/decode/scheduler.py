@@ -48,15 +48,20 @@ def _nvimgcodec(device: torch.device, name: str, cpu_threads: int):
     return None
 
 
+def check_decoders(names: tuple[str, ...]) -> None:
+    """Raise ValueError naming any of `names` that is not a decoder."""
+    unknown = set(names) - set(KNOWN)
+    if unknown:
+        raise ValueError(f"unknown decoders {sorted(unknown)}: choose from {', '.join(KNOWN)}")
+
+
 class Scheduler:
     """Decoders for one pipeline: on a GPU those of `use` that can be made here, and a CPU decoder
     (`cpu`, e.g. a `ProcessDecoder`; else `cpu_threads` threads)."""
 
     def __init__(self, device: torch.device, cpu_threads: int, use: tuple[str, ...] = ("hw", "nvjpeg", "cpu"),
                  cpu=None):
-        unknown = set(use) - set(KNOWN)
-        if unknown:
-            raise ValueError(f"unknown decoders {sorted(unknown)}: choose from {', '.join(KNOWN)}")
+        check_decoders(use)
         self.device = device
         # always there, the fallback for what GPU decoders reject: `cpu` (worker processes) or threads
         self.cpu = cpu or CpuDecoder(cpu_threads)

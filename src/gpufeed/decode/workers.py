@@ -109,12 +109,28 @@ def unavailable() -> str | None:
     return None
 
 
-def _context():
+def process_context():
     """forkserver: workers forked from a clean single-threaded server (preloaded with the decoders),
     never from the loader's process, whose CUDA and decoder threads make fork unsafe."""
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload([__name__])
     return ctx
+
+
+@dataclass
+class Span:
+    """Where a store's encoded bytes lie in this process's memory (the workers map them themselves)."""
+
+    base: int
+    nbytes: int
+
+    def ranges(self, batch: Encoded) -> tuple[np.ndarray, np.ndarray]:
+        """Where `batch`'s images (views of the store's bytes) start and end in the store."""
+        shift = batch.data.data_ptr() - self.base
+        begins, ends = batch.begins + shift, batch.ends + shift
+        if len(begins) and (begins.min() < 0 or ends.max() > self.nbytes):
+            raise ValueError("decode workers can only decode views of the store they were started on")
+        return begins, ends
 
 
 class DecodeWorkers:
@@ -129,8 +145,8 @@ class DecodeWorkers:
         if not isinstance(data, np.memmap) or data.filename is None:
             raise RuntimeError("decode workers read the store from its file; these bytes have none")
         self.workers = workers
-        self._base, self._nbytes = data.ctypes.data, data.nbytes
-        ctx, self._procs, self.conns = _context(), [], []
+        self.span = Span(data.ctypes.data, data.nbytes)
+        ctx, self._procs, self.conns = process_context(), [], []
         for _ in range(workers):
             mine, theirs = ctx.Pipe()
             proc = ctx.Process(target=_serve, args=(theirs, data.filename, data.offset, data.nbytes), daemon=True,
@@ -145,14 +161,6 @@ class DecodeWorkers:
         if of > len(self.conns):
             raise ValueError(f"{of} pipelines need at least as many decode workers, there are {len(self.conns)}")
         return self.conns[k::of]
-
-    def ranges(self, batch: Encoded) -> tuple[np.ndarray, np.ndarray]:
-        """Where `batch`'s images (views of the store's bytes) start and end in the store."""
-        shift = batch.data.data_ptr() - self._base
-        begins, ends = batch.begins + shift, batch.ends + shift
-        if len(begins) and (begins.min() < 0 or ends.max() > self._nbytes):
-            raise ValueError("decode workers can only decode views of the store they were started on")
-        return begins, ends
 
     def close(self) -> None:
         for conn in self.conns:
@@ -180,13 +188,14 @@ class _Job:
 
 
 class ProcessDecoder:
-    """One pipeline's share of the workers (`conns`): `submit`/`collect` like `CpuDecoder`, images in
-    this pipeline's own shared buffers, reused once the kernels reading them have run."""
+    """One pipeline's share of the workers (`conns`, over the store bytes at `span` in this process):
+    `submit`/`collect` like `CpuDecoder`, images in this pipeline's own shared buffers, reused once the
+    kernels reading them have run. The pipeline may be in another process than the workers' owner."""
 
     name = "cpu"
 
-    def __init__(self, workers: DecodeWorkers, conns: list[Connection], device: torch.device):
-        self.workers, self.conns, self.device = workers, conns, device
+    def __init__(self, span: Span, conns: list[Connection], device: torch.device):
+        self.span, self.conns, self.device = span, conns, device
         self.threads = len(conns)
         self._last_done = 0.0
         self._staging = PinnedStaging(alloc=lambda nbytes: Segment(nbytes, device))
@@ -211,7 +220,7 @@ class ProcessDecoder:
             except (RuntimeError, OSError) as e:  # /dev/shm full (a container's default 64 MB), no pinning
                 self._to_threads(f"no shared buffer for decoded JPEGs ({e})")
                 return self._threads.submit(batch, shapes, reduce_to)
-            begins, ends = self.workers.ranges(batch)
+            begins, ends = self.span.ranges(batch)
             jobs = list(zip(begins.tolist(), ends.tolist(), at.tolist(), capacity.tolist(), reduce_to))
             size = math.ceil(len(jobs) / len(self.conns)) or 1
             job = _Job(segment, at, int(capacity.sum()), [], next(self._tickets), batch, reduce_to)

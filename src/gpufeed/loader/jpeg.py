@@ -18,8 +18,10 @@ import torch
 
 from gpufeed.augment.pipeline import Params, _affine, _fused, color_jitter, finish
 from gpufeed.decode import Scheduler
+from gpufeed.decode.scheduler import check_decoders
 from gpufeed.decode.base import Encoded
 from gpufeed.decode.workers import DecodeWorkers, ProcessDecoder
+from gpufeed.loader.procs import PipelineProcesses, Spec, slot_shape
 from gpufeed.loader.stats import stage_range
 
 log = logging.getLogger(__name__)
@@ -33,8 +35,6 @@ class JpegBatcher:
     """Turns (indices, params) into a finished (images, labels) batch on the loader's device."""
 
     def __init__(self, loader, on_error: str, threads: int, decoders: tuple[str, ...], cpu=None):
-        if on_error not in ("skip", "raise"):
-            raise ValueError(f"on_error must be 'skip' or 'raise', got {on_error!r}")
         self.loader, self.on_error = loader, on_error
         self.scheduler = Scheduler(loader.device, threads, decoders, cpu)
         self.fused = loader.device.type == "cuda" and _fused() is not None
@@ -178,30 +178,65 @@ def jpeg_feed(loader, plan, start: int):
     return threaded(loader, make, range(start, len(plan)), workers=len(loader.jpeg))
 
 
-def jpeg_batchers(loader, on_error: str, decoders: tuple[str, ...], workers: int | None, pipelines: int | None):
-    """The loader's decode pipelines and the CPU decode worker processes they share (None where
-    processes can't be used: then each pipeline decodes on threads, and says why once).
+def _pool(loader, decoders: tuple[str, ...], workers: int) -> DecodeWorkers | None:
+    """CPU decode worker processes, where the CPU decodes a share (None, said once, where they can't run)."""
+    if "cpu" not in decoders and loader.device.type == "cuda":
+        return None
+    try:
+        return DecodeWorkers(loader.store.data, workers)
+    except (RuntimeError, OSError) as e:
+        log.warning("gpufeed.Loader: CPU JPEG decode in worker processes unavailable (%s); decoding on "
+                    "threads, which share the GIL with the pipelines (slower)", e)
+    return None
 
-    Defaults measured on a 16-core H100 host (benchmarks/jpeg_bench.py --grid): 3 pipelines on a GPU
-    (one batch's Python overlaps another's decoding) and a fifth of the cores decoding on the CPU: each
-    JPEG costs a worker ~2 ms of CPU there, and busier CPUs slow the GPU decoders' host work more than
-    they add (3 workers 21.5k img/s, 14 workers 15.8k). On a CPU device every core decodes."""
+
+def jpeg_batchers(loader, on_error: str, decoders: tuple[str, ...], workers: int | None, pipelines: int | None,
+                  processes: int | None):
+    """The loader's decode pipelines: `processes` processes of `pipelines` each (`PipelineProcesses`),
+    or, with `processes=0` (or where they can't start, said once), `pipelines` threads in the loader's
+    process and the CPU decode worker processes they share (None where processes can't be used: then
+    each pipeline decodes on threads, and says why once). Returns (batchers, worker pool, processes).
+
+    Defaults measured on a 16-core H100 host (benchmarks/jpeg_bench.py --grid): on a GPU 3 processes
+    of 2 pipelines (in the loader's process: 3 pipelines, so one batch's Python overlaps another's
+    decoding), and a fifth of the cores decoding on the CPU: each JPEG costs a worker ~2 ms of CPU
+    there, and busier CPUs slow the GPU decoders' host work more than they add (3 workers 21.5k
+    img/s, 14 workers 15.8k). On a CPU device every core decodes, in worker processes."""
+    if on_error not in ("skip", "raise"):
+        raise ValueError(f"on_error must be 'skip' or 'raise', got {on_error!r}")
+    check_decoders(decoders)
     gpu = loader.device.type == "cuda"
     cores = os.cpu_count() or 1
+    processes = (3 if gpu else 0) if processes is None else processes
+    if processes < 0:
+        raise ValueError(f"decode_processes must be 0 or more, got {processes}")
+    if processes and len(loader.store):
+        pipelines = pipelines or 2
+        workers = max(workers or cores // 5, processes * pipelines)  # a worker serves one pipeline
+        pool = _pool(loader, decoders, workers)
+        spec = Spec(str(loader.store.path), loader.device, loader.augment.ops, loader.dtype, loader.channels_last,
+                    loader.tier.name, on_error, tuple(decoders), pipelines, max(1, workers // (processes * pipelines)))
+        conns = None if pool is None else [pool.share(k, processes * pipelines) for k in range(processes * pipelines)]
+        try:
+            procs = PipelineProcesses(loader, spec, processes, loader.sampler.batch_size,
+                                      slot_shape(loader.augment, loader.store), conns)
+            where = f"{pool.workers} processes" if pool is not None else f"{spec.cpu_threads} thread(s) per pipeline"
+            log.info("gpufeed.Loader: jpeg decoders %s, %d processes of %d pipeline(s), CPU decode in %s",
+                     " + ".join(procs.names), processes, pipelines, where)
+            return [], pool, procs
+        except RuntimeError as e:
+            if pool is not None:
+                pool.close()
+            log.warning("gpufeed.Loader: JPEG pipeline processes unavailable (%s); the pipelines run in the loader's "
+                        "process instead (slower: they share its GIL)", e)
     pipelines = pipelines or (3 if gpu else 1)
     workers = workers or (max(pipelines, cores // 5) if gpu else cores)
-    pool = None
-    if "cpu" in decoders or not gpu:
-        try:
-            pool = DecodeWorkers(loader.store.data, max(workers, pipelines))  # a worker serves one pipeline
-        except (RuntimeError, OSError) as e:
-            log.warning("gpufeed.Loader: CPU JPEG decode in worker processes unavailable (%s); decoding on "
-                        "threads, which share the GIL with the pipelines (slower)", e)
+    pool = _pool(loader, decoders, max(workers, pipelines))  # a worker serves one pipeline
     per_pipeline = max(1, workers // pipelines)
     batchers = [JpegBatcher(loader, on_error, per_pipeline, decoders,
-                            ProcessDecoder(pool, pool.share(k, pipelines), loader.device) if pool is not None else None)
+                            ProcessDecoder(pool.span, pool.share(k, pipelines), loader.device) if pool is not None else None)
                 for k in range(pipelines)]
     where = f"{pool.workers} processes" if pool is not None else f"{per_pipeline} threads per pipeline"
     log.info("gpufeed.Loader: jpeg decoders %s, %d pipeline(s), CPU decode in %s",
              " + ".join(batchers[0].scheduler.names), pipelines, where)
-    return batchers, pool
+    return batchers, pool, None

@@ -57,7 +57,8 @@ class Loader:
                  dtype: torch.dtype = torch.float16, channels_last: bool = False, cache: str = "auto",
                  rank: int | None = None, world_size: int | None = None, prefetch: int = 3,
                  gather_threads: int | None = None, on_error: str = "skip", decode_workers: int | None = None,
-                 decoders: tuple[str, ...] = ("hw", "nvjpeg", "cpu"), decode_pipelines: int | None = None):
+                 decoders: tuple[str, ...] = ("hw", "nvjpeg", "cpu"), decode_pipelines: int | None = None,
+                 decode_processes: int | None = None):
         self.store = store if isinstance(store, Store) else Store(store)
         if self.store.mode == "jpeg" and not augment:
             raise ValueError(f"{self.store.path}: a jpeg store holds images of different sizes; give augment ops "
@@ -72,9 +73,10 @@ class Loader:
         self.tier = tiers.materialize(self.store, self.device, cache)
         log.info("gpufeed.Loader: tier %s (%s)", self.tier.name, self.tier.reason)
         self.jpeg: list[JpegBatcher] = []
-        self._workers = None
+        self._workers = self.procs = None
         if self.store.mode == "jpeg":
-            self.jpeg, self._workers = jpeg_batchers(self, on_error, decoders, decode_workers, decode_pipelines)
+            self.jpeg, self._workers, self.procs = jpeg_batchers(self, on_error, decoders, decode_workers,
+                                                                 decode_pipelines, decode_processes)
         self.gather = Gatherer(gather_threads or min(8, os.cpu_count() or 1))
         self.copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.counters = Stats(self.tier.name)
@@ -92,6 +94,8 @@ class Loader:
         self.gather.close()
         for batcher in self.jpeg:
             batcher.close()
+        if self.procs is not None:  # before the decode workers they send to
+            self.procs.close()
         if self._workers is not None:
             self._workers.close()
         self._planner.close()
@@ -130,6 +134,12 @@ class Loader:
             out["decoder_rates"] = {name: sum(b.scheduler.rates[name] for b in self.jpeg) for name in out["decoders"]}
             out["decode_seconds"] = dict(sum((b.scheduler.seconds + getattr(b.scheduler.cpu, "busy", Counter())
                                               for b in self.jpeg), Counter()))
+        if self.procs is not None:
+            theirs = self.procs.stats()
+            out["seconds"] = {**out["seconds"], **theirs.pop("stage_seconds")}
+            out["bytes"] = {**out["bytes"], **theirs.pop("stage_bytes")}
+            out["notes"] += [n for n in theirs.pop("notes") if n not in out["notes"]]
+            out |= theirs
         return out
 
     def plan(self, epoch: int, number: int):
@@ -151,7 +161,9 @@ class Loader:
             epoch, start = epoch + 1, 0
         self.epoch, self._batch = epoch, start
         plan = self._planner.get(epoch)
-        if self.jpeg:
+        if self.procs is not None:
+            feed = self.procs.feed
+        elif self.jpeg:
             feed = jpeg_feed
         else:
             feed = device_feed if self.tier.gathers_on_device else host_feed

@@ -1,0 +1,338 @@
+"""JPEG pipelines in processes of their own, handing finished batches over in shared device memory.
+
+Why: a pipeline's Python (byte ranges, decoder calls, kernel launches) is short, but in the
+loader's process every pipeline thread shares one GIL, and each torch or decoder call lets go of
+it and must win it back. On an H100 (16 cores, the issue's JPEG workload) 3 pipelines in the
+loader's process gave 28.3k and 20.3k img/s; 3 processes of 2 pipelines each gave 34.9k and 34.1k
+(`benchmarks/jpeg_bench.py --grid`).
+
+How: the loader's process plans every batch, as it does without processes (same plan, same resume),
+and sends batch k's indices and augment parameters to process k % processes with an output slot
+to fill: a tensor it allocated and shared once (CUDA IPC on a GPU, shared memory on a CPU). The
+process runs `JpegBatcher`s on `pipelines` threads, with its own decoders, streams and tier of the
+encoded bytes. It writes the batch into the slot, waits for its stream and replies with its
+counters. The loader copies the slot into a fresh tensor on the consumer's stream and reuses the
+slot once that copy has run. Warnings in a process come back and are logged here, once each.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import queue
+import signal
+import threading
+import time
+import weakref
+from collections import Counter, deque
+from contextlib import nullcontext
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Iterator
+
+import numpy as np
+import torch
+
+from gpufeed.augment.pipeline import Augment, Params
+from gpufeed.decode.workers import ProcessDecoder, Span, process_context, unavailable
+from gpufeed.loader import tiers
+from gpufeed.loader.feeds import Batch
+from gpufeed.loader.stats import Stats
+from gpufeed.store.reader import Store
+
+log = logging.getLogger(__name__)
+START_TIMEOUT = 300.0  # seconds for a process to import, make its CUDA context and decoders
+
+
+@dataclass
+class Spec:
+    """What a pipeline process needs to build the loader's JPEG pipelines."""
+
+    store: str
+    device: torch.device
+    ops: list
+    dtype: torch.dtype
+    channels_last: bool
+    cache: str
+    on_error: str
+    decoders: tuple[str, ...]
+    pipelines: int
+    cpu_threads: int
+
+
+class _Host:
+    """The part of a `Loader` that a `JpegBatcher` reads, rebuilt inside a pipeline process."""
+
+    def __init__(self, spec: Spec):
+        self.store, self.device = Store(spec.store), spec.device
+        self.augment = Augment(spec.ops)
+        self.dtype, self.channels_last = spec.dtype, spec.channels_last
+        self.tier = tiers.materialize(self.store, self.device, spec.cache)
+        self.counters = Stats(self.tier.name)
+
+
+class _Forward(logging.Handler):
+    """Sends a process's gpufeed warnings to the loader's process, which logs them."""
+
+    def __init__(self, send):
+        super().__init__(logging.WARNING)
+        self._send = send
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self._send(("log", record.levelno, (record.name, str(record.msg)), record.getMessage()))
+
+
+def _serve(conn: Connection, spec: Spec, slots: list[tuple[torch.Tensor, torch.Tensor]],
+           workers: list[list[Connection]] | None) -> None:
+    """A pipeline process: build the pipelines (each with its pipes to CPU decode `workers`, else CPU
+    threads), then fill slots as batches are asked for, until told to stop (None) or the loader is gone."""
+    from gpufeed.loader.jpeg import JpegBatcher
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the loader's to handle; it stops us
+    lock = threading.Lock()
+
+    def send(message) -> None:
+        with lock:
+            conn.send(message)
+
+    logger = logging.getLogger("gpufeed")
+    logger.addHandler(_Forward(send))
+    logger.setLevel(logging.WARNING)
+    try:
+        if spec.device.type == "cuda":
+            torch.cuda.set_device(spec.device)
+        host = _Host(spec)
+        span = Span(host.tier.images.data_ptr(), host.tier.images.numel())
+        cpus = [None] * spec.pipelines if workers is None else [ProcessDecoder(span, c, spec.device) for c in workers]
+        batchers = [JpegBatcher(host, spec.on_error, spec.cpu_threads, spec.decoders, cpu) for cpu in cpus]
+    except Exception as e:
+        send(("failed", f"{type(e).__name__}: {e}"))
+        return
+    send(("ready", batchers[0].scheduler.names, host.tier.name))
+    tasks: queue.Queue = queue.Queue()
+    threads = [threading.Thread(target=_pipeline, args=(k, b, host, slots, tasks, send), daemon=True)
+               for k, b in enumerate(batchers)]
+    for t in threads:
+        t.start()
+    try:
+        while (task := conn.recv()) is not None:
+            tasks.put(task)
+    except (EOFError, OSError):
+        pass
+    for _ in threads:
+        tasks.put(None)
+    for t in threads:
+        t.join()
+    for b in batchers:
+        b.close()
+
+
+def _pipeline(k: int, batcher, host: _Host, slots, tasks: queue.Queue, send) -> None:
+    """One pipeline thread of a process: batches into slots, a reply after each."""
+    stream = batcher.stream
+    while (task := tasks.get()) is not None:
+        generation, number, slot, idx, boxes, flip, jitter, out_hw, any_flip = task
+        params = Params(torch.from_numpy(boxes), torch.from_numpy(flip), out_hw, False,
+                        None if jitter is None else torch.from_numpy(jitter), any_flip)
+        try:
+            with torch.cuda.stream(stream) if stream is not None else nullcontext():
+                images, labels = batcher.make(torch.from_numpy(idx), params)
+                slots[slot][0][: len(labels)].copy_(images)
+                slots[slot][1][: len(labels)].copy_(labels)
+            if stream is not None:
+                stream.synchronize()  # the slot is complete before the loader reads it
+        except Exception as e:
+            send(("error", generation, number, slot, _portable(e)))
+            continue
+        s = batcher.scheduler
+        counters = {"counts": dict(s.counts), "rates": dict(s.rates),
+                    "seconds": dict(s.seconds + getattr(s.cpu, "busy", Counter()))}
+        stages = host.counters.as_dict()
+        send(("batch", generation, number, slot, len(labels), k, counters, stages))
+
+
+def _portable(error: Exception) -> Exception:
+    """`error` if it survives pickling, else a RuntimeError saying what it was."""
+    try:
+        pickle.loads(pickle.dumps(error))
+        return error
+    except Exception:
+        return RuntimeError(f"{type(error).__name__}: {error}")
+
+
+class PipelineProcesses:
+    """`processes` processes of `pipelines` JPEG pipelines each, for one loader. Raises RuntimeError
+    when they can't start (no forkserver, a process failed to build its pipelines)."""
+
+    def __init__(self, loader, spec: Spec, processes: int, batch_size: int, out_hw: tuple[int, int],
+                 workers: list[list[Connection]] | None = None):
+        why = unavailable()
+        if why:
+            raise RuntimeError(why)
+        self.device, self.processes = loader.device, processes
+        fmt = torch.channels_last if spec.channels_last else torch.contiguous_format
+        per_process = spec.pipelines + 2  # one per pipeline, one being copied out, one reply waiting
+        self.slots = [[(torch.empty((batch_size, 3, *out_hw), dtype=spec.dtype, device=self.device,
+                                    memory_format=fmt).share_memory_(),
+                        torch.empty(batch_size, dtype=torch.int64, device=self.device).share_memory_())
+                       for _ in range(per_process)] for _ in range(processes)]
+        self._free = [list(range(per_process)) for _ in range(processes)]
+        self._copying: list[deque] = [deque() for _ in range(processes)]  # (event, slot) until copied out
+        self._done: dict[int, tuple] = {}
+        self._generation = 0
+        self._said: set[tuple[str, str]] = set()
+        self._counters: dict[tuple[int, int], dict] = {}
+        self._stages: dict[int, dict] = {}  # per process: its Stats.as_dict()
+        ctx, self._procs, self._conns = process_context(), [], []
+        self._stop = weakref.finalize(self, _stop, self._procs, self._conns)
+        try:
+            for p in range(processes):
+                mine, theirs = ctx.Pipe()
+                proc = ctx.Process(target=_serve, args=(theirs, spec, self.slots[p], _mine(workers, p, spec.pipelines)),
+                                   daemon=True, name="gpufeed-pipelines")
+                proc.start()
+                theirs.close()
+                self._procs.append(proc)
+                self._conns.append(mine)
+            ready = [self._receive(p, START_TIMEOUT) for p in range(processes)]
+        except BaseException:
+            self.close()
+            raise
+        self.names, self.tier = ready[0][1], ready[0][2]
+
+    def feed(self, loader, plan, start: int) -> Iterator[Batch]:
+        """Batches `start`.. of `plan`, in order, copied out of the slots on the consumer's stream."""
+        self._generation += 1
+        generation, issued = self._generation, start
+        for number, message in self._done.items():  # received for an iteration the consumer left
+            self._free[number % self.processes].append(message[3])
+        self._done.clear()
+        for number in range(start, len(plan)):
+            t0 = time.perf_counter()
+            while issued < len(plan) and self._issue(generation, issued, plan, block=issued == number):
+                issued += 1
+            p = number % self.processes
+            while number not in self._done:
+                self._receive(p)
+            loader.counters.add("wait", time.perf_counter() - t0)
+            _, _, _, slot, n = self._done.pop(number)[:5]
+            images, labels = self.slots[p][slot][0][:n].clone(), self.slots[p][slot][1][:n].clone()
+            if self.device.type == "cuda":
+                self._copying[p].append((torch.cuda.current_stream(self.device).record_event(), slot))
+            else:
+                self._free[p].append(slot)
+            yield Batch(images, labels, None, final=True)
+
+    def _issue(self, generation: int, number: int, plan, block: bool) -> bool:
+        """Send batch `number` to its process if a slot is free (waiting for one if `block`)."""
+        p = number % self.processes
+        slot = self._slot(p, block)
+        if slot is None:
+            return False
+        idx, params = plan.batch(number)
+        jitter = None if params.jitter is None else params.jitter.numpy()
+        try:
+            self._conns[p].send((generation, number, slot, idx.numpy(), params.boxes.numpy(), params.flip.numpy(),
+                                 jitter, params.out_hw, params.any_flip))
+        except OSError:
+            self._procs[p].join(timeout=1)
+            raise self._gone(p) from None
+        return True
+
+    def _slot(self, p: int, block: bool) -> int | None:
+        while True:
+            while self._copying[p] and self._copying[p][0][0].query():
+                self._free[p].append(self._copying[p].popleft()[1])
+            if self._free[p]:
+                return self._free[p].pop()
+            if not block:
+                return None
+            if self._copying[p]:
+                self._copying[p][0][0].synchronize()
+            else:  # every slot is with the process: wait for a reply (maybe of an abandoned epoch)
+                self._receive(p)
+
+    def _receive(self, p: int, timeout: float | None = None):
+        """Handle one message from process `p`; raise if it died or sent an error of this epoch."""
+        conn, proc = self._conns[p], self._procs[p]
+        waited = 0.0
+        while not conn.poll(1.0):
+            waited += 1.0
+            if not proc.is_alive() or (timeout is not None and waited >= timeout):
+                raise self._gone(p, timeout)
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            proc.join(timeout=1)
+            raise self._gone(p) from None
+        kind = message[0]
+        if kind == "failed":
+            raise RuntimeError(f"gpufeed: JPEG pipeline process {p} could not start: {message[1]}")
+        if kind == "log":  # once per kind of warning (logger and format), whichever pipeline sent it
+            if message[2] not in self._said:
+                self._said.add(message[2])
+                log.log(message[1], "%s", message[3])
+            return message
+        if kind in ("batch", "error"):
+            generation, number, slot = message[1:4]
+            if generation != self._generation:  # asked for by an epoch the consumer left: drop it
+                self._free[p].append(slot)
+            elif kind == "error":
+                self._free[p].append(slot)
+                raise message[4]
+            else:
+                self._counters[(p, message[5])] = message[6]
+                self._stages[p] = message[7]
+                self._done[number] = message
+        return message
+
+    def _gone(self, p: int, timeout: float | None = None) -> RuntimeError:
+        proc = self._procs[p]
+        why = f"did not start in {timeout:.0f} s" if proc.is_alive() else f"exited with code {proc.exitcode}"
+        return RuntimeError(f"gpufeed: JPEG pipeline process {p} (pid {proc.pid}) {why}")
+
+    def stats(self) -> dict:
+        """The processes' counters, summed: stage seconds and bytes, notes, and the decoders' counts, rates and seconds."""
+        seconds, nbytes, notes = Counter(), Counter(), []
+        for stages in self._stages.values():
+            seconds.update(stages["seconds"])
+            nbytes.update(stages["bytes"])
+            notes += [n for n in stages["notes"] if n not in notes]
+        per = list(self._counters.values())
+        return {"decoders": self.names, "stage_seconds": dict(seconds), "stage_bytes": dict(nbytes), "notes": notes,
+                "decoded_by": dict(sum((Counter(c["counts"]) for c in per), Counter())),
+                "decoder_rates": {name: sum(c["rates"].get(name, 0.0) for c in per) for name in self.names},
+                "decode_seconds": dict(sum((Counter(c["seconds"]) for c in per), Counter()))}
+
+    def close(self) -> None:
+        self._stop()
+
+
+def _stop(procs: list, conns: list[Connection]) -> None:
+    """Ask the processes to stop, wait a little, terminate what still runs (also when the loader is
+    garbage-collected without close)."""
+    for conn in conns:
+        try:
+            conn.send(None)
+        except OSError:  # that process is gone already
+            pass
+    for proc in procs:
+        proc.join(timeout=10)
+        if proc.is_alive():
+            proc.terminate()
+    for conn in conns:
+        conn.close()
+    procs.clear()
+    conns.clear()
+
+
+def _mine(workers: list | None, p: int, pipelines: int) -> list | None:
+    """Process `p`'s pipelines' pipes to the CPU decode workers (one list per pipeline), or None."""
+    return None if workers is None else workers[p * pipelines : (p + 1) * pipelines]
+
+
+def slot_shape(augment: Augment, store: Store) -> tuple[int, int]:
+    """The output (height, width) of `augment` on `store`'s images (the same for every sample)."""
+    shapes = np.asarray(store.shapes[:1]).astype(np.int64)
+    params = augment.sample(1, torch.from_numpy(shapes[:, 0]), torch.from_numpy(shapes[:, 1]), torch.Generator())
+    return params.out_hw
