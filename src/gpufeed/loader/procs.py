@@ -27,7 +27,7 @@ import weakref
 from collections import Counter, deque
 from contextlib import nullcontext
 from dataclasses import dataclass
-from multiprocessing.connection import Connection
+from multiprocessing.connection import Connection, wait
 from typing import Iterator
 
 import numpy as np
@@ -178,7 +178,7 @@ class PipelineProcesses:
                        for _ in range(per_process)] for _ in range(processes)]
         self._free = [list(range(per_process)) for _ in range(processes)]
         self._copying: list[deque] = [deque() for _ in range(processes)]  # (event, slot) until copied out
-        self._done: dict[int, tuple] = {}
+        self._done: dict[int, tuple[int, tuple]] = {}  # batch number -> (process, its reply)
         self._generation = 0
         self._said: set[tuple[str, str]] = set()
         self._counters: dict[tuple[int, int], dict] = {}
@@ -204,18 +204,18 @@ class PipelineProcesses:
         """Batches `start`.. of `plan`, in order, copied out of the slots on the consumer's stream."""
         self._generation += 1
         generation, issued = self._generation, start
-        for number, message in self._done.items():  # received for an iteration the consumer left
-            self._free[number % self.processes].append(message[3])
+        for p, message in self._done.values():  # received for an iteration the consumer left
+            self._free[p].append(message[3])
         self._done.clear()
         for number in range(start, len(plan)):
             t0 = time.perf_counter()
             while issued < len(plan) and self._issue(generation, issued, plan, block=issued == number):
                 issued += 1
-            p = number % self.processes
             while number not in self._done:
-                self._receive(p)
+                self._receive_any()
             loader.counters.add("wait", time.perf_counter() - t0)
-            _, _, _, slot, n = self._done.pop(number)[:5]
+            p, message = self._done.pop(number)
+            slot, n = message[3], message[4]
             images, labels = self.slots[p][slot][0][:n].clone(), self.slots[p][slot][1][:n].clone()
             if self.device.type == "cuda":
                 self._copying[p].append((torch.cuda.current_stream(self.device).record_event(), slot))
@@ -224,11 +224,12 @@ class PipelineProcesses:
             yield Batch(images, labels, None, final=True)
 
     def _issue(self, generation: int, number: int, plan, block: bool) -> bool:
-        """Send batch `number` to its process if a slot is free (waiting for one if `block`)."""
-        p = number % self.processes
-        slot = self._slot(p, block)
-        if slot is None:
+        """Send batch `number` to the process with the most free slots, if one has any (waiting for one
+        if `block`): a process that is behind gets less, so no process waits on another's batches."""
+        p = self._pick(block)
+        if p is None:
             return False
+        slot = self._free[p].pop()
         idx, params = plan.batch(number)
         jitter = None if params.jitter is None else params.jitter.numpy()
         try:
@@ -239,17 +240,27 @@ class PipelineProcesses:
             raise self._gone(p) from None
         return True
 
-    def _slot(self, p: int, block: bool) -> int | None:
+    def _pick(self, block: bool) -> int | None:
         while True:
-            while self._copying[p] and self._copying[p][0][0].query():
-                self._free[p].append(self._copying[p].popleft()[1])
-            if self._free[p]:
-                return self._free[p].pop()
+            for copying, free in zip(self._copying, self._free):
+                while copying and copying[0][0].query():
+                    free.append(copying.popleft()[1])
+            most = max(range(self.processes), key=lambda p: len(self._free[p]))
+            if self._free[most]:
+                return most
             if not block:
                 return None
-            if self._copying[p]:
-                self._copying[p][0][0].synchronize()
-            else:  # every slot is with the process: wait for a reply (maybe of an abandoned epoch)
+            oldest = [c[0][0] for c in self._copying if c]
+            if oldest:
+                oldest[0].synchronize()
+            else:  # every slot is with the processes: wait for a reply (maybe of an abandoned epoch)
+                self._receive_any()
+
+    def _receive_any(self) -> None:
+        """Handle the messages of whichever processes have sent some (waiting for one)."""
+        ready = wait(self._conns, timeout=1.0)
+        for p, conn in enumerate(self._conns):
+            if conn in ready or not self._procs[p].is_alive():
                 self._receive(p)
 
     def _receive(self, p: int, timeout: float | None = None):
@@ -283,7 +294,7 @@ class PipelineProcesses:
             else:
                 self._counters[(p, message[5])] = message[6]
                 self._stages[p] = message[7]
-                self._done[number] = message
+                self._done[number] = (p, message)
         return message
 
     def _gone(self, p: int, timeout: float | None = None) -> RuntimeError:
