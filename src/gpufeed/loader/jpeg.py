@@ -21,7 +21,8 @@ from gpufeed.decode import Scheduler
 from gpufeed.decode.scheduler import check_decoders
 from gpufeed.decode.base import Encoded
 from gpufeed.decode.workers import DecodeWorkers, ProcessDecoder
-from gpufeed.loader.procs import PipelineProcesses, Spec, slot_shape
+from gpufeed.loader.pipeline_process import Spec
+from gpufeed.loader.procs import PipelineProcesses, slot_shape
 from gpufeed.loader.stats import stage_range
 
 log = logging.getLogger(__name__)

@@ -2,162 +2,41 @@
 
 Why: a pipeline's Python (byte ranges, decoder calls, kernel launches) is short, but in the
 loader's process every pipeline thread shares one GIL, and each torch or decoder call lets go of
-it and must win it back. On an H100 (16 cores, the issue's JPEG workload) 3 pipelines in the
-loader's process gave 28.3k and 20.3k img/s; 3 processes of 2 pipelines each gave 34.9k and 34.1k
-(`benchmarks/jpeg_bench.py --grid`).
+it and must win it back. With the issue's JPEG workload (`benchmarks/jpeg_bench.py --only
+"defaults,in-process"`), 3 processes of 2 pipelines gave a median of 30.9k img/s against 22.8k for
+3 pipelines in the loader's process (one H200, 5 interleaved rounds); on an H100, 31.4k against
+28.1k (2 rounds).
 
 How: the loader's process plans every batch, as it does without processes (same plan, same resume),
-and sends batch k's indices and augment parameters to process k % processes with an output slot
-to fill: a tensor it allocated and shared once (CUDA IPC on a GPU, shared memory on a CPU). The
-process runs `JpegBatcher`s on `pipelines` threads, with its own decoders, streams and tier of the
-encoded bytes. It writes the batch into the slot, waits for its stream and replies with its
-counters. The loader copies the slot into a fresh tensor on the consumer's stream and reuses the
-slot once that copy has run. Warnings in a process come back and are logged here, once each.
+and sends a batch's indices and augment parameters to the process with the most free output slots,
+with a slot to fill: a tensor it allocated and shared once (CUDA IPC on a GPU, shared memory on a
+CPU). The process (`pipeline_process.serve`) runs `JpegBatcher`s on `pipelines` threads, with its
+own decoders, streams and tier of the encoded bytes. It writes the batch into the slot, waits for
+its stream and replies with its counters. The loader copies the slot into a fresh tensor on the
+consumer's stream and reuses the slot once that copy has run. Warnings in a process come back and
+are logged here, once per kind.
 """
 
 from __future__ import annotations
 
 import logging
-import pickle
-import queue
-import signal
-import threading
 import time
 import weakref
 from collections import Counter, deque
-from contextlib import nullcontext
-from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Iterator
 
 import numpy as np
 import torch
 
-from gpufeed.augment.pipeline import Augment, Params
-from gpufeed.decode.workers import ProcessDecoder, Span, process_context, unavailable
-from gpufeed.loader import tiers
+from gpufeed.augment.pipeline import Augment
+from gpufeed.decode.workers import process_context, unavailable
 from gpufeed.loader.feeds import Batch
-from gpufeed.loader.stats import Stats
+from gpufeed.loader.pipeline_process import Spec, serve
 from gpufeed.store.reader import Store
 
 log = logging.getLogger(__name__)
 START_TIMEOUT = 300.0  # seconds for a process to import, make its CUDA context and decoders
-
-
-@dataclass
-class Spec:
-    """What a pipeline process needs to build the loader's JPEG pipelines."""
-
-    store: str
-    device: torch.device
-    ops: list
-    dtype: torch.dtype
-    channels_last: bool
-    cache: str
-    on_error: str
-    decoders: tuple[str, ...]
-    pipelines: int
-    cpu_threads: int
-
-
-class _Host:
-    """The part of a `Loader` that a `JpegBatcher` reads, rebuilt inside a pipeline process."""
-
-    def __init__(self, spec: Spec):
-        self.store, self.device = Store(spec.store), spec.device
-        self.augment = Augment(spec.ops)
-        self.dtype, self.channels_last = spec.dtype, spec.channels_last
-        self.tier = tiers.materialize(self.store, self.device, spec.cache)
-        self.counters = Stats(self.tier.name)
-
-
-class _Forward(logging.Handler):
-    """Sends a process's gpufeed warnings to the loader's process, which logs them."""
-
-    def __init__(self, send):
-        super().__init__(logging.WARNING)
-        self._send = send
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self._send(("log", record.levelno, (record.name, str(record.msg)), record.getMessage()))
-
-
-def _serve(conn: Connection, spec: Spec, slots: list[tuple[torch.Tensor, torch.Tensor]],
-           workers: list[list[Connection]] | None) -> None:
-    """A pipeline process: build the pipelines (each with its pipes to CPU decode `workers`, else CPU
-    threads), then fill slots as batches are asked for, until told to stop (None) or the loader is gone."""
-    from gpufeed.loader.jpeg import JpegBatcher
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the loader's to handle; it stops us
-    lock = threading.Lock()
-
-    def send(message) -> None:
-        with lock:
-            conn.send(message)
-
-    logger = logging.getLogger("gpufeed")
-    logger.addHandler(_Forward(send))
-    logger.setLevel(logging.WARNING)
-    try:
-        if spec.device.type == "cuda":
-            torch.cuda.set_device(spec.device)
-        host = _Host(spec)
-        span = Span(host.tier.images.data_ptr(), host.tier.images.numel())
-        cpus = [None] * spec.pipelines if workers is None else [ProcessDecoder(span, c, spec.device) for c in workers]
-        batchers = [JpegBatcher(host, spec.on_error, spec.cpu_threads, spec.decoders, cpu) for cpu in cpus]
-    except Exception as e:
-        send(("failed", f"{type(e).__name__}: {e}"))
-        return
-    send(("ready", batchers[0].scheduler.names, host.tier.name))
-    tasks: queue.Queue = queue.Queue()
-    threads = [threading.Thread(target=_pipeline, args=(k, b, host, slots, tasks, send), daemon=True)
-               for k, b in enumerate(batchers)]
-    for t in threads:
-        t.start()
-    try:
-        while (task := conn.recv()) is not None:
-            tasks.put(task)
-    except (EOFError, OSError):
-        pass
-    for _ in threads:
-        tasks.put(None)
-    for t in threads:
-        t.join()
-    for b in batchers:
-        b.close()
-
-
-def _pipeline(k: int, batcher, host: _Host, slots, tasks: queue.Queue, send) -> None:
-    """One pipeline thread of a process: batches into slots, a reply after each."""
-    stream = batcher.stream
-    while (task := tasks.get()) is not None:
-        generation, number, slot, idx, boxes, flip, jitter, out_hw, any_flip = task
-        params = Params(torch.from_numpy(boxes), torch.from_numpy(flip), out_hw, False,
-                        None if jitter is None else torch.from_numpy(jitter), any_flip)
-        try:
-            with torch.cuda.stream(stream) if stream is not None else nullcontext():
-                images, labels = batcher.make(torch.from_numpy(idx), params)
-                slots[slot][0][: len(labels)].copy_(images)
-                slots[slot][1][: len(labels)].copy_(labels)
-            if stream is not None:
-                stream.synchronize()  # the slot is complete before the loader reads it
-        except Exception as e:
-            send(("error", generation, number, slot, _portable(e)))
-            continue
-        s = batcher.scheduler
-        counters = {"counts": dict(s.counts), "rates": dict(s.rates),
-                    "seconds": dict(s.seconds + getattr(s.cpu, "busy", Counter()))}
-        stages = host.counters.as_dict()
-        send(("batch", generation, number, slot, len(labels), k, counters, stages))
-
-
-def _portable(error: Exception) -> Exception:
-    """`error` if it survives pickling, else a RuntimeError saying what it was."""
-    try:
-        pickle.loads(pickle.dumps(error))
-        return error
-    except Exception:
-        return RuntimeError(f"{type(error).__name__}: {error}")
 
 
 class PipelineProcesses:
@@ -188,7 +67,7 @@ class PipelineProcesses:
         try:
             for p in range(processes):
                 mine, theirs = ctx.Pipe()
-                proc = ctx.Process(target=_serve, args=(theirs, spec, self.slots[p], _mine(workers, p, spec.pipelines)),
+                proc = ctx.Process(target=serve, args=(theirs, spec, self.slots[p], _mine(workers, p, spec.pipelines)),
                                    daemon=True, name="gpufeed-pipelines")
                 proc.start()
                 theirs.close()

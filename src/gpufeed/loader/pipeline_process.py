@@ -1,0 +1,138 @@
+"""Inside a JPEG pipeline process (see `gpufeed.loader.procs`): the loader's pipelines rebuilt from a
+`Spec`, one thread each, filling the output slots the loader shared as batches are asked for."""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import queue
+import signal
+import threading
+from collections import Counter
+from contextlib import nullcontext
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+
+import torch
+
+from gpufeed.augment.pipeline import Augment, Params
+from gpufeed.decode.workers import ProcessDecoder, Span
+from gpufeed.loader import tiers
+from gpufeed.loader.stats import Stats
+from gpufeed.store.reader import Store
+
+
+@dataclass
+class Spec:
+    """What a pipeline process needs to build the loader's JPEG pipelines."""
+
+    store: str
+    device: torch.device
+    ops: list
+    dtype: torch.dtype
+    channels_last: bool
+    cache: str
+    on_error: str
+    decoders: tuple[str, ...]
+    pipelines: int
+    cpu_threads: int
+
+
+class _Host:
+    """The part of a `Loader` that a `JpegBatcher` reads, rebuilt inside a pipeline process."""
+
+    def __init__(self, spec: Spec):
+        self.store, self.device = Store(spec.store), spec.device
+        self.augment = Augment(spec.ops)
+        self.dtype, self.channels_last = spec.dtype, spec.channels_last
+        self.tier = tiers.materialize(self.store, self.device, spec.cache)
+        self.counters = Stats(self.tier.name)
+
+
+class _Forward(logging.Handler):
+    """Sends a process's gpufeed warnings to the loader's process, which logs them."""
+
+    def __init__(self, send):
+        super().__init__(logging.WARNING)
+        self._send = send
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self._send(("log", record.levelno, (record.name, str(record.msg)), record.getMessage()))
+
+
+def serve(conn: Connection, spec: Spec, slots: list[tuple[torch.Tensor, torch.Tensor]],
+           workers: list[list[Connection]] | None) -> None:
+    """A pipeline process: build the pipelines (each with its pipes to CPU decode `workers`, else CPU
+    threads), then fill slots as batches are asked for, until told to stop (None) or the loader is gone."""
+    from gpufeed.loader.jpeg import JpegBatcher
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the loader's to handle; it stops us
+    lock = threading.Lock()
+
+    def send(message) -> None:
+        with lock:
+            conn.send(message)
+
+    logger = logging.getLogger("gpufeed")
+    logger.addHandler(_Forward(send))
+    logger.setLevel(logging.WARNING)
+    try:
+        if spec.device.type == "cuda":
+            torch.cuda.set_device(spec.device)
+        host = _Host(spec)
+        span = Span(host.tier.images.data_ptr(), host.tier.images.numel())
+        cpus = [None] * spec.pipelines if workers is None else [ProcessDecoder(span, c, spec.device) for c in workers]
+        batchers = [JpegBatcher(host, spec.on_error, spec.cpu_threads, spec.decoders, cpu) for cpu in cpus]
+    except Exception as e:
+        send(("failed", f"{type(e).__name__}: {e}"))
+        return
+    send(("ready", batchers[0].scheduler.names, host.tier.name))
+    tasks: queue.Queue = queue.Queue()
+    threads = [threading.Thread(target=_pipeline, args=(k, b, host, slots, tasks, send), daemon=True)
+               for k, b in enumerate(batchers)]
+    for t in threads:
+        t.start()
+    try:
+        while (task := conn.recv()) is not None:
+            tasks.put(task)
+    except (EOFError, OSError):
+        pass
+    for _ in threads:
+        tasks.put(None)
+    for t in threads:
+        t.join()
+    for b in batchers:
+        b.close()
+
+
+def _pipeline(k: int, batcher, host: _Host, slots, tasks: queue.Queue, send) -> None:
+    """One pipeline thread of a process: batches into slots, a reply after each."""
+    stream = batcher.stream
+    while (task := tasks.get()) is not None:
+        generation, number, slot, idx, boxes, flip, jitter, out_hw, any_flip = task
+        params = Params(torch.from_numpy(boxes), torch.from_numpy(flip), out_hw, False,
+                        None if jitter is None else torch.from_numpy(jitter), any_flip)
+        try:
+            with torch.cuda.stream(stream) if stream is not None else nullcontext():
+                images, labels = batcher.make(torch.from_numpy(idx), params)
+                slots[slot][0][: len(labels)].copy_(images)
+                slots[slot][1][: len(labels)].copy_(labels)
+            if stream is not None:
+                stream.synchronize()  # the slot is complete before the loader reads it
+        except Exception as e:
+            send(("error", generation, number, slot, _portable(e)))
+            continue
+        s = batcher.scheduler
+        counters = {"counts": dict(s.counts), "rates": dict(s.rates),
+                    "seconds": dict(s.seconds + getattr(s.cpu, "busy", Counter()))}
+        stages = host.counters.as_dict()
+        send(("batch", generation, number, slot, len(labels), k, counters, stages))
+
+
+def _portable(error: Exception) -> Exception:
+    """`error` if it survives pickling, else a RuntimeError saying what it was."""
+    try:
+        pickle.loads(pickle.dumps(error))
+        return error
+    except Exception:
+        return RuntimeError(f"{type(error).__name__}: {error}")
