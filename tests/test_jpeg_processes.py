@@ -81,3 +81,12 @@ def test_dead_process_is_named(jpeg_store, loaders):  # noqa: F811
 def test_bad_process_count(jpeg_store):  # noqa: F811
     with pytest.raises(ValueError, match="decode_processes must be 0 or more"):
         gpufeed.Loader(jpeg_store, batch_size=8, device="cpu", augment=OPS, decode_processes=-1)
+
+
+def test_unavailable_processes_fall_back_to_the_in_process_defaults(jpeg_store, loaders, monkeypatch, caplog):  # noqa: F811
+    monkeypatch.setattr("gpufeed.loader.procs.unavailable", lambda: "no forkserver here")
+    with caplog.at_level(logging.WARNING, logger="gpufeed"):
+        loader = loaders(jpeg_store, seed=4, decode_workers=None)
+    assert "JPEG pipeline processes unavailable (no forkserver here)" in caplog.text
+    assert loader.procs is None and len(loader.jpeg) == 1  # a CPU device's in-process default, not 2 per process
+    assert sum(len(y) for _, y in loader) == 48

@@ -211,19 +211,20 @@ def jpeg_batchers(loader, on_error: str, decoders: tuple[str, ...], workers: int
     processes = (3 if gpu else 0) if processes is None else processes
     if processes < 0:
         raise ValueError(f"decode_processes must be 0 or more, got {processes}")
-    if processes and len(loader.store):
-        pipelines = pipelines or 2
-        workers = max(workers or cores // 5, processes * pipelines)  # a worker serves one pipeline
-        pool = _pool(loader, decoders, workers)
+    if processes and len(loader.store):  # own names: a fallback below keeps its own defaults
+        each = pipelines or 2
+        total = processes * each
+        cpu_workers = max(workers or cores // 5, total)  # a worker serves one pipeline
+        pool = _pool(loader, decoders, cpu_workers)
         spec = Spec(str(loader.store.path), loader.device, loader.augment.ops, loader.dtype, loader.channels_last,
-                    loader.tier.name, on_error, tuple(decoders), pipelines, max(1, workers // (processes * pipelines)))
-        conns = None if pool is None else [pool.share(k, processes * pipelines) for k in range(processes * pipelines)]
+                    loader.tier.name, on_error, tuple(decoders), each, max(1, cpu_workers // total))
+        conns = None if pool is None else [pool.share(k, total) for k in range(total)]
         try:
             procs = PipelineProcesses(loader, spec, processes, loader.sampler.batch_size,
                                       slot_shape(loader.augment, loader.store), conns)
             where = f"{pool.workers} processes" if pool is not None else f"{spec.cpu_threads} thread(s) per pipeline"
             log.info("gpufeed.Loader: jpeg decoders %s, %d processes of %d pipeline(s), CPU decode in %s",
-                     " + ".join(procs.names), processes, pipelines, where)
+                     " + ".join(procs.names), processes, each, where)
             return [], pool, procs
         except RuntimeError as e:
             if pool is not None:
