@@ -142,6 +142,12 @@ class Scheduler:
         self.seconds["cpu"] += time.perf_counter() - t_cpu
         return parts, failed
 
+    def snapshot(self) -> dict:
+        """Images decoded, rates and seconds so far (the CPU workers' busy seconds included), as plain
+        dicts: what `summed` adds up over pipelines, also across processes."""
+        return {"counts": dict(self.counts), "rates": dict(self.rates),
+                "seconds": dict(self.seconds + getattr(self.cpu, "busy", Counter()))}
+
     def _timed(self, dec, batch: Encoded, stream) -> tuple[Decoded, float]:
         t0 = time.perf_counter()
         with torch.cuda.stream(stream):
@@ -157,6 +163,13 @@ class Scheduler:
         self.cpu.close()
         if self._helper is not None:
             self._helper.shutdown(wait=True)
+
+
+def summed(names: list[str], snapshots: list[dict]) -> dict:
+    """`loader.stats()`'s decoder entries from the pipelines' `Scheduler.snapshot()`s."""
+    return {"decoders": names, "decoded_by": dict(sum((Counter(s["counts"]) for s in snapshots), Counter())),
+            "decoder_rates": {name: sum(s["rates"].get(name, 0.0) for s in snapshots) for name in names},
+            "decode_seconds": dict(sum((Counter(s["seconds"]) for s in snapshots), Counter()))}
 
 
 def _reduce_to(shapes: np.ndarray, boxes: np.ndarray, out_hw: tuple[int, int]) -> list[tuple[int, int] | None]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -18,6 +17,7 @@ import numpy as np
 import torch
 
 from gpufeed.augment.pipeline import Augment
+from gpufeed.decode.scheduler import summed
 from gpufeed.loader import tiers
 from gpufeed.loader.feeds import Batch, device_feed, host_feed
 from gpufeed.loader.jpeg import JpegBatcher, jpeg_batchers, jpeg_feed
@@ -129,11 +129,7 @@ class Loader:
         (with worker processes, also their wall and CPU seconds: CPU well below wall means starved)."""
         out = self.counters.as_dict()
         if self.jpeg:
-            out["decoders"] = self.jpeg[0].scheduler.names
-            out["decoded_by"] = dict(sum((b.scheduler.counts for b in self.jpeg), Counter()))
-            out["decoder_rates"] = {name: sum(b.scheduler.rates[name] for b in self.jpeg) for name in out["decoders"]}
-            out["decode_seconds"] = dict(sum((b.scheduler.seconds + getattr(b.scheduler.cpu, "busy", Counter())
-                                              for b in self.jpeg), Counter()))
+            out |= summed(self.jpeg[0].scheduler.names, [b.scheduler.snapshot() for b in self.jpeg])
         if self.procs is not None:
             theirs = self.procs.stats()
             out["seconds"] = {**out["seconds"], **theirs.pop("stage_seconds")}

@@ -8,7 +8,6 @@ import pickle
 import queue
 import signal
 import threading
-from collections import Counter
 from contextlib import nullcontext
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -122,11 +121,7 @@ def _pipeline(k: int, batcher, host: _Host, slots, tasks: queue.Queue, send) -> 
         except Exception as e:
             send(("error", generation, number, slot, _portable(e)))
             continue
-        s = batcher.scheduler
-        counters = {"counts": dict(s.counts), "rates": dict(s.rates),
-                    "seconds": dict(s.seconds + getattr(s.cpu, "busy", Counter()))}
-        stages = host.counters.as_dict()
-        send(("batch", generation, number, slot, len(labels), k, counters, stages))
+        send(("batch", generation, number, slot, len(labels), k, batcher.scheduler.snapshot(), host.counters.as_dict()))
 
 
 def _portable(error: Exception) -> Exception:

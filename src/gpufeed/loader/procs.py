@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from gpufeed.augment.pipeline import Augment
+from gpufeed.decode.scheduler import summed
 from gpufeed.decode.workers import process_context, unavailable
 from gpufeed.loader.feeds import Batch
 from gpufeed.loader.pipeline_process import Spec, serve
@@ -188,11 +189,8 @@ class PipelineProcesses:
             seconds.update(stages["seconds"])
             nbytes.update(stages["bytes"])
             notes += [n for n in stages["notes"] if n not in notes]
-        per = list(self._counters.values())
-        return {"decoders": self.names, "stage_seconds": dict(seconds), "stage_bytes": dict(nbytes), "notes": notes,
-                "decoded_by": dict(sum((Counter(c["counts"]) for c in per), Counter())),
-                "decoder_rates": {name: sum(c["rates"].get(name, 0.0) for c in per) for name in self.names},
-                "decode_seconds": dict(sum((Counter(c["seconds"]) for c in per), Counter()))}
+        return {"stage_seconds": dict(seconds), "stage_bytes": dict(nbytes), "notes": notes} | summed(
+            self.names, list(self._counters.values()))
 
     def close(self) -> None:
         self._stop()
