@@ -79,8 +79,9 @@ def test_dead_process_is_named(jpeg_store, loaders):  # noqa: F811
 
 
 def test_bad_process_count(jpeg_store):  # noqa: F811
-    with pytest.raises(ValueError, match="decode_processes must be 0 or more"):
-        gpufeed.Loader(jpeg_store, batch_size=8, device="cpu", augment=OPS, decode_processes=-1)
+    for bad in (-1, "2"):
+        with pytest.raises(ValueError, match=f"decode_processes must be an int, 0 or more, got {bad!r}"):
+            gpufeed.Loader(jpeg_store, batch_size=8, device="cpu", augment=OPS, decode_processes=bad)
 
 
 def test_unavailable_processes_fall_back_to_the_in_process_defaults(jpeg_store, loaders, monkeypatch, caplog):  # noqa: F811

@@ -209,8 +209,8 @@ def jpeg_batchers(loader, on_error: str, decoders: tuple[str, ...], workers: int
     gpu = loader.device.type == "cuda"
     cores = os.cpu_count() or 1
     processes = (3 if gpu else 0) if processes is None else processes
-    if processes < 0:
-        raise ValueError(f"decode_processes must be 0 or more, got {processes}")
+    if not isinstance(processes, int) or processes < 0:
+        raise ValueError(f"decode_processes must be an int, 0 or more, got {processes!r}")
     if processes and len(loader.store):  # own names: a fallback below keeps its own defaults
         each = pipelines or 2
         total = processes * each
