@@ -179,7 +179,21 @@ def test_cpu_share_follows_the_decoders_asked_for():
     scheduler.rates.update(nvjpeg=1000.0, cpu=1000.0)
     assert scheduler.shares(11) == [11, 0]  # the CPU only decodes what the GPU decoder rejects
     scheduler.cpu_share = True
+    scheduler.gpu_rate = 1000.0
     assert scheduler.shares(10) == [5, 5]
+    scheduler.close()
+
+
+def test_cpu_share_is_set_against_the_gpu_decoders_together():
+    scheduler = Scheduler(CPU, 1, ("hw", "nvjpeg", "cpu"))
+    scheduler.gpu = [SimpleNamespace(name="hw"), SimpleNamespace(name="nvjpeg")]  # as on a GPU
+    scheduler.rates.update(hw=3000.0, nvjpeg=1000.0, cpu=500.0)
+    scheduler.gpu_rate = 2000.0  # together, slower than their own rates add up to
+    assert scheduler.shares(100) == [60, 20, 20]
+    scheduler.gpu_rate = 4000.0
+    assert scheduler.shares(9) == [6, 2, 1]
+    scheduler.cpu_share = False
+    assert scheduler.shares(7) == [5, 2, 0]
     scheduler.close()
 
 

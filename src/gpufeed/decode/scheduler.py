@@ -72,6 +72,10 @@ class Scheduler:
         self.gpu = [d for d in map(make, wanted) if d is not None]
         self.cpu_share = "cpu" in use or not self.gpu  # else the CPU decodes only what GPU decoders reject
         self.rates = {d.name: START_RATES[d.name] for d in self.gpu} | {"cpu": 300.0 * self.cpu.threads}
+        # the GPU decoders together: images per second of a batch until the last of them is done.
+        # Below the sum of their own rates (starting them, handing results back); the CPU's share is
+        # set against it, so the CPU finishes with the GPU rather than with the GPU decoders' calls
+        self.gpu_rate = sum(self.rates[d.name] for d in self.gpu)
         self.counts: Counter = Counter()
         # per batch, summed: "gpu" until every GPU decoder is done, "cpu" the CPU part's work after that;
         # each decoder's own time (the GPU decoders' calls, "cpu_threads" until the last CPU image)
@@ -86,14 +90,14 @@ class Scheduler:
         return [d.name for d in self.gpu] + [self.cpu.name]
 
     def shares(self, n: int) -> list[int]:
-        """Images per decoder (GPU decoders in order, then the CPU) for a batch of `n`."""
-        total = sum(self.rates[d.name] for d in self.gpu) + (self.rates["cpu"] if self.cpu_share else 0.0)
-        cuts = [round(n * self.rates[d.name] / total) for d in self.gpu]
-        while sum(cuts) > n:
-            cuts[cuts.index(max(cuts))] -= 1
-        if not self.cpu_share:
-            cuts[-1] += n - sum(cuts)
-        return cuts + [n - sum(cuts)]
+        """Images per decoder (GPU decoders in order, then the CPU) for a batch of `n`: the CPU's share
+        against the GPU decoders together, theirs split by their own rates."""
+        if not self.gpu:
+            return [n]
+        cpu = round(n * self.rates["cpu"] / (self.rates["cpu"] + self.gpu_rate)) if self.cpu_share else 0
+        own = np.cumsum([self.rates[d.name] for d in self.gpu])
+        bounds = np.rint((n - cpu) * own / own[-1]).astype(np.int64)
+        return np.diff(bounds, prepend=0).tolist() + [cpu]
 
     def run(self, batch: Encoded, shapes: np.ndarray, boxes: np.ndarray, out_hw: tuple[int, int],
             pin: bool) -> tuple[list[tuple[Decoded, np.ndarray]], dict[int, str]]:
@@ -125,6 +129,8 @@ class Scheduler:
             retry += [(int(pos[k]), f"{dec.name}: {why}") for k, why in part.failed.items()]
         t_cpu = time.perf_counter()
         self.seconds["gpu"] += t_cpu - t0
+        if jobs:
+            self.gpu_rate = 0.7 * self.gpu_rate + 0.3 * (starts[-2] - len(retry)) / (t_cpu - t0)
         if retry:  # rejected by a GPU decoder: the CPU decodes them instead
             self.counts["cpu_fallback"] += len(retry)
             again = np.array([p for p, _ in retry])

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from functools import partial
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -158,7 +159,7 @@ class Loader:
         self.epoch, self._batch = epoch, start
         plan = self._planner.get(epoch)
         if self.procs is not None:
-            feed = self.procs.feed
+            feed = partial(self.procs.feed, epoch=epoch, upcoming=partial(self._planner.peek, epoch + 1))
         elif self.jpeg:
             feed = jpeg_feed
         else:

@@ -8,6 +8,7 @@ import pickle
 import queue
 import signal
 import threading
+import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -105,23 +106,30 @@ def serve(conn: Connection, spec: Spec, slots: list[tuple[torch.Tensor, torch.Te
 
 
 def _pipeline(k: int, batcher, host: _Host, slots, tasks: queue.Queue, send) -> None:
-    """One pipeline thread of a process: batches into slots, a reply after each."""
+    """One pipeline thread of a process: batches into slots, a reply after each. Its stages in the
+    loader's stats: "idle" waiting for a batch to make, "handoff" filling the slot until it is complete."""
     stream = batcher.stream
+    t0 = time.perf_counter()
     while (task := tasks.get()) is not None:
-        generation, number, slot, idx, boxes, flip, jitter, out_hw, any_flip = task
+        host.counters.add("idle", time.perf_counter() - t0)
+        generation, key, slot, idx, boxes, flip, jitter, out_hw, any_flip = task
         params = Params(torch.from_numpy(boxes), torch.from_numpy(flip), out_hw, False,
                         None if jitter is None else torch.from_numpy(jitter), any_flip)
         try:
             with torch.cuda.stream(stream) if stream is not None else nullcontext():
                 images, labels = batcher.make(torch.from_numpy(idx), params)
+                t1 = time.perf_counter()
                 slots[slot][0][: len(labels)].copy_(images)
                 slots[slot][1][: len(labels)].copy_(labels)
             if stream is not None:
                 stream.synchronize()  # the slot is complete before the loader reads it
         except Exception as e:
-            send(("error", generation, number, slot, _portable(e)))
+            send(("error", generation, key, slot, _portable(e)))
+            t0 = time.perf_counter()
             continue
-        send(("batch", generation, number, slot, len(labels), k, batcher.scheduler.snapshot(), host.counters.as_dict()))
+        host.counters.add("handoff", time.perf_counter() - t1)
+        send(("batch", generation, key, slot, len(labels), k, batcher.scheduler.snapshot(), host.counters.as_dict()))
+        t0 = time.perf_counter()
 
 
 def _portable(error: Exception) -> Exception:

@@ -53,6 +53,11 @@ class Planner:
                 self._ahead[e] = self.ahead(e)
         return plan
 
+    def peek(self, epoch: int) -> EpochPlan:
+        """An epoch's plan, leaving it for `get` (planned ahead or not)."""
+        ready = self._ahead.get(epoch)
+        return self._result(ready, epoch) if ready is not None else self.now(epoch)
+
     def _result(self, ready: Future, epoch: int) -> EpochPlan:
         """The planned epoch; if the planning process died (killed, out of memory), say so and
         plan on a thread from now on: the same plan, only slower."""

@@ -24,7 +24,7 @@ import time
 import weakref
 from collections import Counter, deque
 from multiprocessing.connection import Connection, wait
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -34,6 +34,7 @@ from gpufeed.decode.scheduler import summed
 from gpufeed.decode.workers import process_context, unavailable
 from gpufeed.loader.feeds import Batch
 from gpufeed.loader.pipeline_process import Spec, serve
+from gpufeed.loader.plan import EpochPlan
 from gpufeed.store.reader import Store
 
 log = logging.getLogger(__name__)
@@ -58,8 +59,9 @@ class PipelineProcesses:
                        for _ in range(per_process)] for _ in range(processes)]
         self._free = [list(range(per_process)) for _ in range(processes)]
         self._copying: list[deque] = [deque() for _ in range(processes)]  # (event, slot) until copied out
-        self._done: dict[int, tuple[int, tuple]] = {}  # batch number -> (process, its reply)
-        self._generation = 0
+        self._done: dict[tuple[int, int], tuple[int, tuple]] = {}  # (epoch, batch) -> (process, its reply)
+        self._generation = 0  # tags the batches asked for since the consumer last jumped elsewhere
+        self._ahead = _Cursor(-1, 0, None)
         self._said: set[tuple[str, str]] = set()
         self._counters: dict[tuple[int, int], dict] = {}
         self._stages: dict[int, dict] = {}  # per process: its Stats.as_dict()
@@ -80,22 +82,34 @@ class PipelineProcesses:
             raise
         self.names, self.tier = ready[0][1], ready[0][2]
 
-    def feed(self, loader, plan, start: int) -> Iterator[Batch]:
-        """Batches `start`.. of `plan`, in order, copied out of the slots on the consumer's stream."""
-        self._generation += 1
-        generation, issued = self._generation, start
-        for p, message in self._done.values():  # received for an iteration the consumer left
-            self._free[p].append(message[3])
-        self._done.clear()
+    def feed(self, loader, plan, start: int, epoch: int, upcoming: Callable[[], EpochPlan]) -> Iterator[Batch]:
+        """Batches `start`.. of `plan` (epoch `epoch`), in order, copied out of the slots on the
+        consumer's stream. Once this epoch's batches are all asked for, free slots go to the first
+        batches of the next epoch (`upcoming()`, its plan): a short epoch then does not drain the
+        pipelines at its end (with 39 batches an epoch, each pipeline idled ~6 ms a batch, H100). The
+        next iteration keeps them if it starts there, as it does after a finished epoch."""
+        if self._ahead.next() != (epoch, start):  # not where the last iteration left off: drop its batches
+            self._generation += 1
+            for p, message in self._done.values():
+                self._free[p].append(message[3])
+            self._done.clear()
+            self._ahead = _Cursor(epoch, start, plan)
+        self._ahead.upcoming = (epoch + 1, upcoming)
+        generation = self._generation
         for number in range(start, len(plan)):
-            t0 = time.perf_counter()
-            while issued < len(plan) and self._issue(generation, issued, plan, block=issued == number):
-                issued += 1
-            while number not in self._done:
+            key, t0 = (epoch, number), time.perf_counter()
+            while self._issue(generation, block=self._ahead.peek() == key):  # block: `key` not asked for yet
+                pass
+            while key not in self._done:
                 self._receive_any()
             loader.counters.add("wait", time.perf_counter() - t0)
-            p, message = self._done.pop(number)
-            slot, n = message[3], message[4]
+            self._ahead.consumed(key)
+            p, message = self._done.pop(key)
+            slot = message[3]
+            if message[0] == "error":
+                self._free[p].append(slot)
+                raise message[4]
+            n = message[4]
             images, labels = self.slots[p][slot][0][:n].clone(), self.slots[p][slot][1][:n].clone()
             if self.device.type == "cuda":
                 self._copying[p].append((torch.cuda.current_stream(self.device).record_event(), slot))
@@ -103,17 +117,20 @@ class PipelineProcesses:
                 self._free[p].append(slot)
             yield Batch(images, labels, None, final=True)
 
-    def _issue(self, generation: int, number: int, plan, block: bool) -> bool:
-        """Send batch `number` to the process with the most free slots, if one has any (waiting for one
-        if `block`): a process that is behind gets less, so no process waits on another's batches."""
+    def _issue(self, generation: int, block: bool) -> bool:
+        """Send the next batch to ask for to the process with the most free slots, if there is one and a
+        process has a free slot (waiting for one if `block`): a process that is behind gets less, so no
+        process waits on another's batches."""
+        if self._ahead.peek() is None:
+            return False
         p = self._pick(block)
         if p is None:
             return False
+        key, (idx, params) = self._ahead.take()
         slot = self._free[p].pop()
-        idx, params = plan.batch(number)
         jitter = None if params.jitter is None else params.jitter.numpy()
         try:
-            self._conns[p].send((generation, number, slot, idx.numpy(), params.boxes.numpy(), params.flip.numpy(),
+            self._conns[p].send((generation, key, slot, idx.numpy(), params.boxes.numpy(), params.flip.numpy(),
                                  jitter, params.out_hw, params.any_flip))
         except OSError:
             self._procs[p].join(timeout=1)
@@ -165,16 +182,14 @@ class PipelineProcesses:
                 log.log(message[1], "%s", message[3])
             return message
         if kind in ("batch", "error"):
-            generation, number, slot = message[1:4]
-            if generation != self._generation:  # asked for by an epoch the consumer left: drop it
+            generation, key, slot = message[1:4]
+            if generation != self._generation:  # asked for by an iteration the consumer left: drop it
                 self._free[p].append(slot)
-            elif kind == "error":
-                self._free[p].append(slot)
-                raise message[4]
-            else:
+                return message
+            if kind == "batch":
                 self._counters[(p, message[5])] = message[6]
                 self._stages[p] = message[7]
-                self._done[number] = (p, message)
+            self._done[key] = (p, message)  # an error is raised when its batch is due
         return message
 
     def _gone(self, p: int, timeout: float | None = None) -> RuntimeError:
@@ -194,6 +209,40 @@ class PipelineProcesses:
 
     def close(self) -> None:
         self._stop()
+
+
+class _Cursor:
+    """The batches asked for, in the order they will be consumed: the next to ask for (`peek`,
+    `take`), running on into the `upcoming` epoch once, and those asked for but not consumed yet."""
+
+    def __init__(self, epoch: int, number: int, plan: EpochPlan | None):
+        self.epoch, self.number, self.plan = epoch, number, plan
+        self.upcoming: tuple[int, Callable[[], EpochPlan]] | None = None
+        self.pending: deque[tuple[int, int]] = deque()
+
+    def next(self) -> tuple[int, int]:
+        """The first batch not consumed yet."""
+        return self.pending[0] if self.pending else (self.epoch, self.number)
+
+    def peek(self) -> tuple[int, int] | None:
+        """The next batch to ask for, or None when there is none (yet)."""
+        if self.plan is not None and self.number >= len(self.plan) and self.upcoming is not None:
+            (self.epoch, plan), self.upcoming = self.upcoming, None
+            self.number, self.plan = 0, plan()
+        if self.plan is None or self.number >= len(self.plan):
+            return None
+        return self.epoch, self.number
+
+    def take(self):
+        """The next batch's key and (indices, params); it is pending from now on."""
+        key = self.peek()
+        self.pending.append(key)
+        self.number += 1
+        return key, self.plan.batch(key[1])
+
+    def consumed(self, key: tuple[int, int]) -> None:
+        if self.pending and self.pending[0] == key:
+            self.pending.popleft()
 
 
 def _stop(procs: list, conns: list[Connection]) -> None:
