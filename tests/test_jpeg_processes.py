@@ -68,6 +68,23 @@ def test_next_epoch_asked_for_early_kept_or_dropped(jpeg_store, loaders):  # noq
         assert len(pairs) == 6 and all(torch.equal(a, b) and torch.equal(ya, yb) for (a, ya), (b, yb) in pairs)
 
 
+def test_left_late_in_an_epoch_and_resumed(jpeg_store, loaders):  # noqa: F811
+    here = loaders(jpeg_store, seed=5, decode_processes=0)
+    there = loaders(jpeg_store, seed=5)
+    it = iter(there)
+    for _ in range(5):
+        next(it)
+    it.close()  # epoch 1's batches are asked for already; the resumed epoch 0 must not ask for them again
+    assert there.procs._ahead.pending[1][0] == 1
+    want = [b for _, b in zip(range(5), here)] and list(here) + list(here) + list(here)
+    got = list(there)
+    pending = list(there.procs._ahead.pending)
+    assert pending == [(1, k) for k in range(len(pending))]  # each of epoch 1's batches asked for once
+    got += list(there) + list(there)
+    assert len(got) == len(want) == 13
+    assert all(torch.equal(a, b) and torch.equal(ya, yb) for (a, ya), (b, yb) in zip(want, got))
+
+
 def test_resume_with_processes(jpeg_store, loaders):  # noqa: F811
     check_resume(lambda: loaders(jpeg_store, seed=1, decode_pipelines=1), [0, 3])
 

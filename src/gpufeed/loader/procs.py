@@ -94,7 +94,8 @@ class PipelineProcesses:
                 self._free[p].append(message[3])
             self._done.clear()
             self._ahead = _Cursor(epoch, start, plan)
-        self._ahead.upcoming = (epoch + 1, upcoming)
+        if self._ahead.epoch == epoch:  # not already asking for the next epoch's batches
+            self._ahead.upcoming = (epoch + 1, upcoming)
         generation = self._generation
         for number in range(start, len(plan)):
             key, t0 = (epoch, number), time.perf_counter()
