@@ -45,8 +45,7 @@ class Planner:
         self._ahead: dict[int, Future] = {}
 
     def get(self, epoch: int) -> EpochPlan:
-        ready = self._ahead.pop(epoch, None)
-        plan = self._result(ready, epoch) if ready is not None else self.now(epoch)
+        plan = self.peek(epoch)
         self._ahead = {e: f for e, f in self._ahead.items() if epoch < e <= epoch + self._depth}
         for e in range(epoch + 1, epoch + self._depth + 1):
             if e not in self._ahead:

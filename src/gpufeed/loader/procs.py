@@ -162,7 +162,8 @@ class PipelineProcesses:
                 self._receive(p)
 
     def _receive(self, p: int, timeout: float | None = None):
-        """Handle one message from process `p`; raise if it died or sent an error of this epoch."""
+        """Handle one message from process `p`; raise if it died or could not start (a batch's error is
+        kept with its reply, raised by `feed` when that batch is due)."""
         conn, proc = self._conns[p], self._procs[p]
         waited = 0.0
         while not conn.poll(1.0):
