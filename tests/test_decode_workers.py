@@ -80,6 +80,25 @@ def test_processes_decode_the_same_pixels_as_threads(store):
     assert _segments() <= before  # buffers removed on close
 
 
+def test_cpu_decoders_leave_hwc_pixels_as_libjpeg_wrote_them(store):
+    """No CHW transpose on the CPU (it cost more than the decode): threads and processes pack HWC."""
+    datas, shapes = _inputs(store, range(len(store)))
+    threads = CpuDecoder(2)
+    workers = DecodeWorkers(store.data, 2)
+    decoder = ProcessDecoder(workers.span, workers.conns, CPU)
+    try:
+        for dec in (threads, decoder):
+            got = dec.collect(dec.submit(datas, shapes, [None] * len(shapes)), CPU, pin=False)
+            w = got.sizes[:, 1]
+            assert got.strides.tolist() == np.stack([np.ones_like(w), 3 * w, np.full_like(w, 3)], 1).tolist()
+            assert np.array_equal(np.diff(got.offsets), (got.sizes[:, 0] * w * 3)[:-1])  # back to back
+            _same_as_torchvision(got, datas, shapes)
+    finally:
+        decoder.close()
+        workers.close()
+        threads.close()
+
+
 def test_jobs_collected_out_of_order_get_their_own_images(store):
     """The scheduler submits a batch's CPU share, then GPU rejects on the same workers, and collects
     the rejects first: each must get its own replies."""

@@ -151,3 +151,11 @@ def test_unavailable_processes_fall_back_to_the_in_process_defaults(jpeg_store, 
     assert "JPEG pipeline processes unavailable (no forkserver here)" in caplog.text
     assert loader.procs is None and len(loader.jpeg) == 1  # a CPU device's in-process default, not 2 per process
     assert sum(len(y) for _, y in loader) == 48
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="without a GPU the reason is what is tested")
+def test_sleeping_waits_say_why_they_cannot_be_set_without_a_gpu():
+    from gpufeed.loader.pipeline_process import _sleeping_waits
+
+    why = _sleeping_waits(torch.device("cuda", 0))
+    assert isinstance(why, str) and ("no CUDA driver library" in why or "CUDA error" in why), why

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 import logging
+import multiprocessing
 import shutil
 
 import pytest
@@ -77,6 +79,7 @@ def test_cpu_workers_feed_the_gpu_from_each_tier(store, cache, caplog):
                              decoders=("cpu",), decode_workers=3, cache=cache)
     assert gpu.stats()["tier"] == ("disk" if cache == "disk" else "host")
     assert ("decoders read bitstreams from host memory" in caplog.text) == (cache == "gpu")
+    assert "spinning" not in caplog.text  # the pipeline processes' CUDA waits sleep
     cpu = gpufeed.Loader(store, batch_size=32, device="cpu", augment=OPS, dtype=torch.float32, seed=4)
     for _ in range(2):  # the second epoch reuses the shared buffers
         for (g, gl), (c, cl) in zip(gpu, cpu):
@@ -84,3 +87,24 @@ def test_cpu_workers_feed_the_gpu_from_each_tier(store, cache, caplog):
     ahead = sum(len(slots) for slots in gpu.procs.slots)  # the next epoch's first batches, asked for early
     assert 2 * len(gpu) * 32 <= gpu.stats()["decoded_by"]["cpu"] <= (2 * len(gpu) + ahead) * 32
     gpu.close()
+
+
+def _flags_after_sleeping_waits(queue) -> None:
+    from gpufeed.loader.pipeline_process import _sleeping_waits
+
+    why = _sleeping_waits(torch.device("cuda", 0))
+    torch.zeros(1, device="cuda")  # torch makes the primary context now, with the flag set before it
+    flags, active = ctypes.c_uint(), ctypes.c_int()
+    ctypes.CDLL("libcuda.so.1").cuDevicePrimaryCtxGetState(0, ctypes.byref(flags), ctypes.byref(active))
+    queue.put((why, flags.value, active.value))
+
+
+def test_pipeline_processes_cuda_waits_sleep():
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_flags_after_sleeping_waits, args=(queue,))
+    proc.start()
+    why, flags, active = queue.get(timeout=120)
+    proc.join()
+    assert why is None and active == 1
+    assert flags & 0x7 == 4, flags  # CU_CTX_SCHED_BLOCKING_SYNC

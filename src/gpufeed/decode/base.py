@@ -48,9 +48,9 @@ class Encoded:
 
 @dataclass
 class Decoded:
-    """Decoded CHW uint8 images, in batch order except the ones that failed, addressed from one base:
-    image i starts `offsets[i]` elements from `base` (possibly in another allocation, which `keep`
-    holds alive) with element strides `strides[i]` = (c, y, x)."""
+    """Decoded RGB uint8 images (CHW, HWC: any layout), in batch order except the ones that failed,
+    addressed from one base: image i starts `offsets[i]` elements from `base` (possibly in another
+    allocation, which `keep` holds alive) with element strides `strides[i]` = (c, y, x)."""
 
     base: torch.Tensor  # uint8
     offsets: np.ndarray  # int64 (N,)
@@ -117,20 +117,20 @@ class PinnedStaging:
         return buffers
 
 
-def chw_strides(sizes: np.ndarray) -> np.ndarray:
-    """Element strides (c, y, x) of contiguous CHW images of `sizes` (N, 2: height, width)."""
-    h, w = sizes[:, 0].astype(np.int64), sizes[:, 1].astype(np.int64)
-    return np.stack([h * w, w, np.ones_like(w)], 1)
+def hwc_strides(sizes: np.ndarray) -> np.ndarray:
+    """Element strides (c, y, x) of contiguous HWC RGB images of `sizes` (N, 2: height, width)."""
+    w = sizes[:, 1].astype(np.int64)
+    return np.stack([np.ones_like(w), 3 * w, np.full_like(w, 3)], 1)
 
 
 def packed(images: list[torch.Tensor], failed: dict[int, str], device: torch.device,
            staging: PinnedStaging | None) -> Decoded:
-    """Put contiguous CHW host images back to back in one buffer the kernels on `device` read: on a GPU
+    """Put contiguous HWC host images back to back in one buffer the kernels on `device` read: on a GPU
     one of `staging`'s pinned buffers, read in place over PCIe (no copy; `on_done` hands it back)."""
-    sizes = np.array([t.shape[1:] for t in images], np.int64).reshape(-1, 2)
+    sizes = np.array([t.shape[:2] for t in images], np.int64).reshape(-1, 2)
     numels = sizes[:, 0] * sizes[:, 1] * 3
     offsets = np.cumsum(numels) - numels
-    strides = chw_strides(sizes)
+    strides = hwc_strides(sizes)
     if not images:
         return Decoded(torch.empty(0, dtype=torch.uint8, device=device), offsets, sizes, strides, [], failed)
     total = int(numels.sum())

@@ -20,6 +20,7 @@ from PIL import Image
 from torchvision.io import ImageReadMode, decode_jpeg
 
 from gpufeed.decode.base import Decoded, Encoded, PinnedStaging, packed
+from gpufeed.store.reader import as_tensor
 
 
 def _pillow(data: torch.Tensor, reduce_to: tuple[int, int] | None) -> torch.Tensor:
@@ -27,21 +28,24 @@ def _pillow(data: torch.Tensor, reduce_to: tuple[int, int] | None) -> torch.Tens
     if reduce_to is not None and img.format == "JPEG":
         img.draft("RGB", reduce_to)
     img = img if img.mode == "RGB" else img.convert("RGB")
-    return torch.from_numpy(np.asarray(img)).permute(2, 0, 1).contiguous()
+    return as_tensor(np.asarray(img))  # read-only: Pillow's buffer, read once, never written
 
 
 def decode_one(data: torch.Tensor, reduce_to: tuple[int, int] | None) -> tuple[torch.Tensor, float]:
-    """(CHW pixels, time it finished): the finish time gives the pool's true rate."""
+    """(contiguous HWC pixels, time it finished): the finish time gives the pool's true rate.
+
+    HWC because libjpeg writes HWC: torchvision's CHW result is a view of it, and making that view
+    contiguous cost more than the decode itself (0.45 against 0.71 ms for a 500x375 image, 1 thread)."""
     if reduce_to is None:
         try:
-            return decode_jpeg(data, mode=ImageReadMode.RGB), time.perf_counter()
+            return decode_jpeg(data, mode=ImageReadMode.RGB).permute(1, 2, 0).contiguous(), time.perf_counter()
         except RuntimeError:
             pass
     return _pillow(data, reduce_to), time.perf_counter()
 
 
 class CpuDecoder:
-    """Decodes lists of encoded images with `threads` threads into one packed CHW buffer."""
+    """Decodes lists of encoded images with `threads` threads into one packed HWC buffer."""
 
     name = "cpu"
 
@@ -57,7 +61,7 @@ class CpuDecoder:
         return [self._pool.submit(decode_one, d, r) for d, r in zip(batch.tensors(), reduce_to)]
 
     def collect(self, futures, device: torch.device, pin: bool) -> Decoded:
-        """Wait for `submit`'s futures and put the images (CHW) back to back where `device` reads them:
+        """Wait for `submit`'s futures and put the images (HWC) back to back where `device` reads them:
         pinned buffers the GPU reads in place if `pin`, else a copy on `device`."""
         images, failed, self.last_done = [], {}, 0.0
         for k, f in enumerate(futures):

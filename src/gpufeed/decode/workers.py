@@ -4,7 +4,7 @@ Decode threads in the loader's process share its GIL with the pipelines' Python:
 libjpeg call returns waits for the GIL behind busy pipeline threads, so 9 threads decoded 3 % of
 each batch (H100, benchmarks/jpeg_bench.py). Worker processes have interpreters of their own. Each
 maps the store's encoded bytes itself, decodes (libjpeg-turbo, or Pillow with DCT reduction, as the
-thread decoder does) and writes CHW pixels into a shared-memory segment that the loader's process
+thread decoder does) and writes HWC pixels into a shared-memory segment that the loader's process
 page-locked for the GPU; the resize kernel reads them in place. Per chunk of images one small
 message goes each way: byte ranges out, decoded sizes back.
 
@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gpufeed.decode.base import Decoded, Encoded, PinnedStaging, chw_strides
+from gpufeed.decode.base import Decoded, Encoded, PinnedStaging, hwc_strides
 from gpufeed.decode.cpu import CpuDecoder, decode_one
 from gpufeed.store.reader import as_tensor
 from gpufeed.transfer.uva import Registration, device_view
@@ -94,9 +94,9 @@ def _decode(data: np.ndarray, out: np.ndarray, jobs: list[tuple]) -> list[tuple[
         try:
             pixels, done = decode_one(as_tensor(data[begin:end]), reduce_to)
             if pixels.numel() > capacity:
-                raise ValueError(f"decoded to {tuple(pixels.shape[1:])}, larger than the size the store records")
+                raise ValueError(f"decoded to {tuple(pixels.shape[:2])}, larger than the size the store records")
             out[at : at + pixels.numel()] = pixels.reshape(-1).numpy()
-            results.append((pixels.shape[1], pixels.shape[2], done))
+            results.append((pixels.shape[0], pixels.shape[1], done))
         except Exception as e:  # any decoder error marks this image, never the chunk
             results.append(f"{type(e).__name__}: {e}")
     return results
@@ -247,7 +247,7 @@ class ProcessDecoder:
         kept = [k for k, r in enumerate(results) if not isinstance(r, str)]
         failed = {k: r for k, r in enumerate(results) if isinstance(r, str)}
         sizes = np.array([results[k][:2] for k in kept], np.int64).reshape(-1, 2)
-        strides = chw_strides(sizes)
+        strides = hwc_strides(sizes)
         self._last_done = max((results[k][2] for k in kept), default=0.0)
         offsets = job.at[kept]
         if pin:

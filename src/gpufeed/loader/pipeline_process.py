@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import pickle
 import queue
@@ -29,6 +30,7 @@ from gpufeed.store.reader import Store
 # defaults` gave medians of 35.0k img/s against 32.6k on one H100 and 35.6k against 35.5k on
 # another (3 interleaved rounds each)
 SWITCH_INTERVAL = 0.0005
+CU_CTX_SCHED_BLOCKING_SYNC = 4
 
 
 @dataclass
@@ -69,14 +71,31 @@ class _Forward(logging.Handler):
         self._send(("log", record.levelno, (record.name, str(record.msg)), record.getMessage()))
 
 
-def serve(conn: Connection, spec: Spec, slots: list[tuple[torch.Tensor, torch.Tensor]],
-           workers: list[list[Connection]] | None) -> None:
+def _sleeping_waits(device: torch.device) -> str | None:
+    """Make this process's CUDA waits sleep, not spin (the primary context's blocking-sync flag; it
+    must be set before the context exists). Its threads wait on the GPU most of a batch, each
+    spinning on a core the CPU decode workers could use. Returns why it could not, or None."""
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError as e:
+        return f"no CUDA driver library ({e})"
+    ordinal = ctypes.c_int()
+    for call, args in ((cuda.cuInit, (0,)), (cuda.cuDeviceGet, (ctypes.byref(ordinal), device.index or 0)),
+                       (cuda.cuDevicePrimaryCtxSetFlags, (ordinal, CU_CTX_SCHED_BLOCKING_SYNC))):
+        if (status := call(*args)) != 0:
+            return f"{call.__name__} returned CUDA error {status}"
+    return None
+
+
+def serve(conn: Connection, spec: Spec, slots: bytes, workers: list[list[Connection]] | None) -> None:
     """A pipeline process: build the pipelines (each with its pipes to CPU decode `workers`, else CPU
-    threads), then fill slots as batches are asked for, until told to stop (None) or the loader is gone."""
+    threads), then fill `slots` (the loader's shared output tensors, pickled, opened here once CUDA is
+    set up) as batches are asked for, until told to stop (None) or the loader is gone."""
     from gpufeed.loader.jpeg import JpegBatcher
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the loader's to handle; it stops us
     sys.setswitchinterval(SWITCH_INTERVAL)
+    spinning = _sleeping_waits(spec.device) if spec.device.type == "cuda" else None
     lock = threading.Lock()
 
     def send(message) -> None:
@@ -86,7 +105,10 @@ def serve(conn: Connection, spec: Spec, slots: list[tuple[torch.Tensor, torch.Te
     logger = logging.getLogger("gpufeed")
     logger.addHandler(_Forward(send))
     logger.setLevel(logging.WARNING)
+    if spinning:
+        logger.warning("gpufeed: JPEG pipeline processes wait for the GPU spinning (%s): they use more CPU", spinning)
     try:
+        slots = pickle.loads(slots)
         if spec.device.type == "cuda":
             torch.cuda.set_device(spec.device)
         host = _Host(spec)

@@ -24,6 +24,7 @@ import time
 import weakref
 from collections import Counter, deque
 from multiprocessing.connection import Connection, wait
+from multiprocessing.reduction import ForkingPickler
 from typing import Callable, Iterator
 
 import numpy as np
@@ -70,7 +71,8 @@ class PipelineProcesses:
         try:
             for p in range(processes):
                 mine, theirs = ctx.Pipe()
-                proc = ctx.Process(target=serve, args=(theirs, spec, self.slots[p], _mine(workers, p, spec.pipelines)),
+                slots = bytes(ForkingPickler.dumps(self.slots[p]))  # opened by `serve` once its CUDA waits sleep
+                proc = ctx.Process(target=serve, args=(theirs, spec, slots, _mine(workers, p, spec.pipelines)),
                                    daemon=True, name="gpufeed-pipelines")
                 proc.start()
                 theirs.close()
