@@ -74,7 +74,9 @@ class _Forward(logging.Handler):
 def _sleeping_waits(device: torch.device) -> str | None:
     """Make this process's CUDA waits sleep, not spin (the primary context's blocking-sync flag; it
     must be set before the context exists). Its threads wait on the GPU most of a batch, each
-    spinning on a core the CPU decode workers could use. Returns why it could not, or None."""
+    spinning on a core the CPU decode workers could use. `jpeg_bench.py --only defaults` on an H100,
+    interleaved: 33.3k, 34.5k, 33.9k img/s against 30.7k, 31.4k, 29.8k spinning. Returns why it
+    could not, or None."""
     try:
         cuda = ctypes.CDLL("libcuda.so.1")
     except OSError as e:
