@@ -35,8 +35,8 @@ def decode_one(data: torch.Tensor, reduce_to: tuple[int, int] | None) -> tuple[t
     """(contiguous HWC pixels, time it finished): the finish time gives the pool's true rate.
 
     HWC because libjpeg writes HWC: torchvision's CHW result is a view of it. Handing that view over
-    cost 1.22 ms an image against 0.95 for HWC, the decode alone 0.87 (H100 host, one thread,
-    `benchmarks/cpu_layout_probe.py`)."""
+    cost 1.22 and 1.62 ms an image against 0.95 and 1.20 for HWC, the decode alone 0.87 and 1.04
+    (two H100 hosts, one thread, `benchmarks/cpu_layout_probe.py`)."""
     if reduce_to is None:
         try:
             return decode_jpeg(data, mode=ImageReadMode.RGB).permute(1, 2, 0).contiguous(), time.perf_counter()
