@@ -7,12 +7,19 @@ import importlib.util
 import logging
 import multiprocessing
 import shutil
+import subprocess
 
+import numpy as np
 import pytest
 import torch
 
 import gpufeed
 from gpufeed.augment import Normalize, RandomHorizontalFlip, RandomResizedCrop
+from gpufeed.decode import Scheduler
+from gpufeed.decode.base import Encoded
+from gpufeed.decode.cpu import roi_available, roi_cost
+from gpufeed.decode.scheduler import _regions
+from gpufeed.store.reader import as_tensor
 from gpufeed.synth import make_image_folder
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -108,3 +115,39 @@ def test_pipeline_processes_cuda_waits_sleep():
     proc.join()
     assert why is None and active == 1
     assert flags & 0x7 == 4, flags  # CU_CTX_SCHED_BLOCKING_SYNC
+
+
+def test_decode_workers_leave_the_gpu_alone(store):
+    """Decoding regions through nvImageCodec's CPU backend makes no CUDA context in the workers (each
+    would hold GPU memory)."""
+    if shutil.which("nvidia-smi") is None:
+        pytest.skip("no nvidia-smi to list the GPU's processes")
+    with gpufeed.Loader(store, batch_size=32, device="cuda", augment=OPS, decoders=("cpu",), decode_workers=3) as gpu:
+        for _ in gpu:
+            pass
+        workers = {proc.pid for proc in gpu._workers._procs}
+        listed = subprocess.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
+                                capture_output=True, text=True, check=True).stdout.split()
+    assert workers and not workers & {int(pid) for pid in listed}, listed
+
+
+@pytest.mark.skipif(not roi_available(), reason="nvImageCodec not installed")
+def test_the_cpu_share_is_the_cheapest_crops(store):
+    sched = Scheduler(torch.device("cuda"), 2, ("nvjpeg", "cpu"))
+    try:
+        sched.rates = {"nvjpeg": 3000.0, "cpu": 1000.0}
+        sched.gpu_rate = 3000.0  # a quarter of every batch for the CPU
+        idx = np.arange(32)
+        batch = Encoded.of(as_tensor(store.data), np.asarray(store.offsets), idx)
+        shapes = np.asarray(store.shapes)[idx].astype(np.int64)
+        rng = np.random.default_rng(0)
+        y0, x0 = rng.integers(0, 100, 32), rng.integers(0, 150, 32)
+        boxes = np.stack([x0, y0, x0 + rng.integers(10, 50, 32), y0 + rng.integers(10, 50, 32)], 1).astype(float)
+        parts, failed = sched.run(batch, shapes, boxes, (64, 64), pin=True)
+        cost = roi_cost(shapes, _regions(shapes, boxes))
+        positions = [pos.tolist() for _, pos in parts]
+        assert not failed and sorted(sum(positions, [])) == list(range(32))
+        assert sorted(positions[-1]) == sorted(np.argsort(cost, kind="stable")[:8].tolist())
+        assert parts[-1][0].regions == [tuple(r) for r in _regions(shapes, boxes)[positions[-1]].tolist()]
+    finally:
+        sched.close()

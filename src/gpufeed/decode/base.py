@@ -60,6 +60,9 @@ class Decoded:
     failed: dict[int, str] = field(default_factory=dict)  # position in its list -> reason
     # called with an event recorded after the kernels that read `base`: hands its buffer back for reuse
     on_done: Callable[[torch.cuda.Event], None] | None = None
+    # per image, the region (y0, x0, y1, x1) of the stored image that its pixels are; None (all, or one
+    # image's entry): the whole image, maybe DCT-reduced
+    regions: list[tuple[int, int, int, int] | None] | None = None
 
     def kept(self, count: int) -> list[int]:
         """Positions (0..count-1) of the images that were decoded, in order."""
@@ -117,6 +120,18 @@ class PinnedStaging:
         return buffers
 
 
+def into_pixels(boxes: np.ndarray, shapes: np.ndarray, part: Decoded) -> np.ndarray:
+    """Crop `boxes` (N, 4: x0 y0 x1 y1 of stored images of `shapes`) in `part`'s decoded pixels, which
+    may be a region of the image or the whole image DCT-reduced."""
+    spans = np.zeros((len(shapes), 4))
+    spans[:, 2:] = shapes
+    for k, region in enumerate(part.regions or ()):
+        if region is not None:
+            spans[k] = region
+    ratio = part.sizes / (spans[:, 2:] - spans[:, :2])  # decoded pixels per stored pixel: (y, x)
+    return (boxes - spans[:, [1, 0, 1, 0]]) * ratio[:, [1, 0, 1, 0]]
+
+
 def hwc_strides(sizes: np.ndarray) -> np.ndarray:
     """Element strides (c, y, x) of contiguous HWC RGB images of `sizes` (N, 2: height, width)."""
     w = sizes[:, 1].astype(np.int64)
@@ -124,9 +139,10 @@ def hwc_strides(sizes: np.ndarray) -> np.ndarray:
 
 
 def packed(images: list[torch.Tensor], failed: dict[int, str], device: torch.device,
-           staging: PinnedStaging | None) -> Decoded:
-    """Put contiguous HWC host images back to back in one buffer the kernels on `device` read: on a GPU
-    one of `staging`'s pinned buffers, read in place over PCIe (no copy; `on_done` hands it back)."""
+           staging: PinnedStaging | None, regions: list | None = None) -> Decoded:
+    """Put contiguous HWC host images (of `regions`, see `Decoded`) back to back in one buffer the kernels
+    on `device` read: on a GPU one of `staging`'s pinned buffers, read in place over PCIe (no copy;
+    `on_done` hands it back)."""
     sizes = np.array([t.shape[:2] for t in images], np.int64).reshape(-1, 2)
     numels = sizes[:, 0] * sizes[:, 1] * 3
     offsets = np.cumsum(numels) - numels
@@ -135,8 +151,9 @@ def packed(images: list[torch.Tensor], failed: dict[int, str], device: torch.dev
         return Decoded(torch.empty(0, dtype=torch.uint8, device=device), offsets, sizes, strides, [], failed)
     total = int(numels.sum())
     if staging is None:
-        return Decoded(torch.cat([t.reshape(-1) for t in images]).to(device), offsets, sizes, strides, [], failed)
+        return Decoded(torch.cat([t.reshape(-1) for t in images]).to(device), offsets, sizes, strides, [], failed,
+                       regions=regions)
     buf = staging.take(total)
     torch.cat([t.reshape(-1) for t in images], out=buf[:total])
     return Decoded(device_view(buf.data_ptr(), (total,), device), offsets, sizes, strides, [buf], failed,
-                   on_done=lambda done: staging.give_back(buf, done))
+                   on_done=lambda done: staging.give_back(buf, done), regions=regions)

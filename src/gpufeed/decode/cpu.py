@@ -6,11 +6,19 @@ threads holds the GIL and stalls at 1.7k, and slows nvJPEG's host-side work to a
 When the planned crop is at least twice the output both ways, Pillow decodes at 1/2, 1/4 or
 1/8 scale in the DCT domain instead (less work for the same output); Pillow is also the
 fallback for anything libjpeg-turbo's RGB path refuses.
+
+With nvImageCodec installed, a crop can be decoded alone (`region`): its libjpeg-turbo backend stops
+at the crop's last row and converts only the crop's columns. Pixels are those of the whole decode.
+What that saves depends on where the crop lies (`roi_cost`): a crop near the top is cheap, one that
+reaches the bottom costs more than the whole image through torchvision.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import io
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -22,6 +30,57 @@ from torchvision.io import ImageReadMode, decode_jpeg
 from gpufeed.decode.base import Decoded, Encoded, PinnedStaging, packed
 from gpufeed.store.reader import as_tensor
 
+Region = tuple[int, int, int, int]  # y0, x0, y1, x1 of the stored image
+_local = threading.local()  # a region decoder per thread: nvImageCodec decoders are not shared
+
+
+@functools.cache
+def roi_available() -> bool:
+    """Whether nvImageCodec is installed to decode regions. Only looked up: making its decoder here would
+    make a CUDA context in a process that may have no use for one (and a region it then fails to decode
+    is decoded whole)."""
+    try:
+        return importlib.util.find_spec("nvidia.nvimgcodec") is not None
+    except ModuleNotFoundError:  # no `nvidia` package at all
+        return False
+
+
+def roi_cost(shapes: np.ndarray, regions: np.ndarray) -> np.ndarray:
+    """Estimated CPU time of decoding each region alone, relative to torchvision decoding the whole
+    image. The Huffman decode runs down to the region's last row; colour conversion and the copy out
+    cover its area. The weights are a least-squares fit over 256 RandomResizedCrop regions of 500x375
+    q90 JPEGs, one thread (`benchmarks/cpu_roi_probe.py`, two runs on a 2-core dev machine:
+    0.01 + 0.67 y + 0.41 a and -0.01 + 0.66 y + 0.45 a)."""
+    h, w = shapes[:, 0], shapes[:, 1]
+    area = (regions[:, 2] - regions[:, 0]) * (regions[:, 3] - regions[:, 1]) / (h * w)
+    return 0.66 * regions[:, 2] / h + 0.43 * area
+
+
+def _region_decoder():
+    """(module, this thread's CPU-only nvImageCodec decoder, its parameters: RGB, no EXIF rotation, as
+    torchvision decodes)."""
+    decoder = getattr(_local, "decoder", None)
+    if decoder is None:
+        from gpufeed.decode.nvimgcodec import load
+
+        nv = load()
+        decoder = _local.decoder = (nv, nv.Decoder(device_id=nv.NVIMGCODEC_DEVICE_CPU_ONLY, max_num_cpu_threads=1,
+                                                   backends=[nv.Backend(nv.BackendKind.CPU_ONLY)]),
+                                    nv.DecodeParams(apply_exif_orientation=False, color_spec=nv.ColorSpec.SRGB))
+    return decoder
+
+
+def _region(data: torch.Tensor, region: Region) -> torch.Tensor:
+    """HWC pixels of `region` of the JPEG `data`, decoded alone; raises if nvImageCodec can't."""
+    nv, decoder, params = _region_decoder()
+    image = decoder.decode(nv.CodeStream(data.numpy()).get_sub_code_stream(region=nv.Region(*region)), params=params)
+    if image is None:
+        raise RuntimeError("nvImageCodec's CPU decoder refused the region")
+    pixels = torch.from_numpy(np.asarray(image))
+    if pixels.shape != (region[2] - region[0], region[3] - region[1], 3):
+        raise RuntimeError(f"region {region} decoded to {tuple(pixels.shape)}")
+    return pixels
+
 
 def _pillow(data: torch.Tensor, reduce_to: tuple[int, int] | None) -> torch.Tensor:
     img = Image.open(io.BytesIO(data.numpy()))
@@ -31,18 +90,25 @@ def _pillow(data: torch.Tensor, reduce_to: tuple[int, int] | None) -> torch.Tens
     return as_tensor(np.asarray(img))  # read-only: Pillow's buffer, read once, never written
 
 
-def decode_one(data: torch.Tensor, reduce_to: tuple[int, int] | None) -> tuple[torch.Tensor, float]:
-    """(contiguous HWC pixels, time it finished): the finish time gives the pool's true rate.
+def decode_one(data: torch.Tensor, reduce_to: tuple[int, int] | None,
+               region: Region | None = None) -> tuple[torch.Tensor, Region | None, float]:
+    """(contiguous HWC pixels, the `region` they are or None for the whole image, time it finished):
+    the finish time gives the pool's true rate. A region that can't be decoded alone is decoded whole.
 
     HWC because libjpeg writes HWC: torchvision's CHW result is a view of it. Handing that view over
     cost 1.22 and 1.62 ms an image against 0.95 and 1.20 for HWC, the decode alone 0.87 and 1.04
     (two H100 hosts, one thread, `benchmarks/cpu_layout_probe.py`)."""
+    if region is not None and reduce_to is None:
+        try:
+            return _region(data, region), region, time.perf_counter()
+        except Exception:  # not installed, not a JPEG it reads: the whole image below says what's wrong
+            pass
     if reduce_to is None:
         try:
-            return decode_jpeg(data, mode=ImageReadMode.RGB).permute(1, 2, 0).contiguous(), time.perf_counter()
+            return decode_jpeg(data, mode=ImageReadMode.RGB).permute(1, 2, 0).contiguous(), None, time.perf_counter()
         except RuntimeError:
             pass
-    return _pillow(data, reduce_to), time.perf_counter()
+    return _pillow(data, reduce_to), None, time.perf_counter()
 
 
 class CpuDecoder:
@@ -56,23 +122,27 @@ class CpuDecoder:
         self.last_done = 0.0  # when the last image of the last `collect` finished decoding
         self._staging = PinnedStaging()  # used from the one thread that calls `collect`
 
-    def submit(self, batch: Encoded, shapes, reduce_to: list[tuple[int, int] | None]):
-        """Start decoding; returns futures (one per image) for `collect`. (`shapes`, the sizes the
-        store records, are for decoders that reserve room up front; threads don't need them.)"""
-        return [self._pool.submit(decode_one, d, r) for d, r in zip(batch.tensors(), reduce_to)]
+    def submit(self, batch: Encoded, shapes, reduce_to: list[tuple[int, int] | None],
+               regions: list[Region | None] | None = None):
+        """Start decoding (`reduce_to`, `regions`: per image, see `decode_one`); returns futures (one per
+        image) for `collect`. (`shapes`, the sizes the store records, are for decoders that reserve room
+        up front; threads don't need them.)"""
+        regions = regions or [None] * len(reduce_to)
+        return [self._pool.submit(decode_one, d, r, g) for d, r, g in zip(batch.tensors(), reduce_to, regions)]
 
     def collect(self, futures, device: torch.device, pin: bool) -> Decoded:
         """Wait for `submit`'s futures and put the images (HWC) back to back where `device` reads them:
         pinned buffers the GPU reads in place if `pin`, else a copy on `device`."""
-        images, failed, self.last_done = [], {}, 0.0
+        images, regions, failed, self.last_done = [], [], {}, 0.0
         for k, f in enumerate(futures):
             try:
-                pixels, done = f.result()
+                pixels, region, done = f.result()
                 images.append(pixels)
+                regions.append(region)
                 self.last_done = max(self.last_done, done)
             except Exception as e:  # any decoder error marks this image, never the batch
                 failed[k] = f"{type(e).__name__}: {e}"
-        return packed(images, failed, device, self._staging if pin else None)
+        return packed(images, failed, device, self._staging if pin else None, regions)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)

@@ -14,18 +14,45 @@ so the loader decodes whole images and crops in its resize kernel.
 
 from __future__ import annotations
 
+import functools
+import logging
+import os
+import tempfile
+
 import numpy as np
 import torch
 
 from gpufeed.decode.base import Decoded, Encoded, in_place
+
+log = logging.getLogger(__name__)
+
+
+@functools.cache
+def load():
+    """The `nvidia.nvimgcodec` module (ImportError without the extra).
+
+    Importing it prints a report to stderr for every codec library it can't load (JPEG 2000, TIFF, ...);
+    JPEG decoding needs none of them, so the report goes to the debug log instead, once per process."""
+    with tempfile.TemporaryFile() as sink:
+        saved = os.dup(2)
+        os.dup2(sink.fileno(), 2)
+        try:
+            from nvidia import nvimgcodec
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        sink.seek(0)
+        report = sink.read().decode(errors="replace").strip()
+    if report:
+        log.debug("nvImageCodec on import: %s", report)
+    return nvimgcodec
 
 
 class NvImgCodecDecoder:
     """Batched decode with one nvImageCodec backend; images it refuses are reported as failed."""
 
     def __init__(self, device: torch.device, name: str = "hw", cpu_threads: int = 4):
-        from nvidia import nvimgcodec  # ImportError when the extra is not installed
-
+        nvimgcodec = load()
         kinds = {"hw": nvimgcodec.BackendKind.HW_GPU_ONLY, "cuda": nvimgcodec.BackendKind.HYBRID_CPU_GPU}
         self.name, self.device = name, device
         self._decoder = nvimgcodec.Decoder(device_id=device.index or 0, max_num_cpu_threads=cpu_threads,

@@ -4,6 +4,10 @@ The CPU threads start first, every GPU decoder but the last decodes its share on
 and the last decodes on the calling thread meanwhile. Each decoder's rate (images/s, an
 exponential average over batches) sets the next batch's split, so all finish together. Images
 a GPU decoder rejects (CMYK, some progressive files) are decoded on the CPU instead.
+
+Where the CPU can decode a crop alone (`cpu.roi_available`), its share is the batch's cheapest crops
+by `cpu.roi_cost` (near the top of their image, small): the GPU decoders decode whole images, so to
+them every image costs the same.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import numpy as np
 import torch
 
 from gpufeed.decode.base import Decoded, Encoded
-from gpufeed.decode.cpu import CpuDecoder
+from gpufeed.decode.cpu import CpuDecoder, roi_available, roi_cost
 from gpufeed.decode.nvjpeg import NvJpegDecoder
 
 log = logging.getLogger(__name__)
@@ -71,6 +75,7 @@ class Scheduler:
         wanted = [name for name in KNOWN[:-1] if name in use] if device.type == "cuda" else []
         self.gpu = [d for d in map(make, wanted) if d is not None]
         self.cpu_share = "cpu" in use or not self.gpu  # else the CPU decodes only what GPU decoders reject
+        self.roi = roi_available()  # the workers, if processes, run in this interpreter's environment
         self.rates = {d.name: START_RATES[d.name] for d in self.gpu} | {"cpu": 300.0 * self.cpu.threads}
         # the GPU decoders together: images per second of a batch until the last of them is done.
         # Below the sum of their own rates (starting them, handing results back); the CPU's share is
@@ -105,13 +110,16 @@ class Scheduler:
         ([(part, batch positions of its images)], {position: reason it failed})."""
         shares = self.shares(len(batch))
         starts = np.cumsum([0] + shares)
-        cpu_pos = np.arange(starts[-2], starts[-1])
+        regions = _regions(shapes, boxes)
+        cost = roi_cost(shapes, regions)
+        order = np.argsort(-cost, kind="stable") if self.roi else np.arange(len(batch))  # the CPU's last
+        cpu_pos = order[starts[-2] : starts[-1]]
         t0 = time.perf_counter()
-        futures = self.cpu.submit(batch.take(cpu_pos), shapes[cpu_pos],
-                                  _reduce_to(shapes[cpu_pos], boxes[cpu_pos], out_hw))
+        futures = self.cpu.submit(batch.take(cpu_pos), shapes[cpu_pos], *self._asks(cpu_pos, shapes, boxes, out_hw,
+                                                                                    regions, cost))
         jobs = []
         for i, dec in enumerate(self.gpu):
-            pos = np.arange(starts[i], starts[i + 1])
+            pos = np.sort(order[starts[i] : starts[i + 1]])
             if not len(pos):
                 continue
             stream = self._streams[dec.name]
@@ -134,8 +142,8 @@ class Scheduler:
         if retry:  # rejected by a GPU decoder: the CPU decodes them instead
             self.counts["cpu_fallback"] += len(retry)
             again = np.array([p for p, _ in retry])
-            extra = self.cpu.collect(self.cpu.submit(batch.take(again), shapes[again], [None] * len(retry)),
-                                     self.device, pin)
+            asks = self._asks(again, shapes, boxes, out_hw, regions, cost)
+            extra = self.cpu.collect(self.cpu.submit(batch.take(again), shapes[again], *asks), self.device, pin)
             parts.append((extra, again[extra.kept(len(retry))]))
             failed.update({retry[i][0]: f"{retry[i][1]}; cpu: {why}" for i, why in extra.failed.items()})
         cpu_part = self.cpu.collect(futures, self.device, pin)
@@ -153,6 +161,15 @@ class Scheduler:
         dicts: what `summed` adds up over pipelines, also across processes."""
         return {"counts": dict(self.counts), "rates": dict(self.rates),
                 "seconds": dict(self.seconds + getattr(self.cpu, "busy", Counter()))}
+
+    def _asks(self, pos: np.ndarray, shapes: np.ndarray, boxes: np.ndarray, out_hw: tuple[int, int],
+              regions: np.ndarray, cost: np.ndarray) -> tuple[list, list]:
+        """What the CPU decodes of the images at `pos`: (DCT-reduced sizes, regions), see `decode_one`.
+        A region alone where that is cheaper than the whole image and there is no DCT reduction."""
+        reduce_to = _reduce_to(shapes[pos], boxes[pos], out_hw)
+        alone = [tuple(r) if self.roi and c < 1 and red is None else None
+                 for r, c, red in zip(regions[pos].tolist(), cost[pos].tolist(), reduce_to)]
+        return reduce_to, alone
 
     def _timed(self, dec, batch: Encoded, stream) -> tuple[Decoded, float]:
         t0 = time.perf_counter()
@@ -176,6 +193,14 @@ def summed(names: list[str], snapshots: list[dict]) -> dict:
     return {"decoders": names, "decoded_by": dict(sum((Counter(s["counts"]) for s in snapshots), Counter())),
             "decoder_rates": {name: sum(s["rates"].get(name, 0.0) for s in snapshots) for name in names},
             "decode_seconds": dict(sum((Counter(s["seconds"]) for s in snapshots), Counter()))}
+
+
+def _regions(shapes: np.ndarray, boxes: np.ndarray) -> np.ndarray:
+    """(N, 4) y0 x0 y1 x1: the pixels the resize kernel reads for crop `boxes` (x0 y0 x1 y1): the box
+    and one pixel around it (bilinear taps of samples half a pixel inside), within the image."""
+    lo = np.maximum(np.floor(boxes[:, [1, 0]]) - 1, 0)
+    hi = np.minimum(np.ceil(boxes[:, [3, 2]]) + 1, shapes)
+    return np.concatenate([lo, hi], 1).astype(np.int64)
 
 
 def _reduce_to(shapes: np.ndarray, boxes: np.ndarray, out_hw: tuple[int, int]) -> list[tuple[int, int] | None]:

@@ -68,6 +68,8 @@ class Segment:
 def _serve(conn: Connection, path: str, offset: int, nbytes: int) -> None:
     """A worker: decode the chunks that come down `conn` until told to stop (None) or the loader is gone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the loader's to handle; it stops us
+    # no GPU here: nvImageCodec, even for its CPU backend, would make a CUDA context (GPU memory) per worker
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
     torch.set_num_threads(1)
     data = np.memmap(path, dtype=np.uint8, mode="r", offset=offset, shape=(nbytes,)).view(np.ndarray)
     segments: dict[str, np.memmap] = {}
@@ -86,17 +88,17 @@ def _serve(conn: Connection, path: str, offset: int, nbytes: int) -> None:
         conn.send((ticket, results, time.perf_counter() - wall, time.process_time() - cpu))
 
 
-def _decode(data: np.ndarray, out: np.ndarray, jobs: list[tuple]) -> list[tuple[int, int, float] | str]:
-    """Decode (begin, end, at, capacity, reduce_to) jobs into `out`: (height, width, finish time) per
-    image, or why it failed."""
+def _decode(data: np.ndarray, out: np.ndarray, jobs: list[tuple]) -> list[tuple | str]:
+    """Decode (begin, end, at, capacity, reduce_to, region) jobs into `out` (see `decode_one`): (height,
+    width, finish time, region decoded) per image, or why it failed."""
     results: list = []
-    for begin, end, at, capacity, reduce_to in jobs:
+    for begin, end, at, capacity, reduce_to, region in jobs:
         try:
-            pixels, done = decode_one(as_tensor(data[begin:end]), reduce_to)
+            pixels, region, done = decode_one(as_tensor(data[begin:end]), reduce_to, region)
             if pixels.numel() > capacity:
                 raise ValueError(f"decoded to {tuple(pixels.shape[:2])}, larger than the size the store records")
             out[at : at + pixels.numel()] = pixels.reshape(-1).numpy()
-            results.append((pixels.shape[0], pixels.shape[1], done))
+            results.append((pixels.shape[0], pixels.shape[1], done, region))
         except Exception as e:  # any decoder error marks this image, never the chunk
             results.append(f"{type(e).__name__}: {e}")
     return results
@@ -185,6 +187,7 @@ class _Job:
     ticket: int  # tags its chunks' replies: a pipe may carry replies of two jobs (a batch and its retries)
     batch: Encoded  # kept to decode again on threads if a worker died
     reduce_to: list
+    regions: list
 
 
 class ProcessDecoder:
@@ -210,8 +213,10 @@ class ProcessDecoder:
         """When the last image of the last `collect` finished decoding (a worker's perf_counter)."""
         return self._threads.last_done if self._threads is not None else self._last_done
 
-    def submit(self, batch: Encoded, shapes: np.ndarray, reduce_to: list):
-        """Send each worker its chunk (byte ranges, where to write); the pipes carry no pixels."""
+    def submit(self, batch: Encoded, shapes: np.ndarray, reduce_to: list, regions: list | None = None):
+        """Send each worker its chunk (byte ranges, where to write; `reduce_to`, `regions` as for
+        `decode_one`); the pipes carry no pixels."""
+        regions = regions or [None] * len(reduce_to)
         if self._threads is None:
             capacity = shapes[:, 0].astype(np.int64) * shapes[:, 1] * 3
             at = np.cumsum(capacity) - capacity
@@ -219,11 +224,11 @@ class ProcessDecoder:
                 segment = self._staging.take(max(1, int(capacity.sum())))
             except (RuntimeError, OSError) as e:  # /dev/shm full (a container's default 64 MB), no pinning
                 self._to_threads(f"no shared buffer for decoded JPEGs ({e})")
-                return self._threads.submit(batch, shapes, reduce_to)
+                return self._threads.submit(batch, shapes, reduce_to, regions)
             begins, ends = self.span.ranges(batch)
-            jobs = list(zip(begins.tolist(), ends.tolist(), at.tolist(), capacity.tolist(), reduce_to))
+            jobs = list(zip(begins.tolist(), ends.tolist(), at.tolist(), capacity.tolist(), reduce_to, regions))
             size = math.ceil(len(jobs) / len(self.conns)) or 1
-            job = _Job(segment, at, int(capacity.sum()), [], next(self._tickets), batch, reduce_to)
+            job = _Job(segment, at, int(capacity.sum()), [], next(self._tickets), batch, reduce_to, regions)
             try:
                 for conn, k in zip(self.conns, range(0, len(jobs), size)):
                     conn.send((job.ticket, segment.path, jobs[k : k + size]))
@@ -231,7 +236,7 @@ class ProcessDecoder:
                 return job
             except OSError as e:
                 self._broken(e, job)
-        return self._threads.submit(batch, shapes, reduce_to)
+        return self._threads.submit(batch, shapes, reduce_to, regions)
 
     def collect(self, job, device: torch.device, pin: bool) -> Decoded:
         """The decoded images where `device` reads them: in place in the shared buffer if `pin`."""
@@ -241,7 +246,7 @@ class ProcessDecoder:
             replies = [self._reply(conn, job.ticket) for conn in job.conns]
         except (EOFError, OSError) as e:
             self._broken(e, job)
-            return self._threads.collect(self._threads.submit(job.batch, None, job.reduce_to), device, pin)
+            return self._threads.collect(self._threads.submit(job.batch, None, job.reduce_to, job.regions), device, pin)
         results = [r for _, chunk, _, _ in replies for r in chunk]
         self.busy.update(workers_wall=sum(r[2] for r in replies), workers_cpu=sum(r[3] for r in replies))
         kept = [k for k, r in enumerate(results) if not isinstance(r, str)]
@@ -249,13 +254,13 @@ class ProcessDecoder:
         sizes = np.array([results[k][:2] for k in kept], np.int64).reshape(-1, 2)
         strides = hwc_strides(sizes)
         self._last_done = max((results[k][2] for k in kept), default=0.0)
-        offsets = job.at[kept]
+        offsets, regions = job.at[kept], [results[k][3] for k in kept]
         if pin:
             return Decoded(job.segment.view, offsets, sizes, strides, [job.segment], failed,
-                           on_done=lambda done: self._staging.give_back(job.segment, done))
+                           on_done=lambda done: self._staging.give_back(job.segment, done), regions=regions)
         base = job.segment.tensor[: job.total].clone().to(device)
         self._staging.give_back(job.segment, None)
-        return Decoded(base, offsets, sizes, strides, [], failed)
+        return Decoded(base, offsets, sizes, strides, [], failed, regions=regions)
 
     def _reply(self, conn: Connection, ticket: int) -> tuple:
         """The reply to `ticket` from `conn`, keeping replies to other jobs that come first."""

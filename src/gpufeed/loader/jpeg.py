@@ -19,7 +19,7 @@ import torch
 from gpufeed.augment.pipeline import Params, _affine, _fused, color_jitter, finish
 from gpufeed.decode import Scheduler
 from gpufeed.decode.scheduler import check_decoders
-from gpufeed.decode.base import Encoded
+from gpufeed.decode.base import Encoded, into_pixels
 from gpufeed.decode.workers import DecodeWorkers, ProcessDecoder
 from gpufeed.loader.pipeline_process import Spec
 from gpufeed.loader.procs import PipelineProcesses, slot_shape
@@ -69,9 +69,8 @@ class JpegBatcher:
             good = [p for p in range(len(i)) if p not in failed]
             copies = {p: next((g for g in good if g > p), good[0]) for p in failed}
             labels[list(copies)] = labels[list(copies.values())]
-        for part, positions in parts:  # boxes follow each image's decoded (maybe DCT-reduced) size
-            ratio = part.sizes / shapes[positions]
-            boxes[positions] *= ratio[:, [1, 0, 1, 0]]
+        for part, positions in parts:  # boxes into each image's decoded pixels (a region, maybe DCT-reduced)
+            boxes[positions] = into_pixels(boxes[positions], shapes[positions], part)
         if self.fused:
             images, labels = self._gpu(parts, boxes, labels, params)
         else:

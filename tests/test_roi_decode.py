@@ -1,0 +1,113 @@
+"""Decoding a crop's region alone on the CPU (nvImageCodec's libjpeg-turbo backend): the same pixels as
+the whole decode, the region the resize reads, boxes moved into the region, the same batches."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torchvision.io import decode_jpeg
+from torchvision.ops import roi_align
+
+import gpufeed
+from conftest import jpeg_bytes, save, smooth
+from gpufeed.augment import Normalize, RandomHorizontalFlip, RandomResizedCrop
+from gpufeed.decode import cpu, scheduler
+from gpufeed.decode.base import Decoded, into_pixels
+from gpufeed.synth import natural_images
+
+needs_roi = pytest.mark.skipif(not cpu.roi_available(), reason="nvImageCodec not installed (the [nvimgcodec] extra)")
+
+
+def _jpeg(h: int = 90, w: int = 120) -> torch.Tensor:
+    return torch.frombuffer(bytearray(jpeg_bytes(natural_images(1, h, w)[0], quality=90)), dtype=torch.uint8)
+
+
+@needs_roi
+@pytest.mark.parametrize("region", [(0, 0, 8, 8), (13, 27, 71, 101), (40, 3, 90, 120), (1, 1, 89, 119)])
+def test_a_region_is_the_crop_of_the_whole_decode(region):
+    data = _jpeg()
+    whole = decode_jpeg(data).permute(1, 2, 0)
+    pixels, got, _ = cpu.decode_one(data, None, region)
+    assert got == region and pixels.is_contiguous()
+    assert torch.equal(pixels, whole[region[0] : region[2], region[1] : region[3]])
+
+
+def test_a_region_that_cannot_be_decoded_alone_is_decoded_whole(monkeypatch, tmp_path):
+    def refuse(data, region):
+        raise RuntimeError("refused")
+
+    monkeypatch.setattr(cpu, "_region", refuse)
+    data = _jpeg()
+    pixels, region, _ = cpu.decode_one(data, None, (0, 0, 8, 8))
+    assert region is None and torch.equal(pixels, decode_jpeg(data).permute(1, 2, 0))
+    png = torch.frombuffer(bytearray(save(tmp_path / "x.png", smooth(0, 20, 30)).read_bytes()), dtype=torch.uint8)
+    pixels, region, _ = cpu.decode_one(png, None, (0, 0, 8, 8))  # not a JPEG at all: Pillow, whole
+    assert region is None and pixels.shape == (20, 30, 3)
+
+
+def test_regions_hold_every_pixel_the_resize_reads():
+    """roi_align (the resize kernel's math) of boxes in the region equals that of the whole image."""
+    rng = np.random.default_rng(0)
+    h, w = 90, 120
+    image = torch.from_numpy(natural_images(1, h, w)[0]).permute(2, 0, 1).float()[None]
+    x0, y0 = rng.uniform(0, w - 2, 64), rng.uniform(0, h - 2, 64)
+    boxes = np.stack([x0, y0, rng.uniform(x0 + 1, w), rng.uniform(y0 + 1, h)], 1)
+    boxes[:8] = np.round(boxes[:8])  # integer boxes too, as RandomResizedCrop plans them
+    boxes[8] = (0, 0, w, h)
+    shapes = np.tile([h, w], (64, 1))
+    regions = scheduler._regions(shapes, boxes)
+    assert (regions[:, :2] >= 0).all() and (regions[:, 2:] <= shapes).all()
+    for box, region in zip(boxes, regions.tolist()):
+        crop = image[:, :, region[0] : region[2], region[1] : region[3]]
+        part = Decoded(crop, np.zeros(1, np.int64), np.array([crop.shape[2:]]), np.zeros((1, 3), np.int64),
+                       regions=[tuple(region)])
+        moved = into_pixels(box[None], shapes[:1], part)
+        for out in ((7, 9), (24, 24), (200, 150)):  # down- and upscaling: different sampling grids
+            want = roi_align(image, [torch.tensor(box[None], dtype=torch.float32)], out, aligned=True)
+            got = roi_align(crop, [torch.tensor(moved, dtype=torch.float32)], out, aligned=True)
+            torch.testing.assert_close(got, want, atol=0.01, rtol=0)  # 0-255: float rounding only
+
+
+def test_boxes_into_dct_reduced_pixels_and_regions():
+    shapes = np.array([[100, 200], [100, 200]])
+    boxes = np.array([[20.0, 10.0, 120.0, 60.0]] * 2)
+    part = Decoded(torch.empty(0), np.zeros(2, np.int64), np.array([[50, 100], [60, 110]]), np.zeros((2, 3)),
+                   regions=[None, (5, 15, 65, 125)])
+    assert into_pixels(boxes, shapes, part).tolist() == [[10, 5, 60, 30], [5, 5, 105, 55]]
+
+
+def test_the_cpu_asks_for_a_region_only_where_it_is_cheaper(monkeypatch):
+    monkeypatch.setattr(scheduler, "roi_available", lambda: True)
+    sched = scheduler.Scheduler(torch.device("cpu"), 1)
+    try:
+        shapes = np.array([[375, 500]] * 3)
+        boxes = np.array([[0, 0, 100, 80], [0, 0, 500, 375], [0, 0, 800, 600]], float)  # small, whole, ...
+        regions = scheduler._regions(shapes, boxes)
+        cost = cpu.roi_cost(shapes, regions)
+        reduce_to, alone = sched._asks(np.arange(3), shapes, boxes, (224, 224), regions, cost)
+        assert alone == [(0, 0, 81, 101), None, None] and reduce_to[:2] == [None, None]
+        assert cost[0] < 0.3 < 1 < cost[1]
+    finally:
+        sched.close()
+
+
+@needs_roi
+def test_batches_with_regions_match_whole_decodes(tmp_path, monkeypatch):
+    for i, im in enumerate(natural_images(24, 90, 120, seed=3)):
+        save(tmp_path / "src" / f"c{i % 2}" / f"{i:03d}.png", im)
+    gpufeed.pack(tmp_path / "src", tmp_path / "s", mode="jpeg", quality=90, workers=1, progress=False)
+    ops = [RandomResizedCrop(32), RandomHorizontalFlip(), Normalize()]
+
+    def batches(processes: int) -> list:
+        with gpufeed.Loader(tmp_path / "s", batch_size=8, device="cpu", augment=ops, dtype=torch.float32, seed=2,
+                            decode_workers=processes) as loader:
+            return [(x.clone(), y.clone()) for x, y in loader]
+
+    with_regions = batches(2)
+    monkeypatch.setattr(scheduler, "roi_available", lambda: False)
+    whole = batches(2)
+    assert len(with_regions) == len(whole) == 3
+    for (a, la), (b, lb) in zip(with_regions, whole):
+        assert torch.equal(la, lb)
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
