@@ -35,6 +35,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--n", type=int, default=256, help="images (and regions)")
     a = p.parse_args()
+    if a.n < 3:
+        p.error(f"--n must be at least 3 (the fit has 3 weights), got {a.n}")
     torch.set_num_threads(1)
     tensors = [torch.frombuffer(bytearray(d), dtype=torch.uint8) for d in encode_jpegs(natural_images(a.n), 90)]
     regions = rrc_regions(a.n, seed=1)

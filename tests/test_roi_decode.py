@@ -46,6 +46,11 @@ def test_a_region_that_cannot_be_decoded_alone_is_decoded_whole(monkeypatch, tmp
     assert region is None and pixels.shape == (20, 30, 3)
 
 
+def test_a_dct_reduction_takes_precedence_over_the_region():
+    pixels, region, _ = cpu.decode_one(_jpeg(), (60, 45), (0, 0, 8, 8))
+    assert region is None and pixels.shape == (45, 60, 3)
+
+
 def test_regions_hold_every_pixel_the_resize_reads():
     """roi_align (the resize kernel's math) of boxes in the region equals that of the whole image."""
     rng = np.random.default_rng(0)

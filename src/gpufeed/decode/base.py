@@ -18,6 +18,9 @@ import torch
 from gpufeed.transfer.uva import device_view
 
 
+Region = tuple[int, int, int, int]  # y0, x0, y1, x1 of a stored image
+
+
 @dataclass
 class Encoded:
     """A batch's encoded images: image k is `data[begins[k]:ends[k]]` (`array` is `data` as numpy)."""
@@ -60,9 +63,9 @@ class Decoded:
     failed: dict[int, str] = field(default_factory=dict)  # position in its list -> reason
     # called with an event recorded after the kernels that read `base`: hands its buffer back for reuse
     on_done: Callable[[torch.cuda.Event], None] | None = None
-    # per image, the region (y0, x0, y1, x1) of the stored image that its pixels are; None (all, or one
-    # image's entry): the whole image, maybe DCT-reduced
-    regions: list[tuple[int, int, int, int] | None] | None = None
+    # per image, the region of the stored image that its pixels are; None (all, or one image's entry):
+    # the whole image, maybe DCT-reduced
+    regions: list[Region | None] | None = None
 
     def kept(self, count: int) -> list[int]:
         """Positions (0..count-1) of the images that were decoded, in order."""

@@ -27,10 +27,9 @@ import torch
 from PIL import Image
 from torchvision.io import ImageReadMode, decode_jpeg
 
-from gpufeed.decode.base import Decoded, Encoded, PinnedStaging, packed
+from gpufeed.decode.base import Decoded, Encoded, PinnedStaging, Region, packed
 from gpufeed.store.reader import as_tensor
 
-Region = tuple[int, int, int, int]  # y0, x0, y1, x1 of the stored image
 _local = threading.local()  # a region decoder per thread: nvImageCodec decoders are not shared
 
 
@@ -93,7 +92,8 @@ def _pillow(data: torch.Tensor, reduce_to: tuple[int, int] | None) -> torch.Tens
 def decode_one(data: torch.Tensor, reduce_to: tuple[int, int] | None,
                region: Region | None = None) -> tuple[torch.Tensor, Region | None, float]:
     """(contiguous HWC pixels, the `region` they are or None for the whole image, time it finished):
-    the finish time gives the pool's true rate. A region that can't be decoded alone is decoded whole.
+    the finish time gives the pool's true rate. A DCT reduction (`reduce_to`) takes precedence over the
+    region; a region that can't be decoded alone is decoded whole.
 
     HWC because libjpeg writes HWC: torchvision's CHW result is a view of it. Handing that view over
     cost 1.22 and 1.62 ms an image against 0.95 and 1.20 for HWC, the decode alone 0.87 and 1.04

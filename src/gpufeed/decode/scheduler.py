@@ -165,11 +165,9 @@ class Scheduler:
     def _asks(self, pos: np.ndarray, shapes: np.ndarray, boxes: np.ndarray, out_hw: tuple[int, int],
               regions: np.ndarray, cost: np.ndarray) -> tuple[list, list]:
         """What the CPU decodes of the images at `pos`: (DCT-reduced sizes, regions), see `decode_one`.
-        A region alone where that is cheaper than the whole image and there is no DCT reduction."""
-        reduce_to = _reduce_to(shapes[pos], boxes[pos], out_hw)
-        alone = [tuple(r) if self.roi and c < 1 and red is None else None
-                 for r, c, red in zip(regions[pos].tolist(), cost[pos].tolist(), reduce_to)]
-        return reduce_to, alone
+        A region alone where that is cheaper than the whole image."""
+        alone = [tuple(r) if self.roi and c < 1 else None for r, c in zip(regions[pos].tolist(), cost[pos].tolist())]
+        return _reduce_to(shapes[pos], boxes[pos], out_hw), alone
 
     def _timed(self, dec, batch: Encoded, stream) -> tuple[Decoded, float]:
         t0 = time.perf_counter()
