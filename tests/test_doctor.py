@@ -9,6 +9,7 @@ import pytest
 
 import gpufeed
 from gpufeed.cli import main
+from gpufeed.decode import cpu
 from gpufeed.doctor import diagnose
 from gpufeed.doctor import stages
 from gpufeed.synth import make_image_folder
@@ -51,6 +52,8 @@ def test_store_target_reports_loader_stages_and_tier(folder, tmp_path):
     assert {"gather", "augment"} <= set(report["seconds_per_1000"])
     assert any(line.startswith("gpufeed tier: ") for line in report["gpufeed"])
     assert "CPU JPEG decode: in worker processes" in report["gpufeed"]  # Linux: forkserver and /dev/shm
+    regions = next(line for line in report["gpufeed"] if line.startswith("CPU JPEG decode of crop regions alone: "))
+    assert ("available" in regions) if cpu.roi_available() else ("not installed" in regions)
 
 
 def test_trace_has_the_stage_ranges(folder, tmp_path, capsys):

@@ -3,6 +3,8 @@ the whole decode, the region the resize reads, boxes moved into the region, the 
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
 import torch
@@ -13,7 +15,7 @@ import gpufeed
 from conftest import jpeg_bytes, save, smooth
 from gpufeed.augment import Normalize, RandomHorizontalFlip, RandomResizedCrop
 from gpufeed.decode import cpu, scheduler
-from gpufeed.decode.base import Decoded, into_pixels
+from gpufeed.decode.base import Decoded, Encoded, into_pixels
 from gpufeed.synth import natural_images
 
 needs_roi = pytest.mark.skipif(not cpu.roi_available(), reason="nvImageCodec not installed (the [nvimgcodec] extra)")
@@ -44,6 +46,41 @@ def test_a_region_that_cannot_be_decoded_alone_is_decoded_whole(monkeypatch, tmp
     png = torch.frombuffer(bytearray(save(tmp_path / "x.png", smooth(0, 20, 30)).read_bytes()), dtype=torch.uint8)
     pixels, region, _ = cpu.decode_one(png, None, (0, 0, 8, 8))  # not a JPEG at all: Pillow, whole
     assert region is None and pixels.shape == (20, 30, 3)
+
+
+def _refuse(data, region):
+    raise RuntimeError("no CPU backend")
+
+
+def test_regions_decoded_whole_are_counted_and_said_once(monkeypatch, caplog):
+    monkeypatch.setattr(scheduler, "roi_available", lambda: True)
+    monkeypatch.setattr(scheduler, "_warned", set())
+    monkeypatch.setattr(cpu, "_region", _refuse)
+    datas = [_jpeg() for _ in range(3)]
+    offsets = np.cumsum([0] + [len(d) for d in datas])
+    batch = Encoded.of(torch.cat(datas), offsets, np.arange(3))
+    shapes = np.array([[90, 120]] * 3)
+    boxes = np.array([[0, 0, 20, 16], [0, 0, 120, 90], [10, 5, 40, 30]], float)  # cheap, whole image, cheap
+    sched = scheduler.Scheduler(torch.device("cpu"), 1)
+    try:
+        with caplog.at_level(logging.WARNING, logger="gpufeed"):
+            for _ in range(2):
+                parts, failed = sched.run(batch, shapes, boxes, (16, 16), pin=False)
+                assert not failed and parts[0][0].regions == [None] * 3
+        assert sched.counts["cpu_whole"] == 4 and sched.counts["cpu"] == 6  # two regions asked per batch
+        assert caplog.text.count("refused them (`gpufeed doctor` says why)") == 1
+    finally:
+        sched.close()
+
+
+def test_roi_problem_says_why(monkeypatch):
+    if cpu.roi_available():
+        assert cpu.roi_problem() is None
+    monkeypatch.setattr(cpu, "_region", _refuse)
+    assert cpu.roi_problem() == ("RuntimeError: no CPU backend" if cpu.roi_available() else
+                                 "nvImageCodec is not installed (pip install 'gpufeed[nvimgcodec]')")
+    monkeypatch.setattr(cpu, "roi_available", lambda: False)
+    assert "not installed" in cpu.roi_problem()
 
 
 def test_a_dct_reduction_takes_precedence_over_the_region():

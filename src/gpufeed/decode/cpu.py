@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 from PIL import Image
-from torchvision.io import ImageReadMode, decode_jpeg
+from torchvision.io import ImageReadMode, decode_jpeg, encode_jpeg
 
 from gpufeed.decode.base import Decoded, Encoded, PinnedStaging, Region, packed
 from gpufeed.store.reader import as_tensor
@@ -42,6 +42,18 @@ def roi_available() -> bool:
         return importlib.util.find_spec("nvidia.nvimgcodec") is not None
     except ModuleNotFoundError:  # no `nvidia` package at all
         return False
+
+
+def roi_problem() -> str | None:
+    """Why the CPU can't decode a crop's region alone here, or None if it can (for `gpufeed doctor`: this
+    decodes a tiny JPEG, which makes nvImageCodec load its CPU backend in this process)."""
+    if not roi_available():
+        return "nvImageCodec is not installed (pip install 'gpufeed[nvimgcodec]')"
+    try:
+        _region(encode_jpeg(torch.zeros((3, 16, 16), dtype=torch.uint8)), (0, 0, 8, 8))
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+    return None
 
 
 def roi_cost(shapes: np.ndarray, regions: np.ndarray) -> np.ndarray:

@@ -115,8 +115,8 @@ class Scheduler:
         order = np.argsort(-cost, kind="stable") if self.roi else np.arange(len(batch))  # the CPU's last
         cpu_pos = order[starts[-2] : starts[-1]]
         t0 = time.perf_counter()
-        futures = self.cpu.submit(batch.take(cpu_pos), shapes[cpu_pos], *self._asks(cpu_pos, shapes, boxes, out_hw,
-                                                                                    regions, cost))
+        cpu_asks = self._asks(cpu_pos, shapes, boxes, out_hw, regions, cost)
+        futures = self.cpu.submit(batch.take(cpu_pos), shapes[cpu_pos], *cpu_asks)
         jobs = []
         for i, dec in enumerate(self.gpu):
             pos = np.sort(order[starts[i] : starts[i + 1]])
@@ -144,9 +144,11 @@ class Scheduler:
             again = np.array([p for p, _ in retry])
             asks = self._asks(again, shapes, boxes, out_hw, regions, cost)
             extra = self.cpu.collect(self.cpu.submit(batch.take(again), shapes[again], *asks), self.device, pin)
+            self._decoded_whole(asks, extra, len(again))
             parts.append((extra, again[extra.kept(len(retry))]))
             failed.update({retry[i][0]: f"{retry[i][1]}; cpu: {why}" for i, why in extra.failed.items()})
         cpu_part = self.cpu.collect(futures, self.device, pin)
+        self._decoded_whole(cpu_asks, cpu_part, len(cpu_pos))
         self._rate("cpu", len(cpu_pos), self.cpu.last_done - t0)
         self.seconds["cpu_threads"] += max(0.0, self.cpu.last_done - t0)
         parts.append((cpu_part, cpu_pos[cpu_part.kept(len(cpu_pos))]))
@@ -168,6 +170,18 @@ class Scheduler:
         A region alone where that is cheaper than the whole image."""
         alone = [tuple(r) if self.roi and c < 1 else None for r, c in zip(regions[pos].tolist(), cost[pos].tolist())]
         return _reduce_to(shapes[pos], boxes[pos], out_hw), alone
+
+    def _decoded_whole(self, asks: tuple[list, list], part: Decoded, n: int) -> None:
+        """Count the images of `part` (of `n` asked for) that the CPU decoded whole though a region alone
+        was asked for (nvImageCodec's CPU decoder refused it: correct, but slower), and say so once."""
+        reduce_to, alone = asks  # a DCT reduction goes before the region (`decode_one`): not a refusal
+        asked = sum(alone[k] is not None and reduce_to[k] is None for k in part.kept(n))
+        whole = asked - sum(r is not None for r in part.regions or ())
+        if whole > 0:
+            self.counts["cpu_whole"] += whole
+            _warn_once("the CPU decodes whole images where it was to decode crop regions alone (slower): "
+                       "nvImageCodec's CPU decoder refused them (`gpufeed doctor` says why); counted in "
+                       "loader.stats()['decoded_by']['cpu_whole']")
 
     def _timed(self, dec, batch: Encoded, stream) -> tuple[Decoded, float]:
         t0 = time.perf_counter()

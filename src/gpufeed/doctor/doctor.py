@@ -6,6 +6,7 @@ from pathlib import Path
 
 import torch
 
+from gpufeed.decode.cpu import roi_problem
 from gpufeed.decode.workers import unavailable
 from gpufeed.doctor import stages
 from gpufeed.doctor.report import findings, table
@@ -34,6 +35,9 @@ def _gpufeed_here(t: stages.Timings, device: str) -> list[str]:
     why = unavailable()
     lines.append("CPU JPEG decode: in worker processes" if why is None else
                  f"CPU JPEG decode: on threads, which share the GIL with the loader (slower): {why}")
+    problem = roi_problem()
+    lines.append("CPU JPEG decode of crop regions alone: available (nvImageCodec's CPU backend)" if problem is None
+                 else f"CPU JPEG decode of crop regions alone: unavailable, whole images instead (slower): {problem}")
     return lines
 
 
