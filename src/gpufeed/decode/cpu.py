@@ -101,6 +101,12 @@ def _pillow(data: torch.Tensor, reduce_to: tuple[int, int] | None) -> torch.Tens
     return as_tensor(np.asarray(img))  # read-only: Pillow's buffer, read once, never written
 
 
+def tries_region(reduce_to: tuple[int, int] | None, region: Region | None) -> bool:
+    """Whether `decode_one` tries to decode `region` alone: one is asked for and no DCT reduction, which
+    takes precedence."""
+    return region is not None and reduce_to is None
+
+
 def decode_one(data: torch.Tensor, reduce_to: tuple[int, int] | None,
                region: Region | None = None) -> tuple[torch.Tensor, Region | None, float]:
     """(contiguous HWC pixels, the `region` they are or None for the whole image, time it finished):
@@ -110,7 +116,7 @@ def decode_one(data: torch.Tensor, reduce_to: tuple[int, int] | None,
     HWC because libjpeg writes HWC: torchvision's CHW result is a view of it. Handing that view over
     cost 1.22 and 1.62 ms an image against 0.95 and 1.20 for HWC, the decode alone 0.87 and 1.04
     (two H100 hosts, one thread, `benchmarks/cpu_layout_probe.py`)."""
-    if region is not None and reduce_to is None:
+    if tries_region(reduce_to, region):
         try:
             return _region(data, region), region, time.perf_counter()
         except Exception:  # not installed, not a JPEG it reads: the whole image below says what's wrong

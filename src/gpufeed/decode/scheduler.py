@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from gpufeed.decode.base import Decoded, Encoded
-from gpufeed.decode.cpu import CpuDecoder, roi_available, roi_cost
+from gpufeed.decode.cpu import CpuDecoder, roi_available, roi_cost, tries_region
 from gpufeed.decode.nvjpeg import NvJpegDecoder
 
 log = logging.getLogger(__name__)
@@ -174,8 +174,8 @@ class Scheduler:
     def _decoded_whole(self, asks: tuple[list, list], part: Decoded, n: int) -> None:
         """Count the images of `part` (of `n` asked for) that the CPU decoded whole though a region alone
         was asked for (nvImageCodec's CPU decoder refused it: correct, but slower), and say so once."""
-        reduce_to, alone = asks  # a DCT reduction goes before the region (`decode_one`): not a refusal
-        asked = sum(alone[k] is not None and reduce_to[k] is None for k in part.kept(n))
+        reduce_to, alone = asks
+        asked = sum(tries_region(reduce_to[k], alone[k]) for k in part.kept(n))
         whole = asked - sum(r is not None for r in part.regions or ())
         if whole > 0:
             self.counts["cpu_whole"] += whole
