@@ -51,7 +51,8 @@ def _same_as_torchvision(got, batch, shapes) -> None:
 
 
 def _segments() -> set[str]:
-    return {p.name for p in SHM.iterdir()}
+    """Shared-memory files, not counting POSIX semaphores (the worker pool's locks)."""
+    return {p.name for p in SHM.iterdir() if not p.name.startswith("sem.")}
 
 
 def test_processes_decode_the_same_pixels_as_threads(store):
@@ -64,7 +65,7 @@ def test_processes_decode_the_same_pixels_as_threads(store):
     want = threads.collect(threads.submit(datas, shapes, reduce_to), CPU, pin=False)
     before = _segments()
     workers = DecodeWorkers(store.data, 2)
-    decoder = ProcessDecoder(workers.span, workers.conns, CPU)
+    decoder = ProcessDecoder(workers.span, workers.lane(0), CPU)
     try:
         for _ in range(2):  # the second batch reuses the first one's shared buffer
             got = decoder.collect(decoder.submit(datas, shapes, reduce_to), CPU, pin=False)
@@ -85,7 +86,7 @@ def test_cpu_decoders_leave_hwc_pixels_as_libjpeg_wrote_them(store):
     datas, shapes = _inputs(store, range(len(store)))
     threads = CpuDecoder(2)
     workers = DecodeWorkers(store.data, 2)
-    decoder = ProcessDecoder(workers.span, workers.conns, CPU)
+    decoder = ProcessDecoder(workers.span, workers.lane(0), CPU)
     try:
         for dec in (threads, decoder):
             got = dec.collect(dec.submit(datas, shapes, [None] * len(shapes)), CPU, pin=False)
@@ -103,7 +104,7 @@ def test_jobs_collected_out_of_order_get_their_own_images(store):
     """The scheduler submits a batch's CPU share, then GPU rejects on the same workers, and collects
     the rejects first: each must get its own replies."""
     workers = DecodeWorkers(store.data, 2)
-    decoder = ProcessDecoder(workers.span, workers.conns, CPU)
+    decoder = ProcessDecoder(workers.span, workers.lane(0), CPU)
     try:
         first, second = _inputs(store, range(0, 8)), _inputs(store, [9, 10, 11])
         a = decoder.submit(*first, [None] * 8)
@@ -116,13 +117,34 @@ def test_jobs_collected_out_of_order_get_their_own_images(store):
         workers.close()
 
 
+def test_pipelines_share_the_pool_and_get_their_own_replies(store):
+    """One worker serves two pipelines (a pool, not a worker per pipeline); each pipeline's chunks,
+    queued in turns, come back on its own lane only."""
+    workers = DecodeWorkers(store.data, 1, lanes=2)
+    a, b = ProcessDecoder(workers.span, workers.lane(0), CPU), ProcessDecoder(workers.span, workers.lane(1), CPU)
+    try:
+        first, second = _inputs(store, range(0, 7)), _inputs(store, range(5, 12))
+        job_a = a.submit(*first, [None] * 7)
+        job_b = b.submit(*second, [None] * 7)
+        assert job_a.chunks == job_b.chunks == 2
+        got_b, got_a = b.collect(job_b, CPU, pin=False), a.collect(job_a, CPU, pin=False)
+        _same_as_torchvision(got_a, *first)
+        _same_as_torchvision(got_b, *second)
+        with pytest.raises(ValueError, match="lane 2 of a pool for 2 pipelines"):
+            workers.lane(2)
+    finally:
+        a.close()
+        b.close()
+        workers.close()
+
+
 def test_a_bad_image_fails_alone_and_a_view_of_another_store_is_refused(store, tmp_path):
     broken = tmp_path / "bad.bin"
     good = bytes(store.data[int(store.offsets[0]) : int(store.offsets[1])])
     broken.write_bytes(good + b"\xff\xd8 not a jpeg at all")
     data = np.memmap(broken, dtype=np.uint8, mode="r")
     workers = DecodeWorkers(data, 1)
-    decoder = ProcessDecoder(workers.span, workers.conns, CPU)
+    decoder = ProcessDecoder(workers.span, workers.lane(0), CPU)
     try:
         both = Encoded.of(as_tensor(data), np.array([0, len(good), len(data)]), np.array([0, 1]))
         shapes = np.array([list(store.shapes[0])] * 2)
@@ -157,7 +179,7 @@ def test_a_dead_worker_is_survived_on_threads(store, caplog):
 
 def test_two_jobs_on_dead_workers_switch_to_threads_once(store, caplog):
     workers = DecodeWorkers(store.data, 2)
-    decoder = ProcessDecoder(workers.span, workers.conns, CPU)
+    decoder = ProcessDecoder(workers.span, workers.lane(0), CPU)
     try:
         first, second = _inputs(store, range(0, 6)), _inputs(store, [7, 8])
         a, b = decoder.submit(*first, [None] * 6), decoder.submit(*second, [None] * 2)

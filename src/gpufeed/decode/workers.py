@@ -5,8 +5,13 @@ libjpeg call returns waits for the GIL behind busy pipeline threads, so 9 thread
 each batch (H100, benchmarks/jpeg_bench.py). Worker processes have interpreters of their own. Each
 maps the store's encoded bytes itself, decodes (libjpeg-turbo, or Pillow with DCT reduction, as the
 thread decoder does) and writes HWC pixels into a shared-memory segment that the loader's process
-page-locked for the GPU; the resize kernel reads them in place. Per chunk of images one small
-message goes each way: byte ranges out, decoded sizes back.
+page-locked for the GPU; the resize kernel reads them in place. The pipes carry byte ranges out and
+decoded sizes back, never pixels.
+
+The workers are one pool for all the loader's pipelines: a pipeline cuts its CPU share into small
+chunks on one task queue, and any idle worker takes the next. A worker given to one pipeline sat
+idle about a third of each batch, while its pipeline resized, handed the batch over and waited for
+the next (H100, `decode.workers_wall` against the batch's time).
 
 Linux only (forkserver, /dev/shm). Where processes can't run, or a worker dies, the loader says so once
 and decodes on threads instead.
@@ -14,6 +19,7 @@ and decodes on threads instead.
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import logging
 import math
@@ -22,8 +28,7 @@ import os
 import signal
 import time
 from collections import Counter
-from dataclasses import dataclass
-from multiprocessing.connection import Connection
+from dataclasses import dataclass, field
 from multiprocessing.shared_memory import SharedMemory
 from pathlib import Path
 
@@ -37,6 +42,8 @@ from gpufeed.transfer.uva import Registration, device_view
 
 log = logging.getLogger(__name__)
 SHM = Path("/dev/shm")
+PR_SET_PDEATHSIG = 1  # prctl: a signal for this process when its parent ends
+WAIT_CHECK = 1.0  # seconds of waiting for a reply after which the workers are checked for life
 
 
 class Segment:
@@ -65,27 +72,24 @@ class Segment:
         self._shm.unlink()
 
 
-def _serve(conn: Connection, path: str, offset: int, nbytes: int) -> None:
-    """A worker: decode the chunks that come down `conn` until told to stop (None) or the loader is gone."""
+def _serve(tasks, replies: list, path: str, offset: int, nbytes: int) -> None:
+    """A worker: decode the chunks that come from the pool's `tasks` queue, each reply on its
+    pipeline's channel of `replies`, until told to stop (None) or its parent, the forkserver, ends
+    (which it does when the loader's process is gone: the queue alone would never say so)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the loader's to handle; it stops us
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     # no GPU here: nvImageCodec, even for its CPU backend, would make a CUDA context (GPU memory) per worker
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
     torch.set_num_threads(1)
     data = np.memmap(path, dtype=np.uint8, mode="r", offset=offset, shape=(nbytes,)).view(np.ndarray)
     segments: dict[str, np.memmap] = {}
-    while True:
-        try:
-            task = conn.recv()
-        except (EOFError, OSError):
-            return
-        if task is None:
-            return
-        ticket, segment, jobs = task
+    while (task := tasks.get()) is not None:
+        lane, ticket, first, segment, jobs = task
         if segment not in segments:
             segments[segment] = np.memmap(segment, dtype=np.uint8, mode="r+")
         wall, cpu = time.perf_counter(), time.process_time()
         results = _decode(data, segments[segment], jobs)
-        conn.send((ticket, results, time.perf_counter() - wall, time.process_time() - cpu))
+        replies[lane].send((ticket, first, results, time.perf_counter() - wall, time.process_time() - cpu))
 
 
 def _decode(data: np.ndarray, out: np.ndarray, jobs: list[tuple]) -> list[tuple | str]:
@@ -135,47 +139,87 @@ class Span:
         return begins, ends
 
 
-class DecodeWorkers:
-    """`workers` decode processes over one store's encoded bytes, each with a pipe of its own; the
-    loader's pipelines divide them (`share`), so no thread or queue sits between a pipeline and its
-    workers. Raises RuntimeError when processes can't be used here (no forkserver, no /dev/shm)."""
+class _Channel:
+    """One pipeline's replies: a pipe that every worker may write to (one at a time) and that pipeline
+    reads alone."""
 
-    def __init__(self, data: np.memmap, workers: int):
+    def __init__(self, ctx):
+        self._reader, self._writer = ctx.Pipe(duplex=False)
+        self._lock = ctx.Lock()
+
+    def send(self, message) -> None:
+        with self._lock:
+            self._writer.send(message)
+
+    def poll(self, timeout: float) -> bool:
+        return self._reader.poll(timeout)
+
+    def recv(self):
+        return self._reader.recv()
+
+
+@dataclass
+class Lane:
+    """Pipeline `k`'s way to the pool: the shared task queue, its own reply channel, the workers'
+    process ids (to tell a dead worker from a slow one), and its fair share of them in `threads`."""
+
+    k: int
+    tasks: object
+    replies: _Channel
+    pids: list[int]
+    workers: int
+    threads: int
+
+    def dead(self) -> int | None:
+        """The pid of a worker that is gone, or None."""
+        for pid in self.pids:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return pid
+            except PermissionError:
+                pass
+        return None
+
+
+class DecodeWorkers:
+    """`workers` decode processes over one store's encoded bytes, a pool for `lanes` pipelines: each
+    pipeline puts chunks on the one task queue and reads the replies on a channel of its own
+    (`lane`). Raises RuntimeError when processes can't be used here (no forkserver, no /dev/shm)."""
+
+    def __init__(self, data: np.memmap, workers: int, lanes: int = 1):
         why = unavailable()
         if why:
             raise RuntimeError(why)
         if not isinstance(data, np.memmap) or data.filename is None:
             raise RuntimeError("decode workers read the store from its file; these bytes have none")
-        self.workers = workers
+        self.workers, self.lanes = workers, lanes
         self.span = Span(data.ctypes.data, data.nbytes)
-        ctx, self._procs, self.conns = process_context(), [], []
-        for _ in range(workers):
-            mine, theirs = ctx.Pipe()
-            proc = ctx.Process(target=_serve, args=(theirs, data.filename, data.offset, data.nbytes), daemon=True,
-                               name="gpufeed-decode")
+        ctx = process_context()
+        self._tasks, self._replies = ctx.SimpleQueue(), [_Channel(ctx) for _ in range(lanes)]
+        self._procs = [ctx.Process(target=_serve, args=(self._tasks, self._replies, data.filename, data.offset,
+                                                        data.nbytes), daemon=True, name="gpufeed-decode")
+                       for _ in range(workers)]
+        for proc in self._procs:
             proc.start()
-            theirs.close()
-            self._procs.append(proc)
-            self.conns.append(mine)
 
-    def share(self, k: int, of: int) -> list[Connection]:
-        """The pipes of pipeline `k` of `of` (every `of`-th worker): a pipe serves one pipeline only."""
-        if of > len(self.conns):
-            raise ValueError(f"{of} pipelines need at least as many decode workers, there are {len(self.conns)}")
-        return self.conns[k::of]
+    def lane(self, k: int) -> Lane:
+        """Pipeline `k`'s way to the pool (`k` below `lanes`)."""
+        if not 0 <= k < self.lanes:
+            raise ValueError(f"lane {k} of a pool for {self.lanes} pipelines")
+        return Lane(k, self._tasks, self._replies[k], [p.pid for p in self._procs], self.workers,
+                    max(1, self.workers // self.lanes))
 
     def close(self) -> None:
-        for conn in self.conns:
-            try:
-                conn.send(None)
-            except OSError:  # that worker is gone already
-                pass
+        for _ in self._procs:
+            self._tasks.put(None)
+        deadline = time.monotonic() + 5
         for proc in self._procs:
-            proc.join(timeout=5)
-            if proc.is_alive():
+            proc.join(timeout=max(0.0, deadline - time.monotonic()))
+            if proc.is_alive():  # a worker that died holding the queue's lock leaves the others stuck in get
                 proc.terminate()
-        for conn in self.conns:
-            conn.close()
+                proc.join()
+        self._tasks.close()
 
 
 @dataclass
@@ -183,30 +227,31 @@ class _Job:
     segment: Segment
     at: np.ndarray  # where each image goes in the segment
     total: int  # bytes of the segment the images may fill
-    conns: list[Connection]  # the workers that have a chunk of it, in order
-    ticket: int  # tags its chunks' replies: a pipe may carry replies of two jobs (a batch and its retries)
+    chunks: int  # how many replies it has coming
+    ticket: int  # tags its chunks' replies: the channel may carry replies of two jobs (a batch and its retries)
     batch: Encoded  # kept to decode again on threads if a worker died
     reduce_to: list
     regions: list
+    replies: list = field(default_factory=list)
 
 
 class ProcessDecoder:
-    """One pipeline's share of the workers (`conns`, over the store bytes at `span` in this process):
+    """One pipeline's use of the worker pool (`lane`, over the store bytes at `span` in this process):
     `submit`/`collect` like `CpuDecoder`, images in this pipeline's own shared buffers, reused once the
     kernels reading them have run. The pipeline may be in another process than the workers' owner."""
 
     name = "cpu"
 
-    def __init__(self, span: Span, conns: list[Connection], device: torch.device):
-        self.span, self.conns, self.device = span, conns, device
-        self.threads = len(conns)
+    def __init__(self, span: Span, lane: Lane, device: torch.device):
+        self.span, self.lane, self.device = span, lane, device
+        self.threads = lane.threads
         self._last_done = 0.0
         self._staging = PinnedStaging(alloc=lambda nbytes: Segment(nbytes, device))
         self._threads: CpuDecoder | None = None  # once a worker died
         # seconds the workers spent on this pipeline's chunks: wall, and CPU (less than wall: starved of cores)
         self.busy: Counter = Counter()
         self._tickets = itertools.count()
-        self._early: dict[tuple[int, int], tuple] = {}  # replies read while waiting for an earlier job's
+        self._jobs: dict[int, _Job] = {}  # submitted, not collected: where replies read early go
 
     @property
     def last_done(self) -> float:
@@ -214,8 +259,8 @@ class ProcessDecoder:
         return self._threads.last_done if self._threads is not None else self._last_done
 
     def submit(self, batch: Encoded, shapes: np.ndarray, reduce_to: list, regions: list | None = None):
-        """Send each worker its chunk (byte ranges, where to write; `reduce_to`, `regions` as for
-        `decode_one`); the pipes carry no pixels."""
+        """Put the images on the pool's queue in chunks (byte ranges, where to write; `reduce_to`,
+        `regions` as for `decode_one`): two per worker, so idle workers share a batch evenly."""
         regions = regions or [None] * len(reduce_to)
         if self._threads is None:
             capacity = shapes[:, 0].astype(np.int64) * shapes[:, 1] * 3
@@ -227,12 +272,13 @@ class ProcessDecoder:
                 return self._threads.submit(batch, shapes, reduce_to, regions)
             begins, ends = self.span.ranges(batch)
             jobs = list(zip(begins.tolist(), ends.tolist(), at.tolist(), capacity.tolist(), reduce_to, regions))
-            size = math.ceil(len(jobs) / len(self.conns)) or 1
-            job = _Job(segment, at, int(capacity.sum()), [], next(self._tickets), batch, reduce_to, regions)
+            size = math.ceil(len(jobs) / (2 * self.lane.workers)) or 1
+            firsts = range(0, len(jobs), size)
+            job = _Job(segment, at, int(capacity.sum()), len(firsts), next(self._tickets), batch, reduce_to, regions)
+            self._jobs[job.ticket] = job
             try:
-                for conn, k in zip(self.conns, range(0, len(jobs), size)):
-                    conn.send((job.ticket, segment.path, jobs[k : k + size]))
-                    job.conns.append(conn)
+                for k in firsts:
+                    self.lane.tasks.put((self.lane.k, job.ticket, k, segment.path, jobs[k : k + size]))
                 return job
             except OSError as e:
                 self._broken(e, job)
@@ -243,12 +289,13 @@ class ProcessDecoder:
         if not isinstance(job, _Job):
             return self._threads.collect(job, device, pin)
         try:
-            replies = [self._reply(conn, job.ticket) for conn in job.conns]
+            self._wait(job)
         except (EOFError, OSError) as e:
             self._broken(e, job)
             return self._threads.collect(self._threads.submit(job.batch, None, job.reduce_to, job.regions), device, pin)
-        results = [r for _, chunk, _, _ in replies for r in chunk]
-        self.busy.update(workers_wall=sum(r[2] for r in replies), workers_cpu=sum(r[3] for r in replies))
+        replies = sorted(job.replies, key=lambda r: r[1])
+        results = [r for _, _, chunk, _, _ in replies for r in chunk]
+        self.busy.update(workers_wall=sum(r[3] for r in replies), workers_cpu=sum(r[4] for r in replies))
         kept = [k for k, r in enumerate(results) if not isinstance(r, str)]
         failed = {k: r for k, r in enumerate(results) if isinstance(r, str)}
         sizes = np.array([results[k][:2] for k in kept], np.int64).reshape(-1, 2)
@@ -262,18 +309,22 @@ class ProcessDecoder:
         self._staging.give_back(job.segment, None)
         return Decoded(base, offsets, sizes, strides, [], failed, regions=regions)
 
-    def _reply(self, conn: Connection, ticket: int) -> tuple:
-        """The reply to `ticket` from `conn`, keeping replies to other jobs that come first."""
-        reply = self._early.pop((id(conn), ticket), None)
-        while reply is None:
-            got = conn.recv()
-            if got[0] == ticket:
-                reply = got
-            else:
-                self._early[(id(conn), got[0])] = got
-        return reply
+    def _wait(self, job: _Job) -> None:
+        """Read this pipeline's replies until `job` has all of its own (others' go to their jobs);
+        raises OSError if a worker died meanwhile: its chunk may never come."""
+        channel = self.lane.replies
+        while len(job.replies) < job.chunks:
+            if not channel.poll(WAIT_CHECK):
+                if (pid := self.lane.dead()) is not None:
+                    raise OSError(f"worker {pid} is gone")
+                continue
+            reply = channel.recv()
+            if reply[0] in self._jobs:
+                self._jobs[reply[0]].replies.append(reply)
+        del self._jobs[job.ticket]
 
     def _broken(self, error: BaseException, job: _Job) -> None:
+        self._jobs.pop(job.ticket, None)
         self._staging.give_back(job.segment, None)
         self._to_threads(f"a JPEG decode worker process died ({type(error).__name__}: {error})")
 

@@ -178,12 +178,13 @@ def jpeg_feed(loader, plan, start: int):
     return threaded(loader, make, range(start, len(plan)), workers=len(loader.jpeg))
 
 
-def _pool(loader, decoders: tuple[str, ...], workers: int) -> DecodeWorkers | None:
-    """CPU decode worker processes, where the CPU decodes a share (None, said once, where they can't run)."""
+def _pool(loader, decoders: tuple[str, ...], workers: int, pipelines: int) -> DecodeWorkers | None:
+    """CPU decode worker processes for `pipelines` pipelines, where the CPU decodes a share (None,
+    said once, where they can't run)."""
     if "cpu" not in decoders and loader.device.type == "cuda":
         return None
     try:
-        return DecodeWorkers(loader.store.data, workers)
+        return DecodeWorkers(loader.store.data, workers, pipelines)
     except (RuntimeError, OSError) as e:
         log.warning("gpufeed.Loader: CPU JPEG decode in worker processes unavailable (%s); decoding on "
                     "threads, which share the GIL with the pipelines (slower)", e)
@@ -197,11 +198,13 @@ def jpeg_batchers(loader, on_error: str, decoders: tuple[str, ...], workers: int
     process and the CPU decode worker processes they share (None where processes can't be used: then
     each pipeline decodes on threads, and says why once). Returns (batchers, worker pool, processes).
 
-    Defaults measured on a 16-core H100 host (benchmarks/jpeg_bench.py --grid): on a GPU 3 processes
-    of 2 pipelines (in the loader's process: 3 pipelines, so one batch's Python overlaps another's
-    decoding), and a fifth of the cores decoding on the CPU: each JPEG costs a worker ~2 ms of CPU
-    there, and busier CPUs slow the GPU decoders' host work more than they add (3 workers 21.5k
-    img/s, 14 workers 15.8k). On a CPU device every core decodes, in worker processes."""
+    Defaults measured on 16-core H100 and H200 hosts (benchmarks/jpeg_bench.py --grid): on a GPU 3
+    processes of 2 pipelines, and a pool of half the cores decoding on the CPU for all of them (H200,
+    4 rotated rounds: medians 39.0k img/s for 8 pooled workers, 37.6k for 6, 35.8k for 6 workers given
+    one per pipeline; 10 pooled workers were slower). In the loader's process: 3 pipelines, so one
+    batch's Python overlaps another's decoding, and a fifth of the cores decoding: busier CPUs slowed
+    the GPU decoders' host work more than they added there. On a CPU device every core decodes, in
+    worker processes."""
     if on_error not in ("skip", "raise"):
         raise ValueError(f"on_error must be 'skip' or 'raise', got {on_error!r}")
     check_decoders(decoders)
@@ -213,14 +216,14 @@ def jpeg_batchers(loader, on_error: str, decoders: tuple[str, ...], workers: int
     if processes and len(loader.store):  # own names: a fallback below keeps its own defaults
         each = pipelines or 2
         total = processes * each
-        cpu_workers = max(workers or cores // 5, total)  # a worker serves one pipeline
-        pool = _pool(loader, decoders, cpu_workers)
+        cpu_workers = workers or max(1, cores // 2)
+        pool = _pool(loader, decoders, cpu_workers, total)
         spec = Spec(str(loader.store.path), loader.device, loader.augment.ops, loader.dtype, loader.channels_last,
                     loader.tier.name, on_error, tuple(decoders), each, max(1, cpu_workers // total))
-        conns = None if pool is None else [pool.share(k, total) for k in range(total)]
+        lanes = None if pool is None else [pool.lane(k) for k in range(total)]
         try:
             procs = PipelineProcesses(loader, spec, processes, loader.sampler.batch_size,
-                                      slot_shape(loader.augment, loader.store), conns)
+                                      slot_shape(loader.augment, loader.store), lanes)
             where = f"{pool.workers} processes" if pool is not None else f"{spec.cpu_threads} thread(s) per pipeline"
             log.info("gpufeed.Loader: jpeg decoders %s, %d processes of %d pipeline(s), CPU decode in %s",
                      " + ".join(procs.names), processes, each, where)
@@ -232,10 +235,10 @@ def jpeg_batchers(loader, on_error: str, decoders: tuple[str, ...], workers: int
                         "process instead (slower: they share its GIL)", e)
     pipelines = pipelines or (3 if gpu else 1)
     workers = workers or (max(pipelines, cores // 5) if gpu else cores)
-    pool = _pool(loader, decoders, max(workers, pipelines))  # a worker serves one pipeline
+    pool = _pool(loader, decoders, workers, pipelines)
     per_pipeline = max(1, workers // pipelines)
     batchers = [JpegBatcher(loader, on_error, per_pipeline, decoders,
-                            ProcessDecoder(pool.span, pool.share(k, pipelines), loader.device) if pool is not None else None)
+                            ProcessDecoder(pool.span, pool.lane(k), loader.device) if pool is not None else None)
                 for k in range(pipelines)]
     where = f"{pool.workers} processes" if pool is not None else f"{per_pipeline} threads per pipeline"
     log.info("gpufeed.Loader: jpeg decoders %s, %d pipeline(s), CPU decode in %s",

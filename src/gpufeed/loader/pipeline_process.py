@@ -18,7 +18,7 @@ from multiprocessing.connection import Connection
 import torch
 
 from gpufeed.augment.pipeline import Augment, Params
-from gpufeed.decode.workers import ProcessDecoder, Span
+from gpufeed.decode.workers import Lane, ProcessDecoder, Span
 from gpufeed.loader import tiers
 from gpufeed.loader.stats import Stats
 from gpufeed.store.reader import Store
@@ -90,9 +90,9 @@ def _sleeping_waits(device: torch.device) -> str | None:
     return None
 
 
-def serve(conn: Connection, spec: Spec, slots: bytes, workers: list[list[Connection]] | None) -> None:
-    """A pipeline process: build the pipelines (each with its pipes to CPU decode `workers`, else CPU
-    threads), then fill `slots` (the loader's shared output tensors, pickled, opened here once CUDA is
+def serve(conn: Connection, spec: Spec, slots: bytes, workers: list[Lane] | None) -> None:
+    """A pipeline process: build the pipelines (each with its lane to the CPU decode `workers`' pool,
+    else CPU threads), then fill `slots` (the loader's shared output tensors, pickled, opened here once CUDA is
     set up) as batches are asked for, until told to stop (None) or the loader is gone."""
     from gpufeed.loader.jpeg import JpegBatcher
 

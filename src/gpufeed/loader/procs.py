@@ -32,7 +32,7 @@ import torch
 
 from gpufeed.augment.pipeline import Augment
 from gpufeed.decode.scheduler import summed
-from gpufeed.decode.workers import process_context, unavailable
+from gpufeed.decode.workers import Lane, process_context, unavailable
 from gpufeed.loader.feeds import Batch
 from gpufeed.loader.pipeline_process import Spec, serve
 from gpufeed.loader.plan import EpochPlan
@@ -47,7 +47,7 @@ class PipelineProcesses:
     when they can't start (no forkserver, a process failed to build its pipelines)."""
 
     def __init__(self, loader, spec: Spec, processes: int, batch_size: int, out_hw: tuple[int, int],
-                 workers: list[list[Connection]] | None = None):
+                 workers: list[Lane] | None = None):
         why = unavailable()
         if why:
             raise RuntimeError(why)
@@ -268,7 +268,7 @@ def _stop(procs: list, conns: list[Connection]) -> None:
 
 
 def _mine(workers: list | None, p: int, pipelines: int) -> list | None:
-    """Process `p`'s pipelines' pipes to the CPU decode workers (one list per pipeline), or None."""
+    """Process `p`'s pipelines' lanes to the CPU decode workers' pool, or None."""
     return None if workers is None else workers[p * pipelines : (p + 1) * pipelines]
 
 
