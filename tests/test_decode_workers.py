@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -136,6 +137,18 @@ def test_pipelines_share_the_pool_and_get_their_own_replies(store):
         a.close()
         b.close()
         workers.close()
+
+
+def test_closing_the_pool_ends_its_workers_at_once(store):
+    """The workers wait on a queue that never says the loader is gone; each ends when its lifeline
+    (a pipe the loader holds) closes: at close, or when the loader's process dies."""
+    workers = DecodeWorkers(store.data, 2)
+    decoder = ProcessDecoder(workers.span, workers.lane(0), CPU)
+    decoder.collect(decoder.submit(*_inputs(store, range(3)), [None] * 3), CPU, pin=False)
+    decoder.close()
+    t0 = time.monotonic()
+    workers.close()
+    assert time.monotonic() - t0 < 4 and [p.exitcode for p in workers._procs] == [0, 0]
 
 
 def test_a_bad_image_fails_alone_and_a_view_of_another_store_is_refused(store, tmp_path):

@@ -19,16 +19,17 @@ and decodes on threads instead.
 
 from __future__ import annotations
 
-import ctypes
 import itertools
 import logging
 import math
 import multiprocessing
 import os
 import signal
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
 from multiprocessing.shared_memory import SharedMemory
 from pathlib import Path
 
@@ -42,7 +43,6 @@ from gpufeed.transfer.uva import Registration, device_view
 
 log = logging.getLogger(__name__)
 SHM = Path("/dev/shm")
-PR_SET_PDEATHSIG = 1  # prctl: a signal for this process when its parent ends
 WAIT_CHECK = 1.0  # seconds of waiting for a reply after which the workers are checked for life
 
 
@@ -72,24 +72,33 @@ class Segment:
         self._shm.unlink()
 
 
-def _serve(tasks, replies: list, path: str, offset: int, nbytes: int) -> None:
+def _serve(tasks, replies: list, lifeline: Connection, path: str, offset: int, nbytes: int) -> None:
     """A worker: decode the chunks that come from the pool's `tasks` queue, each reply on its
-    pipeline's channel of `replies`, until told to stop (None) or its parent, the forkserver, ends
-    (which it does when the loader's process is gone: the queue alone would never say so)."""
+    pipeline's channel of `replies`, until its `lifeline` closes: the pool closed, or the loader's
+    process is gone (the queue alone would never say so: every worker holds both of its ends)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the loader's to handle; it stops us
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    threading.Thread(target=_exit_when_closed, args=(lifeline,), daemon=True).start()
     # no GPU here: nvImageCodec, even for its CPU backend, would make a CUDA context (GPU memory) per worker
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
     torch.set_num_threads(1)
     data = np.memmap(path, dtype=np.uint8, mode="r", offset=offset, shape=(nbytes,)).view(np.ndarray)
     segments: dict[str, np.memmap] = {}
-    while (task := tasks.get()) is not None:
-        lane, ticket, first, segment, jobs = task
+    while True:
+        lane, ticket, first, segment, jobs = tasks.get()
         if segment not in segments:
             segments[segment] = np.memmap(segment, dtype=np.uint8, mode="r+")
         wall, cpu = time.perf_counter(), time.process_time()
         results = _decode(data, segments[segment], jobs)
         replies[lane].send((ticket, first, results, time.perf_counter() - wall, time.process_time() - cpu))
+
+
+def _exit_when_closed(lifeline: Connection) -> None:
+    """End this process once the other end of `lifeline` (the loader's) closes."""
+    try:
+        lifeline.recv()
+    except (EOFError, OSError):
+        pass
+    os._exit(0)
 
 
 def _decode(data: np.ndarray, out: np.ndarray, jobs: list[tuple]) -> list[tuple | str]:
@@ -197,11 +206,15 @@ class DecodeWorkers:
         self.span = Span(data.ctypes.data, data.nbytes)
         ctx = process_context()
         self._tasks, self._replies = ctx.SimpleQueue(), [_Channel(ctx) for _ in range(lanes)]
-        self._procs = [ctx.Process(target=_serve, args=(self._tasks, self._replies, data.filename, data.offset,
-                                                        data.nbytes), daemon=True, name="gpufeed-decode")
-                       for _ in range(workers)]
-        for proc in self._procs:
+        self._procs, self._lifelines = [], []  # a worker ends when its lifeline closes
+        for _ in range(workers):
+            theirs, mine = ctx.Pipe(duplex=False)
+            proc = ctx.Process(target=_serve, args=(self._tasks, self._replies, theirs, data.filename, data.offset,
+                                                    data.nbytes), daemon=True, name="gpufeed-decode")
             proc.start()
+            theirs.close()
+            self._procs.append(proc)
+            self._lifelines.append(mine)
 
     def lane(self, k: int) -> Lane:
         """Pipeline `k`'s way to the pool (`k` below `lanes`)."""
@@ -211,12 +224,12 @@ class DecodeWorkers:
                     max(1, self.workers // self.lanes))
 
     def close(self) -> None:
-        for _ in self._procs:
-            self._tasks.put(None)
+        for lifeline in self._lifelines:
+            lifeline.close()
         deadline = time.monotonic() + 5
         for proc in self._procs:
             proc.join(timeout=max(0.0, deadline - time.monotonic()))
-            if proc.is_alive():  # a worker that died holding the queue's lock leaves the others stuck in get
+            if proc.is_alive():
                 proc.terminate()
                 proc.join()
         self._tasks.close()
