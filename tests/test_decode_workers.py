@@ -139,16 +139,27 @@ def test_pipelines_share_the_pool_and_get_their_own_replies(store):
         workers.close()
 
 
-def test_closing_the_pool_ends_its_workers_at_once(store):
+def test_a_worker_ends_when_its_lifeline_closes(store):
     """The workers wait on a queue that never says the loader is gone; each ends when its lifeline
-    (a pipe the loader holds) closes: at close, or when the loader's process dies."""
+    (a pipe only the loader holds) closes, as it does when the loader's process dies."""
     workers = DecodeWorkers(store.data, 2)
-    decoder = ProcessDecoder(workers.span, workers.lane(0), CPU)
-    decoder.collect(decoder.submit(*_inputs(store, range(3)), [None] * 3), CPU, pin=False)
-    decoder.close()
+    try:
+        workers._lifelines[0].close()
+        workers._procs[0].join(timeout=4)
+        assert workers._procs[0].exitcode == 0 and workers._procs[1].is_alive()
+    finally:
+        workers.close()
+
+
+def test_a_loader_with_workers_closes_at_once(store):
+    """Its planner, a process forked after the workers, holds their lifelines open: close must stop
+    them regardless."""
+    loader = gpufeed.Loader(store, batch_size=4, device="cpu", augment=[RandomResizedCrop(16), Normalize()],
+                            decode_workers=2, seed=1)
+    assert sum(1 for _ in loader) == 3
     t0 = time.monotonic()
-    workers.close()
-    assert time.monotonic() - t0 < 4 and [p.exitcode for p in workers._procs] == [0, 0]
+    loader.close()
+    assert time.monotonic() - t0 < 4 and [p.exitcode for p in loader._workers._procs] == [0, 0]
 
 
 def test_a_bad_image_fails_alone_and_a_view_of_another_store_is_refused(store, tmp_path):

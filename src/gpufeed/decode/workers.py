@@ -74,7 +74,7 @@ class Segment:
 
 def _serve(tasks, replies: list, lifeline: Connection, path: str, offset: int, nbytes: int) -> None:
     """A worker: decode the chunks that come from the pool's `tasks` queue, each reply on its
-    pipeline's channel of `replies`, until its `lifeline` closes: the pool closed, or the loader's
+    pipeline's channel of `replies`, until told to stop (None) or its `lifeline` closes: the loader's
     process is gone (the queue alone would never say so: every worker holds both of its ends)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the loader's to handle; it stops us
     threading.Thread(target=_exit_when_closed, args=(lifeline,), daemon=True).start()
@@ -83,8 +83,8 @@ def _serve(tasks, replies: list, lifeline: Connection, path: str, offset: int, n
     torch.set_num_threads(1)
     data = np.memmap(path, dtype=np.uint8, mode="r", offset=offset, shape=(nbytes,)).view(np.ndarray)
     segments: dict[str, np.memmap] = {}
-    while True:
-        lane, ticket, first, segment, jobs = tasks.get()
+    while (task := tasks.get()) is not None:
+        lane, ticket, first, segment, jobs = task
         if segment not in segments:
             segments[segment] = np.memmap(segment, dtype=np.uint8, mode="r+")
         wall, cpu = time.perf_counter(), time.process_time()
@@ -166,6 +166,10 @@ class _Channel:
     def recv(self):
         return self._reader.recv()
 
+    def close(self) -> None:
+        self._reader.close()
+        self._writer.close()
+
 
 @dataclass
 class Lane:
@@ -224,6 +228,10 @@ class DecodeWorkers:
                     max(1, self.workers // self.lanes))
 
     def close(self) -> None:
+        """Stop the workers: a None each, as a process forked from the loader's since (its planner)
+        holds their lifelines open too."""
+        for _ in self._procs:
+            self._tasks.put(None)
         for lifeline in self._lifelines:
             lifeline.close()
         deadline = time.monotonic() + 5
@@ -233,6 +241,8 @@ class DecodeWorkers:
                 proc.terminate()
                 proc.join()
         self._tasks.close()
+        for channel in self._replies:
+            channel.close()
 
 
 @dataclass
