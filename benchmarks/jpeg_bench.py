@@ -34,11 +34,9 @@ def _stage_seconds(stats: dict) -> dict:
     return stats["seconds"] | {f"decode.{k}": v for k, v in stats["decode_seconds"].items()}
 
 
-def gpufeed_jpeg(store, epochs: int, batch: int, workers: int | None, decoders: tuple[str, ...] | None,
-                 pipelines: int | None = None, processes: int | None = None) -> dict:
+def gpufeed_jpeg(store, epochs: int, batch: int, workers: int | None, decoders: tuple[str, ...] | None) -> dict:
     given = {"decoders": decoders} if decoders else {}
-    loader = gpufeed.Loader(store, batch_size=batch, device="cuda", augment=OPS, decode_workers=workers,
-                            decode_pipelines=pipelines, decode_processes=processes, **given)
+    loader = gpufeed.Loader(store, batch_size=batch, device="cuda", augment=OPS, num_workers=workers, **given)
     for _ in loader:
         pass
     torch.cuda.synchronize()
@@ -154,8 +152,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=1, help="measure each row this many times, interleaved")
     p.add_argument("--only", help="run only the rows whose name holds one of these comma-separated words")
     p.add_argument("--grid", help="instead of the standard rows, the defaults and these loaders: comma-separated "
-                                  "DECODERS:PIPELINES:CPU_WORKERS[:PROCESSES], e.g. nvjpeg+cpu:2:4 (PROCESSES "
-                                  "0: pipelines in the loader's process; default 3)")
+                                  "DECODERS:CPU_WORKERS, e.g. nvjpeg+cpu:4")
     p.add_argument("--switch-interval", type=float,
                    help="sys.setswitchinterval(SECONDS) for this run (Python's default: 0.005)")
     a = p.parse_args()
@@ -163,9 +160,9 @@ def main() -> None:
         if a.switch_interval <= 0:
             p.error(f"--switch-interval must be a positive number of seconds, got {a.switch_interval}")
         sys.setswitchinterval(a.switch_interval)
-    bad = [cell for cell in (a.grid.split(",") if a.grid else []) if not re.fullmatch(r"[a-z+]+(:\d+){2,3}", cell)]
+    bad = [cell for cell in (a.grid.split(",") if a.grid else []) if not re.fullmatch(r"[a-z+]+:\d+", cell)]
     if bad:
-        p.error(f"--grid {bad[0]!r}: expected DECODERS:PIPELINES:CPU_WORKERS[:PROCESSES], e.g. nvjpeg+cpu:2:4")
+        p.error(f"--grid {bad[0]!r}: expected DECODERS:CPU_WORKERS, e.g. nvjpeg+cpu:4")
     work = Path(a.workdir or tempfile.mkdtemp(prefix="gpufeed-jpeg-"))
     if not (work / "images").exists():
         make_image_folder(work / "images", per_class=a.n // 10, classes=10)
@@ -175,25 +172,20 @@ def main() -> None:
     result = {"gpu": torch.cuda.get_device_name(), "cpus": os.cpu_count(), "images": len(store),
               "kb_per_image": store.nbytes / len(store) / 1e3, "pack_img_per_s": report.images_per_s, "rows": {}}
     rows = result["rows"]
-    runs = {"gpufeed jpeg, defaults": lambda: gpufeed_jpeg(store, a.epochs, a.batch, None, None),
-            "gpufeed jpeg, in-process pipelines (3)": lambda: gpufeed_jpeg(store, a.epochs, a.batch, None,
-                                                                                      None, 3, 0)}
-    for decoders in (("hw", "nvjpeg", "cpu"), ("hw", "nvjpeg", "cuda", "cpu"), ("nvjpeg", "cuda", "cpu"),
-                     ("hw", "cuda", "cpu"), ("nvjpeg", "cpu")):
-        for pipelines, workers in ((2, 3), (2, 6)):  # per process, of the default 3
-            runs[f"gpufeed jpeg, {'+'.join(decoders)}, {pipelines} pipelines, {workers} CPU workers"] = (
-                lambda d=decoders, p=pipelines, w=workers: gpufeed_jpeg(store, a.epochs, a.batch, w, d, p))
+    runs = {"gpufeed jpeg, defaults": lambda: gpufeed_jpeg(store, a.epochs, a.batch, None, None)}
+    for decoders in (("hw", "nvjpeg", "cpu"), ("hw", "nvjpeg", "cuda", "cpu"), ("nvjpeg", "cpu"), ("hw", "cpu")):
+        for workers in (4, 12):
+            runs[f"gpufeed jpeg, {'+'.join(decoders)}, {workers} CPU workers"] = (
+                lambda d=decoders, w=workers: gpufeed_jpeg(store, a.epochs, a.batch, w, d))
     runs["torchvision batched decode_jpeg + per-image RRC loop"] = lambda: torchvision_nvjpeg_loop(store, 20, a.batch)
     for threads in (8, 16):
         runs[f"DALI, mixed decoder, {threads} threads"] = lambda t=threads: dali(work / "images", a.epochs, a.batch, t)
-    if a.grid:  # e.g. "nvjpeg+cpu:2:4,hw+nvjpeg+cpu:3:8": decoders, pipelines, CPU decode workers
+    if a.grid:  # e.g. "nvjpeg+cpu:4,hw+nvjpeg+cpu:8": decoders, CPU decode workers
         runs = {"gpufeed jpeg, defaults": runs["gpufeed jpeg, defaults"]}
         for cell in a.grid.split(","):
-            names, pipelines, workers, *processes = cell.split(":")
-            where = f"{processes[0]} processes" if processes else "default processes"
-            runs[f"gpufeed jpeg, {names}, {pipelines} pipelines, {workers} CPU workers, {where}"] = (
-                lambda d=tuple(names.split("+")), p=int(pipelines), w=int(workers), k=processes:
-                gpufeed_jpeg(store, a.epochs, a.batch, w, d, p, int(k[0]) if k else None))
+            names, workers = cell.split(":")
+            runs[f"gpufeed jpeg, {names}, {workers} CPU workers"] = (
+                lambda d=tuple(names.split("+")), w=int(workers): gpufeed_jpeg(store, a.epochs, a.batch, w, d))
     chosen = {n: m for n, m in runs.items() if not a.only or any(word in n for word in a.only.split(","))}
     for repeat in range(a.repeats):  # rows interleaved, so a drift of the machine touches each alike
         for name, measure in chosen.items():

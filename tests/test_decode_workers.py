@@ -19,7 +19,7 @@ from gpufeed.decode import Scheduler
 from gpufeed.decode.base import Encoded
 from gpufeed.decode.cpu import CpuDecoder
 from gpufeed.decode import workers as workers_module
-from gpufeed.decode.workers import SHM, DecodeWorkers, ProcessDecoder
+from gpufeed.decode.workers import DecodeWorkers
 from gpufeed.loader import tiers
 from gpufeed.store.reader import as_tensor
 from torchvision.io import decode_jpeg as torchvision_decode
@@ -51,12 +51,19 @@ def _same_as_torchvision(got, batch, shapes) -> None:
     assert all(torch.equal(image, torchvision_decode(d)) for image, d in zip(_images(got), batch.tensors()))
 
 
-def _segments() -> set[str]:
-    """Shared-memory files, not counting POSIX semaphores (the worker pool's locks)."""
-    return {p.name for p in SHM.iterdir() if not p.name.startswith("sem.")}
+def _fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
 
 
-def test_processes_decode_the_same_pixels_as_threads(store):
+@pytest.fixture
+def pool(store):
+    workers = DecodeWorkers(store.data, 2)
+    assert workers.wait_ready(60)
+    yield workers
+    workers.close()
+
+
+def test_processes_decode_the_same_pixels_as_threads(store, pool):
     idx = list(range(len(store)))
     datas, shapes = _inputs(store, idx)
     reduce_to = [None] * len(idx)
@@ -64,102 +71,70 @@ def test_processes_decode_the_same_pixels_as_threads(store):
     reduce_to[big] = (60, 45)  # a DCT-reduced decode (Pillow draft) goes through the worker too
     threads = CpuDecoder(2)
     want = threads.collect(threads.submit(datas, shapes, reduce_to), CPU, pin=False)
-    before = _segments()
-    workers = DecodeWorkers(store.data, 2)
-    decoder = ProcessDecoder(workers.span, workers.lane(0), CPU)
     try:
         for _ in range(2):  # the second batch reuses the first one's shared buffer
-            got = decoder.collect(decoder.submit(datas, shapes, reduce_to), CPU, pin=False)
+            got = pool.collect(pool.submit(datas, shapes, reduce_to), CPU, pin=False)
             assert got.failed == {} and np.array_equal(got.sizes, want.sizes)
             assert all(torch.equal(a, b) for a, b in zip(_images(got), _images(want)))
             assert got.sizes[big].tolist() == [45, 60]
-        assert len(_segments() - before) == 1
-        assert decoder.last_done > 0
+        assert len(pool._staging._free) == 1  # one segment, reused
+        assert pool.last_done > 0 and pool.busy["workers_wall"] > 0
     finally:
-        decoder.close()
-        workers.close()
         threads.close()
-    assert _segments() <= before  # buffers removed on close
 
 
-def test_cpu_decoders_leave_hwc_pixels_as_libjpeg_wrote_them(store):
+def test_cpu_decoders_leave_hwc_pixels_as_libjpeg_wrote_them(store, pool):
     """No CHW transpose on the CPU (it cost more than the decode): threads and processes pack HWC."""
     datas, shapes = _inputs(store, range(len(store)))
     threads = CpuDecoder(2)
-    workers = DecodeWorkers(store.data, 2)
-    decoder = ProcessDecoder(workers.span, workers.lane(0), CPU)
     try:
-        for dec in (threads, decoder):
+        for dec in (threads, pool):
             got = dec.collect(dec.submit(datas, shapes, [None] * len(shapes)), CPU, pin=False)
             w = got.sizes[:, 1]
             assert got.strides.tolist() == np.stack([np.ones_like(w), 3 * w, np.full_like(w, 3)], 1).tolist()
             assert np.array_equal(np.diff(got.offsets), (got.sizes[:, 0] * w * 3)[:-1])  # back to back
             _same_as_torchvision(got, datas, shapes)
     finally:
-        decoder.close()
-        workers.close()
         threads.close()
 
 
-def test_jobs_collected_out_of_order_get_their_own_images(store):
+def test_jobs_collected_out_of_order_get_their_own_images(store, pool):
     """The scheduler submits a batch's CPU share, then GPU rejects on the same workers, and collects
     the rejects first: each must get its own replies."""
-    workers = DecodeWorkers(store.data, 2)
-    decoder = ProcessDecoder(workers.span, workers.lane(0), CPU)
-    try:
-        first, second = _inputs(store, range(0, 8)), _inputs(store, [9, 10, 11])
-        a = decoder.submit(*first, [None] * 8)
-        b = decoder.submit(*second, [None] * 3)
-        got_b, got_a = decoder.collect(b, CPU, pin=False), decoder.collect(a, CPU, pin=False)
-        _same_as_torchvision(got_a, *first)
-        _same_as_torchvision(got_b, *second)
-    finally:
-        decoder.close()
-        workers.close()
+    first, second = _inputs(store, range(0, 8)), _inputs(store, [9, 10, 11])
+    a = pool.submit(*first, [None] * 8)
+    b = pool.submit(*second, [None] * 3)
+    assert len(a.chunks) == 4 and {k for k, _ in a.chunks.values()} == {0, 1}  # two chunks per worker
+    got_b, got_a = pool.collect(b, CPU, pin=False), pool.collect(a, CPU, pin=False)
+    _same_as_torchvision(got_a, *first)
+    _same_as_torchvision(got_b, *second)
 
 
-def test_pipelines_share_the_pool_and_get_their_own_replies(store):
-    """One worker serves two pipelines (a pool, not a worker per pipeline); each pipeline's chunks,
-    queued in turns, come back on its own lane only."""
-    workers = DecodeWorkers(store.data, 1, lanes=2)
-    a, b = ProcessDecoder(workers.span, workers.lane(0), CPU), ProcessDecoder(workers.span, workers.lane(1), CPU)
-    try:
-        first, second = _inputs(store, range(0, 7)), _inputs(store, range(5, 12))
-        job_a = a.submit(*first, [None] * 7)
-        job_b = b.submit(*second, [None] * 7)
-        assert job_a.chunks == job_b.chunks == 2
-        got_b, got_a = b.collect(job_b, CPU, pin=False), a.collect(job_a, CPU, pin=False)
-        _same_as_torchvision(got_a, *first)
-        _same_as_torchvision(got_b, *second)
-        with pytest.raises(ValueError, match="lane 2 of a pool for 2 pipelines"):
-            workers.lane(2)
-    finally:
-        a.close()
-        b.close()
-        workers.close()
+def test_workers_never_import_torch_or_main(store, pool):
+    for pid in pool.pids:
+        maps = open(f"/proc/{pid}/maps").read()
+        assert "libtorch" not in maps
+        cmdline = open(f"/proc/{pid}/cmdline").read().split("\0")
+        assert cmdline[1:3] == ["-m", "gpufeed.decode.worker"]
 
 
-def test_a_worker_ends_when_its_lifeline_closes(store):
-    """The workers wait on a queue that never says the loader is gone; each ends when its lifeline
-    (a pipe only the loader holds) closes, as it does when the loader's process dies."""
-    workers = DecodeWorkers(store.data, 2)
-    try:
-        workers._lifelines[0].close()
-        workers._procs[0].join(timeout=4)
-        assert workers._procs[0].exitcode == 0 and workers._procs[1].is_alive()
-    finally:
-        workers.close()
+def test_a_worker_ends_when_its_stdin_closes(store, pool):
+    proc = pool._workers[0].proc
+    proc.stdin.close()
+    assert proc.wait(timeout=4) == 0 and pool._workers[1].proc.poll() is None
 
 
-def test_a_loader_with_workers_closes_at_once(store):
-    """Its planner, a process forked after the workers, holds their lifelines open: close must stop
-    them regardless."""
+def test_a_loader_with_workers_closes_at_once_and_leaves_nothing_open(store):
+    before = _fds()
     loader = gpufeed.Loader(store, batch_size=4, device="cpu", augment=[RandomResizedCrop(16), Normalize()],
-                            decode_workers=2, seed=1)
+                            num_workers=2, seed=1)
     assert sum(1 for _ in loader) == 3
+    procs = [w.proc for w in loader.jpeg.workers._workers]
     t0 = time.monotonic()
     loader.close()
-    assert time.monotonic() - t0 < 4 and [p.exitcode for p in loader._workers._procs] == [0, 0]
+    assert time.monotonic() - t0 < 4 and [p.returncode for p in procs] == [0, 0]
+    del loader
+    assert _fds() <= before
 
 
 def test_a_bad_image_fails_alone_and_a_view_of_another_store_is_refused(store, tmp_path):
@@ -168,71 +143,73 @@ def test_a_bad_image_fails_alone_and_a_view_of_another_store_is_refused(store, t
     broken.write_bytes(good + b"\xff\xd8 not a jpeg at all")
     data = np.memmap(broken, dtype=np.uint8, mode="r")
     workers = DecodeWorkers(data, 1)
-    decoder = ProcessDecoder(workers.span, workers.lane(0), CPU)
     try:
         both = Encoded.of(as_tensor(data), np.array([0, len(good), len(data)]), np.array([0, 1]))
         shapes = np.array([list(store.shapes[0])] * 2)
-        part = decoder.collect(decoder.submit(both, shapes, [None, None]), CPU, pin=False)
+        part = workers.collect(workers.submit(both, shapes, [None, None]), CPU, pin=False)
         assert list(part.failed) == [1] and part.sizes.tolist() == [list(store.shapes[0])]
         small = np.array([[2, 2], list(store.shapes[0])])  # the store records less
-        part = decoder.collect(decoder.submit(both.take([0, 0]), small, [None, None]), CPU, pin=False)
+        part = workers.collect(workers.submit(both.take([0, 0]), small, [None, None]), CPU, pin=False)
         assert "larger than the size the store records" in part.failed[0] and 1 not in part.failed
         foreign = Encoded.of(torch.zeros(10, dtype=torch.uint8), np.array([0, 10]), np.array([0]))
-        with pytest.raises(ValueError, match="views of the store"):
-            decoder.submit(foreign, shapes[:1], [None])
+        with pytest.raises(ValueError, match="byte ranges of the store"):
+            workers.submit(foreign, shapes[:1], [None])
     finally:
-        decoder.close()
         workers.close()
 
 
 def test_a_dead_worker_is_survived_on_threads(store, caplog):
     ops = [RandomResizedCrop(16), Normalize()]
-    loader = gpufeed.Loader(store, batch_size=4, device="cpu", augment=ops, decode_workers=2, seed=3)
-    want = [images for images, _ in gpufeed.Loader(store, batch_size=4, device="cpu", augment=ops, seed=3)]
+    want = [images for images, _ in gpufeed.Loader(store, batch_size=4, device="cpu", augment=ops, seed=3,
+                                                   num_workers=0)]
+    loader = gpufeed.Loader(store, batch_size=4, device="cpu", augment=ops, num_workers=2, seed=3)
     it = iter(loader)
     first = next(it)[0]
-    for proc in loader._workers._procs:
-        os.kill(proc.pid, 9)
+    for pid in loader.jpeg.workers.pids:
+        os.kill(pid, 9)
     with caplog.at_level(logging.WARNING, logger="gpufeed"):
         rest = [images for images, _ in it]
     loader.close()
-    assert "decode worker process died" in caplog.text
-    assert all(torch.equal(a, b) for a, b in zip([first] + rest, want))
+    assert "JPEG decode worker" in caplog.text and "stopped" in caplog.text
+    assert len(rest) == 2 and all(torch.equal(a, b) for a, b in zip([first] + rest, want))
     assert loader.stats()["decoded_by"].get("failed", 0) == 0
 
 
-def test_two_jobs_on_dead_workers_switch_to_threads_once(store, caplog):
+def test_two_jobs_on_dead_workers_are_decoded_on_threads(store, caplog):
     workers = DecodeWorkers(store.data, 2)
-    decoder = ProcessDecoder(workers.span, workers.lane(0), CPU)
+    assert workers.wait_ready(60)
     try:
         first, second = _inputs(store, range(0, 6)), _inputs(store, [7, 8])
-        a, b = decoder.submit(*first, [None] * 6), decoder.submit(*second, [None] * 2)
-        for proc in workers._procs:
-            os.kill(proc.pid, 9)
-            proc.join()
+        a, b = workers.submit(*first, [None] * 6), workers.submit(*second, [None] * 2)
+        for w in workers._workers:
+            os.kill(w.proc.pid, 9)
+            w.proc.wait()
         with caplog.at_level(logging.WARNING, logger="gpufeed"):
-            got_a, threads = decoder.collect(a, CPU, pin=False), decoder._threads
-            got_b = decoder.collect(b, CPU, pin=False)
-        assert decoder._threads is threads and caplog.text.count("decode worker process died") == 1
+            got_a = workers.collect(a, CPU, pin=False)
+            got_b = workers.collect(b, CPU, pin=False)
+            third = _inputs(store, [1, 2])
+            got_c = workers.collect(workers.submit(*third, [None] * 2), CPU, pin=False)
+        assert caplog.text.count("stopped") == 2 and caplog.text.count("no JPEG decode worker is left") == 1
         _same_as_torchvision(got_a, *first)
         _same_as_torchvision(got_b, *second)
+        _same_as_torchvision(got_c, *third)
     finally:
-        decoder.close()
         workers.close()
 
 
-def test_no_room_in_dev_shm_decodes_on_threads(store, monkeypatch, caplog):
+def test_no_room_for_a_shared_buffer_decodes_on_threads(store, monkeypatch, caplog):
     def full(nbytes, device):
-        raise RuntimeError(f"/dev/shm has 0 MB free, a decode buffer needs {nbytes / 1e6:.0f} MB")
+        raise OSError(28, f"No space left on device for {nbytes} bytes")
 
     ops = [RandomResizedCrop(16), Normalize()]
-    want = [images for images, _ in gpufeed.Loader(store, batch_size=4, device="cpu", augment=ops, seed=2)]
+    want = [images for images, _ in gpufeed.Loader(store, batch_size=4, device="cpu", augment=ops, seed=2,
+                                                   num_workers=0)]
     monkeypatch.setattr(workers_module, "Segment", full)
     with caplog.at_level(logging.WARNING, logger="gpufeed"):
-        loader = gpufeed.Loader(store, batch_size=4, device="cpu", augment=ops, seed=2, decode_workers=2)
+        loader = gpufeed.Loader(store, batch_size=4, device="cpu", augment=ops, seed=2, num_workers=2)
         got = [images for images, _ in loader]
     loader.close()
-    assert "no shared buffer for decoded JPEGs (/dev/shm has 0 MB free" in caplog.text
+    assert "no shared buffer for decoded JPEGs" in caplog.text
     assert all(torch.equal(a, b) for a, b in zip(got, want)) and len(got) == len(want) == 3
 
 

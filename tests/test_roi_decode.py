@@ -143,7 +143,7 @@ def test_batches_with_regions_match_whole_decodes(tmp_path, monkeypatch):
 
     def batches(processes: int) -> list:
         with gpufeed.Loader(tmp_path / "s", batch_size=8, device="cpu", augment=ops, dtype=torch.float32, seed=2,
-                            decode_workers=processes) as loader:
+                            num_workers=processes) as loader:
             return [(x.clone(), y.clone()) for x, y in loader]
 
     with_regions = batches(2)

@@ -1,8 +1,17 @@
-"""JPEG decoding: hardware engines (nvImageCodec, optional), nvJPEG and CPU threads, scheduled together."""
+"""JPEG decoding: hardware engines (nvImageCodec, optional), nvJPEG, CPU threads and CPU worker
+processes, scheduled together. Names are imported on first use: the worker processes import only
+`decode.pixels` and `decode.protocol`, without torch."""
 
-from gpufeed.decode.base import Decoded
-from gpufeed.decode.cpu import CpuDecoder
-from gpufeed.decode.nvjpeg import NvJpegDecoder
-from gpufeed.decode.scheduler import Scheduler
+from __future__ import annotations
 
-__all__ = ["CpuDecoder", "Decoded", "NvJpegDecoder", "Scheduler"]
+import importlib
+
+_EXPORTS = {"CpuDecoder": "gpufeed.decode.cpu", "Decoded": "gpufeed.decode.base",
+            "NvJpegDecoder": "gpufeed.decode.nvjpeg", "Scheduler": "gpufeed.decode.scheduler"}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'gpufeed.decode' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

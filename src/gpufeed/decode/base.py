@@ -15,7 +15,6 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from gpufeed.transfer.uva import device_view
 
 
 Region = tuple[int, int, int, int]  # y0, x0, y1, x1 of a stored image
@@ -141,11 +140,25 @@ def hwc_strides(sizes: np.ndarray) -> np.ndarray:
     return np.stack([np.ones_like(w), 3 * w, np.full_like(w, 3)], 1)
 
 
+def to_device(host: torch.Tensor, end: int, device: torch.device, staging: PinnedStaging, buf,
+              pin: bool) -> tuple[torch.Tensor, Callable | None]:
+    """`host[:end]` (decoded pixels in `buf`, one of `staging`'s buffers) where kernels on `device` read
+    them, and the `on_done` that hands `buf` back. On a GPU with `pin`, one asynchronous copy on the
+    current stream from page-locked memory: the copy engine moves the pixels, so the kernels that read
+    them never wait on PCIe while holding the GPU's cores. Otherwise a copy now, and `buf` is free at once."""
+    if device.type == "cuda" and pin:
+        out = torch.empty(end, dtype=torch.uint8, device=device)
+        out.copy_(host[:end], non_blocking=True)
+        return out, lambda done: staging.give_back(buf, done)
+    out = host[:end].to(device, copy=True)
+    staging.give_back(buf, None)
+    return out, None
+
+
 def packed(images: list[torch.Tensor], failed: dict[int, str], device: torch.device,
-           staging: PinnedStaging | None, regions: list | None = None) -> Decoded:
-    """Put contiguous HWC host images (of `regions`, see `Decoded`) back to back in one buffer the kernels
-    on `device` read: on a GPU one of `staging`'s pinned buffers, read in place over PCIe (no copy;
-    `on_done` hands it back)."""
+           staging: PinnedStaging, regions: list | None = None, pin: bool = True) -> Decoded:
+    """Put contiguous HWC host images (of `regions`, see `Decoded`) back to back in one of `staging`'s
+    buffers, then where kernels on `device` read them (`to_device`)."""
     sizes = np.array([t.shape[:2] for t in images], np.int64).reshape(-1, 2)
     numels = sizes[:, 0] * sizes[:, 1] * 3
     offsets = np.cumsum(numels) - numels
@@ -153,10 +166,7 @@ def packed(images: list[torch.Tensor], failed: dict[int, str], device: torch.dev
     if not images:
         return Decoded(torch.empty(0, dtype=torch.uint8, device=device), offsets, sizes, strides, [], failed)
     total = int(numels.sum())
-    if staging is None:
-        return Decoded(torch.cat([t.reshape(-1) for t in images]).to(device), offsets, sizes, strides, [], failed,
-                       regions=regions)
     buf = staging.take(total)
     torch.cat([t.reshape(-1) for t in images], out=buf[:total])
-    return Decoded(device_view(buf.data_ptr(), (total,), device), offsets, sizes, strides, [buf], failed,
-                   on_done=lambda done: staging.give_back(buf, done), regions=regions)
+    base, on_done = to_device(buf, total, device, staging, buf, pin)
+    return Decoded(base, offsets, sizes, strides, [], failed, on_done=on_done, regions=regions)

@@ -17,20 +17,17 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import io
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
-from PIL import Image
 from torchvision.io import ImageReadMode, decode_jpeg, encode_jpeg
 
+from gpufeed.decode import pixels
 from gpufeed.decode.base import Decoded, Encoded, PinnedStaging, Region, packed
 from gpufeed.store.reader import as_tensor
 
-_local = threading.local()  # a region decoder per thread: nvImageCodec decoders are not shared
 
 
 @functools.cache
@@ -67,44 +64,15 @@ def roi_cost(shapes: np.ndarray, regions: np.ndarray) -> np.ndarray:
     return 0.66 * regions[:, 2] / h + 0.43 * area
 
 
-def _region_decoder():
-    """(module, this thread's CPU-only nvImageCodec decoder, its parameters: RGB, no EXIF rotation, as
-    torchvision decodes)."""
-    decoder = getattr(_local, "decoder", None)
-    if decoder is None:
-        from gpufeed.decode.nvimgcodec import load
-
-        nv = load()
-        decoder = _local.decoder = (nv, nv.Decoder(device_id=nv.NVIMGCODEC_DEVICE_CPU_ONLY, max_num_cpu_threads=1,
-                                                   backends=[nv.Backend(nv.BackendKind.CPU_ONLY)]),
-                                    nv.DecodeParams(apply_exif_orientation=False, color_spec=nv.ColorSpec.SRGB))
-    return decoder
-
-
 def _region(data: torch.Tensor, region: Region) -> torch.Tensor:
-    """HWC pixels of `region` of the JPEG `data`, decoded alone; raises if nvImageCodec can't."""
-    nv, decoder, params = _region_decoder()
-    image = decoder.decode(nv.CodeStream(data.numpy()).get_sub_code_stream(region=nv.Region(*region)), params=params)
-    if image is None:
-        raise RuntimeError("nvImageCodec's CPU decoder refused the region")
-    pixels = torch.from_numpy(np.asarray(image))
-    if pixels.shape != (region[2] - region[0], region[3] - region[1], 3):
-        raise RuntimeError(f"region {region} decoded to {tuple(pixels.shape)}")
-    return pixels
+    return torch.from_numpy(pixels.region(data.numpy(), region))
 
 
 def _pillow(data: torch.Tensor, reduce_to: tuple[int, int] | None) -> torch.Tensor:
-    img = Image.open(io.BytesIO(data.numpy()))
-    if reduce_to is not None and img.format == "JPEG":
-        img.draft("RGB", reduce_to)
-    img = img if img.mode == "RGB" else img.convert("RGB")
-    return as_tensor(np.asarray(img))  # read-only: Pillow's buffer, read once, never written
+    return as_tensor(pixels.pillow(data.numpy(), reduce_to))  # read-only: Pillow's buffer, read once
 
 
-def tries_region(reduce_to: tuple[int, int] | None, region: Region | None) -> bool:
-    """Whether `decode_one` tries to decode `region` alone: one is asked for and no DCT reduction, which
-    takes precedence."""
-    return region is not None and reduce_to is None
+tries_region = pixels.tries_region
 
 
 def decode_one(data: torch.Tensor, reduce_to: tuple[int, int] | None,
@@ -138,7 +106,7 @@ class CpuDecoder:
         self.threads = max(1, threads)
         self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="gpufeed-decode")
         self.last_done = 0.0  # when the last image of the last `collect` finished decoding
-        self._staging = PinnedStaging()  # used from the one thread that calls `collect`
+        self._staging: PinnedStaging | None = None  # used from the one thread that calls `collect`
 
     def submit(self, batch: Encoded, shapes, reduce_to: list[tuple[int, int] | None],
                regions: list[Region | None] | None = None):
@@ -149,8 +117,8 @@ class CpuDecoder:
         return [self._pool.submit(decode_one, d, r, g) for d, r, g in zip(batch.tensors(), reduce_to, regions)]
 
     def collect(self, futures, device: torch.device, pin: bool) -> Decoded:
-        """Wait for `submit`'s futures and put the images (HWC) back to back where `device` reads them:
-        pinned buffers the GPU reads in place if `pin`, else a copy on `device`."""
+        """Wait for `submit`'s futures and put the images (HWC) back to back where `device` reads them
+        (see `decode.base.to_device`)."""
         images, regions, failed, self.last_done = [], [], {}, 0.0
         for k, f in enumerate(futures):
             try:
@@ -160,7 +128,9 @@ class CpuDecoder:
                 self.last_done = max(self.last_done, done)
             except Exception as e:  # any decoder error marks this image, never the batch
                 failed[k] = f"{type(e).__name__}: {e}"
-        return packed(images, failed, device, self._staging if pin else None, regions)
+        if self._staging is None:  # page-locked only where a GPU reads it
+            self._staging = PinnedStaging(pin=device.type == "cuda")
+        return packed(images, failed, device, self._staging, regions, pin)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)

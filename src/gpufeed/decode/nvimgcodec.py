@@ -14,38 +14,18 @@ so the loader decodes whole images and crops in its resize kernel.
 
 from __future__ import annotations
 
-import functools
 import logging
-import os
-import tempfile
 
 import numpy as np
 import torch
 
 from gpufeed.decode.base import Decoded, Encoded, in_place
+from gpufeed.decode.pixels import nvimgcodec
 
 log = logging.getLogger(__name__)
 
 
-@functools.cache
-def load():
-    """The `nvidia.nvimgcodec` module (ImportError without the extra).
-
-    Importing it prints a report to stderr for every codec library it can't load (JPEG 2000, TIFF, ...);
-    JPEG decoding needs none of them, so the report goes to the debug log instead, once per process."""
-    with tempfile.TemporaryFile() as sink:
-        saved = os.dup(2)
-        os.dup2(sink.fileno(), 2)
-        try:
-            from nvidia import nvimgcodec
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-        sink.seek(0)
-        report = sink.read().decode(errors="replace").strip()
-    if report:
-        log.debug("nvImageCodec on import: %s", report)
-    return nvimgcodec
+load = nvimgcodec  # the module, imported once (see `pixels.nvimgcodec`)
 
 
 class NvImgCodecDecoder:

@@ -61,7 +61,7 @@ def check_decoders(names: tuple[str, ...]) -> None:
 
 class Scheduler:
     """Decoders for one pipeline: on a GPU those of `use` that can be made here, and a CPU decoder
-    (`cpu`, e.g. a `ProcessDecoder`; else `cpu_threads` threads)."""
+    (`cpu`, e.g. `DecodeWorkers`; else `cpu_threads` threads)."""
 
     def __init__(self, device: torch.device, cpu_threads: int, use: tuple[str, ...] = ("hw", "nvjpeg", "cpu"),
                  cpu=None):
@@ -76,7 +76,8 @@ class Scheduler:
         self.gpu = [d for d in map(make, wanted) if d is not None]
         self.cpu_share = "cpu" in use or not self.gpu  # else the CPU decodes only what GPU decoders reject
         self.roi = roi_available()  # the workers, if processes, run in this interpreter's environment
-        self.rates = {d.name: START_RATES[d.name] for d in self.gpu} | {"cpu": 300.0 * self.cpu.threads}
+        # the CPU's rate is per decoding thread or worker: workers become ready while batches are made
+        self.rates = {d.name: START_RATES[d.name] for d in self.gpu} | {"cpu": 300.0}
         # the GPU decoders together: images per second of a batch until the last of them is done.
         # Below the sum of their own rates (starting them, handing results back); the CPU's share is
         # set against it, so the CPU finishes with the GPU rather than with the GPU decoders' calls
@@ -99,7 +100,8 @@ class Scheduler:
         against the GPU decoders together, theirs split by their own rates."""
         if not self.gpu:
             return [n]
-        cpu = round(n * self.rates["cpu"] / (self.rates["cpu"] + self.gpu_rate)) if self.cpu_share else 0
+        rate = self.rates["cpu"] * self.cpu.threads
+        cpu = round(n * rate / (rate + self.gpu_rate)) if self.cpu_share else 0
         own = np.cumsum([self.rates[d.name] for d in self.gpu])
         bounds = np.rint((n - cpu) * own / own[-1]).astype(np.int64)
         return np.diff(bounds, prepend=0).tolist() + [cpu]
@@ -149,7 +151,7 @@ class Scheduler:
             failed.update({retry[i][0]: f"{retry[i][1]}; cpu: {why}" for i, why in extra.failed.items()})
         cpu_part = self.cpu.collect(futures, self.device, pin)
         self._decoded_whole(cpu_asks, cpu_part, len(cpu_pos))
-        self._rate("cpu", len(cpu_pos), self.cpu.last_done - t0)
+        self._rate("cpu", len(cpu_pos) / max(1, self.cpu.threads), self.cpu.last_done - t0)
         self.seconds["cpu_threads"] += max(0.0, self.cpu.last_done - t0)
         parts.append((cpu_part, cpu_pos[cpu_part.kept(len(cpu_pos))]))
         failed.update({int(cpu_pos[i]): why for i, why in cpu_part.failed.items()})
@@ -161,7 +163,8 @@ class Scheduler:
     def snapshot(self) -> dict:
         """Images decoded, rates and seconds so far (the CPU workers' busy seconds included), as plain
         dicts: what `summed` adds up over pipelines, also across processes."""
-        return {"counts": dict(self.counts), "rates": dict(self.rates),
+        rates = self.rates | {"cpu": self.rates["cpu"] * max(1, self.cpu.threads)}
+        return {"counts": dict(self.counts), "rates": rates,
                 "seconds": dict(self.seconds + getattr(self.cpu, "busy", Counter()))}
 
     def _asks(self, pos: np.ndarray, shapes: np.ndarray, boxes: np.ndarray, out_hw: tuple[int, int],

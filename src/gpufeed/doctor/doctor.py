@@ -34,7 +34,7 @@ def _gpufeed_here(t: stages.Timings, device: str) -> list[str]:
         lines.append("no CUDA GPU here: gpufeed runs its pipeline on the CPU (no pinning, no GPU decode)")
     why = unavailable()
     lines.append("CPU JPEG decode: in worker processes" if why is None else
-                 f"CPU JPEG decode: on threads, which share the GIL with the loader (slower): {why}")
+                 f"CPU JPEG decode: on threads, which share the GIL with the training loop (slower): {why}")
     problem = roi_problem()
     lines.append("CPU JPEG decode of crop regions alone: available (nvImageCodec's CPU backend)" if problem is None
                  else f"CPU JPEG decode of crop regions alone: unavailable, whole images instead (slower): {problem}")

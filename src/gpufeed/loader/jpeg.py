@@ -1,5 +1,10 @@
-"""Batches from a jpeg store: crops planned from the stored sizes, decoded by the scheduler's
-decoders at once, resized from the variable-sized decoded images in batched GPU kernels.
+"""Batches from a jpeg store, made on one thread of the training process with its one CUDA context.
+
+Per batch: the crops are planned from the stored sizes; the scheduler splits the batch between the
+GPU decoders (each one batched call that releases the GIL) and the CPU decode worker processes
+(`decode.workers`, CUDA-free); one resize kernel per decoder's part writes the finished batch.
+The thread works `prefetch` batches ahead of the training loop and no further, on a stream of its
+own. docs/architecture.md draws the processes, threads and streams.
 
 Samples no decoder can read are replaced by another sample of the same batch (`on_error="skip"`,
 counted, warned about once with the index) or raise naming the index (`"raise"`).
@@ -20,9 +25,8 @@ from gpufeed.augment.pipeline import Params, _affine, _fused, color_jitter, fini
 from gpufeed.decode import Scheduler
 from gpufeed.decode.scheduler import check_decoders
 from gpufeed.decode.base import Encoded, into_pixels
-from gpufeed.decode.workers import DecodeWorkers, ProcessDecoder
-from gpufeed.loader.pipeline_process import Spec
-from gpufeed.loader.procs import PipelineProcesses, slot_shape
+from gpufeed.decode.workers import DecodeWorkers
+from gpufeed.loader.feeds import Batch, threaded
 from gpufeed.loader.stats import stage_range
 
 log = logging.getLogger(__name__)
@@ -38,6 +42,7 @@ class JpegBatcher:
     def __init__(self, loader, on_error: str, threads: int, decoders: tuple[str, ...], cpu=None):
         self.loader, self.on_error = loader, on_error
         self.scheduler = Scheduler(loader.device, threads, decoders, cpu)
+        self.workers = cpu  # the CPU decode worker processes, or None (threads)
         self.fused = loader.device.type == "cuda" and _fused() is not None
         self.stream = torch.cuda.Stream(loader.device) if loader.device.type == "cuda" else None
         self._warned = threading.Event()
@@ -160,12 +165,10 @@ def _table(columns: list[np.ndarray]) -> tuple[np.ndarray, list[int]]:
 
 
 def jpeg_feed(loader, plan, start: int):
-    """Batches of a jpeg store, decoded and augmented by the loader's pipelines (batch k on pipeline
-    k % pipelines, so one batch's Python work overlaps another's decoding), `prefetch` ahead."""
-    from gpufeed.loader.feeds import Batch, threaded
+    """Batches `start`.. of a jpeg store's epoch `plan`, made on one producer thread `prefetch` ahead."""
+    batcher = loader.jpeg
 
     def make(number: int, worker: int):
-        batcher = loader.jpeg[worker]
         idx, params = plan.batch(number)
         if batcher.stream is None:
             images, labels = batcher.make(idx, params)
@@ -175,72 +178,37 @@ def jpeg_feed(loader, plan, start: int):
             event = batcher.stream.record_event()
         return Batch(images, labels, None, final=True), event
 
-    return threaded(loader, make, range(start, len(plan)), workers=len(loader.jpeg))
+    return threaded(loader, make, range(start, len(plan)))
 
 
-def _pool(loader, decoders: tuple[str, ...], workers: int, pipelines: int) -> DecodeWorkers | None:
-    """CPU decode worker processes for `pipelines` pipelines, where the CPU decodes a share (None,
-    said once, where they can't run)."""
-    if "cpu" not in decoders and loader.device.type == "cuda":
-        return None
-    try:
-        return DecodeWorkers(loader.store.data, workers, pipelines)
-    except (RuntimeError, OSError) as e:
-        log.warning("gpufeed.Loader: CPU JPEG decode in worker processes unavailable (%s); decoding on "
-                    "threads, which share the GIL with the pipelines (slower)", e)
-    return None
+def default_workers(device: torch.device) -> int:
+    """CPU decode workers when the user names none: on a GPU half of this rank's share of the cores
+    (the GPU decoders take the rest of each batch, the training loop needs cores too); on a CPU every
+    core of its share. Local ranks (LOCAL_WORLD_SIZE, as torchrun sets it) divide the cores."""
+    local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
+    cores = max(1, (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+                // local)
+    return max(1, cores // 2) if device.type == "cuda" else cores
 
 
-def jpeg_batchers(loader, on_error: str, decoders: tuple[str, ...], workers: int | None, pipelines: int | None,
-                  processes: int | None):
-    """The loader's decode pipelines: `processes` processes of `pipelines` each (`PipelineProcesses`),
-    or, with `processes=0` (or where they can't start, said once), `pipelines` threads in the loader's
-    process and the CPU decode worker processes they share (None where processes can't be used: then
-    each pipeline decodes on threads, and says why once). Returns (batchers, worker pool, processes).
-
-    Defaults measured on 16-core H100 and H200 hosts (benchmarks/jpeg_bench.py --grid): on a GPU 3
-    processes of 2 pipelines, and a pool of half the cores decoding on the CPU for all of them (H200,
-    4 rotated rounds: medians 39.0k img/s for 8 pooled workers, 37.6k for 6, 35.8k for 6 workers given
-    one per pipeline; 10 pooled workers were slower). In the loader's process: 3 pipelines, so one
-    batch's Python overlaps another's decoding, and a fifth of the cores decoding: busier CPUs slowed
-    the GPU decoders' host work more than they added there. On a CPU device every core decodes, in
-    worker processes."""
+def jpeg_batcher(loader, on_error: str, decoders: tuple[str, ...], workers: int | None) -> JpegBatcher:
+    """The loader's JPEG pipeline: its decoders, and `workers` CPU decode processes (None: see
+    `default_workers`; 0: CPU decoding on threads of this process, which share its GIL)."""
     if on_error not in ("skip", "raise"):
         raise ValueError(f"on_error must be 'skip' or 'raise', got {on_error!r}")
     check_decoders(decoders)
-    gpu = loader.device.type == "cuda"
-    cores = os.cpu_count() or 1
-    processes = (3 if gpu else 0) if processes is None else processes
-    if not isinstance(processes, int) or processes < 0:
-        raise ValueError(f"decode_processes must be an int, 0 or more, got {processes!r}")
-    if processes and len(loader.store):  # own names: a fallback below keeps its own defaults
-        each = pipelines or 2
-        total = processes * each
-        cpu_workers = workers or max(1, cores // 2)
-        pool = _pool(loader, decoders, cpu_workers, total)
-        spec = Spec(str(loader.store.path), loader.device, loader.augment.ops, loader.dtype, loader.channels_last,
-                    loader.tier.name, on_error, tuple(decoders), each, max(1, cpu_workers // total))
-        lanes = None if pool is None else [pool.lane(k) for k in range(total)]
+    if workers is None:
+        workers = default_workers(loader.device)
+    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 0:
+        raise ValueError(f"num_workers must be an int, 0 or more, got {workers!r}")
+    pool = None
+    if workers and ("cpu" in decoders or loader.device.type != "cuda") and len(loader.store):
         try:
-            procs = PipelineProcesses(loader, spec, processes, loader.sampler.batch_size,
-                                      slot_shape(loader.augment, loader.store), lanes)
-            where = f"{pool.workers} processes" if pool is not None else f"{spec.cpu_threads} thread(s) per pipeline"
-            log.info("gpufeed.Loader: jpeg decoders %s, %d processes of %d pipeline(s), CPU decode in %s",
-                     " + ".join(procs.names), processes, each, where)
-            return [], pool, procs
-        except RuntimeError as e:
-            if pool is not None:
-                pool.close()
-            log.warning("gpufeed.Loader: JPEG pipeline processes unavailable (%s); the pipelines run in the loader's "
-                        "process instead (slower: they share its GIL)", e)
-    pipelines = pipelines or (3 if gpu else 1)
-    workers = workers or (max(pipelines, cores // 5) if gpu else cores)
-    pool = _pool(loader, decoders, workers, pipelines)
-    per_pipeline = max(1, workers // pipelines)
-    batchers = [JpegBatcher(loader, on_error, per_pipeline, decoders,
-                            ProcessDecoder(pool.span, pool.lane(k), loader.device) if pool is not None else None)
-                for k in range(pipelines)]
-    where = f"{pool.workers} processes" if pool is not None else f"{per_pipeline} threads per pipeline"
-    log.info("gpufeed.Loader: jpeg decoders %s, %d pipeline(s), CPU decode in %s",
-             " + ".join(batchers[0].scheduler.names), pipelines, where)
-    return batchers, pool, None
+            pool = DecodeWorkers(loader.store.data, workers, loader.device)
+        except (RuntimeError, OSError) as e:
+            log.warning("gpufeed.Loader: CPU JPEG decode in worker processes unavailable (%s); decoding on "
+                        "threads, which share the GIL with the training loop (slower)", e)
+    batcher = JpegBatcher(loader, on_error, max(1, workers), decoders, pool)
+    where = f"{pool.size} worker processes" if pool is not None else f"{max(1, workers)} threads"
+    log.info("gpufeed.Loader: jpeg decoders %s, CPU decode in %s", " + ".join(batcher.scheduler.names), where)
+    return batcher

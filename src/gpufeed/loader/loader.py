@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-from functools import partial
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -21,7 +20,7 @@ from gpufeed.augment.pipeline import Augment
 from gpufeed.decode.scheduler import summed
 from gpufeed.loader import tiers
 from gpufeed.loader.feeds import Batch, device_feed, host_feed
-from gpufeed.loader.jpeg import JpegBatcher, jpeg_batchers, jpeg_feed
+from gpufeed.loader.jpeg import JpegBatcher, jpeg_batcher, jpeg_feed
 from gpufeed.loader.planner import Planner
 from gpufeed.loader.sampler import ShardedBatchSampler, resolve_rank
 from gpufeed.loader.stats import Stats, stage_range
@@ -57,9 +56,8 @@ class Loader:
                  shuffle: bool = True, seed: int = 0, drop_last: bool = True, augment: Sequence | None = None,
                  dtype: torch.dtype = torch.float16, channels_last: bool = False, cache: str = "auto",
                  rank: int | None = None, world_size: int | None = None, prefetch: int = 3,
-                 gather_threads: int | None = None, on_error: str = "skip", decode_workers: int | None = None,
-                 decoders: tuple[str, ...] = ("hw", "nvjpeg", "cpu"), decode_pipelines: int | None = None,
-                 decode_processes: int | None = None):
+                 gather_threads: int | None = None, on_error: str = "skip", num_workers: int | None = None,
+                 decoders: tuple[str, ...] = ("hw", "nvjpeg", "cpu")):
         self.store = store if isinstance(store, Store) else Store(store)
         if self.store.mode == "jpeg" and not augment:
             raise ValueError(f"{self.store.path}: a jpeg store holds images of different sizes; give augment ops "
@@ -73,11 +71,10 @@ class Loader:
         self.channels_last, self.seed, self.prefetch = channels_last, seed, max(1, prefetch)
         self.tier = tiers.materialize(self.store, self.device, cache)
         log.info("gpufeed.Loader: tier %s (%s)", self.tier.name, self.tier.reason)
-        self.jpeg: list[JpegBatcher] = []
-        self._workers = self.procs = None
+        self.jpeg: JpegBatcher | None = None
         if self.store.mode == "jpeg":
-            self.jpeg, self._workers, self.procs = jpeg_batchers(self, on_error, decoders, decode_workers,
-                                                                 decode_pipelines, decode_processes)
+            self.jpeg = jpeg_batcher(self, on_error, decoders, num_workers)
+        self._pid = os.getpid()
         self.gather = Gatherer(gather_threads or min(8, os.cpu_count() or 1))
         self.copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.counters = Stats(self.tier.name)
@@ -91,14 +88,11 @@ class Loader:
         return len(self.sampler)
 
     def close(self) -> None:
-        """Stop the loader's threads and processes (gather, decode, planning); it can't iterate after."""
+        """Stop the loader's threads and decode worker processes now; it can't iterate after. Optional:
+        they also stop when the loader is garbage-collected or the program ends, however it ends."""
         self.gather.close()
-        for batcher in self.jpeg:
-            batcher.close()
-        if self.procs is not None:  # before the decode workers they send to
-            self.procs.close()
-        if self._workers is not None:
-            self._workers.close()
+        if self.jpeg is not None:
+            self.jpeg.close()
         self._planner.close()
 
     def __enter__(self) -> Loader:
@@ -129,14 +123,8 @@ class Loader:
         decode seconds spent until the GPU decoders were done and on the CPU's share after that
         (with worker processes, also their wall and CPU seconds: CPU well below wall means starved)."""
         out = self.counters.as_dict()
-        if self.jpeg:
-            out |= summed(self.jpeg[0].scheduler.names, [b.scheduler.snapshot() for b in self.jpeg])
-        if self.procs is not None:
-            theirs = self.procs.stats()
-            out["seconds"] = {**out["seconds"], **theirs.pop("stage_seconds")}
-            out["bytes"] = {**out["bytes"], **theirs.pop("stage_bytes")}
-            out["notes"] += [n for n in theirs.pop("notes") if n not in out["notes"]]
-            out |= theirs
+        if self.jpeg is not None:
+            out |= summed(self.jpeg.scheduler.names, [self.jpeg.scheduler.snapshot()])
         return out
 
     def plan(self, epoch: int, number: int):
@@ -153,14 +141,15 @@ class Loader:
         return self._ring
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        if os.getpid() != self._pid:
+            raise RuntimeError("this gpufeed.Loader was made in another process (before a fork): its threads, "
+                               "decode workers and CUDA state stay there; make a new Loader in this process")
         epoch, start = self.epoch, self._batch
         if start >= len(self):
             epoch, start = epoch + 1, 0
         self.epoch, self._batch = epoch, start
         plan = self._planner.get(epoch)
-        if self.procs is not None:
-            feed = partial(self.procs.feed, epoch=epoch, upcoming=partial(self._planner.peek, epoch + 1))
-        elif self.jpeg:
+        if self.jpeg is not None:
             feed = jpeg_feed
         else:
             feed = device_feed if self.tier.gathers_on_device else host_feed

@@ -1,0 +1,116 @@
+"""Which piece of JPEG loading slows a training loop in the same process? Synthetic-data training
+with one background thread doing one piece of a loader's per-batch work, paced to the rate the model
+consumes batches (`--rate` per second), so the only difference between rows is that piece.
+
+    PYTHONPATH=src python benchmarks/train_bench.py --rows "synthetic;interfere:tv_nvjpeg;..." --models resnet18
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import torch
+
+KINDS = ("none", "tv_nvjpeg", "tv_nvjpeg_ptrs", "nvimg_hw", "nvimg_hw_ptrs", "resize", "cpu_tv_threads",
+         "pyloop_1ms", "pyloop_3ms", "pipe_recv")
+
+
+def start(kind: str, rate: float = 50.0, images: int = 128) -> threading.Thread:
+    """Run `kind` `rate` times a second on a daemon thread."""
+    from gpufeed.synth import encode_jpegs, natural_images
+
+    data = encode_jpegs(natural_images(64))
+    data = [data[k % 64] for k in range(images)]
+    arrays = [np.frombuffer(d, np.uint8) for d in data]
+    pinned = torch.empty(sum(len(d) for d in data), dtype=torch.uint8).pin_memory()
+    bounds = np.cumsum([0] + [len(d) for d in data])
+    for k, d in enumerate(data):
+        pinned[bounds[k]:bounds[k + 1]] = torch.frombuffer(bytearray(d), dtype=torch.uint8)
+    stream = torch.cuda.Stream()
+    work = _work(kind, arrays, pinned, bounds, stream)
+
+    def loop():
+        period, t = 1.0 / rate, time.perf_counter()
+        while True:
+            with torch.cuda.stream(stream):
+                work()
+            t += period
+            delay = t - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            else:
+                t = time.perf_counter()
+
+    th = threading.Thread(target=loop, daemon=True)
+    th.start()
+    return th
+
+
+def _work(kind, arrays, pinned, bounds, stream):
+    from torchvision.io import decode_jpeg
+
+    if kind == "none":
+        return lambda: None
+    if kind.startswith("tv_nvjpeg"):
+        def f():
+            tensors = [pinned[a:b] for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist())]
+            out = decode_jpeg(tensors, device="cuda")
+            if kind.endswith("ptrs"):
+                [(t.data_ptr(), t.shape, t.stride()) for t in out]
+            stream.synchronize()
+        return f
+    if kind.startswith("nvimg"):
+        from gpufeed.decode.nvimgcodec import load
+
+        nv = load()
+        dec = nv.Decoder(device_id=0, max_num_cpu_threads=4, backends=[nv.Backend(nv.BackendKind.HW_GPU_ONLY)])
+
+        def f():
+            res = dec.decode(arrays, cuda_stream=stream.cuda_stream)
+            if kind.endswith("ptrs"):
+                [r.__cuda_array_interface__ for r in res]
+            stream.synchronize()
+        return f
+    if kind == "resize":
+        from gpufeed.augment import fused
+
+        src = torch.randint(0, 255, (256 * 375 * 500 * 3,), dtype=torch.uint8, device="cuda")
+        n = 256
+        offsets = torch.arange(n, device="cuda") * (375 * 500 * 3)
+        sizes = torch.tensor([[375, 500]] * n, device="cuda")
+        strides = torch.tensor([[1, 1500, 3]] * n, device="cuda")
+        rows = torch.arange(n, device="cuda")
+        boxes = torch.tensor([[10.0, 10.0, 300.0, 300.0]] * n, device="cuda").view(-1)
+        flip = torch.zeros(n, device="cuda")
+        out = torch.empty((n, 3, 224, 224), dtype=torch.float16, device="cuda")
+        scale = torch.ones(3, device="cuda")
+        shift = torch.zeros(3, device="cuda")
+        return lambda: (fused.resample_packed(src, offsets, sizes, strides, rows, boxes, flip, out, scale, shift),
+                        stream.synchronize())
+    if kind == "cpu_tv_threads":
+        from concurrent.futures import ThreadPoolExecutor
+
+        pool = ThreadPoolExecutor(4)
+        tensors = [torch.from_numpy(a.copy()) for a in arrays[:32]]
+        return lambda: list(pool.map(decode_jpeg, tensors))
+    if kind.startswith("pyloop"):
+        ms = float(kind[7:-2]) / 1e3
+
+        def f():
+            t = time.perf_counter()
+            while time.perf_counter() - t < ms:
+                sum(range(100))
+        return f
+    if kind == "pipe_recv":
+        import multiprocessing
+
+        a, b = multiprocessing.Pipe()
+        msg = {"begins": np.arange(256), "ends": np.arange(256), "boxes": np.zeros((256, 4)), "sizes": np.zeros((256, 2))}
+
+        def f():
+            b.send(msg)
+            a.recv()
+        return f
+    raise SystemExit(f"unknown interference {kind!r}: {KINDS}")

@@ -1,0 +1,315 @@
+"""Training throughput fed by each loader, against a synthetic-data ceiling, in one call.
+
+A torchvision ResNet (random init, bf16 autocast, channels_last, SGD with momentum, batch 256) is
+trained for `--steps` steps after `--warmup` steps, fed by each row; every row runs in a process of
+its own, and the rows are interleaved over `--rounds` rounds, so host drift hits every row alike.
+Rows: `synthetic` (one batch already on the GPU: the ceiling), `raw` (a raw store), `jpeg` (a jpeg
+store, the Loader's defaults; `jpeg:KEY=VALUE,...` passes Loader arguments; rows are separated by `;`), `dataloader` (torch
+DataLoader over the image folder, PIL, uint8 to the GPU, normalized there), `dali` (when nvidia-dali
+is installed: a benchmark-only import).
+
+    PYTHONPATH=src python benchmarks/train_bench.py --n 10000 --models resnet18,resnet50 --rounds 3 \
+        --out train.json
+
+Per row: img/s, % of the same round's ceiling, seconds from the loader's construction returning to
+its first batch, GPU memory in use (the whole device, so other processes' contexts count), CPU
+cores used, and the training thread's time per step spent waiting for data and launching the step.
+`--pyspy` (py-spy on PATH) samples which threads hold the GIL during the timed steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+def _ops():
+    from gpufeed.augment import Normalize, RandomHorizontalFlip, RandomResizedCrop
+
+    return [RandomResizedCrop(224), RandomHorizontalFlip(), Normalize(MEAN, STD)]
+
+
+def _value(text: str):
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    if text.startswith("(") or text.startswith("["):
+        return tuple(x for x in text.strip("()[]").split("+") if x)
+    return {"None": None, "True": True, "False": False}.get(text, text)
+
+
+def feeder(row: str, work: Path, batch: int):
+    """(the time the feeder took to build, an endless iterator of (images, labels) on the GPU, stats fn)."""
+    import torch
+
+    name, _, spec = row.partition(":")
+    kwargs = {k: _value(v) for k, v in (kv.split("=", 1) for kv in spec.split(",") if "=" in kv)}
+    t0 = time.perf_counter()
+    if name == "synthetic":
+        images = torch.randn(batch, 3, 224, 224, device="cuda").half()
+        labels = torch.randint(0, 1000, (batch,), device="cuda")
+
+        def it():
+            while True:
+                yield images, labels
+        return time.perf_counter() - t0, it(), None
+    if name == "interfere":  # synthetic data + one piece of a loader's work on a paced thread
+        sys.path.insert(0, str(Path(__file__).parent))
+        import interference
+
+        interference.start(spec.split(",")[0], rate=float(kwargs.get("rate", 50)))
+        return feeder("synthetic", work, batch)
+    if name in ("raw", "jpeg"):
+        import gpufeed
+
+        loader = gpufeed.Loader(work / name, batch_size=batch, device="cuda", augment=_ops(), **kwargs)
+        built = time.perf_counter() - t0
+
+        def it():
+            while True:
+                yield from loader
+        return built, it(), loader.stats
+    if name == "dataloader":
+        from torchvision import datasets, transforms
+
+        tf = transforms.Compose([transforms.RandomResizedCrop(224), transforms.RandomHorizontalFlip(),
+                                 transforms.PILToTensor()])
+        dl = torch.utils.data.DataLoader(datasets.ImageFolder(work / "images", tf), batch_size=batch, shuffle=True,
+                                         drop_last=True, num_workers=kwargs.get("workers", os.cpu_count()),
+                                         pin_memory=True, persistent_workers=True, prefetch_factor=4)
+        mean = torch.tensor(MEAN, device="cuda").view(1, 3, 1, 1) * 255
+        std = torch.tensor(STD, device="cuda").view(1, 3, 1, 1) * 255
+        built = time.perf_counter() - t0
+
+        def it():
+            while True:
+                for x, y in dl:
+                    yield ((x.cuda(non_blocking=True).float() - mean) / std).half(), y.cuda(non_blocking=True)
+        return built, it(), None
+    if name == "dali":
+        return _dali(work, batch, kwargs.get("threads", 8), t0)
+    raise SystemExit(f"unknown row {row!r}")
+
+
+def _dali(work: Path, batch: int, threads: int, t0: float):
+    import torch
+    from nvidia.dali import fn, pipeline_def, types
+    from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+
+    mean, std = [m * 255 for m in MEAN], [s * 255 for s in STD]
+
+    @pipeline_def(batch_size=batch, num_threads=threads, device_id=torch.cuda.current_device(), seed=0)
+    def pipe():
+        jpegs, labels = fn.readers.file(file_root=str(work / "images"), random_shuffle=True, name="reader")
+        images = fn.decoders.image_random_crop(jpegs, device="mixed", output_type=types.RGB)
+        images = fn.resize(images, resize_x=224, resize_y=224)
+        images = fn.crop_mirror_normalize(images, dtype=types.FLOAT16, output_layout="CHW", mean=mean, std=std,
+                                          mirror=fn.random.coin_flip())
+        return images, labels.gpu()
+
+    loader = DALIGenericIterator([pipe()], ["images", "labels"], reader_name="reader", auto_reset=True,
+                                 last_batch_policy=LastBatchPolicy.DROP)
+    built = time.perf_counter() - t0
+
+    def it():
+        while True:
+            for out in loader:
+                yield out[0]["images"], out[0]["labels"].view(-1).long()
+    return built, it(), None
+
+
+def run_row(a) -> dict:
+    """One row in this process: build the feeder, time its first batch, train, measure."""
+    import torch
+    import torchvision
+
+    sys.path.insert(0, str(Path(__file__).parent.parent / "src"))
+    from gpufeed.bench.common import cpu_seconds
+
+    torch.backends.cudnn.benchmark = True
+    work = Path(a.workdir)
+    model = getattr(torchvision.models, a.model)(num_classes=1000).cuda().to(memory_format=torch.channels_last)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-5)
+    torch.cuda.synchronize()
+    built, batches, stats = feeder(a.row, work, a.batch)
+    t0 = time.perf_counter()
+    images, labels = next(batches)
+    torch.cuda.synchronize()
+    first = time.perf_counter() - t0
+
+    def step(images, labels):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = torch.nn.functional.cross_entropy(model(images.contiguous(memory_format=torch.channels_last)),
+                                                     labels.clamp(0, 999))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return loss
+
+    step(images, labels)
+    for _ in range(a.warmup):
+        step(*next(batches))
+    torch.cuda.synchronize()
+    spy = _pyspy(a) if a.pyspy else None
+    wait = launch = 0.0
+    c0, w0 = cpu_seconds(), time.perf_counter()
+    for k in range(a.steps):
+        s0 = time.perf_counter()
+        images, labels = next(batches)
+        s1 = time.perf_counter()
+        loss = step(images, labels)
+        s2 = time.perf_counter()
+        wait, launch = wait + s1 - s0, launch + s2 - s1
+    loss.item()
+    torch.cuda.synchronize()
+    wall = time.perf_counter() - w0
+    cores = (cpu_seconds() - c0) / wall
+    free, total = torch.cuda.mem_get_info()
+    out = {"row": a.row, "model": a.model, "img_per_s": a.steps * a.batch / wall, "build_s": built,
+           "first_batch_s": first, "gpu_used_gb": (total - free) / 1e9, "cpu_cores": cores,
+           "wait_ms_per_step": 1e3 * wait / a.steps, "launch_ms_per_step": 1e3 * launch / a.steps,
+           "device": torch.cuda.get_device_name()}
+    if spy is not None:
+        out["gil"] = _gil_shares(spy, wall, a.steps)
+    if stats is not None:
+        s = stats()
+        out["loader"] = {k: s[k] for k in ("tier", "decoders", "decoded_by", "notes") if k in s}
+    return out
+
+
+def _pyspy(a):
+    """py-spy sampling this process's GIL holders for the timed steps (its own process)."""
+    exe = shutil.which("py-spy")
+    if exe is None:
+        print("py-spy not found: no GIL samples", file=sys.stderr)
+        return None
+    path = tempfile.mktemp(suffix=".txt")
+    seconds = max(2, int(a.steps * a.batch / 8000))
+    proc = subprocess.Popen([exe, "record", "--gil", "--threads", "-r", "500", "-d", str(seconds), "-f", "raw",
+                             "-o", path, "-p", str(os.getpid()), "--nonblocking"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    time.sleep(1.0)  # py-spy attaches
+    return proc, path, seconds
+
+
+def _gil_shares(spy, wall: float, steps: int) -> dict:
+    """Share of samples with the GIL held by the training thread and by any other thread."""
+    proc, path, seconds = spy
+    proc.wait(timeout=seconds + 30)
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError:
+        return {"error": proc.stderr.read().decode()[-500:]}
+    train = other = 0
+    top: dict[str, int] = {}
+    for line in lines:
+        stack, _, count = line.rpartition(" ")
+        n = int(count)
+        if "run_row" in stack:
+            train += n
+        else:
+            other += n
+            leaf = stack.split(";")[-1]
+            top[leaf] = top.get(leaf, 0) + n
+    samples = seconds * 500
+    return {"train_thread_share": train / samples, "other_threads_share": other / samples,
+            "other_ms_per_step": 1e3 * other / 500 / (seconds * steps / wall),
+            "other_top": sorted(top.items(), key=lambda kv: -kv[1])[:12]}
+
+
+def prepare(work: Path, n: int) -> None:
+    import gpufeed
+    from gpufeed.synth import make_image_folder
+
+    if not (work / "images").exists():
+        make_image_folder(work / "images", per_class=n // 10, classes=10)
+    if not (work / "raw").exists():
+        gpufeed.pack(work / "images", work / "raw", size=256, progress=False)
+    if not (work / "jpeg").exists():
+        gpufeed.pack(work / "images", work / "jpeg", mode="jpeg", reencode=False, progress=False)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--n", type=int, default=10000, help="generated images (500x375 q90)")
+    p.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "gpufeed-train-bench"))
+    p.add_argument("--models", default="resnet18,resnet50")
+    p.add_argument("--rows", default="synthetic;raw;jpeg;dataloader;dali", help="rows, separated by ;")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--steps", type=int, default=80)
+    p.add_argument("--warmup", type=int, default=15)
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--pyspy", action="store_true", help="sample GIL holders with py-spy (on PATH)")
+    p.add_argument("--out", default=None, help="write every run and the table as JSON here")
+    p.add_argument("--row", help=argparse.SUPPRESS)
+    p.add_argument("--model", help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.row:
+        print("RESULT " + json.dumps(run_row(a)), flush=True)
+        return
+    sys.path.insert(0, str(Path(__file__).parent.parent / "src"))
+    work = Path(a.workdir)
+    prepare(work, a.n)
+    rows = a.rows.split(";")
+    try:
+        import nvidia.dali  # noqa: F401
+    except ImportError:
+        rows = [r for r in rows if not r.startswith("dali")]
+        print("nvidia-dali not installed: no dali row", flush=True)
+    runs = []
+    for r in range(a.rounds):
+        for model in a.models.split(","):
+            order = rows if r % 2 == 0 else rows[::-1]
+            for row in order:
+                cmd = [sys.executable, __file__, "--row", row, "--model", model, "--workdir", str(work),
+                       "--steps", str(a.steps), "--warmup", str(a.warmup), "--batch", str(a.batch)]
+                cmd += ["--pyspy"] if a.pyspy else []
+                done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+                result = [ln[7:] for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
+                if not result:
+                    print(f"round {r} {model} {row}: FAILED\n{done.stderr[-3000:]}", flush=True)
+                    continue
+                res = json.loads(result[0]) | {"round": r}
+                runs.append(res)
+                print(json.dumps(res), flush=True)
+    table = summarize(runs)
+    print(table)
+    if a.out:
+        Path(a.out).write_text(json.dumps({"runs": runs, "table": table}, indent=1))
+
+
+def summarize(runs: list[dict]) -> str:
+    """A markdown table: per model and row, median (min-max) img/s, % of the same round's ceiling, ..."""
+    ceiling = {(r["model"], r["round"]): r["img_per_s"] for r in runs if r["row"] == "synthetic"}
+    out = ["| model | row | img/s | % of ceiling | first batch s | GPU GB | CPU cores | wait ms/step | launch ms/step |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    keys = list(dict.fromkeys((r["model"], r["row"]) for r in runs))
+
+    def cell(values, fmt):
+        return f"{fmt.format(statistics.median(values))} ({fmt.format(min(values))}-{fmt.format(max(values))})"
+
+    for model, row in keys:
+        mine = [r for r in runs if (r["model"], r["row"]) == (model, row)]
+        pct = [100 * r["img_per_s"] / ceiling[(model, r["round"])] for r in mine if (model, r["round"]) in ceiling]
+        out.append(f"| {model} | {row} | {cell([r['img_per_s'] for r in mine], '{:,.0f}')} | "
+                   f"{cell(pct, '{:.1f}') if pct else '-'} | {cell([r['first_batch_s'] for r in mine], '{:.1f}')} | "
+                   f"{cell([r['gpu_used_gb'] for r in mine], '{:.1f}')} | {cell([r['cpu_cores'] for r in mine], '{:.1f}')} | "
+                   f"{cell([r['wait_ms_per_step'] for r in mine], '{:.1f}')} | "
+                   f"{cell([r['launch_ms_per_step'] for r in mine], '{:.1f}')} |")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+"""CPU JPEG decoding to numpy HWC pixels with Pillow and nvImageCodec's CPU backend, without torch.
+
+The decode worker processes use these alone, so they start in a fraction of a second (importing
+torch takes seconds); the loader's own CPU threads use them where torchvision can't decode.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import logging
+import os
+import tempfile
+import threading
+import time
+
+import numpy as np
+from PIL import Image
+
+log = logging.getLogger(__name__)
+Region = tuple[int, int, int, int]  # y0, x0, y1, x1 of a stored image
+_local = threading.local()  # a region decoder per thread: nvImageCodec decoders are not shared
+
+
+@functools.cache
+def nvimgcodec():
+    """The `nvidia.nvimgcodec` module (ImportError without the extra).
+
+    Importing it prints a report to stderr for every codec library it can't load (JPEG 2000, TIFF, ...);
+    JPEG decoding needs none of them, so the report goes to the debug log instead, once per process."""
+    with tempfile.TemporaryFile() as sink:
+        saved = os.dup(2)
+        os.dup2(sink.fileno(), 2)
+        try:
+            from nvidia import nvimgcodec as module
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        sink.seek(0)
+        report = sink.read().decode(errors="replace").strip()
+    if report:
+        log.debug("nvImageCodec on import: %s", report)
+    return module
+
+
+def _region_decoder():
+    """(module, this thread's CPU-only nvImageCodec decoder, its parameters: RGB, no EXIF rotation, as
+    torchvision decodes)."""
+    decoder = getattr(_local, "decoder", None)
+    if decoder is None:
+        nv = nvimgcodec()
+        decoder = _local.decoder = (nv, nv.Decoder(device_id=nv.NVIMGCODEC_DEVICE_CPU_ONLY, max_num_cpu_threads=1,
+                                                   backends=[nv.Backend(nv.BackendKind.CPU_ONLY)]),
+                                    nv.DecodeParams(apply_exif_orientation=False, color_spec=nv.ColorSpec.SRGB))
+    return decoder
+
+
+def region(data: np.ndarray, box: Region) -> np.ndarray:
+    """HWC pixels of region `box` of the JPEG `data`, decoded alone; raises if nvImageCodec can't."""
+    nv, decoder, params = _region_decoder()
+    image = decoder.decode(nv.CodeStream(data).get_sub_code_stream(region=nv.Region(*box)), params=params)
+    if image is None:
+        raise RuntimeError("nvImageCodec's CPU decoder refused the region")
+    pixels = np.asarray(image)
+    if pixels.shape != (box[2] - box[0], box[3] - box[1], 3):
+        raise RuntimeError(f"region {box} decoded to {tuple(pixels.shape)}")
+    return pixels
+
+
+def pillow(data: np.ndarray, reduce_to: tuple[int, int] | None) -> np.ndarray:
+    """HWC RGB pixels (read-only) of any image Pillow reads; a JPEG DCT-reduced towards `reduce_to` (w, h)."""
+    img = Image.open(io.BytesIO(data))
+    if reduce_to is not None and img.format == "JPEG":
+        img.draft("RGB", reduce_to)
+    img = img if img.mode == "RGB" else img.convert("RGB")
+    return np.asarray(img)
+
+
+def tries_region(reduce_to: tuple[int, int] | None, box: Region | None) -> bool:
+    """Whether a decode tries `box` alone: one is asked for and no DCT reduction, which takes precedence."""
+    return box is not None and reduce_to is None
+
+
+def decode(data: np.ndarray, reduce_to: tuple[int, int] | None,
+           box: Region | None = None) -> tuple[np.ndarray, Region | None, float]:
+    """(contiguous HWC pixels, the region they are or None for the whole image, time it finished), as
+    `decode.cpu.decode_one` gives, with Pillow decoding whole images."""
+    if tries_region(reduce_to, box):
+        try:
+            return region(data, box), box, time.perf_counter()
+        except Exception:  # not installed, not a JPEG it reads: the whole image below says what's wrong
+            pass
+    return pillow(data, reduce_to), None, time.perf_counter()

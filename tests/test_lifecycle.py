@@ -1,0 +1,133 @@
+"""A jpeg Loader's processes behave like a torch DataLoader's: they never re-run the user's script,
+they end with the program however it ends (SIGKILL included), and exit never waits for close()."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+import gpufeed
+from conftest import save, smooth
+
+SRC = str(Path(gpufeed.__file__).parent.parent)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("life")
+    for i in range(16):
+        save(root / "src" / f"c{i % 2}" / f"{i:03d}.png", smooth(i, 40, 56))
+    gpufeed.pack(root / "src", root / "store", mode="jpeg", quality=90, workers=1, progress=False)
+    return root / "store"
+
+
+def _script(tmp_path: Path, body: str) -> Path:
+    path = tmp_path / "user_script.py"
+    path.write_text(textwrap.dedent(body))
+    return path
+
+
+def _run(path: Path, *args: str, **kw) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")]))
+    return subprocess.Popen([sys.executable, str(path), *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **kw)
+
+
+def _children(pid: int) -> set[int]:
+    found, todo = set(), [pid]
+    while todo:
+        for task in Path(f"/proc/{todo.pop()}/task").glob("*/children"):
+            try:
+                kids = {int(k) for k in task.read_text().split()}
+            except OSError:
+                continue
+            found |= kids
+            todo += kids
+    return found
+
+
+def _alive(pids: set[int]) -> set[int]:
+    alive = set()
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            alive.add(pid)
+    return alive
+
+
+UNGUARDED = """
+import sys, gpufeed
+from gpufeed.augment import RandomResizedCrop
+print("BODY RAN", flush=True)
+loader = gpufeed.Loader(sys.argv[1], batch_size=4, device="cpu", augment=[RandomResizedCrop(16)], num_workers=2)
+assert loader.jpeg.workers.wait_ready(60)
+print("BATCHES", sum(1 for _ in loader), flush=True)
+"""
+
+
+def test_an_unguarded_script_runs_once_and_exits_without_close(store, tmp_path):
+    """No `if __name__ == "__main__"`, no close(): the body runs once (workers never import the
+    main module), the workers decode, and the program exits promptly leaving no process behind."""
+    proc = _run(_script(tmp_path, UNGUARDED), str(store))
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert out.count("BODY RAN") == 1 and "BATCHES 4" in out, out
+    assert "Traceback" not in err and "leaked" not in err, err
+
+
+HOLDS = """
+import sys, time, gpufeed
+from gpufeed.augment import RandomResizedCrop
+loader = gpufeed.Loader(sys.argv[1], batch_size=4, device="cpu", augment=[RandomResizedCrop(16)], num_workers=2)
+assert loader.jpeg.workers.wait_ready(60)
+it = iter(loader)
+next(it)
+print("READY", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT])
+def test_no_process_outlives_a_killed_program(store, tmp_path, sig):
+    proc = _run(_script(tmp_path, HOLDS), str(store))
+    assert proc.stdout.readline().strip() == "READY", proc.stderr.read()
+    kids = _children(proc.pid)
+    assert len(kids) >= 2
+    os.kill(proc.pid, sig)
+    proc.wait(timeout=30)
+    deadline = time.monotonic() + 5
+    while _alive(kids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(kids), f"still running after {sig!r}: {_alive(kids)}"
+
+
+def test_a_loader_made_before_a_fork_refuses_to_run_in_the_child(store, tmp_path):
+    body = """
+    import os, sys, gpufeed
+    from gpufeed.augment import RandomResizedCrop
+    loader = gpufeed.Loader(sys.argv[1], batch_size=4, device="cpu", augment=[RandomResizedCrop(16)], num_workers=1)
+    next(iter(loader))
+    pid = os.fork()
+    if pid == 0:
+        try:
+            next(iter(loader))
+        except RuntimeError as e:
+            print("CHILD", e, flush=True)
+        os._exit(0)
+    os.waitpid(pid, 0)
+    print("PARENT", sum(1 for _ in loader), flush=True)
+    """
+    proc = _run(_script(tmp_path, body), str(store))
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert "CHILD this gpufeed.Loader was made in another process" in out and "PARENT" in out, out + err
