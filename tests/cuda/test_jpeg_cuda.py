@@ -103,6 +103,7 @@ def test_one_cuda_context_and_workers_without_one(store):
         assert gpu.jpeg.workers.wait_ready(60)
         for _ in gpu:
             pass
+        assert len(gpu.stats()["decoders"]) == 2  # the default: one GPU decoder and the CPU
         workers = set(gpu.jpeg.workers.pids)
         listed = {int(pid) for pid in subprocess.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
                                                      capture_output=True, text=True, check=True).stdout.split()}

@@ -27,6 +27,10 @@ from gpufeed.decode.nvjpeg import NvJpegDecoder
 log = logging.getLogger(__name__)
 START_RATES = {"hw": 15_000.0, "nvjpeg": 10_000.0, "cuda": 8_000.0}
 KNOWN = ("hw", "nvjpeg", "cuda", "cpu")
+# the default: one GPU decoder (the engines through nvImageCodec where installed, else nvJPEG) and the
+# CPU workers. Two GPU decoders at once decode faster alone but slow the training loop they feed
+# (docs/benchmarks.md, "Training is the judge")
+DEFAULT = ("hw", "nvjpeg", "cpu")
 
 
 _warned: set[str] = set()  # every pipeline of every loader builds its decoders: say each reason once
@@ -63,8 +67,10 @@ class Scheduler:
     """Decoders for one pipeline: on a GPU those of `use` that can be made here, and a CPU decoder
     (`cpu`, e.g. `DecodeWorkers`; else `cpu_threads` threads)."""
 
-    def __init__(self, device: torch.device, cpu_threads: int, use: tuple[str, ...] = ("hw", "nvjpeg", "cpu"),
-                 cpu=None):
+    def __init__(self, device: torch.device, cpu_threads: int, use: tuple[str, ...] | None = None, cpu=None):
+        """`use` None: the default, `DEFAULT` (one GPU decoder, the first of it that can be made here, and the CPU)."""
+        first_only = use is None
+        use = DEFAULT if use is None else use
         check_decoders(use)
         self.device = device
         # always there, the fallback for what GPU decoders reject: `cpu` (worker processes) or threads
@@ -74,6 +80,10 @@ class Scheduler:
 
         wanted = [name for name in KNOWN[:-1] if name in use] if device.type == "cuda" else []
         self.gpu = [d for d in map(make, wanted) if d is not None]
+        if first_only:
+            for d in self.gpu[1:]:
+                getattr(d, "close", lambda: None)()
+            self.gpu = self.gpu[:1]
         self.cpu_share = "cpu" in use or not self.gpu  # else the CPU decodes only what GPU decoders reject
         self.roi = roi_available()  # the workers, if processes, run in this interpreter's environment
         # the CPU's rate is per decoding thread or worker: workers become ready while batches are made

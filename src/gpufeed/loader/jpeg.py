@@ -23,7 +23,7 @@ import torch
 
 from gpufeed.augment.pipeline import Params, _affine, _fused, color_jitter, finish
 from gpufeed.decode import Scheduler
-from gpufeed.decode.scheduler import check_decoders
+from gpufeed.decode.scheduler import DEFAULT, check_decoders
 from gpufeed.decode.base import Encoded, into_pixels
 from gpufeed.decode.workers import DecodeWorkers
 from gpufeed.loader.feeds import Batch, threaded
@@ -39,7 +39,7 @@ class DecodeError(RuntimeError):
 class JpegBatcher:
     """Turns (indices, params) into a finished (images, labels) batch on the loader's device."""
 
-    def __init__(self, loader, on_error: str, threads: int, decoders: tuple[str, ...], cpu=None):
+    def __init__(self, loader, on_error: str, threads: int, decoders: tuple[str, ...] | None, cpu=None):
         self.loader, self.on_error = loader, on_error
         self.scheduler = Scheduler(loader.device, threads, decoders, cpu)
         self.workers = cpu  # the CPU decode worker processes, or None (threads)
@@ -191,18 +191,20 @@ def default_workers(device: torch.device) -> int:
     return max(1, cores // 2) if device.type == "cuda" else cores
 
 
-def jpeg_batcher(loader, on_error: str, decoders: tuple[str, ...], workers: int | None) -> JpegBatcher:
-    """The loader's JPEG pipeline: its decoders, and `workers` CPU decode processes (None: see
-    `default_workers`; 0: CPU decoding on threads of this process, which share its GIL)."""
+def jpeg_batcher(loader, on_error: str, decoders: tuple[str, ...] | None, workers: int | None) -> JpegBatcher:
+    """The loader's JPEG pipeline: its `decoders` (None: `decode.scheduler.DEFAULT`'s rule), and
+    `workers` CPU decode processes (None: see `default_workers`; 0: CPU decoding on threads of this
+    process, which share its GIL)."""
     if on_error not in ("skip", "raise"):
         raise ValueError(f"on_error must be 'skip' or 'raise', got {on_error!r}")
-    check_decoders(decoders)
+    if decoders is not None:
+        check_decoders(decoders)
     if workers is None:
         workers = default_workers(loader.device)
     if not isinstance(workers, int) or isinstance(workers, bool) or workers < 0:
         raise ValueError(f"num_workers must be an int, 0 or more, got {workers!r}")
     pool = None
-    if workers and ("cpu" in decoders or loader.device.type != "cuda") and len(loader.store):
+    if workers and ("cpu" in (decoders or DEFAULT) or loader.device.type != "cuda") and len(loader.store):
         try:
             pool = DecodeWorkers(loader.store.data, workers, loader.device)
         except (RuntimeError, OSError) as e:

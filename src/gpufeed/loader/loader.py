@@ -57,7 +57,7 @@ class Loader:
                  dtype: torch.dtype = torch.float16, channels_last: bool = False, cache: str = "auto",
                  rank: int | None = None, world_size: int | None = None, prefetch: int = 3,
                  gather_threads: int | None = None, on_error: str = "skip", num_workers: int | None = None,
-                 decoders: tuple[str, ...] = ("hw", "nvjpeg", "cpu")):
+                 decoders: tuple[str, ...] | None = None):
         self.store = store if isinstance(store, Store) else Store(store)
         if self.store.mode == "jpeg" and not augment:
             raise ValueError(f"{self.store.path}: a jpeg store holds images of different sizes; give augment ops "
