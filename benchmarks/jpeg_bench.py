@@ -87,26 +87,31 @@ def torchvision_nvjpeg_loop(store, batches: int, batch: int) -> dict:
     return {"img_per_s": batches * batch / wall, "cpu_cores_used": (cpu_seconds() - c0) / wall}
 
 
-def dali(folder: Path, epochs: int, batch: int, threads: int) -> dict:
-    """NVIDIA DALI on the same JPEG files, the issue's reference recipe: mixed decoder with the random
-    crop fused in (`decoders.image_random_crop`), resize 224, flip + normalize -> fp16 CHW. An optional
-    comparison: needs the nvidia-dali wheel for this CUDA, never a gpufeed dependency."""
+def dali_loader(folder: Path, batch: int, threads: int, mean, std):
+    """NVIDIA DALI on the JPEG files under `folder`, the issue's reference recipe: mixed decoder with the
+    random crop fused in (`decoders.image_random_crop`), resize 224, flip + normalize (`mean`, `std`
+    in 0-255) -> fp16 CHW, as torch tensors. An optional comparison: needs the nvidia-dali wheel for
+    this CUDA, never a gpufeed dependency."""
     from nvidia.dali import fn, pipeline_def, types
     from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
-
-    mean, std = [0.485 * 255, 0.456 * 255, 0.406 * 255], [0.229 * 255, 0.224 * 255, 0.225 * 255]
 
     @pipeline_def(batch_size=batch, num_threads=threads, device_id=torch.cuda.current_device(), seed=0)
     def pipe():
         jpegs, labels = fn.readers.file(file_root=str(folder), random_shuffle=True, name="reader")
         images = fn.decoders.image_random_crop(jpegs, device="mixed", output_type=types.RGB)
         images = fn.resize(images, resize_x=224, resize_y=224)
-        images = fn.crop_mirror_normalize(images, dtype=types.FLOAT16, output_layout="CHW", mean=mean, std=std,
-                                          mirror=fn.random.coin_flip())
+        images = fn.crop_mirror_normalize(images, dtype=types.FLOAT16, output_layout="CHW", mean=list(mean),
+                                          std=list(std), mirror=fn.random.coin_flip())
         return images, labels.gpu()
 
-    loader = DALIGenericIterator([pipe()], ["images", "labels"], reader_name="reader", auto_reset=True,
-                                 last_batch_policy=LastBatchPolicy.DROP)  # torch tensors, as users take them
+    return DALIGenericIterator([pipe()], ["images", "labels"], reader_name="reader", auto_reset=True,
+                               last_batch_policy=LastBatchPolicy.DROP)
+
+
+def dali(folder: Path, epochs: int, batch: int, threads: int) -> dict:
+    """`dali_loader` on the same JPEG files, timed over `epochs` after one."""
+    loader = dali_loader(folder, batch, threads, [0.485 * 255, 0.456 * 255, 0.406 * 255],
+                         [0.229 * 255, 0.224 * 255, 0.225 * 255])
 
     def run(epochs: int) -> int:
         count = 0

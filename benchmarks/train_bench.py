@@ -104,23 +104,10 @@ def feeder(row: str, work: Path, batch: int):
 
 
 def _dali(work: Path, batch: int, threads: int, t0: float):
-    import torch
-    from nvidia.dali import fn, pipeline_def, types
-    from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+    sys.path.insert(0, str(Path(__file__).parent))
+    from jpeg_bench import dali_loader
 
-    mean, std = [m * 255 for m in MEAN], [s * 255 for s in STD]
-
-    @pipeline_def(batch_size=batch, num_threads=threads, device_id=torch.cuda.current_device(), seed=0)
-    def pipe():
-        jpegs, labels = fn.readers.file(file_root=str(work / "images"), random_shuffle=True, name="reader")
-        images = fn.decoders.image_random_crop(jpegs, device="mixed", output_type=types.RGB)
-        images = fn.resize(images, resize_x=224, resize_y=224)
-        images = fn.crop_mirror_normalize(images, dtype=types.FLOAT16, output_layout="CHW", mean=mean, std=std,
-                                          mirror=fn.random.coin_flip())
-        return images, labels.gpu()
-
-    loader = DALIGenericIterator([pipe()], ["images", "labels"], reader_name="reader", auto_reset=True,
-                                 last_batch_policy=LastBatchPolicy.DROP)
+    loader = dali_loader(work / "images", batch, threads, [m * 255 for m in MEAN], [s * 255 for s in STD])
     built = time.perf_counter() - t0
 
     def it():

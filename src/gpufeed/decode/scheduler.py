@@ -79,11 +79,12 @@ class Scheduler:
             return NvJpegDecoder(device) if name == "nvjpeg" else _nvimgcodec(device, name, max(2, cpu_threads))
 
         wanted = [name for name in KNOWN[:-1] if name in use] if device.type == "cuda" else []
-        self.gpu = [d for d in map(make, wanted) if d is not None]
-        if first_only:
-            for d in self.gpu[1:]:
-                getattr(d, "close", lambda: None)()
-            self.gpu = self.gpu[:1]
+        self.gpu = []
+        for name in wanted:  # by default only until one can be made: the others are never built
+            if (decoder := make(name)) is not None:
+                self.gpu.append(decoder)
+                if first_only:
+                    break
         self.cpu_share = "cpu" in use or not self.gpu  # else the CPU decodes only what GPU decoders reject
         self.roi = roi_available()  # the workers, if processes, run in this interpreter's environment
         # the CPU's rate is per decoding thread or worker: workers become ready while batches are made

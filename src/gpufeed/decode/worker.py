@@ -18,6 +18,8 @@ import sys
 import threading
 import time
 
+import numpy as np
+
 WATCH = 0.25  # seconds between looks at whether the parent is still there
 
 
@@ -33,9 +35,8 @@ def main() -> None:
 
     setup = protocol.WorkerSetup(**json.loads(sys.argv[1]))
     threading.Thread(target=_watch, args=(setup.parent,), daemon=True).start()
-    import numpy as np
-
     from gpufeed.decode.pixels import decode
+
     data = np.memmap(setup.store, dtype=np.uint8, mode="r", offset=setup.offset, shape=(setup.nbytes,))
     data = data.view(np.ndarray)
     segments: dict[int, tuple[int, np.ndarray]] = {}  # loader's fd -> (segment id, its pixels)
@@ -68,8 +69,6 @@ def main() -> None:
 
 def _segment(segments: dict, chunk, parent: int):
     """The segment `chunk` writes into, mapped once (again if its fd number now names another)."""
-    import numpy as np
-
     known = segments.get(chunk.segment_fd)
     if known is None or known[0] != chunk.segment_id:
         fd = os.open(f"/proc/{parent}/fd/{chunk.segment_fd}", os.O_RDWR)
