@@ -158,9 +158,16 @@ def main() -> None:
     p.add_argument("--only", help="run only the rows whose name holds one of these comma-separated words")
     p.add_argument("--grid", help="instead of the standard rows, the defaults and these loaders: comma-separated "
                                   "DECODERS:CPU_WORKERS, e.g. nvjpeg+cpu:4")
+    p.add_argument("--pipelines", type=int, help="JPEG pipelines on the GPU (gpufeed.loader.jpeg.PIPELINES_ON_GPU)")
     p.add_argument("--switch-interval", type=float,
                    help="sys.setswitchinterval(SECONDS) for this run (Python's default: 0.005)")
     a = p.parse_args()
+    if a.pipelines is not None:
+        if a.pipelines < 1:
+            p.error(f"--pipelines must be 1 or more, got {a.pipelines}")
+        import gpufeed.loader.jpeg
+
+        gpufeed.loader.jpeg.PIPELINES_ON_GPU = a.pipelines
     if a.switch_interval is not None:
         if a.switch_interval <= 0:
             p.error(f"--switch-interval must be a positive number of seconds, got {a.switch_interval}")

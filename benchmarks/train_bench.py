@@ -73,6 +73,10 @@ def feeder(row: str, work: Path, batch: int):
         return feeder("synthetic", work, batch)
     if name in ("raw", "jpeg"):
         import gpufeed
+        import gpufeed.loader.jpeg
+
+        if "pipelines" in kwargs:  # a comparison of the pipeline count, which is no Loader argument
+            gpufeed.loader.jpeg.PIPELINES_ON_GPU = kwargs.pop("pipelines")
 
         loader = gpufeed.Loader(work / name, batch_size=batch, device="cuda", augment=_ops(), **kwargs)
         built = time.perf_counter() - t0

@@ -110,6 +110,29 @@ def test_jobs_collected_out_of_order_get_their_own_images(store, pool):
     _same_as_torchvision(got_b, *second)
 
 
+def test_two_pipelines_share_the_pool_at_once(store, pool):
+    """Each pipeline thread submits and collects its own batches while the other does too: the reader
+    thread routes every reply to its own job."""
+    import threading
+
+    failures: list = []
+
+    def pipeline(idx):
+        try:
+            for _ in range(5):
+                inputs = _inputs(store, idx)
+                _same_as_torchvision(pool.collect(pool.submit(*inputs, [None] * len(idx)), CPU, pin=False), *inputs)
+        except BaseException as e:  # reported by the test's thread
+            failures.append(e)
+
+    threads = [threading.Thread(target=pipeline, args=(idx,)) for idx in (range(0, 7), range(5, 12))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not failures and not any(t.is_alive() for t in threads), failures
+
+
 def test_workers_never_import_torch_or_main(store, pool):
     for pid in pool.pids:
         maps = open(f"/proc/{pid}/maps").read()

@@ -8,6 +8,7 @@ to win it back from the other pipelines' threads. In numpy a batch's read and re
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -87,38 +88,42 @@ class PinnedStaging:
 
     Pinning a fresh buffer for every batch cost about 6 ms of a 23 ms batch (H100, torch 2.11,
     benchmarks/jpeg_bench.py profiled with py-spy). `alloc(nbytes)` makes another kind of buffer
-    (anything with `numel()`). One instance per thread: it is not locked."""
+    (anything with `numel()`). Safe to share between threads (the pipelines share the workers')."""
 
     def __init__(self, pin: bool = True, alloc: Callable[[int], Any] | None = None):
         self.pin = pin
         self._alloc = alloc or (lambda nbytes: torch.empty(nbytes, dtype=torch.uint8, pin_memory=self.pin))
         self._free: list = []
         self._busy: deque[tuple[torch.cuda.Event, Any]] = deque()
+        self._lock = threading.Lock()
 
     def take(self, nbytes: int):
         """A buffer of at least `nbytes` (the smallest free one that fits, else a new one)."""
-        while self._busy and self._busy[0][0].query():
-            self._free.append(self._busy.popleft()[1])
-        fits = [k for k, b in enumerate(self._free) if b.numel() >= nbytes]
-        if fits:  # by position: `list.remove` would compare tensors element-wise
-            return self._free.pop(min(fits, key=lambda k: self._free[k].numel()))
+        with self._lock:
+            while self._busy and self._busy[0][0].query():
+                self._free.append(self._busy.popleft()[1])
+            fits = [k for k, b in enumerate(self._free) if b.numel() >= nbytes]
+            if fits:  # by position: `list.remove` would compare tensors element-wise
+                return self._free.pop(min(fits, key=lambda k: self._free[k].numel()))
         return self._alloc(nbytes + nbytes // 4)  # headroom for the next sizes
 
     def give_back(self, buf, done: torch.cuda.Event | None) -> None:
         """`buf` may be reused once `done` (recorded after the last GPU work reading it) has completed;
         at once if `done` is None."""
-        if done is None:
-            self._free.append(buf)
-        else:
-            self._busy.append((done, buf))
+        with self._lock:
+            if done is None:
+                self._free.append(buf)
+            else:
+                self._busy.append((done, buf))
 
     def drain(self) -> list:
         """Every buffer, once the GPU work reading it is done; the staging is empty after."""
-        for done, buf in self._busy:
-            done.synchronize()
-            self._free.append(buf)
-        self._busy.clear()
-        buffers, self._free = self._free, []
+        with self._lock:
+            for done, buf in self._busy:
+                done.synchronize()
+                self._free.append(buf)
+            self._busy.clear()
+            buffers, self._free = self._free, []
         return buffers
 
 

@@ -75,6 +75,7 @@ class Scheduler:
         self.device = device
         # always there, the fallback for what GPU decoders reject: `cpu` (worker processes) or threads
         self.cpu = cpu or CpuDecoder(cpu_threads)
+        self._own_cpu = cpu is None
         def make(name: str):
             return NvJpegDecoder(device) if name == "nvjpeg" else _nvimgcodec(device, name, max(2, cpu_threads))
 
@@ -172,11 +173,10 @@ class Scheduler:
         return parts, failed
 
     def snapshot(self) -> dict:
-        """Images decoded, rates and seconds so far (the CPU workers' busy seconds included), as plain
-        dicts: what `summed` adds up over pipelines, also across processes."""
+        """Images decoded, rates and seconds so far, as plain dicts: what `summed` adds up over pipelines."""
         rates = self.rates | {"cpu": self.rates["cpu"] * max(1, self.cpu.threads)}
         return {"counts": dict(self.counts), "rates": rates,
-                "seconds": dict(self.seconds + getattr(self.cpu, "busy", Counter()))}
+                "seconds": dict(self.seconds)}
 
     def _asks(self, pos: np.ndarray, shapes: np.ndarray, boxes: np.ndarray, out_hw: tuple[int, int],
               regions: np.ndarray, cost: np.ndarray) -> tuple[list, list]:
@@ -209,7 +209,8 @@ class Scheduler:
             self.rates[name] = 0.7 * self.rates[name] + 0.3 * images / seconds
 
     def close(self) -> None:
-        self.cpu.close()
+        if self._own_cpu:  # a shared CPU decoder (the worker processes) is its owner's to stop
+            self.cpu.close()
         if self._helper is not None:
             self._helper.shutdown(wait=True)
 

@@ -29,6 +29,7 @@ import os
 import select
 import subprocess
 import sys
+import threading
 import time
 import weakref
 from collections import Counter
@@ -103,12 +104,17 @@ class _Job:
     regions: list
     chunks: dict[int, tuple[int, int]] = field(default_factory=dict)  # first -> (worker, stop) until answered
     done: list = field(default_factory=list)  # ChunkDone
+    finished: threading.Event = field(default_factory=threading.Event)
 
 
 class DecodeWorkers:
     """`workers` CPU decode processes over one store's encoded bytes (`data`, a memory map of the
-    store's file), used as the scheduler's CPU decoder (`submit`, `collect`) from one thread.
-    Raises RuntimeError where processes can't be used here."""
+    store's file), used as the CPU decoder (`submit`, `collect`) of every pipeline of a loader, from
+    their threads at once. Raises RuntimeError where processes can't be used here.
+
+    Threads: the pipelines' (submit writes chunks to a worker's stdin under a lock; collect waits on
+    its job's event) and one reader, `gpufeed-decode-replies`, that reads every worker's stdout and
+    routes each reply to its job (it holds the pool only weakly: dropping the pool stops it)."""
 
     name = "cpu"
 
@@ -133,11 +139,13 @@ class DecodeWorkers:
         self._staging = PinnedStaging(alloc=lambda nbytes: Segment(nbytes, device))
         self._tickets = itertools.count()
         self._jobs: dict[int, _Job] = {}
-        self._threads: CpuDecoder | None = None  # decodes what a dead worker left, and all if none is left
+        self._lock = threading.RLock()  # the jobs, the workers' states, their stdin
+        self._local = threading.local()  # per pipeline thread: its thread decoder, its last finish time
+        self._thread_decoders: list[CpuDecoder] = []
         self._said: set[str] = set()
         self._next = 0  # round-robin start
-        self.last_done = 0.0  # when the last image of the last `collect` finished decoding
         self.busy: Counter = Counter()  # the workers' seconds: wall, and CPU (below wall: starved of cores)
+        threading.Thread(target=_read, args=(weakref.ref(self),), daemon=True, name="gpufeed-decode-replies").start()
 
     @property
     def pids(self) -> list[int]:
@@ -145,24 +153,31 @@ class DecodeWorkers:
 
     @property
     def threads(self) -> int:
-        """Workers ready to decode, as of the last look at their pipes (0 while they start): the
-        scheduler sizes the CPU's share by it."""
+        """Workers ready to decode (0 while they start): the scheduler sizes the CPU's share by it."""
         return sum(w.ready and w.dead is None for w in self._workers)
+
+    @property
+    def last_done(self) -> float:
+        """When the last image of this thread's last `collect` finished decoding (a perf_counter)."""
+        return getattr(self._local, "last_done", 0.0)
+
+    def _starting(self) -> bool:
+        return any(not w.ready and w.dead is None for w in self._workers)
 
     def wait_ready(self, timeout: float = 60.0) -> bool:
         """Wait until every worker is ready (or dead); whether all of them are ready."""
         deadline = time.monotonic() + timeout
-        while any(not w.ready and w.dead is None for w in self._workers) and time.monotonic() < deadline:
-            self._poll(0.05)
+        while self._starting() and time.monotonic() < deadline:
+            time.sleep(0.01)
         return all(w.ready for w in self._workers)
 
     def submit(self, batch: Encoded, shapes: np.ndarray, reduce_to: list, regions: list | None = None):
         """Put the images on the ready workers in chunks, two per worker (byte ranges and where to write;
         `reduce_to`, `regions` as for `decode_one`); with none ready, wait for one."""
         regions = regions or [None] * len(reduce_to)
-        live = self._live(wait=len(reduce_to) > 0)
         if not len(reduce_to):
             return None
+        live = self._live(wait=True)
         if not live:
             return self._fallback().submit(batch, shapes, reduce_to, regions)
         capacity = shapes[:, 0].astype(np.int64) * shapes[:, 1] * 3
@@ -177,13 +192,15 @@ class DecodeWorkers:
                                                   reduce_to, regions)]
         job = _Job(next(self._tickets), segment, at, capacity, batch, reduce_to, regions)
         size = math.ceil(len(jobs) / (2 * len(live)))
-        self._jobs[job.ticket] = job
-        for n, first in enumerate(range(0, len(jobs), size)):
-            k = live[(self._next + n) % len(live)]
-            job.chunks[first] = (k, min(first + size, len(jobs)))
-            self._send(k, protocol.Chunk(job.ticket, first, segment.fd, segment.id, segment.nbytes,
-                                         jobs[first : first + size]))
-        self._next += 1
+        with self._lock:
+            self._jobs[job.ticket] = job
+            for n, first in enumerate(range(0, len(jobs), size)):
+                k = live[(self._next + n) % len(live)]
+                job.chunks[first] = (k, min(first + size, len(jobs)))
+            self._next += 1
+            for first, (k, stop) in list(job.chunks.items()):
+                self._send(k, protocol.Chunk(job.ticket, first, segment.fd, segment.id, segment.nbytes,
+                                             jobs[first:stop]))
         return job
 
     def collect(self, job, device: torch.device, pin: bool) -> Decoded:
@@ -191,18 +208,20 @@ class DecodeWorkers:
         if job is None:
             return in_place([], {})
         if not isinstance(job, _Job):
-            return self._threads.collect(job, device, pin)
-        while job.chunks:
-            self._poll(1.0)
-        del self._jobs[job.ticket]
+            part = self._fallback().collect(job, device, pin)
+            self._local.last_done = self._fallback().last_done
+            return part
+        job.finished.wait()
+        with self._lock:
+            del self._jobs[job.ticket]
+            self.busy.update(workers_wall=sum(d.wall for d in job.done), workers_cpu=sum(d.cpu for d in job.done))
         results: list = []
         for done in sorted(job.done, key=lambda d: d.first):
             results += done.results
-            self.busy.update(workers_wall=done.wall, workers_cpu=done.cpu)
         kept = [k for k, r in enumerate(results) if not isinstance(r, str)]
         failed = {k: r for k, r in enumerate(results) if isinstance(r, str)}
         sizes = np.array([(results[k].height, results[k].width) for k in kept], np.int64).reshape(-1, 2)
-        self.last_done = max((results[k].done for k in kept), default=0.0)
+        self._local.last_done = max((results[k].done for k in kept), default=0.0)
         regions = [results[k].region for k in kept]
         offsets = job.at[kept]
         end = int(offsets[-1] + sizes[-1].prod() * 3) if kept else 0
@@ -220,23 +239,24 @@ class DecodeWorkers:
     def _live(self, wait: bool) -> list[int]:
         """Indices of the ready, living workers; with `wait`, wait for one while any is starting."""
         while True:
-            self._poll(0)
             live = [k for k, w in enumerate(self._workers) if w.ready and w.dead is None]
-            starting = any(not w.ready and w.dead is None for w in self._workers)
-            if live or not wait or not starting:
+            if live or not wait or not self._starting():
                 return live
-            self._poll(0.05)
+            time.sleep(0.01)
 
     def _send(self, k: int, chunk: protocol.Chunk) -> None:
+        """Write `chunk` to worker `k` (under the lock)."""
         try:
             protocol.write(self._workers[k].proc.stdin.fileno(), chunk)
-        except OSError as e:
+        except (OSError, ValueError) as e:  # ValueError: its pipe was closed here
             self._died(k, f"{type(e).__name__}: {e}")
 
     def _poll(self, timeout: float) -> None:
-        """Read whatever the workers have sent (waiting up to `timeout` for something); note deaths."""
+        """Read whatever the workers have sent (waiting up to `timeout` for something); note deaths.
+        Only the reader thread calls this."""
         open_ = {w.proc.stdout.fileno(): k for k, w in enumerate(self._workers) if w.dead is None}
         if not open_:
+            time.sleep(timeout)
             return
         readable, _, _ = select.select(list(open_), [], [], timeout)
         for fd in readable:
@@ -245,17 +265,22 @@ class DecodeWorkers:
                 message = protocol.read(fd)
             except EOFError:
                 self._workers[k].proc.wait(timeout=5)
-                self._died(k, f"exit code {self._workers[k].proc.returncode}")
+                with self._lock:
+                    self._died(k, f"exit code {self._workers[k].proc.returncode}")
                 continue
             if isinstance(message, protocol.Ready):
                 self._workers[k].ready = True
-            elif isinstance(message, protocol.ChunkDone) and message.ticket in self._jobs:
-                job = self._jobs[message.ticket]
-                job.chunks.pop(message.first, None)
-                job.done.append(message)
+                continue
+            with self._lock:
+                job = self._jobs.get(message.ticket) if isinstance(message, protocol.ChunkDone) else None
+                if job is not None and job.chunks.pop(message.first, None) is not None:
+                    job.done.append(message)
+                    if not job.chunks:
+                        job.finished.set()
 
     def _died(self, k: int, why: str) -> None:
-        """Worker `k` is gone: its unanswered chunks are decoded on threads, said once per pool."""
+        """Worker `k` is gone (called under the lock): its unanswered chunks are decoded on threads,
+        said once per pool."""
         worker = self._workers[k]
         if worker.dead is not None:
             return
@@ -263,11 +288,13 @@ class DecodeWorkers:
         left = sum(w.dead is None for w in self._workers)
         self._say(f"JPEG decode worker {worker.proc.pid} stopped ({why}); {left} of "
                   f"{len(self._workers)} workers remain, its images are decoded on threads")
-        for job in self._jobs.values():
+        for job in list(self._jobs.values()):
             for first, (owner, stop) in list(job.chunks.items()):
                 if owner == k:
                     del job.chunks[first]
                     job.done.append(self._on_threads(job, first, stop))
+            if not job.chunks:
+                job.finished.set()
 
     def _on_threads(self, job: _Job, first: int, stop: int) -> protocol.ChunkDone:
         """Decode a lost chunk (positions `first` to `stop`) on threads, into the segment."""
@@ -291,24 +318,45 @@ class DecodeWorkers:
         return protocol.ChunkDone(job.ticket, first, results, 0.0, 0.0)
 
     def _fallback(self) -> CpuDecoder:
-        if self._threads is None:
-            self._threads = CpuDecoder(max(1, self.size))
+        """This thread's decoder on threads (a thread decoder serves one caller at a time)."""
+        threads = getattr(self._local, "threads", None)
+        if threads is None:
+            threads = self._local.threads = CpuDecoder(max(1, self.size))
+            with self._lock:
+                self._thread_decoders.append(threads)
         if not any(w.dead is None for w in self._workers):
-            self._say(f"no JPEG decode worker is left: the CPU decodes on {self._threads.threads} threads")
-        return self._threads
+            self._say(f"no JPEG decode worker is left: the CPU decodes on {threads.threads} threads")
+        return threads
 
     def _say(self, message: str) -> None:
-        if message not in self._said:
+        with self._lock:
+            if message in self._said:
+                return
             self._said.add(message)
-            log.warning("gpufeed: %s", message)
+        log.warning("gpufeed: %s", message)
 
     def close(self) -> None:
         """Stop the workers (also done when the pool is garbage-collected or the interpreter exits)."""
         self._stop()
-        if self._threads is not None:
-            self._threads.close()
+        for threads in self._thread_decoders:
+            threads.close()
         for segment in self._staging.drain():
             segment.close()
+
+
+def _read(pool_ref: weakref.ref) -> None:
+    """The reader thread: route the workers' replies until the pool is closed or dropped."""
+    while (pool := pool_ref()) is not None and pool._stop.alive:
+        try:
+            pool._poll(0.2)
+        except Exception as e:  # a pipe closed under us (the pool is closing), or a garbled reply
+            if not pool._stop.alive:
+                return
+            with pool._lock:  # nobody routes replies now: what the workers had is decoded on threads
+                for k in range(len(pool._workers)):
+                    pool._died(k, f"the reply reader failed ({type(e).__name__}: {e})")
+            return
+        del pool
 
 
 def _stop(workers: list[_Worker]) -> None:

@@ -23,7 +23,7 @@ import torch
 
 from gpufeed.augment.pipeline import Params, _affine, _fused, color_jitter, finish
 from gpufeed.decode import Scheduler
-from gpufeed.decode.scheduler import DEFAULT, check_decoders
+from gpufeed.decode.scheduler import DEFAULT, check_decoders, summed
 from gpufeed.decode.base import Encoded, into_pixels
 from gpufeed.decode.workers import DecodeWorkers
 from gpufeed.loader.feeds import Batch, threaded
@@ -42,7 +42,6 @@ class JpegBatcher:
     def __init__(self, loader, on_error: str, threads: int, decoders: tuple[str, ...] | None, cpu=None):
         self.loader, self.on_error = loader, on_error
         self.scheduler = Scheduler(loader.device, threads, decoders, cpu)
-        self.workers = cpu  # the CPU decode worker processes, or None (threads)
         self.fused = loader.device.type == "cuda" and _fused() is not None
         self.stream = torch.cuda.Stream(loader.device) if loader.device.type == "cuda" else None
         self._warned = threading.Event()
@@ -148,6 +147,7 @@ class JpegBatcher:
         return self.loader.augment.apply(batch, padded, self.loader.dtype, self.loader.channels_last)
 
     def close(self) -> None:
+        """Stop this pipeline's decoders (the shared CPU workers are `JpegPipelines`' to stop)."""
         self.scheduler.close()
 
 
@@ -164,11 +164,44 @@ def _table(columns: list[np.ndarray]) -> tuple[np.ndarray, list[int]]:
     return table, at[:-1]
 
 
-def jpeg_feed(loader, plan, start: int):
-    """Batches `start`.. of a jpeg store's epoch `plan`, made on one producer thread `prefetch` ahead."""
-    batcher = loader.jpeg
+# pipelines on a GPU: each a thread with its own GPU decoder and stream, so one batch's CPU share,
+# resize and Python overlap another's GPU decode (docs/benchmarks.md has one against two); on a CPU
+# device the workers do the decoding and one pipeline keeps them busy
+PIPELINES_ON_GPU = 2
 
-    def make(number: int, worker: int):
+
+class JpegPipelines:
+    """The loader's JPEG pipelines and the CPU decode workers they share (None: threads)."""
+
+    def __init__(self, pipelines: list[JpegBatcher], workers: DecodeWorkers | None):
+        self.pipelines, self.workers = pipelines, workers
+
+    @property
+    def names(self) -> list[str]:
+        return self.pipelines[0].scheduler.names
+
+    def stats(self) -> dict:
+        """`loader.stats()`'s decoder entries: counts, rates and seconds summed over the pipelines, and
+        the workers' busy seconds."""
+        out = summed(self.names, [p.scheduler.snapshot() for p in self.pipelines])
+        if self.workers is not None:
+            out["decode_seconds"] |= dict(self.workers.busy)
+        return out
+
+    def close(self) -> None:
+        for p in self.pipelines:
+            p.close()
+        if self.workers is not None:
+            self.workers.close()
+
+
+def jpeg_feed(loader, plan, start: int):
+    """Batches `start`.. of a jpeg store's epoch `plan`, batch k made by pipeline k % pipelines on its
+    own thread, `prefetch` ahead of the consumer."""
+    pipelines = loader.jpeg.pipelines
+
+    def make(number: int, k: int):
+        batcher = pipelines[k]
         idx, params = plan.batch(number)
         if batcher.stream is None:
             images, labels = batcher.make(idx, params)
@@ -178,7 +211,7 @@ def jpeg_feed(loader, plan, start: int):
             event = batcher.stream.record_event()
         return Batch(images, labels, None, final=True), event
 
-    return threaded(loader, make, range(start, len(plan)))
+    return threaded(loader, make, range(start, len(plan)), workers=len(pipelines))
 
 
 def default_workers(device: torch.device) -> int:
@@ -191,10 +224,10 @@ def default_workers(device: torch.device) -> int:
     return max(1, cores // 2) if device.type == "cuda" else cores
 
 
-def jpeg_batcher(loader, on_error: str, decoders: tuple[str, ...] | None, workers: int | None) -> JpegBatcher:
-    """The loader's JPEG pipeline: its `decoders` (None: `decode.scheduler.DEFAULT`'s rule), and
-    `workers` CPU decode processes (None: see `default_workers`; 0: CPU decoding on threads of this
-    process, which share its GIL)."""
+def jpeg_pipelines(loader, on_error: str, decoders: tuple[str, ...] | None, workers: int | None) -> JpegPipelines:
+    """The loader's JPEG pipelines: their `decoders` (None: `decode.scheduler.DEFAULT`'s rule), and
+    `workers` CPU decode processes they share (None: see `default_workers`; 0: CPU decoding on
+    threads of this process, which share its GIL)."""
     if on_error not in ("skip", "raise"):
         raise ValueError(f"on_error must be 'skip' or 'raise', got {on_error!r}")
     if decoders is not None:
@@ -210,7 +243,10 @@ def jpeg_batcher(loader, on_error: str, decoders: tuple[str, ...] | None, worker
         except (RuntimeError, OSError) as e:
             log.warning("gpufeed.Loader: CPU JPEG decode in worker processes unavailable (%s); decoding on "
                         "threads, which share the GIL with the training loop (slower)", e)
-    batcher = JpegBatcher(loader, on_error, max(1, workers), decoders, pool)
-    where = f"{pool.size} worker processes" if pool is not None else f"{max(1, workers)} threads"
-    log.info("gpufeed.Loader: jpeg decoders %s, CPU decode in %s", " + ".join(batcher.scheduler.names), where)
-    return batcher
+    count = PIPELINES_ON_GPU if loader.device.type == "cuda" else 1
+    threads = max(1, workers // count)  # each pipeline's decode threads, where there are no workers
+    jpeg = JpegPipelines([JpegBatcher(loader, on_error, threads, decoders, pool) for _ in range(count)], pool)
+    where = f"{pool.size} worker processes" if pool is not None else f"{threads} threads per pipeline"
+    log.info("gpufeed.Loader: jpeg decoders %s, %d pipeline(s), CPU decode in %s", " + ".join(jpeg.names), count,
+             where)
+    return jpeg

@@ -17,10 +17,9 @@ import numpy as np
 import torch
 
 from gpufeed.augment.pipeline import Augment
-from gpufeed.decode.scheduler import summed
 from gpufeed.loader import tiers
 from gpufeed.loader.feeds import Batch, device_feed, host_feed
-from gpufeed.loader.jpeg import JpegBatcher, jpeg_batcher, jpeg_feed
+from gpufeed.loader.jpeg import JpegPipelines, jpeg_feed, jpeg_pipelines
 from gpufeed.loader.planner import Planner
 from gpufeed.loader.sampler import ShardedBatchSampler, resolve_rank
 from gpufeed.loader.stats import Stats, stage_range
@@ -71,9 +70,9 @@ class Loader:
         self.channels_last, self.seed, self.prefetch = channels_last, seed, max(1, prefetch)
         self.tier = tiers.materialize(self.store, self.device, cache)
         log.info("gpufeed.Loader: tier %s (%s)", self.tier.name, self.tier.reason)
-        self.jpeg: JpegBatcher | None = None
+        self.jpeg: JpegPipelines | None = None
         if self.store.mode == "jpeg":
-            self.jpeg = jpeg_batcher(self, on_error, decoders, num_workers)
+            self.jpeg = jpeg_pipelines(self, on_error, decoders, num_workers)
         self._pid = os.getpid()
         self.gather = Gatherer(gather_threads or min(8, os.cpu_count() or 1))
         self.copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
@@ -124,7 +123,7 @@ class Loader:
         (with worker processes, also their wall and CPU seconds: CPU well below wall means starved)."""
         out = self.counters.as_dict()
         if self.jpeg is not None:
-            out |= summed(self.jpeg.scheduler.names, [self.jpeg.scheduler.snapshot()])
+            out |= self.jpeg.stats()
         return out
 
     def plan(self, epoch: int, number: int):
