@@ -131,3 +131,21 @@ def test_a_loader_made_before_a_fork_refuses_to_run_in_the_child(store, tmp_path
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
     assert "CHILD this gpufeed.Loader was made in another process" in out and "PARENT" in out, out + err
+
+
+PACKS = """
+import sys, threading, time, gpufeed
+threading.Thread(target=time.sleep, args=(30,), daemon=True).start()  # a process with threads is not forked
+print("BODY RAN", flush=True)
+report = gpufeed.pack(sys.argv[1], sys.argv[2], size=16, workers=2, progress=False)
+print("PACKED", report.count, flush=True)
+"""
+
+
+def test_packing_from_a_threaded_unguarded_script_runs_its_body_once(tmp_path):
+    for i in range(6):
+        save(tmp_path / "src" / f"c{i % 2}" / f"{i:03d}.png", smooth(i, 20, 24))
+    proc = _run(_script(tmp_path, PACKS), str(tmp_path / "src"), str(tmp_path / "out"))
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert out.count("BODY RAN") == 1 and "PACKED 6" in out, out + err

@@ -164,10 +164,11 @@ def _table(columns: list[np.ndarray]) -> tuple[np.ndarray, list[int]]:
     return table, at[:-1]
 
 
-# pipelines on a GPU: each a thread with its own GPU decoder and stream, so one batch's CPU share,
-# resize and Python overlap another's GPU decode (docs/benchmarks.md has one against two); on a CPU
-# device the workers do the decoding and one pipeline keeps them busy
-PIPELINES_ON_GPU = 2
+# pipelines on a GPU, each a thread with its own GPU decoder and stream, sharing the CPU workers.
+# Two overlap one batch's CPU share, resize and Python with another's GPU decode: faster alone, but
+# the concurrent GPU decodes slowed the training loop they fed (docs/benchmarks.md), so one. On a
+# CPU device the workers do the decoding and one pipeline keeps them busy
+PIPELINES_ON_GPU = 1
 
 
 class JpegPipelines:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
+import sys
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from dataclasses import dataclass
 
@@ -26,10 +28,43 @@ class _Inline(Executor):
         return f
 
 
+def _threads() -> int:
+    """This process's threads as the OS counts them (native ones too: CUDA's, nvImageCodec's), or 1
+    where that can't be read."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return 1
+
+
+class _SpawnWithoutMain(multiprocessing.get_context("spawn").Process):
+    """A spawned worker that does not import the caller's `__main__` (spawn would: a script without a
+    main guard would run again in every worker). The packing workers need nothing from it."""
+
+    def start(self) -> None:
+        main = sys.modules["__main__"]
+        saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if k in main.__dict__}
+        main.__dict__.pop("__file__", None)
+        main.__spec__ = None  # spawn reads both to decide what to import in the child
+        try:
+            super().start()  # reads __main__ for the child's preparation data now, in this thread
+        finally:
+            main.__dict__.pop("__spec__", None)
+            main.__dict__.update(saved)
+
+
+class _SpawnWithoutMainContext(type(multiprocessing.get_context("spawn"))):
+    Process = _SpawnWithoutMain
+
+
 def _context() -> multiprocessing.context.BaseContext:
-    """fork where available, like torch's DataLoader: forkserver/spawn would re-run the caller's
-    __main__ in every worker (a script without a main guard, or stdin, would break the pool)."""
-    return multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
+    """fork where this process has a single thread (a `gpufeed pack` command, most scripts): workers
+    start at once, like torch's DataLoader. A process with threads is not forked (a lock or CUDA
+    state held by another thread at fork time breaks or crashes the child): its workers are spawned,
+    without importing `__main__`."""
+    if "fork" in multiprocessing.get_all_start_methods() and _threads() == 1:
+        return multiprocessing.get_context("fork")
+    return _SpawnWithoutMainContext()
 
 
 def _call(fn, *args):
