@@ -139,3 +139,19 @@ def test_epochs_are_planned_ahead_on_threads_with_the_same_plan(store):
         fresh.set_epoch(1)
         again = [y for _, y in fresh]
     assert len(first) == len(second) and all(torch.equal(a, b) for a, b in zip(second, again))
+
+
+def test_a_batch_is_not_sorted_by_sample_or_class(tmp_path):
+    """Samples within a batch come in the epoch's seeded random order: an ImageFolder store's labels
+    follow its sorted files, so sorted indices would give class-sorted batches."""
+    from conftest import save, pixels
+
+    for i in range(64):
+        save(tmp_path / "src" / f"c{i // 16}" / f"{i:03d}.png", pixels(i, 8, 8))
+    gpufeed.pack(tmp_path / "src", tmp_path / "s", size=8, workers=1, progress=False)
+    loader = gpufeed.Loader(tmp_path / "s", batch_size=32, device="cpu", seed=3)
+    batches = [(loader.plan(0, b)[0], labels) for b, (_, labels) in enumerate(loader)]
+    assert all(not torch.equal(idx, idx.sort().values) for idx, _ in batches)
+    assert all(not torch.equal(labels, labels.sort().values) for _, labels in batches)
+    again = gpufeed.Loader(tmp_path / "s", batch_size=32, device="cpu", seed=3)
+    assert all(torch.equal(a, b) for (_, a), (_, b) in zip(batches, again))  # the order is the plan's

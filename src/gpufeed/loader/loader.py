@@ -127,7 +127,7 @@ class Loader:
         return out
 
     def plan(self, epoch: int, number: int):
-        """(sorted sample indices, augment Params or None) of batch `number` of `epoch` on this rank."""
+        """(sample indices in yield order, augment Params or None) of batch `number` of `epoch` on this rank."""
         return self._planner.now(epoch).batch(number)
 
     def ring(self) -> PinnedRing:

@@ -17,7 +17,8 @@ from gpufeed.loader.sampler import ShardedBatchSampler
 
 @dataclass
 class EpochPlan:
-    """Sorted indices of every batch, back to back, and the augment parameters aligned with them."""
+    """Indices of every batch (in the seeded random order they are yielded in), back to back, and the
+    augment parameters aligned with them."""
 
     indices: torch.Tensor  # (samples,) int64; batch b is indices[starts[b]:starts[b + 1]]
     starts: list[int]
@@ -49,11 +50,9 @@ def plan_epoch(sampler: ShardedBatchSampler, augment: Augment | None, seed: int,
     starts = [0]
     for b in batches:
         starts.append(starts[-1] + len(b))
+    # in the sampler's seeded random order, not sorted: a sorted batch of an ImageFolder store is
+    # sorted by class too, and gradient accumulation or in-batch losses would see class-sorted slices
     indices = torch.cat(batches) if batches else torch.empty(0, dtype=torch.int64)
-    full = (len(indices) // sampler.batch_size) * sampler.batch_size  # whole batches: one sort call
-    indices[:full] = indices[:full].view(-1, sampler.batch_size).sort(1).values.view(-1)
-    if full < len(indices):
-        indices[full:] = indices[full:].sort().values
     if augment is None:
         return EpochPlan(indices, starts, None, [])
     g = torch.Generator().manual_seed(hash((seed, epoch, sampler.rank)) & (2**63 - 1))
