@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+
 import pytest
 
 import gpufeed
@@ -83,3 +85,73 @@ def test_streaming_and_parallel_digests_agree(tmp_path, monkeypatch):
         for k in range(0, size, 333):
             w.write(data[k : k + 333])
         assert w.close() == writer.file_digest(tmp_path / "f", threads=3)
+
+
+def _edit_manifest(path, **fields):
+    manifest = json.loads((path / fmt.MANIFEST).read_text())
+    manifest.update(fields)
+    (path / fmt.MANIFEST).write_text(json.dumps(manifest))
+    return manifest
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("version", 0, "version 0 is not a version"),
+    ("version", -5, "version -5 is not a version"),
+    ("version", "1", "version '1' is not a version"),
+    ("version", True, "version True is not a version"),
+    ("count", "12", "bad sample count '12'"),
+    ("classes", "cat", "field classes is 'cat', not a list of strings"),
+    ("files", [], "field files is \\[\\], not an object"),
+    ("skipped", None, "field skipped is None"),
+    ("settings", [], "field settings is \\[\\]"),
+    ("mode", 3, "field mode is 3, not a string"),
+])
+def test_a_manifest_of_wrong_types_is_refused_by_name(store_path, field, value, message):
+    _edit_manifest(store_path, **{field: value})
+    for check in (gpufeed.open, gpufeed.verify):
+        with pytest.raises(gpufeed.StoreError, match=message):
+            check(store_path)
+
+
+def test_a_file_entry_of_wrong_types_or_outside_the_store_is_refused(store_path, tmp_path):
+    manifest = json.loads((store_path / fmt.MANIFEST).read_text())
+    entry = dict(manifest["files"][fmt.LABELS])
+    _edit_manifest(store_path, files={**manifest["files"], fmt.LABELS: {**entry, "bytes": "96"}})
+    with pytest.raises(gpufeed.StoreError, match=r"files\['labels.i64'\]"):
+        gpufeed.open(store_path)
+    (tmp_path / "secret").write_bytes(b"outside")
+    _edit_manifest(store_path, files={**manifest["files"], "../secret": {"bytes": 7, "digest": "x"}})
+    for check in (gpufeed.open, gpufeed.verify):  # verify would have hashed a file outside the store
+        with pytest.raises(gpufeed.StoreError, match=r"files a .* store does not hold: \['../secret'\]"):
+            check(store_path)
+
+
+def test_a_raw_store_shape_must_be_square_rgb(tmp_path, image_folder):
+    gpufeed.pack(image_folder, tmp_path / "s", size=16, workers=1, progress=False)
+    for shape in (None, [16, 16], [16, 16, 4], [0, 0, 3], ["16", 16, 3]):
+        _edit_manifest(tmp_path / "s", image_shape=shape)
+        with pytest.raises(gpufeed.StoreError, match="image_shape"):
+            gpufeed.open(tmp_path / "s")
+
+
+def _poke(path, name, dtype, index, value):
+    array = np.fromfile(path / name, dtype=dtype)
+    array.reshape(-1)[index] = value
+    array.tofile(path / name)
+
+
+def test_damaged_offsets_shapes_and_labels_are_named(tmp_path, image_folder):
+    gpufeed.pack(image_folder, tmp_path / "s", mode="jpeg", workers=1, progress=False)
+    s = tmp_path / "s"
+    cases = [(fmt.JPEG_OFFSETS, "<i8", 5, 1, "offsets.i64: entry 5 is smaller than the one before"),
+             (fmt.JPEG_OFFSETS, "<i8", 0, 3, "offsets.i64: entry 0 is 3, not 0"),
+             (fmt.JPEG_SHAPES, "<i4", 2 * 7 + 1, 0, "shapes.i32: entry 7 is not a positive size"),
+             (fmt.LABELS, "<i8", 4, 2**40, "labels.i64: entry 4 is not -1 or a class of 3"),
+             (fmt.LABELS, "<i8", 9, -2, "labels.i64: entry 9 is not -1 or a class of 3")]
+    for name, dtype, index, value, message in cases:
+        before = (s / name).read_bytes()
+        _poke(s, name, dtype, index, value)
+        with pytest.raises(gpufeed.StoreError, match=message):
+            gpufeed.open(s)
+        (s / name).write_bytes(before)
+    gpufeed.open(s)

@@ -109,7 +109,9 @@ class Manifest:
         if not isinstance(raw, dict) or raw.get("format") != FORMAT_NAME:
             raise StoreError(f"{path}: not a gpufeed store manifest")
         version = raw.get("version")
-        if not isinstance(version, int) or version > FORMAT_VERSION:
+        if not _is_int(version) or version < 1:
+            raise StoreError(f"{path}: store format version {version!r} is not a version (an integer, 1 or more)")
+        if version > FORMAT_VERSION:
             raise StoreError(
                 f"{path}: store format version {version} is newer than this gpufeed reads "
                 f"(up to {FORMAT_VERSION}); upgrade gpufeed"
@@ -118,6 +120,7 @@ class Manifest:
             manifest = cls(**raw)
         except TypeError as e:
             raise StoreError(f"{path}: malformed manifest ({e})") from e
+        _check_types(manifest, path)
         if manifest.checksum != CHECKSUM:
             raise StoreError(f"{path}: unknown checksum scheme {manifest.checksum!r}")
         manifest._validate(path)
@@ -126,11 +129,16 @@ class Manifest:
     def _validate(self, path: Path) -> None:
         if self.mode not in MODES:
             raise StoreError(f"{path}: unknown mode {self.mode!r}")
-        if not isinstance(self.count, int) or self.count < 0:
+        if not _is_int(self.count) or self.count < 0:
             raise StoreError(f"{path}: bad sample count {self.count!r}")
         missing = [n for n in data_files(self.mode) if n not in self.files]
         if missing:
             raise StoreError(f"{path}: manifest lists no entry for {', '.join(missing)}")
+        foreign = sorted(set(self.files) - set(data_files(self.mode)))
+        if foreign:  # e.g. "../x": verify would hash files outside the store
+            raise StoreError(f"{path}: manifest lists files a {self.mode} store does not hold: {foreign}")
+        if self.mode == "raw" and not (self.image_shape[0] == self.image_shape[1] and self.image_shape[2] == 3):
+            raise StoreError(f"{path}: a raw store's image_shape is [S, S, 3], got {self.image_shape}")
         for name, expected in self.expected_bytes().items():
             if expected is not None and self.files[name]["bytes"] != expected:
                 raise StoreError(
@@ -145,3 +153,41 @@ class Manifest:
             side = self.image_shape[0]
             return {RAW_IMAGES: n * raw_item_bytes(side), LABELS: n * 8}
         return {JPEG_DATA: None, JPEG_OFFSETS: (n + 1) * 8, JPEG_SHAPES: n * 8, LABELS: n * 8}
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_types(m: Manifest, path: Path) -> None:
+    """Raise StoreError naming the first field of `m` whose type or range is wrong: a manifest is
+    untrusted input, and every later step relies on these."""
+
+    def bad(what: str, value) -> StoreError:
+        return StoreError(f"{path}: manifest field {what} is {value!r}, not {_EXPECTED[what.split('[')[0]]}")
+
+    if not isinstance(m.mode, str):
+        raise bad("mode", m.mode)
+    shape = m.image_shape
+    if m.mode == "raw" and not (isinstance(shape, list) and len(shape) == 3
+                                and all(_is_int(x) and x > 0 for x in shape)):
+        raise bad("image_shape", shape)
+    if m.mode != "raw" and shape is not None:
+        raise bad("image_shape", shape)
+    if not isinstance(m.classes, list) or not all(isinstance(c, str) for c in m.classes):
+        raise bad("classes", m.classes)
+    if not isinstance(m.files, dict):
+        raise bad("files", m.files)
+    for name, entry in m.files.items():
+        if not (isinstance(entry, dict) and _is_int(entry.get("bytes")) and entry["bytes"] >= 0
+                and isinstance(entry.get("digest"), str)):
+            raise bad(f"files[{name!r}]", entry)
+    if not isinstance(m.skipped, list) or not all(isinstance(x, dict) for x in m.skipped):
+        raise bad("skipped", m.skipped)
+    if not isinstance(m.settings, dict):
+        raise bad("settings", m.settings)
+
+
+_EXPECTED = {"mode": "a string", "image_shape": "[S, S, 3] for raw stores and null for jpeg stores",
+             "classes": "a list of strings", "files": "an object of {\"bytes\": int >= 0, \"digest\": str}",
+             "skipped": "a list of objects", "settings": "an object"}

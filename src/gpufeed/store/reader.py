@@ -27,6 +27,13 @@ def _map(directory: Path, manifest: Manifest, name: str, shape: tuple[int, ...])
     return np.memmap(path, dtype=fmt.DTYPES[name], mode="r", shape=shape)
 
 
+def _check_entries(path: Path, bad: np.ndarray, what: str) -> None:
+    """Raise StoreError naming the first entry of `path` where `bad` is true (a damaged or hostile
+    store: later steps index memory with these values)."""
+    if bad.any():
+        raise StoreError(f"{path}: entry {int(np.argmax(bad))} {what} (damaged store)")
+
+
 def as_tensor(array: np.ndarray) -> torch.Tensor:
     """Zero-copy tensor over a read-only memory map; it must not be written to."""
     with warnings.catch_warnings():
@@ -38,7 +45,10 @@ class Store:
     """A packed dataset: `len(store)`, `store[i] -> (CHW uint8 tensor, label)`.
 
     The arrays are read-only memory maps: nothing is read until it is used, so a store of
-    any size opens in constant time and memory. Tensors it returns are views: don't write.
+    any size opens without reading its pixels or encoded bytes. Opening range-checks the small
+    per-sample arrays (labels; offsets and shapes of a jpeg store), which later steps index memory
+    with: about 20 ms for a million samples on a 2-core machine (docs/benchmarks.md). Tensors it
+    returns are views: don't write.
     """
 
     def __init__(self, path: str | Path):
@@ -58,6 +68,14 @@ class Store:
                     f"{self.path / fmt.JPEG_OFFSETS}: last offset {int(self.offsets[-1])} "
                     f"!= {self.data.shape[0]} bytes of {fmt.JPEG_DATA} (damaged store)"
                 )
+            if int(self.offsets[0]) != 0:
+                raise StoreError(f"{self.path / fmt.JPEG_OFFSETS}: entry 0 is {int(self.offsets[0])}, not 0 (damaged store)")
+            _check_entries(self.path / fmt.JPEG_OFFSETS, np.diff(self.offsets, prepend=0) < 0,
+                           "is smaller than the one before")
+            _check_entries(self.path / fmt.JPEG_SHAPES, (self.shapes <= 0).any(axis=1), "is not a positive size")
+        bad = (self._labels < -1) | (self._labels >= len(m.classes)) if m.classes else self._labels < -1
+        _check_entries(self.path / fmt.LABELS, bad, f"is not -1 or a class of {len(m.classes)}" if m.classes
+                       else "is below -1")
 
     @property
     def mode(self) -> str:

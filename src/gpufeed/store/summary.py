@@ -19,7 +19,8 @@ def describe(store: Store) -> str:
         hw = store.shapes
         shape = (f"JPEG, {int(hw[:, 0].min())}-{int(hw[:, 0].max())} x "
                  f"{int(hw[:, 1].min())}-{int(hw[:, 1].max())} px" if len(store) else "JPEG")
-    counts = torch.bincount(store.labels[store.labels >= 0], minlength=len(m.classes)) if len(store) else []
+    # labels of a store with classes are checked to be below len(classes) when it opens
+    counts = torch.bincount(store.labels[store.labels >= 0], minlength=len(m.classes)) if m.classes else []
     classes = ", ".join(f"{c} ({int(n)})" for c, n in zip(m.classes[:8], counts))
     if len(m.classes) > 8:
         classes += f", ... ({len(m.classes)} in all)"
