@@ -24,6 +24,7 @@ def test_pack_inspect_verify(image_folder, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "count         12" in out and "cat (4)" in out and "skipped       1" in out
     assert Image.open(tmp_path / "grid.png").size[0] > 0
+    assert main(["inspect", str(tmp_path / "s"), "--grid", str(tmp_path / "missing" / "grid.png")]) == 1
 
     assert main(["verify", str(tmp_path / "s")]) == 0
     with open(tmp_path / "s" / "images.u8", "r+b") as f:

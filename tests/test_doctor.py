@@ -83,3 +83,27 @@ def test_model_step_and_its_finding():
     assert any("10.0x the model step" in f for f in findings(t, gpu=True))
     text = table(t)
     assert "for scale" in text and text.index("<- bottleneck") < text.index("for scale")
+
+
+def test_a_folder_with_a_non_image_and_a_symlink_loop_is_diagnosed(tmp_path, capsys):
+    """What `gpufeed pack` skips, doctor skips too, naming each file and why."""
+    root = make_image_folder(tmp_path / "images", per_class=4, classes=2)
+    bad = root / "class_000" / "notes.jpg"
+    bad.write_text("not an image")
+    loop = root / "class_001" / "loop.jpg"
+    loop.symlink_to(loop)
+    report = diagnose(str(root), device="cpu", limit=64)
+    assert report["images"] == 8
+    skipped = report["facts"].get("skipped", {})
+    assert str(bad) in skipped and "UnidentifiedImageError" in skipped[str(bad)], skipped
+    assert str(loop) in skipped and "Too many levels of symbolic links" in skipped[str(loop)], skipped
+    assert any(line.startswith("skipped 2 file(s) that are not readable images") for line in report["gpufeed"])
+    assert main(["doctor", str(root), "--device", "cpu"]) == 0
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_a_folder_of_no_images_is_a_clear_error(tmp_path, capsys):
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "a.jpg").write_text("text")
+    assert main(["doctor", str(tmp_path), "--device", "cpu"]) == 1
+    assert "none of 1 files could be read as an image" in capsys.readouterr().err

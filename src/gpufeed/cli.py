@@ -133,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return args.run(args)
-    except (PackError, SourceError, StoreError, ValueError, ImportError) as e:
+    except (PackError, SourceError, StoreError, ValueError, ImportError, OSError) as e:
+        # OSError's message names the file (an output folder missing, a disk full, ...)
         print(f"gpufeed {args.verb}: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

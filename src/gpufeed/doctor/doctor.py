@@ -14,6 +14,10 @@ from gpufeed.doctor.report import findings, table
 
 def _gpufeed_here(t: stages.Timings, device: str) -> list[str]:
     lines = []
+    if t.facts.get("skipped"):
+        shown = "; ".join(f"{k}: {v}" for k, v in list(t.facts["skipped"].items())[:3])
+        lines.append(f"skipped {len(t.facts['skipped'])} file(s) that are not readable images ({shown}"
+                     f"{'; ...' if len(t.facts['skipped']) > 3 else ''})")
     if "tier" in t.facts:
         lines.append(f"gpufeed tier: {t.facts['tier']} ({t.facts['tier_reason']})")
     if t.facts.get("decoders"):

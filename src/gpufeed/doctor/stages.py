@@ -70,10 +70,17 @@ def folder(path: Path, limit: int, device: str) -> Timings:
     tf = transforms.Compose([transforms.RandomResizedCrop(224), transforms.RandomHorizontalFlip(),
                              transforms.ToTensor(), transforms.Normalize(MEAN, STD)])
     t, cuda = Timings("image folder", len(files)), device == "cuda"
+    skipped: dict[str, str] = {}  # what `gpufeed pack` would skip too: unreadable files, non-images
     with stage(t, "read bytes", False):
-        datas = [Path(f).read_bytes() for f in files]
+        datas = {f: data for f in files if (data := _attempt(skipped, f, Path(f).read_bytes)) is not None}
     with stage(t, "decode", False):
-        images = [decode(d) for d in datas]
+        images = [im for f, d in datas.items() if (im := _attempt(skipped, f, decode, d)) is not None]
+    if skipped:
+        t.facts["skipped"] = skipped
+    if not images:
+        first = next(iter(skipped.items()))
+        raise ValueError(f"{path}: none of {len(files)} files could be read as an image (e.g. {first[0]}: {first[1]})")
+    t.images, datas = len(images), [d for f, d in datas.items() if f not in skipped]
     with stage(t, "transform", False):
         tensors = [tf(im) for im in images]
     with stage(t, "collate", False):
@@ -85,6 +92,15 @@ def folder(path: Path, limit: int, device: str) -> Timings:
             batches = [b.to(device) for b in batches]
         model_step(t, batches, device)
     return t
+
+
+def _attempt(skipped: dict[str, str], name, fn, *args):
+    """`fn(*args)`, or None with the reason recorded under `name` in `skipped`."""
+    try:
+        return fn(*args)
+    except Exception as e:  # OSError (a symlink loop, a FIFO gone), Pillow's UnidentifiedImageError, ...
+        skipped[str(name)] = f"{type(e).__name__}: {e}"
+        return None
 
 
 def model_step(t: Timings, batches: list[torch.Tensor], device: str) -> None:
