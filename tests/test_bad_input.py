@@ -101,10 +101,66 @@ def test_huge_jpeg_is_drafted_not_decoded_in_full(tmp_path):
 def test_pixel_budget_replaces_pillow_bomb_guard(tmp_path):
     save(tmp_path / "src" / "big.png", smooth(0, 300, 300))
     save(tmp_path / "src" / "big.jpg", smooth(1, 300, 300), quality=90)
+    save(tmp_path / "src" / "small.png", smooth(2, 90, 100))
     report = gpufeed.pack(tmp_path / "src", tmp_path / "s", size=32, max_pixels=10_000, workers=1, progress=False)
-    assert report.count == 1  # the JPEG shrinks to 38x38 while decoding; the PNG cannot
-    assert "exceeds max_pixels" in report.skipped[0]["reason"]
+    # the budget is for the size the header declares, before anything is decoded: the JPEG too,
+    # though it would shrink to 38x38 while decoding (issue 21: refuse before allocating)
+    assert report.count == 1 and len(report.skipped) == 2
+    assert all("300x300 image" in s["reason"] and "exceeds max_pixels" in s["reason"] for s in report.skipped)
     assert Image.MAX_IMAGE_PIXELS is not None  # Pillow's global guard is restored
+
+
+def test_a_tiny_jpeg_declaring_a_huge_size_is_skipped_not_packed_gray(tmp_path):
+    """677 bytes declaring 65000x65000: Pillow would decode it (DCT-reduced) into a flat gray image."""
+    import struct
+
+    data = bytearray(jpeg_bytes(smooth(0, 16, 16)))
+    sof = data.find(b"\xff\xc0")
+    data[sof + 5 : sof + 9] = struct.pack(">HH", 65000, 65000)
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "bomb.jpg").write_bytes(bytes(data))
+    save(tmp_path / "src" / "ok.png", smooth(1, 20, 20))
+    report = gpufeed.pack(tmp_path / "src", tmp_path / "s", size=16, workers=1, progress=False)
+    assert report.count == 1 and "65000x65000 image (JPEG) exceeds max_pixels" in report.skipped[0]["reason"]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_fifo_and_devices_are_skipped_not_read(tmp_path, workers):
+    """A FIFO named like an image would block a read forever; /dev/zero would never end."""
+    save(tmp_path / "src" / "c" / "ok.png", smooth(0, 20, 20))
+    os.mkfifo(tmp_path / "src" / "c" / "fifo.jpg")
+    (tmp_path / "list.csv").write_text(f"path,label\n{tmp_path / 'src' / 'c' / 'ok.png'},0\n/dev/zero,1\n"
+                                        f"{tmp_path / 'src' / 'c' / 'fifo.jpg'},1\n")
+    for source, dest in ((tmp_path / "src", "a"), (tmp_path / "list.csv", "b")):
+        t0 = time.monotonic()
+        report = gpufeed.pack(source, tmp_path / dest, size=16, workers=workers, progress=False)
+        assert time.monotonic() - t0 < 60 and report.count == 1
+        reasons = {os.path.basename(s["path"]): s["reason"] for s in report.skipped}
+        assert "not a regular file" in reasons["fifo.jpg"], reasons
+        if dest == "b":
+            assert "not a regular file" in reasons["zero"], reasons
+
+
+def test_tar_links_and_oversized_members_are_listed_as_skipped(tmp_path, monkeypatch):
+    import io
+    import tarfile
+
+    from gpufeed.packing import sources
+
+    monkeypatch.setattr(sources, "MAX_FILE_BYTES", 10_000)
+    good, big = jpeg_bytes(smooth(0, 20, 20)), os.urandom(20_000)
+    with tarfile.open(tmp_path / "shard.tar", "w") as tar:
+        for name, data in (("a.jpg", good), ("a.cls", b"1"), ("b.jpg", big)):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        link = tarfile.TarInfo("c.jpg")
+        link.type, link.linkname = tarfile.SYMTYPE, "a.jpg"
+        tar.addfile(link)
+    report = gpufeed.pack(tmp_path / "shard.tar", tmp_path / "s", size=16, workers=1, progress=False)
+    reasons = {s["path"].rsplit(":", 1)[1]: s["reason"] for s in report.skipped}
+    assert report.count == 1
+    assert "20000 bytes, more than any image" in reasons["b.jpg"] and "not a regular file" in reasons["c.jpg"]
 
 
 def test_existing_destination_needs_overwrite(image_folder, tmp_path):
@@ -159,3 +215,15 @@ def test_packing_workers_start_without_torch():
     code = "import sys, gpufeed.packing.worker, gpufeed; gpufeed.pack; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_a_destination_another_pack_is_writing_is_refused(image_folder, tmp_path):
+    from gpufeed.store.writer import exclusive
+
+    dest = (tmp_path / "s").absolute()
+    with exclusive(dest):  # as a concurrent `gpufeed pack` to the same destination holds it
+        with pytest.raises(gpufeed.StoreError, match="another gpufeed pack is writing this destination"):
+            gpufeed.pack(image_folder, dest, size=16, workers=1, progress=False)
+    assert not dest.exists()
+    gpufeed.pack(image_folder, dest, size=16, workers=1, progress=False)  # free again once released
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["folder", "s"]  # no lock file left behind

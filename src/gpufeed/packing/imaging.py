@@ -76,14 +76,14 @@ def decode(data: bytes, mode: str, size: int, fit: str, max_side: int, max_pixel
     try:
         img = Image.open(io.BytesIO(data))
         w, h = img.size
-        scale = target_scale(w, h, mode, size, fit, max_side)
-        if scale < 1 and img.format == "JPEG":
-            img.draft(None, _draft_request(w, h, scale))
-        if img.size[0] * img.size[1] > max_pixels:
+        if w * h > max_pixels:  # the header's size, before anything is allocated or decoded
             raise BadImage(
                 f"{w}x{h} image ({img.format}) exceeds max_pixels={max_pixels} "
                 "(decompression-bomb guard; raise max_pixels to pack it)"
             )
+        scale = target_scale(w, h, mode, size, fit, max_side)
+        if scale < 1 and img.format == "JPEG":
+            img.draft(None, _draft_request(w, h, scale))
         img = ImageOps.exif_transpose(img)
         return to_rgb(img)
     except BadImage:

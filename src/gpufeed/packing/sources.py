@@ -180,6 +180,12 @@ def _tar_source(text: str, shards: list[str]) -> Source:
     return Source(f"{len(shards)} tar shard(s) {text}", [], _tar_entries(shards), None, kind="tar")
 
 
+# the largest file or tar member pack reads: above the images datasets hold, and a bound on what one
+# bad path or tar member can make a process hold (the sizes a header declares are checked against
+# max_pixels before decoding)
+MAX_FILE_BYTES = 256 << 20
+
+
 def _tar_entries(shards: list[str]) -> Iterator[Entry]:
     for shard in shards:
         try:
@@ -193,10 +199,17 @@ def _tar_samples(shard: str, tar: tarfile.TarFile) -> Iterator[Entry]:
     """Group consecutive members by WebDataset key (name up to the first dot of the basename)."""
     key, parts = None, {}
     for member in tar:
-        if not member.isfile():
+        if member.isdir():
             continue
         directory, base = os.path.split(member.name)
         if base.startswith("."):
+            continue
+        if not member.isfile():  # links, devices, FIFOs: nothing a sample is read from
+            yield Skip(f"{shard}:{member.name}", "not a regular file in the tar (a link, device or FIFO)")
+            continue
+        if member.size > MAX_FILE_BYTES:
+            yield Skip(f"{shard}:{member.name}", f"{member.size} bytes, more than any image gpufeed packs "
+                                                 f"({MAX_FILE_BYTES})")
             continue
         stem, _, ext = base.partition(".")
         member_key = os.path.join(directory, stem)

@@ -7,13 +7,15 @@ instead. Jpeg chunks return their encoded bytes to the writer.
 
 from __future__ import annotations
 
+import os
+import stat
 from dataclasses import dataclass
 
 import numpy as np
 
 from gpufeed.packing import imaging
 from gpufeed.packing.imaging import BadImage
-from gpufeed.packing.sources import Item
+from gpufeed.packing.sources import MAX_FILE_BYTES, Item
 from gpufeed.store.format import raw_item_bytes
 
 
@@ -40,13 +42,26 @@ Result = tuple[str | None, bytes | np.ndarray | None, tuple[int, int] | None]
 
 
 def _read(item: Item) -> bytes:
+    """The file's bytes: a regular file only (a FIFO would block forever, /dev/zero never end), at
+    most MAX_FILE_BYTES of it."""
     if item.data is not None:
         return item.data
     try:
-        with open(item.path, "rb") as f:
-            data = f.read()
+        fd = os.open(item.path, os.O_RDONLY | os.O_NONBLOCK)  # opening a FIFO must not wait for a writer
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise BadImage("not a regular file (a FIFO, device or socket)")
+            if info.st_size > MAX_FILE_BYTES:
+                raise BadImage(f"{info.st_size} bytes, more than any image gpufeed packs ({MAX_FILE_BYTES})")
+            with os.fdopen(fd, "rb", closefd=False) as f:
+                data = f.read(MAX_FILE_BYTES + 1)
+        finally:
+            os.close(fd)
     except OSError as e:
         raise BadImage(f"unreadable: {e.strerror or e}") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise BadImage(f"grew past {MAX_FILE_BYTES} bytes while being read")
     if not data:
         raise BadImage("empty file (0 bytes)")
     return data

@@ -6,6 +6,7 @@ store, never a directory that opens as a half-written store.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
@@ -91,14 +92,49 @@ def file_digest(path: Path, threads: int | None = None) -> dict[str, object]:
 
 
 @contextmanager
+def exclusive(dest: Path) -> Iterator[None]:
+    """Hold the lock that lets one pack at a time write `dest` (an flock on a hidden sibling file:
+    the kernel drops it if the process dies, so a killed pack leaves no stale lock); raise StoreError
+    if another pack holds it."""
+    path = dest.parent / f".{dest.name}.lock"
+    while True:
+        fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise StoreError(f"{dest}: another gpufeed pack is writing this destination now ({path} is locked)") from None
+        try:
+            current = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            current = False
+        if current:  # not a file the previous holder unlinked after we opened it
+            break
+        os.close(fd)
+    try:
+        yield
+    finally:
+        os.unlink(path)
+        os.close(fd)
+
+
+@contextmanager
 def atomic_store_dir(dest: str | Path, overwrite: bool = False) -> Iterator[Path]:
-    """Yield a scratch directory; on success it replaces `dest`, on any failure it is removed."""
+    """Yield a scratch directory; on success it replaces `dest`, on any failure it is removed. One pack
+    at a time per destination (`exclusive`)."""
     dest = Path(dest).absolute()
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with exclusive(dest):
+        with _atomic(dest, overwrite) as work:
+            yield work
+
+
+@contextmanager
+def _atomic(dest: Path, overwrite: bool) -> Iterator[Path]:
     if dest.exists() and not overwrite:
         raise StoreError(f"{dest}: destination exists (pass overwrite=True / --overwrite to replace it)")
     if dest.exists() and not dest.is_dir():
         raise StoreError(f"{dest}: destination exists and is not a directory")
-    dest.parent.mkdir(parents=True, exist_ok=True)
     tag = uuid.uuid4().hex[:8]
     work = dest.parent / f".{dest.name}.packing-{tag}"
     work.mkdir()
