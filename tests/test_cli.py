@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
+import gpufeed
 from gpufeed.cli import main
 
 
@@ -23,7 +24,10 @@ def test_pack_inspect_verify(image_folder, tmp_path, capsys):
     assert main(["inspect", str(tmp_path / "s"), "--grid", str(tmp_path / "grid.png")]) == 0
     out = capsys.readouterr().out
     assert "count         12" in out and "cat (4)" in out and "skipped       1" in out
-    assert Image.open(tmp_path / "grid.png").size[0] > 0
+    grid = Image.open(tmp_path / "grid.png").convert("RGB")
+    assert grid.size == (8 * 128, 2 * (128 + 14))  # 12 samples, 8 a row, captioned tiles
+    first = gpufeed.open(tmp_path / "s")[0][0]  # 16x16, centred in the first 128x128 tile
+    assert list(grid.getpixel((56 + 8, 56 + 8))) == first[:, 8, 8].tolist()
     assert main(["inspect", str(tmp_path / "s"), "--grid", str(tmp_path / "missing" / "grid.png")]) == 1
 
     assert main(["verify", str(tmp_path / "s")]) == 0

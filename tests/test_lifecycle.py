@@ -149,3 +149,93 @@ def test_packing_from_a_threaded_unguarded_script_runs_its_body_once(tmp_path):
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
     assert out.count("BODY RAN") == 1 and "PACKED 6" in out, out + err
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_a_killed_pack_leaves_no_worker(tmp_path, sig):
+    for i in range(400):
+        save(tmp_path / "src" / f"c{i % 2}" / f"{i:04d}.png", smooth(i, 48, 64))
+    code = f"""
+import gpufeed
+gpufeed.pack({str(tmp_path / 'src')!r}, {str(tmp_path / 'dest')!r}, size=64, workers=2, progress=False)
+"""
+    proc = _run(_script(tmp_path, code))
+    deadline = time.monotonic() + 60
+    while len(_alive(_children(proc.pid))) < 2:  # its two workers are running
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+        time.sleep(0.02)
+    kids = _children(proc.pid)
+    os.kill(proc.pid, sig)
+    proc.wait(timeout=30)
+    deadline = time.monotonic() + 5
+    while _alive(kids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(kids), f"still running after {sig!r}: {_alive(kids)}"
+    assert not (tmp_path / "dest").exists()
+
+
+RANK = """
+import sys, torch.distributed as dist, gpufeed
+from gpufeed.augment import RandomResizedCrop
+rank, store, init = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=2)
+for name in ("raw", "jpeg"):
+    loader = gpufeed.Loader(f"{store}-{name}", batch_size=2, device="cpu", augment=[RandomResizedCrop(16)])
+    assert loader.world_size == 2
+    for _ in loader:
+        pass
+dist.barrier()
+dist.destroy_process_group()
+print("DONE", rank, flush=True)
+"""
+
+
+def test_two_ranks_exit_without_close(tmp_path, store):
+    """Two gloo ranks iterate a raw and a jpeg Loader and never close them: both exit promptly."""
+    src = tmp_path / "src"
+    for i in range(8):
+        save(src / f"c{i % 2}" / f"{i:03d}.png", smooth(i, 20, 24))
+    gpufeed.pack(src, tmp_path / "s-raw", size=16, workers=1, progress=False)
+    gpufeed.pack(src, tmp_path / "s-jpeg", mode="jpeg", workers=1, progress=False)
+    script = _script(tmp_path, RANK)
+    procs = [_run(script, str(rank), str(tmp_path / "s"), str(tmp_path / "init")) for rank in (0, 1)]
+    t0 = time.monotonic()
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert time.monotonic() - t0 < 60
+    for rank, (p, (out, err)) in enumerate(zip(procs, outs)):
+        assert p.returncode == 0 and f"DONE {rank}" in out, err
+
+
+def _resources() -> dict:
+    shm = Path("/dev/shm")
+    return {"children": len(_alive(_children(os.getpid()))), "fds": len(os.listdir("/proc/self/fd")),
+            "shm": len(list(shm.iterdir())) if shm.is_dir() else 0,
+            "threads": len(os.listdir("/proc/self/task"))}
+
+
+@pytest.mark.parametrize("close", [True, False])
+def test_fifty_loaders_leave_nothing_behind(store, close):
+    """50 jpeg Loaders made, iterated and closed (or dropped): no process, fd, shared-memory entry or
+    thread is left over."""
+    import gc
+
+    from gpufeed.augment import RandomResizedCrop
+
+    def cycle():
+        loader = gpufeed.Loader(store, batch_size=4, device="cpu", augment=[RandomResizedCrop(16)], num_workers=1)
+        assert sum(1 for _ in loader) == 4
+        if close:
+            loader.close()
+
+    cycle()  # imports, thread pools made once per process
+    gc.collect()
+    time.sleep(0.5)
+    before = _resources()
+    for _ in range(50):
+        cycle()
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while _resources() != before and time.monotonic() < deadline:  # workers reaped, threads ended
+        gc.collect()
+        time.sleep(0.1)
+    assert _resources() == before

@@ -62,12 +62,13 @@ class Segment:
 
     def __init__(self, nbytes: int, device: torch.device):
         self.fd = os.memfd_create("gpufeed-decode", os.MFD_CLOEXEC)
+        self._close_fd = weakref.finalize(self, os.close, self.fd)  # also when dropped without close()
         self.id, self.nbytes = next(Segment._ids), nbytes
         try:
             os.ftruncate(self.fd, nbytes)
             self._map = mmap.mmap(self.fd, nbytes)
         except OSError:
-            os.close(self.fd)
+            self._close_fd()
             raise
         self.tensor = torch.frombuffer(self._map, dtype=torch.uint8)
         self._registration = Registration(self.tensor.data_ptr(), nbytes) if device.type == "cuda" else None
@@ -81,7 +82,7 @@ class Segment:
             self._map.close()
         except BufferError:  # a view is still alive somewhere: the map goes with it
             pass
-        os.close(self.fd)
+        self._close_fd()
 
 
 @dataclass
