@@ -209,8 +209,9 @@ class DecodeWorkers:
         if job is None:
             return in_place([], {})
         if not isinstance(job, _Job):
-            part = self._fallback().collect(job, device, pin)
-            self._local.last_done = self._fallback().last_done
+            threads = self._fallback()
+            part = threads.collect(job, device, pin)
+            self._local.last_done = threads.last_done
             return part
         job.finished.wait()
         with self._lock:
