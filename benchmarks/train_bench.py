@@ -124,30 +124,20 @@ def _dali(work: Path, batch: int, threads: int, t0: float):
 def run_row(a) -> dict:
     """One row in this process: build the feeder, time its first batch, train, measure."""
     import torch
-    import torchvision
 
     sys.path.insert(0, str(Path(__file__).parent.parent / "src"))
     from gpufeed.bench.common import cpu_seconds
+    from gpufeed.bench.training import training_step
 
     torch.backends.cudnn.benchmark = True
     work = Path(a.workdir)
-    model = getattr(torchvision.models, a.model)(num_classes=1000).cuda().to(memory_format=torch.channels_last)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-5)
+    step = training_step(a.model, "cuda", 1000)
     torch.cuda.synchronize()
     built, batches, stats = feeder(a.row, work, a.batch)
     t0 = time.perf_counter()
     images, labels = next(batches)
     torch.cuda.synchronize()
     first = time.perf_counter() - t0
-
-    def step(images, labels):
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = torch.nn.functional.cross_entropy(model(images.contiguous(memory_format=torch.channels_last)),
-                                                     labels.clamp(0, 999))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        return loss
 
     step(images, labels)
     for _ in range(a.warmup):

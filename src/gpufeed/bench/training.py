@@ -10,14 +10,32 @@ from gpufeed.bench.common import Context, Figure, sync
 from gpufeed.bench.feeders import dataset, feeders
 
 
-def run(ctx: Context) -> list[Figure]:
-    from torchvision.models import resnet18
+def training_step(model: str, device: str, classes: int):
+    """`step(images, labels) -> loss`: a torchvision `model` (random init, channels_last) trained with
+    bf16 autocast and SGD with momentum: the loop `gpufeed bench training` and
+    benchmarks/train_bench.py both feed. Labels are clamped into the model's classes."""
+    import torchvision
 
+    net = getattr(torchvision.models, model)(num_classes=classes).to(device).to(memory_format=torch.channels_last)
+    opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-5)
+
+    def step(images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
+            loss = torch.nn.functional.cross_entropy(net(images.contiguous(memory_format=torch.channels_last)),
+                                                     labels.to(device).clamp(0, classes - 1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return loss
+
+    return step
+
+
+def run(ctx: Context) -> list[Figure]:
     root = dataset(ctx)
     batch = 16 if ctx.quick else 128
     steps = 4 if ctx.quick else 30
-    model = resnet18(num_classes=8).to(ctx.device).to(memory_format=torch.channels_last)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    step = training_step("resnet18", ctx.device, 8)
     busy = Figure("training", f"ResNet-18 training step fed by each loader ({ctx.device}, batch {batch})",
                   "loader", "share of step time (%)", kind="bar")
     rate = Figure("training_rate", f"ResNet-18 training throughput by loader ({ctx.device}, batch {batch})",
@@ -35,12 +53,7 @@ def run(ctx: Context) -> list[Figure]:
                     images, labels = next(it)
                 sync(ctx.device)
                 t1 = time.perf_counter()
-                with torch.autocast(ctx.device, dtype=torch.bfloat16):
-                    loss = torch.nn.functional.cross_entropy(model(images.contiguous(memory_format=torch.channels_last)),
-                                                             labels.to(ctx.device).clamp(min=0))
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
+                step(images, labels)
                 sync(ctx.device)
                 if k:  # step 0 includes the loader's start-up
                     wait += t1 - t0
