@@ -133,6 +133,22 @@ def test_two_pipelines_share_the_pool_at_once(store, pool):
     assert not failures and not any(t.is_alive() for t in threads), failures
 
 
+def test_a_job_waiting_when_the_pool_closes_returns_failed(store):
+    """A pipeline waiting for replies when the workers are stopped (close(), or the interpreter's exit
+    running the pool's finalizer) gets its images marked failed at once, instead of waiting forever
+    (an iteration's clean-up then waited on that pipeline at exit)."""
+    workers = DecodeWorkers(store.data, 1)
+    assert workers.wait_ready(60)
+    job = workers.submit(*_inputs(store, range(12)), [None] * 12)
+    workers._stop()  # what close() and the exit-time finalizer do first
+    t0 = time.monotonic()
+    part = workers.collect(job, CPU, pin=False)
+    assert time.monotonic() - t0 < 5
+    assert len(part.failed) + len(part.sizes) == 12
+    assert all("stopped" in why for why in part.failed.values())
+    workers.close()
+
+
 def test_workers_never_import_torch_or_main(store, pool):
     for pid in pool.pids:
         maps = open(f"/proc/{pid}/maps").read()

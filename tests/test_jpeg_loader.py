@@ -112,3 +112,26 @@ def test_decoder_names_checked_and_gpu_decoders_ignored_on_cpu(jpeg_store):
     stats = loader.stats()  # where the time went, for doctor and training loops
     assert all(stats["seconds"][stage] > 0 for stage in ("read", "decode", "resize"))
     assert stats["decode_seconds"]["cpu_threads"] > 0 and stats["bytes"]["read"] == int(jpeg_store.offsets[-1])
+
+
+@pytest.mark.parametrize("batch_size", [1, 2])
+def test_a_batch_of_only_undecodable_samples_is_replaced_in_skip_mode(jpeg_store, tmp_path, caplog, batch_size):
+    """Every sample of a batch damaged: skip mode still yields a full batch (the samples after them),
+    warns naming the first damaged one, and raise mode names it."""
+    import shutil
+
+    shutil.copytree(jpeg_store.path, tmp_path / "s")
+    store = gpufeed.open(tmp_path / "s")
+    for sample in range(batch_size):
+        _damage(store, sample)
+    loader = gpufeed.Loader(store, batch_size=batch_size, device="cpu", augment=OPS, shuffle=False)
+    with caplog.at_level(logging.WARNING, logger="gpufeed"):
+        batches = list(loader)
+    assert len(batches) == len(store) // batch_size and all(len(y) == batch_size for _, y in batches)
+    assert "sample 0 cannot be decoded" in caplog.text
+    assert batches[0][1].tolist() == store.labels[batch_size : 2 * batch_size].tolist()  # the next samples, own labels
+    again = gpufeed.Loader(store, batch_size=batch_size, device="cpu", augment=OPS, shuffle=False)
+    assert torch.equal(next(iter(again))[0], batches[0][0])  # deterministic
+    strict = gpufeed.Loader(store, batch_size=batch_size, device="cpu", augment=OPS, shuffle=False, on_error="raise")
+    with pytest.raises(DecodeError, match="sample 0 cannot be decoded"):
+        list(strict)

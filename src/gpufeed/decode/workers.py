@@ -319,6 +319,15 @@ class DecodeWorkers:
             results.append(protocol.Image(h, w, threads.last_done, region))
         return protocol.ChunkDone(job.ticket, first, results, 0.0, 0.0)
 
+    def _abandon(self, why: str) -> None:
+        """Mark every unanswered chunk failed with `why` and wake its job (the workers are gone)."""
+        with self._lock:
+            for job in self._jobs.values():
+                for first, (_, stop) in list(job.chunks.items()):
+                    job.done.append(protocol.ChunkDone(job.ticket, first, [why] * (stop - first), 0.0, 0.0))
+                job.chunks.clear()
+                job.finished.set()
+
     def _fallback(self) -> CpuDecoder:
         """This thread's decoder on threads (a thread decoder serves one caller at a time)."""
         threads = getattr(self._local, "threads", None)
@@ -352,13 +361,14 @@ def _read(pool_ref: weakref.ref) -> None:
         try:
             pool._poll(0.2)
         except Exception as e:  # a pipe closed under us (the pool is closing), or a garbled reply
-            if not pool._stop.alive:
+            if pool._stop.alive:  # nobody routes replies now: what the workers had is decoded on threads
+                with pool._lock:
+                    for k in range(len(pool._workers)):
+                        pool._died(k, f"the reply reader failed ({type(e).__name__}: {e})")
                 return
-            with pool._lock:  # nobody routes replies now: what the workers had is decoded on threads
-                for k in range(len(pool._workers)):
-                    pool._died(k, f"the reply reader failed ({type(e).__name__}: {e})")
-            return
         del pool
+    if pool is not None:  # closed (close(), or the interpreter's exit): wake whoever waits for a reply
+        pool._abandon("the decode workers were stopped")
 
 
 def _stop(workers: list[_Worker]) -> None:

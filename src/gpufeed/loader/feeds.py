@@ -25,6 +25,9 @@ from gpufeed.loader.plan import EpochPlan
 from gpufeed.loader.stats import stage_range
 from gpufeed.transfer.ring import PinnedRing, hand_over
 
+STOP_WAIT = 5.0  # seconds an iteration that ends waits for its producers to finish their batch
+
+
 @dataclass
 class Batch:
     """What the consumer turns into (images, labels): pixels are `images`, or `images[index]`."""
@@ -108,9 +111,10 @@ def threaded(loader, make: Callable[[int, int], tuple[Batch, torch.cuda.Event | 
             yield batch
     finally:
         stop.set()
+        deadline = time.monotonic() + STOP_WAIT
         for q, p in zip(queues, producers):
-            while p.is_alive():
-                try:
+            while p.is_alive() and time.monotonic() < deadline:  # a producer stuck in a batch is left:
+                try:                                              # it is a daemon, and never blocks exit
                     q.get_nowait()
                 except queue.Empty:
                     p.join(0.01)

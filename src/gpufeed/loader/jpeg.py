@@ -68,6 +68,9 @@ class JpegBatcher:
         parts, failed = self.scheduler.run(batch, shapes, boxes, params.out_hw, pin=self.fused)
         t2 = time.perf_counter()
         self.loader.counters.add("decode", t2 - t1)
+        if failed and len(failed) == len(i) and self.on_error == "skip":
+            self._failed(idx, failed)
+            return self._replaced(idx, params)
         if failed:
             self._failed(idx, failed)
             good = [p for p in range(len(i)) if p not in failed]
@@ -85,15 +88,33 @@ class JpegBatcher:
                 images[p] = images[src]
         return images, labels
 
+    def _replaced(self, idx: torch.Tensor, params: Params, tries: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+        """A batch none of whose samples decoded (`on_error="skip"`): made of the samples that follow
+        them in the store instead, each with its own label and the same crop relative to its size,
+        trying up to `tries` steps further. Deterministic, so a resumed run makes the same batch."""
+        n, shapes = len(self.loader.store), torch.from_numpy(self._shapes)
+        for step in range(1, tries + 1):
+            other = (idx + step) % n
+            scale = (shapes[other] / shapes[idx]).flip(1).repeat(1, 2).to(params.boxes.dtype)  # (w, h, w, h)
+            moved = Params(params.boxes * scale, params.flip, params.out_hw, params.identity, params.jitter,
+                           params.any_flip)
+            try:
+                return self._make(other, moved)
+            except DecodeError:  # those failed too: one step further
+                continue
+        raise DecodeError(f"{self.loader.store.path}: samples {idx.tolist()} and the {tries} after each cannot be "
+                          "decoded: the store looks damaged (gpufeed verify names the files)")
+
     def _failed(self, idx: torch.Tensor, failed: dict[int, str]) -> None:
         first = min(failed)
         where = f"{self.loader.store.path}: sample {int(idx[first])}"
-        if self.on_error == "raise" or len(failed) == len(idx):
+        if self.on_error == "raise":
             raise DecodeError(f"{where} cannot be decoded ({failed[first]})")
         self.loader.counters.note(f"{len(failed)} undecodable sample(s) replaced, e.g. {where}")
         if not self._warned.is_set():
             self._warned.set()
-            log.warning("%s cannot be decoded (%s); replaced by another sample of the batch "
+            log.warning("%s cannot be decoded (%s); replaced by another sample (of its batch, or "
+                        "the ones after it if the whole batch failed) "
                         "(further ones are counted in loader.stats())", where, failed[first])
 
     def _gpu(self, parts, boxes: np.ndarray, labels: np.ndarray, params: Params) -> tuple[torch.Tensor, torch.Tensor]:
