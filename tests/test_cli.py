@@ -24,6 +24,7 @@ def test_pack_inspect_verify(image_folder, tmp_path, capsys):
     assert main(["inspect", str(tmp_path / "s"), "--grid", str(tmp_path / "grid.png")]) == 0
     out = capsys.readouterr().out
     assert "count         12" in out and "cat (4)" in out and "skipped       1" in out
+    assert "skipped files:" in out and "broken.jpg:" in out  # which file, and why
     grid = Image.open(tmp_path / "grid.png").convert("RGB")
     assert grid.size == (8 * 128, 2 * (128 + 14))  # 12 samples, 8 a row, captioned tiles
     first = gpufeed.open(tmp_path / "s")[0][0]  # 16x16, centred in the first 128x128 tile
@@ -75,3 +76,32 @@ def test_console_script(tmp_path):
         assert verb in proc.stdout
     proc = subprocess.run([sys.executable, "-m", "gpufeed.cli", "verify", str(tmp_path)], capture_output=True, text=True)
     assert proc.returncode == 1 and "not a gpufeed store" in proc.stderr
+
+
+def test_help_and_version_do_not_import_torch(tmp_path):
+    """`--help` and `--version` answer at once: the verbs import torch only when they run."""
+    probe = ("import sys\nfrom gpufeed.cli import main\n"
+             "for argv in (['--help'], ['--version'], ['pack', '--help'], ['doctor', '--help']):\n"
+             "    try:\n        main(argv)\n    except SystemExit as e:\n        assert e.code == 0, argv\n"
+             "print('torch' in sys.modules, 'numpy' in sys.modules)\n")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert proc.stdout.strip().splitlines()[-1] == "False False", proc.stdout
+    assert f"gpufeed {gpufeed.__version__}" in proc.stdout
+    assert "(default: 256)" in proc.stdout  # options show their defaults
+
+
+def test_inspect_lists_every_skipped_file_on_request(tmp_path, capsys):
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    Image.new("RGB", (8, 8), "red").save(folder / "ok.png")
+    for i in range(25):
+        (folder / f"bad{i:02d}.jpg").write_bytes(b"not an image")
+    assert main(["pack", str(folder), str(tmp_path / "s"), "--size", "8", "--workers", "1"]) == 0
+    capsys.readouterr()
+    assert main(["inspect", str(tmp_path / "s")]) == 0
+    out = capsys.readouterr().out
+    assert "bad00.jpg:" in out and "bad19.jpg:" in out and "bad20.jpg" not in out
+    assert "and 5 more (--all-skipped" in out
+    assert main(["inspect", str(tmp_path / "s"), "--all-skipped"]) == 0
+    out = capsys.readouterr().out
+    assert "bad24.jpg:" in out and "more (" not in out

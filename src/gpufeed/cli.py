@@ -6,12 +6,15 @@ import argparse
 import logging
 import sys
 
-from gpufeed.packing import PackError, SourceError, pack
-from gpufeed.store import StoreError, open_store, verify
-from gpufeed.store.summary import describe, save_grid
+from gpufeed._version import __version__
+
+# Verbs import what they need when they run (torch takes seconds to import), so that
+# `gpufeed --help` and `gpufeed --version` answer at once.
 
 
 def _pack(a: argparse.Namespace) -> int:
+    from gpufeed.packing import pack
+
     report = pack(
         a.source, a.dest, mode=a.mode, size=a.size, fit=a.fit, quality=a.quality, max_side=a.max_side,
         reencode=not a.no_reencode, workers=a.workers, on_error=a.on_error, overwrite=a.overwrite,
@@ -22,14 +25,22 @@ def _pack(a: argparse.Namespace) -> int:
 
 
 def _inspect(a: argparse.Namespace) -> int:
+    from gpufeed.store import open_store
+    from gpufeed.store.summary import describe, list_skipped, save_grid
+
     store = open_store(a.store)
     print(describe(store))
+    listing = list_skipped(store, limit=None if a.all_skipped else 20)
+    if listing:
+        print(listing)
     if a.grid:
         print(f"grid of samples written to {save_grid(store, a.grid)}")
     return 0
 
 
 def _verify(a: argparse.Namespace) -> int:
+    from gpufeed.store import verify
+
     result = verify(a.store)
     for name in result.checked:
         print(f"{name}: {result.damaged.get(name, 'ok')}")
@@ -74,57 +85,89 @@ def _doctor(a: argparse.Namespace) -> int:
     return 0
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="gpufeed", description="Image datasets onto the GPU at bus speed.")
-    sub = p.add_subparsers(dest="verb", required=True)
+class _Help(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each option's default, except where there is none to show."""
 
-    q = sub.add_parser("pack", help="pack an image folder, CSV/JSONL list or tar shards into a store")
-    q.add_argument("source", help="image folder, .csv/.jsonl list, .tar/.tar.gz file or a glob of shards")
-    q.add_argument("dest", help="store directory to create")
-    q.add_argument("--mode", choices=["raw", "jpeg"], default="raw")
-    q.add_argument("--size", type=int, default=256, help="raw: side of the square images (default 256)")
-    q.add_argument("--fit", choices=["crop", "stretch", "pad"], default="crop")
-    q.add_argument("--quality", type=int, default=90, help="jpeg: re-encode quality (default 90)")
-    q.add_argument("--max-side", type=int, default=512, help="jpeg: longest side kept (default 512)")
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default in (None, False) or action.required:
+            return action.help or ""
+        return super()._get_help_string(action)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gpufeed", description="Image datasets onto the GPU at bus speed.",
+                                epilog="'gpufeed VERB --help' explains a verb and its options.")
+    p.add_argument("--version", action="version", version=f"gpufeed {__version__}")
+    sub = p.add_subparsers(dest="verb", required=True, metavar="VERB")
+
+    def verb(name: str, help: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help, description=help[0].upper() + help[1:] + ".",
+                              formatter_class=_Help)
+
+    q = verb("pack", "pack an image folder, CSV/JSONL list or tar shards into a store")
+    q.add_argument("source", help="image folder (one subfolder per class), .csv/.jsonl list (path,label), "
+                                  ".tar/.tar.gz shard or a quoted glob of shards")
+    q.add_argument("dest", help="store directory to create (written atomically)")
+    q.add_argument("--mode", choices=["raw", "jpeg"], default="raw",
+                   help="raw: fixed-size uint8 pixels (fastest to load); jpeg: encoded bytes (about 4x smaller)")
+    q.add_argument("--size", type=int, default=256, help="raw: side of the square images")
+    q.add_argument("--fit", choices=["crop", "stretch", "pad"], default="crop",
+                   help="raw: how an image becomes square: centre crop of the shorter side, stretch, "
+                        "or pad the longer side with black")
+    q.add_argument("--quality", type=int, default=90, help="jpeg: re-encode quality")
+    q.add_argument("--max-side", type=int, default=512, help="jpeg: longest side kept")
     q.add_argument("--no-reencode", action="store_true", help="jpeg: keep baseline RGB JPEGs as they are")
     q.add_argument("--workers", type=int, default=None, help="local processes (default: all cores)")
     q.add_argument("--engine", choices=["local", "ray"], default="local",
                    help="ray: pack on a Ray cluster's CPUs (needs gpufeed[ray] on every node)")
     q.add_argument("--ray-address", default=None,
                    help="Ray cluster to join (default: RAY_ADDRESS, else a local cluster)")
-    q.add_argument("--on-error", choices=["skip", "raise"], default="skip")
+    q.add_argument("--on-error", choices=["skip", "raise"], default="skip",
+                   help="skip: list a bad image in the report and go on; raise: stop at the first one")
     q.add_argument("--overwrite", action="store_true", help="replace an existing destination")
     q.set_defaults(run=_pack)
 
-    q = sub.add_parser("inspect", help="summarise a store; --grid writes a PNG of samples")
-    q.add_argument("store")
-    q.add_argument("--grid", metavar="OUT.png")
+    q = verb("inspect", "summarise a store and list its skipped files; --grid writes a PNG of samples")
+    q.add_argument("store", help="store directory")
+    q.add_argument("--grid", metavar="OUT.png", help="write a grid of 16 samples with their labels")
+    q.add_argument("--all-skipped", action="store_true", help="list every skipped file (default: the first 20)")
     q.set_defaults(run=_inspect)
 
-    q = sub.add_parser("verify", help="recompute a store's checksums")
-    q.add_argument("store")
+    q = verb("verify", "recompute a store's checksums; exit 1 naming each damaged file")
+    q.add_argument("store", help="store directory")
     q.set_defaults(run=_verify)
 
-    q = sub.add_parser("bench", help="measure transfers, dtype order, decoders, loaders, training on this machine")
-    q.add_argument("experiments", nargs="*", help="transfer, dtype, decoders, loaders, training (default: all)")
+    q = verb("bench", "measure transfers, dtype order, decoders, loaders and training on this machine")
+    q.add_argument("experiments", nargs="*", metavar="EXPERIMENT",
+                   help="transfer, dtype, decoders, loaders, training (default: all)")
     q.add_argument("--quick", action="store_true", help="small sizes and few repeats")
     q.add_argument("--out", default="gpufeed-bench", help="folder for results.json, PNGs and summary.md")
     q.add_argument("--device", choices=["cuda", "cpu"], default=None, help="default: cuda if available")
     q.add_argument("--plot-only", action="store_true", help="redraw plots and summary from results.json")
     q.set_defaults(run=_bench)
 
-    q = sub.add_parser("doctor", help="time each stage of a data pipeline and name the bottleneck")
-    q.add_argument("target", help="image folder, gpufeed store, or module:function returning (images, labels) batches")
-    q.add_argument("--device", choices=["cuda", "cpu"], default=None)
-    q.add_argument("--limit", type=int, default=256, help="images to time (default 256)")
+    q = verb("doctor", "time each stage of a data pipeline, name the bottleneck, report versions")
+    q.add_argument("target", help="image folder, gpufeed store, or module:function returning "
+                                  "(images, labels) batches")
+    q.add_argument("--device", choices=["cuda", "cpu"], default=None, help="default: cuda if available")
+    q.add_argument("--limit", type=int, default=256, help="images to time")
     q.add_argument("--trace", metavar="TRACE.json", help="write a torch.profiler Chrome trace")
     q.set_defaults(run=_doctor)
 
-    q = sub.add_parser("demo", help="make sample images, pack them, load them, print measurements")
-    q.add_argument("--dir", default="gpufeed-demo", help="working folder (default ./gpufeed-demo)")
+    q = verb("demo", "make sample images, pack them, load them, print measurements")
+    q.add_argument("--dir", default="gpufeed-demo", help="working folder")
     q.add_argument("--per-class", type=int, default=64, help="sample images per class (4 classes)")
     q.set_defaults(run=_demo)
     return p
+
+
+def _errors() -> tuple[type[BaseException], ...]:
+    """The errors a verb reports as one line: bad input, named by path, never a traceback."""
+    from gpufeed.packing.packer import PackError
+    from gpufeed.packing.sources import SourceError
+    from gpufeed.store.format import StoreError
+
+    return PackError, SourceError, StoreError, ValueError, ImportError, OSError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -133,13 +176,13 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return args.run(args)
-    except (PackError, SourceError, StoreError, ValueError, ImportError, OSError) as e:
-        # OSError's message names the file (an output folder missing, a disk full, ...)
-        print(f"gpufeed {args.verb}: error: {e}", file=sys.stderr)
-        return 1
     except KeyboardInterrupt:
         print(f"gpufeed {args.verb}: interrupted; nothing was left half-written", file=sys.stderr)
         return 130
+    except _errors() as e:
+        # OSError's message names the file (an output folder missing, a disk full, ...)
+        print(f"gpufeed {args.verb}: error: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -38,6 +38,16 @@ def describe(store: Store) -> str:
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
 
+def list_skipped(store: Store, limit: int | None = 20) -> str:
+    """The files the pack skipped, one per line with its reason; the first `limit` (None: all)."""
+    skipped = store.manifest.skipped
+    shown = skipped if limit is None else skipped[:limit]
+    lines = [f"  {s.get('path', '?')}: {s.get('reason', '?')}" for s in shown]
+    if len(shown) < len(skipped):
+        lines.append(f"  ... and {len(skipped) - len(shown)} more (--all-skipped lists every one)")
+    return "\n".join(["skipped files:", *lines]) if lines else ""
+
+
 def save_grid(store: Store, out: str | Path, n: int = 16, tile: int = 128, columns: int = 8) -> Path:
     """Write a PNG grid of `n` samples spread evenly over the store, captioned with labels."""
     n = min(n, len(store))
