@@ -72,12 +72,13 @@ def _doctor(a: argparse.Namespace) -> int:
     from gpufeed.doctor import diagnose
 
     r = diagnose(a.target, device=a.device, limit=a.limit, trace=a.trace)
-    print(f"{r['kind']} on {r['device']}: {r['images']} images timed\n")
-    print(r["table"])
-    print("\nfindings:" if r["findings"] else "\nfindings: none; the pipeline keeps up")
-    for f in r["findings"]:
-        print(f"  - {f}")
-    print()
+    if a.target is not None:
+        print(f"{r['kind']} on {r['device']}: {r['images']} images timed\n")
+        print(r["table"])
+        print("\nfindings:" if r["findings"] else "\nfindings: none; the pipeline keeps up")
+        for f in r["findings"]:
+            print(f"  - {f}")
+        print()
     for line in r["gpufeed"]:
         print(line)
     if a.trace:
@@ -147,8 +148,8 @@ def _parser() -> argparse.ArgumentParser:
     q.set_defaults(run=_bench)
 
     q = verb("doctor", "time each stage of a data pipeline, name the bottleneck, report versions")
-    q.add_argument("target", help="image folder, gpufeed store, or module:function returning "
-                                  "(images, labels) batches")
+    q.add_argument("target", nargs="?", help="image folder, gpufeed store, or module:function returning "
+                                             "(images, labels) batches (none: only versions and decoders)")
     q.add_argument("--device", choices=["cuda", "cpu"], default=None, help="default: cuda if available")
     q.add_argument("--limit", type=int, default=256, help="images to time")
     q.add_argument("--trace", metavar="TRACE.json", help="write a torch.profiler Chrome trace")

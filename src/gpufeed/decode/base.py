@@ -175,3 +175,9 @@ def packed(images: list[torch.Tensor], failed: dict[int, str], device: torch.dev
     torch.cat([t.reshape(-1) for t in images], out=buf[:total])
     base, on_done = to_device(buf, total, device, staging, buf, pin)
     return Decoded(base, offsets, sizes, strides, [], failed, on_done=on_done, regions=regions)
+
+
+def nvimgcodec_install() -> str:
+    """The command that installs nvImageCodec for the CUDA this torch was built for."""
+    major = (torch.version.cuda or "13").split(".")[0]
+    return f"pip install 'gpufeed[nvimgcodec-cu{major}]'"

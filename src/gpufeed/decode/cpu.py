@@ -25,7 +25,7 @@ import torch
 from torchvision.io import ImageReadMode, decode_jpeg, encode_jpeg
 
 from gpufeed.decode import pixels
-from gpufeed.decode.base import Decoded, Encoded, PinnedStaging, Region, packed
+from gpufeed.decode.base import Decoded, Encoded, PinnedStaging, Region, nvimgcodec_install, packed
 from gpufeed.store.reader import as_tensor
 
 
@@ -45,7 +45,7 @@ def roi_problem() -> str | None:
     """Why the CPU can't decode a crop's region alone here, or None if it can (for `gpufeed doctor`: this
     decodes a tiny JPEG, which makes nvImageCodec load its CPU backend in this process)."""
     if not roi_available():
-        return "nvImageCodec is not installed (pip install 'gpufeed[nvimgcodec]')"
+        return f"nvImageCodec is not installed ({nvimgcodec_install()})"
     try:
         _region(encode_jpeg(torch.zeros((3, 16, 16), dtype=torch.uint8)), (0, 0, 8, 8))
     except Exception as e:

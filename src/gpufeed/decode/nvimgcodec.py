@@ -1,4 +1,4 @@
-"""Two decoders through nvImageCodec (optional: `pip install gpufeed[nvimgcodec]`, imported only when a
+"""Two decoders through nvImageCodec (optional: `pip install 'gpufeed[nvimgcodec-cu13]'` or `-cu12`, as torch's CUDA, imported only when a
 loader asks for one):
 
 - `hw`: the GPU's hardware JPEG engines (NVJPG on A100/H100/H200) alone;

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
-from gpufeed.decode.base import Decoded, Encoded
+from gpufeed.decode.base import Decoded, Encoded, nvimgcodec_install
 from gpufeed.decode.cpu import CpuDecoder, roi_available, roi_cost, tries_region
 from gpufeed.decode.nvjpeg import NvJpegDecoder
 
@@ -50,9 +50,10 @@ def _nvimgcodec(device: torch.device, name: str, cpu_threads: int):
 
         return NvImgCodecDecoder(device, name, cpu_threads)
     except ImportError:
-        _warn_once(f"nvImageCodec is not installed (pip install 'gpufeed[nvimgcodec]'): {what} stay(s) unused")
-    except Exception as e:  # no engines on this GPU, driver too old, ...
-        _warn_once(f"{what} unavailable ({e}): using the other decoders")
+        _warn_once(f"nvImageCodec is not installed ({nvimgcodec_install()}): {what} stay(s) unused")
+    except Exception as e:  # no engines on this GPU, driver too old, a wheel for another CUDA, ...
+        _warn_once(f"{what} unavailable ({e}): using the other decoders; `gpufeed doctor` checks the versions "
+                   "of the driver, torch and nvImageCodec and names the fix")
     return None
 
 

@@ -6,14 +6,16 @@ from pathlib import Path
 
 import torch
 
+from gpufeed.decode.base import nvimgcodec_install
 from gpufeed.decode.cpu import roi_problem
 from gpufeed.decode.workers import unavailable
 from gpufeed.doctor import stages
 from gpufeed.doctor.report import findings, table
+from gpufeed.doctor.versions import report as versions
 
 
 def _gpufeed_here(t: stages.Timings, device: str) -> list[str]:
-    lines = []
+    lines = versions()
     if t.facts.get("skipped"):
         shown = "; ".join(f"{k}: {v}" for k, v in list(t.facts["skipped"].items())[:3])
         lines.append(f"skipped {len(t.facts['skipped'])} file(s) that are not readable images ({shown}"
@@ -33,7 +35,7 @@ def _gpufeed_here(t: stages.Timings, device: str) -> list[str]:
             lines.append("jpeg decoders available: hardware engines (nvImageCodec) + nvJPEG + CPU")
         except Exception:
             lines.append("jpeg decoders available: nvJPEG + CPU (nvImageCodec missing or unsupported; "
-                         "pip install 'gpufeed[nvimgcodec]')")
+                         f"{nvimgcodec_install()})")
     else:
         lines.append("no CUDA GPU here: gpufeed runs its pipeline on the CPU (no pinning, no GPU decode)")
     why = unavailable()
@@ -45,12 +47,18 @@ def _gpufeed_here(t: stages.Timings, device: str) -> list[str]:
     return lines
 
 
-def diagnose(target: str, device: str | None = None, limit: int = 256, trace: str | Path | None = None) -> dict:
-    """Profile `target` (image folder, gpufeed store or module:function) and return the report."""
+def diagnose(target: str | None, device: str | None = None, limit: int = 256,
+             trace: str | Path | None = None) -> dict:
+    """Profile `target` (image folder, gpufeed store or module:function) and return the report.
+
+    Without a target, only the environment: versions, mismatches, and what gpufeed would use here.
+    """
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    path = Path(target)
+    path = Path(target or "")
 
     def run() -> stages.Timings:
+        if target is None:
+            return stages.Timings("environment")
         if (path / "manifest.json").is_file():
             return stages.store(path, max(2, limit // 64), device)
         if path.is_dir():
