@@ -93,14 +93,33 @@ def test_corrupt_sample_is_replaced_or_raises(jpeg_store, tmp_path, caplog):
         list(strict)
 
 
-def test_jpeg_needs_a_fixed_output(jpeg_store):
+def test_jpeg_needs_a_fixed_output_and_bad_ops_are_refused_when_built(jpeg_store):
+    from gpufeed.augment import CenterCrop, Resize
+
     with pytest.raises(ValueError, match="images of different sizes"):
         gpufeed.Loader(jpeg_store, device="cpu")
-    from gpufeed.augment import Resize
+    with pytest.raises(ValueError, match=r"store: augment ops .*Resize\(size=16\).*leave images of different sizes"):
+        gpufeed.Loader(jpeg_store, batch_size=8, device="cpu", augment=[Resize(16)])
+    with pytest.raises(ValueError, match=r"CenterCrop\(40\) is larger than some images"):  # the 33x33 ones
+        gpufeed.Loader(jpeg_store, batch_size=8, device="cpu", augment=[CenterCrop(40)])
 
-    loader = gpufeed.Loader(jpeg_store, batch_size=8, device="cpu", augment=[Resize(16)])
-    with pytest.raises(ValueError, match="different output sizes"):
-        next(iter(loader))
+
+def test_evaluation_resize_then_center_crop_matches_torchvision(jpeg_store):
+    """torchvision's evaluation transform, Resize(shorter side) then CenterCrop, on images of
+    different sizes and aspect ratios: each image is resized with its own aspect kept."""
+    from gpufeed.augment import CenterCrop, Resize
+
+    loader = gpufeed.Loader(jpeg_store, batch_size=16, device="cpu", augment=[Resize(32), CenterCrop(28)],
+                            dtype=torch.float32, shuffle=False, drop_last=False)
+    seen = []
+    for number, (images, labels) in enumerate(loader):
+        idx, _ = loader.plan(0, number)
+        assert images.shape == (len(idx), 3, 28, 28)
+        for k, i in enumerate(idx.tolist()):
+            ref = F.center_crop(F.resize(jpeg_store[i][0], [32], antialias=True), [28]).float()
+            assert (images[k] * 255 - ref).abs().mean() < 4.0, i  # the README's tolerance for downscaling
+        seen += idx.tolist()
+    assert seen == list(range(48))  # unshuffled, every sample once
 
 
 def test_decoder_names_checked_and_gpu_decoders_ignored_on_cpu(jpeg_store):

@@ -27,8 +27,9 @@ class View:
         return isinstance(self.height, int) and isinstance(self.width, int)
 
     def crop(self, top: torch.Tensor, left: torch.Tensor, h: torch.Tensor, w: torch.Tensor,
-             out_h: int, out_w: int) -> View:
-        """Crop rows top..top+h, cols left..left+w of the current view (per sample), output out_h×out_w."""
+             out_h: int | torch.Tensor, out_w: int | torch.Tensor) -> View:
+        """Crop rows top..top+h, cols left..left+w of the current view (per sample), output out_h×out_w
+        (one size, or per-sample sizes while the samples still differ)."""
         sx = (self.boxes[:, 2] - self.boxes[:, 0]) / self.width
         sy = (self.boxes[:, 3] - self.boxes[:, 1]) / self.height
         left = torch.where(self.flip, self.width - (left + w), left).double()
@@ -101,17 +102,23 @@ class Resize:
     size: int | tuple[int, int]
 
     def __call__(self, view: View, g: torch.Generator) -> View:
+        n = view.boxes.shape[0]
+        height, width = column(view.height, n), column(view.width, n)
         if isinstance(self.size, int) and not view.uniform:
-            raise ValueError(f"Resize({self.size}) of images of different sizes gives different output sizes: "
-                             "put RandomResizedCrop or Resize((h, w)) first")
-        if isinstance(self.size, int):
+            # images of different sizes (jpeg stores): each gets its own output size, as torchvision
+            # gives each image; a later CenterCrop or Resize((h, w)) makes the batch one size again
+            short, long_ = torch.minimum(height, width), torch.maximum(height, width)
+            other = torch.floor(self.size * long_ / short)
+            side = torch.full_like(other, float(self.size))
+            wide = height <= width
+            out = (torch.where(wide, side, other).long(), torch.where(wide, other, side).long())
+        elif isinstance(self.size, int):
             short, long_ = sorted((view.height, view.width))
             other = int(self.size * long_ / short)
             out = (self.size, other) if view.height <= view.width else (other, self.size)
         else:
             out = _pair(self.size)
-        n = view.boxes.shape[0]
-        return view.crop(_full(n, 0), _full(n, 0), column(view.height, n), column(view.width, n), *out)
+        return view.crop(_full(n, 0), _full(n, 0), height, width, *out)
 
 
 @dataclass

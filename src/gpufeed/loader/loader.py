@@ -44,6 +44,24 @@ def _device(device: str | torch.device) -> torch.device:
     return dev
 
 
+def _check_augment(augment: Augment, path: object, sizes: tuple[int, int] | torch.Tensor) -> None:
+    """Refuse an op list that can't yield one batch shape from this store, when the Loader is built
+    rather than at the first batch: drawn once on the store's extreme image sizes (smallest and largest
+    side, widest and tallest)."""
+    if isinstance(sizes, torch.Tensor):
+        if not len(sizes):
+            return
+        h, w = sizes[:, 0].double(), sizes[:, 1].double()
+        picks = torch.stack([h.argmin(), h.argmax(), w.argmin(), w.argmax(), (w / h).argmin(), (w / h).argmax()])
+        height, width = sizes[picks, 0].long(), sizes[picks, 1].long()
+    else:
+        height, width = sizes
+    try:
+        augment.sample(6, height, width, torch.Generator().manual_seed(0))
+    except ValueError as e:
+        raise ValueError(f"{path}: augment ops {augment.ops!r}: {e}") from None
+
+
 class Loader:
     """Iterate `(images, labels)` batches of a raw store on `device`; see the README for every argument."""
 
@@ -66,6 +84,10 @@ class Loader:
         self.sampler = ShardedBatchSampler(len(self.store), batch_size, shuffle=shuffle, seed=seed, rank=self.rank,
                                            world_size=self.world_size, drop_last=drop_last)
         self.augment = Augment(augment) if augment is not None else None
+        shape = self.store.image_shape
+        sizes = torch.from_numpy(np.array(self.store.shapes)) if shape is None else (shape[0], shape[1])
+        if self.augment is not None:
+            _check_augment(self.augment, self.store.path, sizes)
         self.dtype = dtype if self.augment is not None else torch.uint8
         self.channels_last, self.seed, self.prefetch = channels_last, seed, max(1, prefetch)
         self.tier = tiers.materialize(self.store, self.device, cache)
@@ -79,8 +101,6 @@ class Loader:
         self.counters = Stats(self.tier.name)
         self.epoch, self._batch = 0, 0
         self._ring: PinnedRing | None = None
-        shape = self.store.image_shape
-        sizes = torch.from_numpy(np.array(self.store.shapes)) if shape is None else (shape[0], shape[1])
         self._planner = Planner(self.sampler, self.augment, seed, sizes)
 
     def __len__(self) -> int:
