@@ -81,7 +81,8 @@ def test_open_is_constant_time_on_a_huge_sparse_store(tmp_path):
     d = tmp_path / "big"
     d.mkdir()
     files = {}
-    for name, size in ((fmt.RAW_IMAGES, n * fmt.raw_item_bytes(side)), (fmt.LABELS, n * 8)):
+    for name, size in ((fmt.RAW_IMAGES, n * fmt.raw_item_bytes(side)), (fmt.LABELS, n * 8),
+                       (fmt.SOURCES, 0), (fmt.SOURCE_OFFSETS, (n + 1) * 8)):
         with open(d / name, "wb") as f:
             f.truncate(size)
         files[name] = {"bytes": size, "digest": ""}

@@ -89,6 +89,8 @@ def test_tar_shards_by_glob(tmp_path):
     assert store.labels.tolist() == [3, -1, 5]
     assert all(same(store[i][0], pixels(i, 32, 32)) for i in range(3))
     assert store.manifest.skipped[0]["path"].endswith("s-001.tar.gz:k3")
+    assert [store.source(i) for i in range(3)] == [f"{tmp_path}/s-000.tar:a/k0", f"{tmp_path}/s-000.tar:a/k1",
+                                                   f"{tmp_path}/s-001.tar.gz:k2"]
 
 
 def test_truncated_tar_keeps_what_came_before(tmp_path):

@@ -67,7 +67,7 @@ def test_newer_format_version_is_refused(store_path):
 
 def test_manifest_records_settings_and_version(store_path):
     m = gpufeed.open(store_path).manifest
-    assert m.format == "gpufeed-store" and m.version == 1 and m.gpufeed_version == gpufeed.__version__
+    assert m.format == "gpufeed-store" and m.version == 2 and m.gpufeed_version == gpufeed.__version__
     assert m.settings["size"] == 16 and m.classes == ["cat", "dog", "emu"] and m.count == 12
     assert set(m.files) == set(fmt.data_files(m.mode))
 
@@ -155,3 +155,44 @@ def test_damaged_offsets_shapes_and_labels_are_named(tmp_path, image_folder):
             gpufeed.open(s)
         (s / name).write_bytes(before)
     gpufeed.open(s)
+
+
+def test_every_sample_maps_back_to_its_file(store_path, image_folder):
+    store = gpufeed.open(store_path)
+    files = sorted(str(p) for p in image_folder.rglob("*.png"))
+    assert [store.source(i) for i in range(len(store))] == files  # class folders, then names: the pack order
+    assert store.source(-1) == files[-1]
+    with pytest.raises(IndexError):
+        store.source(len(store))
+
+
+def test_skipped_files_leave_no_hole_in_the_sources(tmp_path, image_folder):
+    (image_folder / "cat" / "001.png").write_bytes(b"broken")
+    gpufeed.pack(image_folder, tmp_path / "s", size=16, workers=2, progress=False)
+    store = gpufeed.open(tmp_path / "s")
+    assert len(store) == 11 and not any(store.source(i).endswith("cat/001.png") for i in range(11))
+    assert store.source(1).endswith("cat/002.png") and store.labels[1] == 0
+
+
+def test_a_version_1_store_still_opens_without_sources(store_path):
+    """Stores packed by gpufeed 0.1 (format v1: no sources files) open and load; source() says why not."""
+    manifest = json.loads((store_path / fmt.MANIFEST).read_text())
+    manifest["version"] = 1
+    for name in (fmt.SOURCES, fmt.SOURCE_OFFSETS):
+        del manifest["files"][name]
+        (store_path / name).unlink()
+    (store_path / fmt.MANIFEST).write_text(json.dumps(manifest))
+    store = gpufeed.open(store_path)
+    assert store[3][0].shape[0] == 3 and gpufeed.verify(store_path).ok
+    with pytest.raises(gpufeed.StoreError, match="did not record sources; pack it again"):
+        store.source(0)
+
+
+def test_damaged_source_offsets_are_refused(store_path):
+    import numpy as np
+
+    offsets = np.fromfile(store_path / fmt.SOURCE_OFFSETS, dtype="<i8")
+    offsets[5] = offsets[-1] + 100
+    offsets.tofile(store_path / fmt.SOURCE_OFFSETS)
+    with pytest.raises(gpufeed.StoreError, match=r"sources.i64: entry 5 is out of order or past the end"):
+        gpufeed.open(store_path)

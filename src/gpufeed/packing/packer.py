@@ -159,7 +159,7 @@ def pack(
             for chunk, results in _bounded(executor, partial(worker.process, s=settings), chunks, 4 * workers):
                 for k, (item, (error, encoded, hw)) in enumerate(zip(chunk.items, results)):
                     if error is None:
-                        sink.add(chunk.start + k, item.label, encoded, hw)
+                        sink.add(chunk.start + k, item.label, encoded, hw, item.name)
                     else:
                         on_skip(Skip(item.name, error))
                 bar.update(len(chunk.items))

@@ -18,6 +18,23 @@ def _write_array(path: Path, values: np.ndarray) -> dict[str, object]:
     return w.close()
 
 
+class Sources:
+    """Records each kept sample's source name, in sample order (sources.bin + sources.i64)."""
+
+    def __init__(self, work: Path):
+        self.data = HashingWriter(work / fmt.SOURCES)
+        self.offsets: array = array("q", [0])
+        self.work = work
+
+    def add(self, name: str) -> None:
+        self.data.write(fmt.encode_source(name))
+        self.offsets.append(self.data.bytes)
+
+    def finish(self) -> dict[str, dict[str, object]]:
+        return {fmt.SOURCES: self.data.close(),
+                fmt.SOURCE_OFFSETS: _write_array(self.work / fmt.SOURCE_OFFSETS, np.asarray(self.offsets, dtype="<i8"))}
+
+
 class RawSink:
     """Hands out slots of images.u8 to workers (or writes the pixels remote workers send back);
     compacts away the slots of skipped images."""
@@ -30,6 +47,7 @@ class RawSink:
         self.slots = 0
         self.kept: array = array("q")
         self.labels: array = array("q")
+        self.sources = Sources(work)
         self._fd: int | None = None
 
     @property
@@ -43,16 +61,19 @@ class RawSink:
         os.truncate(self.path, self.slots * self.item)
         return start
 
-    def add(self, slot: int, label: int, pixels: np.ndarray | None, hw: tuple[int, int] | None) -> None:
+    def add(self, slot: int, label: int, pixels: np.ndarray | None, hw: tuple[int, int] | None,
+            source: str) -> None:
         if pixels is not None:
             if self._fd is None:
                 self._fd = os.open(self.path, os.O_RDWR)
             os.pwrite(self._fd, memoryview(pixels).cast("B"), slot * self.item)
         self.kept.append(slot)
         self.labels.append(label)
+        self.sources.add(source)
 
     def finish(self) -> dict[str, dict[str, object]]:
-        files = {fmt.LABELS: _write_array(self.work / fmt.LABELS, np.asarray(self.labels, dtype="<i8"))}
+        files = {fmt.LABELS: _write_array(self.work / fmt.LABELS, np.asarray(self.labels, dtype="<i8")),
+                 **self.sources.finish()}
         if self._fd is not None:
             os.close(self._fd)
         if list(self.kept) != list(range(self.slots)):
@@ -86,6 +107,7 @@ class JpegSink:
         self.offsets: array = array("q", [0])
         self.shapes: array = array("i")
         self.labels: array = array("q")
+        self.sources = Sources(work)
 
     @property
     def count(self) -> int:
@@ -94,11 +116,12 @@ class JpegSink:
     def reserve(self, n: int) -> int:
         return 0
 
-    def add(self, slot: int, label: int, encoded: bytes | None, hw: tuple[int, int] | None) -> None:
+    def add(self, slot: int, label: int, encoded: bytes | None, hw: tuple[int, int] | None, source: str) -> None:
         self.data.write(encoded)
         self.offsets.append(self.data.bytes)
         self.shapes.extend(hw)
         self.labels.append(label)
+        self.sources.add(source)
 
     def finish(self) -> dict[str, dict[str, object]]:
         w = self.work
@@ -107,4 +130,5 @@ class JpegSink:
             fmt.JPEG_OFFSETS: _write_array(w / fmt.JPEG_OFFSETS, np.asarray(self.offsets, dtype="<i8")),
             fmt.JPEG_SHAPES: _write_array(w / fmt.JPEG_SHAPES, np.asarray(self.shapes, dtype="<i4")),
             fmt.LABELS: _write_array(w / fmt.LABELS, np.asarray(self.labels, dtype="<i8")),
+            **self.sources.finish(),
         }

@@ -1,9 +1,13 @@
-"""The gpufeed store format, version 1: the one place that says what is on disk.
+"""The gpufeed store format, version 2: the one place that says what is on disk.
 
 A store is a directory::
 
     manifest.json     what the store holds (written last: its presence marks a complete store)
     labels.i64        int64[N]            label per sample (-1 = unlabelled)
+    sources.bin       uint8[...]          where each sample came from (file path, or shard:key of a
+                                          tar member), UTF-8 back to back (undecodable bytes of a
+                                          path as surrogate escapes)
+    sources.i64       int64[N + 1]        sample i's source is sources.bin[s[i]:s[i + 1]]
     raw mode:
       images.u8       uint8[N, S, S, 3]   HWC pixels, sample i is one contiguous slice
     jpeg mode:
@@ -15,6 +19,9 @@ Every data file is little-endian, headerless and memory-mappable; the manifest r
 byte size and digest so a damaged store is detected. The digest (CHECKSUM) is the SHA-256 of
 the concatenated SHA-256 digests of the file's consecutive 64 MiB blocks, so it is computed
 on all cores and in one streaming pass alike. Everything else asks this module.
+
+Version 1 stores (gpufeed 0.1, without the sources files) still open; they cannot say where a
+sample came from.
 """
 
 from __future__ import annotations
@@ -28,7 +35,8 @@ from typing import Any
 import numpy as np
 
 FORMAT_NAME = "gpufeed-store"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+SOURCES_SINCE = 2  # the format version that added sources.bin and sources.i64
 MANIFEST = "manifest.json"
 MODES = ("raw", "jpeg")
 CHECKSUM = "sha256-tree-64MiB"
@@ -40,6 +48,8 @@ RAW_IMAGES = "images.u8"
 JPEG_DATA = "data.bin"
 JPEG_OFFSETS = "offsets.i64"
 JPEG_SHAPES = "shapes.i32"
+SOURCES = "sources.bin"
+SOURCE_OFFSETS = "sources.i64"
 
 DTYPES = {
     LABELS: np.dtype("<i8"),
@@ -47,6 +57,8 @@ DTYPES = {
     JPEG_DATA: np.dtype("u1"),
     JPEG_OFFSETS: np.dtype("<i8"),
     JPEG_SHAPES: np.dtype("<i4"),
+    SOURCES: np.dtype("u1"),
+    SOURCE_OFFSETS: np.dtype("<i8"),
 }
 
 
@@ -54,11 +66,21 @@ class StoreError(Exception):
     """A directory is not a usable gpufeed store; the message names the path and the reason."""
 
 
-def data_files(mode: str) -> tuple[str, ...]:
-    """Names of the data files a store of `mode` holds."""
+def data_files(mode: str, version: int = FORMAT_VERSION) -> tuple[str, ...]:
+    """Names of the data files a store of `mode` and format `version` holds."""
+    sources = (SOURCES, SOURCE_OFFSETS) if version >= SOURCES_SINCE else ()
     if mode == "raw":
-        return (RAW_IMAGES, LABELS)
-    return (JPEG_DATA, JPEG_OFFSETS, JPEG_SHAPES, LABELS)
+        return (RAW_IMAGES, LABELS, *sources)
+    return (JPEG_DATA, JPEG_OFFSETS, JPEG_SHAPES, LABELS, *sources)
+
+
+def encode_source(name: str) -> bytes:
+    """A source name as stored (a path's undecodable bytes survive as surrogate escapes)."""
+    return name.encode("utf-8", "surrogateescape")
+
+
+def decode_source(data: bytes) -> str:
+    return data.decode("utf-8", "surrogateescape")
 
 
 def raw_item_bytes(size: int) -> int:
@@ -131,10 +153,10 @@ class Manifest:
             raise StoreError(f"{path}: unknown mode {self.mode!r}")
         if not _is_int(self.count) or self.count < 0:
             raise StoreError(f"{path}: bad sample count {self.count!r}")
-        missing = [n for n in data_files(self.mode) if n not in self.files]
+        missing = [n for n in data_files(self.mode, self.version) if n not in self.files]
         if missing:
             raise StoreError(f"{path}: manifest lists no entry for {', '.join(missing)}")
-        foreign = sorted(set(self.files) - set(data_files(self.mode)))
+        foreign = sorted(set(self.files) - set(data_files(self.mode, self.version)))
         if foreign:  # e.g. "../x": verify would hash files outside the store
             raise StoreError(f"{path}: manifest lists files a {self.mode} store does not hold: {foreign}")
         if self.mode == "raw" and not (self.image_shape[0] == self.image_shape[1] and self.image_shape[2] == 3):
@@ -149,10 +171,11 @@ class Manifest:
     def expected_bytes(self) -> dict[str, int | None]:
         """Size each data file must have, or None where only the manifest knows (jpeg data)."""
         n = self.count
+        sources = {SOURCES: None, SOURCE_OFFSETS: (n + 1) * 8} if self.version >= SOURCES_SINCE else {}
         if self.mode == "raw":
             side = self.image_shape[0]
-            return {RAW_IMAGES: n * raw_item_bytes(side), LABELS: n * 8}
-        return {JPEG_DATA: None, JPEG_OFFSETS: (n + 1) * 8, JPEG_SHAPES: n * 8, LABELS: n * 8}
+            return {RAW_IMAGES: n * raw_item_bytes(side), LABELS: n * 8, **sources}
+        return {JPEG_DATA: None, JPEG_OFFSETS: (n + 1) * 8, JPEG_SHAPES: n * 8, LABELS: n * 8, **sources}
 
 
 def _is_int(value) -> bool:

@@ -73,6 +73,14 @@ class Store:
             _check_entries(self.path / fmt.JPEG_OFFSETS, np.diff(self.offsets, prepend=0) < 0,
                            "is smaller than the one before")
             _check_entries(self.path / fmt.JPEG_SHAPES, (self.shapes <= 0).any(axis=1), "is not a positive size")
+        self._sources = self._source_offsets = None
+        if m.version >= fmt.SOURCES_SINCE:
+            self._sources = _map(self.path, m, fmt.SOURCES, (m.files[fmt.SOURCES]["bytes"],))
+            self._source_offsets = _map(self.path, m, fmt.SOURCE_OFFSETS, (m.count + 1,))
+            ends = self._source_offsets
+            _check_entries(self.path / fmt.SOURCE_OFFSETS,
+                           (np.diff(ends, prepend=0) < 0) | (ends > self._sources.shape[0]),
+                           "is out of order or past the end of " + fmt.SOURCES)
         bad = (self._labels < -1) | (self._labels >= len(m.classes)) if m.classes else self._labels < -1
         _check_entries(self.path / fmt.LABELS, bad, f"is not -1 or a class of {len(m.classes)}" if m.classes
                        else "is below -1")
@@ -111,6 +119,16 @@ class Store:
         i = self._index(i)
         start, end = int(self.offsets[i]), int(self.offsets[i + 1])
         return as_tensor(self.data[start:end])
+
+    def source(self, i: int) -> str:
+        """Where sample `i` came from: the file's path as packed, or `shard.tar:key` for a tar member."""
+        if self._sources is None:
+            raise StoreError(f"{self.path}: packed by gpufeed {self.manifest.gpufeed_version or '< 0.2'} "
+                             f"(store format v{self.manifest.version}), which did not record sources; "
+                             "pack it again to have them")
+        i = self._index(i)
+        start, end = int(self._source_offsets[i]), int(self._source_offsets[i + 1])
+        return fmt.decode_source(bytes(self._sources[start:end]))
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
         i = self._index(i)
