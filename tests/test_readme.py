@@ -1,0 +1,65 @@
+"""The README's Python blocks run, in order, on tiny generated data on the CPU: the README cannot
+drift from the code.
+
+Sizes are scaled down by exact text substitutions, each of which must still match the README
+(so a changed example fails here rather than silently running something else).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import save, smooth
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+SMALLER = {  # README text -> what runs here (each must occur in the README)
+    "batch_size=256": "batch_size=4",
+    "RandomResizedCrop(224)": "RandomResizedCrop(32)",
+    "Resize(256)": "Resize(36)",
+    "CenterCrop(224)": "CenterCrop(32)",
+    "range(90)": "range(2)",
+    'mode="raw", size=256': 'mode="raw", size=32',
+}
+
+
+def python_blocks(text: str) -> list[str]:
+    return re.findall(r"^```python\n(.*?)^```", text, flags=re.S | re.M)
+
+
+def test_readme_python_blocks_run(tmp_path, monkeypatch):
+    text = README.read_text()
+    for old in SMALLER:
+        assert old in text, f"the README no longer contains {old!r}: update SMALLER"
+        text = text.replace(old, SMALLER[old])
+    blocks = python_blocks(text)
+    assert len(blocks) >= 4
+    sizes = [(40, 48), (56, 40), (48, 48), (37, 60)]
+    for split, per_class in (("train", 4), ("val", 2)):
+        for c in ("ant", "bee", "cat"):
+            for i in range(per_class):
+                save(Path(tmp_path, "data", split, c, f"{i}.jpg"), smooth(i, *sizes[i % 4]), quality=95)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the CPU path, on any machine
+    namespace: dict = {}
+    for k, block in enumerate(blocks):
+        try:
+            exec(compile(block, f"README.md python block {k + 1}", "exec"), namespace)
+        except Exception as e:  # name the block that failed
+            pytest.fail(f"README python block {k + 1} failed: {type(e).__name__}: {e}\n{block}")
+    loader, val = namespace["loader"], namespace["val"]
+    assert len(loader) == 3 and loader.state_dict()["epoch"] == 2  # 12 images, batches of 4, 2 epochs
+    assert len(val.store) == 6 and 0 <= namespace["correct"] <= 6
+    assert namespace["store"].source(0).endswith("data/train/ant/0.jpg")
+    for name in ("loader", "val"):
+        namespace[name].close()
+
+
+def test_the_readme_test_command_is_what_ci_runs():
+    ci = (README.parent / ".ci" / "run").read_text().strip().splitlines()[-1]
+    bash = re.findall(r"^```bash\n(.*?)^```", README.read_text(), flags=re.S | re.M)
+    assert ci in [b.strip() for b in bash]
+    assert any(b.strip().endswith("gpufeed demo") for b in bash)
