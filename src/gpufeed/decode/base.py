@@ -2,8 +2,8 @@
 decoded images addressed from one base).
 
 Per-image bookkeeping is numpy arrays, not tensors: every small torch op lets go of the GIL and has
-to win it back from the other pipelines' threads. In numpy a batch's read and resize stages took
-0.1-0.2 and 1.8-2.7 ms instead of 0.7-0.8 and 3.5-3.6 (H200); the throughput did not measurably change.
+to win it back from the training thread and the loader's other threads, and numpy does the same work
+in fewer, cheaper calls (docs/benchmarks.md, "Design measurements").
 """
 
 from __future__ import annotations
@@ -86,8 +86,8 @@ def in_place(images: list[torch.Tensor], failed: dict[int, str]) -> Decoded:
 class PinnedStaging:
     """Pinned host buffers reused across batches, each free again once the kernels reading it ran.
 
-    Pinning a fresh buffer for every batch cost about 6 ms of a 23 ms batch (H100, torch 2.11,
-    benchmarks/jpeg_bench.py profiled with py-spy). `alloc(nbytes)` makes another kind of buffer
+    Pinning memory is slow (a system call that locks every page), so a fresh pinned buffer per batch
+    would cost a good part of the batch's time. `alloc(nbytes)` makes another kind of buffer
     (anything with `numel()`). Safe to share between threads (the pipelines share the workers')."""
 
     def __init__(self, pin: bool = True, alloc: Callable[[int], Any] | None = None):

@@ -1,8 +1,8 @@
 """CPU JPEG decoding on a thread pool.
 
-libjpeg-turbo through `torchvision.io.decode_jpeg` releases the GIL, so threads scale
-(measured on a 16-core H200 host, 500x375 JPEGs: 6.0k img/s with 8 threads; Pillow in
-threads holds the GIL and stalls at 1.7k, and slows nvJPEG's host-side work to a crawl).
+libjpeg-turbo through `torchvision.io.decode_jpeg` releases the GIL, so threads scale;
+Pillow's full decode in threads holds the GIL longer, stalls, and slows the GPU decoders' host-side
+work (docs/benchmarks.md, "Design measurements").
 When the planned crop is at least twice the output both ways, Pillow decodes at 1/2, 1/4 or
 1/8 scale in the DCT domain instead (less work for the same output); Pillow is also the
 fallback for anything libjpeg-turbo's RGB path refuses.
@@ -81,9 +81,9 @@ def decode_one(data: torch.Tensor, reduce_to: tuple[int, int] | None,
     the finish time gives the pool's true rate. A DCT reduction (`reduce_to`) takes precedence over the
     region; a region that can't be decoded alone is decoded whole.
 
-    HWC because libjpeg writes HWC: torchvision's CHW result is a view of it. Handing that view over
-    cost 1.22 and 1.62 ms an image against 0.95 and 1.20 for HWC, the decode alone 0.87 and 1.04
-    (two H100 hosts, one thread, `benchmarks/cpu_layout_probe.py`)."""
+    HWC because libjpeg writes HWC: torchvision's CHW result is a view of it, and making that view
+    contiguous costs a large part of a decode (`benchmarks/cpu_layout_probe.py`); the resize kernel
+    reads either layout."""
     if tries_region(reduce_to, region):
         try:
             return _region(data, region), region, time.perf_counter()

@@ -1,5 +1,5 @@
-"""Two decoders through nvImageCodec (optional: `pip install 'gpufeed[nvimgcodec-cu13]'` or `-cu12`, as torch's CUDA, imported only when a
-loader asks for one):
+"""Two decoders through nvImageCodec (optional: `pip install 'gpufeed[nvimgcodec-cu13]'`, or `-cu12`
+to match torch's CUDA; imported only when a loader asks for one):
 
 - `hw`: the GPU's hardware JPEG engines (NVJPG on A100/H100/H200) alone;
 - `cuda`: nvJPEG's hybrid decoder, Huffman on nvImageCodec's own CPU threads and the rest on CUDA
@@ -7,9 +7,8 @@ loader asks for one):
   `decode_jpeg(device="cuda")` (the `nvjpeg` decoder) shares the engines with `hw`
   (`benchmarks/gpu_decoders_probe.py`).
 
-Measured on an H100 (`benchmarks/nvimgcodec_probe.py`, 500x375 q90, batch 256): hw 16.3k img/s
-from one thread, 19.6k from two; cuda 10.2k. Region-of-interest decode made both slower (13.1k, 9.5k),
-so the loader decodes whole images and crops in its resize kernel.
+Region-of-interest decode is slower than whole images on both (`benchmarks/nvimgcodec_probe.py`,
+docs/benchmarks.md), so the loader decodes whole images and crops in its resize kernel.
 """
 
 from __future__ import annotations

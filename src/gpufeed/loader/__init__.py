@@ -1,4 +1,6 @@
-"""The Loader: sampler → gather → pinned ring → side-stream copy → batched augment."""
+"""The Loader: an epoch plan per rank, then per batch either a gather of raw rows (gpu, host or disk
+tier) or a JPEG decode split between GPU and CPU decoders, then the batched augment kernel.
+docs/architecture.md draws both paths."""
 
 from gpufeed.loader.loader import Loader
 from gpufeed.loader.sampler import ShardedBatchSampler, resolve_rank

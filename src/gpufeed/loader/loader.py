@@ -1,8 +1,11 @@
-"""`gpufeed.Loader`: batches from a raw store, augmented on the device, the training loop never waiting.
+"""`gpufeed.Loader`: batches from a raw or jpeg store, augmented on the device, the training loop
+never waiting.
 
-The loader owns the state (epoch, position, seed), the tier and the streams; `feeds` moves
-the batches (asynchronous launches for the gpu/host tiers, a producer thread with a pinned
-ring for the disk tier); `_finish` runs the augmentation on the consumer's stream.
+The loader owns the state (epoch, position, seed), the tier and the streams; the planner draws each
+epoch's indices and augment parameters ahead. `feeds` moves raw batches (asynchronous launches for
+the gpu/host tiers, a producer thread with a pinned ring for the disk tier); `loader.jpeg` decodes
+jpeg batches on a producer thread (GPU decoder + CPU worker processes) and resizes them in the
+fused kernel. Either way the consumer's stream waits on each batch's event.
 """
 
 from __future__ import annotations
@@ -63,10 +66,40 @@ def _check_augment(augment: Augment, path: object, sizes: tuple[int, int] | torc
 
 
 class Loader:
-    """Iterate `(images, labels)` batches of a raw store on `device`; see the README for every argument."""
+    """Iterate `(images, labels)` batches of a gpufeed store on `device`, as a DataLoader would.
+
+    Args:
+        store: a `Store` or the path of one (raw or jpeg).
+        batch_size: samples per batch on this rank.
+        device: where batches are made and returned ("cuda", "cuda:1", "cpu").
+        shuffle: a seeded permutation per epoch (else store order); each batch's samples come in a
+            seeded random order either way, as part of the plan.
+        seed: seeds the permutation and every augment parameter; with (epoch, rank) it fixes a batch.
+        drop_last: drop the uneven tail of the epoch; else shards are padded by wrapping and the last
+            batch may be short.
+        augment: `gpufeed.augment` ops (geometric, then ColorJitter, then Normalize); None yields
+            uint8. A jpeg store needs ops that end in a fixed size. Checked here, not at iteration.
+        dtype: output dtype when `augment` is given (uint8 otherwise).
+        channels_last: return NHWC-strided batches.
+        cache: raw stores: "gpu", "host", "disk" or "auto" (the first that fits in half of the free
+            memory); jpeg stores keep their bytes in host memory ("gpu" is served as "host").
+        rank, world_size: the shard to read; default from torch.distributed, else RANK/WORLD_SIZE.
+        prefetch: batches made ahead of the consumer, at most.
+        gather_threads: disk tier: CPU threads gathering rows (default min(8, cores)).
+        on_error: jpeg: "skip" replaces an undecodable sample (warned once, counted), "raise" raises
+            `DecodeError` naming it.
+        num_workers: jpeg: CPU decode worker processes (default: half of this rank's cores with a
+            GPU, all of them on CPU; 0 decodes on threads of this process).
+        decoders: jpeg: names among "hw", "nvjpeg", "cuda", "cpu"; default one GPU decoder (the
+            engines if nvImageCodec is installed, else nvJPEG) plus "cpu".
+
+    Raises:
+        ValueError: bad arguments, an op list that can't give one batch shape, CUDA missing.
+        StoreError: the store is missing, damaged or of a newer format.
+    """
 
     # tiers whose augment kernel reads store rows itself: on the host tier it reads only the crop
-    # regions over PCIe (270k vs 236k img/s gathering whole rows first, H200, loader_bench.py)
+    # regions over PCIe, which moves fewer bytes than gathering whole rows first
     FUSED_GATHER = ("gpu", "host")
 
     def __init__(self, store: Store | str | Path, batch_size: int = 256, device: str | torch.device = "cuda",

@@ -129,12 +129,30 @@ def pack(
     engine: str = "local",
     ray_address: str | None = None,
 ) -> PackReport:
-    """Pack `source` (image folder, CSV/JSONL list, tar shards) into a store at `dest`.
+    """Pack `source` into a store at `dest`, on all cores; the store appears only once complete.
 
-    Bad files are skipped and listed with their reason (`on_error="skip"`), or stop the pack
-    at the first one (`"raise"`). The store appears at `dest` only once complete.
-    `engine="ray"` packs on the Ray cluster at `ray_address` (see `engines.RayExecutor`);
-    the store is the same as a local pack's.
+    Args:
+        source: an ImageFolder tree, a flat folder, a .csv (path,label) or .jsonl list, a tar shard
+            or a glob of shards.
+        dest: the store directory to create. One pack at a time may write it.
+        mode: "raw" (size x size uint8 pixels) or "jpeg" (encoded bytes).
+        size, fit: raw: the side, and "crop", "stretch" or "pad" to make an image square.
+        quality, max_side, reencode: jpeg: re-encode quality, longest side kept, and whether
+            upright RGB baseline JPEGs within max_side are re-encoded (False keeps their bytes).
+        workers: local processes (default: every core).
+        on_error: "skip" lists a bad file with its reason and goes on; "raise" stops at the first.
+        overwrite: replace an existing `dest`.
+        max_pixels: images whose header declares more pixels are skipped before decoding.
+        progress: show a progress bar.
+        engine, ray_address: "ray" packs on the Ray cluster at `ray_address` (the store is the
+            same as a local pack's).
+
+    Returns:
+        A `PackReport`: count, skipped files with reasons, seconds, workers, bytes.
+
+    Raises:
+        PackError: nothing could be packed, or the first bad file with `on_error="raise"`.
+        SourceError: the source can't be listed. StoreError: `dest` exists or is being packed.
     """
     _check_args(mode, size, fit, quality, max_side, on_error, engine)
     settings = worker.Settings(mode, size, fit, quality, max_side, reencode, max_pixels)

@@ -23,7 +23,14 @@ class VerifyResult:
 
 
 def verify(path: str | Path) -> VerifyResult:
-    """Recompute the checksum of every data file of the store at `path`."""
+    """Recompute the checksum of every data file of the store at `path` (on all cores).
+
+    Returns:
+        A `VerifyResult`: `ok`, and `damaged` mapping each bad file to why (missing, size, digest).
+
+    Raises:
+        StoreError: `path` is not a readable store (its manifest is missing or invalid).
+    """
     path = Path(path)
     manifest = Manifest.read(path)
     damaged: dict[str, str] = {}

@@ -46,8 +46,8 @@ class Store:
 
     The arrays are read-only memory maps: nothing is read until it is used, so a store of
     any size opens without reading its pixels or encoded bytes. Opening range-checks the small
-    per-sample arrays (labels; offsets and shapes of a jpeg store), which later steps index memory
-    with: about 20 ms for a million samples on a 2-core machine (docs/benchmarks.md). Tensors it
+    per-sample arrays (labels, sources; offsets and shapes of a jpeg store), which later steps index
+    memory with: a vectorised pass, milliseconds per million samples (docs/benchmarks.md). Tensors it
     returns are views: don't write.
     """
 
@@ -150,5 +150,10 @@ class Store:
 
 
 def open_store(path: str | Path) -> Store:
-    """Open the store at `path` (exported as `gpufeed.open`)."""
+    """Open the store at `path` (exported as `gpufeed.open`): read and check its manifest, memory-map
+    its data files and range-check its per-sample arrays. Nothing else is read.
+
+    Raises:
+        StoreError: not a store, damaged (the file and entry named), or a newer format version.
+    """
     return Store(path)

@@ -11,9 +11,8 @@ import torch
 class Gatherer:
     """Copies `src[idx]` into `out` with `threads` parallel `numpy.take` calls (no Python per sample).
 
-    numpy's take releases the GIL and scales with threads on a memory map (measured on a
-    16-core H200 host by benchmarks/loader_bench.py: 40.7 GB/s with 8 threads, against 5-11 GB/s
-    for one torch.index_select call).
+    numpy's take releases the GIL and scales with threads on a memory map, where one
+    torch.index_select call is single-threaded (docs/benchmarks.md, "Design measurements").
     """
 
     def __init__(self, threads: int):
