@@ -227,3 +227,53 @@ def test_a_destination_another_pack_is_writing_is_refused(image_folder, tmp_path
     assert not dest.exists()
     gpufeed.pack(image_folder, dest, size=16, workers=1, progress=False)  # free again once released
     assert sorted(p.name for p in tmp_path.iterdir()) == ["folder", "s"]  # no lock file left behind
+
+
+def test_a_tar_bomb_is_skipped_under_a_memory_cap(tmp_path):
+    """A small .tar.gz holding a member of 300 MiB of zeros (over the 256 MiB any image may have) is
+    skipped by its header size, streamed past without being held, and the images around it pack:
+    in a child process whose address space is capped at 2 GiB, peak RSS stays far below the member."""
+    import io
+    import subprocess
+    import sys
+    import tarfile
+
+    good = jpeg_bytes(smooth(0, 20, 20))
+    with tarfile.open(tmp_path / "bomb.tar.gz", "w:gz", compresslevel=1) as tar:
+        for name, data in (("a.jpg", good), ("a.cls", b"1")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+        class Zeros(io.RawIOBase):  # 300 MiB of zeros, never in memory at once
+            left = 300 << 20
+
+            def readable(self):
+                return True
+
+            def readinto(self, b):
+                n = min(len(b), self.left)
+                b[:n] = bytes(n)
+                self.left -= n
+                return n
+
+        info = tarfile.TarInfo("b.jpg")
+        info.size = Zeros.left
+        tar.addfile(info, io.BufferedReader(Zeros(), 1 << 20))
+        info = tarfile.TarInfo("c.jpg")
+        info.size = len(good)
+        tar.addfile(info, io.BytesIO(good))
+    assert (tmp_path / "bomb.tar.gz").stat().st_size < 5 << 20
+    child = (
+        "import resource, sys, gpufeed\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))\n"
+        f"r = gpufeed.pack({str(tmp_path / 'bomb.tar.gz')!r}, {str(tmp_path / 's')!r}, size=16, workers=1,"
+        " progress=False)\n"
+        "print(r.count, [s['reason'] for s in r.skipped])\n"
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    summary, peak_mb = proc.stdout.strip().splitlines()
+    assert summary.startswith("2 ") and "more than any image" in summary, summary
+    assert int(peak_mb) < 200, f"peak RSS {peak_mb} MB"  # the member alone is 300 MiB
