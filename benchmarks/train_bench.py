@@ -77,6 +77,8 @@ def feeder(row: str, work: Path, batch: int):
 
         if "pipelines" in kwargs:  # a comparison of the pipeline count, which is no Loader argument
             gpufeed.loader.jpeg.PIPELINES_ON_GPU = kwargs.pop("pipelines")
+        if "turns" in kwargs:  # whether several pipelines' GPU decodes take turns (1) or run at once (0)
+            gpufeed.loader.jpeg.GPU_DECODES_TAKE_TURNS = bool(kwargs.pop("turns"))
 
         loader = gpufeed.Loader(work / name, batch_size=batch, device="cuda", augment=_ops(), **kwargs)
         built = time.perf_counter() - t0

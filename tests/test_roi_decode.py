@@ -4,6 +4,7 @@ the whole decode, the region the resize reads, boxes moved into the region, the 
 from __future__ import annotations
 
 import logging
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -153,3 +154,52 @@ def test_batches_with_regions_match_whole_decodes(tmp_path, monkeypatch):
     for (a, la), (b, lb) in zip(with_regions, whole):
         assert torch.equal(la, lb)
         torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
+
+
+def test_pipelines_sharing_a_turn_never_decode_on_the_gpu_at_once(monkeypatch):
+    """Two pipelines' schedulers with a shared `gpu_turn`: their GPU decodes take turns (the CPU share
+    and the rest overlap), and without it they do run at once; either way every image is decoded."""
+    import threading
+    import time
+
+
+    datas = [_jpeg() for _ in range(4)]
+    offsets = np.cumsum([0] + [len(d) for d in datas])
+    batch = Encoded.of(torch.cat(datas), offsets, np.arange(4))
+    shapes, boxes = np.array([[90, 120]] * 4), np.array([[0, 0, 120, 90]] * 4, float)
+
+    def overlap(turn) -> int:
+        active, most = [0], [0]
+        lock = threading.Lock()
+
+        def fake_gpu(self, dec, part_batch, stream):  # stands in for a GPU decoder's call
+            with lock:
+                active[0] += 1
+                most[0] = max(most[0], active[0])
+            time.sleep(0.05)
+            with lock:
+                active[0] -= 1
+            cpu_dec = self.cpu
+            return cpu_dec.collect(cpu_dec.submit(part_batch, None, [None] * len(part_batch), [None] * len(part_batch)),
+                                   torch.device("cpu"), False), 0.05
+
+        monkeypatch.setattr(scheduler.Scheduler, "_timed", fake_gpu)
+        scheds = [scheduler.Scheduler(torch.device("cpu"), 1, gpu_turn=turn) for _ in range(2)]
+        for s in scheds:
+            s.gpu, s.cpu_share, s._streams = [SimpleNamespace(name="hw")], True, {"hw": None}
+            s.rates.update(hw=1000.0, cpu=1000.0)
+            s.gpu_rate = 1000.0
+        results = []
+        threads = [threading.Thread(target=lambda s=s: [results.append(s.run(batch, shapes, boxes, (16, 16), False))
+                                                        for _ in range(3)]) for s in scheds]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for s in scheds:
+            s.close()
+        assert len(results) == 6 and all(not failed and sum(len(p) for _, p in parts) == 4 for parts, failed in results)
+        return most[0]
+
+    assert overlap(threading.Lock()) == 1
+    assert overlap(None) == 2

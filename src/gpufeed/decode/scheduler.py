@@ -12,7 +12,9 @@ them every image costs the same.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -68,8 +70,12 @@ class Scheduler:
     """Decoders for one pipeline: on a GPU those of `use` that can be made here, and a CPU decoder
     (`cpu`, e.g. `DecodeWorkers`; else `cpu_threads` threads)."""
 
-    def __init__(self, device: torch.device, cpu_threads: int, use: tuple[str, ...] | None = None, cpu=None):
-        """`use` None: the default, `DEFAULT` (one GPU decoder, the first of it that can be made here, and the CPU)."""
+    def __init__(self, device: torch.device, cpu_threads: int, use: tuple[str, ...] | None = None, cpu=None,
+                 gpu_turn: threading.Lock | None = None):
+        """`use` None: the default, `DEFAULT` (one GPU decoder, the first of it that can be made here, and the CPU).
+        `gpu_turn`: a lock shared by pipelines so that their GPU decodes take turns (the CPU shares,
+        resizes and Python of one pipeline then overlap another's GPU decode, never two decodes)."""
+        self._gpu_turn = gpu_turn or contextlib.nullcontext()
         first_only = use is None
         use = DEFAULT if use is None else use
         check_decoders(use)
@@ -132,19 +138,11 @@ class Scheduler:
         t0 = time.perf_counter()
         cpu_asks = self._asks(cpu_pos, shapes, boxes, out_hw, regions, cost)
         futures = self.cpu.submit(batch.take(cpu_pos), shapes[cpu_pos], *cpu_asks)
-        jobs = []
-        for i, dec in enumerate(self.gpu):
-            pos = np.sort(order[starts[i] : starts[i + 1]])
-            if not len(pos):
-                continue
-            stream = self._streams[dec.name]
-            if self._helper is not None and i < len(self.gpu) - 1:  # all but the last on the helper thread
-                jobs.append((dec, pos, self._helper.submit(self._timed, dec, batch.take(pos), stream)))
-            else:
-                jobs.append((dec, pos, self._timed(dec, batch.take(pos), stream)))
+        with self._gpu_turn:
+            jobs = self._gpu_decodes(batch, order, starts)
+            gpu_results = [(dec, pos, job.result() if hasattr(job, "result") else job) for dec, pos, job in jobs]
         parts, failed, retry = [], {}, []
-        for dec, pos, job in jobs:
-            part, seconds = job.result() if hasattr(job, "result") else job
+        for dec, pos, (part, seconds) in gpu_results:
             self.seconds[dec.name] += seconds
             self._rate(dec.name, len(pos) - len(part.failed), seconds)
             self.counts[dec.name] += len(pos) - len(part.failed)
@@ -197,6 +195,21 @@ class Scheduler:
             _warn_once("the CPU decodes whole images where it was to decode crop regions alone (slower): "
                        "nvImageCodec's CPU decoder refused them (`gpufeed doctor` says why); counted in "
                        "loader.stats()['decoded_by']['cpu_whole']")
+
+    def _gpu_decodes(self, batch: Encoded, order: np.ndarray, starts: np.ndarray) -> list:
+        """Start each GPU decoder on its share: [(decoder, batch positions, (part, seconds) or a future)];
+        all but the last decode on helper threads, so they run at once."""
+        jobs = []
+        for i, dec in enumerate(self.gpu):
+            pos = np.sort(order[starts[i] : starts[i + 1]])
+            if not len(pos):
+                continue
+            stream = self._streams[dec.name]
+            if self._helper is not None and i < len(self.gpu) - 1:
+                jobs.append((dec, pos, self._helper.submit(self._timed, dec, batch.take(pos), stream)))
+            else:
+                jobs.append((dec, pos, self._timed(dec, batch.take(pos), stream)))
+        return jobs
 
     def _timed(self, dec, batch: Encoded, stream) -> tuple[Decoded, float]:
         t0 = time.perf_counter()

@@ -39,9 +39,10 @@ class DecodeError(RuntimeError):
 class JpegBatcher:
     """Turns (indices, params) into a finished (images, labels) batch on the loader's device."""
 
-    def __init__(self, loader, on_error: str, threads: int, decoders: tuple[str, ...] | None, cpu=None):
+    def __init__(self, loader, on_error: str, threads: int, decoders: tuple[str, ...] | None, cpu=None,
+                 gpu_turn: threading.Lock | None = None):
         self.loader, self.on_error = loader, on_error
-        self.scheduler = Scheduler(loader.device, threads, decoders, cpu)
+        self.scheduler = Scheduler(loader.device, threads, decoders, cpu, gpu_turn)
         self.fused = loader.device.type == "cuda" and _fused() is not None
         self.stream = torch.cuda.Stream(loader.device) if loader.device.type == "cuda" else None
         self._warned = threading.Event()
@@ -190,6 +191,8 @@ def _table(columns: list[np.ndarray]) -> tuple[np.ndarray, list[int]]:
 # the concurrent GPU decodes slowed the training loop they fed (docs/benchmarks.md), so one. On a
 # CPU device the workers do the decoding and one pipeline keeps them busy
 PIPELINES_ON_GPU = 1
+# with several pipelines, their GPU decodes take turns (a shared lock) rather than run at once
+GPU_DECODES_TAKE_TURNS = True
 
 
 class JpegPipelines:
@@ -267,7 +270,8 @@ def jpeg_pipelines(loader, on_error: str, decoders: tuple[str, ...] | None, work
                         "threads, which share the GIL with the training loop (slower)", e)
     count = PIPELINES_ON_GPU if loader.device.type == "cuda" else 1
     threads = max(1, workers // count)  # each pipeline's decode threads, where there are no workers
-    jpeg = JpegPipelines([JpegBatcher(loader, on_error, threads, decoders, pool) for _ in range(count)], pool)
+    turn = threading.Lock() if count > 1 and GPU_DECODES_TAKE_TURNS else None
+    jpeg = JpegPipelines([JpegBatcher(loader, on_error, threads, decoders, pool, turn) for _ in range(count)], pool)
     where = f"{pool.size} worker processes" if pool is not None else f"{threads} threads per pipeline"
     log.info("gpufeed.Loader: jpeg decoders %s, %d pipeline(s), CPU decode in %s", " + ".join(jpeg.names), count,
              where)
