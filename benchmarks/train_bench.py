@@ -77,6 +77,10 @@ def feeder(row: str, work: Path, batch: int):
 
         if "pipelines" in kwargs:  # a comparison of the pipeline count, which is no Loader argument
             gpufeed.loader.jpeg.PIPELINES_ON_GPU = kwargs.pop("pipelines")
+        if "priority" in kwargs:  # CUDA priority of the JPEG path's streams (negative: ahead of the model's)
+            import gpufeed.decode.scheduler
+
+            gpufeed.decode.scheduler.STREAM_PRIORITY = int(kwargs.pop("priority"))
         if "turns" in kwargs:  # whether several pipelines' GPU decodes take turns (1) or run at once (0)
             gpufeed.loader.jpeg.GPU_DECODES_TAKE_TURNS = bool(kwargs.pop("turns"))
 

@@ -145,3 +145,27 @@ def test_the_cpu_share_is_the_cheapest_crops(store):
         assert parts[-1][0].regions == [tuple(r) for r in _regions(shapes, boxes)[positions[-1]].tolist()]
     finally:
         sched.close()
+
+
+def test_evaluation_ops_and_two_pipelines_taking_turns_match_the_cpu(store, monkeypatch):
+    """Resize(shorter side) + CenterCrop on images of different sizes, and two pipelines whose GPU
+    decodes take turns: the GPU batches equal the CPU's, in order, every sample once."""
+    from gpufeed.augment import CenterCrop, Resize
+    from gpufeed.loader import jpeg
+
+    monkeypatch.setattr(jpeg, "PIPELINES_ON_GPU", 2)
+    ops = [Resize(72), CenterCrop(64), Normalize()]
+    gpu = gpufeed.Loader(store, batch_size=32, device="cuda", augment=ops, dtype=torch.float32, shuffle=False,
+                         drop_last=False, num_workers=4)
+    assert len(gpu.jpeg.pipelines) == 2 and gpu.jpeg.pipelines[0].scheduler._gpu_turn is \
+        gpu.jpeg.pipelines[1].scheduler._gpu_turn
+    cpu = gpufeed.Loader(store, batch_size=32, device="cpu", augment=ops, dtype=torch.float32, shuffle=False,
+                         drop_last=False)
+    seen = 0
+    for (g, gl), (c, cl) in zip(gpu, cpu):
+        assert g.shape == c.shape and torch.equal(gl.cpu(), cl)
+        assert (g.cpu() - c).abs().mean() < 0.05
+        seen += len(gl)
+    assert seen == len(store)
+    gpu.close()
+    cpu.close()

@@ -35,6 +35,11 @@ KNOWN = ("hw", "nvjpeg", "cuda", "cpu")
 DEFAULT = ("hw", "nvjpeg", "cpu")
 
 
+# CUDA priority of the JPEG path's streams (decoders' and the batch's). 0 is the default streams'
+# (and a training loop's) priority, the lowest; negative numbers go ahead of it. Measured in
+# training before it is changed (benchmarks/train_bench.py rows take priority=N)
+STREAM_PRIORITY = 0
+
 _warned: set[str] = set()  # every pipeline of every loader builds its decoders: say each reason once
 
 
@@ -108,7 +113,7 @@ class Scheduler:
         helpers = len(self.gpu) - 1  # every GPU decoder but the last decodes on a helper thread
         self._helper = ThreadPoolExecutor(helpers, thread_name_prefix="gpufeed-gpudecode") if helpers > 0 else None
         # a stream per GPU decoder so they overlap; the host waits on it, so results are complete
-        self._streams = {d.name: torch.cuda.Stream(device) for d in self.gpu}
+        self._streams = {d.name: torch.cuda.Stream(device, priority=STREAM_PRIORITY) for d in self.gpu}
 
     @property
     def names(self) -> list[str]:

@@ -23,6 +23,7 @@ import torch
 
 from gpufeed.augment.pipeline import Params, _affine, _fused, color_jitter, finish
 from gpufeed.decode import Scheduler
+from gpufeed.decode import scheduler
 from gpufeed.decode.scheduler import DEFAULT, check_decoders, summed
 from gpufeed.decode.base import Encoded, into_pixels
 from gpufeed.decode.workers import DecodeWorkers
@@ -44,7 +45,8 @@ class JpegBatcher:
         self.loader, self.on_error = loader, on_error
         self.scheduler = Scheduler(loader.device, threads, decoders, cpu, gpu_turn)
         self.fused = loader.device.type == "cuda" and _fused() is not None
-        self.stream = torch.cuda.Stream(loader.device) if loader.device.type == "cuda" else None
+        self.stream = (torch.cuda.Stream(loader.device, priority=scheduler.STREAM_PRIORITY)
+                       if loader.device.type == "cuda" else None)
         self._warned = threading.Event()
         store = loader.store
         self._data = loader.tier.images  # the encoded bytes, where the tier keeps them (host memory)
