@@ -165,9 +165,9 @@ def main() -> None:
     if a.pipelines is not None:
         if a.pipelines < 1:
             p.error(f"--pipelines must be 1 or more, got {a.pipelines}")
-        import gpufeed.loader.jpeg
+        from gpufeed.loader import jpeg as jpeg_path
 
-        gpufeed.loader.jpeg.PIPELINES_ON_GPU = a.pipelines
+        jpeg_path.PIPELINES_ON_GPU = a.pipelines
     if a.switch_interval is not None:
         if a.switch_interval <= 0:
             p.error(f"--switch-interval must be a positive number of seconds, got {a.switch_interval}")
