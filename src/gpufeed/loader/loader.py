@@ -92,6 +92,10 @@ class Loader:
             GPU, all of them on CPU; 0 decodes on threads of this process).
         decoders: jpeg: names among "hw", "nvjpeg", "cuda", "cpu"; default one GPU decoder (the
             engines if nvImageCodec is installed, else nvJPEG) plus "cpu".
+        restart: every `iter()` starts a fresh pass from the epoch's first batch, as a DataLoader
+            does (for evaluation loaders, which frameworks iterate partly, e.g. a sanity check).
+            False: an `iter()` continues where the last one stopped. Either way `load_state_dict`
+            resumes the next `iter()` where the state says.
 
     Raises:
         ValueError: bad arguments, an op list that can't give one batch shape, CUDA missing.
@@ -107,14 +111,14 @@ class Loader:
                  dtype: torch.dtype = torch.float16, channels_last: bool = False, cache: str = "auto",
                  rank: int | None = None, world_size: int | None = None, prefetch: int = 3,
                  gather_threads: int | None = None, on_error: str = "skip", num_workers: int | None = None,
-                 decoders: tuple[str, ...] | None = None):
+                 decoders: tuple[str, ...] | None = None, restart: bool = False):
         self.store = store if isinstance(store, Store) else Store(store)
         if self.store.mode == "jpeg" and not augment:
             raise ValueError(f"{self.store.path}: a jpeg store holds images of different sizes; give augment ops "
                              "that end in a fixed size, e.g. [RandomResizedCrop(224), Normalize()]")
         self.device = _device(device)
         self.rank, self.world_size = resolve_rank(rank, world_size)
-        self.sampler = ShardedBatchSampler(len(self.store), batch_size, shuffle=shuffle, seed=seed, rank=self.rank,
+        self.batch_sampler = ShardedBatchSampler(len(self.store), batch_size, shuffle=shuffle, seed=seed, rank=self.rank,
                                            world_size=self.world_size, drop_last=drop_last)
         self.augment = Augment(augment) if augment is not None else None
         shape = self.store.image_shape
@@ -133,11 +137,12 @@ class Loader:
         self.copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.counters = Stats(self.tier.name)
         self.epoch, self._batch = 0, 0
+        self.restart, self._resuming = restart, False
         self._ring: PinnedRing | None = None
-        self._planner = Planner(self.sampler, self.augment, seed, sizes)
+        self._planner = Planner(self.batch_sampler, self.augment, seed, sizes)
 
     def __len__(self) -> int:
-        return len(self.sampler)
+        return len(self.batch_sampler)
 
     def close(self) -> None:
         """Stop the loader's threads and decode worker processes now; it can't iterate after. Optional:
@@ -160,7 +165,7 @@ class Loader:
     def state_dict(self) -> dict:
         """Where the loader is: the next iteration resumes right after the last batch yielded."""
         return {"epoch": self.epoch, "batch": self._batch, "seed": self.seed, "rank": self.rank,
-                "world_size": self.world_size, "batch_size": self.sampler.batch_size, "samples": len(self.store)}
+                "world_size": self.world_size, "batch_size": self.batch_sampler.batch_size, "samples": len(self.store)}
 
     def load_state_dict(self, state: dict) -> None:
         mine = self.state_dict()
@@ -168,6 +173,7 @@ class Loader:
             if state[key] != mine[key]:
                 raise ValueError(f"state_dict has {key}={state[key]}, this loader has {mine[key]}")
         self.epoch, self._batch = int(state["epoch"]), int(state["batch"])
+        self._resuming = True
 
     def stats(self) -> dict:
         """Per-stage times, bytes moved, tier, consumer stalls, and for jpeg stores the decoders,
@@ -187,7 +193,7 @@ class Loader:
         """The pinned host slots of the disk tier, allocated once (pinning is slow)."""
         if self._ring is None:
             shape = tuple(self.tier.images.shape[1:])
-            self._ring = PinnedRing(self.prefetch + 2, shape, self.sampler.batch_size, pin=True)
+            self._ring = PinnedRing(self.prefetch + 2, shape, self.batch_sampler.batch_size, pin=True)
             if not self._ring.pinned:
                 self.counters.note("pinned memory unavailable: pageable copies")
         return self._ring
@@ -197,6 +203,9 @@ class Loader:
             raise RuntimeError("this gpufeed.Loader was made in another process (before a fork): its threads, "
                                "decode workers and CUDA state stay there; make a new Loader in this process")
         epoch, start = self.epoch, self._batch
+        if self.restart and not self._resuming:
+            start = 0 if start < len(self) else start  # a finished pass moves on to the next epoch
+        self._resuming = False
         if start >= len(self):
             epoch, start = epoch + 1, 0
         self.epoch, self._batch = epoch, start
