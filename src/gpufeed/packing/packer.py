@@ -12,13 +12,14 @@ from datetime import datetime, timezone
 from functools import partial
 from itertools import islice
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Sequence
 
 from tqdm import tqdm
 
 from gpufeed._version import __version__
 from gpufeed.packing import engines, worker
 from gpufeed.packing.imaging import DEFAULT_MAX_PIXELS
+from gpufeed.packing.datasets import dataset_source, is_dataset
 from gpufeed.packing.sinks import JpegSink, RawSink
 from gpufeed.packing.sources import Item, Skip, open_source
 from gpufeed.store import format as fmt
@@ -112,7 +113,7 @@ def _bounded(executor: Executor, fn, chunks: Iterator[worker.Chunk], window: int
 
 
 def pack(
-    source: str | os.PathLike,
+    source: str | os.PathLike | Sequence,
     dest: str | os.PathLike,
     *,
     mode: str = "raw",
@@ -133,7 +134,8 @@ def pack(
 
     Args:
         source: an ImageFolder tree, a flat folder, a .csv (path,label) or .jsonl list, a tar shard
-            or a glob of shards.
+            or a glob of shards, or a dataset: any object with len() and [i] giving (image, label),
+            a dict with "image" and "label", or an image (see `packing.datasets`).
         dest: the store directory to create. One pack at a time may write it.
         mode: "raw" (size x size uint8 pixels) or "jpeg" (encoded bytes).
         size, fit: raw: the side, and "crop", "stretch" or "pad" to make an image square.
@@ -156,7 +158,7 @@ def pack(
     """
     _check_args(mode, size, fit, quality, max_side, on_error, engine)
     settings = worker.Settings(mode, size, fit, quality, max_side, reencode, max_pixels)
-    src = open_source(source)
+    src = dataset_source(source, max_pixels) if is_dataset(source) else open_source(source)
     skipped: list[dict[str, str]] = []
 
     def on_skip(s: Skip) -> bool:
@@ -196,7 +198,7 @@ def pack(
             files=files,
             skipped=skipped,
             settings={
-                "source": os.fspath(source), "size": size, "fit": fit, "quality": quality,
+                "source": src.description if src.kind == "dataset" else os.fspath(source), "size": size, "fit": fit, "quality": quality,
                 "max_side": max_side, "reencode": reencode, "max_pixels": max_pixels, "engine": engine,
             },
             gpufeed_version=__version__,
