@@ -30,6 +30,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--store", required=True)
     p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--warmup", type=int, default=0, help="steps before the clock starts (first batch, cuDNN tuning)")
     p.add_argument("--batch-size", type=int, default=256, help="per rank")
     p.add_argument("--image-size", type=int, default=224)
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda" if torch.cuda.is_available() else "cpu")
@@ -69,12 +70,17 @@ def main() -> None:
             loss.backward()
             opt.step()
             step += 1
+            if step == a.warmup:
+                if cuda:
+                    torch.cuda.synchronize()
+                t0 = time.perf_counter()
             if step >= a.steps:
                 break
     if cuda:
         torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
-    result = {"rank": rank, "world_size": world, "steps": step, "img_per_s": step * a.batch_size / seconds,
+    timed = step - min(a.warmup, step)
+    result = {"rank": rank, "world_size": world, "steps": step, "img_per_s": timed * a.batch_size / seconds,
               "batches_per_epoch": len(loader), "loss": float(loss), "tier": loader.tier.name,
               "epoch0_indices": seen, "state": loader.state_dict(), "store_mb": store.nbytes / 2**20}
     loader.close()
