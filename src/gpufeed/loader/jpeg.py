@@ -190,7 +190,8 @@ def _table(columns: list[np.ndarray]) -> tuple[np.ndarray, list[int]]:
 
 # pipelines on a GPU, each a thread with its own GPU decoder and stream, sharing the CPU workers.
 # Two overlap one batch's CPU share, resize and Python with another's GPU decode: faster alone, but
-# the concurrent GPU decodes slowed the training loop they fed (docs/benchmarks.md), so one. On a
+# slower in the training loop they fed, with their GPU decodes at once or taking turns (a second
+# producer thread takes CPU and GIL from the training thread; docs/benchmarks.md), so one. On a
 # CPU device the workers do the decoding and one pipeline keeps them busy
 PIPELINES_ON_GPU = 1
 # with several pipelines, their GPU decodes take turns (a shared lock) rather than run at once
