@@ -62,7 +62,7 @@ def test_params_are_reproducible_from_the_seed(batch):
     a = aug.sample(12, 64, 64, torch.Generator().manual_seed(5))
     b = aug.sample(12, 64, 64, torch.Generator().manual_seed(5))
     c = aug.sample(12, 64, 64, torch.Generator().manual_seed(6))
-    assert torch.equal(a.boxes, b.boxes) and torch.equal(a.flip, b.flip) and torch.equal(a.jitter, b.jitter)
+    assert torch.equal(a.boxes, b.boxes) and torch.equal(a.flip, b.flip) and torch.equal(a.pixel, b.pixel)
     assert not torch.equal(a.boxes, c.boxes)
 
 
@@ -71,7 +71,7 @@ def test_color_jitter_matches_torchvision(batch):
     params = aug.sample(len(batch), 64, 64, torch.Generator().manual_seed(2))
     out = aug.apply(batch, params, torch.float32)
     for k in range(len(batch)):
-        b, c, s = params.jitter[k].tolist()
+        b, c, s = params.pixel[k].tolist()
         ref = batch[k].permute(2, 0, 1).float() / 255
         ref = F.adjust_saturation(F.adjust_contrast(F.adjust_brightness(ref, b), c), s)
         assert (out[k] - ref).abs().max() < 2e-3
@@ -91,7 +91,11 @@ def test_bad_op_order_and_types():
     with pytest.raises(ValueError, match="order"):
         Augment([Normalize(), RandomHorizontalFlip()])
     with pytest.raises(TypeError, match="not a gpufeed.augment op"):
-        Augment([lambda x: x])
+        Augment([object()])
+    with pytest.raises(TypeError, match="not a gpufeed.augment op"):
+        Augment([RandomHorizontalFlip])  # a class, not an op
+    with pytest.raises(ValueError, match="order"):
+        Augment([RandomResizedCrop(8), lambda x: x, RandomHorizontalFlip()])  # a callable comes last
 
 
 def test_nn_normalize_matches_augment_and_exports(batch, tmp_path):

@@ -82,3 +82,16 @@ def test_memory_is_flat_over_epochs(store, cache):
 def _rss() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * 4096
+
+
+@pytest.mark.parametrize("cache", ["gpu", "disk"])
+def test_colour_ops_erasing_and_a_callable_agree_on_gpu_and_cpu(store, cache):
+    from gpufeed.augment import GaussianBlur, RandomAutocontrast, RandomErasing, RandomGrayscale, RandomInvert
+
+    ops = [RandomResizedCrop(28, scale=(0.2, 1)), RandomHorizontalFlip(), RandomGrayscale(0.5), RandomInvert(),
+           RandomAutocontrast(), GaussianBlur(3), Normalize(), RandomErasing(p=0.5, value=0.0), lambda x: x * 0.5]
+    gpu = gpufeed.Loader(store, batch_size=32, device="cuda", cache=cache, augment=ops, dtype=torch.float32)
+    cpu = gpufeed.Loader(store, batch_size=32, device="cpu", augment=ops, dtype=torch.float32)
+    for (g, gl), (c, cl) in zip(gpu, cpu):
+        assert g.is_cuda and g.shape == c.shape and torch.equal(gl.cpu(), cl)
+        assert (g.cpu() - c).abs().mean() < 1e-3

@@ -3,14 +3,24 @@
 from gpufeed.augment.ops import (CenterCrop, ColorJitter, Normalize, RandomHorizontalFlip,
                                  RandomResizedCrop, Resize)
 from gpufeed.augment.pipeline import Augment, Params
+from gpufeed.augment.pixel import (GaussianBlur, RandomAdjustSharpness, RandomAutocontrast, RandomErasing,
+                                   RandomGrayscale, RandomInvert, RandomPosterize, RandomSolarize)
 
 __all__ = [
     "Augment",
     "CenterCrop",
     "ColorJitter",
+    "GaussianBlur",
     "Normalize",
     "Params",
+    "RandomAdjustSharpness",
+    "RandomAutocontrast",
+    "RandomErasing",
+    "RandomGrayscale",
     "RandomHorizontalFlip",
+    "RandomInvert",
+    "RandomPosterize",
     "RandomResizedCrop",
+    "RandomSolarize",
     "Resize",
 ]

@@ -156,6 +156,16 @@ class ColorJitter:
     contrast: float = 0.0
     saturation: float = 0.0
 
+    width = 3
+
+    def draw(self, n: int, hw: tuple[int, int], g: torch.Generator) -> torch.Tensor:
+        return self.factors(n, g)
+
+    def apply(self, y: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        from gpufeed.augment.pixel import color_jitter
+
+        return color_jitter(y, cols)
+
     def factors(self, n: int, g: torch.Generator) -> torch.Tensor:
         """(N, 3) float32 factors; a range of 0 gives exactly 1."""
         out = torch.ones(n, 3)

@@ -3,7 +3,8 @@
 `sample` draws every random parameter for the batch on the CPU from a seeded generator (so
 GPU and CPU runs, and resumed runs, crop identically); `apply` then does one resampling pass
 for all geometry (torchvision's roi_align: bilinear, box-averaged when downscaling), one
-flip, the colour jitter and normalisation, and the cast, on whatever device the batch is.
+flip, the colour and pixel ops, normalisation and the cast, then RandomErasing and the user's
+own callables, on whatever device the batch is.
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ from torchvision.ops import roi_align
 
 from gpufeed.augment.ops import (CenterCrop, ColorJitter, Normalize, RandomHorizontalFlip,
                                  RandomResizedCrop, Resize, View, column)
+from gpufeed.augment.pixel import AFTER_NORMALIZE, PIXEL_OPS
 
 log = logging.getLogger(__name__)
 GEOMETRIC = (RandomResizedCrop, Resize, CenterCrop, RandomHorizontalFlip)
-GRAY = (0.2989, 0.587, 0.114)
+COLOUR = (ColorJitter, *PIXEL_OPS)
 
 
 @dataclass
@@ -32,33 +34,41 @@ class Params:
     flip: torch.Tensor  # (N,) uint8, 1 = mirrored
     out_hw: tuple[int, int]
     identity: bool  # no resampling needed
-    jitter: torch.Tensor | None  # (N, 3) brightness, contrast, saturation factors
+    pixel: torch.Tensor | None  # (N, columns): every colour/pixel op's and RandomErasing's draws, in order
     any_flip: bool = True  # known on the host, so apply() never syncs with the device
 
     def tensors(self) -> list[torch.Tensor]:
-        return [t for t in (self.boxes, self.flip, self.jitter) if t is not None]
+        return [t for t in (self.boxes, self.flip, self.pixel) if t is not None]
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Params:
         move = lambda t: None if t is None else t.to(device, non_blocking=non_blocking)  # noqa: E731
-        return replace(self, boxes=move(self.boxes), flip=move(self.flip), jitter=move(self.jitter))
+        return replace(self, boxes=move(self.boxes), flip=move(self.flip), pixel=move(self.pixel))
 
 
 class Augment:
-    """A validated chain of ops: geometry first, then ColorJitter, then Normalize last."""
+    """A validated chain of ops: geometric ops, then colour and pixel ops (in the order given), then
+    Normalize, then RandomErasing and any callables of the user's on the finished batch tensor."""
 
     def __init__(self, ops: Sequence[object]):
         self.ops = list(ops)
-        rank = {cls: 0 for cls in GEOMETRIC} | {ColorJitter: 1, Normalize: 2}
+        rank = {cls: 0 for cls in GEOMETRIC} | {cls: 1 for cls in COLOUR} | {Normalize: 2} | \
+            {cls: 3 for cls in AFTER_NORMALIZE}
         order = []
         for op in self.ops:
-            if type(op) not in rank:
-                raise TypeError(f"{op!r} is not a gpufeed.augment op ({', '.join(c.__name__ for c in rank)})")
-            order.append(rank[type(op)])
-        if order != sorted(order) or order.count(1) > 1 or order.count(2) > 1:
-            raise ValueError("augment order must be: geometric ops, then at most one ColorJitter, "
-                             "then at most one Normalize")
+            if type(op) in rank:
+                order.append(rank[type(op)])
+            elif callable(op) and not isinstance(op, type):  # the user's own op on the batch tensor
+                order.append(3)
+            else:
+                raise TypeError(f"{op!r} is not a gpufeed.augment op ({', '.join(c.__name__ for c in rank)}) "
+                                "nor a callable taking and returning the batch tensor")
+        if order != sorted(order) or order.count(2) > 1:
+            raise ValueError("augment order must be: geometric ops, then colour and pixel ops, then at most one "
+                             "Normalize, then RandomErasing and your own callables")
         self.geometric = [op for op in self.ops if isinstance(op, GEOMETRIC)]
-        self.jitter = next((op for op in self.ops if isinstance(op, ColorJitter)), None)
+        self.colour = [op for op, r in zip(self.ops, order) if r == 1]
+        self.after = [op for op, r in zip(self.ops, order) if r == 3]
+        self.random = self.colour + [op for op in self.after if isinstance(op, AFTER_NORMALIZE)]
         self.normalize = next((op for op in self.ops if isinstance(op, Normalize)), None)
 
     def sample(self, n: int, height: int | torch.Tensor, width: int | torch.Tensor, g: torch.Generator) -> Params:
@@ -73,9 +83,38 @@ class Augment:
                              "Resize((h, w)) or CenterCrop")
         same_size = isinstance(height, int) and (view.height, view.width) == (height, width)
         identity = same_size and bool((view.boxes == full).all())
-        jitter = self.jitter.factors(n, g) if self.jitter else None
-        return Params(view.boxes.float(), view.flip.to(torch.uint8), (view.height, view.width), identity, jitter,
-                      bool(view.flip.any()))
+        out_hw = (view.height, view.width)
+        pixel = torch.cat([op.draw(n, out_hw, g).float() for op in self.random], 1) if self.random else None
+        return Params(view.boxes.float(), view.flip.to(torch.uint8), out_hw, identity, pixel, bool(view.flip.any()))
+
+    def _columns(self, pixel: torch.Tensor) -> dict[int, torch.Tensor]:
+        """Each random op's columns of `pixel`, by the op's id."""
+        out, at = {}, 0
+        for op in self.random:
+            out[id(op)] = pixel[:, at : at + op.width]
+            at += op.width
+        return out
+
+    def colour_ops(self, y: torch.Tensor, pixel: torch.Tensor) -> torch.Tensor:
+        """The colour and pixel ops, in order, on float NCHW 0..255."""
+        columns = self._columns(pixel)
+        for op in self.colour:
+            y = op.apply(y, columns[id(op)])
+        return y
+
+    def after_ops(self, y: torch.Tensor, pixel: torch.Tensor | None) -> torch.Tensor:
+        """RandomErasing and the user's callables, in order, on the finished batch."""
+        columns = self._columns(pixel) if pixel is not None else {}
+        for op in self.after:
+            y = op.apply(y, columns[id(op)]) if isinstance(op, AFTER_NORMALIZE) else op(y)
+        return y
+
+    def finish(self, y: torch.Tensor, pixel: torch.Tensor | None, dtype: torch.dtype,
+               channels_last: bool) -> torch.Tensor:
+        """From resampled float NCHW 0..255: colour ops, Normalize and the cast, then the ops after."""
+        if self.colour:
+            y = self.colour_ops(y, pixel)
+        return self.after_ops(finish(y, dtype, self.normalize, channels_last), pixel)
 
     def apply(self, images: torch.Tensor, params: Params, dtype: torch.dtype = torch.float32,
               channels_last: bool = False, index: torch.Tensor | None = None) -> torch.Tensor:
@@ -94,21 +133,20 @@ class Augment:
             y = roi_align(y, rois, params.out_hw, spatial_scale=1.0, sampling_ratio=-1, aligned=True)
         if params.any_flip:
             y = torch.where(params.flip.view(-1, 1, 1, 1).bool(), y.flip(3), y)
-        if params.jitter is not None:
-            y = color_jitter(y, params.jitter)
-        return finish(y, dtype, self.normalize, channels_last)
+        return self.finish(y, params.pixel, dtype, channels_last)
 
 
     def _apply_fused(self, images: torch.Tensor, params: Params, dtype: torch.dtype,
                      channels_last: bool, index: torch.Tensor | None) -> torch.Tensor:
-        """One Triton kernel for gather + resample + flip + normalise + cast (jitter, if any, after it)."""
-        jitter = params.jitter is not None
-        scale, shift = _affine(images.device, None if jitter else self.normalize)
-        y = _fused().resample_normalize(images, params.boxes, params.flip, params.out_hw, scale, shift, torch.float32 if jitter else dtype, channels_last and not jitter,
-                                        index)
-        if not jitter:
-            return y
-        return finish(color_jitter(y * 255, params.jitter), dtype, self.normalize, channels_last)
+        """One Triton kernel for gather + resample + flip + normalise + cast (colour ops, if any, after it,
+        then the ops that follow Normalize)."""
+        colour = bool(self.colour)
+        scale, shift = _affine(images.device, None if colour else self.normalize)
+        y = _fused().resample_normalize(images, params.boxes, params.flip, params.out_hw, scale, shift,
+                                        torch.float32 if colour else dtype, channels_last and not colour, index)
+        if not colour:
+            return self.after_ops(y, params.pixel)
+        return self.finish(y * 255, params.pixel, dtype, channels_last)
 
 
 _AFFINE: dict = {}
@@ -140,17 +178,6 @@ def _fused():
         log.warning("Triton unavailable (%s): GPU augmentation falls back to several torch kernels (slower)", e)
         return None
     return fused
-
-
-def color_jitter(y: torch.Tensor, factors: torch.Tensor) -> torch.Tensor:
-    """Brightness, contrast, saturation blends on 0..255 float NCHW (torchvision's formulas)."""
-    gray_w = torch.tensor(GRAY, device=y.device).view(1, 3, 1, 1)
-    b, c, s = (factors[:, k].view(-1, 1, 1, 1) for k in range(3))
-    y = (y * b).clamp_(0, 255)
-    mean = (y * gray_w).sum(1, keepdim=True).mean((2, 3), keepdim=True)
-    y = (c * y + (1 - c) * mean).clamp_(0, 255)
-    gray = (y * gray_w).sum(1, keepdim=True)
-    return (s * y + (1 - s) * gray).clamp_(0, 255)
 
 
 def finish(y: torch.Tensor, dtype: torch.dtype, normalize: Normalize | None, channels_last: bool) -> torch.Tensor:

@@ -33,8 +33,8 @@ class EpochPlan:
         if self.params is None:
             return self.indices[a:b], None
         p = self.params
-        jitter = None if p.jitter is None else p.jitter[a:b]
-        params = Params(p.boxes[a:b], p.flip[a:b], p.out_hw, p.identity, jitter, self.flips[number])
+        pixel = None if p.pixel is None else p.pixel[a:b]
+        params = Params(p.boxes[a:b], p.flip[a:b], p.out_hw, p.identity, pixel, self.flips[number])
         return self.indices[a:b], params
 
     def to(self, device: torch.device) -> EpochPlan:

@@ -1,0 +1,210 @@
+"""Per-sample colour and pixel ops, and RandomErasing, on whole batches.
+
+Each op draws its per-sample parameters for a batch as columns of one float tensor (`draw`, on
+the CPU from the plan's generator, so GPU, CPU and resumed runs agree), and applies them to the
+batch with a few tensor ops whatever the samples drew (`apply`: a sample that draws "no" keeps
+its pixels through a `where`, never a Python loop over samples). Colour ops work on float NCHW on
+the 0..255 scale, between the resampling and Normalize; RandomErasing works after Normalize.
+Names, parameters and their distributions follow torchvision's transforms.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+GRAY = (0.2989, 0.587, 0.114)
+
+
+def _gray(y: torch.Tensor) -> torch.Tensor:
+    return (y * torch.tensor(GRAY, device=y.device, dtype=y.dtype).view(1, 3, 1, 1)).sum(1, keepdim=True)
+
+
+def _flag(n: int, p: float, g: torch.Generator) -> torch.Tensor:
+    """(n, 1): 1.0 where a sample applies the op (probability p)."""
+    return (torch.rand(n, 1, generator=g) < p).float()
+
+
+def _where(flag: torch.Tensor, new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
+    return torch.where(flag.view(-1, 1, 1, 1) > 0, new, old)
+
+
+class _Coin:
+    """An op each sample applies with probability `self.p`: one column, 1.0 where it does."""
+
+    width = 1
+
+    def draw(self, n: int, hw: tuple[int, int], g: torch.Generator) -> torch.Tensor:
+        return _flag(n, self.p, g)
+
+
+def color_jitter(y: torch.Tensor, factors: torch.Tensor) -> torch.Tensor:
+    """Brightness, contrast, saturation blends (torchvision's formulas), factors (N, 3)."""
+    b, c, s = (factors[:, k].view(-1, 1, 1, 1) for k in range(3))
+    y = (y * b).clamp_(0, 255)
+    mean = _gray(y).mean((2, 3), keepdim=True)
+    y = (c * y + (1 - c) * mean).clamp_(0, 255)
+    return (s * y + (1 - s) * _gray(y)).clamp_(0, 255)
+
+
+@dataclass
+class RandomGrayscale(_Coin):
+    """Gray (torchvision's weights, in all three channels) with probability `p`."""
+
+    p: float = 0.1
+
+    def apply(self, y: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        return _where(cols[:, 0], _gray(y).expand_as(y), y)
+
+
+@dataclass
+class RandomSolarize(_Coin):
+    """Invert the pixels at or above `threshold` (0..255) with probability `p`."""
+
+    threshold: float
+    p: float = 0.5
+
+    def apply(self, y: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        return _where(cols[:, 0], torch.where(y >= self.threshold, 255 - y, y), y)
+
+
+@dataclass
+class RandomPosterize(_Coin):
+    """Keep the `bits` high bits of each (rounded) channel value with probability `p`."""
+
+    bits: int
+    p: float = 0.5
+
+    def __post_init__(self):
+        if not 0 <= self.bits <= 8:
+            raise ValueError(f"RandomPosterize bits must be in 0..8, got {self.bits}")
+
+    def apply(self, y: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        step = 2 ** (8 - self.bits)
+        return _where(cols[:, 0], torch.floor(y.round() / step) * step, y)
+
+
+@dataclass
+class RandomInvert(_Coin):
+    """255 - x with probability `p`."""
+
+    p: float = 0.5
+
+    def apply(self, y: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        return _where(cols[:, 0], 255 - y, y)
+
+
+@dataclass
+class RandomAutocontrast(_Coin):
+    """Stretch each channel of a sample to 0..255 (its min to 0, max to 255) with probability `p`."""
+
+    p: float = 0.5
+
+    def apply(self, y: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        low, high = y.amin((2, 3), keepdim=True), y.amax((2, 3), keepdim=True)
+        flat = high <= low
+        scale = torch.where(flat, torch.ones_like(high), 255 / (high - low).clamp_min(1e-6))
+        low = torch.where(flat, torch.zeros_like(low), low)
+        return _where(cols[:, 0], ((y - low) * scale).clamp(0, 255), y)
+
+
+@dataclass
+class RandomAdjustSharpness(_Coin):
+    """Blend with a smoothed copy (torchvision's 3x3 kernel, borders kept) by `sharpness_factor`,
+    with probability `p`: above 1 sharpens, below 1 blurs."""
+
+    sharpness_factor: float
+    p: float = 0.5
+
+    def apply(self, y: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        kernel = torch.ones(3, 3, device=y.device, dtype=y.dtype)
+        kernel[1, 1] = 5.0
+        kernel = (kernel / 13).expand(y.shape[1], 1, 3, 3)
+        smooth = torch.nn.functional.conv2d(y, kernel, groups=y.shape[1]).round()  # uint8 in torchvision
+        degenerate = y.clone()
+        degenerate[:, :, 1:-1, 1:-1] = smooth
+        f = self.sharpness_factor
+        return _where(cols[:, 0], (f * y + (1 - f) * degenerate).clamp(0, 255), y)
+
+
+@dataclass
+class GaussianBlur:
+    """Gaussian blur with a per-sample sigma drawn uniformly in `sigma`, reflect padding."""
+
+    kernel_size: int | Sequence[int]
+    sigma: float | Sequence[float] = (0.1, 2.0)
+    width = 1
+
+    def __post_init__(self):
+        ks = (self.kernel_size,) * 2 if isinstance(self.kernel_size, int) else tuple(self.kernel_size)
+        if any(k <= 0 or k % 2 == 0 for k in ks):
+            raise ValueError(f"GaussianBlur kernel_size must be odd and positive, got {self.kernel_size}")
+        self._ks = ks
+        self._sigma = (float(self.sigma),) * 2 if isinstance(self.sigma, (int, float)) else tuple(self.sigma)
+
+    def draw(self, n: int, hw: tuple[int, int], g: torch.Generator) -> torch.Tensor:
+        return torch.empty(n, 1).uniform_(*self._sigma, generator=g)
+
+    def apply(self, y: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        n, c, h, w = y.shape
+        for axis, k in ((3, self._ks[0]), (2, self._ks[1])):  # x then y, as torchvision's kernel is separable
+            half = (k - 1) / 2
+            x = torch.linspace(-half, half, k, device=y.device, dtype=y.dtype)
+            weights = torch.exp(-0.5 * (x[None] / cols[:, :1].to(y.dtype)) ** 2)
+            weights = (weights / weights.sum(1, keepdim=True)).repeat_interleave(c, 0)  # (n*c, k)
+            shape = (n * c, 1, 1, k) if axis == 3 else (n * c, 1, k, 1)
+            pad = (k // 2, k // 2, 0, 0) if axis == 3 else (0, 0, k // 2, k // 2)
+            flat = torch.nn.functional.pad(y.reshape(1, n * c, h, w), pad, mode="reflect")
+            y = torch.nn.functional.conv2d(flat, weights.view(shape), groups=n * c).view(n, c, h, w)
+        return y
+
+
+@dataclass
+class RandomErasing:
+    """Erase a random box of each sample (area fraction in `scale`, aspect in `ratio`) with
+    probability `p`, filling it with `value` (a number or one per channel, on the output scale:
+    after Normalize). Comes after Normalize, as in torchvision."""
+
+    p: float = 0.5
+    scale: tuple[float, float] = (0.02, 0.33)
+    ratio: tuple[float, float] = (0.3, 3.3)
+    value: float | Sequence[float] = 0.0
+    attempts: int = 10
+    width = 4  # top, left, height, width (height 0: nothing erased)
+
+    def __post_init__(self):
+        if isinstance(self.value, str):
+            raise ValueError("RandomErasing value='random' is not supported; give a number or one per channel")
+
+    def draw(self, n: int, hw: tuple[int, int], g: torch.Generator) -> torch.Tensor:
+        h, w = hw
+        apply = torch.rand(n, generator=g) < self.p
+        area = h * w * torch.empty(n, self.attempts, dtype=torch.float64).uniform_(*self.scale, generator=g)
+        log_r = (math.log(self.ratio[0]), math.log(self.ratio[1]))
+        aspect = torch.exp(torch.empty(n, self.attempts, dtype=torch.float64).uniform_(*log_r, generator=g))
+        eh, ew = torch.round(torch.sqrt(area * aspect)), torch.round(torch.sqrt(area / aspect))
+        fits = (eh < h) & (ew < w)
+        first = fits.to(torch.uint8).argmax(1)  # the first attempt that fits, as torchvision's loop
+        rows = torch.arange(n)
+        eh, ew, ok = eh[rows, first], ew[rows, first], fits.any(1) & apply
+        u = torch.rand(n, 2, dtype=torch.float64, generator=g)
+        top, left = torch.floor(u[:, 0] * (h - eh + 1)), torch.floor(u[:, 1] * (w - ew + 1))
+        box = torch.stack([top, left, eh, ew], 1).float()
+        return torch.where(ok[:, None], box, torch.zeros_like(box))
+
+    def apply(self, y: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        n, c, h, w = y.shape
+        top, left, eh, ew = (cols[:, k].view(n, 1, 1, 1) for k in range(4))
+        rows = torch.arange(h, device=y.device).view(1, 1, h, 1)
+        columns = torch.arange(w, device=y.device).view(1, 1, 1, w)
+        inside = (rows >= top) & (rows < top + eh) & (columns >= left) & (columns < left + ew)
+        value = torch.as_tensor(self.value, dtype=y.dtype, device=y.device).reshape(1, -1, 1, 1)
+        return torch.where(inside, value.expand(1, c, 1, 1), y)
+
+
+PIXEL_OPS = (RandomGrayscale, RandomSolarize, RandomPosterize, RandomInvert, RandomAutocontrast,
+             RandomAdjustSharpness, GaussianBlur)
+AFTER_NORMALIZE = (RandomErasing,)
