@@ -99,3 +99,16 @@ def test_timm_example_trains_with_mixup_and_label_smoothing(stores):
     targets = out["targets"]
     assert targets.shape == (4, 2) and torch.allclose(targets.sum(1), torch.ones(4))
     assert bool((targets > 0).all())  # label smoothing (and mixing): no class gets exactly 0
+
+
+def test_distributed_evaluation_sees_every_sample_once(stores):
+    """pad=False: the ranks' shards together are exactly the store (no sample counted twice)."""
+    ops = [Resize(36), CenterCrop(32)]
+    per_rank = [gpufeed.Loader(stores[1], batch_size=4, device="cpu", shuffle=False, drop_last=False, augment=ops,
+                               rank=r, world_size=4, pad=False) for r in range(4)]
+    seen = sorted(int(i) for loader in per_rank for b in range(len(loader)) for i in loader.plan(0, b)[0])
+    assert seen == list(range(6)) and [len(loader) for loader in per_rank] == [1, 1, 1, 1]
+    assert sum(len(labels) for loader in per_rank for _, labels in loader) == 6
+    padded = gpufeed.Loader(stores[1], batch_size=4, device="cpu", shuffle=False, drop_last=False, augment=ops,
+                            rank=3, world_size=4)
+    assert len(next(iter(padded))[1]) == 2  # padded by wrapping: ranks 2 and 3 repeat samples

@@ -64,3 +64,17 @@ def test_clear_errors():
         ShardedBatchSampler(10, 8, shuffle=True, seed=0, rank=0, world_size=2, drop_last=True)
     with pytest.raises(ValueError, match="empty"):
         ShardedBatchSampler(0, 8, shuffle=True, seed=0, rank=0, world_size=1, drop_last=True)
+
+
+@pytest.mark.parametrize("n, world, batch", [(10, 3, 2), (7, 2, 4), (5, 8, 1), (64, 4, 16)])
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_unpadded_shards_cover_every_sample_exactly_once(n, world, batch, shuffle):
+    """Evaluation on several ranks: pad=False, the ranks' batches together are the dataset, once."""
+    samplers = [ShardedBatchSampler(n, batch, shuffle=shuffle, seed=1, rank=r, world_size=world, drop_last=False,
+                                    pad=False) for r in range(world)]
+    seen = [int(i) for s in samplers for b in s.batches(3) for i in b]
+    assert sorted(seen) == list(range(n))
+    assert [len(s.shard(3)) for s in samplers] == [len(range(r, n, world)) for r in range(world)]
+    assert all(len(s) == len(s.batches(3)) for s in samplers)
+    padded = ShardedBatchSampler(n, batch, shuffle=shuffle, seed=1, rank=0, world_size=world, drop_last=False)
+    assert len(padded.shard(3)) == -(-n // world)  # the default pads, as DistributedSampler does

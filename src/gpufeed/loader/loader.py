@@ -92,6 +92,9 @@ class Loader:
             GPU, all of them on CPU; 0 decodes on threads of this process).
         decoders: jpeg: names among "hw", "nvjpeg", "cuda", "cpu"; default one GPU decoder (the
             engines if nvImageCodec is installed, else nvJPEG) plus "cpu".
+        pad: with `drop_last=False`, shards are padded by wrapping so every rank has as many batches
+            (DistributedSampler's way); `pad=False` gives every sample exactly once over all ranks
+            (distributed evaluation), and ranks may differ by one batch.
         restart: every `iter()` starts a fresh pass from the epoch's first batch, as a DataLoader
             does (for evaluation loaders, which frameworks iterate partly, e.g. a sanity check).
             False: an `iter()` continues where the last one stopped. Either way `load_state_dict`
@@ -111,7 +114,7 @@ class Loader:
                  dtype: torch.dtype = torch.float16, channels_last: bool = False, cache: str = "auto",
                  rank: int | None = None, world_size: int | None = None, prefetch: int = 3,
                  gather_threads: int | None = None, on_error: str = "skip", num_workers: int | None = None,
-                 decoders: tuple[str, ...] | None = None, restart: bool = False):
+                 decoders: tuple[str, ...] | None = None, restart: bool = False, pad: bool = True):
         self.store = store if isinstance(store, Store) else Store(store)
         if self.store.mode == "jpeg" and not augment:
             raise ValueError(f"{self.store.path}: a jpeg store holds images of different sizes; give augment ops "
@@ -119,7 +122,7 @@ class Loader:
         self.device = _device(device)
         self.rank, self.world_size = resolve_rank(rank, world_size)
         self.batch_sampler = ShardedBatchSampler(len(self.store), batch_size, shuffle=shuffle, seed=seed, rank=self.rank,
-                                           world_size=self.world_size, drop_last=drop_last)
+                                           world_size=self.world_size, drop_last=drop_last, pad=pad)
         self.augment = Augment(augment) if augment is not None else None
         shape = self.store.image_shape
         sizes = torch.from_numpy(np.array(self.store.shapes)) if shape is None else (shape[0], shape[1])

@@ -4,7 +4,9 @@ Same semantics as `DistributedSampler` + a batching `DataLoader`: every rank com
 same permutation from (seed, epoch), takes every `world_size`-th index from `rank`, and
 cuts its shard into batches. With `drop_last` the uneven tail is dropped (each index at
 most once per epoch); without it, the shards are padded by wrapping around so all ranks
-still get the same number of batches, and the last batch may be short.
+still get the same number of batches, and the last batch may be short. `pad=False` (with
+`drop_last=False`, for evaluation) leaves the shards unpadded: every index exactly once over
+all ranks, and the first `n % world_size` ranks have one sample more.
 """
 
 from __future__ import annotations
@@ -34,14 +36,20 @@ class ShardedBatchSampler:
     """Index batches for one rank; `batches(epoch)` is a pure function of its arguments."""
 
     def __init__(self, n: int, batch_size: int, *, shuffle: bool, seed: int, rank: int,
-                 world_size: int, drop_last: bool):
+                 world_size: int, drop_last: bool, pad: bool = True):
         if batch_size < 1:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         if n == 0:
             raise ValueError("the store is empty: nothing to load")
         self.n, self.batch_size, self.shuffle, self.seed = n, batch_size, shuffle, seed
         self.rank, self.world_size, self.drop_last = rank, world_size, drop_last
-        self.shard_size = n // world_size if drop_last else -(-n // world_size)
+        self.pad = pad or drop_last
+        if drop_last:
+            self.shard_size = n // world_size
+        elif pad:
+            self.shard_size = -(-n // world_size)
+        else:
+            self.shard_size = len(range(rank, n, world_size))
         if drop_last and self.shard_size < batch_size:
             raise ValueError(
                 f"batch_size {batch_size} is larger than this rank's shard ({self.shard_size} of {n} "
@@ -51,6 +59,8 @@ class ShardedBatchSampler:
     def __len__(self) -> int:
         if self.drop_last:
             return self.shard_size // self.batch_size
+        if not self.shard_size:  # more ranks than samples, unpadded: nothing for this rank
+            return 0
         return -(-self.shard_size // self.batch_size)
 
     def shard(self, epoch: int) -> torch.Tensor:
@@ -60,6 +70,8 @@ class ShardedBatchSampler:
             order = torch.randperm(self.n, generator=g)
         else:
             order = torch.arange(self.n)
+        if not self.pad:
+            return order[self.rank :: self.world_size]
         total = self.shard_size * self.world_size
         if total > self.n:
             order = torch.cat([order, order[: total - self.n]])
