@@ -2,6 +2,7 @@
 
 from gpufeed.augment.ops import (CenterCrop, ColorJitter, Normalize, RandomHorizontalFlip,
                                  RandomResizedCrop, Resize)
+from gpufeed.augment.mix import CutMix, MixUp, MixUpOrCutMix
 from gpufeed.augment.pipeline import Augment, Params
 from gpufeed.augment.pixel import (GaussianBlur, RandomAdjustSharpness, RandomAutocontrast, RandomErasing,
                                    RandomGrayscale, RandomInvert, RandomPosterize, RandomSolarize)
@@ -10,7 +11,10 @@ __all__ = [
     "Augment",
     "CenterCrop",
     "ColorJitter",
+    "CutMix",
     "GaussianBlur",
+    "MixUp",
+    "MixUpOrCutMix",
     "Normalize",
     "Params",
     "RandomAdjustSharpness",

@@ -19,6 +19,7 @@ from torchvision.ops import roi_align
 
 from gpufeed.augment.ops import (CenterCrop, ColorJitter, Normalize, RandomHorizontalFlip,
                                  RandomResizedCrop, Resize, View, column)
+from gpufeed.augment.mix import BATCH_OPS
 from gpufeed.augment.pixel import AFTER_NORMALIZE, PIXEL_OPS
 
 log = logging.getLogger(__name__)
@@ -47,12 +48,13 @@ class Params:
 
 class Augment:
     """A validated chain of ops: geometric ops, then colour and pixel ops (in the order given), then
-    Normalize, then RandomErasing and any callables of the user's on the finished batch tensor."""
+    Normalize, then RandomErasing and any callables of the user's on the finished batch tensor, then
+    at most one batch op on (images, labels) (MixUp, CutMix), which the Loader applies."""
 
     def __init__(self, ops: Sequence[object]):
         self.ops = list(ops)
         rank = {cls: 0 for cls in GEOMETRIC} | {cls: 1 for cls in COLOUR} | {Normalize: 2} | \
-            {cls: 3 for cls in AFTER_NORMALIZE}
+            {cls: 3 for cls in AFTER_NORMALIZE} | {cls: 4 for cls in BATCH_OPS}
         order = []
         for op in self.ops:
             if type(op) in rank:
@@ -62,12 +64,14 @@ class Augment:
             else:
                 raise TypeError(f"{op!r} is not a gpufeed.augment op ({', '.join(c.__name__ for c in rank)}) "
                                 "nor a callable taking and returning the batch tensor")
-        if order != sorted(order) or order.count(2) > 1:
+        if order != sorted(order) or order.count(2) > 1 or order.count(4) > 1:
             raise ValueError("augment order must be: geometric ops, then colour and pixel ops, then at most one "
-                             "Normalize, then RandomErasing and your own callables")
+                             "Normalize, then RandomErasing and your own callables, then at most one of MixUp, "
+                             "CutMix, MixUpOrCutMix")
         self.geometric = [op for op in self.ops if isinstance(op, GEOMETRIC)]
         self.colour = [op for op, r in zip(self.ops, order) if r == 1]
         self.after = [op for op, r in zip(self.ops, order) if r == 3]
+        self.batch_op = next((op for op, r in zip(self.ops, order) if r == 4), None)  # the Loader applies it
         self.random = self.colour + [op for op in self.after if isinstance(op, AFTER_NORMALIZE)]
         self.normalize = next((op for op in self.ops if isinstance(op, Normalize)), None)
 

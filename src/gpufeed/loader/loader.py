@@ -240,4 +240,7 @@ class Loader:
             fmt = torch.channels_last if self.channels_last else torch.contiguous_format
             images = batch.images.permute(0, 3, 1, 2).contiguous(memory_format=fmt)
         self.counters.count(len(batch.labels))
+        if self.augment is not None and self.augment.batch_op is not None:  # drawn from (seed, epoch, batch)
+            g = torch.Generator().manual_seed((self.seed * 1_000_003 + self.epoch) * 1_000_033 + self._batch)
+            return self.augment.batch_op(images, batch.labels, g)
         return images, batch.labels
