@@ -85,3 +85,14 @@ def test_as_the_loaders_last_op_reproducible_and_resumable(tmp_path):
     with pytest.raises(ValueError, match="at most one of MixUp"):
         gpufeed.Loader(tmp_path / "s", batch_size=4, device="cpu",
                        augment=[RandomResizedCrop(16), MixUp(2), CutMix(2)])
+
+
+def test_a_store_whose_labels_do_not_fit_is_refused_when_the_loader_is_built(tmp_path):
+    from PIL import Image
+
+    for i in range(4):
+        (tmp_path / "src").mkdir(exist_ok=True)
+        Image.fromarray(natural_image(np.random.default_rng(i), 24, 24, i)).save(tmp_path / "src" / f"{i}.png")
+    gpufeed.pack(tmp_path / "src", tmp_path / "s", size=16, workers=1, progress=False)  # flat folder: labels -1
+    with pytest.raises(ValueError, match=r"MixUp\(num_classes=3\) needs labels in 0..2; the store's are -1..-1"):
+        gpufeed.Loader(tmp_path / "s", batch_size=2, device="cpu", augment=[RandomResizedCrop(8), MixUp(3)])

@@ -16,8 +16,10 @@ import torch
 
 
 def soft_targets(labels: torch.Tensor, num_classes: int, smoothing: float) -> torch.Tensor:
-    """(N, num_classes) float: one-hot, with `smoothing` spread over all classes (timm's way)."""
-    if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= num_classes):
+    """(N, num_classes) float: one-hot, with `smoothing` spread over all classes (timm's way).
+    Labels on the CPU are range-checked here; a Loader checks its store's labels once instead (a
+    check of GPU labels would wait for the GPU every batch)."""
+    if not labels.is_cuda and labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= num_classes):
         raise ValueError(f"MixUp/CutMix need labels in 0..{num_classes - 1}; the batch has "
                          f"{int(labels.min())}..{int(labels.max())} (-1: a sample without a label)")
     off = smoothing / num_classes

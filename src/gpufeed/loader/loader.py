@@ -128,6 +128,12 @@ class Loader:
         sizes = torch.from_numpy(np.array(self.store.shapes)) if shape is None else (shape[0], shape[1])
         if self.augment is not None:
             _check_augment(self.augment, self.store.path, sizes)
+            mixer = self.augment.batch_op
+            labels = self.store.labels
+            if mixer is not None and len(labels) and (int(labels.min()) < 0 or int(labels.max()) >= mixer.num_classes):
+                raise ValueError(f"{self.store.path}: {type(mixer).__name__}(num_classes={mixer.num_classes}) needs "
+                                 f"labels in 0..{mixer.num_classes - 1}; the store's are "
+                                 f"{int(labels.min())}..{int(labels.max())} (-1: unlabelled)")
         self.dtype = dtype if self.augment is not None else torch.uint8
         self.channels_last, self.seed, self.prefetch = channels_last, seed, max(1, prefetch)
         self.tier = tiers.materialize(self.store, self.device, cache)
