@@ -95,3 +95,15 @@ def test_colour_ops_erasing_and_a_callable_agree_on_gpu_and_cpu(store, cache):
     for (g, gl), (c, cl) in zip(gpu, cpu):
         assert g.is_cuda and g.shape == c.shape and torch.equal(gl.cpu(), cl)
         assert (g.cpu() - c).abs().mean() < 1e-3
+
+
+def test_mixup_cutmix_on_gpu_batches_equal_the_cpus(store):
+    from gpufeed.augment import MixUpOrCutMix
+
+    classes = int(store.labels.max()) + 1
+    ops = [RandomResizedCrop(28, scale=(0.2, 1)), Normalize(), MixUpOrCutMix(num_classes=classes)]
+    gpu = gpufeed.Loader(store, batch_size=32, device="cuda", augment=ops, dtype=torch.float32, seed=5)
+    cpu = gpufeed.Loader(store, batch_size=32, device="cpu", augment=ops, dtype=torch.float32, seed=5)
+    for (g, gt), (c, ct) in zip(gpu, cpu):
+        assert gt.is_cuda and gt.shape == (32, classes) and torch.allclose(gt.cpu(), ct, atol=1e-6)
+        assert (g.cpu() - c).abs().max() < 1e-3
