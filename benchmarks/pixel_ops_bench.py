@@ -10,8 +10,8 @@ import statistics
 
 import torch
 
-from gpufeed.augment import (ColorJitter, GaussianBlur, RandomAdjustSharpness, RandomAutocontrast, RandomErasing,
-                             RandomGrayscale, RandomInvert, RandomPosterize, RandomSolarize)
+from gpufeed.augment import (ColorJitter, GaussianBlur, RandomAdjustSharpness, RandomAutocontrast, RandomEqualize,
+                             RandomErasing, RandomGrayscale, RandomInvert, RandomPosterize, RandomSolarize)
 
 
 def main() -> None:
@@ -22,7 +22,7 @@ def main() -> None:
     a = p.parse_args()
     y = torch.rand(a.batch, 3, a.size, a.size, device="cuda") * 255
     g = torch.Generator().manual_seed(0)
-    ops = [ColorJitter(0.4, 0.4, 0.4), RandomGrayscale(0.2), RandomSolarize(128), RandomPosterize(4),
+    ops = [ColorJitter(0.4, 0.4, 0.4), ColorJitter(0.4, 0.4, 0.4, 0.1), RandomEqualize(), RandomGrayscale(0.2), RandomSolarize(128), RandomPosterize(4),
            RandomInvert(), RandomAutocontrast(), RandomAdjustSharpness(2.0), GaussianBlur(23), RandomErasing()]
     print(f"{torch.cuda.get_device_name()}, batch {a.batch}x3x{a.size}x{a.size} float32")
     print("| op | GPU ms per batch |\n|---|---:|")
@@ -36,7 +36,7 @@ def main() -> None:
             end.record()
             end.synchronize()
             times.append(start.elapsed_time(end))
-        print(f"| {type(op).__name__} | {statistics.median(times[3:]):.3f} |")
+        print(f"| {op!r} | {statistics.median(times[3:]):.3f} |")
 
 
 if __name__ == "__main__":

@@ -107,3 +107,28 @@ def test_ops_in_a_chain_and_in_the_loader_with_a_callable_of_the_users(tmp_path)
     assert torch.equal(next(iter(again))[0], images)  # drawn from the seed: reproducible
     p0, p1 = loader.plan(0, 0)[1].pixel, again.plan(0, 0)[1].pixel
     assert p0.shape == (4, 1 + 1 + 1 + 4) and torch.equal(p0, p1)
+
+
+def test_equalize_matches_torchvision(batch):
+    from gpufeed.augment import RandomEqualize
+
+    flat = batch.clone()
+    flat[3] = 77.0  # one value only: left as it is
+    got, _ = _every(RandomEqualize(), flat)
+    for k in range(len(flat)):
+        assert torch.equal(got[k], F.equalize(flat[k].to(torch.uint8)).float()), k
+
+
+def test_hue_jitter_matches_torchvision_per_sample(batch):
+    from gpufeed.augment import ColorJitter
+
+    op = ColorJitter(brightness=0.3, hue=0.4)
+    factors = op.draw(len(batch), (24, 28), torch.Generator().manual_seed(7))
+    assert factors.shape == (8, 4) and bool((factors[:, 3].abs() <= 0.4).all()) and len(set(factors[:, 3].tolist())) == 8
+    got = op.apply(batch.clone(), factors)
+    for k in range(len(batch)):
+        b, _, _, h = factors[k].tolist()
+        want = F.adjust_hue(F.adjust_brightness(batch[k] / 255, b), h) * 255
+        assert (got[k] - want).abs().max() < 1e-2, k
+    with pytest.raises(ValueError, match="hue must be in 0..0.5"):
+        ColorJitter(hue=0.7)

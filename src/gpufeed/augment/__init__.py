@@ -4,8 +4,8 @@ from gpufeed.augment.ops import (CenterCrop, ColorJitter, Normalize, RandomHoriz
                                  RandomResizedCrop, Resize)
 from gpufeed.augment.mix import CutMix, MixUp, MixUpOrCutMix
 from gpufeed.augment.pipeline import Augment, Params
-from gpufeed.augment.pixel import (GaussianBlur, RandomAdjustSharpness, RandomAutocontrast, RandomErasing,
-                                   RandomGrayscale, RandomInvert, RandomPosterize, RandomSolarize)
+from gpufeed.augment.pixel import (GaussianBlur, RandomAdjustSharpness, RandomAutocontrast, RandomEqualize,
+                                   RandomErasing, RandomGrayscale, RandomInvert, RandomPosterize, RandomSolarize)
 
 __all__ = [
     "Augment",
@@ -19,6 +19,7 @@ __all__ = [
     "Params",
     "RandomAdjustSharpness",
     "RandomAutocontrast",
+    "RandomEqualize",
     "RandomErasing",
     "RandomGrayscale",
     "RandomHorizontalFlip",

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from gpufeed.augment.pixel import ColorJitter  # noqa: F401  (a colour op; importable from here as before)
+
 
 @dataclass
 class View:
@@ -146,33 +148,6 @@ class RandomHorizontalFlip:
     def __call__(self, view: View, g: torch.Generator) -> View:
         flip = torch.rand(view.boxes.shape[0], generator=g) < self.p
         return View(view.boxes, view.flip ^ flip, view.height, view.width)
-
-
-@dataclass
-class ColorJitter:
-    """Per-sample brightness, contrast and saturation factors, applied in that order."""
-
-    brightness: float = 0.0
-    contrast: float = 0.0
-    saturation: float = 0.0
-
-    width = 3
-
-    def draw(self, n: int, hw: tuple[int, int], g: torch.Generator) -> torch.Tensor:
-        return self.factors(n, g)
-
-    def apply(self, y: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-        from gpufeed.augment.pixel import color_jitter
-
-        return color_jitter(y, cols)
-
-    def factors(self, n: int, g: torch.Generator) -> torch.Tensor:
-        """(N, 3) float32 factors; a range of 0 gives exactly 1."""
-        out = torch.ones(n, 3)
-        for k, amount in enumerate((self.brightness, self.contrast, self.saturation)):
-            if amount:
-                out[:, k].uniform_(max(0.0, 1 - amount), 1 + amount, generator=g)
-        return out
 
 
 @dataclass

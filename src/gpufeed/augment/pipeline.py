@@ -24,7 +24,7 @@ from gpufeed.augment.pixel import AFTER_NORMALIZE, PIXEL_OPS
 
 log = logging.getLogger(__name__)
 GEOMETRIC = (RandomResizedCrop, Resize, CenterCrop, RandomHorizontalFlip)
-COLOUR = (ColorJitter, *PIXEL_OPS)
+COLOUR = PIXEL_OPS
 
 
 @dataclass

@@ -42,12 +42,92 @@ class _Coin:
 
 
 def color_jitter(y: torch.Tensor, factors: torch.Tensor) -> torch.Tensor:
-    """Brightness, contrast, saturation blends (torchvision's formulas), factors (N, 3)."""
+    """Brightness, contrast, saturation blends (torchvision's formulas), then the hue shift if there
+    is a fourth column; factors (N, 3 or 4)."""
     b, c, s = (factors[:, k].view(-1, 1, 1, 1) for k in range(3))
     y = (y * b).clamp_(0, 255)
     mean = _gray(y).mean((2, 3), keepdim=True)
     y = (c * y + (1 - c) * mean).clamp_(0, 255)
-    return (s * y + (1 - s) * _gray(y)).clamp_(0, 255)
+    y = (s * y + (1 - s) * _gray(y)).clamp_(0, 255)
+    return shift_hue(y, factors[:, 3]) if factors.shape[1] > 3 else y
+
+
+def shift_hue(y: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """Rotate each sample's hue by `shift` (N,) turns, through HSV (float NCHW 0..255)."""
+    rgb = y / 255
+    v, _ = rgb.max(1)
+    low, _ = rgb.min(1)
+    delta = v - low
+    grey = delta == 0
+    sat = torch.where(grey, torch.zeros_like(v), delta / torch.where(v == 0, torch.ones_like(v), v))
+    d = torch.where(grey, torch.ones_like(delta), delta)
+    r, g, b = rgb.unbind(1)
+    hue = torch.where(v == r, (g - b) / d, torch.where(v == g, 2 + (b - r) / d, 4 + (r - g) / d))
+    hue = torch.where(grey, torch.zeros_like(hue), hue)
+    hue = torch.remainder(hue / 6 + shift.view(-1, 1, 1).to(y.dtype), 1.0)
+    sector = torch.floor(hue * 6)
+    frac = hue * 6 - sector
+    sector = sector.long() % 6
+    p, q, t = v * (1 - sat), v * (1 - sat * frac), v * (1 - sat * (1 - frac))
+    options = torch.stack([torch.stack(o, 1) for o in ((v, t, p), (q, v, p), (p, v, t), (p, q, v), (t, p, v),
+                                                       (v, p, q))], 1)  # (N, 6 sectors, 3, H, W)
+    pick = sector[:, None, None].expand(-1, 1, 3, -1, -1)
+    return (options.gather(1, pick).squeeze(1) * 255).clamp_(0, 255)
+
+
+@dataclass
+class ColorJitter:
+    """Per-sample brightness, contrast and saturation factors and a hue shift, applied in that order
+    (torchvision draws the order per call; here it is fixed)."""
+
+    brightness: float = 0.0
+    contrast: float = 0.0
+    saturation: float = 0.0
+    hue: float = 0.0
+
+    def __post_init__(self):
+        if not 0 <= self.hue <= 0.5:
+            raise ValueError(f"ColorJitter hue must be in 0..0.5, got {self.hue}")
+
+    @property
+    def width(self) -> int:
+        return 4 if self.hue else 3
+
+    def draw(self, n: int, hw: tuple[int, int], g: torch.Generator) -> torch.Tensor:
+        return self.factors(n, g)
+
+    def apply(self, y: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        return color_jitter(y, cols)
+
+    def factors(self, n: int, g: torch.Generator) -> torch.Tensor:
+        """(N, 3) float32 factors, or (N, 4) with the hue shift; a range of 0 gives exactly 1."""
+        out = torch.ones(n, self.width)
+        for k, amount in enumerate((self.brightness, self.contrast, self.saturation)):
+            if amount:
+                out[:, k].uniform_(max(0.0, 1 - amount), 1 + amount, generator=g)
+        if self.hue:
+            out[:, 3].uniform_(-self.hue, self.hue, generator=g)
+        return out
+
+
+@dataclass
+class RandomEqualize(_Coin):
+    """Histogram equalization of each channel (PIL's and torchvision's lookup table, on the rounded
+    values), with probability `p`."""
+
+    p: float = 0.5
+
+    def apply(self, y: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        n, c, h, w = y.shape
+        values = y.round().clamp(0, 255).long().reshape(n * c, h * w)
+        hist = torch.zeros(n * c, 256, device=y.device, dtype=torch.long).scatter_add_(1, values,
+                                                                                     torch.ones_like(values))
+        last = 255 - (hist > 0).flip(1).long().argmax(1)  # the highest value present
+        step = (h * w - hist.gather(1, last[:, None])) // 255
+        lut = (hist.cumsum(1) + step // 2) // step.clamp_min(1)
+        lut = torch.cat([torch.zeros_like(lut[:, :1]), lut[:, :-1]], 1).clamp(0, 255)  # shifted by one
+        out = torch.where(step > 0, lut.gather(1, values), values).reshape(n, c, h, w).to(y.dtype)
+        return _where(cols[:, 0], out, y)
 
 
 @dataclass
@@ -205,6 +285,6 @@ class RandomErasing:
         return torch.where(inside, value.expand(1, c, 1, 1), y)
 
 
-PIXEL_OPS = (RandomGrayscale, RandomSolarize, RandomPosterize, RandomInvert, RandomAutocontrast,
+PIXEL_OPS = (ColorJitter, RandomEqualize, RandomGrayscale, RandomSolarize, RandomPosterize, RandomInvert, RandomAutocontrast,
              RandomAdjustSharpness, GaussianBlur)
 AFTER_NORMALIZE = (RandomErasing,)
