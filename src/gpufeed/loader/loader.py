@@ -151,6 +151,7 @@ class Loader:
         self._planner = Planner(self.batch_sampler, self.augment, seed, sizes)
 
     def __len__(self) -> int:
+        """Batches per epoch on this rank."""
         return len(self.batch_sampler)
 
     def close(self) -> None:
@@ -177,6 +178,9 @@ class Loader:
                 "world_size": self.world_size, "batch_size": self.batch_sampler.batch_size, "samples": len(self.store)}
 
     def load_state_dict(self, state: dict) -> None:
+        """Resume where `state` (from `state_dict()`) was: the next `iter()` yields the batch after
+        the last one yielded then. Raises ValueError if the seed, world size, batch size or store
+        size differ (the batches would not be the same)."""
         mine = self.state_dict()
         for key in ("seed", "world_size", "batch_size", "samples"):
             if state[key] != mine[key]:
@@ -208,6 +212,8 @@ class Loader:
         return self._ring
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """`(images, labels)` batches (labels: soft targets with MixUp/CutMix) from where the loader
+        is (or, with `restart=True`, from the epoch's first batch) to the end of the epoch."""
         if os.getpid() != self._pid:
             raise RuntimeError("this gpufeed.Loader was made in another process (before a fork): its threads, "
                                "decode workers and CUDA state stay there; make a new Loader in this process")

@@ -51,9 +51,11 @@ class PackReport:
 
     @property
     def images_per_s(self) -> float:
+        """Images packed per second of the whole pack."""
         return self.count / self.seconds if self.seconds else 0.0
 
     def summary(self) -> str:
+        """What to print: count, size, speed, and the first 20 skipped files with their reasons."""
         lines = [
             f"packed {self.count} images into {self.dest} ({self.mode}, {self.bytes / 1e6:.1f} MB) "
             f"in {self.seconds:.1f} s: {self.images_per_s:.0f} img/s on {self.workers} worker(s)"

@@ -19,6 +19,7 @@ class VerifyResult:
 
     @property
     def ok(self) -> bool:
+        """True when every data file has its recorded size and digest."""
         return not self.damaged
 
 

@@ -87,10 +87,12 @@ class Store:
 
     @property
     def mode(self) -> str:
+        """"raw" (fixed-size pixels) or "jpeg" (encoded bytes)."""
         return self.manifest.mode
 
     @property
     def classes(self) -> list[str]:
+        """Class names; label i is classes[i] (empty for an unlabelled store)."""
         return list(self.manifest.classes)
 
     @property
@@ -110,6 +112,7 @@ class Store:
         return sum(f["bytes"] for f in self.manifest.files.values())
 
     def __len__(self) -> int:
+        """Samples in the store."""
         return self.manifest.count
 
     def encoded(self, i: int) -> torch.Tensor:
@@ -131,6 +134,7 @@ class Store:
         return fmt.decode_source(bytes(self._sources[start:end]))
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        """(uint8 CHW image, label) of sample `i`: a read-only view for raw stores, decoded for jpeg."""
         i = self._index(i)
         label = int(self._labels[i])
         if self.mode == "raw":
