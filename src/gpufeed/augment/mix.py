@@ -45,31 +45,34 @@ class _Mix:
 
 
 @dataclass
-class MixUp(_Mix):
-    """images = λ x + (1 - λ) x_rolled, targets likewise; λ ~ Beta(alpha, alpha) per batch."""
+class _Pair(_Mix):
+    """The fields MixUp and CutMix share, and their targets: mixed by the same weight as the pixels."""
 
     num_classes: int
     alpha: float = 1.0
     label_smoothing: float = 0.0
     seed: int = 0
+
+    def _targets(self, labels: torch.Tensor, weight: float) -> torch.Tensor:
+        targets = soft_targets(labels, self.num_classes, self.label_smoothing)
+        return targets * weight + targets.roll(1, 0) * (1 - weight)
+
+
+@dataclass
+class MixUp(_Pair):
+    """images = λ x + (1 - λ) x_rolled, targets likewise; λ ~ Beta(alpha, alpha) per batch."""
 
     def __call__(self, images: torch.Tensor, labels: torch.Tensor,
                  g: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         lam = _beta(self.alpha, self._generator(g))
-        targets = soft_targets(labels, self.num_classes, self.label_smoothing)
         mixed = images * lam + images.roll(1, 0) * (1 - lam)
-        return mixed.to(images.dtype), targets * lam + targets.roll(1, 0) * (1 - lam)
+        return mixed.to(images.dtype), self._targets(labels, lam)
 
 
 @dataclass
-class CutMix(_Mix):
+class CutMix(_Pair):
     """Paste a box of the rolled batch into each image (area about 1 - λ, λ ~ Beta(alpha, alpha) per
     batch, clipped at the borders as torchvision does); targets mixed by the area pasted."""
-
-    num_classes: int
-    alpha: float = 1.0
-    label_smoothing: float = 0.0
-    seed: int = 0
 
     def __call__(self, images: torch.Tensor, labels: torch.Tensor,
                  g: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -82,9 +85,7 @@ class CutMix(_Mix):
         x1, y1, x2, y2 = max(cx - half_w, 0), max(cy - half_h, 0), min(cx + half_w, w), min(cy + half_h, h)
         mixed = images.clone()
         mixed[..., y1:y2, x1:x2] = images.roll(1, 0)[..., y1:y2, x1:x2]
-        kept = 1.0 - (x2 - x1) * (y2 - y1) / (w * h)
-        targets = soft_targets(labels, self.num_classes, self.label_smoothing)
-        return mixed, targets * kept + targets.roll(1, 0) * (1 - kept)
+        return mixed, self._targets(labels, 1.0 - (x2 - x1) * (y2 - y1) / (w * h))
 
 
 @dataclass
