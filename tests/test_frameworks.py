@@ -4,7 +4,6 @@ StatefulDataLoader-style state_dict protocol, and the Lightning example on tiny 
 from __future__ import annotations
 
 import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
@@ -28,6 +27,14 @@ def stores(tmp_path_factory):
     gpufeed.pack(root / "train", root / "train-raw", size=40, workers=1, progress=False)
     gpufeed.pack(root / "val", root / "val-jpeg", mode="jpeg", workers=1, progress=False)
     return root / "train-raw", root / "val-jpeg"
+
+
+def _example(name: str):
+    """Import examples/NAME.py as a module (the examples folder is no package)."""
+    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _labels(batches) -> list[int]:
@@ -72,11 +79,7 @@ def test_state_dict_mid_pass_resumes_even_with_restart(stores):
 
 @pytest.mark.skipif(importlib.util.find_spec("pytorch_lightning") is None, reason="pytorch-lightning not installed")
 def test_lightning_example_validates_every_sample_each_epoch(stores):
-    sys.path.insert(0, str(EXAMPLES))
-    try:
-        import lightning_train
-    finally:
-        sys.path.remove(str(EXAMPLES))
+    lightning_train = _example("lightning_train")
     model, data = lightning_train.main(["--train", str(stores[0]), "--val", str(stores[1]), "--epochs", "2",
                                         "--batch-size", "2", "--size", "32", "--resize", "36",
                                         "--accelerator", "cpu", "--devices", "1"])
@@ -88,11 +91,7 @@ def test_lightning_example_validates_every_sample_each_epoch(stores):
 
 @pytest.mark.skipif(importlib.util.find_spec("timm") is None, reason="timm not installed")
 def test_timm_example_trains_with_mixup_and_label_smoothing(stores):
-    sys.path.insert(0, str(EXAMPLES))
-    try:
-        import timm_train
-    finally:
-        sys.path.remove(str(EXAMPLES))
+    timm_train = _example("timm_train")
     out = timm_train.main(["--store", str(stores[0]), "--model", "resnet18", "--epochs", "2", "--batch-size", "4",
                            "--size", "32"])
     assert out["steps"] == 2 * 3 and all(torch.isfinite(torch.tensor(out["losses"])))
