@@ -65,6 +65,16 @@ def _alive(pids: set[int]) -> set[int]:
     return alive
 
 
+def _kill_and_expect_gone(proc: subprocess.Popen, kids: set[int], sig: int) -> None:
+    """Send `sig` to `proc`; it exits within 30 s and every one of `kids` within 5 s more."""
+    os.kill(proc.pid, sig)
+    proc.wait(timeout=30)
+    deadline = time.monotonic() + 5
+    while _alive(kids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(kids), f"still running after {sig!r}: {_alive(kids)}"
+
+
 UNGUARDED = """
 import sys, gpufeed
 from gpufeed.augment import RandomResizedCrop
@@ -105,12 +115,7 @@ def test_no_process_outlives_a_killed_program(store, tmp_path, sig):
     assert proc.stdout.readline().strip() == "READY", proc.stderr.read()
     kids = _children(proc.pid)
     assert len(kids) >= 2
-    os.kill(proc.pid, sig)
-    proc.wait(timeout=30)
-    deadline = time.monotonic() + 5
-    while _alive(kids) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not _alive(kids), f"still running after {sig!r}: {_alive(kids)}"
+    _kill_and_expect_gone(proc, kids, sig)
 
 
 def test_a_loader_made_before_a_fork_refuses_to_run_in_the_child(store, tmp_path):
@@ -167,12 +172,7 @@ gpufeed.pack({str(tmp_path / 'src')!r}, {str(tmp_path / 'dest')!r}, size=64, wor
         assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
         time.sleep(0.02)
     kids = _children(proc.pid)
-    os.kill(proc.pid, sig)
-    proc.wait(timeout=30)
-    deadline = time.monotonic() + 5
-    while _alive(kids) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not _alive(kids), f"still running after {sig!r}: {_alive(kids)}"
+    _kill_and_expect_gone(proc, kids, sig)
     assert not (tmp_path / "dest").exists()
 
 
