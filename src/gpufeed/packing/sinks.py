@@ -18,21 +18,27 @@ def _write_array(path: Path, values: np.ndarray) -> dict[str, object]:
     return w.close()
 
 
-class Sources:
-    """Records each kept sample's source name, in sample order (sources.bin + sources.i64)."""
+class Appended:
+    """Variable-length values back to back in one file, with an int64[N + 1] offsets file beside it:
+    the encoded images of a jpeg store (data.bin, offsets.i64) and every store's sources."""
 
-    def __init__(self, work: Path):
-        self.data = HashingWriter(work / fmt.SOURCES)
+    def __init__(self, work: Path, data_name: str, offsets_name: str):
+        self.data = HashingWriter(work / data_name)
         self.offsets: array = array("q", [0])
-        self.work = work
+        self.names, self.work = (data_name, offsets_name), work
 
-    def add(self, name: str) -> None:
-        self.data.write(fmt.encode_source(name))
+    def add(self, value: bytes) -> None:
+        self.data.write(value)
         self.offsets.append(self.data.bytes)
 
     def finish(self) -> dict[str, dict[str, object]]:
-        return {fmt.SOURCES: self.data.close(),
-                fmt.SOURCE_OFFSETS: _write_array(self.work / fmt.SOURCE_OFFSETS, np.asarray(self.offsets, dtype="<i8"))}
+        data_name, offsets_name = self.names
+        return {data_name: self.data.close(),
+                offsets_name: _write_array(self.work / offsets_name, np.asarray(self.offsets, dtype="<i8"))}
+
+
+def _sources(work: Path) -> Appended:
+    return Appended(work, fmt.SOURCES, fmt.SOURCE_OFFSETS)
 
 
 class RawSink:
@@ -47,7 +53,7 @@ class RawSink:
         self.slots = 0
         self.kept: array = array("q")
         self.labels: array = array("q")
-        self.sources = Sources(work)
+        self.sources = _sources(work)
         self._fd: int | None = None
 
     @property
@@ -69,7 +75,7 @@ class RawSink:
             os.pwrite(self._fd, memoryview(pixels).cast("B"), slot * self.item)
         self.kept.append(slot)
         self.labels.append(label)
-        self.sources.add(source)
+        self.sources.add(fmt.encode_source(source))
 
     def finish(self) -> dict[str, dict[str, object]]:
         files = {fmt.LABELS: _write_array(self.work / fmt.LABELS, np.asarray(self.labels, dtype="<i8")),
@@ -103,11 +109,10 @@ class JpegSink:
 
     def __init__(self, work: Path):
         self.work = work
-        self.data = HashingWriter(work / fmt.JPEG_DATA)
-        self.offsets: array = array("q", [0])
+        self.encoded = Appended(work, fmt.JPEG_DATA, fmt.JPEG_OFFSETS)
         self.shapes: array = array("i")
         self.labels: array = array("q")
-        self.sources = Sources(work)
+        self.sources = _sources(work)
 
     @property
     def count(self) -> int:
@@ -117,17 +122,15 @@ class JpegSink:
         return 0
 
     def add(self, slot: int, label: int, encoded: bytes | None, hw: tuple[int, int] | None, source: str) -> None:
-        self.data.write(encoded)
-        self.offsets.append(self.data.bytes)
+        self.encoded.add(encoded)
         self.shapes.extend(hw)
         self.labels.append(label)
-        self.sources.add(source)
+        self.sources.add(fmt.encode_source(source))
 
     def finish(self) -> dict[str, dict[str, object]]:
         w = self.work
         return {
-            fmt.JPEG_DATA: self.data.close(),
-            fmt.JPEG_OFFSETS: _write_array(w / fmt.JPEG_OFFSETS, np.asarray(self.offsets, dtype="<i8")),
+            **self.encoded.finish(),
             fmt.JPEG_SHAPES: _write_array(w / fmt.JPEG_SHAPES, np.asarray(self.shapes, dtype="<i4")),
             fmt.LABELS: _write_array(w / fmt.LABELS, np.asarray(self.labels, dtype="<i8")),
             **self.sources.finish(),
