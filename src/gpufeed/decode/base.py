@@ -177,7 +177,7 @@ def packed(images: list[torch.Tensor], failed: dict[int, str], device: torch.dev
     return Decoded(base, offsets, sizes, strides, [], failed, on_done=on_done, regions=regions)
 
 
-def nvimgcodec_install() -> str:
-    """The command that installs nvImageCodec for the CUDA this torch was built for."""
-    major = (torch.version.cuda or "13").split(".")[0]
+def nvimgcodec_install(cuda: str | None = None) -> str:
+    """The command that installs nvImageCodec for CUDA `cuda` (default: the one this torch was built for)."""
+    major = (cuda or torch.version.cuda or "13").split(".")[0]
     return f"pip install 'gpufeed[nvimgcodec-cu{major}]'"

@@ -15,6 +15,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpufeed.decode.base import nvimgcodec_install
+
 NVIMGCODEC = {12: "nvidia-nvimgcodec-cu12", 13: "nvidia-nvimgcodec-cu13"}
 NVJPEG = {12: "nvidia-nvjpeg-cu12", 13: "nvidia-nvjpeg"}
 
@@ -90,18 +92,18 @@ def problems(s: Stack) -> list[str]:
                    "X the minor version pytorch.org lists)")
     if cuda not in NVIMGCODEC:
         return out
-    extra = f"'gpufeed[nvimgcodec-cu{cuda}]'"
+    install = nvimgcodec_install(s.torch_cuda)
     wrong = [d for c, d in NVIMGCODEC.items() if c != cuda and d in s.wheels]
     wrong += [d for c, d in NVJPEG.items() if c != cuda and d in s.wheels and NVJPEG[cuda] not in s.wheels]
     if wrong:
         out.append(f"{', '.join(wrong)} installed but torch is built for CUDA {s.torch_cuda}, so the hardware "
-                   f"JPEG engines go unused: pip uninstall -y {' '.join(wrong)} && pip install {extra}")
+                   f"JPEG engines go unused: pip uninstall -y {' '.join(wrong)} && {install}")
     elif NVIMGCODEC[cuda] not in s.wheels and s.driver:
         out.append(f"nvImageCodec is not installed, so the GPU's hardware JPEG engines (A100, H100, H200) go "
-                   f"unused: pip install {extra}")
+                   f"unused: {install}")
     elif NVIMGCODEC[cuda] in s.wheels and NVJPEG[cuda] not in s.wheels and s.driver:
         out.append(f"{NVIMGCODEC[cuda]} is installed without {NVJPEG[cuda]}, which its JPEG decoders need: "
-                   f"pip install {extra}")
+                   f"{install}")
     return out
 
 
