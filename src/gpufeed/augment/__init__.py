@@ -1,14 +1,17 @@
 """Batched augmentation with per-sample random parameters, on GPU or CPU tensors alike."""
 
-from gpufeed.augment.ops import (CenterCrop, ColorJitter, Normalize, RandomHorizontalFlip,
-                                 RandomResizedCrop, Resize)
+from gpufeed.augment.affine import RandomAffine, RandomRotation
 from gpufeed.augment.mix import CutMix, MixUp, MixUpOrCutMix
+from gpufeed.augment.ops import (CenterCrop, ColorJitter, Normalize, RandomCrop, RandomHorizontalFlip,
+                                 RandomResizedCrop, RandomVerticalFlip, Resize)
 from gpufeed.augment.pipeline import Augment, Params
 from gpufeed.augment.pixel import (GaussianBlur, RandomAdjustSharpness, RandomAutocontrast, RandomEqualize,
                                    RandomErasing, RandomGrayscale, RandomInvert, RandomPosterize, RandomSolarize)
+from gpufeed.augment.policies import AutoAugment, RandAugment, TrivialAugmentWide
 
 __all__ = [
     "Augment",
+    "AutoAugment",
     "CenterCrop",
     "ColorJitter",
     "CutMix",
@@ -17,8 +20,11 @@ __all__ = [
     "MixUpOrCutMix",
     "Normalize",
     "Params",
+    "RandAugment",
     "RandomAdjustSharpness",
+    "RandomAffine",
     "RandomAutocontrast",
+    "RandomCrop",
     "RandomEqualize",
     "RandomErasing",
     "RandomGrayscale",
@@ -26,6 +32,9 @@ __all__ = [
     "RandomInvert",
     "RandomPosterize",
     "RandomResizedCrop",
+    "RandomRotation",
     "RandomSolarize",
+    "RandomVerticalFlip",
     "Resize",
+    "TrivialAugmentWide",
 ]

@@ -1,57 +1,20 @@
 """Augmentation ops: each draws per-sample parameters for a whole batch as tensors.
 
-Geometric ops don't touch pixels: they move a per-sample source box (x1, y1, x2, y2) and the
-output size, so any chain of crops, resizes and flips becomes one resampling pass. Semantics
-follow torchvision.transforms.v2 (same parameter ranges, same sampling of crops).
+Geometric ops don't touch pixels: they move each sample's `View` (a source box, flips, and once
+something pads, a warp), so any chain of them costs one resampling pass, two with a warp.
+Semantics follow torchvision.transforms.v2 (same parameter ranges, same sampling of crops).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 
 from gpufeed.augment.pixel import ColorJitter  # noqa: F401  (a colour op; importable from here as before)
-
-
-@dataclass
-class View:
-    """Where the current (virtual) image lies in the source, for every sample of a batch."""
-
-    boxes: torch.Tensor  # float64 (N, 4): x1, y1, x2, y2 in source pixels
-    flip: torch.Tensor  # bool (N,): mirrored relative to the source
-    height: int | torch.Tensor  # a tensor (N,) while samples still differ in size (jpeg sources)
-    width: int | torch.Tensor
-
-    @property
-    def uniform(self) -> bool:
-        return isinstance(self.height, int) and isinstance(self.width, int)
-
-    def crop(self, top: torch.Tensor, left: torch.Tensor, h: torch.Tensor, w: torch.Tensor,
-             out_h: int | torch.Tensor, out_w: int | torch.Tensor) -> View:
-        """Crop rows top..top+h, cols left..left+w of the current view (per sample), output out_h×out_w
-        (one size, or per-sample sizes while the samples still differ)."""
-        sx = (self.boxes[:, 2] - self.boxes[:, 0]) / self.width
-        sy = (self.boxes[:, 3] - self.boxes[:, 1]) / self.height
-        left = torch.where(self.flip, self.width - (left + w), left).double()
-        x1 = self.boxes[:, 0] + left * sx
-        y1 = self.boxes[:, 1] + top.double() * sy
-        boxes = torch.stack([x1, y1, x1 + w.double() * sx, y1 + h.double() * sy], 1)
-        return View(boxes, self.flip, out_h, out_w)
-
-
-def _pair(size: int | tuple[int, int]) -> tuple[int, int]:
-    return (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
-
-
-def _full(n: int, value: float) -> torch.Tensor:
-    return torch.full((n,), float(value), dtype=torch.float64)
-
-
-def column(size: int | torch.Tensor, n: int) -> torch.Tensor:
-    """A per-sample float64 column of an image dimension (uniform int or per-sample tensor)."""
-    return size.double() if isinstance(size, torch.Tensor) else _full(n, size)
+from gpufeed.augment.view import Resampling, View, column, fill_tuple, full, matrices, pair
 
 
 @dataclass
@@ -94,7 +57,7 @@ class RandomResizedCrop:
         w, h = torch.where(bad, fw, w), torch.where(bad, fh, h)
         top = torch.where(bad, torch.div(height - fh, 2, rounding_mode="floor"), top)
         left = torch.where(bad, torch.div(width - fw, 2, rounding_mode="floor"), left)
-        return view.crop(top, left, h, w, *_pair(self.size))
+        return view.crop(top, left, h, w, *pair(self.size))
 
 
 @dataclass
@@ -119,8 +82,8 @@ class Resize:
             other = int(self.size * long_ / short)
             out = (self.size, other) if view.height <= view.width else (other, self.size)
         else:
-            out = _pair(self.size)
-        return view.crop(_full(n, 0), _full(n, 0), height, width, *out)
+            out = pair(self.size)
+        return view.crop(full(n, 0), full(n, 0), height, width, *out)
 
 
 @dataclass
@@ -130,13 +93,13 @@ class CenterCrop:
     size: int | tuple[int, int]
 
     def __call__(self, view: View, g: torch.Generator) -> View:
-        h, w = _pair(self.size)
+        h, w = pair(self.size)
         n = view.boxes.shape[0]
         height, width = column(view.height, n), column(view.width, n)
         if bool((height < h).any() or (width < w).any()):
             raise ValueError(f"CenterCrop({self.size}) is larger than some images of the batch")
         top, left = torch.round((height - h) / 2.0), torch.round((width - w) / 2.0)
-        return view.crop(top, left, _full(n, h), _full(n, w), h, w)
+        return view.crop(top, left, full(n, h), full(n, w), h, w)
 
 
 @dataclass
@@ -146,8 +109,57 @@ class RandomHorizontalFlip:
     p: float = 0.5
 
     def __call__(self, view: View, g: torch.Generator) -> View:
-        flip = torch.rand(view.boxes.shape[0], generator=g) < self.p
-        return View(view.boxes, view.flip ^ flip, view.height, view.width)
+        return view.mirror(torch.rand(view.n, generator=g) < self.p, None)
+
+
+@dataclass
+class RandomVerticalFlip:
+    """Turn each sample upside down with probability `p`."""
+
+    p: float = 0.5
+
+    def __call__(self, view: View, g: torch.Generator) -> View:
+        return view.mirror(None, torch.rand(view.n, generator=g) < self.p)
+
+
+@dataclass
+class RandomCrop:
+    """A `size` crop at a uniformly drawn position, after padding each side by `padding` (an int, (left
+    and right, top and bottom) or (left, top, right, bottom)) with `fill`, as the CIFAR recipe does;
+    `pad_if_needed` pads images smaller than `size` on both sides. Without padding it only moves the
+    crop box; with padding the warp pass fills. Only padding_mode "constant" is supported."""
+
+    size: int | tuple[int, int]
+    padding: int | Sequence[int] | None = None
+    pad_if_needed: bool = False
+    fill: float | Sequence[float] = 0
+    padding_mode: str = "constant"
+
+    def __post_init__(self):
+        if self.padding_mode != "constant":
+            raise ValueError(f"RandomCrop padding_mode {self.padding_mode!r} is not supported; only 'constant'")
+        pad = [0] if self.padding is None else ([self.padding] if isinstance(self.padding, int) else list(self.padding))
+        if len(pad) not in (1, 2, 4) or min(pad) < 0:
+            raise ValueError(f"RandomCrop padding must be one, two or four non-negative ints, got {self.padding!r}")
+        self._pad = pad * 4 if len(pad) == 1 else (pad * 2 if len(pad) == 2 else pad)  # left, top, right, bottom
+
+    def __call__(self, view: View, g: torch.Generator) -> View:
+        h, w = pair(self.size)
+        n = view.n
+        left_pad, top_pad, right_pad, bottom_pad = (full(n, p) for p in self._pad)
+        height = column(view.height, n) + top_pad + bottom_pad
+        width = column(view.width, n) + left_pad + right_pad
+        if self.pad_if_needed:
+            grow_h, grow_w = (h - height).clamp_min(0), (w - width).clamp_min(0)
+            top_pad, left_pad, height, width = top_pad + grow_h, left_pad + grow_w, height + 2 * grow_h, width + 2 * grow_w
+        if bool((height < h).any() or (width < w).any()):
+            raise ValueError(f"RandomCrop({self.size}) is larger than some (padded) images of the batch")
+        u = torch.rand(n, 2, dtype=torch.float64, generator=g)
+        top, left = torch.floor(u[:, 0] * (height - h + 1)), torch.floor(u[:, 1] * (width - w + 1))
+        if not bool((top_pad > 0).any() or (left_pad > 0).any() or any(self._pad)):
+            return view.crop(top, left, full(n, h), full(n, w), h, w)
+        shift = matrices(n, tx=left - left_pad, ty=top - top_pad)
+        return view.then(shift, h, w, Resampling(None, fill_tuple(self.fill)), fills=True)
 
 
 @dataclass

@@ -2,9 +2,10 @@
 
 `sample` draws every random parameter for the batch on the CPU from a seeded generator (so
 GPU and CPU runs, and resumed runs, crop identically); `apply` then does one resampling pass
-for all geometry (torchvision's roi_align: bilinear, box-averaged when downscaling), one
-flip, the colour and pixel ops, normalisation and the cast, then RandomErasing and the user's
-own callables, on whatever device the batch is.
+for crops, resizes and flips (torchvision's roi_align: bilinear, box-averaged when
+downscaling), one warp pass if an op turns, shears or pads, the colour and pixel ops (a
+policy's first), normalisation and the cast, then RandomErasing and the user's own callables,
+on whatever device the batch is.
 """
 
 from __future__ import annotations
@@ -17,13 +18,17 @@ from typing import Sequence
 import torch
 from torchvision.ops import roi_align
 
-from gpufeed.augment.ops import (CenterCrop, ColorJitter, Normalize, RandomHorizontalFlip,
-                                 RandomResizedCrop, Resize, View, column)
+from gpufeed.augment.affine import Filled, RandomAffine, RandomRotation, Warp, warp
 from gpufeed.augment.mix import BATCH_OPS
+from gpufeed.augment.ops import (CenterCrop, Normalize, RandomCrop, RandomHorizontalFlip, RandomResizedCrop,
+                                 RandomVerticalFlip, Resize)
 from gpufeed.augment.pixel import AFTER_NORMALIZE, PIXEL_OPS
+from gpufeed.augment.policies import POLICIES
+from gpufeed.augment.view import View, column
 
 log = logging.getLogger(__name__)
-GEOMETRIC = (RandomResizedCrop, Resize, CenterCrop, RandomHorizontalFlip)
+GEOMETRIC = (RandomResizedCrop, Resize, CenterCrop, RandomCrop, RandomHorizontalFlip, RandomVerticalFlip,
+             RandomAffine, RandomRotation)
 COLOUR = PIXEL_OPS
 
 
@@ -35,15 +40,28 @@ class Params:
     flip: torch.Tensor  # (N,) uint8, 1 = mirrored
     out_hw: tuple[int, int]
     identity: bool  # no resampling needed
-    pixel: torch.Tensor | None  # (N, columns): every colour/pixel op's and RandomErasing's draws, in order
+    pixel: torch.Tensor | None  # (N, columns): a policy's, every colour/pixel op's and RandomErasing's draws
     any_flip: bool = True  # known on the host, so apply() never syncs with the device
+    vflip: torch.Tensor | None = None  # (N,) uint8, 1 = upside down; None: no op flips vertically
+    warp: Warp | None = None  # the warp pass after the box pass (out_hw is then the box pass's size)
+    choices: torch.Tensor | None = None  # (N, slots) int8: a policy's ops, kept on the host
 
-    def tensors(self) -> list[torch.Tensor]:
-        return [t for t in (self.boxes, self.flip, self.pixel) if t is not None]
+    @property
+    def final_hw(self) -> tuple[int, int]:
+        return self.warp.out_hw if self.warp is not None else self.out_hw
 
-    def to(self, device: torch.device | str, non_blocking: bool = False) -> Params:
+    def rows(self, a: int, b: int, any_flip: bool) -> Params:
+        """Samples a..b (a batch of an epoch's parameters)."""
+        cut = lambda t: None if t is None else t[a:b]  # noqa: E731
+        return Params(self.boxes[a:b], self.flip[a:b], self.out_hw, self.identity, cut(self.pixel), any_flip,
+                      cut(self.vflip), None if self.warp is None else self.warp.rows(a, b), cut(self.choices))
+
+    def to(self, device: torch.device | str, non_blocking: bool = False, boxes: bool = True) -> Params:
+        """On `device` (the boxes and horizontal flips stay where they are unless `boxes`)."""
         move = lambda t: None if t is None else t.to(device, non_blocking=non_blocking)  # noqa: E731
-        return replace(self, boxes=move(self.boxes), flip=move(self.flip), pixel=move(self.pixel))
+        keep = lambda t: move(t) if boxes else t  # noqa: E731
+        return replace(self, boxes=keep(self.boxes), flip=keep(self.flip), pixel=move(self.pixel),
+                       vflip=move(self.vflip), warp=None if self.warp is None else self.warp.to(device, non_blocking))
 
 
 class Augment:
@@ -53,8 +71,8 @@ class Augment:
 
     def __init__(self, ops: Sequence[object]):
         self.ops = list(ops)
-        rank = {cls: 0 for cls in GEOMETRIC} | {cls: 1 for cls in COLOUR} | {Normalize: 2} | \
-            {cls: 3 for cls in AFTER_NORMALIZE} | {cls: 4 for cls in BATCH_OPS}
+        rank = {cls: 0 for cls in GEOMETRIC} | {cls: 0.5 for cls in POLICIES} | {cls: 1 for cls in COLOUR} | \
+            {Normalize: 2} | {cls: 3 for cls in AFTER_NORMALIZE} | {cls: 4 for cls in BATCH_OPS}
         order = []
         for op in self.ops:
             if type(op) in rank:
@@ -64,12 +82,14 @@ class Augment:
             else:
                 raise TypeError(f"{op!r} is not a gpufeed.augment op ({', '.join(c.__name__ for c in rank)}) "
                                 "nor a callable taking and returning the batch tensor")
-        if order != sorted(order) or order.count(2) > 1 or order.count(4) > 1:
-            raise ValueError("augment order must be: geometric ops, then colour and pixel ops, then at most one "
+        if order != sorted(order) or any(order.count(r) > 1 for r in (0.5, 2, 4)):
+            raise ValueError("augment order must be: geometric ops, then at most one policy (RandAugment, "
+                             "TrivialAugmentWide, AutoAugment), then colour and pixel ops, then at most one "
                              "Normalize, then RandomErasing and your own callables, then at most one of MixUp, "
                              "CutMix, MixUpOrCutMix")
         self.geometric = [op for op in self.ops if isinstance(op, GEOMETRIC)]
-        self.colour = [op for op, r in zip(self.ops, order) if r == 1]
+        self.policy = next((op for op, r in zip(self.ops, order) if r == 0.5), None)
+        self.colour = [op for op, r in zip(self.ops, order) if r in (0.5, 1)]
         self.after = [op for op, r in zip(self.ops, order) if r == 3]
         self.batch_op = next((op for op, r in zip(self.ops, order) if r == 4), None)  # the Loader applies it
         self.random = self.colour + [op for op in self.after if isinstance(op, AFTER_NORMALIZE)]
@@ -82,14 +102,24 @@ class Augment:
         view = View(full, torch.zeros(n, dtype=torch.bool), height, width)
         for op in self.geometric:
             view = op(view, g)
+        drawn, choices = {}, None
+        if self.policy is not None:
+            view, drawn[id(self.policy)], choices = self.policy.sample(view, g)
         if not view.uniform:
             raise ValueError("the augment ops leave images of different sizes: end with RandomResizedCrop, "
                              "Resize((h, w)) or CenterCrop")
-        same_size = isinstance(height, int) and (view.height, view.width) == (height, width)
-        identity = same_size and bool((view.boxes == full).all())
         out_hw = (view.height, view.width)
-        pixel = torch.cat([op.draw(n, out_hw, g).float() for op in self.random], 1) if self.random else None
-        return Params(view.boxes.float(), view.flip.to(torch.uint8), out_hw, identity, pixel, bool(view.flip.any()))
+        box_hw = view.bounds[0].hw if view.bounds else out_hw
+        identity = isinstance(height, int) and box_hw == (height, width) and bool((view.boxes == full).all())
+        columns = [drawn[id(op)] if id(op) in drawn else op.draw(n, out_hw, g) for op in self.random]
+        pixel = torch.cat([c.float() for c in columns], 1) if columns else None
+        warp = None
+        if view.bounds:
+            matrices = torch.stack([b.matrix[:, :2] for b in view.bounds]).float()
+            warp = Warp(matrices, [b.hw for b in view.bounds], out_hw, view.resampling, self.policy is not None)
+        vflip = None if view.vflip is None else view.vflip.to(torch.uint8)
+        return Params(view.boxes.float(), view.flip.to(torch.uint8), box_hw, identity, pixel, bool(view.flip.any()),
+                      vflip, warp, choices)
 
     def _columns(self, pixel: torch.Tensor) -> dict[int, torch.Tensor]:
         """Each random op's columns of `pixel`, by the op's id."""
@@ -99,11 +129,14 @@ class Augment:
             at += op.width
         return out
 
-    def colour_ops(self, y: torch.Tensor, pixel: torch.Tensor) -> torch.Tensor:
-        """The colour and pixel ops, in order, on float NCHW 0..255."""
-        columns = self._columns(pixel)
+    def colour_ops(self, y: torch.Tensor, params: Params, filled: Filled | None = None) -> torch.Tensor:
+        """The policy's and then the other colour and pixel ops, in order, on float NCHW 0..255."""
+        columns = self._columns(params.pixel)
         for op in self.colour:
-            y = op.apply(y, columns[id(op)])
+            if op is self.policy:
+                y = op.apply(y, columns[id(op)], params.choices, filled)
+            else:
+                y = op.apply(y, columns[id(op)])
         return y
 
     def after_ops(self, y: torch.Tensor, pixel: torch.Tensor | None) -> torch.Tensor:
@@ -113,12 +146,30 @@ class Augment:
             y = op.apply(y, columns[id(op)]) if isinstance(op, AFTER_NORMALIZE) else op(y)
         return y
 
-    def finish(self, y: torch.Tensor, pixel: torch.Tensor | None, dtype: torch.dtype,
-               channels_last: bool) -> torch.Tensor:
-        """From resampled float NCHW 0..255: colour ops, Normalize and the cast, then the ops after."""
+    def finish(self, y: torch.Tensor, params: Params, dtype: torch.dtype, channels_last: bool) -> torch.Tensor:
+        """From the box pass's float NCHW 0..255 (mirrored left-right already): vertical flips, the warp,
+        colour ops, Normalize and the cast, then the ops after."""
+        y = flip_rows(y, params.vflip)
+        filled = None
+        if params.warp is not None:
+            y, filled = warp(y, params.warp)
         if self.colour:
-            y = self.colour_ops(y, pixel)
-        return self.after_ops(finish(y, dtype, self.normalize, channels_last), pixel)
+            y = self.colour_ops(y, params, filled)
+        return self.after_ops(finish(y, dtype, self.normalize, channels_last), params.pixel)
+
+    def kernel_output(self, params: Params, dtype: torch.dtype, channels_last: bool,
+                      device: torch.device) -> tuple[torch.dtype, bool, torch.Tensor, torch.Tensor]:
+        """What a resampling kernel writes (dtype, channels_last, per-channel scale and shift from 0..255):
+        the finished batch when only flips and the ops after Normalize follow, else float 0..1."""
+        if self.colour or params.warp is not None:
+            return (torch.float32, False, *_affine(device, None))
+        return (dtype, channels_last, *_affine(device, self.normalize, uint8=dtype == torch.uint8))
+
+    def complete(self, y: torch.Tensor, params: Params, dtype: torch.dtype, channels_last: bool) -> torch.Tensor:
+        """The rest of the chain after a kernel wrote what `kernel_output` asked for."""
+        if self.colour or params.warp is not None:
+            return self.finish(y * 255, params, dtype, channels_last)
+        return self.after_ops(flip_rows(y, params.vflip), params.pixel)
 
     def apply(self, images: torch.Tensor, params: Params, dtype: torch.dtype = torch.float32,
               channels_last: bool = False, index: torch.Tensor | None = None) -> torch.Tensor:
@@ -126,7 +177,11 @@ class Augment:
         if dtype == torch.uint8 and self.normalize:
             raise ValueError("Normalize needs a floating output dtype, not uint8")
         if images.is_cuda and dtype != torch.uint8 and _fused() is not None:
-            return self._apply_fused(images, params, dtype, channels_last, index)
+            # one Triton kernel for gather + resample + flip (+ normalise + cast when nothing else follows)
+            out_dtype, out_last, scale, shift = self.kernel_output(params, dtype, channels_last, images.device)
+            y = _fused().resample_normalize(images, params.boxes, params.flip, params.out_hw, scale, shift,
+                                            out_dtype, out_last, index)
+            return self.complete(y, params, dtype, channels_last)
         if index is not None:
             images = images.index_select(0, index)
         x = images.permute(0, 3, 1, 2)
@@ -137,20 +192,14 @@ class Augment:
             y = roi_align(y, rois, params.out_hw, spatial_scale=1.0, sampling_ratio=-1, aligned=True)
         if params.any_flip:
             y = torch.where(params.flip.view(-1, 1, 1, 1).bool(), y.flip(3), y)
-        return self.finish(y, params.pixel, dtype, channels_last)
+        return self.finish(y, params, dtype, channels_last)
 
 
-    def _apply_fused(self, images: torch.Tensor, params: Params, dtype: torch.dtype,
-                     channels_last: bool, index: torch.Tensor | None) -> torch.Tensor:
-        """One Triton kernel for gather + resample + flip + normalise + cast (colour ops, if any, after it,
-        then the ops that follow Normalize)."""
-        colour = bool(self.colour)
-        scale, shift = _affine(images.device, None if colour else self.normalize)
-        y = _fused().resample_normalize(images, params.boxes, params.flip, params.out_hw, scale, shift,
-                                        torch.float32 if colour else dtype, channels_last and not colour, index)
-        if not colour:
-            return self.after_ops(y, params.pixel)
-        return self.finish(y * 255, params.pixel, dtype, channels_last)
+def flip_rows(y: torch.Tensor, vflip: torch.Tensor | None) -> torch.Tensor:
+    """Turn upside down the samples where `vflip` is 1, keeping y's layout."""
+    if vflip is None:
+        return y
+    return y.copy_(torch.where(vflip.view(-1, 1, 1, 1).bool(), y.flip(2), y))
 
 
 _AFFINE: dict = {}

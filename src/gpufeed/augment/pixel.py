@@ -16,12 +16,7 @@ from typing import Sequence
 
 import torch
 
-GRAY = (0.2989, 0.587, 0.114)
-
-
-def _gray(y: torch.Tensor) -> torch.Tensor:
-    return (y * torch.tensor(GRAY, device=y.device, dtype=y.dtype).view(1, 3, 1, 1)).sum(1, keepdim=True)
-
+from gpufeed.augment import colour
 
 def _flag(n: int, p: float, g: torch.Generator) -> torch.Tensor:
     """(n, 1): 1.0 where a sample applies the op (probability p)."""
@@ -44,11 +39,9 @@ class _Coin:
 def color_jitter(y: torch.Tensor, factors: torch.Tensor) -> torch.Tensor:
     """Brightness, contrast, saturation blends (torchvision's formulas), then the hue shift if there
     is a fourth column; factors (N, 3 or 4)."""
-    b, c, s = (factors[:, k].view(-1, 1, 1, 1) for k in range(3))
-    y = (y * b).clamp_(0, 255)
-    mean = _gray(y).mean((2, 3), keepdim=True)
-    y = (c * y + (1 - c) * mean).clamp_(0, 255)
-    y = (s * y + (1 - s) * _gray(y)).clamp_(0, 255)
+    y = colour.brightness(y, factors[:, 0])
+    y = colour.contrast(y, factors[:, 1])
+    y = colour.saturation(y, factors[:, 2])
     return shift_hue(y, factors[:, 3]) if factors.shape[1] > 3 else y
 
 
@@ -118,16 +111,7 @@ class RandomEqualize(_Coin):
     p: float = 0.5
 
     def apply(self, y: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-        n, c, h, w = y.shape
-        values = y.round().clamp(0, 255).long().reshape(n * c, h * w)
-        hist = torch.zeros(n * c, 256, device=y.device, dtype=torch.long).scatter_add_(1, values,
-                                                                                     torch.ones_like(values))
-        last = 255 - (hist > 0).flip(1).long().argmax(1)  # the highest value present
-        step = (h * w - hist.gather(1, last[:, None])) // 255
-        lut = (hist.cumsum(1) + step // 2) // step.clamp_min(1)
-        lut = torch.cat([torch.zeros_like(lut[:, :1]), lut[:, :-1]], 1).clamp(0, 255)  # shifted by one
-        out = torch.where(step > 0, lut.gather(1, values), values).reshape(n, c, h, w).to(y.dtype)
-        return _where(cols[:, 0], out, y)
+        return _where(cols[:, 0], colour.equalize(y), y)
 
 
 @dataclass
@@ -137,7 +121,7 @@ class RandomGrayscale(_Coin):
     p: float = 0.1
 
     def apply(self, y: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-        return _where(cols[:, 0], _gray(y).expand_as(y), y)
+        return _where(cols[:, 0], colour.gray(y).expand_as(y), y)
 
 
 @dataclass
@@ -174,7 +158,7 @@ class RandomInvert(_Coin):
     p: float = 0.5
 
     def apply(self, y: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-        return _where(cols[:, 0], 255 - y, y)
+        return _where(cols[:, 0], colour.invert(y), y)
 
 
 @dataclass
@@ -184,11 +168,7 @@ class RandomAutocontrast(_Coin):
     p: float = 0.5
 
     def apply(self, y: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-        low, high = y.amin((2, 3), keepdim=True), y.amax((2, 3), keepdim=True)
-        flat = high <= low
-        scale = torch.where(flat, torch.ones_like(high), 255 / (high - low).clamp_min(1e-6))
-        low = torch.where(flat, torch.zeros_like(low), low)
-        return _where(cols[:, 0], ((y - low) * scale).clamp(0, 255), y)
+        return _where(cols[:, 0], colour.autocontrast(y), y)
 
 
 @dataclass
@@ -200,14 +180,7 @@ class RandomAdjustSharpness(_Coin):
     p: float = 0.5
 
     def apply(self, y: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-        kernel = torch.ones(3, 3, device=y.device, dtype=y.dtype)
-        kernel[1, 1] = 5.0
-        kernel = (kernel / 13).expand(y.shape[1], 1, 3, 3)
-        smooth = torch.nn.functional.conv2d(y, kernel, groups=y.shape[1]).round()  # uint8 in torchvision
-        degenerate = y.clone()
-        degenerate[:, :, 1:-1, 1:-1] = smooth
-        f = self.sharpness_factor
-        return _where(cols[:, 0], (f * y + (1 - f) * degenerate).clamp(0, 255), y)
+        return _where(cols[:, 0], colour.sharpness(y, float(self.sharpness_factor)), y)
 
 
 @dataclass

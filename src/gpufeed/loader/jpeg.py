@@ -17,11 +17,12 @@ import os
 import threading
 import time
 from collections import deque
+from dataclasses import replace
 
 import numpy as np
 import torch
 
-from gpufeed.augment.pipeline import Params, _affine, _fused
+from gpufeed.augment.pipeline import Params, _fused
 from gpufeed.decode import Scheduler
 from gpufeed.decode import scheduler
 from gpufeed.decode.scheduler import DEFAULT, check_decoders, summed
@@ -99,8 +100,7 @@ class JpegBatcher:
         for step in range(1, tries + 1):
             other = (idx + step) % n
             scale = (shapes[other] / shapes[idx]).flip(1).repeat(1, 2).to(params.boxes.dtype)  # (w, h, w, h)
-            moved = Params(params.boxes * scale, params.flip, params.out_hw, params.identity, params.pixel,
-                           params.any_flip)
+            moved = replace(params, boxes=params.boxes * scale)
             try:
                 return self._make(other, moved)
             except DecodeError:  # those failed too: one step further
@@ -124,11 +124,10 @@ class JpegBatcher:
         """One resize kernel per decoder's part; every part's per-image table, the boxes, the flips and
         the labels go to the device in two copies."""
         loader, aug = self.loader, self.loader.augment
-        dev, colour = loader.device, bool(aug.colour)
-        out_dtype = torch.float32 if colour else loader.dtype
-        fmt = torch.channels_last if loader.channels_last and not colour else torch.contiguous_format
+        dev = loader.device
+        out_dtype, out_last, scale, shift = aug.kernel_output(params, loader.dtype, loader.channels_last, dev)
+        fmt = torch.channels_last if out_last else torch.contiguous_format
         out = torch.empty((len(boxes), 3, *params.out_hw), dtype=out_dtype, device=dev, memory_format=fmt)
-        scale, shift = _affine(dev, None if colour else aug.normalize, uint8=out_dtype == torch.uint8)
         parts = [(part, positions) for part, positions in parts if len(positions)]
         columns = [[part.offsets, part.sizes.ravel(), part.strides.ravel(), positions] for part, positions in parts]
         flat = [c for cols in columns for c in cols] + [labels]
@@ -148,10 +147,8 @@ class JpegBatcher:
         while self._inflight and self._inflight[0][0].query():
             self._inflight.popleft()
         labels_d = views[-1]
-        pixel = None if params.pixel is None else params.pixel.to(dev, non_blocking=True)
-        if not colour:
-            return aug.after_ops(out, pixel), labels_d
-        return aug.finish(out * 255, pixel, loader.dtype, loader.channels_last), labels_d
+        on_device = params.to(dev, non_blocking=True, boxes=False)  # the boxes and flips went in `floats`
+        return aug.complete(out, on_device, loader.dtype, loader.channels_last), labels_d
 
     def _cpu(self, parts, boxes: np.ndarray, params: Params, n: int) -> torch.Tensor:
         """CPU device: edge-pad the decoded images to one size, then the roi_align path (same math)."""
@@ -166,7 +163,7 @@ class JpegBatcher:
         top_h, top_w = max(im.shape[0] for im in images), max(im.shape[1] for im in images)
         batch = torch.from_numpy(np.stack([np.pad(im.numpy(), ((0, top_h - im.shape[0]), (0, top_w - im.shape[1]),
                                                                (0, 0)), mode="edge") for im in images]))
-        padded = Params(torch.from_numpy(boxes), params.flip, params.out_hw, False, params.pixel, params.any_flip)
+        padded = replace(params, boxes=torch.from_numpy(boxes), identity=False)
         return self.loader.augment.apply(batch, padded, self.loader.dtype, self.loader.channels_last)
 
     def close(self) -> None:

@@ -32,10 +32,7 @@ class EpochPlan:
         a, b = self.starts[number], self.starts[number + 1]
         if self.params is None:
             return self.indices[a:b], None
-        p = self.params
-        pixel = None if p.pixel is None else p.pixel[a:b]
-        params = Params(p.boxes[a:b], p.flip[a:b], p.out_hw, p.identity, pixel, self.flips[number])
-        return self.indices[a:b], params
+        return self.indices[a:b], self.params.rows(a, b, self.flips[number])
 
     def to(self, device: torch.device) -> EpochPlan:
         """The same plan with its tensors on `device` (one copy each per epoch)."""
