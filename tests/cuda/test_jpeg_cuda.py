@@ -171,15 +171,28 @@ def test_evaluation_ops_and_two_pipelines_taking_turns_match_the_cpu(store, monk
     cpu.close()
 
 
+def _gpu_matches_cpu(store, ops, seed, tolerance):
+    gpu = gpufeed.Loader(store, batch_size=32, device="cuda", augment=ops, dtype=torch.float32, seed=seed,
+                         num_workers=4)
+    cpu = gpufeed.Loader(store, batch_size=32, device="cpu", augment=ops, dtype=torch.float32, seed=seed)
+    for (g, gl), (c, cl) in zip(gpu, cpu):
+        assert g.shape == c.shape and torch.equal(gl.cpu(), cl)
+        assert (g.cpu() - c).abs().mean() < tolerance
+    gpu.close()
+    cpu.close()
+
+
 def test_colour_ops_and_erasing_on_jpeg_batches_match_the_cpu(store):
     from gpufeed.augment import GaussianBlur, RandomErasing, RandomGrayscale
 
     ops = [RandomResizedCrop(64, scale=(0.2, 1)), RandomGrayscale(0.5), GaussianBlur(5), Normalize(),
            RandomErasing(p=0.5)]
-    gpu = gpufeed.Loader(store, batch_size=32, device="cuda", augment=ops, dtype=torch.float32, seed=3, num_workers=4)
-    cpu = gpufeed.Loader(store, batch_size=32, device="cpu", augment=ops, dtype=torch.float32, seed=3)
-    for (g, gl), (c, cl) in zip(gpu, cpu):
-        assert g.shape == c.shape and torch.equal(gl.cpu(), cl)
-        assert (g.cpu() - c).abs().mean() < 0.05
-    gpu.close()
-    cpu.close()
+    _gpu_matches_cpu(store, ops, 3, 0.05)
+
+
+def test_warps_and_policies_on_jpeg_batches_match_the_cpu(store):
+    from gpufeed.augment import RandomRotation, RandomVerticalFlip, TrivialAugmentWide
+
+    ops = [RandomResizedCrop(64, scale=(0.2, 1)), RandomVerticalFlip(), RandomRotation(20), TrivialAugmentWide(),
+           Normalize()]
+    _gpu_matches_cpu(store, ops, 4, 0.08)

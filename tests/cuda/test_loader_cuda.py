@@ -107,3 +107,20 @@ def test_mixup_cutmix_on_gpu_batches_equal_the_cpus(store):
     for (g, gt), (c, ct) in zip(gpu, cpu):
         assert gt.is_cuda and gt.shape == (32, classes) and torch.allclose(gt.cpu(), ct, atol=1e-6)
         assert (g.cpu() - c).abs().max() < 1e-3
+
+
+@pytest.mark.parametrize("ops_name", ["geometry", "policy", "vflip_only"])
+def test_warps_flips_and_policies_agree_on_gpu_and_cpu(store, ops_name):
+    from gpufeed.augment import RandAugment, RandomAffine, RandomCrop, RandomVerticalFlip
+
+    ops = {"geometry": [RandomCrop(28, padding=4), RandomVerticalFlip(), RandomAffine(15, translate=(0.1, 0.1),
+                                                                                       shear=5), Normalize()],
+           "policy": [RandomResizedCrop(28, scale=(0.3, 1)), RandomHorizontalFlip(), RandAugment(2, 9), Normalize()],
+           "vflip_only": [RandomResizedCrop(28), RandomVerticalFlip(), Normalize()]}[ops_name]
+    gpu = gpufeed.Loader(store, batch_size=32, device="cuda", cache="gpu", augment=ops, dtype=torch.float32)
+    cpu = gpufeed.Loader(store, batch_size=32, device="cpu", augment=ops, dtype=torch.float32)
+    for (g, gl), (c, cl) in zip(gpu, cpu):
+        assert g.is_cuda and g.shape == c.shape and torch.equal(gl.cpu(), cl)
+        assert (g.cpu() - c).abs().mean() < 2e-2  # nearest sampling may pick the neighbour at ties
+    gpu.close()
+    cpu.close()

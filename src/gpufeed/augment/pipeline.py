@@ -75,8 +75,9 @@ class Augment:
             {Normalize: 2} | {cls: 3 for cls in AFTER_NORMALIZE} | {cls: 4 for cls in BATCH_OPS}
         order = []
         for op in self.ops:
-            if type(op) in rank:
-                order.append(rank[type(op)])
+            kind = next((r for cls, r in rank.items() if isinstance(op, cls)), None)  # subclasses too
+            if kind is not None:
+                order.append(kind)
             elif callable(op) and not isinstance(op, type):  # the user's own op on the batch tensor
                 order.append(3)
             else:
