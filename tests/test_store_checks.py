@@ -67,7 +67,7 @@ def test_newer_format_version_is_refused(store_path):
 
 def test_manifest_records_settings_and_version(store_path):
     m = gpufeed.open(store_path).manifest
-    assert m.format == "gpufeed-store" and m.version == 2 and m.gpufeed_version == gpufeed.__version__
+    assert m.format == "gpufeed-store" and m.version == 3 and m.gpufeed_version == gpufeed.__version__
     assert m.settings["size"] == 16 and m.classes == ["cat", "dog", "emu"] and m.count == 12
     assert set(m.files) == set(fmt.data_files(m.mode))
 

@@ -18,6 +18,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
+import numpy as np
 import torch
 
 from gpufeed.augment.pipeline import Params
@@ -37,6 +38,7 @@ class Batch:
     params: Params | None
     index: torch.Tensor | None = None
     final: bool = False  # already augmented (jpeg stores)
+    samples: torch.Tensor | np.ndarray | None = None  # host: the store index of each sample, for fields
 
 
 def device_feed(loader, plan: EpochPlan, start: int) -> Iterator[Batch]:
@@ -53,14 +55,15 @@ def device_feed(loader, plan: EpochPlan, start: int) -> Iterator[Batch]:
     def issue(number: int) -> tuple[Batch, torch.cuda.Event | None]:
         idx, params = on_device.batch(number)
         a, b = plan.starts[number], plan.starts[number + 1]
+        samples = plan.indices[a:b]
         if fused:
-            return Batch(tier.images, labels[a:b], params, idx), None
+            return Batch(tier.images, labels[a:b], params, idx, samples=samples), None
         t0 = time.perf_counter()
         with torch.cuda.stream(stream):
             images = tier.images.index_select(0, idx)
             event = stream.record_event()
         stats.add("gather", time.perf_counter() - t0, images.numel())
-        return Batch(images, labels[a:b], params), event
+        return Batch(images, labels[a:b], params, samples=samples), event
 
     pending: deque = deque(issue(n) for n in range(start, min(start + loader.prefetch, len(plan))))
     for number in range(start, len(plan)):
@@ -149,7 +152,7 @@ def _gather_copy(loader, ring: PinnedRing | None, idx: torch.Tensor, params) -> 
     if ring is None:  # CPU device: gather straight into the batch handed out
         images = loader.gather(tier.images, idx, torch.empty((n, *shape), dtype=torch.uint8))
         loader.counters.add("gather", time.perf_counter() - t0, images.numel())
-        return Batch(images, tier.labels.index_select(0, idx), params), None
+        return Batch(images, tier.labels.index_select(0, idx), params, samples=idx), None
     k = ring.acquire()
     images = loader.gather(tier.images, idx, ring.images[k][:n])
     labels = torch.index_select(tier.labels, 0, idx, out=ring.labels[k][:n])
@@ -162,4 +165,4 @@ def _gather_copy(loader, ring: PinnedRing | None, idx: torch.Tensor, params) -> 
         event = stream.record_event()
     ring.release(k, event)
     loader.counters.add("h2d_issue", time.perf_counter() - t1, images.numel())
-    return Batch(images, labels, params), event
+    return Batch(images, labels, params, samples=idx), event

@@ -57,11 +57,12 @@ class JpegBatcher:
         self._inflight: deque = deque()  # (event, decoded buffers) until the kernels reading them ran
         log.debug("gpufeed.Loader: jpeg decoders %s", " + ".join(self.scheduler.names))
 
-    def make(self, idx: torch.Tensor, params: Params) -> tuple[torch.Tensor, torch.Tensor]:
+    def make(self, idx: torch.Tensor, params: Params) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+        """(images, labels, the store index of each sample: a failed one's replacement's)."""
         with stage_range("gpufeed.decode+resize", self.stream is not None):
             return self._make(idx, params)
 
-    def _make(self, idx: torch.Tensor, params: Params) -> tuple[torch.Tensor, torch.Tensor]:
+    def _make(self, idx: torch.Tensor, params: Params) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
         """Host-side bookkeeping is numpy: see `gpufeed.decode.base` for why."""
         t0 = time.perf_counter()
         i = idx.numpy()
@@ -80,6 +81,9 @@ class JpegBatcher:
             good = [p for p in range(len(i)) if p not in failed]
             copies = {p: next((g for g in good if g > p), good[0]) for p in failed}
             labels[list(copies)] = labels[list(copies.values())]
+        samples = i.copy()
+        if failed:
+            samples[list(copies)] = samples[list(copies.values())]
         for part, positions in parts:  # boxes into each image's decoded pixels (a region, maybe DCT-reduced)
             boxes[positions] = into_pixels(boxes[positions], shapes[positions], part)
         if self.fused:
@@ -90,9 +94,10 @@ class JpegBatcher:
         if failed:  # keep batches full: a failed sample becomes a copy of the next good one
             for p, src in copies.items():
                 images[p] = images[src]
-        return images, labels
+        return images, labels, samples
 
-    def _replaced(self, idx: torch.Tensor, params: Params, tries: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+    def _replaced(self, idx: torch.Tensor, params: Params, tries: int = 8
+                  ) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
         """A batch none of whose samples decoded (`on_error="skip"`): made of the samples that follow
         them in the store instead, each with its own label and the same crop relative to its size,
         trying up to `tries` steps further. Deterministic, so a resumed run makes the same batch."""
@@ -228,12 +233,12 @@ def jpeg_feed(loader, plan, start: int):
         batcher = pipelines[k]
         idx, params = plan.batch(number)
         if batcher.stream is None:
-            images, labels = batcher.make(idx, params)
-            return Batch(images, labels, None, final=True), None
+            images, labels, samples = batcher.make(idx, params)
+            return Batch(images, labels, None, final=True, samples=samples), None
         with torch.cuda.stream(batcher.stream):
-            images, labels = batcher.make(idx, params)
+            images, labels, samples = batcher.make(idx, params)
             event = batcher.stream.record_event()
-        return Batch(images, labels, None, final=True), event
+        return Batch(images, labels, None, final=True, samples=samples), event
 
     return threaded(loader, make, range(start, len(plan)), workers=len(pipelines))
 

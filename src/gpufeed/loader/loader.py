@@ -99,6 +99,11 @@ class Loader:
             does (for evaluation loaders, which frameworks iterate partly, e.g. a sanity check).
             False: an `iter()` continues where the last one stopped. Either way `load_state_dict`
             resumes the next `iter()` where the state says.
+        fields: yield a dict per batch instead of `(images, labels)`: "image" and each field named
+            here: "label" (or MixUp/CutMix targets), "source" (file paths, a list), or any field of
+            the store (`store.fields`): ints, floats and arrays as tensors on `device`, strings,
+            bytes and JSON values as lists. They follow the samples through shuffling, sharding,
+            resume and the replacement of undecodable samples.
 
     Raises:
         ValueError: bad arguments, an op list that can't give one batch shape, CUDA missing.
@@ -114,8 +119,16 @@ class Loader:
                  dtype: torch.dtype = torch.float16, channels_last: bool = False, cache: str = "auto",
                  rank: int | None = None, world_size: int | None = None, prefetch: int = 3,
                  gather_threads: int | None = None, on_error: str = "skip", num_workers: int | None = None,
-                 decoders: tuple[str, ...] | None = None, restart: bool = False, pad: bool = True):
+                 decoders: tuple[str, ...] | None = None, restart: bool = False, pad: bool = True,
+                 fields: Sequence[str] | None = None):
         self.store = store if isinstance(store, Store) else Store(store)
+        self.fields = tuple(fields) if fields is not None else None
+        for name in self.fields or ():
+            if name not in ("label", "source", "image"):
+                try:
+                    self.store.column(name)
+                except KeyError as e:
+                    raise ValueError(e.args[0]) from None
         if self.store.mode == "jpeg" and not augment:
             raise ValueError(f"{self.store.path}: a jpeg store holds images of different sizes; give augment ops "
                              "that end in a fixed size, e.g. [RandomResizedCrop(224), Normalize()]")
@@ -211,9 +224,10 @@ class Loader:
                 self.counters.note("pinned memory unavailable: pageable copies")
         return self._ring
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """`(images, labels)` batches (labels: soft targets with MixUp/CutMix) from where the loader
-        is (or, with `restart=True`, from the epoch's first batch) to the end of the epoch."""
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor] | dict]:
+        """`(images, labels)` batches (labels: soft targets with MixUp/CutMix; a dict with `fields`)
+        from where the loader is (or, with `restart=True`, from the epoch's first batch) to the end of
+        the epoch."""
         if os.getpid() != self._pid:
             raise RuntimeError("this gpufeed.Loader was made in another process (before a fork): its threads, "
                                "decode workers and CUDA state stay there; make a new Loader in this process")
@@ -236,11 +250,27 @@ class Loader:
         if self._batch >= len(self):
             self.epoch, self._batch = epoch + 1, 0
 
-    def _finish(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    def _finish(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor] | dict:
         t0 = time.perf_counter()
         with stage_range("gpufeed.augment", self.copy_stream is not None):
             out = self._augment(batch)
         self.counters.add("augment", time.perf_counter() - t0)
+        return out if self.fields is None else self._with_fields(*out, batch.samples)
+
+    def _with_fields(self, images: torch.Tensor, labels: torch.Tensor, samples) -> dict:
+        """The batch as a dict of "image" and the fields asked for (see `fields` in the class doc)."""
+        idx = samples.cpu().numpy() if isinstance(samples, torch.Tensor) else np.asarray(samples)
+        out: dict = {"image": images}
+        for name in self.fields:
+            if name == "label":
+                out[name] = labels
+            elif name == "source":
+                out[name] = [self.store.source(int(i)) for i in idx]
+            elif name != "image":
+                column = self.store.column(name)
+                rows = column.rows(idx)
+                out[name] = torch.from_numpy(np.ascontiguousarray(rows)).to(self.device, non_blocking=True) \
+                    if column.fixed else rows
         return out
 
     def _augment(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:

@@ -2,7 +2,8 @@
 
 Each sample may be `(image, label)` (torchvision datasets), a dict with an image under "image",
 "img", "jpg", "png" or "webp" and a label under "label", "labels", "cls" or "target" (Hugging Face
-`datasets.Dataset` rows, WebDataset-style dicts), or an image alone (label -1). An image may be a
+`datasets.Dataset` rows, WebDataset-style dicts; its other keys become the store's fields), or an
+image alone (label -1). An image may be a
 PIL image, a uint8 tensor or array (CHW or HWC, 1, 3 or 4 channels), encoded bytes (also a
 Hugging Face `{"bytes": ..., "path": ...}` image that was not decoded), or a file's path.
 
@@ -66,21 +67,25 @@ def _entries(dataset: Any, total: int, max_pixels: int) -> Iterator[Entry]:
             yield Skip(where, f"the dataset raised {type(e).__name__}: {e}")
             continue
         try:
-            image, label = _split(sample)
+            image, label, fields = _split(sample)
             if isinstance(image, (str, os.PathLike)):  # a path: read by a worker like a listed file
-                yield Item(os.fspath(image), label, path=os.fspath(image))
+                yield Item(os.fspath(image), label, path=os.fspath(image), fields=fields)
             else:
-                yield Item(where, label, data=_as_bytes(image, max_pixels))
+                yield Item(where, label, data=_as_bytes(image, max_pixels), fields=fields)
         except ValueError as e:
             yield Skip(where, str(e))
 
 
-def _split(sample: Any) -> tuple[Any, int]:
+def _split(sample: Any) -> tuple[Any, int, dict | None]:
+    """(image, label, the other keys of a dict sample as fields)."""
+    fields = None
     if isinstance(sample, dict):
-        image = next((sample[k] for k in IMAGE_KEYS if k in sample), None)
-        if image is None:
+        image_key = next((k for k in IMAGE_KEYS if k in sample), None)
+        if image_key is None:
             raise ValueError(f"no image among the sample's keys {sorted(sample)} (expected one of {IMAGE_KEYS})")
-        label = next((sample[k] for k in LABEL_KEYS if k in sample), -1)
+        label_key = next((k for k in LABEL_KEYS if k in sample), None)
+        image, label = sample[image_key], sample[label_key] if label_key else -1
+        fields = {k: v for k, v in sample.items() if k not in (image_key, label_key)} or None
     elif isinstance(sample, (tuple, list)):
         if not sample:
             raise ValueError("an empty sample")
@@ -97,7 +102,7 @@ def _split(sample: Any) -> tuple[Any, int]:
         label = int(label)
     if not isinstance(label, numbers.Integral) or isinstance(label, bool) or label < -1:
         raise ValueError(f"label {label!r} is not a class index (an int, -1 for none)")
-    return image, int(label)
+    return image, int(label), fields
 
 
 def _as_bytes(image: Any, max_pixels: int) -> bytes:

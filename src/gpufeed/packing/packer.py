@@ -20,6 +20,7 @@ from gpufeed._version import __version__
 from gpufeed.packing import engines, worker
 from gpufeed.packing.imaging import DEFAULT_MAX_PIXELS
 from gpufeed.packing.datasets import dataset_source, is_dataset
+from gpufeed.packing.fields import FieldsSink
 from gpufeed.packing.sinks import JpegSink, RawSink
 from gpufeed.packing.sources import Item, Skip, open_source
 from gpufeed.store import format as fmt
@@ -137,7 +138,9 @@ def pack(
     Args:
         source: an ImageFolder tree, a flat folder, a .csv (path,label) or .jsonl list, a tar shard
             or a glob of shards, or a dataset: any object with len() and [i] giving (image, label),
-            a dict with "image" and "label", or an image (see `packing.datasets`).
+            a dict with "image" and "label", or an image (see `packing.datasets`). A CSV's further
+            header columns, a JSONL row's further keys, a tar sample's .json/.txt/.npy members and a
+            dataset dict's further keys become per-sample fields (see `packing.fields`).
         dest: the store directory to create. One pack at a time may write it.
         mode: "raw" (size x size uint8 pixels) or "jpeg" (encoded bytes).
         size, fit: raw: the side, and "crop", "stretch" or "pad" to make an image square.
@@ -172,6 +175,7 @@ def pack(
     t0 = time.perf_counter()
     with atomic_store_dir(dest, overwrite) as work:
         sink = RawSink(work, size) if mode == "raw" else JpegSink(work)
+        fields = FieldsSink(work)
         run = engines.start(engine, workers or os.cpu_count() or 1, ray_address)
         executor, workers = run.executor, run.workers
         raw_path = str(sink.path) if mode == "raw" and run.local_disk else None
@@ -181,7 +185,10 @@ def pack(
             for chunk, results in _bounded(executor, partial(worker.process, s=settings), chunks, 4 * workers):
                 for k, (item, (error, encoded, hw)) in enumerate(zip(chunk.items, results)):
                     if error is None:
+                        error, values = fields.check(item.fields)
+                    if error is None:
                         sink.add(chunk.start + k, item.label, encoded, hw, item.name)
+                        fields.add(values)
                     else:
                         on_skip(Skip(item.name, error))
                 bar.update(len(chunk.items))
@@ -192,6 +199,8 @@ def pack(
         if sink.count == 0:
             raise PackError(f"{src.description}: nothing could be packed ({len(skipped)} skipped)", skipped)
         files = sink.finish()
+        field_files, field_specs = fields.finish()
+        files |= field_files
         fmt.Manifest(
             mode=mode,
             count=sink.count,
@@ -199,6 +208,7 @@ def pack(
             classes=src.classes,
             files=files,
             skipped=skipped,
+            fields=field_specs,
             settings={
                 "source": src.description if src.kind == "dataset" else os.fspath(source), "size": size, "fit": fit, "quality": quality,
                 "max_side": max_side, "reencode": reencode, "max_pixels": max_pixels, "engine": engine,

@@ -17,6 +17,8 @@ from typing import Iterator, Union
 
 from PIL import Image
 
+from gpufeed.packing.fields import parse_cell, tar_fields
+
 IMAGE_EXTS = frozenset(Image.registered_extensions())
 TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz")
 TAR_IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
@@ -32,6 +34,11 @@ class Item:
     label: int
     path: str | None = None
     data: bytes | None = None
+    fields: dict | None = None  # per-sample fields (see packing.fields); stays in the packing process
+
+    def __getstate__(self) -> dict:
+        """What a worker gets: not the fields, which only the packing process writes."""
+        return {**self.__dict__, "fields": None}
 
 
 @dataclass
@@ -132,8 +139,10 @@ def _count(entries: list[Entry]) -> int:
     return sum(isinstance(e, Item) for e in entries)
 
 
-def _list_rows(path: Path) -> Iterator[tuple[int, object, object]]:
-    """(line number, path, label) of each row of a CSV or JSONL list."""
+def _list_rows(path: Path) -> Iterator[tuple[int, object, object, dict | None]]:
+    """(line number, path, label, other fields) of each row of a CSV or JSONL list: a JSONL row's
+    other keys, a CSV row's other columns when a header (path,label,...) names them. A malformed
+    row has no path, and the reason in place of the label."""
     with open(path, newline="", encoding="utf-8") as f:
         if path.suffix.lower() == ".jsonl":
             for n, line in enumerate(f, 1):
@@ -141,30 +150,37 @@ def _list_rows(path: Path) -> Iterator[tuple[int, object, object]]:
                     continue
                 try:
                     row = json.loads(line)
-                    yield n, row["path"], row.get("label", -1)
+                    extra = {k: v for k, v in row.items() if k not in ("path", "label")}
+                    yield n, row["path"], row.get("label", -1), extra or None
                 except (ValueError, KeyError, TypeError, AttributeError):
-                    yield n, None, None
+                    yield n, None, "malformed row (need path,label)", None
             return
+        names: list[str] = []
         for n, row in enumerate(csv.reader(f), 1):
             if n == 1 and [c.strip().lower() for c in row[:2]] == ["path", "label"]:
+                names = [c.strip() for c in row[2:]]
                 continue
             if row:
-                yield n, row[0].strip(), row[1].strip() if len(row) > 1 else -1
+                if names and len(row) - 2 != len(names):
+                    yield n, None, f"{len(row)} cells, the header names {len(names) + 2}", None
+                    continue
+                extra = {k: parse_cell(v.strip()) for k, v in zip(names, row[2:])}
+                yield n, row[0].strip(), row[1].strip() if len(row) > 1 else -1, extra or None
 
 
 def _list_source(path: Path) -> Source:
     rows = list(_list_rows(path))
-    raw_labels = [lab for _, p, lab in rows if p]
+    raw_labels = [lab for _, p, lab, _ in rows if p]
     numeric = all(_is_int(lab) for lab in raw_labels)
     classes = [] if numeric else sorted({str(lab) for lab in raw_labels})
     index = {c: i for i, c in enumerate(classes)}
     entries: list[Entry] = []
-    for n, p, lab in rows:
+    for n, p, lab, extra in rows:
         if not p:
-            entries.append(Skip(f"{path}:{n}", "malformed row (need path,label)"))
+            entries.append(Skip(f"{path}:{n}", lab or "malformed row (need path,label)"))
             continue
         full = str((path.parent / str(p)) if not os.path.isabs(str(p)) else Path(str(p)))
-        entries.append(Item(full, int(lab) if numeric else index[str(lab)], path=full))
+        entries.append(Item(full, int(lab) if numeric else index[str(lab)], path=full, fields=extra))
     return Source(f"list {path}", classes, iter(entries), _count(entries), kind="list")
 
 
@@ -233,4 +249,8 @@ def _tar_sample(shard: str, key: str, parts: dict[str, bytes]) -> Entry:
         if not _is_int(text):
             return Skip(name, f"label {text!r} in .cls is not an integer")
         label = int(text)
-    return Item(name, label, data=image)
+    try:
+        fields = tar_fields(parts)
+    except (ValueError, OSError, EOFError) as e:  # bad JSON, text that is not UTF-8, a .npy numpy refuses
+        return Skip(name, f"unreadable .json, .txt or .npy member: {e}")
+    return Item(name, label, data=image, fields=fields or None)

@@ -1,4 +1,4 @@
-"""The gpufeed store format, version 2: the one place that says what is on disk.
+"""The gpufeed store format, version 3: the one place that says what is on disk.
 
 A store is a directory::
 
@@ -8,6 +8,10 @@ A store is a directory::
                                           tar member), UTF-8 back to back (undecodable bytes of a
                                           path as surrogate escapes)
     sources.i64       int64[N + 1]        sample i's source is sources.bin[s[i]:s[i + 1]]
+    field.NAME.bin    per-sample values of the field NAME (the manifest's "fields" says its kind):
+                        int: int64[N]; float: float64[N]; array: DTYPE[N, *SHAPE];
+                        str, bytes, json: UTF-8 / raw / JSON text back to back, with
+    field.NAME.i64    int64[N + 1]        offsets, as sources.i64 (str, bytes and json fields only)
     raw mode:
       images.u8       uint8[N, S, S, 3]   HWC pixels, sample i is one contiguous slice
     jpeg mode:
@@ -21,7 +25,7 @@ the concatenated SHA-256 digests of the file's consecutive 64 MiB blocks, so it 
 on all cores and in one streaming pass alike. Everything else asks this module.
 
 Version 1 stores (gpufeed 0.1, without the sources files) still open; they cannot say where a
-sample came from.
+sample came from. Version 2 stores (gpufeed 0.2) hold no fields.
 """
 
 from __future__ import annotations
@@ -35,8 +39,9 @@ from typing import Any
 import numpy as np
 
 FORMAT_NAME = "gpufeed-store"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 SOURCES_SINCE = 2  # the format version that added sources.bin and sources.i64
+FIELDS_SINCE = 3  # the format version that added per-sample fields
 MANIFEST = "manifest.json"
 MODES = ("raw", "jpeg")
 CHECKSUM = "sha256-tree-64MiB"
@@ -62,16 +67,52 @@ DTYPES = {
 }
 
 
+# per-sample fields: a name (an identifier, none of RESERVED) -> {"kind": one of FIELD_KINDS, and for
+# arrays "dtype": one of ARRAY_DTYPES and "shape": [positive ints]}
+FIELD_KINDS = ("int", "float", "array", "str", "bytes", "json")
+VARIABLE_KINDS = ("str", "bytes", "json")
+RESERVED = ("image", "label", "source")
+ARRAY_DTYPES = ("|b1", "|i1", "|u1", "<i2", "<u2", "<i4", "<u4", "<i8", "<u8", "<f2", "<f4", "<f8")
+_SCALAR_DTYPES = {"int": "<i8", "float": "<f8"}
+
+
 class StoreError(Exception):
     """A directory is not a usable gpufeed store; the message names the path and the reason."""
 
 
-def data_files(mode: str, version: int = FORMAT_VERSION) -> tuple[str, ...]:
-    """Names of the data files a store of `mode` and format `version` holds."""
+def field_files(name: str, spec: dict[str, Any]) -> tuple[str, ...]:
+    """The data files of field `name`: values, and offsets for variable-length kinds."""
+    return (f"field.{name}.bin", f"field.{name}.i64") if spec["kind"] in VARIABLE_KINDS else (f"field.{name}.bin",)
+
+
+def field_dtype(spec: dict[str, Any]) -> np.dtype:
+    """The dtype of a field's values file (bytes for variable-length kinds)."""
+    if spec["kind"] in VARIABLE_KINDS:
+        return np.dtype("u1")
+    return np.dtype(spec["dtype"] if spec["kind"] == "array" else _SCALAR_DTYPES[spec["kind"]])
+
+
+def field_shape(spec: dict[str, Any]) -> tuple[int, ...]:
+    """The shape of one sample's value of a fixed-size field (() for scalars)."""
+    return tuple(spec["shape"]) if spec["kind"] == "array" else ()
+
+
+def file_dtype(name: str, fields: dict[str, dict[str, Any]]) -> np.dtype:
+    """The dtype of any data file of a store with these fields."""
+    if name in DTYPES:
+        return DTYPES[name]
+    field_name, ext = name[len("field."):].rsplit(".", 1)
+    return np.dtype("<i8") if ext == "i64" else field_dtype(fields[field_name])
+
+
+def data_files(mode: str, version: int = FORMAT_VERSION, fields: dict[str, dict[str, Any]] | None = None
+               ) -> tuple[str, ...]:
+    """Names of the data files a store of `mode`, format `version` and `fields` holds."""
     sources = (SOURCES, SOURCE_OFFSETS) if version >= SOURCES_SINCE else ()
+    extra = tuple(f for name, spec in (fields or {}).items() for f in field_files(name, spec))
     if mode == "raw":
-        return (RAW_IMAGES, LABELS, *sources)
-    return (JPEG_DATA, JPEG_OFFSETS, JPEG_SHAPES, LABELS, *sources)
+        return (RAW_IMAGES, LABELS, *sources, *extra)
+    return (JPEG_DATA, JPEG_OFFSETS, JPEG_SHAPES, LABELS, *sources, *extra)
 
 
 def encode_source(name: str) -> bytes:
@@ -99,6 +140,7 @@ class Manifest:
     files: dict[str, dict[str, Any]]  # name -> {"bytes": int, "digest": str} (see CHECKSUM)
     skipped: list[dict[str, str]] = field(default_factory=list)  # {"path", "reason"}
     settings: dict[str, Any] = field(default_factory=dict)
+    fields: dict[str, dict[str, Any]] = field(default_factory=dict)  # per-sample fields (version 3)
     gpufeed_version: str = ""
     created: str = ""
     checksum: str = CHECKSUM
@@ -153,10 +195,13 @@ class Manifest:
             raise StoreError(f"{path}: unknown mode {self.mode!r}")
         if not _is_int(self.count) or self.count < 0:
             raise StoreError(f"{path}: bad sample count {self.count!r}")
-        missing = [n for n in data_files(self.mode, self.version) if n not in self.files]
+        if self.fields and self.version < FIELDS_SINCE:
+            raise StoreError(f"{path}: store format version {self.version} holds no fields, yet the manifest lists some")
+        expected = data_files(self.mode, self.version, self.fields)
+        missing = [n for n in expected if n not in self.files]
         if missing:
             raise StoreError(f"{path}: manifest lists no entry for {', '.join(missing)}")
-        foreign = sorted(set(self.files) - set(data_files(self.mode, self.version)))
+        foreign = sorted(set(self.files) - set(expected))
         if foreign:  # e.g. "../x": verify would hash files outside the store
             raise StoreError(f"{path}: manifest lists files a {self.mode} store does not hold: {foreign}")
         if self.mode == "raw" and not (self.image_shape[0] == self.image_shape[1] and self.image_shape[2] == 3):
@@ -172,6 +217,12 @@ class Manifest:
         """Size each data file must have, or None where only the manifest knows (jpeg data)."""
         n = self.count
         sources = {SOURCES: None, SOURCE_OFFSETS: (n + 1) * 8} if self.version >= SOURCES_SINCE else {}
+        for name, spec in self.fields.items():
+            files = field_files(name, spec)
+            if spec["kind"] in VARIABLE_KINDS:
+                sources |= {files[0]: None, files[1]: (n + 1) * 8}
+            else:
+                sources[files[0]] = n * field_dtype(spec).itemsize * int(np.prod(field_shape(spec), dtype=np.int64))
         if self.mode == "raw":
             side = self.image_shape[0]
             return {RAW_IMAGES: n * raw_item_bytes(side), LABELS: n * 8, **sources}
@@ -209,8 +260,30 @@ def _check_types(m: Manifest, path: Path) -> None:
         raise bad("skipped", m.skipped)
     if not isinstance(m.settings, dict):
         raise bad("settings", m.settings)
+    if not isinstance(m.fields, dict):
+        raise bad("fields", m.fields)
+    for name, spec in m.fields.items():
+        if not valid_field(name, spec):
+            raise bad(f"fields[{name!r}]", spec)
+
+
+def valid_field_name(name: object) -> bool:
+    return isinstance(name, str) and name.isidentifier() and name.isascii() and name not in RESERVED
+
+
+def valid_field(name: object, spec: object) -> bool:
+    """Whether a manifest's field entry is one this format defines (it names files and dtypes: untrusted)."""
+    if not valid_field_name(name) or not isinstance(spec, dict) or spec.get("kind") not in FIELD_KINDS:
+        return False
+    if spec["kind"] != "array":
+        return set(spec) == {"kind"}
+    shape = spec.get("shape")
+    return (set(spec) == {"kind", "dtype", "shape"} and spec.get("dtype") in ARRAY_DTYPES and isinstance(shape, list)
+            and len(shape) <= 8 and all(_is_int(x) and 0 < x <= 1 << 24 for x in shape))
 
 
 _EXPECTED = {"mode": "a string", "image_shape": "[S, S, 3] for raw stores and null for jpeg stores",
              "classes": "a list of strings", "files": "an object of {\"bytes\": int >= 0, \"digest\": str}",
-             "skipped": "a list of objects", "settings": "an object"}
+             "skipped": "a list of objects", "settings": "an object",
+             "fields": "an object of {name: {\"kind\": int|float|array|str|bytes|json, arrays also \"dtype\" "
+                       "and \"shape\"}} with identifier names other than image, label and source"}

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from gpufeed.store import format as fmt
+from gpufeed.store.fields import FieldColumn
 from gpufeed.store.format import Manifest, StoreError
 
 
@@ -22,9 +23,10 @@ def _map(directory: Path, manifest: Manifest, name: str, shape: tuple[int, ...])
     recorded = manifest.files[name]["bytes"]
     if actual != recorded:
         raise StoreError(f"{path}: {actual} bytes on disk, manifest says {recorded} (damaged store)")
+    dtype = fmt.file_dtype(name, manifest.fields)
     if actual == 0:
-        return np.zeros(shape, dtype=fmt.DTYPES[name])
-    return np.memmap(path, dtype=fmt.DTYPES[name], mode="r", shape=shape)
+        return np.zeros(shape, dtype=dtype)
+    return np.memmap(path, dtype=dtype, mode="r", shape=shape)
 
 
 def _check_entries(path: Path, bad: np.ndarray, what: str) -> None:
@@ -81,6 +83,10 @@ class Store:
             _check_entries(self.path / fmt.SOURCE_OFFSETS,
                            (np.diff(ends, prepend=0) < 0) | (ends > self._sources.shape[0]),
                            "is out of order or past the end of " + fmt.SOURCES)
+        self._fields = {
+            name: FieldColumn(name, spec, lambda f, shape: _map(self.path, m, f, shape), self.path, m.count,
+                              m.files[fmt.field_files(name, spec)[0]]["bytes"])
+            for name, spec in m.fields.items()}
         bad = (self._labels < -1) | (self._labels >= len(m.classes)) if m.classes else self._labels < -1
         _check_entries(self.path / fmt.LABELS, bad, f"is not -1 or a class of {len(m.classes)}" if m.classes
                        else "is below -1")
@@ -132,6 +138,29 @@ class Store:
         i = self._index(i)
         start, end = int(self._source_offsets[i]), int(self._source_offsets[i + 1])
         return fmt.decode_source(bytes(self._sources[start:end]))
+
+    @property
+    def fields(self) -> dict[str, dict]:
+        """The per-sample fields besides image, label and source: name -> {"kind", and for arrays
+        "dtype" and "shape"}."""
+        return {name: dict(spec) for name, spec in self.manifest.fields.items()}
+
+    def field(self, name: str, i: int):
+        """Sample `i`'s value of field `name`: an int, float, numpy array, str, bytes or parsed JSON
+        ("label" and "source" work too)."""
+        i = self._index(i)
+        if name == "label":
+            return int(self._labels[i])
+        if name == "source":
+            return self.source(i)
+        return self.column(name).value(i)
+
+    def column(self, name: str) -> FieldColumn:
+        """Field `name` of every sample (see `FieldColumn`)."""
+        if name not in self._fields:
+            known = ", ".join(["label", "source", *self._fields]) or "none"
+            raise KeyError(f"{self.path}: no field {name!r} (this store has: {known})")
+        return self._fields[name]
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
         """(uint8 CHW image, label) of sample `i`: a read-only view for raw stores, decoded for jpeg."""

@@ -10,6 +10,12 @@ from PIL import Image, ImageDraw
 from gpufeed.store.reader import Store
 
 
+def _kind(spec: dict) -> str:
+    if spec["kind"] != "array":
+        return spec["kind"]
+    return f"{spec['dtype'].lstrip('<|')} array {'x'.join(map(str, spec['shape']))}"
+
+
 def describe(store: Store) -> str:
     """Multi-line summary: count, mode, shape, size on disk, classes, skipped."""
     m = store.manifest
@@ -32,6 +38,7 @@ def describe(store: Store) -> str:
         ("shape", shape),
         ("size on disk", f"{store.nbytes / 1e6:.1f} MB ({store.nbytes / max(len(store), 1) / 1e3:.1f} KB/image)"),
         ("classes", classes or "none (unlabelled)"),
+        ("fields", ", ".join(f"{name} ({_kind(spec)})" for name, spec in m.fields.items()) or "none"),
         ("skipped", str(len(m.skipped))),
     ]
     width = max(len(k) for k, _ in rows)

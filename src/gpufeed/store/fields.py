@@ -1,0 +1,56 @@
+"""Reading a store's per-sample fields: memory maps checked at open, values for one sample or a batch."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from gpufeed.store import format as fmt
+from gpufeed.store.format import StoreError
+
+
+class FieldColumn:
+    """One field of every sample: fixed-size kinds as one (N, *shape) memory map, variable-length ones
+    as bytes plus offsets (checked in order and inside the data at open)."""
+
+    def __init__(self, name: str, spec: dict[str, Any], mapped: Callable[[str, tuple[int, ...]], np.ndarray],
+                 directory: Path, count: int, data_bytes: int):
+        self.name, self.spec, self.kind = name, spec, spec["kind"]
+        files = fmt.field_files(name, spec)
+        if self.kind in fmt.VARIABLE_KINDS:
+            self.data = mapped(files[0], (data_bytes,))
+            self.offsets = mapped(files[1], (count + 1,))
+            ends = self.offsets
+            bad = (np.diff(ends, prepend=0) < 0) | (ends > data_bytes)
+            if bad.any():
+                raise StoreError(f"{directory / files[1]}: entry {int(np.argmax(bad))} is out of order or past the "
+                                 f"end of {files[0]} (damaged store)")
+        else:
+            self.values = mapped(files[0], (count, *fmt.field_shape(spec)))
+
+    @property
+    def fixed(self) -> bool:
+        return self.kind not in fmt.VARIABLE_KINDS
+
+    def value(self, i: int) -> Any:
+        """Sample i's value: a number, a numpy array (a copy), str, bytes, or the parsed JSON (None for a
+        sample that had no value)."""
+        if self.fixed:
+            v = self.values[i]
+            return np.array(v) if self.kind == "array" else v.item()
+        raw = bytes(self.data[int(self.offsets[i]) : int(self.offsets[i + 1])])
+        if self.kind == "bytes":
+            return raw
+        text = raw.decode("utf-8")
+        if self.kind == "json":
+            return json.loads(text) if raw else None
+        return text
+
+    def rows(self, indices: np.ndarray) -> np.ndarray | list:
+        """The values of `indices`: one array (N, *shape) for fixed-size kinds, else a list."""
+        if self.fixed:
+            return self.values[indices]
+        return [self.value(int(i)) for i in indices]
