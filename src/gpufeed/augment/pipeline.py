@@ -56,6 +56,13 @@ class Params:
         return Params(self.boxes[a:b], self.flip[a:b], self.out_hw, self.identity, cut(self.pixel), any_flip,
                       cut(self.vflip), None if self.warp is None else self.warp.rows(a, b), cut(self.choices))
 
+    def take(self, rows: torch.Tensor) -> Params:
+        """The parameters of samples `rows` (host int64 positions), in that order."""
+        pick = lambda t: None if t is None else t[rows]  # noqa: E731
+        warp = None if self.warp is None else replace(self.warp, matrices=self.warp.matrices[:, rows])
+        return replace(self, boxes=self.boxes[rows], flip=self.flip[rows], pixel=pick(self.pixel),
+                       vflip=pick(self.vflip), warp=warp, choices=pick(self.choices))
+
     def to(self, device: torch.device | str, non_blocking: bool = False, boxes: bool = True) -> Params:
         """On `device` (the boxes and horizontal flips stay where they are unless `boxes`)."""
         move = lambda t: None if t is None else t.to(device, non_blocking=non_blocking)  # noqa: E731

@@ -21,6 +21,7 @@ import torch
 
 from gpufeed.augment.pipeline import Augment
 from gpufeed.loader import tiers
+from gpufeed.loader.fields import batch_dict
 from gpufeed.loader.feeds import Batch, device_feed, host_feed
 from gpufeed.loader.jpeg import JpegPipelines, jpeg_feed, jpeg_pipelines
 from gpufeed.loader.planner import Planner
@@ -103,7 +104,9 @@ class Loader:
             here: "label" (or MixUp/CutMix targets), "source" (file paths, a list), or any field of
             the store (`store.fields`): ints, floats and arrays as tensors on `device`, strings,
             bytes and JSON values as lists. They follow the samples through shuffling, sharding,
-            resume and the replacement of undecodable samples.
+            resume and the replacement of undecodable samples. "boxes" (a store's boxes field) go
+            through the same crops, flips and warps as the images: a zero-padded (N, M, 4) tensor,
+            and "boxes_count" (N,).
 
     Raises:
         ValueError: bad arguments, an op list that can't give one batch shape, CUDA missing.
@@ -255,23 +258,7 @@ class Loader:
         with stage_range("gpufeed.augment", self.copy_stream is not None):
             out = self._augment(batch)
         self.counters.add("augment", time.perf_counter() - t0)
-        return out if self.fields is None else self._with_fields(*out, batch.samples)
-
-    def _with_fields(self, images: torch.Tensor, labels: torch.Tensor, samples) -> dict:
-        """The batch as a dict of "image" and the fields asked for (see `fields` in the class doc)."""
-        idx = samples.cpu().numpy() if isinstance(samples, torch.Tensor) else np.asarray(samples)
-        out: dict = {"image": images}
-        for name in self.fields:
-            if name == "label":
-                out[name] = labels
-            elif name == "source":
-                out[name] = [self.store.source(int(i)) for i in idx]
-            elif name != "image":
-                column = self.store.column(name)
-                rows = column.rows(idx)
-                out[name] = torch.from_numpy(np.ascontiguousarray(rows)).to(self.device, non_blocking=True) \
-                    if column.fixed else rows
-        return out
+        return out if self.fields is None else batch_dict(self, *out, batch.samples)
 
     def _augment(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         if batch.final:

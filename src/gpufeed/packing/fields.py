@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,49 @@ def tar_fields(parts: dict[str, bytes]) -> dict[str, Any]:
     if "npy" in parts:
         out["npy"] = np.load(io.BytesIO(parts["npy"]), allow_pickle=False)
     return out
+
+
+@dataclass
+class Geometry:
+    """How packing changed an image's frame: its full upright size, the stored size, and the fit
+    (raw) that took one to the other; boxes move with it."""
+
+    source_hw: tuple[int, int] | None
+    stored_hw: tuple[int, int] | None
+    fit: str = "crop"
+    mode: str = "raw"
+
+    def move(self, boxes: np.ndarray) -> np.ndarray:
+        """xyxy boxes in the source's pixels to the stored image's, clipped, the empty ones dropped."""
+        (h0, w0), (h, w) = self.source_hw, self.stored_hw
+        sx, sy, ox, oy = w / w0, h / h0, 0.0, 0.0
+        if self.mode == "raw" and self.fit == "crop":
+            side = min(w0, h0)
+            sx = sy = w / side
+            ox, oy = -(w0 - side) / 2 * sx, -(h0 - side) / 2 * sy
+        elif self.mode == "raw" and self.fit == "pad":
+            scale = w / max(w0, h0)
+            nw, nh = max(1, round(w0 * scale)), max(1, round(h0 * scale))
+            sx, sy, ox, oy = nw / w0, nh / h0, (w - nw) // 2, (h - nh) // 2
+        out = np.clip(boxes * [sx, sy, sx, sy] + [ox, oy, ox, oy], 0, [w, h, w, h]).astype(np.float32)
+        return out[(out[:, 2] > out[:, 0]) & (out[:, 3] > out[:, 1])]
+
+
+def as_boxes(value: Any) -> np.ndarray:
+    """A sample's boxes as (k, 4) float: xyxy, from a list of lists, an array, a tensor or torchvision's
+    BoundingBoxes (in XYXY format)."""
+    form = getattr(value, "format", None)
+    if form is not None and getattr(form, "name", str(form)).upper() != "XYXY":
+        raise ValueError(f"boxes in {getattr(form, 'name', form)} format; give XYXY (x1, y1, x2, y2) pixels")
+    if hasattr(value, "detach"):
+        value = value.detach().cpu().numpy()
+    try:
+        boxes = np.asarray(value if len(value) else np.zeros((0, 4)), dtype=np.float64)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"boxes that are not numbers ({e})") from None
+    if boxes.ndim != 2 or boxes.shape[1] != 4 or not np.isfinite(boxes).all():
+        raise ValueError(f"boxes of shape {boxes.shape}; expected (k, 4) finite x1, y1, x2, y2")
+    return boxes
 
 
 def classify(value: Any) -> tuple[str, Any]:
@@ -92,8 +136,10 @@ class FieldsSink:
         self.writers: dict[str, Any] = {}
         self.count = 0
 
-    def check(self, fields: dict[str, Any] | None) -> tuple[str | None, dict[str, tuple[str, Any]]]:
-        """(the reason this sample cannot be added, or None; its classified values)."""
+    def check(self, fields: dict[str, Any] | None, geometry: Geometry | None = None
+              ) -> tuple[str | None, dict[str, tuple[str, Any]]]:
+        """(the reason this sample cannot be added, or None; its classified values, boxes moved by
+        `geometry` into the stored image's frame)."""
         fields = fields or {}
         bad = [n for n in fields if not fmt.valid_field_name(n)]
         if bad:
@@ -101,7 +147,11 @@ class FieldsSink:
         values = {}
         for name, value in fields.items():
             try:
-                values[name] = classify(value)
+                if name == fmt.BOXES:
+                    boxes = as_boxes(value)
+                    values[name] = ("boxes", geometry.move(boxes) if geometry is not None else boxes.astype(np.float32))
+                else:
+                    values[name] = classify(value)
             except ValueError as e:
                 return f"field {name!r} is {e}", {}
         if self.kinds is None:
@@ -138,6 +188,8 @@ class FieldsSink:
                 self.numbers[name].append(value)
             elif kind == "array":
                 self.writers[name].write(value)
+            elif kind == "boxes":
+                self.writers[name].add(np.ascontiguousarray(value, dtype="<f4").tobytes())
             else:
                 data = value.encode("utf-8") if kind == "str" else (
                     json.dumps(value, allow_nan=False).encode("utf-8") if kind == "json" else value)

@@ -73,6 +73,13 @@ def to_rgb(img: Image.Image) -> Image.Image:
 
 def decode(data: bytes, mode: str, size: int, fit: str, max_side: int, max_pixels: int) -> Image.Image:
     """Decode `data` to an upright RGB image, downscaled in the DCT domain where possible."""
+    return decode_sized(data, mode, size, fit, max_side, max_pixels)[0]
+
+
+def decode_sized(data: bytes, mode: str, size: int, fit: str, max_side: int, max_pixels: int
+                 ) -> tuple[Image.Image, tuple[int, int]]:
+    """`decode`, and the (h, w) of the full image upright (before any DCT downscaling): the frame
+    a sample's boxes are given in."""
     try:
         img = Image.open(io.BytesIO(data))
         w, h = img.size
@@ -81,11 +88,12 @@ def decode(data: bytes, mode: str, size: int, fit: str, max_side: int, max_pixel
                 f"{w}x{h} image ({img.format}) exceeds max_pixels={max_pixels} "
                 "(decompression-bomb guard; raise max_pixels to pack it)"
             )
+        turned = img.getexif().get(ImageOps.ExifTags.Base.Orientation, 1) in (5, 6, 7, 8)
         scale = target_scale(w, h, mode, size, fit, max_side)
         if scale < 1 and img.format == "JPEG":
             img.draft(None, _draft_request(w, h, scale))
         img = ImageOps.exif_transpose(img)
-        return to_rgb(img)
+        return to_rgb(img), ((w, h) if turned else (h, w))
     except BadImage:
         raise
     except Image.UnidentifiedImageError:

@@ -20,7 +20,7 @@ from gpufeed._version import __version__
 from gpufeed.packing import engines, worker
 from gpufeed.packing.imaging import DEFAULT_MAX_PIXELS
 from gpufeed.packing.datasets import dataset_source, is_dataset
-from gpufeed.packing.fields import FieldsSink
+from gpufeed.packing.fields import FieldsSink, Geometry
 from gpufeed.packing.sinks import JpegSink, RawSink
 from gpufeed.packing.sources import Item, Skip, open_source
 from gpufeed.store import format as fmt
@@ -183,11 +183,13 @@ def pack(
         try:
             chunks = _chunks(src.entries, sink, raw_path, on_skip)
             for chunk, results in _bounded(executor, partial(worker.process, s=settings), chunks, 4 * workers):
-                for k, (item, (error, encoded, hw)) in enumerate(zip(chunk.items, results)):
+                for k, (item, done) in enumerate(zip(chunk.items, results)):
+                    error = done.error
                     if error is None:
-                        error, values = fields.check(item.fields)
+                        stored = (size, size) if mode == "raw" else done.hw
+                        error, values = fields.check(item.fields, Geometry(done.source_hw, stored, fit, mode))
                     if error is None:
-                        sink.add(chunk.start + k, item.label, encoded, hw, item.name)
+                        sink.add(chunk.start + k, item.label, done.payload, done.hw, item.name)
                         fields.add(values)
                     else:
                         on_skip(Skip(item.name, error))

@@ -37,8 +37,14 @@ class Chunk:
     raw_path: str | None = None  # raw: the output file, when this worker can write it
 
 
-# per item: (error or None, encoded bytes or raw pixels or None, (h, w) or None)
-Result = tuple[str | None, bytes | np.ndarray | None, tuple[int, int] | None]
+@dataclass
+class Packed:
+    """What a worker made of one item: the reason it failed, or what the writer stores."""
+
+    error: str | None = None
+    payload: bytes | np.ndarray | None = None  # jpeg: encoded bytes; raw: pixels a remote worker returns
+    hw: tuple[int, int] | None = None  # jpeg: the stored image's (h, w)
+    source_hw: tuple[int, int] | None = None  # the full image's (h, w) upright: the frame of its boxes
 
 
 def _read(item: Item) -> bytes:
@@ -67,16 +73,17 @@ def _read(item: Item) -> bytes:
     return data
 
 
-def _jpeg(data: bytes, s: Settings) -> tuple[bytes, tuple[int, int]]:
+def _jpeg(data: bytes, s: Settings) -> Packed:
     if not s.reencode:
         kept = imaging.is_plain_jpeg(data, s.max_side)
         if kept is not None:
-            return data, kept
-    img = imaging.decode(data, "jpeg", s.size, s.fit, s.max_side, s.max_pixels)
-    return imaging.encode_jpeg(img, s.quality, s.max_side)
+            return Packed(payload=data, hw=kept, source_hw=kept)
+    img, source_hw = imaging.decode_sized(data, "jpeg", s.size, s.fit, s.max_side, s.max_pixels)
+    encoded, hw = imaging.encode_jpeg(img, s.quality, s.max_side)
+    return Packed(payload=encoded, hw=hw, source_hw=source_hw)
 
 
-def process(chunk: Chunk, s: Settings) -> list[Result]:
+def process(chunk: Chunk, s: Settings) -> list[Packed]:
     """Pack every item of `chunk`; a bad item yields its reason instead of raising."""
     out: np.memmap | None = None
     if s.mode == "raw" and chunk.raw_path is not None:
@@ -85,23 +92,22 @@ def process(chunk: Chunk, s: Settings) -> list[Result]:
             chunk.raw_path, dtype=np.uint8, mode="r+", offset=chunk.start * item_bytes,
             shape=(len(chunk.items), s.size, s.size, 3),
         )
-    results: list[Result] = []
+    results: list[Packed] = []
     with imaging.own_bomb_guard():
         for k, item in enumerate(chunk.items):
             try:
                 data = _read(item)
                 if s.mode == "raw":
-                    img = imaging.decode(data, "raw", s.size, s.fit, s.max_side, s.max_pixels)
+                    img, source_hw = imaging.decode_sized(data, "raw", s.size, s.fit, s.max_side, s.max_pixels)
                     square = imaging.fit_square(img, s.size, s.fit)
                     if out is None:
-                        results.append((None, np.ascontiguousarray(square), None))
+                        results.append(Packed(payload=np.ascontiguousarray(square), source_hw=source_hw))
                         continue
                     out[k] = square
-                    results.append((None, None, None))
+                    results.append(Packed(source_hw=source_hw))
                 else:
-                    encoded, hw = _jpeg(data, s)
-                    results.append((None, encoded, hw))
+                    results.append(_jpeg(data, s))
             except BadImage as e:
-                results.append((str(e), None, None))
+                results.append(Packed(error=str(e)))
     del out  # pages stay in the shared page cache; the writer fsyncs once at the end
     return results

@@ -25,9 +25,11 @@ class FieldColumn:
             self.offsets = mapped(files[1], (count + 1,))
             ends = self.offsets
             bad = (np.diff(ends, prepend=0) < 0) | (ends > data_bytes)
+            if self.kind == "boxes":
+                bad |= ends % 16 != 0  # whole rows of four float32
             if bad.any():
-                raise StoreError(f"{directory / files[1]}: entry {int(np.argmax(bad))} is out of order or past the "
-                                 f"end of {files[0]} (damaged store)")
+                raise StoreError(f"{directory / files[1]}: entry {int(np.argmax(bad))} is out of order, past the "
+                                 f"end of {files[0]} or not a whole row (damaged store)")
         else:
             self.values = mapped(files[0], (count, *fmt.field_shape(spec)))
 
@@ -36,12 +38,14 @@ class FieldColumn:
         return self.kind not in fmt.VARIABLE_KINDS
 
     def value(self, i: int) -> Any:
-        """Sample i's value: a number, a numpy array (a copy), str, bytes, or the parsed JSON (None for a
-        sample that had no value)."""
+        """Sample i's value: a number, a numpy array (a copy; boxes: (k, 4) float32), str, bytes, or the
+        parsed JSON (None for a sample that had no value)."""
         if self.fixed:
             v = self.values[i]
             return np.array(v) if self.kind == "array" else v.item()
         raw = bytes(self.data[int(self.offsets[i]) : int(self.offsets[i + 1])])
+        if self.kind == "boxes":
+            return np.frombuffer(raw, dtype="<f4").reshape(-1, 4).copy()
         if self.kind == "bytes":
             return raw
         text = raw.decode("utf-8")

@@ -11,7 +11,8 @@ A store is a directory::
     field.NAME.bin    per-sample values of the field NAME (the manifest's "fields" says its kind):
                         int: int64[N]; float: float64[N]; array: DTYPE[N, *SHAPE];
                         str, bytes, json: UTF-8 / raw / JSON text back to back, with
-    field.NAME.i64    int64[N + 1]        offsets, as sources.i64 (str, bytes and json fields only)
+                        boxes (the field "boxes"): float32 [x1, y1, x2, y2] rows back to back, with
+    field.NAME.i64    int64[N + 1]        byte offsets, as sources.i64 (str, bytes, json, boxes only)
     raw mode:
       images.u8       uint8[N, S, S, 3]   HWC pixels, sample i is one contiguous slice
     jpeg mode:
@@ -69,8 +70,9 @@ DTYPES = {
 
 # per-sample fields: a name (an identifier, none of RESERVED) -> {"kind": one of FIELD_KINDS, and for
 # arrays "dtype": one of ARRAY_DTYPES and "shape": [positive ints]}
-FIELD_KINDS = ("int", "float", "array", "str", "bytes", "json")
-VARIABLE_KINDS = ("str", "bytes", "json")
+FIELD_KINDS = ("int", "float", "array", "str", "bytes", "json", "boxes")
+VARIABLE_KINDS = ("str", "bytes", "json", "boxes")
+BOXES = "boxes"  # the field whose values are boxes (xyxy pixels of the stored image, any count per sample)
 RESERVED = ("image", "label", "source")
 ARRAY_DTYPES = ("|b1", "|i1", "|u1", "<i2", "<u2", "<i4", "<u4", "<i8", "<u8", "<f2", "<f4", "<f8")
 _SCALAR_DTYPES = {"int": "<i8", "float": "<f8"}
@@ -275,6 +277,8 @@ def valid_field(name: object, spec: object) -> bool:
     """Whether a manifest's field entry is one this format defines (it names files and dtypes: untrusted)."""
     if not valid_field_name(name) or not isinstance(spec, dict) or spec.get("kind") not in FIELD_KINDS:
         return False
+    if (name == BOXES) != (spec["kind"] == "boxes"):
+        return False
     if spec["kind"] != "array":
         return set(spec) == {"kind"}
     shape = spec.get("shape")
@@ -286,4 +290,5 @@ _EXPECTED = {"mode": "a string", "image_shape": "[S, S, 3] for raw stores and nu
              "classes": "a list of strings", "files": "an object of {\"bytes\": int >= 0, \"digest\": str}",
              "skipped": "a list of objects", "settings": "an object",
              "fields": "an object of {name: {\"kind\": int|float|array|str|bytes|json, arrays also \"dtype\" "
-                       "and \"shape\"}} with identifier names other than image, label and source"}
+                       "and \"shape\"}} with identifier names other than image, label and source, and "
+                       "{\"boxes\": {\"kind\": \"boxes\"}}"}

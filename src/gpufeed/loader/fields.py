@@ -1,0 +1,49 @@
+"""A batch as a dict of its image tensor and the per-sample fields a `Loader(fields=...)` asks for."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from gpufeed.augment.boxes import padded, transform_boxes
+
+
+def batch_dict(loader, images: torch.Tensor, labels: torch.Tensor, samples) -> dict:
+    """"image", then each field of `loader.fields`: "label" (or mixed targets), "source" (a list),
+    "boxes" (moved with the images; plus "boxes_count"), the store's other fields (numbers and arrays
+    as tensors on the loader's device, text, bytes and JSON as lists)."""
+    idx = samples.cpu().numpy() if isinstance(samples, torch.Tensor) else np.asarray(samples)
+    out: dict = {"image": images}
+    for name in loader.fields:
+        if name == "label":
+            out[name] = labels
+        elif name == "source":
+            out[name] = [loader.store.source(int(i)) for i in idx]
+        elif name == "boxes":
+            out["boxes"], out["boxes_count"] = padded(_boxes(loader, idx), loader.device)
+        elif name != "image":
+            column = loader.store.column(name)
+            rows = column.rows(idx)
+            out[name] = torch.from_numpy(np.ascontiguousarray(rows)).to(loader.device, non_blocking=True) \
+                if column.fixed else rows
+    return out
+
+
+def _boxes(loader, samples: np.ndarray) -> list[np.ndarray]:
+    """The boxes of the loader's current batch through the geometry their images went through. A
+    sample that replaced an undecodable one took that position's image (a copy of another position,
+    or the same crop moved onto it), so it takes that geometry too."""
+    stored = loader.store.column("boxes").rows(samples)
+    if loader.augment is None:
+        return stored
+    planned, params = loader.plan(loader.epoch, loader._batch)
+    planned = planned.numpy()
+    first = {int(s): q for q, s in reversed(list(enumerate(planned)))}
+    rows = torch.tensor([p if s == planned[p] else first.get(int(s), p) for p, s in enumerate(samples)])
+    params = params.take(rows)
+    moved = [p for p, s in enumerate(samples) if s != planned[p] and int(s) not in first]
+    if moved:  # a batch none of whose samples decoded: the same crops, scaled to the new images
+        shapes = torch.from_numpy(np.asarray(loader.store.shapes))
+        scale = (shapes[samples[moved]] / shapes[planned[moved]]).flip(1).repeat(1, 2)
+        params.boxes[moved] = (params.boxes[moved] * scale).to(params.boxes.dtype)
+    return transform_boxes(stored, params)
