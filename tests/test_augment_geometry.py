@@ -124,8 +124,10 @@ def test_warp_settings_must_agree_and_need_one_size():
     with pytest.raises(ValueError, match="one size"):
         Augment([Resize(8), RandomRotation(10)]).sample(2, torch.tensor([8, 9]), torch.tensor([10, 8]),
                                                           torch.Generator())
-    with pytest.raises(ValueError, match="padding_mode"):
-        RandomCrop(8, padding=2, padding_mode="reflect")
+    with pytest.raises(ValueError, match="padding_mode must be one of"):
+        RandomCrop(8, padding=2, padding_mode="wrap")
+    with pytest.raises(ValueError, match="must come before"):
+        Augment([RandomRotation(10), RandomCrop(8, padding=2, padding_mode="edge")]).sample(2, 8, 8, torch.Generator())
     with pytest.raises(ValueError, match="expand"):
         RandomRotation(10, expand=True)
 
@@ -135,3 +137,15 @@ def test_normalized_output_and_reproducible(batch):
     a, out_a = run(ops, batch, seed=8)
     _, out_b = run(ops, batch, seed=8)
     assert torch.equal(out_a, out_b) and out_a.shape == (N, 3, 20, 20)
+
+
+@pytest.mark.parametrize("mode", ["edge", "reflect", "symmetric"])
+def test_random_crop_padding_modes_match_torchvision(batch, mode):
+    ops = [RandomCrop((H, W), padding=(4, 6, 2, 5), padding_mode=mode), RandomRotation(0)]
+    params, out = run(ops, batch, seed=10)
+    u = torch.rand(N, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(10))
+    top, left = torch.floor(u[:, 0] * (H + 11 - H + 1)), torch.floor(u[:, 1] * (W + 6 - W + 1))
+    for k in range(N):
+        padded = F.pad(chw(batch, k), [4, 6, 2, 5], padding_mode=mode)
+        want = F.crop(padded, int(top[k]), int(left[k]), H, W).float()
+        assert torch.equal(out[k].round(), want), (mode, k)

@@ -15,7 +15,7 @@ from torchvision.transforms.v2 import functional as F
 
 import gpufeed
 from gpufeed.augment import Augment, AutoAugment, Normalize, RandAugment, RandomResizedCrop, TrivialAugmentWide
-from gpufeed.augment.policies import ID, IMAGENET, OPS, magnitudes
+from gpufeed.augment.policies import AUTO_POLICIES, ID, IMAGENET, OPS, magnitudes
 from gpufeed.synth import natural_image
 
 N, H, W = 6, 24, 28
@@ -132,8 +132,18 @@ def test_auto_augment_imagenet_probabilities():
     rate = float((ops == ID["Equalize"]).sum()) / 20000
     assert abs(rate - expected) < 0.02 and expected > 0.4
     assert not bool((ops == ID["TranslateX"]).any())  # not in the ImageNet policy
-    with pytest.raises(ValueError, match="only 'imagenet'"):
-        AutoAugment("cifar10")
+    with pytest.raises(ValueError, match="not one of"):
+        AutoAugment("mnist")
+
+
+@pytest.mark.parametrize("name", ["imagenet", "cifar10", "svhn"])
+def test_auto_augment_policies_are_torchvisions(name):
+    from torchvision.transforms import AutoAugmentPolicy, v2
+
+    theirs = [tuple(pair) for pair in v2.AutoAugment(AutoAugmentPolicy(name))._policies]
+    assert list(AUTO_POLICIES[name]) == theirs
+    ops = Augment([AutoAugment(AutoAugmentPolicy(name))]).sample(500, 32, 32, torch.Generator()).choices
+    assert ops.shape == (500, 2)
 
 
 def test_policy_position_is_checked():

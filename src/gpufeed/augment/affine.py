@@ -201,6 +201,20 @@ def _inside(x: torch.Tensor, y: torch.Tensor, hw: tuple[int, int], mode: str) ->
     return weights[0] * weights[1]
 
 
+def _extend(u: torch.Tensor, size: int, mode: str) -> torch.Tensor:
+    """Coordinates past an image of `size` pixels moved in, as padding `mode` extends it: "edge"
+    repeats the border pixel, "symmetric" mirrors including it, "reflect" mirrors about it."""
+    if mode == "edge":
+        return u.clamp(0.5, size - 0.5)
+    if mode == "symmetric":
+        v = torch.remainder(u, 2 * size)
+        return torch.where(v > size, 2 * size - v, v)
+    if size == 1:
+        return torch.full_like(u, 0.5)
+    v = torch.remainder(u - 0.5, 2 * (size - 1))  # reflect: in pixel-centre units
+    return torch.where(v > size - 1, 2 * (size - 1) - v, v) + 0.5
+
+
 def warp(y: torch.Tensor, w: Warp) -> tuple[torch.Tensor, Filled | None]:
     """Warp float NCHW `y` (the box pass's output) to w.out_hw and put in the fill; also returns where
     it filled when a policy will need it again (else None)."""
@@ -212,6 +226,8 @@ def warp(y: torch.Tensor, w: Warp) -> tuple[torch.Tensor, Filled | None]:
     px = col(0, 0) * xs + col(0, 1) * ys + col(0, 2)  # (B, N, oh, ow)
     py = col(1, 0) * xs + col(1, 1) * ys + col(1, 2)
     h, wd = w.sizes[0]
+    if w.resampling.padding != "constant":  # the box pass's output extended by edge or mirror
+        px[0], py[0] = _extend(px[0], wd, w.resampling.padding), _extend(py[0], h, w.resampling.padding)
     grid = torch.stack([px[0] * (2 / wd) - 1, py[0] * (2 / h) - 1], -1)
     mode = w.resampling.interpolation or "nearest"
     out = tf.grid_sample(y, grid, mode=mode, padding_mode="zeros", align_corners=False)

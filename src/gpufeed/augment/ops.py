@@ -122,12 +122,17 @@ class RandomVerticalFlip:
         return view.mirror(None, torch.rand(view.n, generator=g) < self.p)
 
 
+PADDING_MODES = ("constant", "edge", "reflect", "symmetric")
+
+
 @dataclass
 class RandomCrop:
     """A `size` crop at a uniformly drawn position, after padding each side by `padding` (an int, (left
     and right, top and bottom) or (left, top, right, bottom)) with `fill`, as the CIFAR recipe does;
     `pad_if_needed` pads images smaller than `size` on both sides. Without padding it only moves the
-    crop box; with padding the warp pass fills. Only padding_mode "constant" is supported."""
+    crop box; with padding the warp pass fills, or with padding_mode "edge", "reflect" or
+    "symmetric" extends the image as torch.nn.functional.pad and numpy do (those modes need the
+    RandomCrop to come before any other op that turns, shears or pads)."""
 
     size: int | tuple[int, int]
     padding: int | Sequence[int] | None = None
@@ -136,8 +141,8 @@ class RandomCrop:
     padding_mode: str = "constant"
 
     def __post_init__(self):
-        if self.padding_mode != "constant":
-            raise ValueError(f"RandomCrop padding_mode {self.padding_mode!r} is not supported; only 'constant'")
+        if self.padding_mode not in PADDING_MODES:
+            raise ValueError(f"RandomCrop padding_mode must be one of {PADDING_MODES}, got {self.padding_mode!r}")
         pad = [0] if self.padding is None else ([self.padding] if isinstance(self.padding, int) else list(self.padding))
         if len(pad) not in (1, 2, 4) or min(pad) < 0:
             raise ValueError(f"RandomCrop padding must be one, two or four non-negative ints, got {self.padding!r}")
@@ -159,7 +164,12 @@ class RandomCrop:
         if not bool((top_pad > 0).any() or (left_pad > 0).any() or any(self._pad)):
             return view.crop(top, left, full(n, h), full(n, w), h, w)
         shift = matrices(n, tx=left - left_pad, ty=top - top_pad)
-        return view.then(shift, h, w, Resampling(None, fill_tuple(self.fill)), fills=True)
+        if self.padding_mode == "constant":
+            return view.then(shift, h, w, Resampling(None, fill_tuple(self.fill)), fills=True)
+        if view.bounds:
+            raise ValueError(f"RandomCrop(padding_mode={self.padding_mode!r}) must come before the ops that turn, "
+                             "shear or pad: it extends the image they start from")
+        return view.then(shift, h, w, Resampling(None, None, self.padding_mode), fills=True)
 
 
 @dataclass

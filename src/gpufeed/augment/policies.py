@@ -153,28 +153,57 @@ class TrivialAugmentWide(_Policy):
         return ops, magnitudes(True, self.num_magnitude_bins, h, w)[ops, bins]
 
 
-# AutoAugment's ImageNet policy (Cubuk et al., 2019): pairs of (op, probability, magnitude bin of 10)
-IMAGENET = (
-    (("Posterize", 0.4, 8), ("Rotate", 0.6, 9)), (("Solarize", 0.6, 5), ("AutoContrast", 0.6, None)),
-    (("Equalize", 0.8, None), ("Equalize", 0.6, None)), (("Posterize", 0.6, 7), ("Posterize", 0.6, 6)),
-    (("Equalize", 0.4, None), ("Solarize", 0.2, 4)), (("Equalize", 0.4, None), ("Rotate", 0.8, 8)),
-    (("Solarize", 0.6, 3), ("Equalize", 0.6, None)), (("Posterize", 0.8, 5), ("Equalize", 1.0, None)),
-    (("Rotate", 0.2, 3), ("Solarize", 0.6, 8)), (("Equalize", 0.6, None), ("Posterize", 0.4, 6)),
-    (("Rotate", 0.8, 8), ("Color", 0.4, 0)), (("Rotate", 0.4, 9), ("Equalize", 0.6, None)),
-    (("Equalize", 0.0, None), ("Equalize", 0.8, None)), (("Invert", 0.6, None), ("Equalize", 1.0, None)),
-    (("Color", 0.6, 4), ("Contrast", 1.0, 8)), (("Rotate", 0.8, 8), ("Color", 1.0, 2)),
-    (("Color", 0.8, 8), ("Solarize", 0.8, 7)), (("Sharpness", 0.4, 7), ("Invert", 0.6, None)),
-    (("ShearX", 0.6, 5), ("Equalize", 1.0, None)), (("Color", 0.4, 0), ("Equalize", 0.6, None)),
-    (("Equalize", 0.4, None), ("Solarize", 0.2, 4)), (("Solarize", 0.6, 5), ("AutoContrast", 0.6, None)),
-    (("Invert", 0.6, None), ("Equalize", 1.0, None)), (("Color", 0.6, 4), ("Contrast", 1.0, 8)),
-    (("Equalize", 0.8, None), ("Equalize", 0.6, None)),
-)
+# AutoAugment's learned policies (Cubuk et al., 2019): sub-policies separated by ";", each two ops
+# "name probability magnitude-bin-of-10" ("-": the op has no magnitude)
+_POLICY_TEXT = {
+    "imagenet": """
+    Posterize 0.4 8, Rotate 0.6 9; Solarize 0.6 5, AutoContrast 0.6 -; Equalize 0.8 -, Equalize 0.6 -;
+    Posterize 0.6 7, Posterize 0.6 6; Equalize 0.4 -, Solarize 0.2 4; Equalize 0.4 -, Rotate 0.8 8;
+    Solarize 0.6 3, Equalize 0.6 -; Posterize 0.8 5, Equalize 1 -; Rotate 0.2 3, Solarize 0.6 8;
+    Equalize 0.6 -, Posterize 0.4 6; Rotate 0.8 8, Color 0.4 0; Rotate 0.4 9, Equalize 0.6 -;
+    Equalize 0 -, Equalize 0.8 -; Invert 0.6 -, Equalize 1 -; Color 0.6 4, Contrast 1 8;
+    Rotate 0.8 8, Color 1 2; Color 0.8 8, Solarize 0.8 7; Sharpness 0.4 7, Invert 0.6 -;
+    ShearX 0.6 5, Equalize 1 -; Color 0.4 0, Equalize 0.6 -; Equalize 0.4 -, Solarize 0.2 4;
+    Solarize 0.6 5, AutoContrast 0.6 -; Invert 0.6 -, Equalize 1 -; Color 0.6 4, Contrast 1 8;
+    Equalize 0.8 -, Equalize 0.6 -""",
+    "cifar10": """
+    Invert 0.1 -, Contrast 0.2 6; Rotate 0.7 2, TranslateX 0.3 9; Sharpness 0.8 1, Sharpness 0.9 3;
+    ShearY 0.5 8, TranslateY 0.7 9; AutoContrast 0.5 -, Equalize 0.9 -; ShearY 0.2 7, Posterize 0.3 7;
+    Color 0.4 3, Brightness 0.6 7; Sharpness 0.3 9, Brightness 0.7 9; Equalize 0.6 -, Equalize 0.5 -;
+    Contrast 0.6 7, Sharpness 0.6 5; Color 0.7 7, TranslateX 0.5 8; Equalize 0.3 -, AutoContrast 0.4 -;
+    TranslateY 0.4 3, Sharpness 0.2 6; Brightness 0.9 6, Color 0.2 8; Solarize 0.5 2, Invert 0 -;
+    Equalize 0.2 -, AutoContrast 0.6 -; Equalize 0.2 -, Equalize 0.6 -; Color 0.9 9, Equalize 0.6 -;
+    AutoContrast 0.8 -, Solarize 0.2 8; Brightness 0.1 3, Color 0.7 0; Solarize 0.4 5, AutoContrast 0.9 -;
+    TranslateY 0.9 9, TranslateY 0.7 9; AutoContrast 0.9 -, Solarize 0.8 3; Equalize 0.8 -, Invert 0.1 -;
+    TranslateY 0.7 9, AutoContrast 0.9 -""",
+    "svhn": """
+    ShearX 0.9 4, Invert 0.2 -; ShearY 0.9 8, Invert 0.7 -; Equalize 0.6 -, Solarize 0.6 6;
+    Invert 0.9 -, Equalize 0.6 -; Equalize 0.6 -, Rotate 0.9 3; ShearX 0.9 4, AutoContrast 0.8 -;
+    ShearY 0.9 8, Invert 0.4 -; ShearY 0.9 5, Solarize 0.2 6; Invert 0.9 -, AutoContrast 0.8 -;
+    Equalize 0.6 -, Rotate 0.9 3; ShearX 0.9 4, Solarize 0.3 3; ShearY 0.8 8, Invert 0.7 -;
+    Equalize 0.9 -, TranslateY 0.6 6; Invert 0.9 -, Equalize 0.6 -; Contrast 0.3 3, Rotate 0.8 4;
+    Invert 0.8 -, TranslateY 0 2; ShearY 0.7 6, Solarize 0.4 8; Invert 0.6 -, Rotate 0.8 4;
+    ShearY 0.3 7, TranslateX 0.9 3; ShearX 0.1 6, Invert 0.6 -; Solarize 0.7 2, TranslateY 0.6 7;
+    ShearY 0.8 4, Invert 0.8 -; ShearX 0.7 9, TranslateY 0.8 3; ShearY 0.8 5, AutoContrast 0.7 -;
+    ShearX 0.7 2, Invert 0.1 -""",
+}
+
+
+def _parse(text: str) -> tuple[tuple[tuple[str, float, int | None], ...], ...]:
+    ops = lambda pair: tuple((n, float(p), None if m == "-" else int(m))  # noqa: E731
+                             for n, p, m in (op.split() for op in pair.split(",")))
+    return tuple(ops(pair) for pair in text.split(";"))
+
+
+AUTO_POLICIES = {name: _parse(text) for name, text in _POLICY_TEXT.items()}
+IMAGENET = AUTO_POLICIES["imagenet"]
 
 
 @dataclass
 class AutoAugment(_Policy):
-    """One sub-policy of the ImageNet policy per sample, drawn uniformly; each of its two ops applies
-    with its probability, at its magnitude bin of 10."""
+    """One sub-policy of a learned policy ("imagenet", "cifar10" or "svhn", or torchvision's
+    AutoAugmentPolicy) per sample, drawn uniformly; each of its two ops applies with its probability,
+    at its magnitude bin of 10."""
 
     policy: str = "imagenet"
     interpolation: str = "nearest"
@@ -182,14 +211,16 @@ class AutoAugment(_Policy):
     slots = 2
 
     def __post_init__(self):
-        if str(getattr(self.policy, "value", self.policy)).lower() != "imagenet":
-            raise ValueError(f"AutoAugment policy {self.policy!r} is not supported; only 'imagenet'")
-        self._op = torch.tensor([[ID[op] for op, _, _ in pair] for pair in IMAGENET])
-        self._p = torch.tensor([[p for _, p, _ in pair] for pair in IMAGENET], dtype=torch.float64)
-        self._bin = torch.tensor([[b or 0 for _, _, b in pair] for pair in IMAGENET])
+        name = str(getattr(self.policy, "value", self.policy)).lower()
+        if name not in AUTO_POLICIES:
+            raise ValueError(f"AutoAugment policy {self.policy!r} is not one of {sorted(AUTO_POLICIES)}")
+        table = AUTO_POLICIES[name]
+        self._op = torch.tensor([[ID[op] for op, _, _ in pair] for pair in table])
+        self._p = torch.tensor([[p for _, p, _ in pair] for pair in table], dtype=torch.float64)
+        self._bin = torch.tensor([[b or 0 for _, _, b in pair] for pair in table])
 
     def _choose(self, n, h, w, g):
-        pick = torch.randint(len(IMAGENET), (n,), generator=g)
+        pick = torch.randint(len(self._op), (n,), generator=g)
         on = torch.rand(n, 2, dtype=torch.float64, generator=g) <= self._p[pick]
         ops = torch.where(on, self._op[pick], torch.zeros_like(self._op[pick]))
         return ops, magnitudes(False, 10, h, w)[ops, self._bin[pick]]

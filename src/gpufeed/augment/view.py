@@ -17,10 +17,13 @@ import torch
 class Resampling:
     """How the warp pass samples ("nearest" or "bilinear", torchvision's choices for its affine ops) and
     what it puts where no source pixel lands (`fill`: one value or one per channel, 0..255; None: the
-    sampler's zero padding, as torchvision without a fill)."""
+    sampler's zero padding, as torchvision without a fill). `padding`: how the box pass's output
+    extends past its edges when the first op that warps is a RandomCrop padding it another way than
+    with the fill ("edge", "reflect", "symmetric")."""
 
     interpolation: str | None = "nearest"  # None: any (integer shifts, as RandomCrop's padding)
     fill: tuple[float, ...] | None = None
+    padding: str = "constant"
 
     def __post_init__(self):
         if self.interpolation not in ("nearest", "bilinear", None):
@@ -36,7 +39,8 @@ class Resampling:
             raise ValueError(f"ops that warp the image must agree on interpolation and fill (one warp pass "
                              f"serves them all): {self} vs {other}")
         lead = self if self.interpolation else other
-        return Resampling(lead.interpolation, lead.fill if lead.interpolation else self.fill or other.fill)
+        return Resampling(lead.interpolation, lead.fill if lead.interpolation else self.fill or other.fill,
+                          self.padding)
 
 
 def fill_tuple(fill: float | Sequence[float] | None) -> tuple[float, ...] | None:
