@@ -54,7 +54,9 @@ def test_readme_python_blocks_run(tmp_path, monkeypatch):
     assert len(loader) == 3 and loader.state_dict()["epoch"] == 2  # 12 images, batches of 4, 2 epochs
     assert len(val.store) == 6 and 0 <= namespace["correct"] <= 6
     assert namespace["store"].source(0).endswith("data/train/ant/0.jpg")
-    for name in ("loader", "val"):
+    one_pass = namespace["one_pass"]  # the val folder read in place
+    assert len(one_pass.store) == 6 and sum(len(y) for _, y in one_pass) == 6
+    for name in ("loader", "val", "one_pass"):
         namespace[name].close()
 
 

@@ -196,3 +196,18 @@ def test_warps_and_policies_on_jpeg_batches_match_the_cpu(store):
     ops = [RandomResizedCrop(64, scale=(0.2, 1)), RandomVerticalFlip(), RandomRotation(20), TrivialAugmentWide(),
            Normalize()]
     _gpu_matches_cpu(store, ops, 4, 0.08)
+
+
+def test_a_folder_read_in_place_on_the_gpu_gives_its_stores_batches(store):
+    """The store was packed with reencode=False from its folder: the same bytes, read in place."""
+    folder = store.path.parent / "src"
+    kw = dict(batch_size=32, device="cuda", augment=OPS, dtype=torch.float32, seed=5, num_workers=4,
+              fields=("label", "source"))
+    in_place, packed = gpufeed.Loader(folder, **kw), gpufeed.Loader(store, **kw)
+    assert in_place.tier.name == "files" and len(in_place.store) == len(store)
+    for a, b in zip(in_place, packed):
+        assert a["source"] == b["source"] and torch.equal(a["label"], b["label"])
+        # the batch is shared out between GPU and CPU decoders by their rates: nvJPEG and libjpeg differ a little
+        assert (a["image"] - b["image"]).abs().mean() < 0.05
+    in_place.close()
+    packed.close()

@@ -25,10 +25,12 @@ Region = tuple[int, int, int, int]  # y0, x0, y1, x1 of a stored image
 class Encoded:
     """A batch's encoded images: image k is `data[begins[k]:ends[k]]` (`array` is `data` as numpy)."""
 
-    data: torch.Tensor  # uint8, 1-D: the store's bytes where the tier keeps them
+    data: torch.Tensor  # uint8, 1-D: the store's bytes where the tier keeps them (or a batch's, read)
     array: np.ndarray
     begins: np.ndarray  # int64 (N,)
     ends: np.ndarray
+    files: np.ndarray | None = None  # read in place: the file each image was read from (object array)
+    file_begins: np.ndarray | None = None  # and where it starts in that file
 
     @classmethod
     def of(cls, data: torch.Tensor, offsets: np.ndarray, indices: np.ndarray) -> Encoded:
@@ -40,7 +42,9 @@ class Encoded:
 
     def take(self, positions) -> Encoded:
         """The images at `positions` (anything numpy indexes with)."""
-        return Encoded(self.data, self.array, self.begins[positions], self.ends[positions])
+        pick = lambda a: None if a is None else a[positions]  # noqa: E731
+        return Encoded(self.data, self.array, self.begins[positions], self.ends[positions], pick(self.files),
+                       pick(self.file_begins))
 
     def tensors(self) -> list[torch.Tensor]:
         return [self.data[a:b] for a, b in zip(self.begins.tolist(), self.ends.tolist())]

@@ -21,7 +21,7 @@ MAX_MESSAGE = 1 << 30  # a chunk names byte ranges, never pixels: anything large
 class WorkerSetup:
     """The worker's command line (JSON): the store's encoded bytes and the loader's pid."""
 
-    store: str  # file holding the encoded bytes
+    store: str  # file holding the encoded bytes ("" for a folder read in place: jobs name their files)
     offset: int  # where they start in it
     nbytes: int
     parent: int  # the loader's pid: the worker exits when its parent is no longer this process
@@ -36,8 +36,9 @@ class Ready:
 
 @dataclass
 class Job:
-    """One image to decode: bytes [begin, end) of the store into the segment at `at` (at most
-    `capacity` bytes), DCT-reduced to `reduce_to` (w, h) or only `region` (y0, x0, y1, x1)."""
+    """One image to decode: bytes [begin, end) of the store (or of the file `path`, for a folder read
+    in place) into the segment at `at` (at most `capacity` bytes), DCT-reduced to `reduce_to` (w, h)
+    or only `region` (y0, x0, y1, x1)."""
 
     begin: int
     end: int
@@ -45,6 +46,7 @@ class Job:
     capacity: int
     reduce_to: tuple[int, int] | None = None
     region: tuple[int, int, int, int] | None = None
+    path: str | None = None
 
 
 @dataclass

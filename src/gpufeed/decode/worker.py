@@ -37,8 +37,10 @@ def main() -> None:
     threading.Thread(target=_watch, args=(setup.parent,), daemon=True).start()
     from gpufeed.decode.pixels import decode
 
-    data = np.memmap(setup.store, dtype=np.uint8, mode="r", offset=setup.offset, shape=(setup.nbytes,))
-    data = data.view(np.ndarray)
+    data = np.zeros(0, np.uint8)
+    if setup.store:
+        data = np.memmap(setup.store, dtype=np.uint8, mode="r", offset=setup.offset, shape=(setup.nbytes,))
+        data = data.view(np.ndarray)
     segments: dict[int, tuple[int, np.ndarray]] = {}  # loader's fd -> (segment id, its pixels)
     stdin, stdout = sys.stdin.fileno(), sys.stdout.fileno()
     protocol.write(stdout, protocol.Ready(os.getpid()))
@@ -56,7 +58,8 @@ def main() -> None:
             results = []
             for job in chunk.jobs:
                 try:
-                    pixels, region, done = decode(data[job.begin : job.end], job.reduce_to, job.region)
+                    encoded = data[job.begin : job.end] if job.path is None else _read(job)
+                    pixels, region, done = decode(encoded, job.reduce_to, job.region)
                     if pixels.size > job.capacity:
                         raise ValueError(f"decoded to {tuple(pixels.shape[:2])}, larger than the size the store records")
                     out[job.at : job.at + pixels.size] = pixels.reshape(-1)
@@ -65,6 +68,18 @@ def main() -> None:
                     results.append(f"{type(e).__name__}: {e}")
         protocol.write(stdout, protocol.ChunkDone(chunk.ticket, chunk.first, results,
                                                   time.perf_counter() - wall, time.process_time() - cpu))
+
+
+def _read(job) -> np.ndarray:
+    """A folder's image, read from its file (the loader indexed where it is)."""
+    fd = os.open(job.path, os.O_RDONLY)
+    try:
+        data = os.pread(fd, job.end - job.begin, job.begin)
+    finally:
+        os.close(fd)
+    if len(data) != job.end - job.begin:
+        raise OSError(f"{job.path}: {len(data)} bytes where the index says {job.end - job.begin} (changed since)")
+    return np.frombuffer(data, np.uint8)
 
 
 def _segment(segments: dict, chunk, parent: int):

@@ -119,15 +119,19 @@ class DecodeWorkers:
 
     name = "cpu"
 
-    def __init__(self, data: np.memmap, workers: int, device: torch.device = torch.device("cpu")):
+    def __init__(self, data: np.memmap | None, workers: int, device: torch.device = torch.device("cpu")):
         why = unavailable()
         if why:
             raise RuntimeError(why)
-        if not isinstance(data, np.memmap) or data.filename is None:
+        if data is not None and (not isinstance(data, np.memmap) or data.filename is None):
             raise RuntimeError("decode workers read the store from its file; these bytes have none")
         self.device, self.size = device, workers
-        self._base, self._nbytes = data.ctypes.data, data.nbytes
-        setup = protocol.WorkerSetup(str(data.filename), int(data.offset), int(data.nbytes), os.getpid())
+        if data is None:  # a folder read in place: each job names its file
+            self._base, self._nbytes = 0, 0
+            setup = protocol.WorkerSetup("", 0, 0, os.getpid())
+        else:
+            self._base, self._nbytes = data.ctypes.data, data.nbytes
+            setup = protocol.WorkerSetup(str(data.filename), int(data.offset), int(data.nbytes), os.getpid())
         env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1",
                    PYTHONPATH=os.pathsep.join([str(Path(gpufeed.__file__).parent.parent),
                                                os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
@@ -188,9 +192,14 @@ class DecodeWorkers:
         except (RuntimeError, OSError) as e:  # no memory to share or page-lock
             self._say(f"no shared buffer for decoded JPEGs ({e})")
             return self._fallback().submit(batch, shapes, reduce_to, regions)
-        begins, ends = self._ranges(batch)
+        if batch.files is None:
+            begins, ends = self._ranges(batch)
+            paths = [None] * len(begins)
+        else:  # read in place: the worker reads the file
+            begins = batch.file_begins
+            ends, paths = begins + (batch.ends - batch.begins), list(batch.files)
         jobs = [protocol.Job(*job) for job in zip(begins.tolist(), ends.tolist(), at.tolist(), capacity.tolist(),
-                                                  reduce_to, regions)]
+                                                  reduce_to, regions, paths)]
         job = _Job(next(self._tickets), segment, at, capacity, batch, reduce_to, regions)
         size = math.ceil(len(jobs) / (2 * len(live)))
         with self._lock:

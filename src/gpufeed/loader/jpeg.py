@@ -29,6 +29,7 @@ from gpufeed.decode.scheduler import DEFAULT, check_decoders, summed
 from gpufeed.decode.base import Encoded, into_pixels
 from gpufeed.decode.workers import DecodeWorkers
 from gpufeed.loader.feeds import Batch, threaded
+from gpufeed.loader.folder import FolderStore
 from gpufeed.loader.stats import stage_range
 
 log = logging.getLogger(__name__)
@@ -50,8 +51,9 @@ class JpegBatcher:
                        if loader.device.type == "cuda" else None)
         self._warned = threading.Event()
         store = loader.store
+        self._folder = isinstance(store, FolderStore)  # read in place: each batch's bytes read from the files
         self._data = loader.tier.images  # the encoded bytes, where the tier keeps them (host memory)
-        self._offsets = np.asarray(store.offsets).view(np.ndarray)
+        self._offsets = None if self._folder else np.asarray(store.offsets).view(np.ndarray)
         self._shapes = np.asarray(store.shapes).view(np.ndarray).astype(np.int64)
         self._labels = store.labels.numpy()
         self._inflight: deque = deque()  # (event, decoded buffers) until the kernels reading them ran
@@ -66,7 +68,7 @@ class JpegBatcher:
         """Host-side bookkeeping is numpy: see `gpufeed.decode.base` for why."""
         t0 = time.perf_counter()
         i = idx.numpy()
-        batch = Encoded.of(self._data, self._offsets, i)
+        batch = self._encoded(i)
         shapes, boxes, labels = self._shapes[i], params.boxes.numpy().copy(), self._labels[i]
         t1 = time.perf_counter()
         self.loader.counters.add("read", t1 - t0, int((batch.ends - batch.begins).sum()))
@@ -96,6 +98,12 @@ class JpegBatcher:
                 images[p] = images[src]
         return images, labels, samples
 
+    def _encoded(self, i: np.ndarray) -> Encoded:
+        if not self._folder:
+            return Encoded.of(self._data, self._offsets, i)
+        buffer, begins, ends, files, at = self.loader.store.read(i)
+        return Encoded(torch.from_numpy(buffer), buffer, begins, ends, files, at)
+
     def _replaced(self, idx: torch.Tensor, params: Params, tries: int = 8
                   ) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
         """A batch none of whose samples decoded (`on_error="skip"`): made of the samples that follow
@@ -116,6 +124,8 @@ class JpegBatcher:
     def _failed(self, idx: torch.Tensor, failed: dict[int, str]) -> None:
         first = min(failed)
         where = f"{self.loader.store.path}: sample {int(idx[first])}"
+        if self._folder:
+            where += f" ({self.loader.store.source(int(idx[first]))})"
         if self.on_error == "raise":
             raise DecodeError(f"{where} cannot be decoded ({failed[first]})")
         self.loader.counters.note(f"{len(failed)} undecodable sample(s) replaced, e.g. {where}")
@@ -268,7 +278,8 @@ def jpeg_pipelines(loader, on_error: str, decoders: tuple[str, ...] | None, work
     pool = None
     if workers and ("cpu" in (decoders or DEFAULT) or loader.device.type != "cuda") and len(loader.store):
         try:
-            pool = DecodeWorkers(loader.store.data, workers, loader.device)
+            data = None if isinstance(loader.store, FolderStore) else loader.store.data
+            pool = DecodeWorkers(data, workers, loader.device)
         except (RuntimeError, OSError) as e:
             log.warning("gpufeed.Loader: CPU JPEG decode in worker processes unavailable (%s); decoding on "
                         "threads, which share the GIL with the training loop (slower)", e)

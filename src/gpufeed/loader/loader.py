@@ -22,6 +22,7 @@ import torch
 from gpufeed.augment.pipeline import Augment
 from gpufeed.loader import tiers
 from gpufeed.loader.fields import batch_dict
+from gpufeed.loader.folder import FolderStore, is_folder_source
 from gpufeed.loader.feeds import Batch, device_feed, host_feed
 from gpufeed.loader.jpeg import JpegPipelines, jpeg_feed, jpeg_pipelines
 from gpufeed.loader.planner import Planner
@@ -70,7 +71,9 @@ class Loader:
     """Iterate `(images, labels)` batches of a gpufeed store on `device`, as a DataLoader would.
 
     Args:
-        store: a `Store` or the path of one (raw or jpeg).
+        store: a `Store` or the path of one (raw or jpeg); or, to read JPEGs in place without packing
+            (an inference or evaluation pass), a folder (ImageFolder or flat), a CSV/JSONL list or
+            uncompressed tar shards (see `loader.folder`).
         batch_size: samples per batch on this rank.
         device: where batches are made and returned ("cuda", "cuda:1", "cpu").
         shuffle: a seeded permutation per epoch (else store order); each batch's samples come in a
@@ -124,7 +127,10 @@ class Loader:
                  gather_threads: int | None = None, on_error: str = "skip", num_workers: int | None = None,
                  decoders: tuple[str, ...] | None = None, restart: bool = False, pad: bool = True,
                  fields: Sequence[str] | None = None):
-        self.store = store if isinstance(store, Store) else Store(store)
+        if isinstance(store, (Store, FolderStore)):
+            self.store = store
+        else:
+            self.store = FolderStore(store) if is_folder_source(store) else Store(store)
         self.fields = tuple(fields) if fields is not None else None
         for name in self.fields or ():
             if name not in ("label", "source", "image"):
@@ -176,6 +182,8 @@ class Loader:
         self.gather.close()
         if self.jpeg is not None:
             self.jpeg.close()
+        if isinstance(self.store, FolderStore):
+            self.store.close()
         self._planner.close()
 
     def __enter__(self) -> Loader:

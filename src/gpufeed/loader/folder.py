@@ -1,0 +1,258 @@
+"""Read JPEGs where they are, without packing: `Loader("folder/")` for a one-off inference or
+evaluation pass.
+
+The source is what `gpufeed.pack` takes (an ImageFolder tree or a flat folder, a CSV/JSONL list),
+or uncompressed tar shards, whose members are read at their offsets. An index says where each
+image's bytes are, its size (from its header) and its label; it is built once and cached beside
+the source (or under ~/.cache/gpufeed where that is read-only), and a later open reads only the
+headers of files that changed. Each batch's bytes are then read into one buffer on threads and go
+to the same decoders as a jpeg store's (decode workers read their share from the files themselves).
+
+Served are the images those decoders read as they read a store's: baseline JPEGs, RGB or gray,
+without an EXIF rotation. Anything else (PNG, progressive or CMYK JPEGs, turned photos) is
+skipped with its reason, said once in a warning: packing decodes any image, turns it upright and
+re-encodes it.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import io
+import json
+import logging
+import os
+import tarfile
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image, ImageOps
+
+from gpufeed.packing.sources import Item, Skip, SourceError, open_source
+from gpufeed.store.format import MANIFEST
+
+log = logging.getLogger(__name__)
+INDEX_VERSION = 1
+HEADER_BYTES = 1 << 18  # enough for a JPEG's markers up to its frame header, EXIF thumbnails included
+JPEG_EXTS = (".jpg", ".jpeg")
+
+
+@dataclass
+class _Listed:
+    """One image of the source: its name (path, or shard:key), the file holding it, where in it."""
+
+    name: str
+    file: str
+    begin: int
+    size: int
+    label: int
+
+
+def is_folder_source(path: str | os.PathLike) -> bool:
+    """Whether `path` names something to read in place rather than a store."""
+    text = os.fspath(path)
+    p = Path(text)
+    if glob.has_magic(text) or text.lower().endswith((".csv", ".jsonl", ".tar", ".tar.gz", ".tgz")):
+        return True
+    return p.is_dir() and not (p / MANIFEST).exists()
+
+
+class FolderStore:
+    """The images of a folder, list or tar shards, read in place: what a `Loader` needs of a jpeg
+    store (len, labels, classes, shapes, sources, and `read` for a batch's bytes)."""
+
+    mode = "jpeg"
+    image_shape = None
+    fields: dict = {}
+
+    def __init__(self, source: str | os.PathLike, threads: int | None = None):
+        self.path = Path(os.fspath(source))
+        self._pool = ThreadPoolExecutor(threads or min(16, 4 * (os.cpu_count() or 1)),
+                                        thread_name_prefix="gpufeed-folder")
+        listed, self.classes, skipped = _list(os.fspath(source))
+        cache_path = _cache_path(self.path)
+        cached = _load(cache_path)
+        stats = {f: _stat(f) for f in {x.file for x in listed}}
+        keys = [f"{x.name}|{stats[x.file]}" for x in listed]
+        fresh = [k for k, key in enumerate(keys) if key not in cached]
+        for k, found in zip(fresh, self._pool.map(lambda k: _header(listed[k]), fresh)):
+            cached[keys[k]] = found
+        if fresh:
+            _save(cache_path, {key: cached[key] for key in keys})
+        kept = [k for k, key in enumerate(keys) if isinstance(cached[key], list)]
+        self.skipped = skipped + [{"path": listed[k].name, "reason": cached[keys[k]]}
+                                  for k in range(len(listed)) if not isinstance(cached[keys[k]], list)]
+        if self.skipped:
+            shown = "; ".join(f"{s['path']}: {s['reason']}" for s in self.skipped[:3])
+            log.warning("gpufeed: %s: %d file(s) not read in place (%s%s); `gpufeed pack` it to read every image",
+                        self.path, len(self.skipped), shown, " ..." if len(self.skipped) > 3 else "")
+        if not kept:
+            raise SourceError(f"{self.path}: no JPEG this loader can read in place (and not a gpufeed store)")
+        self._names = [listed[k].name for k in kept]
+        self._files = sorted({listed[k].file for k in kept})
+        where = {f: n for n, f in enumerate(self._files)}
+        self._file_of = np.array([where[listed[k].file] for k in kept], np.int64)
+        self._begins = np.array([listed[k].begin for k in kept], np.int64)
+        found = np.array([cached[keys[k]] for k in kept], np.int64).reshape(-1, 3)
+        self.shapes, self._sizes = found[:, :2], found[:, 2].copy()
+        self._labels = np.array([listed[k].label for k in kept], np.int64)
+
+    @property
+    def labels(self) -> torch.Tensor:
+        return torch.from_numpy(self._labels)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self._sizes.sum())
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def source(self, i: int) -> str:
+        """Where sample `i` is: its path, or `shard.tar:key`."""
+        return self._names[i]
+
+    def column(self, name: str):
+        raise KeyError(f"{self.path}: no field {name!r} (a folder read in place has: label, source)")
+
+    def read(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The bytes of images `indices` back to back, read on threads: (buffer, begins, ends in it,
+        each image's file, where it starts there). An image whose file can't be read is left empty
+        (its decoder then fails and the loader replaces it, as for a damaged store)."""
+        sizes = self._sizes[indices]
+        ends = np.cumsum(sizes)
+        begins = ends - sizes
+        buffer = np.empty(int(ends[-1]) if len(ends) else 0, np.uint8)
+        files = np.array(self._files, dtype=object)[self._file_of[indices]]
+        at = self._begins[indices]
+
+        def one(k: int) -> None:
+            view = memoryview(buffer)[int(begins[k]) : int(ends[k])]
+            try:
+                fd = os.open(files[k], os.O_RDONLY)
+                try:
+                    got = os.preadv(fd, [view], int(at[k]))
+                finally:
+                    os.close(fd)
+            except OSError:
+                got = 0
+            if got < len(view):
+                view[:] = b"\0" * len(view)  # changed since indexed: undecodable, replaced
+
+        list(self._pool.map(one, range(len(indices))))
+        return buffer, begins, ends, files, at
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False)
+
+    def __repr__(self) -> str:
+        return f"FolderStore({str(self.path)!r}, count={len(self)})"
+
+
+def _list(source: str) -> tuple[list[_Listed], list[str], list[dict]]:
+    """The source's images (tar members at their offsets), its classes, and what it skipped."""
+    lower = source.lower()
+    if glob.has_magic(source) or lower.endswith(".tar"):
+        return _list_tars(sorted(glob.glob(source)) if glob.has_magic(source) else [source])
+    if lower.endswith((".tar.gz", ".tgz")):
+        raise SourceError(f"{source}: a compressed tar can't be read in place; `gpufeed pack` it")
+    src = open_source(source)
+    listed, skipped = [], []
+    for entry in src.entries:
+        if isinstance(entry, Skip):
+            if entry.fatal:
+                skipped.append({"path": entry.name, "reason": entry.reason})
+        elif isinstance(entry, Item) and entry.path is not None:
+            listed.append(_Listed(entry.name, entry.path, 0, -1, entry.label))
+    return listed, src.classes, skipped
+
+
+def _list_tars(shards: list[str]) -> tuple[list[_Listed], list[str], list[dict]]:
+    listed, skipped = [], []
+    for shard in shards:
+        try:
+            with tarfile.open(shard, mode="r:") as tar:
+                members: dict[str, dict[str, tarfile.TarInfo]] = {}
+                for m in tar:
+                    if m.isfile() and not os.path.basename(m.name).startswith("."):
+                        stem, _, ext = os.path.basename(m.name).partition(".")
+                        members.setdefault(os.path.join(os.path.dirname(m.name), stem), {})[ext.lower()] = m
+                for key, parts in members.items():
+                    image = next((parts[e] for e in ("jpg", "jpeg") if e in parts), None)
+                    name = f"{shard}:{key}"
+                    if image is None:
+                        skipped.append({"path": name, "reason": "no .jpg member"})
+                        continue
+                    label = -1
+                    if "cls" in parts:
+                        text = tar.extractfile(parts["cls"]).read().decode("utf-8", "replace").strip()
+                        label = int(text) if text.lstrip("-").isdigit() else -1
+                    listed.append(_Listed(name, shard, image.offset_data, image.size, label))
+        except (OSError, tarfile.TarError) as e:
+            raise SourceError(f"{shard}: not an uncompressed tar this loader can read in place ({e})") from None
+    return listed, [], skipped
+
+
+def _stat(path: str) -> str:
+    try:
+        st = os.stat(path)
+        return f"{st.st_size}:{st.st_mtime_ns}"
+    except OSError:
+        return "missing"
+
+
+def _header(x: _Listed) -> list[int] | str:
+    """[height, width, bytes] of a JPEG the decoders read as they read a store's, else why not."""
+    if not x.file.lower().endswith(JPEG_EXTS) and x.size < 0:
+        return "not a JPEG file (.jpg, .jpeg)"
+    try:
+        with open(x.file, "rb") as f:
+            size = x.size if x.size >= 0 else os.fstat(f.fileno()).st_size
+            f.seek(x.begin)
+            head = f.read(min(size, HEADER_BYTES))
+        img = Image.open(io.BytesIO(head))
+        if img.format != "JPEG":
+            return f"a {img.format} image, not a JPEG"
+        if img.info.get("progressive") or img.info.get("progression"):
+            return "a progressive JPEG"
+        if img.mode not in ("RGB", "L"):
+            return f"a {img.mode} JPEG (RGB or gray are read in place)"
+        if img.getexif().get(ImageOps.ExifTags.Base.Orientation, 1) != 1:
+            return "an EXIF-rotated photo (packing turns it upright)"
+        w, h = img.size
+        return [h, w, size]
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
+        return f"unreadable: {e}"
+
+
+def _cache_path(source: Path) -> Path:
+    """Beside the source where it is writable, else in the user's cache."""
+    source = source.absolute()
+    beside = source / ".gpufeed-index.json" if source.is_dir() else source.parent / f".{source.name}.gpufeed-index.json"
+    if os.access(beside.parent, os.W_OK):
+        return beside
+    home = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gpufeed"
+    return home / f"index-{hashlib.sha1(str(source).encode()).hexdigest()[:16]}.json"
+
+
+def _load(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+        return data["entries"] if data.get("version") == INDEX_VERSION else {}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
+
+
+def _save(path: Path, entries: dict) -> None:
+    """Write the index atomically; a cache that can't be written is only slower next time."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=".gpufeed-index-", delete=False) as f:
+            json.dump({"version": INDEX_VERSION, "entries": entries}, f)
+        os.replace(f.name, path)
+    except OSError as e:
+        log.info("gpufeed: no index cache written for a folder read in place (%s)", e)

@@ -1,0 +1,139 @@
+"""Reading JPEGs in place (`Loader("folder/")`): the same batches as a store packed from the same
+files with their bytes kept, from folders, lists and tar shards, on threads and in decode workers;
+what can't be read in place is skipped with its reason; the header index is cached and refreshed."""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import tarfile
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import gpufeed
+from gpufeed.augment import Normalize, RandomResizedCrop
+from gpufeed.loader import folder
+from gpufeed.loader.jpeg import DecodeError
+from gpufeed.packing.sources import SourceError
+from gpufeed.synth import natural_image
+
+OPS = [RandomResizedCrop(24, scale=(0.3, 1)), Normalize()]
+
+
+def _jpegs(root, n=16, seed=0):
+    rng = np.random.default_rng(seed)
+    for k in range(n):
+        path = root / f"c{k % 2}" / f"{k:02d}.jpg"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(natural_image(rng, 30 + k, 40, k)).save(path, quality=90)
+    return root
+
+
+def _same_batches(a, b):
+    count = 0
+    for x, y in zip(a, b):
+        assert torch.equal(x["image"], y["image"]) and torch.equal(x["label"], y["label"])
+        assert x["source"] == y["source"]
+        count += 1
+    assert count == len(a) == len(b) > 0
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_folder_gives_the_batches_of_its_packed_store(tmp_path, workers):
+    _jpegs(tmp_path / "img")
+    gpufeed.pack(tmp_path / "img", tmp_path / "store", mode="jpeg", reencode=False, progress=False, workers=1)
+    make = lambda path: gpufeed.Loader(path, batch_size=4, device="cpu", augment=OPS, num_workers=workers,  # noqa: E731
+                                       seed=3, fields=("label", "source"))
+    in_place, packed = make(tmp_path / "img"), make(tmp_path / "store")
+    assert isinstance(in_place.store, folder.FolderStore) and in_place.tier.name == "files"
+    assert in_place.store.classes == ["c0", "c1"]
+    _same_batches(in_place, packed)
+    in_place.close()
+    packed.close()
+
+
+def test_tar_shards_and_lists_are_read_in_place(tmp_path):
+    _jpegs(tmp_path / "img", n=8)
+    with tarfile.open(tmp_path / "shard.tar", "w") as tar:
+        for k, path in enumerate(sorted((tmp_path / "img").rglob("*.jpg"))):
+            for ext, data in (("jpg", path.read_bytes()), ("cls", str(k % 3).encode())):
+                info = tarfile.TarInfo(f"s{k:02d}.{ext}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    gpufeed.pack(tmp_path / "shard.tar", tmp_path / "tar-store", mode="jpeg", reencode=False, progress=False,
+                 workers=1)
+    make = lambda path: gpufeed.Loader(path, batch_size=4, device="cpu", augment=OPS, num_workers=0,  # noqa: E731
+                                       fields=("label", "source"))
+    _same_batches(make(tmp_path / "shard.tar"), make(tmp_path / "tar-store"))
+    (tmp_path / "list.csv").write_text("".join(f"img/c{k % 2}/{k:02d}.jpg,{k % 2}\n" for k in range(8)))
+    listed = make(tmp_path / "list.csv")
+    assert len(listed.store) == 8 and listed.store.source(3).endswith("img/c1/03.jpg")
+    with tarfile.open(tmp_path / "s.tar.gz", "w:gz"):
+        pass
+    with pytest.raises(SourceError, match="compressed tar can't be read in place"):
+        make(tmp_path / "s.tar.gz")
+
+
+def test_what_the_decoders_cannot_read_in_place_is_skipped_with_its_reason(tmp_path, caplog):
+    root = _jpegs(tmp_path / "img", n=8)
+    rng = np.random.default_rng(1)
+    pixels = natural_image(rng, 32, 32, 0)
+    Image.fromarray(pixels).save(root / "c0" / "png.png")
+    Image.fromarray(pixels).save(root / "c0" / "prog.jpg", progressive=True)
+    Image.fromarray(pixels).convert("CMYK").save(root / "c0" / "cmyk.jpg")
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    Image.fromarray(pixels).save(root / "c0" / "turned.jpg", exif=exif)
+    (root / "c1" / "broken.jpg").write_bytes(b"not a jpeg")
+    with caplog.at_level(logging.WARNING, logger="gpufeed"):
+        loader = gpufeed.Loader(root, batch_size=4, device="cpu", augment=OPS, num_workers=0)
+    reasons = {os.path.basename(s["path"]): s["reason"] for s in loader.store.skipped}
+    assert len(loader.store) == 8 and set(reasons) == {"png.png", "prog.jpg", "cmyk.jpg", "turned.jpg", "broken.jpg"}
+    assert "not a JPEG" in reasons["png.png"] and "progressive" in reasons["prog.jpg"]
+    assert "CMYK" in reasons["cmyk.jpg"] and "EXIF" in reasons["turned.jpg"] and "unreadable" in reasons["broken.jpg"]
+    assert "5 file(s) not read in place" in caplog.text and "gpufeed pack" in caplog.text
+    assert sum(len(y) for _, y in loader) == 8
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SourceError, match="no JPEG"):
+        gpufeed.Loader(tmp_path / "empty", batch_size=4, device="cpu", augment=OPS)
+
+
+def test_the_index_is_cached_and_refreshed_for_changed_files(tmp_path, monkeypatch):
+    root = _jpegs(tmp_path / "img", n=8)
+    calls = []
+    real = folder._header
+    monkeypatch.setattr(folder, "_header", lambda x: calls.append(x.name) or real(x))
+    folder.FolderStore(root).close()
+    assert len(calls) == 8 and (root / ".gpufeed-index.json").is_file()
+    calls.clear()
+    folder.FolderStore(root).close()
+    assert calls == []
+    rng = np.random.default_rng(9)
+    Image.fromarray(natural_image(rng, 50, 44, 0)).save(root / "c0" / "02.jpg")
+    store = folder.FolderStore(root)
+    k = next(i for i in range(len(store)) if store.source(i).endswith("c0/02.jpg"))
+    assert [os.path.basename(c) for c in calls] == ["02.jpg"] and tuple(store.shapes[k]) == (50, 44)
+
+
+def test_a_read_only_folder_caches_its_index_in_the_users_cache(tmp_path, monkeypatch):
+    root = _jpegs(tmp_path / "img", n=4)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(folder.os, "access", lambda path, mode: False)
+    folder.FolderStore(root).close()
+    assert not (root / ".gpufeed-index.json").exists()
+    assert len(list((tmp_path / "cache" / "gpufeed").glob("index-*.json"))) == 1
+
+
+def test_a_file_gone_after_indexing_is_replaced_or_raises(tmp_path):
+    root = _jpegs(tmp_path / "img", n=8)
+    loader = gpufeed.Loader(root, batch_size=4, device="cpu", augment=OPS, num_workers=0, shuffle=False)
+    (root / "c1" / "03.jpg").write_bytes(b"")
+    assert sum(len(y) for _, y in loader) == 8 and loader.stats()["decoded_by"]["failed"] == 1
+    strict = gpufeed.Loader(root, batch_size=4, device="cpu", augment=OPS, num_workers=0, on_error="raise")
+    (root / "c1" / "05.jpg").unlink()
+    with pytest.raises(DecodeError, match="05.jpg"):
+        list(strict)
