@@ -4,7 +4,8 @@ A torchvision ResNet (random init, bf16 autocast, channels_last, SGD with moment
 trained for `--steps` steps after `--warmup` steps, fed by each row; every row runs in a process of
 its own, and the rows are interleaved over `--rounds` rounds, so host drift hits every row alike.
 Rows: `synthetic` (one batch already on the GPU: the ceiling), `raw` (a raw store), `jpeg` (a jpeg
-store, the Loader's defaults; `jpeg:KEY=VALUE,...` passes Loader arguments; rows are separated by `;`), `dataloader` (torch
+store, the Loader's defaults; `jpeg:KEY=VALUE,...` passes Loader arguments, and `policy=randaugment`
+(or trivialaugment, autoaugment) adds that policy to the recipe; rows are separated by `;`), `dataloader` (torch
 DataLoader over the image folder, PIL, uint8 to the GPU, normalized there), `dali` (when nvidia-dali
 is installed: a benchmark-only import).
 
@@ -33,10 +34,22 @@ from pathlib import Path
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
-def _ops():
-    from gpufeed.augment import Normalize, RandomHorizontalFlip, RandomResizedCrop
+def _ops(policy: str | None = None):
+    """The training recipe: crop, flip, normalize; `policy` ("randaugment", "trivialaugment",
+    "autoaugment") adds that policy after the flip, as torchvision's and timm's recipes do."""
+    from gpufeed import augment as A
 
-    return [RandomResizedCrop(224), RandomHorizontalFlip(), Normalize(MEAN, STD)]
+    policies = {None: [], "randaugment": [A.RandAugment(2, 9)], "trivialaugment": [A.TrivialAugmentWide()],
+                "autoaugment": [A.AutoAugment("imagenet")]}
+    return [A.RandomResizedCrop(224), A.RandomHorizontalFlip(), *policies[policy], A.Normalize(MEAN, STD)]
+
+
+# row settings that are no Loader argument: (module, attribute) set before the Loader is built
+KNOBS = {
+    "pipelines": ("gpufeed.loader.jpeg", "PIPELINES_ON_GPU", int),  # JPEG pipelines per loader
+    "priority": ("gpufeed.decode.scheduler", "STREAM_PRIORITY", int),  # CUDA priority of the JPEG path's streams
+    "turns": ("gpufeed.loader.jpeg", "GPU_DECODES_TAKE_TURNS", bool),  # several pipelines' GPU decodes take turns
+}
 
 
 def _value(text: str):
@@ -72,19 +85,15 @@ def feeder(row: str, work: Path, batch: int):
         interference.start(spec.split(",")[0], rate=float(kwargs.get("rate", 50)))
         return feeder("synthetic", work, batch)
     if name in ("raw", "jpeg"):
+        import importlib
+
         import gpufeed
-        import gpufeed.loader.jpeg
 
-        if "pipelines" in kwargs:  # a comparison of the pipeline count, which is no Loader argument
-            gpufeed.loader.jpeg.PIPELINES_ON_GPU = kwargs.pop("pipelines")
-        if "priority" in kwargs:  # CUDA priority of the JPEG path's streams (negative: ahead of the model's)
-            import gpufeed.decode.scheduler
-
-            gpufeed.decode.scheduler.STREAM_PRIORITY = int(kwargs.pop("priority"))
-        if "turns" in kwargs:  # whether several pipelines' GPU decodes take turns (1) or run at once (0)
-            gpufeed.loader.jpeg.GPU_DECODES_TAKE_TURNS = bool(kwargs.pop("turns"))
-
-        loader = gpufeed.Loader(work / name, batch_size=batch, device="cuda", augment=_ops(), **kwargs)
+        for key, (module, attribute, cast) in KNOBS.items():
+            if key in kwargs:
+                setattr(importlib.import_module(module), attribute, cast(kwargs.pop(key)))
+        ops = _ops(kwargs.pop("policy", None))
+        loader = gpufeed.Loader(work / name, batch_size=batch, device="cuda", augment=ops, **kwargs)
         built = time.perf_counter() - t0
 
         def it():
