@@ -149,3 +149,26 @@ def test_random_crop_padding_modes_match_torchvision(batch, mode):
         padded = F.pad(chw(batch, k), [4, 6, 2, 5], padding_mode=mode)
         want = F.crop(padded, int(top[k]), int(left[k]), H, W).float()
         assert torch.equal(out[k].round(), want), (mode, k)
+
+
+@pytest.mark.parametrize("ops", [
+    [RandomResizedCrop(20, scale=(0.5, 1)), RandomVerticalFlip(), Normalize()],
+    [RandomResizedCrop(20, scale=(0.5, 1)), RandomHorizontalFlip(), RandomRotation(20), Normalize()],
+], ids=["flips-only", "warp"])
+def test_the_gpu_tail_after_the_kernel_gives_the_cpu_batch(batch, ops):
+    """What the raw and jpeg GPU paths do after their resampling kernel (`kernel_output`, `complete`),
+    fed what the kernel writes, equals the CPU path; and the stream hand-over covers every tensor."""
+    from torchvision.ops import roi_align
+
+    aug = Augment(ops)
+    params = aug.sample(N, H, W, torch.Generator().manual_seed(11))
+    want = aug.apply(batch, params, torch.float32)
+    out_dtype, channels_last, scale, shift = aug.kernel_output(params, torch.float32, False, torch.device("cpu"))
+    y = roi_align(batch.permute(0, 3, 1, 2).float(), torch.cat([torch.arange(N)[:, None].float(), params.boxes], 1),
+                  params.out_hw, spatial_scale=1.0, sampling_ratio=-1, aligned=True)
+    y = torch.where(params.flip.view(-1, 1, 1, 1).bool(), y.flip(3), y)
+    written = (y * scale.view(1, 3, 1, 1) + shift.view(1, 3, 1, 1)).to(out_dtype)  # the kernel's output
+    assert torch.allclose(aug.complete(written, params, torch.float32, False), want, atol=1e-4)
+    tensors = {id(t) for t in params.tensors()}
+    assert id(params.boxes) in tensors and (params.vflip is None or id(params.vflip) in tensors)
+    assert params.warp is None or id(params.warp.matrices) in tensors

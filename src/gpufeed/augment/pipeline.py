@@ -46,6 +46,11 @@ class Params:
     warp: Warp | None = None  # the warp pass after the box pass (out_hw is then the box pass's size)
     choices: torch.Tensor | None = None  # (N, slots) int8: a policy's ops, kept on the host
 
+    def tensors(self) -> list[torch.Tensor]:
+        """The tensors of the parameters (what a stream hand-over must cover); not the host-side choices."""
+        found = [self.boxes, self.flip, self.pixel, self.vflip, None if self.warp is None else self.warp.matrices]
+        return [t for t in found if t is not None]
+
     @property
     def final_hw(self) -> tuple[int, int]:
         return self.warp.out_hw if self.warp is not None else self.out_hw
