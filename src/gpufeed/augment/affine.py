@@ -17,6 +17,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as tf
 
+from gpufeed.augment.colour import constant
 from gpufeed.augment.view import Resampling, View, fill_tuple
 
 
@@ -231,7 +232,7 @@ def warp(y: torch.Tensor, w: Warp) -> tuple[torch.Tensor, Filled | None]:
     grid = torch.stack([px[0] * (2 / wd) - 1, py[0] * (2 / h) - 1], -1)
     mode = w.resampling.interpolation or "nearest"
     out = tf.grid_sample(y, grid, mode=mode, padding_mode="zeros", align_corners=False)
-    fill = torch.tensor(w.resampling.fill or (0.0,), dtype=y.dtype, device=y.device).view(1, -1, 1, 1)
+    fill = constant(w.resampling.fill or (0.0,), y.device, y.dtype)
     inside = [_inside(px[k], py[k], w.sizes[k], mode)[:, None] for k in range(len(w.sizes))]
     first = 0 if w.resampling.fill is not None else 1  # no fill: the sampler's zero padding, as torchvision
     filled = Filled(math.prod(inside[1:], start=inside[0]), fill, mode)

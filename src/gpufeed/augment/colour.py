@@ -6,13 +6,23 @@ policies in `policies` call them on whole batches or on the samples that drew an
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 GRAY = (0.2989, 0.587, 0.114)
 
 
+@functools.lru_cache(maxsize=64)
+def constant(values: tuple[float, ...], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """A (1, len(values), 1, 1) tensor on `device`, made once: a tensor built from Python numbers per
+    batch is a blocking host-to-device copy, which would wait for every kernel queued on the stream.
+    Shared: never write to it."""
+    return torch.tensor(values, dtype=dtype).view(1, -1, 1, 1).to(device)
+
+
 def gray(y: torch.Tensor) -> torch.Tensor:
-    return (y * torch.tensor(GRAY, device=y.device, dtype=y.dtype).view(1, 3, 1, 1)).sum(1, keepdim=True)
+    return (y * constant(GRAY, y.device, y.dtype)).sum(1, keepdim=True)
 
 
 def _per_sample(f: torch.Tensor | float, y: torch.Tensor) -> torch.Tensor | float:

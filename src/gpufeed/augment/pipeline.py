@@ -19,6 +19,7 @@ import torch
 from torchvision.ops import roi_align
 
 from gpufeed.augment.affine import Filled, RandomAffine, RandomRotation, Warp, warp
+from gpufeed.augment.colour import constant
 from gpufeed.augment.mix import BATCH_OPS
 from gpufeed.augment.ops import (CenterCrop, Normalize, RandomCrop, RandomHorizontalFlip, RandomResizedCrop,
                                  RandomVerticalFlip, Resize)
@@ -253,6 +254,6 @@ def finish(y: torch.Tensor, dtype: torch.dtype, normalize: Normalize | None, cha
         return y.round_().clamp_(0, 255).to(torch.uint8, memory_format=fmt)
     if normalize is None:
         return (y * (1 / 255)).to(dtype, memory_format=fmt)
-    std = torch.tensor(normalize.std, device=y.device).view(1, 3, 1, 1)
-    mean = torch.tensor(normalize.mean, device=y.device).view(1, 3, 1, 1)
+    std = constant(tuple(normalize.std), y.device, torch.float32)
+    mean = constant(tuple(normalize.mean), y.device, torch.float32)
     return torch.addcmul(-mean / std, y, 1 / (255 * std)).to(dtype, memory_format=fmt)

@@ -254,7 +254,8 @@ class RandomErasing:
         rows = torch.arange(h, device=y.device).view(1, 1, h, 1)
         columns = torch.arange(w, device=y.device).view(1, 1, 1, w)
         inside = (rows >= top) & (rows < top + eh) & (columns >= left) & (columns < left + ew)
-        value = torch.as_tensor(self.value, dtype=y.dtype, device=y.device).reshape(1, -1, 1, 1)
+        values = self.value if isinstance(self.value, (tuple, list)) else (self.value,)
+        value = colour.constant(tuple(float(v) for v in values), y.device, y.dtype)
         return torch.where(inside, value.expand(1, c, 1, 1), y)
 
 
