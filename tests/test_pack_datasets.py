@@ -108,10 +108,16 @@ def test_torchvision_fake_data(tmp_path):
 def test_a_hugging_face_dataset(tmp_path):
     import datasets
 
-    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=["cat", "dog"])})
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=["cat", "dog"]),
+                                  "caption": datasets.Value("string"), "score": datasets.Value("float32")})
     ds = datasets.Dataset.from_dict({"image": [Image.fromarray(smooth(i, 16, 12)) for i in range(4)],
-                                     "label": [0, 1, 1, 0]}, features=features)
+                                     "label": [0, 1, 1, 0], "caption": [f"c{i}" for i in range(4)],
+                                     "score": [0.5 * i for i in range(4)]}, features=features)
     gpufeed.pack(ds, tmp_path / "s", size=12, workers=2, progress=False)
     store = gpufeed.open(tmp_path / "s")
     assert store.classes == ["cat", "dog"] and store.labels.tolist() == [0, 1, 1, 0]
     assert store.source(2) == "Dataset[2]"
+    assert store.fields == {"caption": {"kind": "str"}, "score": {"kind": "float"}}  # the other columns
+    assert store.field("caption", 3) == "c3" and store.field("score", 3) == 1.5
+    gpufeed.pack(ds.with_format("numpy"), tmp_path / "n", size=12, workers=2, progress=False)
+    assert gpufeed.open(tmp_path / "n").field("score", 2) == 1.0
