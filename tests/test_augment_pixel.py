@@ -82,6 +82,23 @@ def test_random_erasing_matches_torchvision_and_draws_like_it(batch):
         assert torch.equal(got[k], want), k
 
 
+def test_random_erasing_with_noise_is_normal_inside_and_replayed_from_the_plan():
+    aug = Augment([RandomErasing(p=1.0, scale=(0.3, 0.33), value="random")])
+    params = aug.sample(8, 64, 64, torch.Generator().manual_seed(4))
+    assert params.seeds is not None and len(set(params.seeds.tolist())) == 8
+    images = torch.full((8, 64, 64, 3), 128, dtype=torch.uint8)
+    out = aug.apply(images, params, torch.float32)
+    again = aug.apply(images, params, torch.float32)
+    assert torch.equal(out, again)  # the same batch, the same noise
+    erased = out != 128 / 255
+    noise = out[erased]
+    assert 0.28 < erased.float().mean() < 0.36 and abs(float(noise.mean())) < 0.05 and 0.9 < float(noise.std()) < 1.1
+    other = aug.apply(images[:7], params.rows(1, 8, False), torch.float32)  # another batch: its own noise
+    assert not torch.equal(other[0], out[1])
+    with pytest.raises(ValueError, match="'random'"):
+        RandomErasing(value="noise")
+
+
 def test_ops_in_a_chain_and_in_the_loader_with_a_callable_of_the_users(tmp_path):
     from PIL import Image
 

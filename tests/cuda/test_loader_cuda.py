@@ -124,3 +124,12 @@ def test_warps_flips_and_policies_agree_on_gpu_and_cpu(store, ops_name):
         assert (g.cpu() - c).abs().mean() < 2e-2  # nearest sampling may pick the neighbour at ties
     gpu.close()
     cpu.close()
+
+
+def test_random_erasing_noise_on_gpu_is_replayed_and_normal(store):
+    from gpufeed.augment import RandomErasing
+
+    ops = [RandomResizedCrop(28), Normalize(), RandomErasing(p=1.0, value="random")]
+    first = next(iter(gpufeed.Loader(store, batch_size=32, device="cuda", cache="gpu", augment=ops, seed=2)))[0]
+    again = next(iter(gpufeed.Loader(store, batch_size=32, device="cuda", cache="gpu", augment=ops, seed=2)))[0]
+    assert torch.equal(first, again) and first.is_cuda

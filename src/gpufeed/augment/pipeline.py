@@ -46,6 +46,7 @@ class Params:
     vflip: torch.Tensor | None = None  # (N,) uint8, 1 = upside down; None: no op flips vertically
     warp: Warp | None = None  # the warp pass after the box pass (out_hw is then the box pass's size)
     choices: torch.Tensor | None = None  # (N, slots) int8: a policy's ops, kept on the host
+    seeds: torch.Tensor | None = None  # (N,) int64 on the host: seeds a batch's random erasing noise
 
     def tensors(self) -> list[torch.Tensor]:
         """The tensors of the parameters (what a stream hand-over must cover); not the host-side choices."""
@@ -60,14 +61,15 @@ class Params:
         """Samples a..b (a batch of an epoch's parameters)."""
         cut = lambda t: None if t is None else t[a:b]  # noqa: E731
         return Params(self.boxes[a:b], self.flip[a:b], self.out_hw, self.identity, cut(self.pixel), any_flip,
-                      cut(self.vflip), None if self.warp is None else self.warp.rows(a, b), cut(self.choices))
+                      cut(self.vflip), None if self.warp is None else self.warp.rows(a, b), cut(self.choices),
+                      cut(self.seeds))
 
     def take(self, rows: torch.Tensor) -> Params:
         """The parameters of samples `rows` (host int64 positions), in that order."""
         pick = lambda t: None if t is None else t[rows]  # noqa: E731
         warp = None if self.warp is None else replace(self.warp, matrices=self.warp.matrices[:, rows])
         return replace(self, boxes=self.boxes[rows], flip=self.flip[rows], pixel=pick(self.pixel),
-                       vflip=pick(self.vflip), warp=warp, choices=pick(self.choices))
+                       vflip=pick(self.vflip), warp=warp, choices=pick(self.choices), seeds=pick(self.seeds))
 
     def to(self, device: torch.device | str, non_blocking: bool = False, boxes: bool = True) -> Params:
         """On `device` (the boxes and horizontal flips stay where they are unless `boxes`)."""
@@ -132,8 +134,10 @@ class Augment:
             matrices = torch.stack([b.matrix[:, :2] for b in view.bounds]).float()
             warp = Warp(matrices, [b.hw for b in view.bounds], out_hw, view.resampling, self.policy is not None)
         vflip = None if view.vflip is None else view.vflip.to(torch.uint8)
+        noisy = any(getattr(op, "noise", False) for op in self.after)
+        seeds = torch.randint(0, 2**62, (n,), generator=g) if noisy else None
         return Params(view.boxes.float(), view.flip.to(torch.uint8), box_hw, identity, pixel, bool(view.flip.any()),
-                      vflip, warp, choices)
+                      vflip, warp, choices, seeds)
 
     def _columns(self, pixel: torch.Tensor) -> dict[int, torch.Tensor]:
         """Each random op's columns of `pixel`, by the op's id."""
@@ -153,11 +157,12 @@ class Augment:
                 y = op.apply(y, columns[id(op)])
         return y
 
-    def after_ops(self, y: torch.Tensor, pixel: torch.Tensor | None) -> torch.Tensor:
+    def after_ops(self, y: torch.Tensor, params: Params) -> torch.Tensor:
         """RandomErasing and the user's callables, in order, on the finished batch."""
-        columns = self._columns(pixel) if pixel is not None else {}
+        columns = self._columns(params.pixel) if params.pixel is not None else {}
+        seed = None if params.seeds is None or not len(params.seeds) else int(params.seeds[0])
         for op in self.after:
-            y = op.apply(y, columns[id(op)]) if isinstance(op, AFTER_NORMALIZE) else op(y)
+            y = op.apply(y, columns[id(op)], seed) if isinstance(op, AFTER_NORMALIZE) else op(y)
         return y
 
     def finish(self, y: torch.Tensor, params: Params, dtype: torch.dtype, channels_last: bool) -> torch.Tensor:
@@ -169,7 +174,7 @@ class Augment:
             y, filled = warp(y, params.warp)
         if self.colour:
             y = self.colour_ops(y, params, filled)
-        return self.after_ops(finish(y, dtype, self.normalize, channels_last), params.pixel)
+        return self.after_ops(finish(y, dtype, self.normalize, channels_last), params)
 
     def kernel_output(self, params: Params, dtype: torch.dtype, channels_last: bool,
                       device: torch.device) -> tuple[torch.dtype, bool, torch.Tensor, torch.Tensor]:
@@ -183,7 +188,7 @@ class Augment:
         """The rest of the chain after a kernel wrote what `kernel_output` asked for."""
         if self.colour or params.warp is not None:
             return self.finish(y * 255, params, dtype, channels_last)
-        return self.after_ops(flip_rows(y, params.vflip), params.pixel)
+        return self.after_ops(flip_rows(y, params.vflip), params)
 
     def apply(self, images: torch.Tensor, params: Params, dtype: torch.dtype = torch.float32,
               channels_last: bool = False, index: torch.Tensor | None = None) -> torch.Tensor:

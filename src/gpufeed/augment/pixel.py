@@ -218,8 +218,10 @@ class GaussianBlur:
 @dataclass
 class RandomErasing:
     """Erase a random box of each sample (area fraction in `scale`, aspect in `ratio`) with
-    probability `p`, filling it with `value` (a number or one per channel, on the output scale:
-    after Normalize). Comes after Normalize, as in torchvision."""
+    probability `p`, filling it with `value`: a number or one per channel, on the output scale
+    (after Normalize), or "random" for standard normal noise per pixel, as torchvision does (drawn
+    from a seed in the epoch plan: a batch gets the same noise again on the same kind of device, but
+    CPU and GPU generators differ). Comes after Normalize, as in torchvision."""
 
     p: float = 0.5
     scale: tuple[float, float] = (0.02, 0.33)
@@ -229,8 +231,12 @@ class RandomErasing:
     width = 4  # top, left, height, width (height 0: nothing erased)
 
     def __post_init__(self):
-        if isinstance(self.value, str):
-            raise ValueError("RandomErasing value='random' is not supported; give a number or one per channel")
+        if isinstance(self.value, str) and self.value != "random":
+            raise ValueError(f"RandomErasing value must be a number, one per channel or 'random', got {self.value!r}")
+
+    @property
+    def noise(self) -> bool:
+        return self.value == "random"
 
     def draw(self, n: int, hw: tuple[int, int], g: torch.Generator) -> torch.Tensor:
         h, w = hw
@@ -248,12 +254,15 @@ class RandomErasing:
         box = torch.stack([top, left, eh, ew], 1).float()
         return torch.where(ok[:, None], box, torch.zeros_like(box))
 
-    def apply(self, y: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    def apply(self, y: torch.Tensor, cols: torch.Tensor, seed: int | None = None) -> torch.Tensor:
         n, c, h, w = y.shape
         top, left, eh, ew = (cols[:, k].view(n, 1, 1, 1) for k in range(4))
         rows = torch.arange(h, device=y.device).view(1, 1, h, 1)
         columns = torch.arange(w, device=y.device).view(1, 1, 1, w)
         inside = (rows >= top) & (rows < top + eh) & (columns >= left) & (columns < left + ew)
+        if self.noise:
+            g = torch.Generator(device=y.device).manual_seed(0 if seed is None else seed)
+            return torch.where(inside, torch.randn(y.shape, generator=g, device=y.device, dtype=y.dtype), y)
         values = self.value if isinstance(self.value, (tuple, list)) else (self.value,)
         value = colour.constant(tuple(float(v) for v in values), y.device, y.dtype)
         return torch.where(inside, value.expand(1, c, 1, 1), y)
