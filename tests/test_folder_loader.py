@@ -89,14 +89,15 @@ def test_what_the_decoders_cannot_read_in_place_is_skipped_with_its_reason(tmp_p
     exif[0x0112] = 6
     Image.fromarray(pixels).save(root / "c0" / "turned.jpg", exif=exif)
     (root / "c1" / "broken.jpg").write_bytes(b"not a jpeg")
+    Image.fromarray(pixels).save(root / "c1" / "icc.jpg", icc_profile=bytes(300_000))  # header past the first read
     with caplog.at_level(logging.WARNING, logger="gpufeed"):
         loader = gpufeed.Loader(root, batch_size=4, device="cpu", augment=OPS, num_workers=0)
     reasons = {os.path.basename(s["path"]): s["reason"] for s in loader.store.skipped}
-    assert len(loader.store) == 8 and set(reasons) == {"png.png", "prog.jpg", "cmyk.jpg", "turned.jpg", "broken.jpg"}
+    assert len(loader.store) == 9 and set(reasons) == {"png.png", "prog.jpg", "cmyk.jpg", "turned.jpg", "broken.jpg"}
     assert "not a JPEG" in reasons["png.png"] and "progressive" in reasons["prog.jpg"]
     assert "CMYK" in reasons["cmyk.jpg"] and "EXIF" in reasons["turned.jpg"] and "unreadable" in reasons["broken.jpg"]
     assert "5 file(s) not read in place" in caplog.text and "gpufeed pack" in caplog.text
-    assert sum(len(y) for _, y in loader) == 8
+    assert sum(len(y) for _, y in loader) == 8 and loader.stats()["decoded_by"].get("failed", 0) == 0
     (tmp_path / "empty").mkdir()
     with pytest.raises(SourceError, match="no JPEG"):
         gpufeed.Loader(tmp_path / "empty", batch_size=4, device="cpu", augment=OPS)

@@ -214,7 +214,13 @@ def _header(x: _Listed) -> list[int] | str:
             size = x.size if x.size >= 0 else os.fstat(f.fileno()).st_size
             f.seek(x.begin)
             head = f.read(min(size, HEADER_BYTES))
-        img = Image.open(io.BytesIO(head))
+            try:
+                img = Image.open(io.BytesIO(head))
+            except (OSError, SyntaxError):
+                if size <= HEADER_BYTES:
+                    raise
+                f.seek(x.begin)  # markers (an ICC profile, XMP) longer than the head: read it all
+                img = Image.open(io.BytesIO(f.read(size)))
         if img.format != "JPEG":
             return f"a {img.format} image, not a JPEG"
         if img.info.get("progressive") or img.info.get("progression"):
