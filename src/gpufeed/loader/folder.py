@@ -93,8 +93,9 @@ class FolderStore:
         if not kept:
             raise SourceError(f"{self.path}: no JPEG this loader can read in place (and not a gpufeed store)")
         self._names = [listed[k].name for k in kept]
-        self._files = sorted({listed[k].file for k in kept})
-        where = {f: n for n, f in enumerate(self._files)}
+        files = sorted({listed[k].file for k in kept})
+        where = {f: n for n, f in enumerate(files)}
+        self._files = np.array(files, dtype=object)
         self._file_of = np.array([where[listed[k].file] for k in kept], np.int64)
         self._begins = np.array([listed[k].begin for k in kept], np.int64)
         found = np.array([cached[keys[k]] for k in kept], np.int64).reshape(-1, 3)
@@ -127,7 +128,7 @@ class FolderStore:
         ends = np.cumsum(sizes)
         begins = ends - sizes
         buffer = np.empty(int(ends[-1]) if len(ends) else 0, np.uint8)
-        files = np.array(self._files, dtype=object)[self._file_of[indices]]
+        files = self._files[self._file_of[indices]]
         at = self._begins[indices]
 
         def one(k: int) -> None:
