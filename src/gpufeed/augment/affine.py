@@ -64,14 +64,18 @@ def _mode(interpolation: object) -> str:
 
 
 class _Turn:
-    """What RandomAffine and RandomRotation share: the centre, the warp settings, the uniform draws."""
+    """What RandomAffine and RandomRotation share: a per-sample angle drawn first, the centre, the
+    warp settings. `_matrix` gives the op's inverse matrix from the angle (and its other draws)."""
 
-    def _centre(self, view: View) -> tuple[float, float]:
+    def __call__(self, view: View, g: torch.Generator) -> View:
+        view.need_one_size()
+        angle = _uniform(view.n, self._degrees, g)
+        zero = torch.zeros(view.n, dtype=torch.float64)
         if self.center is None:
-            return 0.0, 0.0
-        return float(self.center[0]) - view.width / 2, float(self.center[1]) - view.height / 2
-
-    def _apply(self, view: View, m: torch.Tensor) -> View:
+            cx = cy = zero
+        else:
+            cx, cy = zero + float(self.center[0]) - view.width / 2, zero + float(self.center[1]) - view.height / 2
+        m = self._matrix(view, angle, cx, cy, g)
         resampling = Resampling(_mode(self.interpolation), fill_tuple(self.fill))
         return view.then(from_centre(m, view.height, view.width), view.height, view.width, resampling, fills=True)
 
@@ -109,19 +113,16 @@ class RandomAffine(_Turn):
             raise ValueError(f"RandomAffine translate must be fractions in 0..1, got {self.translate!r}")
         Resampling(_mode(self.interpolation))
 
-    def __call__(self, view: View, g: torch.Generator) -> View:
-        n = view.n
-        view.need_one_size()
-        angle = _uniform(n, self._degrees, g)
-        zero = torch.zeros(n, dtype=torch.float64)
+    def _matrix(self, view: View, angle: torch.Tensor, cx: torch.Tensor, cy: torch.Tensor,
+                g: torch.Generator) -> torch.Tensor:
+        n, zero = view.n, torch.zeros(view.n, dtype=torch.float64)
         tx = ty = zero
         if self.translate is not None:
             tx = torch.round(_uniform(n, (-self.translate[0] * view.width, self.translate[0] * view.width), g))
             ty = torch.round(_uniform(n, (-self.translate[1] * view.height, self.translate[1] * view.height), g))
         scale = _uniform(n, tuple(self.scale), g) if self.scale is not None else zero + 1
         shears = [_uniform(n, r, g) for r in self._shear] + [zero, zero]
-        cx, cy = self._centre(view)
-        return self._apply(view, inverse_affine(angle, tx, ty, scale, shears[0], shears[1], zero + cx, zero + cy))
+        return inverse_affine(angle, tx, ty, scale, shears[0], shears[1], cx, cy)
 
 
 @dataclass
@@ -141,13 +142,10 @@ class RandomRotation(_Turn):
         self._degrees = _range(self.degrees, "RandomRotation degrees")
         Resampling(_mode(self.interpolation))
 
-    def __call__(self, view: View, g: torch.Generator) -> View:
-        n = view.n
-        view.need_one_size()
-        angle = _uniform(n, self._degrees, g)
-        zero = torch.zeros(n, dtype=torch.float64)
-        cx, cy = self._centre(view)
-        return self._apply(view, inverse_affine(-angle, zero, zero, zero + 1, zero, zero, zero + cx, zero + cy))
+    def _matrix(self, view: View, angle: torch.Tensor, cx: torch.Tensor, cy: torch.Tensor,
+                g: torch.Generator) -> torch.Tensor:
+        zero = torch.zeros(view.n, dtype=torch.float64)
+        return inverse_affine(-angle, zero, zero, zero + 1, zero, zero, cx, cy)  # counter-clockwise
 
 
 @dataclass

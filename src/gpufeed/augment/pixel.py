@@ -28,12 +28,16 @@ def _where(flag: torch.Tensor, new: torch.Tensor, old: torch.Tensor) -> torch.Te
 
 
 class _Coin:
-    """An op each sample applies with probability `self.p`: one column, 1.0 where it does."""
+    """An op each sample applies with probability `self.p`: one column, 1.0 where it does. `change`
+    says what the op makes of the batch; a sample that draws "no" keeps its pixels."""
 
     width = 1
 
     def draw(self, n: int, hw: tuple[int, int], g: torch.Generator) -> torch.Tensor:
         return _flag(n, self.p, g)
+
+    def apply(self, y: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        return _where(cols[:, 0], self.change(y), y)
 
 
 def color_jitter(y: torch.Tensor, factors: torch.Tensor) -> torch.Tensor:
@@ -110,8 +114,8 @@ class RandomEqualize(_Coin):
 
     p: float = 0.5
 
-    def apply(self, y: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-        return _where(cols[:, 0], colour.equalize(y), y)
+    def change(self, y: torch.Tensor) -> torch.Tensor:
+        return colour.equalize(y)
 
 
 @dataclass
@@ -120,8 +124,8 @@ class RandomGrayscale(_Coin):
 
     p: float = 0.1
 
-    def apply(self, y: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-        return _where(cols[:, 0], colour.gray(y).expand_as(y), y)
+    def change(self, y: torch.Tensor) -> torch.Tensor:
+        return colour.gray(y).expand_as(y)
 
 
 @dataclass
@@ -131,8 +135,8 @@ class RandomSolarize(_Coin):
     threshold: float
     p: float = 0.5
 
-    def apply(self, y: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-        return _where(cols[:, 0], torch.where(y >= self.threshold, 255 - y, y), y)
+    def change(self, y: torch.Tensor) -> torch.Tensor:
+        return colour.solarize(y, float(self.threshold))
 
 
 @dataclass
@@ -146,9 +150,8 @@ class RandomPosterize(_Coin):
         if not 0 <= self.bits <= 8:
             raise ValueError(f"RandomPosterize bits must be in 0..8, got {self.bits}")
 
-    def apply(self, y: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-        step = 2 ** (8 - self.bits)
-        return _where(cols[:, 0], torch.floor(y.round() / step) * step, y)
+    def change(self, y: torch.Tensor) -> torch.Tensor:
+        return colour.posterize(y, float(self.bits))
 
 
 @dataclass
@@ -157,8 +160,8 @@ class RandomInvert(_Coin):
 
     p: float = 0.5
 
-    def apply(self, y: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-        return _where(cols[:, 0], colour.invert(y), y)
+    def change(self, y: torch.Tensor) -> torch.Tensor:
+        return colour.invert(y)
 
 
 @dataclass
@@ -167,8 +170,8 @@ class RandomAutocontrast(_Coin):
 
     p: float = 0.5
 
-    def apply(self, y: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-        return _where(cols[:, 0], colour.autocontrast(y), y)
+    def change(self, y: torch.Tensor) -> torch.Tensor:
+        return colour.autocontrast(y)
 
 
 @dataclass
@@ -179,8 +182,8 @@ class RandomAdjustSharpness(_Coin):
     sharpness_factor: float
     p: float = 0.5
 
-    def apply(self, y: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-        return _where(cols[:, 0], colour.sharpness(y, float(self.sharpness_factor)), y)
+    def change(self, y: torch.Tensor) -> torch.Tensor:
+        return colour.sharpness(y, float(self.sharpness_factor))
 
 
 @dataclass
