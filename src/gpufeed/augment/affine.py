@@ -159,9 +159,6 @@ class Warp:
     resampling: Resampling
     refill: bool = False  # a policy fills again after its colour ops: warp() returns where it filled
 
-    def rows(self, a: int, b: int) -> Warp:
-        return replace(self, matrices=self.matrices[:, a:b])
-
     def to(self, device, non_blocking: bool = False) -> Warp:
         return replace(self, matrices=self.matrices.to(device, non_blocking=non_blocking))
 

@@ -58,14 +58,11 @@ class Params:
         return self.warp.out_hw if self.warp is not None else self.out_hw
 
     def rows(self, a: int, b: int, any_flip: bool) -> Params:
-        """Samples a..b (a batch of an epoch's parameters)."""
-        cut = lambda t: None if t is None else t[a:b]  # noqa: E731
-        return Params(self.boxes[a:b], self.flip[a:b], self.out_hw, self.identity, cut(self.pixel), any_flip,
-                      cut(self.vflip), None if self.warp is None else self.warp.rows(a, b), cut(self.choices),
-                      cut(self.seeds))
+        """Samples a..b (a batch of an epoch's parameters), views on whatever device they are."""
+        return replace(self.take(slice(a, b)), any_flip=any_flip)
 
-    def take(self, rows: torch.Tensor) -> Params:
-        """The parameters of samples `rows` (host int64 positions), in that order."""
+    def take(self, rows: torch.Tensor | slice) -> Params:
+        """The parameters of samples `rows` (host int64 positions, or a slice), in that order."""
         pick = lambda t: None if t is None else t[rows]  # noqa: E731
         warp = None if self.warp is None else replace(self.warp, matrices=self.warp.matrices[:, rows])
         return replace(self, boxes=self.boxes[rows], flip=self.flip[rows], pixel=pick(self.pixel),
@@ -221,24 +218,18 @@ def flip_rows(y: torch.Tensor, vflip: torch.Tensor | None) -> torch.Tensor:
     return y.copy_(torch.where(vflip.view(-1, 1, 1, 1).bool(), y.flip(2), y))
 
 
-_AFFINE: dict = {}
-
-
 def _affine(device: torch.device, normalize: Normalize | None, uint8: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-channel (scale, shift) taking 0..255 to the output scale, cached per device.
+    """Per-channel (scale, shift) taking 0..255 to the output scale, made once per device.
 
     For uint8 output the values stay 0..255 and 0.5 is added, so the kernel's truncating cast rounds."""
-    key = (device, None if normalize is None else (tuple(normalize.mean), tuple(normalize.std)), uint8)
-    if key not in _AFFINE:
-        if uint8:
-            scale, shift = torch.ones(3), torch.full((3,), 0.5)
-        elif normalize is None:
-            scale, shift = torch.full((3,), 1 / 255), torch.zeros(3)
-        else:
-            std, mean = torch.tensor(normalize.std), torch.tensor(normalize.mean)
-            scale, shift = 1 / (255 * std), -mean / std
-        _AFFINE[key] = (scale.float().to(device), shift.float().to(device))
-    return _AFFINE[key]
+    if uint8:
+        scale, shift = torch.ones(3), torch.full((3,), 0.5)
+    elif normalize is None:
+        scale, shift = torch.full((3,), 1 / 255), torch.zeros(3)
+    else:
+        std, mean = torch.tensor(normalize.std), torch.tensor(normalize.mean)
+        scale, shift = 1 / (255 * std), -mean / std
+    return tuple(constant(tuple(t.float().tolist()), device, torch.float32).view(3) for t in (scale, shift))
 
 
 @functools.cache

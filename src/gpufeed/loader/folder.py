@@ -30,9 +30,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image, ImageOps
+from PIL import Image
 
-from gpufeed.packing.sources import Item, Skip, SourceError, open_source
+from gpufeed.decode.base import Encoded
+from gpufeed.packing.imaging import plain_jpeg_problem
+from gpufeed.packing.sources import TAR_SUFFIXES, Item, Skip, SourceError, open_source, tar_key
 from gpufeed.store.format import MANIFEST
 
 log = logging.getLogger(__name__)
@@ -56,7 +58,7 @@ def is_folder_source(path: str | os.PathLike) -> bool:
     """Whether `path` names something to read in place rather than a store."""
     text = os.fspath(path)
     p = Path(text)
-    if glob.has_magic(text) or text.lower().endswith((".csv", ".jsonl", ".tar", ".tar.gz", ".tgz")):
+    if glob.has_magic(text) or text.lower().endswith((".csv", ".jsonl", *TAR_SUFFIXES)):
         return True
     return p.is_dir() and not (p / MANIFEST).exists()
 
@@ -120,10 +122,10 @@ class FolderStore:
     def column(self, name: str):
         raise KeyError(f"{self.path}: no field {name!r} (a folder read in place has: label, source)")
 
-    def read(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """The bytes of images `indices` back to back, read on threads: (buffer, begins, ends in it,
-        each image's file, where it starts there). An image whose file can't be read is left empty
-        (its decoder then fails and the loader replaces it, as for a damaged store)."""
+    def read(self, indices: np.ndarray) -> Encoded:
+        """The bytes of images `indices` back to back in one buffer, read on threads, with each image's
+        file and where it starts there (for decode workers). An image whose file can't be read is left
+        empty (its decoder then fails and the loader replaces it, as for a damaged store)."""
         sizes = self._sizes[indices]
         ends = np.cumsum(sizes)
         begins = ends - sizes
@@ -145,7 +147,7 @@ class FolderStore:
                 view[:] = b"\0" * len(view)  # changed since indexed: undecodable, replaced
 
         list(self._pool.map(one, range(len(indices))))
-        return buffer, begins, ends, files, at
+        return Encoded(torch.from_numpy(buffer), buffer, begins, ends, files, at)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False)
@@ -159,7 +161,7 @@ def _list(source: str) -> tuple[list[_Listed], list[str], list[dict]]:
     lower = source.lower()
     if glob.has_magic(source) or lower.endswith(".tar"):
         return _list_tars(sorted(glob.glob(source)) if glob.has_magic(source) else [source])
-    if lower.endswith((".tar.gz", ".tgz")):
+    if lower.endswith(TAR_SUFFIXES):  # .tar was taken above: a compressed one
         raise SourceError(f"{source}: a compressed tar can't be read in place; `gpufeed pack` it")
     src = open_source(source)
     listed, skipped = [], []
@@ -179,9 +181,9 @@ def _list_tars(shards: list[str]) -> tuple[list[_Listed], list[str], list[dict]]
             with tarfile.open(shard, mode="r:") as tar:
                 members: dict[str, dict[str, tarfile.TarInfo]] = {}
                 for m in tar:
-                    if m.isfile() and not os.path.basename(m.name).startswith("."):
-                        stem, _, ext = os.path.basename(m.name).partition(".")
-                        members.setdefault(os.path.join(os.path.dirname(m.name), stem), {})[ext.lower()] = m
+                    named = tar_key(m.name) if m.isfile() else None
+                    if named is not None:
+                        members.setdefault(named[0], {})[named[1]] = m
                 for key, parts in members.items():
                     image = next((parts[e] for e in ("jpg", "jpeg") if e in parts), None)
                     name = f"{shard}:{key}"
@@ -222,14 +224,11 @@ def _header(x: _Listed) -> list[int] | str:
                     raise
                 f.seek(x.begin)  # markers (an ICC profile, XMP) longer than the head: read it all
                 img = Image.open(io.BytesIO(f.read(size)))
-        if img.format != "JPEG":
-            return f"a {img.format} image, not a JPEG"
-        if img.info.get("progressive") or img.info.get("progression"):
-            return "a progressive JPEG"
+        problem = plain_jpeg_problem(img)
+        if problem is not None:
+            return problem
         if img.mode not in ("RGB", "L"):
             return f"a {img.mode} JPEG (RGB or gray are read in place)"
-        if img.getexif().get(ImageOps.ExifTags.Base.Orientation, 1) != 1:
-            return "an EXIF-rotated photo (packing turns it upright)"
         w, h = img.size
         return [h, w, size]
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:

@@ -99,10 +99,7 @@ class JpegBatcher:
         return images, labels, samples
 
     def _encoded(self, i: np.ndarray) -> Encoded:
-        if not self._folder:
-            return Encoded.of(self._data, self._offsets, i)
-        buffer, begins, ends, files, at = self.loader.store.read(i)
-        return Encoded(torch.from_numpy(buffer), buffer, begins, ends, files, at)
+        return self.loader.store.read(i) if self._folder else Encoded.of(self._data, self._offsets, i)
 
     def _replaced(self, idx: torch.Tensor, params: Params, tries: int = 8
                   ) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:

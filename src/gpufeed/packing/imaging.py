@@ -119,18 +119,24 @@ def fit_square(img: Image.Image, size: int, fit: str) -> np.ndarray:
     return np.asarray(out, dtype=np.uint8)
 
 
+def plain_jpeg_problem(img: Image.Image) -> str | None:
+    """Why the JPEG decoders can't take `img`'s bytes as they are (not a JPEG, progressive, or to be
+    turned by its EXIF orientation), or None: what packing keeps with reencode=False and a Loader
+    reads in place."""
+    if img.format != "JPEG":
+        return f"a {img.format} image, not a JPEG"
+    if img.info.get("progressive") or img.info.get("progression"):
+        return "a progressive JPEG"
+    if img.getexif().get(ImageOps.ExifTags.Base.Orientation, 1) != 1:
+        return "an EXIF-rotated photo (packing turns it upright)"
+    return None
+
+
 def is_plain_jpeg(data: bytes, max_side: int) -> tuple[int, int] | None:
     """(h, w) if `data` is an upright RGB baseline JPEG within max_side (kept as is), else None."""
     try:
         img = Image.open(io.BytesIO(data))
-        ok = (
-            img.format == "JPEG"
-            and img.mode == "RGB"
-            and not img.info.get("progressive")
-            and not img.info.get("progression")
-            and max(img.size) <= max_side
-            and img.getexif().get(ImageOps.ExifTags.Base.Orientation, 1) == 1
-        )
+        ok = img.mode == "RGB" and max(img.size) <= max_side and plain_jpeg_problem(img) is None
         return (img.size[1], img.size[0]) if ok else None
     except Exception:
         return None

@@ -211,14 +211,24 @@ def _tar_entries(shards: list[str]) -> Iterator[Entry]:
             yield Skip(shard, f"unreadable tar shard (rest of shard lost): {e}")
 
 
+def tar_key(name: str) -> tuple[str, str] | None:
+    """(sample key, lower-case extension) of a tar member, WebDataset's way (the key runs to the first
+    dot of the basename); None for hidden members."""
+    directory, base = os.path.split(name)
+    if base.startswith("."):
+        return None
+    stem, _, ext = base.partition(".")
+    return os.path.join(directory, stem), ext.lower()
+
+
 def _tar_samples(shard: str, tar: tarfile.TarFile) -> Iterator[Entry]:
     """Group consecutive members by WebDataset key (name up to the first dot of the basename)."""
     key, parts = None, {}
     for member in tar:
         if member.isdir():
             continue
-        directory, base = os.path.split(member.name)
-        if base.startswith("."):
+        named = tar_key(member.name)
+        if named is None:
             continue
         if not member.isfile():  # links, devices, FIFOs: nothing a sample is read from
             yield Skip(f"{shard}:{member.name}", "not a regular file in the tar (a link, device or FIFO)")
@@ -227,13 +237,12 @@ def _tar_samples(shard: str, tar: tarfile.TarFile) -> Iterator[Entry]:
             yield Skip(f"{shard}:{member.name}", f"{member.size} bytes, more than any image gpufeed packs "
                                                  f"({MAX_FILE_BYTES})")
             continue
-        stem, _, ext = base.partition(".")
-        member_key = os.path.join(directory, stem)
+        member_key, ext = named
         if member_key != key and key is not None:
             yield _tar_sample(shard, key, parts)
             parts = {}
         key = member_key
-        parts[ext.lower()] = tar.extractfile(member).read()
+        parts[ext] = tar.extractfile(member).read()
     if key is not None:
         yield _tar_sample(shard, key, parts)
 
