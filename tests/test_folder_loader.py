@@ -69,6 +69,15 @@ def test_tar_shards_and_lists_are_read_in_place(tmp_path):
     make = lambda path: gpufeed.Loader(path, batch_size=4, device="cpu", augment=OPS, num_workers=0,  # noqa: E731
                                        fields=("label", "source"))
     _same_batches(make(tmp_path / "shard.tar"), make(tmp_path / "tar-store"))
+    with tarfile.open(tmp_path / "bad.tar", "w") as tar:  # a .cls that is no integer: skipped, as packing does
+        for ext, data in (("jpg", next((tmp_path / "img").rglob("*.jpg")).read_bytes()), ("cls", b"cat")):
+            info = tarfile.TarInfo(f"x.{ext}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    with pytest.raises(SourceError, match="no JPEG"):
+        make(tmp_path / "bad.tar")
+    skipped = folder._list_tars([str(tmp_path / "bad.tar")])[2]
+    assert skipped == [{"path": f"{tmp_path / 'bad.tar'}:x", "reason": "label 'cat' in .cls is not an integer"}]
     (tmp_path / "list.csv").write_text("".join(f"img/c{k % 2}/{k:02d}.jpg,{k % 2}\n" for k in range(8)))
     listed = make(tmp_path / "list.csv")
     assert len(listed.store) == 8 and listed.store.source(3).endswith("img/c1/03.jpg")

@@ -34,7 +34,7 @@ from PIL import Image
 
 from gpufeed.decode.base import Encoded
 from gpufeed.packing.imaging import plain_jpeg_problem
-from gpufeed.packing.sources import TAR_SUFFIXES, Item, Skip, SourceError, open_source, tar_key
+from gpufeed.packing.sources import TAR_SUFFIXES, Item, Skip, SourceError, open_source, tar_key, tar_label
 from gpufeed.store.format import MANIFEST
 
 log = logging.getLogger(__name__)
@@ -190,10 +190,11 @@ def _list_tars(shards: list[str]) -> tuple[list[_Listed], list[str], list[dict]]
                     if image is None:
                         skipped.append({"path": name, "reason": "no .jpg member"})
                         continue
-                    label = -1
-                    if "cls" in parts:
-                        text = tar.extractfile(parts["cls"]).read().decode("utf-8", "replace").strip()
-                        label = int(text) if text.lstrip("-").isdigit() else -1
+                    try:
+                        label = tar_label(tar.extractfile(parts["cls"]).read() if "cls" in parts else None)
+                    except ValueError as e:  # as packing skips it
+                        skipped.append({"path": name, "reason": str(e)})
+                        continue
                     listed.append(_Listed(name, shard, image.offset_data, image.size, label))
         except (OSError, tarfile.TarError) as e:
             raise SourceError(f"{shard}: not an uncompressed tar this loader can read in place ({e})") from None

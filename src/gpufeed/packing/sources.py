@@ -221,6 +221,16 @@ def tar_key(name: str) -> tuple[str, str] | None:
     return os.path.join(directory, stem), ext.lower()
 
 
+def tar_label(cls: bytes | None) -> int:
+    """A tar sample's label from its .cls member (-1 without one); ValueError if it is no integer."""
+    if cls is None:
+        return -1
+    text = cls.decode("utf-8", "replace").strip()
+    if not _is_int(text):
+        raise ValueError(f"label {text!r} in .cls is not an integer")
+    return int(text)
+
+
 def _tar_samples(shard: str, tar: tarfile.TarFile) -> Iterator[Entry]:
     """Group consecutive members by WebDataset key (name up to the first dot of the basename)."""
     key, parts = None, {}
@@ -253,11 +263,10 @@ def _tar_sample(shard: str, key: str, parts: dict[str, bytes]) -> Entry:
     if image is None:
         return Skip(name, f"no image member ({'/'.join(TAR_IMAGE_EXTS)})")
     label = -1
-    if "cls" in parts:
-        text = parts["cls"].decode("utf-8", "replace").strip()
-        if not _is_int(text):
-            return Skip(name, f"label {text!r} in .cls is not an integer")
-        label = int(text)
+    try:
+        label = tar_label(parts.get("cls"))
+    except ValueError as e:
+        return Skip(name, str(e))
     try:
         fields = tar_fields(parts)
     except (ValueError, OSError, EOFError) as e:  # bad JSON, text that is not UTF-8, a .npy numpy refuses
