@@ -219,17 +219,24 @@ def flip_rows(y: torch.Tensor, vflip: torch.Tensor | None) -> torch.Tensor:
 
 
 def _affine(device: torch.device, normalize: Normalize | None, uint8: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-channel (scale, shift) taking 0..255 to the output scale, made once per device.
+    """Per-channel (scale, shift) taking 0..255 to the output scale, made once per device: called for
+    every batch, so a lookup in plain Python (small torch ops would each give up the GIL and wait to
+    win it back from the training thread).
 
     For uint8 output the values stay 0..255 and 0.5 is added, so the kernel's truncating cast rounds."""
+    return _affine_on(device, None if normalize is None else (tuple(normalize.mean), tuple(normalize.std)), uint8)
+
+
+@functools.lru_cache(maxsize=64)
+def _affine_on(device: torch.device, mean_std: tuple | None, uint8: bool) -> tuple[torch.Tensor, torch.Tensor]:
     if uint8:
         scale, shift = torch.ones(3), torch.full((3,), 0.5)
-    elif normalize is None:
+    elif mean_std is None:
         scale, shift = torch.full((3,), 1 / 255), torch.zeros(3)
     else:
-        std, mean = torch.tensor(normalize.std), torch.tensor(normalize.mean)
+        mean, std = torch.tensor(mean_std[0]), torch.tensor(mean_std[1])
         scale, shift = 1 / (255 * std), -mean / std
-    return tuple(constant(tuple(t.float().tolist()), device, torch.float32).view(3) for t in (scale, shift))
+    return scale.float().to(device), shift.float().to(device)
 
 
 @functools.cache
