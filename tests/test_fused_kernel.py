@@ -63,3 +63,57 @@ def test_fused_kernel_matches_cpu_path_in_interpreter():
     proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "fused kernel OK" in proc.stdout
+
+
+WARP_AND_POLICY = textwrap.dedent("""
+    import torch
+    from gpufeed.augment import (Augment, AutoAugment, Normalize, RandAugment, RandomAffine, RandomCrop,
+                                 RandomHorizontalFlip, RandomResizedCrop, RandomRotation, RandomVerticalFlip,
+                                 TrivialAugmentWide)
+    from gpufeed.augment.pipeline import box_pass
+    from gpufeed.augment.policies import ID, OPS, magnitudes
+
+    class Forced(RandAugment):
+        def __init__(self, names):
+            super().__init__(num_ops=len(names), magnitude=12)
+            self.names = names
+
+        def _choose(self, n, h, w, g):
+            ops = torch.tensor([ID[name] for name in self.names]).repeat(n, 1)
+            return ops, magnitudes(False, self.num_magnitude_bins, h, w)[ops, self.magnitude]
+
+    torch.manual_seed(0)
+    images = torch.randint(0, 256, (4, 20, 24, 3), dtype=torch.uint8)
+    images[1] = images[1] // 4 + 60  # a narrow range: autocontrast and equalize stretch it
+    chains = [
+        [RandomResizedCrop(16), RandomHorizontalFlip(), RandomRotation(30), Normalize()],
+        [RandomVerticalFlip(), RandomResizedCrop(16),
+         RandomAffine(20, (0.1, 0.2), (0.8, 1.2), 10, interpolation="bilinear", fill=(10, 20, 30))],
+        [RandomCrop(18, padding=3), Normalize()],
+        [RandomResizedCrop(16), RandomHorizontalFlip(), RandAugment(2, 9), Normalize()],
+        [RandomResizedCrop(16), TrivialAugmentWide(fill=(5, 6, 7))],
+        [RandomResizedCrop(16), AutoAugment("imagenet"), Normalize()],
+    ]
+    pairs = [(a, OPS[(k + 5) % len(OPS)]) for k, a in enumerate(OPS)]
+    pairs += [("Sharpness", "Equalize"), ("Rotate", "Contrast"), ("Equalize", "AutoContrast")]
+    chains += [[RandomResizedCrop(16), Forced(pair), Normalize()] for pair in pairs]
+    for ops in chains:
+        aug = Augment(ops)
+        p = aug.sample(4, 20, 24, torch.Generator().manual_seed(1))
+        for dtype, channels_last in ((torch.float32, False), (torch.float16, True)):
+            want = aug.apply(images, p, dtype, channels_last)  # the torch ops on the CPU
+            got = aug._finish_in_kernels(box_pass(images, p), p, dtype, channels_last)
+            assert got.shape == want.shape and got.stride() == want.stride() and got.dtype == want.dtype
+            levels = (got.float() - want.float()).abs() * (255 * 0.226 if aug.normalize else 255)
+            # within one level of 255 (a smoothed value rounding the other way, for Sharpness), rarely
+            assert levels.max() < 1.0 and levels.mean() < 0.01, (ops, dtype, levels.max(), levels.mean())
+    print("warp and policy kernels OK")
+""")
+
+
+def test_warp_and_policy_kernels_match_the_torch_ops_in_interpreter():
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, "-c", WARP_AND_POLICY], capture_output=True, text=True, env=env,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "warp and policy kernels OK" in proc.stdout

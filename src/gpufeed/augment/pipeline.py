@@ -11,6 +11,7 @@ on whatever device the batch is.
 from __future__ import annotations
 
 import functools
+import importlib
 import logging
 from dataclasses import dataclass, replace
 from typing import Sequence
@@ -136,11 +137,11 @@ class Augment:
         return Params(view.boxes.float(), view.flip.to(torch.uint8), box_hw, identity, pixel, bool(view.flip.any()),
                       vflip, warp, choices, seeds)
 
-    def _columns(self, pixel: torch.Tensor) -> dict[int, torch.Tensor]:
-        """Each random op's columns of `pixel`, by the op's id."""
+    def _columns(self, pixel: torch.Tensor | None = None) -> dict[int, torch.Tensor | int]:
+        """Each random op's columns of `pixel` by the op's id (without `pixel`: where they start)."""
         out, at = {}, 0
         for op in self.random:
-            out[id(op)] = pixel[:, at : at + op.width]
+            out[id(op)] = at if pixel is None else pixel[:, at : at + op.width]
             at += op.width
         return out
 
@@ -165,6 +166,8 @@ class Augment:
     def finish(self, y: torch.Tensor, params: Params, dtype: torch.dtype, channels_last: bool) -> torch.Tensor:
         """From the box pass's float NCHW 0..255 (mirrored left-right already): vertical flips, the warp,
         colour ops, Normalize and the cast, then the ops after."""
+        if self._kernels_cover(y, params, dtype):
+            return self.after_ops(self._finish_in_kernels(y, params, dtype, channels_last), params)
         y = flip_rows(y, params.vflip)
         filled = None
         if params.warp is not None:
@@ -173,18 +176,52 @@ class Augment:
             y = self.colour_ops(y, params, filled)
         return self.after_ops(finish(y, dtype, self.normalize, channels_last), params)
 
+    def _kernels_cover(self, y: torch.Tensor, params: Params, dtype: torch.dtype) -> bool:
+        """Whether the warp and policy kernels run this chain's middle on this batch: on a GPU, a warp
+        they support and no colour op but a policy, to a floating dtype."""
+        if not y.is_cuda or not dtype.is_floating_point or (params.warp is None and self.policy is None):
+            return False
+        if self.colour not in ([], [self.policy]) or (self.policy is not None and not self.policy.slots):
+            return False
+        kernels = _fused("fused_policy")  # imports fused_warp too
+        return kernels is not None and (params.warp is None or _fused("fused_warp").supports(params.warp))
+
+    def _finish_in_kernels(self, y: torch.Tensor, params: Params, dtype: torch.dtype,
+                           channels_last: bool) -> torch.Tensor:
+        """The warp (with the vertical flips), the policy, Normalize and the cast: one kernel for the warp,
+        one per policy slot (plus statistics passes for the ops that need them)."""
+        n, dev = len(y), y.device
+        out_hw = params.final_hw
+        fmt = torch.channels_last if channels_last else torch.contiguous_format
+        out = torch.empty((n, 3, *out_hw), dtype=dtype, device=dev, memory_format=fmt)
+        scale, shift = _affine(dev, self.normalize)
+        y = y.contiguous()
+        w = params.warp
+        fill = constant(w.resampling.fill or (0.0,) if w is not None else (0.0,), dev, torch.float32)
+        if w is not None:
+            last = self.policy is None
+            target = out if last else torch.empty((n, 3, *out_hw), device=dev)
+            unit = _affine_on(dev, None, False, True)
+            y = _fused("fused_warp").warp(y, w, params.vflip, fill, target, *((scale, shift) if last else unit))
+            if last:
+                return out
+        else:
+            y = flip_rows(y, params.vflip)
+        first = self._columns()[id(self.policy)]
+        return _fused("fused_policy").apply(y, params.pixel, first, params.choices, w, fill, out, scale, shift)
+
     def kernel_output(self, params: Params, dtype: torch.dtype, channels_last: bool,
                       device: torch.device) -> tuple[torch.dtype, bool, torch.Tensor, torch.Tensor]:
         """What a resampling kernel writes (dtype, channels_last, per-channel scale and shift from 0..255):
-        the finished batch when only flips and the ops after Normalize follow, else float 0..1."""
+        the finished batch when only flips and the ops after Normalize follow, else float 0..255."""
         if self.colour or params.warp is not None:
-            return (torch.float32, False, *_affine(device, None))
+            return (torch.float32, False, *_affine_on(device, None, False, True))
         return (dtype, channels_last, *_affine(device, self.normalize, uint8=dtype == torch.uint8))
 
     def complete(self, y: torch.Tensor, params: Params, dtype: torch.dtype, channels_last: bool) -> torch.Tensor:
         """The rest of the chain after a kernel wrote what `kernel_output` asked for."""
         if self.colour or params.warp is not None:
-            return self.finish(y * 255, params, dtype, channels_last)
+            return self.finish(y, params, dtype, channels_last)
         return self.after_ops(flip_rows(y, params.vflip), params)
 
     def apply(self, images: torch.Tensor, params: Params, dtype: torch.dtype = torch.float32,
@@ -200,15 +237,19 @@ class Augment:
             return self.complete(y, params, dtype, channels_last)
         if index is not None:
             images = images.index_select(0, index)
-        x = images.permute(0, 3, 1, 2)
-        y = x.to(torch.float32, memory_format=torch.contiguous_format)
-        if not params.identity:
-            idx = torch.arange(len(y), device=y.device, dtype=torch.float32)[:, None]
-            rois = torch.cat([idx, params.boxes], 1)
-            y = roi_align(y, rois, params.out_hw, spatial_scale=1.0, sampling_ratio=-1, aligned=True)
-        if params.any_flip:
-            y = torch.where(params.flip.view(-1, 1, 1, 1).bool(), y.flip(3), y)
-        return self.finish(y, params, dtype, channels_last)
+        return self.finish(box_pass(images, params), params, dtype, channels_last)
+
+
+def box_pass(images: torch.Tensor, params: Params) -> torch.Tensor:
+    """The crops, resizes and left-right flips of NHWC uint8 `images` with torch ops: float NCHW 0..255."""
+    y = images.permute(0, 3, 1, 2).to(torch.float32, memory_format=torch.contiguous_format)
+    if not params.identity:
+        idx = torch.arange(len(y), device=y.device, dtype=torch.float32)[:, None]
+        rois = torch.cat([idx, params.boxes], 1)
+        y = roi_align(y, rois, params.out_hw, spatial_scale=1.0, sampling_ratio=-1, aligned=True)
+    if params.any_flip:
+        y = torch.where(params.flip.view(-1, 1, 1, 1).bool(), y.flip(3), y)
+    return y
 
 
 def flip_rows(y: torch.Tensor, vflip: torch.Tensor | None) -> torch.Tensor:
@@ -228,8 +269,12 @@ def _affine(device: torch.device, normalize: Normalize | None, uint8: bool = Fal
 
 
 @functools.lru_cache(maxsize=64)
-def _affine_on(device: torch.device, mean_std: tuple | None, uint8: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    if uint8:
+def _affine_on(device: torch.device, mean_std: tuple | None, uint8: bool,
+               unit: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """`unit`: 0..255 kept as it is (float, for the ops that follow)."""
+    if unit:
+        scale, shift = torch.ones(3), torch.zeros(3)
+    elif uint8:
         scale, shift = torch.ones(3), torch.full((3,), 0.5)
     elif mean_std is None:
         scale, shift = torch.full((3,), 1 / 255), torch.zeros(3)
@@ -240,14 +285,18 @@ def _affine_on(device: torch.device, mean_std: tuple | None, uint8: bool) -> tup
 
 
 @functools.cache
-def _fused():
-    """The Triton kernel module, or None (said once) where Triton cannot be imported."""
+def _fused(module: str = "fused"):
+    """A Triton kernel module of this package, or None where Triton cannot be imported (said once)."""
     try:
-        from gpufeed.augment import fused
+        return importlib.import_module(f"gpufeed.augment.{module}")
     except ImportError as e:
-        log.warning("Triton unavailable (%s): GPU augmentation falls back to several torch kernels (slower)", e)
+        _no_triton(str(e))
         return None
-    return fused
+
+
+@functools.cache
+def _no_triton(reason: str) -> None:
+    log.warning("Triton unavailable (%s): GPU augmentation falls back to several torch kernels (slower)", reason)
 
 
 def finish(y: torch.Tensor, dtype: torch.dtype, normalize: Normalize | None, channels_last: bool) -> torch.Tensor:
