@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from gpufeed.augment.affine import Warp
-from gpufeed.augment.fused_warp import coverage, fetch, rint, settings, sizes_of
+from gpufeed.augment.fused_warp import coverage, rint, sizes_of
 from gpufeed.augment.policies import ID
 
 BLOCK = 512
@@ -37,28 +37,23 @@ NEEDS_STATS = (ID["Contrast"], ID["AutoContrast"], ID["Equalize"])
 
 
 @triton.jit
-def _stats_kernel(x, cols, col, ncols, gsum, ints, H, W, mats, sizes, N, vflip, fill, WARPED: tl.constexpr,
-                  B: tl.constexpr, FIRST: tl.constexpr, BILINEAR: tl.constexpr, HAS_VFLIP: tl.constexpr,
-                  FILL_C: tl.constexpr, BLOCK: tl.constexpr):
+def _stats_kernel(x, cols, col, ncols, gsum, ints, H, W, BLOCK: tl.constexpr):
     """Add this block's share to the statistics of its sample, for the op it drew (if it needs any)."""
     n = tl.program_id(0)
     p = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = p < H * W
-    oy, ox = p // W, p % W
     op = tl.load(cols + n * ncols + col).to(tl.int32)
+    src = x + n.to(tl.int64) * 3 * H * W + p
     mine = ints + n * STATS_C
     if op == CONTRAST:
-        gray = tl.zeros([BLOCK], tl.float32)
-        for c in tl.static_range(3):
-            v = fetch(x, n, c, oy, ox, H, W, mask, mats, sizes, N, vflip, fill, WARPED, B, FIRST, BILINEAR,
-                      HAS_VFLIP, FILL_C)
-            gray += (0.2989 if c == 0 else (0.587 if c == 1 else 0.114)) * v
-        tl.atomic_add(gsum + n, tl.sum(tl.where(mask, gray, 0.0), 0))
+        r = tl.load(src, mask=mask, other=0.0)
+        g = tl.load(src + H * W, mask=mask, other=0.0)
+        b = tl.load(src + 2 * H * W, mask=mask, other=0.0)
+        tl.atomic_add(gsum + n, tl.sum(0.2989 * r + 0.587 * g + 0.114 * b, 0))
     if op == AUTOCONTRAST:
         for c in tl.static_range(3):
-            v = fetch(x, n, c, oy, ox, H, W, mask, mats, sizes, N, vflip, fill, WARPED, B, FIRST, BILINEAR,
-                      HAS_VFLIP, FILL_C)
-            v = tl.where(mask & (v > 0.0), v, 0.0)  # no -0.0: its bits would not order
+            v = tl.load(src + c * H * W, mask=mask, other=0.0)
+            v = tl.where(v > 0.0, v, 0.0)  # no -0.0: its bits would not order
             low = tl.min(tl.where(mask, v, float("inf")), 0)
             tl.atomic_max(mine + c, 0x7F800000 - low.to(tl.int32, bitcast=True))  # +inf's bits - min's
             tl.atomic_max(mine + 3 + c, tl.max(v, 0).to(tl.int32, bitcast=True))
@@ -66,8 +61,7 @@ def _stats_kernel(x, cols, col, ncols, gsum, ints, H, W, mats, sizes, N, vflip, 
         bins = tl.arange(0, 256)
         outside = BLOCK - tl.sum(mask.to(tl.int32), 0)
         for c in tl.static_range(3):
-            v = fetch(x, n, c, oy, ox, H, W, mask, mats, sizes, N, vflip, fill, WARPED, B, FIRST, BILINEAR,
-                      HAS_VFLIP, FILL_C)
+            v = tl.load(src + c * H * W, mask=mask, other=0.0)
             level = tl.minimum(tl.maximum(rint(v), 0.0), 255.0).to(tl.int32)
             counts = tl.histogram(tl.where(mask, level, 0), 256)
             counts = counts - tl.where(bins == 0, outside, 0)
@@ -92,9 +86,22 @@ def _table_kernel(cols, col, ncols, ints, HW):
 
 
 @triton.jit
-def _recolour(v, c, op, m, gray, mean, mine, around, inner, mask):
-    """Channel c's values `v` after the op the sample drew (Identity and geometric ops: unchanged);
-    `around`: the sum of the 8 neighbours where `inner` (for Sharpness)."""
+def _sharpen(plane, v, f, oy, ox, H, W, mask):
+    """Blend with torchvision's 3×3 smoothing (its border kept): f > 1 sharpens."""
+    inner = mask & (oy >= 1) & (oy <= H - 2) & (ox >= 1) & (ox <= W - 2)
+    at = plane + oy * W + ox
+    around = tl.zeros(v.shape, tl.float32)
+    for dy in tl.static_range(-1, 2):
+        for dx in tl.static_range(-1, 2):
+            if dy != 0 or dx != 0:
+                around += tl.load(at + dy * W + dx, mask=inner, other=0.0)
+    smooth = tl.where(inner, rint((around + 5.0 * v) / 13.0), v)
+    return tl.minimum(tl.maximum(f * v + (1.0 - f) * smooth, 0.0), 255.0)
+
+
+@triton.jit
+def _recolour(v, c, op, m, gray, mean, mine, plane, oy, ox, H, W, mask):
+    """Channel c's values `v` after the op the sample drew (Identity and geometric ops: unchanged)."""
     out = v
     f = 1.0 + m
     if op == BRIGHTNESS:
@@ -103,9 +110,8 @@ def _recolour(v, c, op, m, gray, mean, mine, around, inner, mask):
         out = tl.minimum(tl.maximum(f * v + (1.0 - f) * gray, 0.0), 255.0)
     elif op == CONTRAST:
         out = tl.minimum(tl.maximum(f * v + (1.0 - f) * mean, 0.0), 255.0)
-    elif op == SHARPNESS:  # a blend with torchvision's 3×3 smoothing, its border kept
-        smooth = tl.where(inner, rint((around + 5.0 * v) / 13.0), v)
-        out = tl.minimum(tl.maximum(f * v + (1.0 - f) * smooth, 0.0), 255.0)
+    elif op == SHARPNESS:
+        out = _sharpen(plane, v, f, oy, ox, H, W, mask)
     elif op == POSTERIZE:
         bits = m.to(tl.int32)
         step = ((bits * 0 + 1) << (8 - bits)).to(tl.float32)  # exact powers of two
@@ -127,51 +133,31 @@ def _recolour(v, c, op, m, gray, mean, mine, around, inner, mask):
 
 
 @triton.jit
-def _around(x, n, c, oy, ox, H, W, inner, mats, sizes, N, vflip, fill, WARPED: tl.constexpr, B: tl.constexpr,
-            FIRST: tl.constexpr, BILINEAR: tl.constexpr, HAS_VFLIP: tl.constexpr, FILL_C: tl.constexpr):
-    total = tl.zeros(oy.shape, tl.float32)
-    for dy in tl.static_range(-1, 2):
-        for dx in tl.static_range(-1, 2):
-            if dy != 0 or dx != 0:
-                total += fetch(x, n, c, oy + dy, ox + dx, H, W, inner, mats, sizes, N, vflip, fill, WARPED, B,
-                               FIRST, BILINEAR, HAS_VFLIP, FILL_C)
-    return total
-
-
-@triton.jit
-def _colour_kernel(x, out, cols, col, ncols, gsum, ints, H, W, mats, sizes, N, vflip, fill, scale, shift,
-                   s_n, s_c, s_y, s_x, WARPED: tl.constexpr, FINAL: tl.constexpr, B: tl.constexpr,
-                   FIRST: tl.constexpr, BILINEAR: tl.constexpr, HAS_VFLIP: tl.constexpr, FILL_C: tl.constexpr,
-                   BLOCK: tl.constexpr):
-    """One slot's op on every sample, its input read through the warp if WARPED; FINAL: then the refill
-    (where the warp filled), the normalisation and the cast into `out`'s dtype and strides."""
+def _colour_kernel(x, out, cols, col, ncols, gsum, ints, H, W, mats, sizes, N, fill, scale, shift,
+                   s_n, s_c, s_y, s_x, FINAL: tl.constexpr, B: tl.constexpr, BILINEAR: tl.constexpr,
+                   FILL_C: tl.constexpr, BLOCK: tl.constexpr):
+    """One slot's op on every sample; FINAL: then the refill (B > 0: the warp's images), the
+    normalisation and the cast into `out`'s dtype and strides."""
     n = tl.program_id(0)
     p = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = p < H * W
     oy, ox = p // W, p % W
     op = tl.load(cols + n * ncols + col).to(tl.int32)
     m = tl.load(cols + n * ncols + col + 1)
-    r = fetch(x, n, 0, oy, ox, H, W, mask, mats, sizes, N, vflip, fill, WARPED, B, FIRST, BILINEAR, HAS_VFLIP, FILL_C)
-    g = fetch(x, n, 1, oy, ox, H, W, mask, mats, sizes, N, vflip, fill, WARPED, B, FIRST, BILINEAR, HAS_VFLIP, FILL_C)
-    b = fetch(x, n, 2, oy, ox, H, W, mask, mats, sizes, N, vflip, fill, WARPED, B, FIRST, BILINEAR, HAS_VFLIP, FILL_C)
+    src = x + n.to(tl.int64) * 3 * H * W
+    r = tl.load(src + p, mask=mask, other=0.0)
+    g = tl.load(src + H * W + p, mask=mask, other=0.0)
+    b = tl.load(src + 2 * H * W + p, mask=mask, other=0.0)
     gray = 0.2989 * r + 0.587 * g + 0.114 * b
     mean = tl.load(gsum + n) / (H * W)
     mine = ints + n * STATS_C
-    inner = mask & (oy >= 1) & (oy <= H - 2) & (ox >= 1) & (ox <= W - 2)
-    around_r, around_g, around_b = r * 0.0, g * 0.0, b * 0.0
-    if op == SHARPNESS:
-        around_r = _around(x, n, 0, oy, ox, H, W, inner, mats, sizes, N, vflip, fill, WARPED, B, FIRST, BILINEAR,
-                           HAS_VFLIP, FILL_C)
-        around_g = _around(x, n, 1, oy, ox, H, W, inner, mats, sizes, N, vflip, fill, WARPED, B, FIRST, BILINEAR,
-                           HAS_VFLIP, FILL_C)
-        around_b = _around(x, n, 2, oy, ox, H, W, inner, mats, sizes, N, vflip, fill, WARPED, B, FIRST, BILINEAR,
-                           HAS_VFLIP, FILL_C)
-    r = _recolour(r, 0, op, m, gray, mean, mine, around_r, inner, mask)
-    g = _recolour(g, 1, op, m, gray, mean, mine, around_g, inner, mask)
-    b = _recolour(b, 2, op, m, gray, mean, mine, around_b, inner, mask)
+    r = _recolour(r, 0, op, m, gray, mean, mine, src, oy, ox, H, W, mask)
+    g = _recolour(g, 1, op, m, gray, mean, mine, src + H * W, oy, ox, H, W, mask)
+    b = _recolour(b, 2, op, m, gray, mean, mine, src + 2 * H * W, oy, ox, H, W, mask)
     if FINAL and B > 0:
         again = tl.load(cols + n * ncols + col + 2) > 0.0  # the flag follows the last slot's columns
-        cov = coverage(mats, sizes, n, N, ox.to(tl.float32) + 0.5, oy.to(tl.float32) + 0.5, 0, B, BILINEAR)
+        xs, ys = ox.to(tl.float32) + 0.5, oy.to(tl.float32) + 0.5
+        cov = coverage(mats, sizes, n, N, xs, ys, 0, B, BILINEAR)
         r = _refill(r, cov, again, fill, 0, BILINEAR, FILL_C)
         g = _refill(g, cov, again, fill, 1, BILINEAR, FILL_C)
         b = _refill(b, cov, again, fill, 2, BILINEAR, FILL_C)
@@ -197,15 +183,12 @@ def _refill(v, cov, again, fill, c, BILINEAR: tl.constexpr, FILL_C: tl.constexpr
 
 
 def apply(y: torch.Tensor, pixel: torch.Tensor, first: int, choices: torch.Tensor, w: Warp | None,
-          vflip: torch.Tensor | None, fill: torch.Tensor, out: torch.Tensor, scale: torch.Tensor,
-          shift: torch.Tensor) -> torch.Tensor:
-    """The policy's colour ops, its refill (where warp `w` filled), `* scale[c] + shift[c]` into `out`
-    (N, 3, OH, OW). `y` is the box pass's output (float NCHW 0..255, contiguous): with a warp, the first
-    kernel reads it through the warp (and `vflip`), else it is the batch itself. The policy's columns
-    of `pixel` (float32 on y's device) start at column `first`: (op, magnitude) per slot, then the
-    refill flag; `choices` (N, slots) are the same op ids on the host, so passes that no sample needs
-    are skipped without a sync."""
-    n, (h, wd) = len(y), out.shape[2:]
+          fill: torch.Tensor, out: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """The policy's colour ops on float NCHW 0..255 `y` (contiguous), then its refill (where `w` filled),
+    `* scale[c] + shift[c]` into `out`. The policy's columns of `pixel` (float32 on y's device) start
+    at column `first`: (op, magnitude) per slot, then the refill flag; `choices` (N, slots) are the
+    same op ids on the host, so passes no sample needs are skipped without a sync."""
+    n, _, h, wd = y.shape
     slots = choices.shape[1]
     if not n:
         return out
@@ -217,27 +200,27 @@ def apply(y: torch.Tensor, pixel: torch.Tensor, first: int, choices: torch.Tenso
     if any(stats):
         gsum = torch.zeros(slots, n, device=y.device)
         ints = torch.zeros(slots, n, STATS, device=y.device, dtype=torch.int32)
-    grid = (n, triton.cdiv(h * wd, BLOCK))
-    if w is None:
-        mats, sizes = _unused(y.device)
-        warp = dict(B=0, FIRST=0, BILINEAR=False, HAS_VFLIP=False, FILL_C=fill.numel())
     else:
-        mats, sizes, warp = w.matrices.contiguous(), sizes_of(w, y.device), settings(w, vflip, fill)
-    tensors = (mats, sizes, n, y if vflip is None else vflip, fill)
-    warped = w is not None  # until a kernel has written the warped batch
+        gsum, ints = _unused(y.device)
+    grid = (n, triton.cdiv(h * wd, BLOCK))
+    b = 0 if w is None else len(w.sizes)
+    mats = gsum if w is None else w.matrices.contiguous()
+    sizes = ints if w is None else sizes_of(w, y.device)
     for k in range(slots):
         col, last = first + 2 * k, k == slots - 1
         if not last and not drawn[k] & set(COLOUR_OPS):
             continue  # every sample drew Identity or a geometric op here
         gs, mine = (gsum[k], ints[k]) if stats[k] else _unused(y.device)
         if stats[k]:
-            _stats_kernel[grid](y, pixel, col, ncols, gs, mine, h, wd, *tensors, WARPED=warped, **warp, BLOCK=BLOCK)
+            _stats_kernel[grid](y, pixel, col, ncols, gs, mine, h, wd, BLOCK=BLOCK)
             if ID["Equalize"] in drawn[k]:
                 _table_kernel[(3 * n,)](pixel, col, ncols, mine, h * wd)
-        dst = out if last else torch.empty((n, 3, h, wd), device=y.device)
-        _colour_kernel[grid](y, dst, pixel, col, ncols, gs, mine, h, wd, *tensors, scale, shift, *dst.stride(),
-                             WARPED=warped, FINAL=last, **warp, BLOCK=BLOCK)
-        y, warped = dst, False
+        dst = out if last else torch.empty_like(y)
+        _colour_kernel[grid](y, dst, pixel, col, ncols, gs, mine, h, wd, mats, sizes, n, fill,
+                             scale, shift, *dst.stride(), FINAL=last, B=b if last else 0,
+                             BILINEAR=w is not None and w.resampling.interpolation == "bilinear",
+                             FILL_C=fill.numel(), BLOCK=BLOCK)
+        y = dst
     return out
 
 

@@ -91,43 +91,29 @@ def _sample(plane, u, v, H, W, flipped, mask, BILINEAR: tl.constexpr):
 
 
 @triton.jit
-def fetch(x, n, c, oy, ox, OH, OW, mask, mats, sizes, N, vflip, fill, WARPED: tl.constexpr, B: tl.constexpr,
-          FIRST: tl.constexpr, BILINEAR: tl.constexpr, HAS_VFLIP: tl.constexpr, FILL_C: tl.constexpr):
-    """Channel c of sample n at output pixels (oy, ox) of an OH×OW batch: read from `x` (N, 3, OH, OW), or,
-    WARPED, sampled through the warp from the box pass's output `x` (N, 3, *sizes[0]), turned upside
-    down first where `vflip` says, with the fill where an op on the way looked outside its image."""
-    if WARPED:
-        h, w = _size(sizes, 0)
-        xs, ys = ox.to(tl.float32) + 0.5, oy.to(tl.float32) + 0.5
-        u, v = _point(mats, 0, n, N, xs, ys)
-        flipped = mask & (oy < 0)  # none
-        if HAS_VFLIP:
-            flipped = mask & (tl.load(vflip + n) != 0)
-        val = _sample(x + (n.to(tl.int64) * 3 + c) * h * w, u, v, h, w, flipped, mask, BILINEAR)
-        if FIRST < B:
-            cov = coverage(mats, sizes, n, N, xs, ys, FIRST, B, BILINEAR)
-            f = tl.load(fill + (c if FILL_C == 3 else 0))
-            if BILINEAR:
-                val = cov * (val - f) + f
-            else:
-                val = tl.where(cov < 0.5, f, val)
-    else:
-        val = tl.load(x + (n.to(tl.int64) * 3 + c) * OH * OW + oy * OW + ox, mask=mask, other=0.0)
-    return val
-
-
-@triton.jit
-def _warp_kernel(x, out, mats, sizes, vflip, fill, scale, shift, N, OH, OW, s_n, s_c, s_y, s_x,
+def _warp_kernel(x, out, mats, sizes, vflip, fill, scale, shift, N, H, W, OH, OW, s_n, s_c, s_y, s_x,
                  B: tl.constexpr, FIRST: tl.constexpr, BILINEAR: tl.constexpr, HAS_VFLIP: tl.constexpr,
                  FILL_C: tl.constexpr, BLOCK: tl.constexpr):
     n = tl.program_id(0)
     p = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = p < OH * OW
     oy, ox = p // OW, p % OW
+    xs, ys = ox.to(tl.float32) + 0.5, oy.to(tl.float32) + 0.5
+    u, v = _point(mats, 0, n, N, xs, ys)
+    flipped = tl.full([BLOCK], 0, tl.int1)
+    if HAS_VFLIP:
+        flipped = (tl.zeros([BLOCK], tl.int32) + tl.load(vflip + n).to(tl.int32)) != 0
+    cov = coverage(mats, sizes, n, N, xs, ys, FIRST, B, BILINEAR)
     dst = out + n.to(tl.int64) * s_n + oy * s_y + ox * s_x
+    src = x + n.to(tl.int64) * 3 * H * W
     for c in tl.static_range(3):
-        val = fetch(x, n, c, oy, ox, OH, OW, mask, mats, sizes, N, vflip, fill, True, B, FIRST, BILINEAR,
-                    HAS_VFLIP, FILL_C)
+        val = _sample(src + c * H * W, u, v, H, W, flipped, mask, BILINEAR)
+        if FIRST < B:
+            f = tl.load(fill + (c if FILL_C == 3 else 0))
+            if BILINEAR:
+                val = cov * (val - f) + f
+            else:
+                val = tl.where(cov < 0.5, f, val)
         val = val * tl.load(scale + c) + tl.load(shift + c)
         tl.store(dst + c * s_c, val.to(out.dtype.element_ty), mask=mask)
 
@@ -153,15 +139,13 @@ def warp(y: torch.Tensor, w: Warp, vflip: torch.Tensor | None, fill: torch.Tenso
     """Warp float NCHW 0..255 `y` (contiguous) into `out` (N, 3, *w.out_hw, any strides and float dtype):
     `out = warped * scale[c] + shift[c]`; `vflip` (N,) turns samples upside down first; `fill` (1 or 3
     values) goes where the ops filled (none when the resampling has no fill and one image is read)."""
-    n, oh, ow = len(y), *w.out_hw
+    n, _, h, wd = y.shape
+    oh, ow = w.out_hw
+    first = 0 if w.resampling.fill is not None else 1
     if n:
         _warp_kernel[(n, triton.cdiv(oh * ow, BLOCK))](
-            y, out, w.matrices.contiguous(), sizes_of(w, y.device), y if vflip is None else vflip, fill, scale, shift,
-            n, oh, ow, *out.stride(), **settings(w, vflip, fill), BLOCK=BLOCK)
+            y, out, w.matrices.contiguous(), sizes_of(w, y.device), vflip if vflip is not None else y, fill, scale, shift,
+            n, h, wd, oh, ow, *out.stride(), B=len(w.sizes), FIRST=first,
+            BILINEAR=w.resampling.interpolation == "bilinear", HAS_VFLIP=vflip is not None,
+            FILL_C=fill.numel(), BLOCK=BLOCK)
     return out
-
-
-def settings(w: Warp, vflip: torch.Tensor | None, fill: torch.Tensor) -> dict:
-    """The kernels' compile-time settings for warp `w` (what `fetch` needs besides its tensors)."""
-    return dict(B=len(w.sizes), FIRST=0 if w.resampling.fill is not None else 1,
-                BILINEAR=w.resampling.interpolation == "bilinear", HAS_VFLIP=vflip is not None, FILL_C=fill.numel())

@@ -188,8 +188,8 @@ class Augment:
 
     def _finish_in_kernels(self, y: torch.Tensor, params: Params, dtype: torch.dtype,
                            channels_last: bool) -> torch.Tensor:
-        """The warp (with the vertical flips), the policy, Normalize and the cast: one kernel per policy slot
-        (the first reading through the warp; statistics passes where ops need them), or one for a warp alone."""
+        """The warp (with the vertical flips), the policy, Normalize and the cast: one kernel for the warp,
+        one per policy slot (plus statistics passes for the ops that need them)."""
         n, dev = len(y), y.device
         out_hw = params.final_hw
         fmt = torch.channels_last if channels_last else torch.contiguous_format
@@ -198,13 +198,17 @@ class Augment:
         y = y.contiguous()
         w = params.warp
         fill = constant(w.resampling.fill or (0.0,) if w is not None else (0.0,), dev, torch.float32)
-        if w is None:
+        if w is not None:
+            last = self.policy is None
+            target = out if last else torch.empty((n, 3, *out_hw), device=dev)
+            unit = _affine_on(dev, None, False, True)
+            y = _fused("fused_warp").warp(y, w, params.vflip, fill, target, *((scale, shift) if last else unit))
+            if last:
+                return out
+        else:
             y = flip_rows(y, params.vflip)
-        elif self.policy is None:
-            return _fused("fused_warp").warp(y, w, params.vflip, fill, out, scale, shift)
         first = self._columns()[id(self.policy)]
-        return _fused("fused_policy").apply(y, params.pixel, first, params.choices, w, params.vflip if w else None, fill,
-                                             out, scale, shift)
+        return _fused("fused_policy").apply(y, params.pixel, first, params.choices, w, fill, out, scale, shift)
 
     def kernel_output(self, params: Params, dtype: torch.dtype, channels_last: bool,
                       device: torch.device) -> tuple[torch.dtype, bool, torch.Tensor, torch.Tensor]:
