@@ -26,6 +26,7 @@ import tarfile
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Callable
 from pathlib import Path
 
 import numpy as np
@@ -126,6 +127,10 @@ class FolderStore:
         """The bytes of images `indices` back to back in one buffer, read on threads, with each image's
         file and where it starts there (for decode workers). An image whose file can't be read is left
         empty (its decoder then fails and the loader replaces it, as for a damaged store)."""
+        return self.read_later(indices)()
+
+    def read_later(self, indices: np.ndarray) -> Callable[[], Encoded]:
+        """Start `read(indices)` on the threads and return at once; the returned call waits for it."""
         sizes = self._sizes[indices]
         ends = np.cumsum(sizes)
         begins = ends - sizes
@@ -146,8 +151,14 @@ class FolderStore:
             if got < len(view):
                 view[:] = b"\0" * len(view)  # changed since indexed: undecodable, replaced
 
-        list(self._pool.map(one, range(len(indices))))
-        return Encoded(torch.from_numpy(buffer), buffer, begins, ends, files, at)
+        pending = [self._pool.submit(one, k) for k in range(len(indices))]
+
+        def done() -> Encoded:
+            for job in pending:
+                job.result()
+            return Encoded(torch.from_numpy(buffer), buffer, begins, ends, files, at)
+
+        return done
 
     def close(self) -> None:
         self._pool.shutdown(wait=False)

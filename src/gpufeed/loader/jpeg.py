@@ -17,7 +17,8 @@ import os
 import threading
 import time
 from collections import deque
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import Callable
 
 import numpy as np
 import torch
@@ -39,6 +40,14 @@ class DecodeError(RuntimeError):
     """A sample of a jpeg store could not be decoded (on_error="raise")."""
 
 
+@dataclass
+class ReadAhead:
+    """The files of a pipeline's next batch, being read (a folder read in place)."""
+
+    indices: np.ndarray
+    result: Callable[[], Encoded]
+
+
 class JpegBatcher:
     """Turns (indices, params) into a finished (images, labels) batch on the loader's device."""
 
@@ -57,18 +66,24 @@ class JpegBatcher:
         self._shapes = np.asarray(store.shapes).view(np.ndarray).astype(np.int64)
         self._labels = store.labels.numpy()
         self._inflight: deque = deque()  # (event, decoded buffers) until the kernels reading them ran
+        self._ahead: ReadAhead | None = None  # a folder's next batch, being read
         log.debug("gpufeed.Loader: jpeg decoders %s", " + ".join(self.scheduler.names))
 
-    def make(self, idx: torch.Tensor, params: Params) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
-        """(images, labels, the store index of each sample: a failed one's replacement's)."""
+    def make(self, idx: torch.Tensor, params: Params, ahead: torch.Tensor | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+        """(images, labels, the store index of each sample: a failed one's replacement's). `ahead`: the
+        samples of this pipeline's next batch, whose files a folder read in place starts reading now."""
         with stage_range("gpufeed.decode+resize", self.stream is not None):
-            return self._make(idx, params)
+            return self._make(idx, params, ahead)
 
-    def _make(self, idx: torch.Tensor, params: Params) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+    def _make(self, idx: torch.Tensor, params: Params, ahead: torch.Tensor | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
         """Host-side bookkeeping is numpy: see `gpufeed.decode.base` for why."""
         t0 = time.perf_counter()
         i = idx.numpy()
         batch = self._encoded(i)
+        if self._folder and ahead is not None:  # read while this batch decodes
+            self._ahead = ReadAhead(ahead.numpy(), self.loader.store.read_later(ahead.numpy()))
         shapes, boxes, labels = self._shapes[i], params.boxes.numpy().copy(), self._labels[i]
         t1 = time.perf_counter()
         self.loader.counters.add("read", t1 - t0, int((batch.ends - batch.begins).sum()))
@@ -99,7 +114,14 @@ class JpegBatcher:
         return images, labels, samples
 
     def _encoded(self, i: np.ndarray) -> Encoded:
-        return self.loader.store.read(i) if self._folder else Encoded.of(self._data, self._offsets, i)
+        if not self._folder:
+            return Encoded.of(self._data, self._offsets, i)
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            read = ahead.result()  # waited for even if unused: no reads left running behind the loader
+            if np.array_equal(ahead.indices, i):
+                return read
+        return self.loader.store.read(i)
 
     def _replaced(self, idx: torch.Tensor, params: Params, tries: int = 8
                   ) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
@@ -239,11 +261,13 @@ def jpeg_feed(loader, plan, start: int):
     def make(number: int, k: int):
         batcher = pipelines[k]
         idx, params = plan.batch(number)
+        following = number + len(pipelines)  # this pipeline's next batch
+        ahead = plan.batch(following)[0] if following < len(plan) else None
         if batcher.stream is None:
-            images, labels, samples = batcher.make(idx, params)
+            images, labels, samples = batcher.make(idx, params, ahead)
             return Batch(images, labels, None, final=True, samples=samples), None
         with torch.cuda.stream(batcher.stream):
-            images, labels, samples = batcher.make(idx, params)
+            images, labels, samples = batcher.make(idx, params, ahead)
             event = batcher.stream.record_event()
         return Batch(images, labels, None, final=True, samples=samples), event
 
