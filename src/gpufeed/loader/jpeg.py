@@ -32,6 +32,7 @@ from gpufeed.decode.workers import DecodeWorkers
 from gpufeed.loader.feeds import Batch, threaded
 from gpufeed.loader.folder import FolderStore
 from gpufeed.loader.stats import stage_range
+from gpufeed.transfer.ring import hand_over
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +59,9 @@ class JpegBatcher:
         self.fused = loader.device.type == "cuda" and _fused() is not None
         self.stream = (torch.cuda.Stream(loader.device, priority=scheduler.STREAM_PRIORITY)
                        if loader.device.type == "cuda" else None)
+        # the per-batch tables go up on a stream of their own: a copy from pageable memory first waits
+        # for all the work queued on its stream, and on `stream` that is the batch's decodes and copies
+        self._tables = torch.cuda.Stream(loader.device) if loader.device.type == "cuda" else None
         self._warned = threading.Event()
         store = loader.store
         self._folder = isinstance(store, FolderStore)  # read in place: each batch's bytes read from the files
@@ -156,7 +160,7 @@ class JpegBatcher:
 
     def _gpu(self, parts, boxes: np.ndarray, labels: np.ndarray, params: Params) -> tuple[torch.Tensor, torch.Tensor]:
         """One resize kernel per decoder's part; every part's per-image table, the boxes, the flips and
-        the labels go to the device in two copies."""
+        the labels go to the device in two copies (plus the augment parameters), on their own stream."""
         loader, aug = self.loader, self.loader.augment
         dev = loader.device
         out_dtype, out_last, scale, shift = aug.kernel_output(params, loader.dtype, loader.channels_last, dev)
@@ -167,8 +171,12 @@ class JpegBatcher:
         flat = [c for cols in columns for c in cols] + [labels]
         table, at = _table(flat)
         floats = np.concatenate([boxes.ravel(), params.flip.numpy()]).astype(np.float32)
-        table_d = torch.from_numpy(table).to(dev, non_blocking=True)
-        floats_d = torch.from_numpy(floats).to(dev, non_blocking=True)
+        with torch.cuda.stream(self._tables):
+            table_d = torch.from_numpy(table).to(dev, non_blocking=True)
+            floats_d = torch.from_numpy(floats).to(dev, non_blocking=True)
+            on_device = params.to(dev, non_blocking=True, boxes=False)  # the boxes and flips went in `floats`
+            copied = self._tables.record_event()
+        hand_over(copied, table_d, floats_d, *(t for t in on_device.tensors() if t.is_cuda))
         boxes_d, flip_d = floats_d[: boxes.size], floats_d[boxes.size :]
         views = [table_d[a : a + len(c)] for c, a in zip(flat, at)]
         for k, (part, _) in enumerate(parts):
@@ -181,7 +189,6 @@ class JpegBatcher:
         while self._inflight and self._inflight[0][0].query():
             self._inflight.popleft()
         labels_d = views[-1]
-        on_device = params.to(dev, non_blocking=True, boxes=False)  # the boxes and flips went in `floats`
         return aug.complete(out, on_device, loader.dtype, loader.channels_last), labels_d
 
     def _cpu(self, parts, boxes: np.ndarray, params: Params, n: int) -> torch.Tensor:
