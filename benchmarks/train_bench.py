@@ -5,7 +5,8 @@ trained for `--steps` steps after `--warmup` steps, fed by each row; every row r
 its own, and the rows are interleaved over `--rounds` rounds, so host drift hits every row alike.
 Rows: `synthetic` (one batch already on the GPU: the ceiling), `raw` (a raw store), `jpeg` (a jpeg
 store, the Loader's defaults; `jpeg:KEY=VALUE,...` passes Loader arguments, and `policy=randaugment`
-(or trivialaugment, autoaugment) adds that policy to the recipe; rows are separated by `;`), `dataloader` (torch
+(or trivialaugment, autoaugment) adds that policy to the recipe, `switch=SECONDS` sets the process's
+`sys.setswitchinterval`; rows are separated by `;`), `dataloader` (torch
 DataLoader over the image folder, PIL, uint8 to the GPU, normalized there), `dali` (when nvidia-dali
 is installed: a benchmark-only import).
 
@@ -92,6 +93,8 @@ def feeder(row: str, work: Path, batch: int):
         for key, (module, attribute, cast) in KNOBS.items():
             if key in kwargs:
                 setattr(importlib.import_module(module), attribute, cast(kwargs.pop(key)))
+        if "switch" in kwargs:  # the process's GIL switch interval, seconds (Python's default 0.005)
+            sys.setswitchinterval(float(kwargs.pop("switch")))
         ops = _ops(kwargs.pop("policy", None))
         loader = gpufeed.Loader(work / name, batch_size=batch, device="cuda", augment=ops, **kwargs)
         built = time.perf_counter() - t0
