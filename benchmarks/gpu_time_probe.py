@@ -6,8 +6,8 @@ defaults; after warm-up steps, `--steps` steps are profiled. Kernels, copies and
 summed per stream: the training loop's stream (the default stream) against every other (the
 loader's streams and the decoders'). The JPEG engines' own work is no kernel and does not show.
 Then the CUDA runtime and driver calls (launches, copies, syncs, event queries) are summed by the
-thread that made them, the training thread against the loader's threads: a call that blocks its
-thread (a copy waiting for a stream, a sync) shows as host time.
+thread that made them (the training thread, the loader's threads): a call that blocks its thread
+(a copy waiting for a stream, a sync) shows as host time.
 
     PYTHONPATH=src python benchmarks/gpu_time_probe.py --n 10000 --steps 20
 """
@@ -19,7 +19,6 @@ import collections
 import json
 import os
 import tempfile
-import threading
 from pathlib import Path
 
 import torch
@@ -52,7 +51,6 @@ def main() -> None:
     for _ in range(a.warmup):
         step(*next(it))
     torch.cuda.synchronize()
-    main_tid = threading.get_native_id()  # Kineto names CPU-side events by the system thread id
     activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     with torch.profiler.profile(activities=activities) as prof:
         for _ in range(a.steps):
@@ -79,17 +77,19 @@ def main() -> None:
           f"{sum(per_stream[s] for s in others) / a.steps:.2f} GPU ms per batch, of which:")
     for name, ms in kinds.most_common(8):
         print(f"  {ms / a.steps:6.2f} ms  {name}")
-    calls: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
-    counts: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    # the profiler records torch ops on the profiling (training) thread only; CUDA calls on every thread
+    training = {e.get("tid") for e in events if e.get("cat") == "cpu_op"}
+    calls: dict[object, collections.Counter] = collections.defaultdict(collections.Counter)
+    counts: dict[object, collections.Counter] = collections.defaultdict(collections.Counter)
     for e in events:
         if e.get("cat") in ("cuda_runtime", "cuda_driver") and "dur" in e:
-            side = "training thread" if e.get("tid") == main_tid else "loader threads"
-            calls[side][e["name"]] += e["dur"] / 1000
-            counts[side][e["name"]] += 1
-    for side, spent in calls.items():
-        print(f"{side}: {sum(spent.values()) / a.steps:.2f} host ms per batch in CUDA calls, of which:")
-        for name, ms in spent.most_common(8):
-            print(f"  {ms / a.steps:6.2f} ms  {counts[side][name] / a.steps:6.1f} calls  {name}")
+            calls[e.get("tid")][e["name"]] += e["dur"] / 1000
+            counts[e.get("tid")][e["name"]] += 1
+    for tid, spent in sorted(calls.items(), key=lambda kv: -sum(kv[1].values())):
+        side = "training thread" if tid in training else "another thread (the loader's)"
+        print(f"thread {tid}, {side}: {sum(spent.values()) / a.steps:.2f} host ms per batch in CUDA calls:")
+        for name, ms in spent.most_common(6):
+            print(f"  {ms / a.steps:6.2f} ms  {counts[tid][name] / a.steps:6.1f} calls  {name}")
     loader.close()
 
 
