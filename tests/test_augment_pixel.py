@@ -149,3 +149,25 @@ def test_hue_jitter_matches_torchvision_per_sample(batch):
         assert (got[k] - want).abs().max() < 1e-2, k
     with pytest.raises(ValueError, match="hue must be in 0..0.5"):
         ColorJitter(hue=0.7)
+
+
+def test_a_torchvision_v2_transform_as_the_users_op(tmp_path):
+    from itertools import permutations
+
+    from PIL import Image
+    from torchvision.transforms import v2
+
+    for i in range(8):
+        Image.fromarray(natural_image(np.random.default_rng(i), 40, 48, i)).save(tmp_path / f"{i}.png")
+    gpufeed.pack(tmp_path, tmp_path / "s", size=32, workers=1, progress=False)
+    ops = [RandomResizedCrop(16), RandomHorizontalFlip(), Normalize()]
+    make = lambda extra: gpufeed.Loader(tmp_path / "s", batch_size=4, device="cpu", dtype=torch.float32,  # noqa: E731
+                                        augment=ops + extra, seed=4)
+    plain, images = next(iter(make([])))[0], None
+    torch.manual_seed(0)
+    for _ in range(5):  # v2 draws one permutation per call, from torch's global generator
+        images = next(iter(make([v2.RandomChannelPermutation()])))[0]
+        if not torch.equal(images, plain):
+            break
+    assert images.shape == plain.shape and not torch.equal(images, plain)
+    assert any(torch.equal(images, plain[:, list(p)]) for p in permutations(range(3)))
