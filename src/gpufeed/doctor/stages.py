@@ -137,7 +137,8 @@ def store(path: Path, batches: int, device: str) -> Timings:
             torch.cuda.synchronize()
     stats = loader.stats()
     names = {"gather": "gather", "h2d_issue": "host-to-device (issue)", "wait": "waiting for data",
-             "augment": "augment (launch)" if device == "cuda" else "augment"}
+             "augment": "augment (launch)" if device == "cuda" else "augment",
+             "resize.copies": "resize: of it, the tables' copies"}
     t.seconds = {names.get(k, k): v for k, v in stats["seconds"].items()}
     t.seconds["total (wall)"] = time.perf_counter() - t0
     t.facts.update(tier=loader.tier.name, tier_reason=loader.tier.reason, decoders=stats.get("decoders"),

@@ -171,12 +171,14 @@ class JpegBatcher:
         flat = [c for cols in columns for c in cols] + [labels]
         table, at = _table(flat)
         floats = np.concatenate([boxes.ravel(), params.flip.numpy()]).astype(np.float32)
+        t0 = time.perf_counter()
         with torch.cuda.stream(self._tables):
             table_d = torch.from_numpy(table).to(dev, non_blocking=True)
             floats_d = torch.from_numpy(floats).to(dev, non_blocking=True)
             on_device = params.to(dev, non_blocking=True, boxes=False)  # the boxes and flips went in `floats`
             copied = self._tables.record_event()
         hand_over(copied, table_d, floats_d, *(t for t in on_device.tensors() if t.is_cuda))
+        self.loader.counters.add("resize.copies", time.perf_counter() - t0)  # a part of "resize"
         boxes_d, flip_d = floats_d[: boxes.size], floats_d[boxes.size :]
         views = [table_d[a : a + len(c)] for c, a in zip(flat, at)]
         for k, (part, _) in enumerate(parts):
