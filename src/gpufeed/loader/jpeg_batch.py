@@ -1,0 +1,222 @@
+"""One jpeg batch, made on the loader's producer thread: decoded, cropped, resized, augmented.
+
+The crops are planned from the stored sizes; the scheduler splits the batch between the GPU
+decoders (each one batched call that releases the GIL) and the CPU decode worker processes
+(`decode.workers`, CUDA-free); one resize kernel per decoder's part writes the finished batch,
+on the pipeline's stream. A folder read in place reads the next batch's files while this one
+decodes. Samples no decoder can read are replaced by another sample of the same batch
+(`on_error="skip"`, counted, warned about once with the index) or raise naming the index
+(`"raise"`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, replace
+from typing import Callable
+
+import numpy as np
+import torch
+
+from gpufeed.augment.pipeline import Params, _fused
+from gpufeed.decode import Scheduler
+from gpufeed.decode import scheduler
+from gpufeed.decode.base import Encoded, into_pixels
+from gpufeed.loader.folder import FolderStore
+from gpufeed.loader.stats import stage_range
+from gpufeed.transfer.ring import hand_over
+
+log = logging.getLogger(__name__)
+
+
+class DecodeError(RuntimeError):
+    """A sample of a jpeg store could not be decoded (on_error="raise")."""
+
+
+@dataclass
+class ReadAhead:
+    """The files of a pipeline's next batch, being read (a folder read in place)."""
+
+    indices: np.ndarray
+    result: Callable[[], Encoded]
+
+
+class JpegBatcher:
+    """Turns (indices, params) into a finished (images, labels) batch on the loader's device."""
+
+    def __init__(self, loader, on_error: str, threads: int, decoders: tuple[str, ...] | None, cpu=None,
+                 gpu_turn: threading.Lock | None = None):
+        self.loader, self.on_error = loader, on_error
+        self.scheduler = Scheduler(loader.device, threads, decoders, cpu, gpu_turn)
+        self.fused = loader.device.type == "cuda" and _fused() is not None
+        self.stream = (torch.cuda.Stream(loader.device, priority=scheduler.STREAM_PRIORITY)
+                       if loader.device.type == "cuda" else None)
+        # the per-batch tables go up on a stream of their own: a copy from pageable memory first waits
+        # for all the work queued on its stream, and on `stream` that is the batch's decodes and copies
+        self._tables = torch.cuda.Stream(loader.device) if loader.device.type == "cuda" else None
+        self._warned = threading.Event()
+        store = loader.store
+        self._folder = isinstance(store, FolderStore)  # read in place: each batch's bytes read from the files
+        self._data = loader.tier.images  # the encoded bytes, where the tier keeps them (host memory)
+        self._offsets = None if self._folder else np.asarray(store.offsets).view(np.ndarray)
+        self._shapes = np.asarray(store.shapes).view(np.ndarray).astype(np.int64)
+        self._labels = store.labels.numpy()
+        self._inflight: deque = deque()  # (event, decoded buffers) until the kernels reading them ran
+        self._ahead: ReadAhead | None = None  # a folder's next batch, being read
+        log.debug("gpufeed.Loader: jpeg decoders %s", " + ".join(self.scheduler.names))
+
+    def make(self, idx: torch.Tensor, params: Params, ahead: torch.Tensor | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+        """(images, labels, the store index of each sample: a failed one's replacement's). `ahead`: the
+        samples of this pipeline's next batch, whose files a folder read in place starts reading now."""
+        with stage_range("gpufeed.decode+resize", self.stream is not None):
+            return self._make(idx, params, ahead)
+
+    def _make(self, idx: torch.Tensor, params: Params, ahead: torch.Tensor | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+        """Host-side bookkeeping is numpy: see `gpufeed.decode.base` for why."""
+        t0 = time.perf_counter()
+        i = idx.numpy()
+        batch = self._encoded(i)
+        if self._folder and ahead is not None:  # read while this batch decodes
+            self._ahead = ReadAhead(ahead.numpy(), self.loader.store.read_later(ahead.numpy()))
+        shapes, boxes, labels = self._shapes[i], params.boxes.numpy().copy(), self._labels[i]
+        t1 = time.perf_counter()
+        self.loader.counters.add("read", t1 - t0, int((batch.ends - batch.begins).sum()))
+        parts, failed = self.scheduler.run(batch, shapes, boxes, params.out_hw, pin=self.fused)
+        t2 = time.perf_counter()
+        self.loader.counters.add("decode", t2 - t1)
+        if failed and len(failed) == len(i) and self.on_error == "skip":
+            self._failed(idx, failed)
+            return self._replaced(idx, params)
+        if failed:
+            self._failed(idx, failed)
+            good = [p for p in range(len(i)) if p not in failed]
+            copies = {p: next((g for g in good if g > p), good[0]) for p in failed}
+            labels[list(copies)] = labels[list(copies.values())]
+        samples = i.copy()
+        if failed:
+            samples[list(copies)] = samples[list(copies.values())]
+        for part, positions in parts:  # boxes into each image's decoded pixels (a region, maybe DCT-reduced)
+            boxes[positions] = into_pixels(boxes[positions], shapes[positions], part)
+        if self.fused:
+            images, labels = self._gpu(parts, boxes, labels, params)
+        else:
+            images, labels = self._cpu(parts, boxes, params, len(i)), torch.from_numpy(labels)
+        self.loader.counters.add("resize", time.perf_counter() - t2)
+        if failed:  # keep batches full: a failed sample becomes a copy of the next good one
+            for p, src in copies.items():
+                images[p] = images[src]
+        return images, labels, samples
+
+    def _encoded(self, i: np.ndarray) -> Encoded:
+        if not self._folder:
+            return Encoded.of(self._data, self._offsets, i)
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            read = ahead.result()  # waited for even if unused: no reads left running behind the loader
+            if np.array_equal(ahead.indices, i):
+                return read
+        return self.loader.store.read(i)
+
+    def _replaced(self, idx: torch.Tensor, params: Params, tries: int = 8
+                  ) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+        """A batch none of whose samples decoded (`on_error="skip"`): made of the samples that follow
+        them in the store instead, each with its own label and the same crop relative to its size,
+        trying up to `tries` steps further. Deterministic, so a resumed run makes the same batch."""
+        n, shapes = len(self.loader.store), torch.from_numpy(self._shapes)
+        for step in range(1, tries + 1):
+            other = (idx + step) % n
+            scale = (shapes[other] / shapes[idx]).flip(1).repeat(1, 2).to(params.boxes.dtype)  # (w, h, w, h)
+            moved = replace(params, boxes=params.boxes * scale)
+            try:
+                return self._make(other, moved)
+            except DecodeError:  # those failed too: one step further
+                continue
+        raise DecodeError(f"{self.loader.store.path}: samples {idx.tolist()} and the {tries} after each cannot be "
+                          "decoded: the store looks damaged (gpufeed verify names the files)")
+
+    def _failed(self, idx: torch.Tensor, failed: dict[int, str]) -> None:
+        first = min(failed)
+        where = f"{self.loader.store.path}: sample {int(idx[first])}"
+        if self._folder:
+            where += f" ({self.loader.store.source(int(idx[first]))})"
+        if self.on_error == "raise":
+            raise DecodeError(f"{where} cannot be decoded ({failed[first]})")
+        self.loader.counters.note(f"{len(failed)} undecodable sample(s) replaced, e.g. {where}")
+        if not self._warned.is_set():
+            self._warned.set()
+            log.warning("%s cannot be decoded (%s); replaced by another sample (of its batch, or "
+                        "the ones after it if the whole batch failed) "
+                        "(further ones are counted in loader.stats())", where, failed[first])
+
+    def _gpu(self, parts, boxes: np.ndarray, labels: np.ndarray, params: Params) -> tuple[torch.Tensor, torch.Tensor]:
+        """One resize kernel per decoder's part; every part's per-image table, the boxes, the flips and
+        the labels go to the device in two copies (plus the augment parameters), on their own stream."""
+        loader, aug = self.loader, self.loader.augment
+        dev = loader.device
+        out_dtype, out_last, scale, shift = aug.kernel_output(params, loader.dtype, loader.channels_last, dev)
+        fmt = torch.channels_last if out_last else torch.contiguous_format
+        out = torch.empty((len(boxes), 3, *params.out_hw), dtype=out_dtype, device=dev, memory_format=fmt)
+        parts = [(part, positions) for part, positions in parts if len(positions)]
+        columns = [[part.offsets, part.sizes.ravel(), part.strides.ravel(), positions] for part, positions in parts]
+        flat = [c for cols in columns for c in cols] + [labels]
+        table, at = _table(flat)
+        floats = np.concatenate([boxes.ravel(), params.flip.numpy()]).astype(np.float32)
+        t0 = time.perf_counter()
+        with torch.cuda.stream(self._tables):
+            table_d = torch.from_numpy(table).to(dev, non_blocking=True)
+            floats_d = torch.from_numpy(floats).to(dev, non_blocking=True)
+            on_device = params.to(dev, non_blocking=True, boxes=False)  # the boxes and flips went in `floats`
+            copied = self._tables.record_event()
+        hand_over(copied, table_d, floats_d, *(t for t in on_device.tensors() if t.is_cuda))
+        self.loader.counters.add("resize.copies", time.perf_counter() - t0)  # a part of "resize"
+        boxes_d, flip_d = floats_d[: boxes.size], floats_d[boxes.size :]
+        views = [table_d[a : a + len(c)] for c, a in zip(flat, at)]
+        for k, (part, _) in enumerate(parts):
+            _fused().resample_packed(part.base, *views[4 * k : 4 * k + 4], boxes_d, flip_d, out, scale, shift)
+        done = torch.cuda.current_stream(dev).record_event()
+        self._inflight.append((done, [part.keep for part, _ in parts]))
+        for part, _ in parts:
+            if part.on_done is not None:
+                part.on_done(done)
+        while self._inflight and self._inflight[0][0].query():
+            self._inflight.popleft()
+        labels_d = views[-1]
+        return aug.complete(out, on_device, loader.dtype, loader.channels_last), labels_d
+
+    def _cpu(self, parts, boxes: np.ndarray, params: Params, n: int) -> torch.Tensor:
+        """CPU device: edge-pad the decoded images to one size, then the roi_align path (same math)."""
+        images: list = [None] * n
+        for part, positions in parts:
+            for k, p in enumerate(positions.tolist()):
+                (h, w), (sc, sy, sx) = part.sizes[k].tolist(), part.strides[k].tolist()
+                chw = part.base.as_strided((3, h, w), (sc, sy, sx), int(part.offsets[k]))
+                images[p] = chw.permute(1, 2, 0)
+        filler = next(im for im in images if im is not None)
+        images = [filler if im is None else im for im in images]
+        top_h, top_w = max(im.shape[0] for im in images), max(im.shape[1] for im in images)
+        batch = torch.from_numpy(np.stack([np.pad(im.numpy(), ((0, top_h - im.shape[0]), (0, top_w - im.shape[1]),
+                                                               (0, 0)), mode="edge") for im in images]))
+        padded = replace(params, boxes=torch.from_numpy(boxes), identity=False)
+        return self.loader.augment.apply(batch, padded, self.loader.dtype, self.loader.channels_last)
+
+    def close(self) -> None:
+        """Stop this pipeline's decoders (the shared CPU workers are `JpegPipelines`' to stop)."""
+        self.scheduler.close()
+
+
+def _table(columns: list[np.ndarray]) -> tuple[np.ndarray, list[int]]:
+    """int64 columns back to back in one array, each starting on 16 bytes (Triton specializes a
+    kernel on its pointers' alignment: unaligned views would compile more variants), and where each
+    starts."""
+    at = [0]
+    for c in columns:
+        at.append(at[-1] + len(c) + len(c) % 2)
+    table = np.zeros(at[-1], np.int64)
+    for c, a in zip(columns, at):
+        table[a : a + len(c)] = c
+    return table, at[:-1]
