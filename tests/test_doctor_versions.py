@@ -8,7 +8,7 @@ from gpufeed.cli import main
 from gpufeed.doctor.versions import Stack, collect, problems, report
 
 GOOD = Stack("0.1.0", "3.11.7", "2.11.0+cu130", "13.0", "0.26.0", "580.65.06", "13.0",
-             {"nvidia-nvimgcodec-cu13": "0.9.0.20", "nvidia-nvjpeg": "13.3.2.43"})
+             {"nvidia-nvimgcodec-cu13": "0.9.0.20", "nvidia-nvjpeg": "13.3.2.43"}, "3.6.0")
 
 
 def test_a_matching_stack_has_no_problem():
@@ -16,7 +16,7 @@ def test_a_matching_stack_has_no_problem():
     assert problems(replace(GOOD, torch_cuda="13.2")) == []  # minor-version compatibility within CUDA 13
     line = report(GOOD)[0]
     for part in ("gpufeed 0.1.0", "torch 2.11.0+cu130 (CUDA 13.0)", "torchvision 0.26.0",
-                 "NVIDIA driver 580.65.06 (CUDA up to 13.0)", "nvidia-nvimgcodec-cu13 0.9.0.20"):
+                 "NVIDIA driver 580.65.06 (CUDA up to 13.0)", "nvidia-nvimgcodec-cu13 0.9.0.20", "Triton 3.6.0"):
         assert part in line
 
 
@@ -34,6 +34,8 @@ def test_missing_pieces_are_named_with_the_fix():
     assert "without nvidia-nvjpeg" in p
     [p] = problems(replace(GOOD, torch_cuda=None, torch="2.11.0+cpu"))
     assert "CPU-only build on a machine with an NVIDIA driver" in p
+    [p] = problems(replace(GOOD, triton=None))
+    assert "Triton is not installed" in p and "pip install triton" in p
 
 
 def test_a_driver_older_than_torchs_cuda():

@@ -177,38 +177,53 @@ class Augment:
         return self.after_ops(finish(y, dtype, self.normalize, channels_last), params)
 
     def _kernels_cover(self, y: torch.Tensor, params: Params, dtype: torch.dtype) -> bool:
-        """Whether the warp and policy kernels run this chain's middle on this batch: on a GPU, a warp
-        they support and no colour op but a policy, to a floating dtype."""
-        if not y.is_cuda or not dtype.is_floating_point or (params.warp is None and self.policy is None):
+        """Whether the warp and policy kernels run this batch's warp and policy: on a GPU with Triton,
+        a warp they support (constant padding; said once where one is not)."""
+        if not y.is_cuda or (params.warp is None and self.policy is None):
             return False
-        if self.colour not in ([], [self.policy]) or (self.policy is not None and not self.policy.slots):
+        if self.policy is not None and not self.policy.slots or _fused("fused_policy") is None:
+            return False  # (no Triton: said once by _fused)
+        if params.warp is not None and not _fused("fused_warp").supports(params.warp):
+            _torch_warp(params.warp.resampling.padding, len(params.warp.sizes))
             return False
-        kernels = _fused("fused_policy")  # imports fused_warp too
-        return kernels is not None and (params.warp is None or _fused("fused_warp").supports(params.warp))
+        return True
 
     def _finish_in_kernels(self, y: torch.Tensor, params: Params, dtype: torch.dtype,
                            channels_last: bool) -> torch.Tensor:
-        """The warp (with the vertical flips), the policy, Normalize and the cast: one kernel for the warp,
-        one per policy slot (plus statistics passes for the ops that need them)."""
+        """The warp (with the vertical flips) and the policy in kernels: one for the warp, one per policy
+        slot (plus statistics passes for the ops that need them). The last also normalises and casts
+        unless colour ops follow the policy (then float 0..255 for them) or the output is uint8."""
         n, dev = len(y), y.device
         out_hw = params.final_hw
-        fmt = torch.channels_last if channels_last else torch.contiguous_format
-        out = torch.empty((n, 3, *out_hw), dtype=dtype, device=dev, memory_format=fmt)
-        scale, shift = _affine(dev, self.normalize)
+        rest = [op for op in self.colour if op is not self.policy]
+        last = not rest and dtype.is_floating_point
+        if last:
+            fmt = torch.channels_last if channels_last else torch.contiguous_format
+            out = torch.empty((n, 3, *out_hw), dtype=dtype, device=dev, memory_format=fmt)
+            scale, shift = _affine(dev, self.normalize)
+        else:
+            out = torch.empty((n, 3, *out_hw), device=dev)
+            scale, shift = _affine_on(dev, None, False, True)
         y = y.contiguous()
         w = params.warp
         fill = constant(w.resampling.fill or (0.0,) if w is not None else (0.0,), dev, torch.float32)
-        if w is not None:
-            last = self.policy is None
-            target = out if last else torch.empty((n, 3, *out_hw), device=dev)
-            unit = _affine_on(dev, None, False, True)
-            y = _fused("fused_warp").warp(y, w, params.vflip, fill, target, *((scale, shift) if last else unit))
-            if last:
-                return out
+        if w is not None and self.policy is None:
+            y = _fused("fused_warp").warp(y, w, params.vflip, fill, out, scale, shift)
         else:
-            y = flip_rows(y, params.vflip)
-        first = self._columns()[id(self.policy)]
-        return _fused("fused_policy").apply(y, params.pixel, first, params.choices, w, fill, out, scale, shift)
+            if w is not None:
+                unit = _affine_on(dev, None, False, True)
+                y = _fused("fused_warp").warp(y, w, params.vflip, fill, torch.empty((n, 3, *out_hw), device=dev),
+                                              *unit)
+            else:
+                y = flip_rows(y, params.vflip)
+            first = self._columns()[id(self.policy)]
+            y = _fused("fused_policy").apply(y, params.pixel, first, params.choices, w, fill, out, scale, shift)
+        if last:
+            return y
+        columns = self._columns(params.pixel) if rest else {}
+        for op in rest:
+            y = op.apply(y, columns[id(op)])
+        return finish(y, dtype, self.normalize, channels_last)
 
     def kernel_output(self, params: Params, dtype: torch.dtype, channels_last: bool,
                       device: torch.device) -> tuple[torch.dtype, bool, torch.Tensor, torch.Tensor]:
@@ -292,6 +307,13 @@ def _fused(module: str = "fused"):
     except ImportError as e:
         _no_triton(str(e))
         return None
+
+
+@functools.cache
+def _torch_warp(padding: str, bounds: int) -> None:
+    log.warning("augment: a warp with %s padding (%d images read) runs as torch ops on the GPU, slower than the "
+                "warp kernel (which takes constant padding and up to %d images)", padding, bounds,
+                _fused("fused_warp").MAX_BOUNDS)
 
 
 @functools.cache

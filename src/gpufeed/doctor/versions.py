@@ -33,6 +33,7 @@ class Stack:
     driver: str | None  # the kernel module's version, e.g. "580.65.06"
     driver_cuda: str | None  # the newest CUDA the driver supports, e.g. "13.0"
     wheels: dict[str, str] = field(default_factory=dict)  # nvImageCodec and nvJPEG wheels installed
+    triton: str | None = None  # the GPU augment kernels' compiler
 
 
 def _version(dist: str) -> str | None:
@@ -71,7 +72,7 @@ def collect() -> Stack:
     driver, driver_cuda = _driver()
     wheels = {d: v for d in (*NVIMGCODEC.values(), *NVJPEG.values()) if (v := _version(d))}
     return Stack(gpufeed.__version__, platform.python_version(), torch_version, torch_cuda,
-                 _version("torchvision"), driver, driver_cuda, wheels)
+                 _version("torchvision"), driver, driver_cuda, wheels, _version("triton"))
 
 
 def _major(version: str | None) -> int | None:
@@ -90,6 +91,9 @@ def problems(s: Stack) -> list[str]:
                    f"{s.driver_cuda}: upgrade the driver, or install torch for CUDA {driver_cuda} "
                    f"(pip install torch torchvision --index-url https://download.pytorch.org/whl/cu{driver_cuda}X, "
                    "X the minor version pytorch.org lists)")
+    if cuda and s.driver and s.triton is None:
+        out.append("Triton is not installed, so GPU augmentation runs as several torch kernels per op instead of "
+                   "one kernel per pass (slower): pip install triton")
     if cuda not in NVIMGCODEC:
         return out
     install = nvimgcodec_install(s.torch_cuda)
@@ -114,5 +118,5 @@ def report(s: Stack | None = None) -> list[str]:
     driver = f"NVIDIA driver {s.driver} (CUDA up to {s.driver_cuda or '?'})" if s.driver else "no NVIDIA driver"
     wheels = ", ".join(f"{d} {v}" for d, v in s.wheels.items()) or "no nvImageCodec/nvJPEG wheels"
     lines = [f"versions: gpufeed {s.gpufeed}, Python {s.python}, {torch}, torchvision {s.torchvision or 'missing'}, "
-             f"{driver}, {wheels}"]
+             f"{driver}, {wheels}, Triton {s.triton or 'missing'}"]
     return lines + [f"fix: {p}" for p in problems(s)]
