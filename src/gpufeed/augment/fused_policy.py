@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from gpufeed.augment.affine import Warp
-from gpufeed.augment.fused_warp import coverage, rint, sizes_of
+from gpufeed.augment.fused_warp import coverage, fill_in, rint, sizes_of
 from gpufeed.augment.policies import ID
 
 BLOCK = 512
@@ -158,9 +158,9 @@ def _colour_kernel(x, out, cols, col, ncols, gsum, ints, H, W, mats, sizes, N, f
         again = tl.load(cols + n * ncols + col + 2) > 0.0  # the flag follows the last slot's columns
         xs, ys = ox.to(tl.float32) + 0.5, oy.to(tl.float32) + 0.5
         cov = coverage(mats, sizes, n, N, xs, ys, 0, B, BILINEAR)
-        r = _refill(r, cov, again, fill, 0, BILINEAR, FILL_C)
-        g = _refill(g, cov, again, fill, 1, BILINEAR, FILL_C)
-        b = _refill(b, cov, again, fill, 2, BILINEAR, FILL_C)
+        r = tl.where(again, fill_in(r, cov, fill, 0, BILINEAR, FILL_C), r)
+        g = tl.where(again, fill_in(g, cov, fill, 1, BILINEAR, FILL_C), g)
+        b = tl.where(again, fill_in(b, cov, fill, 2, BILINEAR, FILL_C), b)
     dst = out + n.to(tl.int64) * s_n + oy * s_y + ox * s_x
     ty = out.dtype.element_ty
     if FINAL:
@@ -170,16 +170,6 @@ def _colour_kernel(x, out, cols, col, ncols, gsum, ints, H, W, mats, sizes, N, f
     tl.store(dst, r.to(ty), mask=mask)
     tl.store(dst + s_c, g.to(ty), mask=mask)
     tl.store(dst + 2 * s_c, b.to(ty), mask=mask)
-
-
-@triton.jit
-def _refill(v, cov, again, fill, c, BILINEAR: tl.constexpr, FILL_C: tl.constexpr):
-    f = tl.load(fill + (c if FILL_C == 3 else 0))
-    if BILINEAR:
-        put = cov * (v - f) + f
-    else:
-        put = tl.where(cov < 0.5, f, v)
-    return tl.where(again, put, v)
 
 
 def apply(y: torch.Tensor, pixel: torch.Tensor, first: int, choices: torch.Tensor, w: Warp | None,
@@ -204,8 +194,7 @@ def apply(y: torch.Tensor, pixel: torch.Tensor, first: int, choices: torch.Tenso
         gsum, ints = _unused(y.device)
     grid = (n, triton.cdiv(h * wd, BLOCK))
     b = 0 if w is None else len(w.sizes)
-    mats = gsum if w is None else w.matrices.contiguous()
-    sizes = ints if w is None else sizes_of(w, y.device)
+    mats, sizes = _unused(y.device) if w is None else (w.matrices.contiguous(), sizes_of(w, y.device))
     for k in range(slots):
         col, last = first + 2 * k, k == slots - 1
         if not last and not drawn[k] & set(COLOUR_OPS):
@@ -226,5 +215,6 @@ def apply(y: torch.Tensor, pixel: torch.Tensor, first: int, choices: torch.Tenso
 
 @functools.lru_cache(maxsize=8)
 def _unused(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Stand-ins for the statistics of a slot that needs none (never read)."""
+    """Stand-ins (float, int32) for tensors a kernel is passed but never reads: the statistics of a slot
+    that needs none, the warp's matrices and sizes when there is no warp."""
     return torch.zeros(1, device=device), torch.zeros(1, device=device, dtype=torch.int32)

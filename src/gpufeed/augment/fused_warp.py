@@ -9,13 +9,12 @@ with torch ops (which stays the CPU path and the reference), in one read and one
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
 from gpufeed.augment.affine import Warp
+from gpufeed.augment.colour import constant
 
 BLOCK = 512
 MAX_BOUNDS = 4  # images a warp reads from (the box pass's output and up to 3 ops that fill)
@@ -67,6 +66,16 @@ def coverage(mats, sizes, n, N, xs, ys, START: tl.constexpr, B: tl.constexpr, BI
 
 
 @triton.jit
+def fill_in(val, cov, fill, c, BILINEAR: tl.constexpr, FILL_C: tl.constexpr):
+    """Channel c's values with the fill put in where `coverage` says they came from outside: blended by
+    the coverage at a bilinear fringe, else wherever less than half came from inside."""
+    f = tl.load(fill + (c if FILL_C == 3 else 0))
+    if BILINEAR:
+        return cov * (val - f) + f
+    return tl.where(cov < 0.5, f, val)
+
+
+@triton.jit
 def _tap(plane, r, c, H, W, mask):
     ok = mask & (r >= 0) & (r <= H - 1) & (c >= 0) & (c <= W - 1)
     return tl.load(plane + r * W + c, mask=ok, other=0.0)
@@ -109,11 +118,7 @@ def _warp_kernel(x, out, mats, sizes, vflip, fill, scale, shift, N, H, W, OH, OW
     for c in tl.static_range(3):
         val = _sample(src + c * H * W, u, v, H, W, flipped, mask, BILINEAR)
         if FIRST < B:
-            f = tl.load(fill + (c if FILL_C == 3 else 0))
-            if BILINEAR:
-                val = cov * (val - f) + f
-            else:
-                val = tl.where(cov < 0.5, f, val)
+            val = fill_in(val, cov, fill, c, BILINEAR, FILL_C)
         val = val * tl.load(scale + c) + tl.load(shift + c)
         tl.store(dst + c * s_c, val.to(out.dtype.element_ty), mask=mask)
 
@@ -124,14 +129,8 @@ def supports(w: Warp) -> bool:
 
 
 def sizes_of(w: Warp, device: torch.device) -> torch.Tensor:
-    """The bounds' (h, w) as an int32 device tensor, made once per warp shape (a tensor made from
-    Python numbers per batch would be a blocking copy)."""
-    return _sizes(tuple(w.sizes), device)
-
-
-@functools.lru_cache(maxsize=64)
-def _sizes(sizes: tuple, device: torch.device) -> torch.Tensor:
-    return torch.tensor(sizes, dtype=torch.int32).to(device)
+    """The bounds' (h, w) back to back as int32 on `device`, made once per warp shape."""
+    return constant(tuple(side for hw in w.sizes for side in hw), device, torch.int32)
 
 
 def warp(y: torch.Tensor, w: Warp, vflip: torch.Tensor | None, fill: torch.Tensor, out: torch.Tensor,

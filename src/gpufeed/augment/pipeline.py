@@ -145,10 +145,12 @@ class Augment:
             at += op.width
         return out
 
-    def colour_ops(self, y: torch.Tensor, params: Params, filled: Filled | None = None) -> torch.Tensor:
-        """The policy's and then the other colour and pixel ops, in order, on float NCHW 0..255."""
+    def colour_ops(self, y: torch.Tensor, params: Params, filled: Filled | None = None,
+                   ops: list | None = None) -> torch.Tensor:
+        """The policy's and then the other colour and pixel ops (or those of them in `ops`), in order, on
+        float NCHW 0..255."""
         columns = self._columns(params.pixel)
-        for op in self.colour:
+        for op in self.colour if ops is None else ops:
             if op is self.policy:
                 y = op.apply(y, columns[id(op)], params.choices, filled)
             else:
@@ -166,7 +168,7 @@ class Augment:
     def finish(self, y: torch.Tensor, params: Params, dtype: torch.dtype, channels_last: bool) -> torch.Tensor:
         """From the box pass's float NCHW 0..255 (mirrored left-right already): vertical flips, the warp,
         colour ops, Normalize and the cast, then the ops after."""
-        if self._kernels_cover(y, params, dtype):
+        if self._kernels_cover(y, params):
             return self.after_ops(self._finish_in_kernels(y, params, dtype, channels_last), params)
         y = flip_rows(y, params.vflip)
         filled = None
@@ -176,7 +178,7 @@ class Augment:
             y = self.colour_ops(y, params, filled)
         return self.after_ops(finish(y, dtype, self.normalize, channels_last), params)
 
-    def _kernels_cover(self, y: torch.Tensor, params: Params, dtype: torch.dtype) -> bool:
+    def _kernels_cover(self, y: torch.Tensor, params: Params) -> bool:
         """Whether the warp and policy kernels run this batch's warp and policy: on a GPU with Triton,
         a warp they support (constant padding; said once where one is not)."""
         if not y.is_cuda or (params.warp is None and self.policy is None):
@@ -197,13 +199,14 @@ class Augment:
         out_hw = params.final_hw
         rest = [op for op in self.colour if op is not self.policy]
         last = not rest and dtype.is_floating_point
+        unit = _affine_on(dev, None, False, True)  # 0..255 kept, for the torch ops or kernel after
         if last:
             fmt = torch.channels_last if channels_last else torch.contiguous_format
             out = torch.empty((n, 3, *out_hw), dtype=dtype, device=dev, memory_format=fmt)
             scale, shift = _affine(dev, self.normalize)
         else:
             out = torch.empty((n, 3, *out_hw), device=dev)
-            scale, shift = _affine_on(dev, None, False, True)
+            scale, shift = unit
         y = y.contiguous()
         w = params.warp
         fill = constant(w.resampling.fill or (0.0,) if w is not None else (0.0,), dev, torch.float32)
@@ -211,7 +214,6 @@ class Augment:
             y = _fused("fused_warp").warp(y, w, params.vflip, fill, out, scale, shift)
         else:
             if w is not None:
-                unit = _affine_on(dev, None, False, True)
                 y = _fused("fused_warp").warp(y, w, params.vflip, fill, torch.empty((n, 3, *out_hw), device=dev),
                                               *unit)
             else:
@@ -220,10 +222,7 @@ class Augment:
             y = _fused("fused_policy").apply(y, params.pixel, first, params.choices, w, fill, out, scale, shift)
         if last:
             return y
-        columns = self._columns(params.pixel) if rest else {}
-        for op in rest:
-            y = op.apply(y, columns[id(op)])
-        return finish(y, dtype, self.normalize, channels_last)
+        return finish(self.colour_ops(y, params, ops=rest), dtype, self.normalize, channels_last)
 
     def kernel_output(self, params: Params, dtype: torch.dtype, channels_last: bool,
                       device: torch.device) -> tuple[torch.dtype, bool, torch.Tensor, torch.Tensor]:
