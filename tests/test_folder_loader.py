@@ -5,6 +5,7 @@ what can't be read in place is skipped with its reason; the header index is cach
 from __future__ import annotations
 
 import io
+import json
 import logging
 import os
 import tarfile
@@ -154,6 +155,25 @@ def test_the_index_is_cached_and_refreshed_for_changed_files(tmp_path, monkeypat
     store = folder.FolderStore(root)
     k = next(i for i in range(len(store)) if store.source(i).endswith("c0/02.jpg"))
     assert [os.path.basename(c) for c in calls] == ["02.jpg"] and tuple(store.shapes[k]) == (50, 44)
+
+
+def test_a_damaged_index_cache_is_read_again_not_trusted(tmp_path):
+    root = _jpegs(tmp_path / "img", n=4)
+    want = folder.FolderStore(root)
+    shapes = want.shapes.copy()
+    want.close()
+    index = root / ".gpufeed-index.json"
+    data = json.loads(index.read_text())
+    bad = [[7], [-1, 2, 3], ["a", 2, 3], {"h": 1}, 12]
+    data["entries"] = dict(zip(data["entries"], bad))
+    index.write_text(json.dumps(data))
+    again = folder.FolderStore(root)
+    assert np.array_equal(again.shapes, shapes) and len(again) == 4
+    again.close()
+    index.write_text('{"version": 1, "entries": [1, 2]}')
+    again = folder.FolderStore(root)
+    assert np.array_equal(again.shapes, shapes)
+    again.close()
 
 
 def test_a_read_only_folder_caches_its_index_in_the_users_cache(tmp_path, monkeypatch):

@@ -258,19 +258,27 @@ def _cache_path(source: Path) -> Path:
 
 
 def _load(path: Path) -> dict:
+    """The cached entries that have an entry's form (a reason, or [height, width, bytes] of
+    non-negative ints); anything else in the file is read again from the image, not trusted."""
     try:
         data = json.loads(path.read_text())
-        return data["entries"] if data.get("version") == INDEX_VERSION else {}
+        entries = data["entries"] if data.get("version") == INDEX_VERSION else {}
+        return {key: v for key, v in entries.items() if isinstance(v, str) or (
+            isinstance(v, list) and len(v) == 3 and all(type(x) is int and x >= 0 for x in v))}
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return {}
 
 
 def _save(path: Path, entries: dict) -> None:
     """Write the index atomically; a cache that can't be written is only slower next time."""
+    written = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=".gpufeed-index-", delete=False) as f:
+            written = f.name
             json.dump({"version": INDEX_VERSION, "entries": entries}, f)
-        os.replace(f.name, path)
+        os.replace(written, path)
     except OSError as e:
+        if written is not None:  # a half-written file is not left beside the images
+            Path(written).unlink(missing_ok=True)
         log.info("gpufeed: no index cache written for a folder read in place (%s)", e)
