@@ -47,7 +47,12 @@ def main() -> None:
     train_bench.prepare(work, a.n)
     loader = gpufeed.Loader(work / "jpeg", batch_size=256, device="cuda", augment=train_bench._ops())
     step = training_step(a.model, "cuda", 1000)
-    it = iter(loader)
+
+    def endless():
+        while True:
+            yield from loader
+
+    it = endless()
     for _ in range(a.warmup):
         step(*next(it))
     torch.cuda.synchronize()

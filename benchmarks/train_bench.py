@@ -50,7 +50,11 @@ KNOBS = {
     "pipelines": ("gpufeed.loader.jpeg", "PIPELINES_ON_GPU", int),  # JPEG pipelines per loader
     "priority": ("gpufeed.decode.scheduler", "STREAM_PRIORITY", int),  # CUDA priority of the JPEG path's streams
     "turns": ("gpufeed.loader.jpeg", "GPU_DECODES_TAKE_TURNS", bool),  # several pipelines' GPU decodes take turns
+    "reuse": ("gpufeed.decode.nvimgcodec", "REUSE", bool),  # nvImageCodec decodes into the Images of earlier batches
 }
+# row settings of the training loop itself, set by `feeder`: `side=1` trains on a stream of its own
+# instead of the default stream (what a loader's work synchronized with the default stream costs)
+LOOP: dict = {}
 
 
 def _value(text: str):
@@ -95,6 +99,7 @@ def feeder(row: str, work: Path, batch: int):
                 setattr(importlib.import_module(module), attribute, cast(kwargs.pop(key)))
         if "switch" in kwargs:  # the process's GIL switch interval, seconds (Python's default 0.005)
             sys.setswitchinterval(float(kwargs.pop("switch")))
+        LOOP["side"] = bool(kwargs.pop("side", 0))
         ops = _ops(kwargs.pop("policy", None))
         loader = gpufeed.Loader(work / name, batch_size=batch, device="cuda", augment=ops, **kwargs)
         built = time.perf_counter() - t0
@@ -144,7 +149,6 @@ def run_row(a) -> dict:
     import torch
 
     sys.path.insert(0, str(Path(__file__).parent.parent / "src"))
-    from gpufeed.bench.common import cpu_seconds
     from gpufeed.bench.training import training_step
 
     torch.backends.cudnn.benchmark = True
@@ -152,6 +156,16 @@ def run_row(a) -> dict:
     step = training_step(a.model, "cuda", 1000)
     torch.cuda.synchronize()
     built, batches, stats = feeder(a.row, work, a.batch)
+    with torch.cuda.stream(torch.cuda.Stream() if LOOP.get("side") else torch.cuda.current_stream()):
+        return _train(a, step, built, batches, stats)
+
+
+def _train(a, step, built: float, batches, stats) -> dict:
+    """Time the first batch, warm up, time `a.steps` steps, on the current stream."""
+    import torch
+
+    from gpufeed.bench.common import cpu_seconds
+
     t0 = time.perf_counter()
     images, labels = next(batches)
     torch.cuda.synchronize()
@@ -162,6 +176,7 @@ def run_row(a) -> dict:
         step(*next(batches))
     torch.cuda.synchronize()
     spy = _pyspy(a) if a.pyspy else None
+    before = stats() if stats is not None else None
     wait = launch = 0.0
     c0, w0 = cpu_seconds(), time.perf_counter()
     for k in range(a.steps):
@@ -182,10 +197,19 @@ def run_row(a) -> dict:
            "device": torch.cuda.get_device_name()}
     if spy is not None:
         out["gil"] = _gil_shares(spy, wall, a.steps)
-    if stats is not None:
-        s = stats()
-        out["loader"] = {k: v for k, v in s.items() if k != "bytes"}  # decoders, per-stage seconds, ...
+    if stats is not None:  # the loader's counters over the timed steps (decoders, per-stage seconds, ...)
+        after = {k: v for k, v in stats().items() if k != "bytes"}
+        out["loader"] = _delta(after, before) | {"decoder_rates": after.get("decoder_rates")}  # rates: averages
     return out
+
+
+def _delta(after, before):
+    """`after` with every number that `before` also holds at the same place made the difference."""
+    if isinstance(after, dict):
+        return {k: _delta(v, before.get(k) if isinstance(before, dict) else None) for k, v in after.items()}
+    if isinstance(after, (int, float)) and not isinstance(after, bool) and isinstance(before, (int, float)):
+        return after - before
+    return after
 
 
 def _pyspy(a):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from types import SimpleNamespace
 
@@ -214,6 +215,29 @@ def test_a_dead_worker_is_survived_on_threads(store, caplog):
     assert loader.stats()["decoded_by"].get("failed", 0) == 0
 
 
+def test_a_job_given_a_worker_already_known_dead_is_decoded_on_threads(store, monkeypatch):
+    """The pool's list of live workers is read before its lock is taken: a worker the reply thread
+    finds dead in between may still be given chunks. They are decoded on threads, not waited for."""
+    workers = DecodeWorkers(store.data, 2)
+    assert workers.wait_ready(60)
+    try:
+        for w in workers._workers:
+            os.kill(w.proc.pid, 9)
+        deadline = time.monotonic() + 30
+        while any(w.dead is None for w in workers._workers) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        monkeypatch.setattr(workers, "_live", lambda wait: [0, 1])  # as read before they were found dead
+        inputs, got = _inputs(store, range(0, 4)), []
+        collect = threading.Thread(target=lambda: got.append(workers.collect(workers.submit(*inputs, [None] * 4),
+                                                                             CPU, pin=False)), daemon=True)
+        collect.start()
+        collect.join(30)
+        assert not collect.is_alive(), "a chunk given a dead worker was waited for"
+        _same_as_torchvision(got[0], *inputs)
+    finally:
+        workers.close()
+
+
 def test_two_jobs_on_dead_workers_are_decoded_on_threads(store, caplog):
     workers = DecodeWorkers(store.data, 2)
     assert workers.wait_ready(60)
@@ -276,6 +300,37 @@ def test_cpu_share_is_set_against_the_gpu_decoders_together():
     scheduler.cpu_share = False
     assert scheduler.shares(7) == [5, 2, 0]
     scheduler.close()
+
+
+def test_cpu_share_is_what_the_cpu_decodes_in_a_cycle():
+    """Once the producer's cycle is known, the CPU takes what its threads decode in one (all of the
+    batch when the producer mostly waits for the consumer), the GPU decoders the rest."""
+    scheduler = Scheduler(CPU, 2, ("hw", "cpu"))
+    scheduler.gpu = [SimpleNamespace(name="hw")]  # as on a GPU
+    scheduler.rates.update(hw=3000.0, cpu=500.0)
+    scheduler.gpu_rate = 3000.0
+    assert scheduler.shares(100) == [75, 25]  # no cycle yet: both finish together
+    scheduler.cycle = 0.02  # 2 threads x 500 img/s x 20 ms, less the margin
+    assert scheduler.shares(100) == [82, 18]
+    scheduler.cycle = 1.0
+    assert scheduler.shares(100) == [0, 100]
+    scheduler._rate("cpu", 10, 0.001)  # rates average images and seconds apart: a short interval counts little
+    scheduler._rate("cpu", 10, 0.1)
+    assert scheduler.rates["cpu"] == pytest.approx(10 / (0.7 * 0.001 + 0.3 * 0.1))
+    scheduler.close()
+
+
+def test_nvimgcodec_images_are_reused_only_after_their_kernels_ran():
+    from gpufeed.decode.nvimgcodec import ReusedImages
+
+    reused, ran = ReusedImages(max_bytes=100), [False]
+    event = SimpleNamespace(query=lambda: ran[0])
+    assert reused.take(2) is None  # none yet: the decoder makes new Images
+    reused.give_back(["a", "b", "huge"], [10, 100, 101], event)  # one too large to keep
+    assert reused.take(1) is None
+    ran[0] = True
+    assert reused.take(3) is None and reused.take(0) is None  # only two kept
+    assert sorted(reused.take(2)) == ["a", "b"] and reused.take(1) is None
 
 
 def test_encoded_bytes_tiers_on_cpu(store):

@@ -154,3 +154,36 @@ def test_a_batch_of_only_undecodable_samples_is_replaced_in_skip_mode(jpeg_store
     strict = gpufeed.Loader(store, batch_size=batch_size, device="cpu", augment=OPS, shuffle=False, on_error="raise")
     with pytest.raises(DecodeError, match="sample 0 cannot be decoded"):
         list(strict)
+
+
+def test_the_next_batch_is_started_before_this_one_is_finished(jpeg_store, monkeypatch):
+    """The workers get batch k+1's share before batch k's GPU share is decoded; a batch started for an
+    epoch left early is dropped when the next epoch starts, and batches are those made one by one."""
+    want = [images for images, _ in gpufeed.Loader(jpeg_store, batch_size=12, device="cpu", augment=OPS, seed=4,
+                                                   num_workers=0)]
+    loader = gpufeed.Loader(jpeg_store, batch_size=12, device="cpu", augment=OPS, seed=4, num_workers=2)
+    (batcher,) = loader.jpeg.pipelines
+    sched, events = batcher.scheduler, []
+    start, finish, drop = sched.start, sched.finish, sched.drop
+
+    def record(name, call, first=lambda *a: None):
+        def recorded(*args, **kwargs):
+            events.append((name, first(*args)))
+            return call(*args, **kwargs)
+        return recorded
+
+    monkeypatch.setattr(sched, "start", record("start", start, lambda batch, *_: len(batch)))
+    monkeypatch.setattr(sched, "finish", record("finish", finish))
+    monkeypatch.setattr(sched, "drop", record("drop", drop))
+    got = [images for images, _ in loader]
+    assert [name for name, _ in events] == ["start", "start", "finish"] + ["start", "finish"] * 2 + ["finish"]
+    assert len(got) == len(want) == 4 and all(torch.equal(a, b) for a, b in zip(got, want))
+    events.clear()
+    loader.set_epoch(0)
+    for _ in loader:  # leave after the first batch: the producer has started one or more after it
+        break
+    got = [images for images, _ in loader]  # the rest of the epoch
+    assert len(got) == 3 and all(torch.equal(a, b) for a, b in zip(got, want[1:]))
+    names = [name for name, _ in events]  # every started batch was finished or dropped
+    assert names.count("start") == names.count("finish") + names.count("drop") and names.count("finish") >= 4
+    loader.close()

@@ -7,6 +7,7 @@ import logging
 import os
 import shutil
 import subprocess
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -211,3 +212,46 @@ def test_a_folder_read_in_place_on_the_gpu_gives_its_stores_batches(store):
         assert (a["image"] - b["image"]).abs().mean() < 0.05
     in_place.close()
     packed.close()
+
+
+@pytest.mark.skipif(not importlib.util.find_spec("nvidia.nvimgcodec"), reason="needs nvImageCodec")
+@pytest.mark.parametrize("name", ["hw", "cuda"])
+def test_nvimgcodec_images_are_decoded_into_again(name):
+    """A batch decoded into the Images of an earlier batch (other sizes, larger too) has the pixels of a
+    fresh decode, and the earlier Images are reused only once their event completed."""
+    from torchvision.io import encode_jpeg
+
+    from gpufeed.decode.nvimgcodec import NvImgCodecDecoder
+
+    gen = torch.Generator().manual_seed(0)
+
+    def encoded(sizes):
+        blobs = [encode_jpeg(torch.randint(0, 256, (3, h, w), dtype=torch.uint8, generator=gen), quality=90).numpy()
+                 for h, w in sizes]
+        ends = np.cumsum([len(b) for b in blobs])
+        return Encoded.of(torch.from_numpy(np.concatenate(blobs)), np.concatenate([[0], ends]), np.arange(len(blobs)))
+
+    def pixels(part):  # each image from its own Image (their offsets from `base` leave its allocation)
+        return [torch.as_tensor(image, device="cuda").clone() for image in part.keep]
+
+    try:
+        dec, fresh = NvImgCodecDecoder(torch.device("cuda"), name), NvImgCodecDecoder(torch.device("cuda"), name)
+    except Exception as e:  # no engines on this GPU
+        pytest.skip(f"nvImageCodec {name}: {e}")
+    first = dec.decode(encoded([(64, 64), (80, 64), (96, 128)]))
+    assert not first.failed
+    first.on_done(SimpleNamespace(query=lambda: False))  # the kernels reading them have not run
+    assert dec.reused.take(3) is None
+    dec.reused._busy.clear()
+    done = torch.cuda.current_stream().record_event()
+    first.on_done(done)
+    done.synchronize()
+    batch = encoded([(200, 160), (64, 96), (72, 136)])
+    again = dec.decode(batch)
+    assert not dec.reused._free and not dec.reused._busy  # the three were decoded into
+    torch.cuda.synchronize()
+    want = fresh.decode(batch)
+    torch.cuda.synchronize()
+    assert not again.failed and [tuple(s) for s in again.sizes.tolist()] == [(200, 160), (64, 96), (72, 136)]
+    for k, (a, b) in enumerate(zip(pixels(again), pixels(want))):
+        assert a.shape == b.shape and torch.equal(a, b), (k, a.shape, b.shape, (a.int() - b.int()).abs().max())

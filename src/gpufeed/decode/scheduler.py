@@ -1,9 +1,18 @@
-"""Split each batch between the decoders in proportion to their measured rates, run them at once.
+"""Split each batch between the decoders, run them at once, and start the next batch's CPU share early.
 
-The CPU threads start first, every GPU decoder but the last decodes its share on a helper thread,
-and the last decodes on the calling thread meanwhile. Each decoder's rate (images/s, an
-exponential average over batches) sets the next batch's split, so all finish together. Images
-a GPU decoder rejects (CMYK, some progressive files) are decoded on the CPU instead.
+`start` hands a batch's CPU share to the CPU decoder (worker processes) and returns; `finish`
+decodes the GPU decoders' shares (every GPU decoder but the last on a helper thread, the last on
+the calling thread) and collects the CPU's. The loader starts batch k+1 before it finishes batch
+k, so the workers decode all the time while the producer thread waits on the GPU decoders,
+resizes and hands batches over.
+
+The shares: the CPU takes what its workers decode in one of the producer's cycles (its time per
+batch, not counting its waits for the CPU), the GPU decoders the rest, split by their own rates
+(images/s, exponential averages). A producer that waits on a full queue (the training loop is the
+slower side) has long cycles, so the CPU takes more of each batch and the GPU's cores are left to
+the model; a producer that waits on the CPU shortens the CPU's share. Before the first cycle is
+known, the shares are set so that the CPU and the GPU decoders finish together. Images a GPU
+decoder rejects (CMYK, some progressive files) are decoded on the CPU instead.
 
 Where the CPU can decode a crop alone (`cpu.roi_available`), its share is the batch's cheapest crops
 by `cpu.roi_cost` (near the top of their image, small): the GPU decoders decode whole images, so to
@@ -18,6 +27,8 @@ import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -39,6 +50,10 @@ DEFAULT = ("hw", "nvjpeg", "cpu")
 # (and a training loop's) priority, the lowest; negative numbers go ahead of it. Measured in
 # training before it is changed (benchmarks/train_bench.py rows take priority=N)
 STREAM_PRIORITY = 0
+
+# the CPU's share is this part of what it decodes in a cycle: a share that finishes late holds the
+# producer (and the batch) back, one that finishes early leaves a few more images to the GPU decoders
+CPU_MARGIN = 0.9
 
 _warned: set[str] = set()  # every pipeline of every loader builds its decoders: say each reason once
 
@@ -69,6 +84,27 @@ def check_decoders(names: tuple[str, ...]) -> None:
     unknown = set(names) - set(KNOWN)
     if unknown:
         raise ValueError(f"unknown decoders {sorted(unknown)}: choose from {', '.join(KNOWN)}")
+
+
+@dataclass
+class Started:
+    """A batch whose CPU share the CPU decoder has (`Scheduler.start`); `Scheduler.finish` does the rest."""
+
+    batch: Encoded
+    shapes: np.ndarray  # (N, 2) as the store records them
+    boxes: np.ndarray  # (N, 4) crop boxes x0 y0 x1 y1
+    out_hw: tuple[int, int]
+    order: np.ndarray  # batch positions: each GPU decoder's share in turn, then the CPU's
+    starts: np.ndarray  # where each decoder's share begins in `order`
+    regions: np.ndarray
+    cost: np.ndarray
+    cpu_asks: tuple[list, list]  # what the CPU decodes of its share (`Scheduler._asks`)
+    cpu_job: Any  # the CPU decoder's handle for `collect`
+    submitted: float  # perf_counter
+
+    @property
+    def cpu_pos(self) -> np.ndarray:
+        return self.order[self.starts[-2] : self.starts[-1]]
 
 
 class Scheduler:
@@ -102,10 +138,17 @@ class Scheduler:
         self.roi = roi_available()  # the workers, if processes, run in this interpreter's environment
         # the CPU's rate is per decoding thread or worker: workers become ready while batches are made
         self.rates = {d.name: START_RATES[d.name] for d in self.gpu} | {"cpu": 300.0}
+        self._spent: dict[str, tuple[float, float]] = {}  # per decoder: averaged images and seconds
         # the GPU decoders together: images per second of a batch until the last of them is done.
         # Below the sum of their own rates (starting them, handing results back); the CPU's share is
         # set against it, so the CPU finishes with the GPU rather than with the GPU decoders' calls
         self.gpu_rate = sum(self.rates[d.name] for d in self.gpu)
+        # the producer's seconds per batch (between `start`s), its waits for the CPU not counted: what
+        # the CPU can decode in that time is its share. None until two batches were started
+        self.cycle: float | None = None
+        self._started_at: float | None = None
+        self._cpu_wait = 0.0  # this cycle's waits for the CPU share
+        self._cpu_free = 0.0  # when the CPU decoder finished its last share (a perf_counter)
         self.counts: Counter = Counter()
         # per batch, summed: "gpu" until every GPU decoder is done, "cpu" the CPU part's work after that;
         # each decoder's own time (the GPU decoders' calls, "cpu_threads" until the last CPU image)
@@ -121,30 +164,51 @@ class Scheduler:
 
     def shares(self, n: int) -> list[int]:
         """Images per decoder (GPU decoders in order, then the CPU) for a batch of `n`: the CPU's share
-        against the GPU decoders together, theirs split by their own rates."""
+        what its threads decode in a cycle (before one is measured: against the GPU decoders
+        together, so that all finish at once), the GPU decoders' split by their own rates."""
         if not self.gpu:
             return [n]
         rate = self.rates["cpu"] * self.cpu.threads
-        cpu = round(n * rate / (rate + self.gpu_rate)) if self.cpu_share else 0
+        if not self.cpu_share:
+            cpu = 0
+        elif self.cycle is None:
+            cpu = round(n * rate / (rate + self.gpu_rate))
+        else:
+            cpu = min(n, round(CPU_MARGIN * rate * self.cycle))
         own = np.cumsum([self.rates[d.name] for d in self.gpu])
         bounds = np.rint((n - cpu) * own / own[-1]).astype(np.int64)
         return np.diff(bounds, prepend=0).tolist() + [cpu]
 
     def run(self, batch: Encoded, shapes: np.ndarray, boxes: np.ndarray, out_hw: tuple[int, int],
             pin: bool) -> tuple[list[tuple[Decoded, np.ndarray]], dict[int, str]]:
-        """Decode a batch (`shapes` (N, 2) as the store records them, crop `boxes` (N, 4) x0 y0 x1 y1):
-        ([(part, batch positions of its images)], {position: reason it failed})."""
+        """Decode a batch now: `finish(start(...))`."""
+        return self.finish(self.start(batch, shapes, boxes, out_hw), pin)
+
+    def start(self, batch: Encoded, shapes: np.ndarray, boxes: np.ndarray, out_hw: tuple[int, int]) -> Started:
+        """Split a batch (`shapes` (N, 2) as the store records them, crop `boxes` (N, 4) x0 y0 x1 y1) and
+        hand the CPU its share, which it decodes while the caller goes on."""
+        now = time.perf_counter()
+        if self._started_at is not None:
+            cycle = max(0.0, now - self._started_at - self._cpu_wait)
+            self.cycle = cycle if self.cycle is None else 0.7 * self.cycle + 0.3 * cycle
+        self._started_at, self._cpu_wait = now, 0.0
         shares = self.shares(len(batch))
         starts = np.cumsum([0] + shares)
         regions = _regions(shapes, boxes)
         cost = roi_cost(shapes, regions)
         order = np.argsort(-cost, kind="stable") if self.roi else np.arange(len(batch))  # the CPU's last
         cpu_pos = order[starts[-2] : starts[-1]]
+        asks = self._asks(cpu_pos, shapes, boxes, out_hw, regions, cost)
+        job = self.cpu.submit(batch.take(cpu_pos), shapes[cpu_pos], *asks)
+        return Started(batch, shapes, boxes, out_hw, order, starts, regions, cost, asks, job, time.perf_counter())
+
+    def finish(self, started: Started, pin: bool) -> tuple[list[tuple[Decoded, np.ndarray]], dict[int, str]]:
+        """Decode the GPU decoders' shares of a started batch and collect the CPU's:
+        ([(part, batch positions of its images)], {position: reason it failed})."""
+        batch, shapes, boxes, starts = started.batch, started.shapes, started.boxes, started.starts
         t0 = time.perf_counter()
-        cpu_asks = self._asks(cpu_pos, shapes, boxes, out_hw, regions, cost)
-        futures = self.cpu.submit(batch.take(cpu_pos), shapes[cpu_pos], *cpu_asks)
         with self._gpu_turn:
-            jobs = self._gpu_decodes(batch, order, starts)
+            jobs = self._gpu_decodes(batch, started.order, starts)
             gpu_results = [(dec, pos, job.result() if hasattr(job, "result") else job) for dec, pos, job in jobs]
         parts, failed, retry = [], {}, []
         for dec, pos, (part, seconds) in gpu_results:
@@ -160,21 +224,33 @@ class Scheduler:
         if retry:  # rejected by a GPU decoder: the CPU decodes them instead
             self.counts["cpu_fallback"] += len(retry)
             again = np.array([p for p, _ in retry])
-            asks = self._asks(again, shapes, boxes, out_hw, regions, cost)
+            asks = self._asks(again, shapes, boxes, started.out_hw, started.regions, started.cost)
             extra = self.cpu.collect(self.cpu.submit(batch.take(again), shapes[again], *asks), self.device, pin)
             self._decoded_whole(asks, extra, len(again))
             parts.append((extra, again[extra.kept(len(retry))]))
             failed.update({retry[i][0]: f"{retry[i][1]}; cpu: {why}" for i, why in extra.failed.items()})
-        cpu_part = self.cpu.collect(futures, self.device, pin)
-        self._decoded_whole(cpu_asks, cpu_part, len(cpu_pos))
-        self._rate("cpu", len(cpu_pos) / max(1, self.cpu.threads), self.cpu.last_done - t0)
-        self.seconds["cpu_threads"] += max(0.0, self.cpu.last_done - t0)
+        cpu_pos = started.cpu_pos
+        t_wait = time.perf_counter()
+        cpu_part = self.cpu.collect(started.cpu_job, self.device, pin)
+        self._cpu_wait += time.perf_counter() - t_wait
+        self._decoded_whole(started.cpu_asks, cpu_part, len(cpu_pos))
+        if len(cpu_pos):  # the CPU's rate per thread, from when it could begin this share; measured
+            begun = max(started.submitted, self._cpu_free)  # only on shares that keep every thread busy
+            if len(cpu_pos) >= 2 * self.cpu.threads:
+                self._rate("cpu", len(cpu_pos) / max(1, self.cpu.threads), self.cpu.last_done - begun)
+            self.seconds["cpu_threads"] += max(0.0, self.cpu.last_done - begun)
+            self._cpu_free = self.cpu.last_done
         parts.append((cpu_part, cpu_pos[cpu_part.kept(len(cpu_pos))]))
         failed.update({int(cpu_pos[i]): why for i, why in cpu_part.failed.items()})
         self.counts["cpu"] += len(cpu_pos) - len(cpu_part.failed)
         self.counts["failed"] += len(failed)
         self.seconds["cpu"] += time.perf_counter() - t_cpu
+        self.seconds["cpu_wait"] += time.perf_counter() - t_wait
         return parts, failed
+
+    def drop(self, started: Started) -> None:
+        """Let go of a started batch that will not be finished (its CPU share decoded and discarded)."""
+        self.cpu.collect(started.cpu_job, torch.device("cpu"), False)
 
     def snapshot(self) -> dict:
         """Images decoded, rates and seconds so far, as plain dicts: what `summed` adds up over pipelines."""
@@ -223,9 +299,14 @@ class Scheduler:
             stream.synchronize()
         return part, time.perf_counter() - t0
 
-    def _rate(self, name: str, images: int, seconds: float) -> None:
+    def _rate(self, name: str, images: float, seconds: float) -> None:
+        """Fold one measurement into `rates[name]`: images and seconds are averaged apart (exponentially)
+        and divided, so one short interval does not inflate the rate as an average of ratios would."""
         if images and seconds > 0:
-            self.rates[name] = 0.7 * self.rates[name] + 0.3 * images / seconds
+            spent = self._spent.get(name)
+            spent = (images, seconds) if spent is None else (0.7 * spent[0] + 0.3 * images, 0.7 * spent[1] + 0.3 * seconds)
+            self._spent[name] = spent
+            self.rates[name] = spent[0] / spent[1]
 
     def close(self) -> None:
         if self._own_cpu:  # a shared CPU decoder (the worker processes) is its owner's to stop

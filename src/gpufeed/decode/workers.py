@@ -290,15 +290,14 @@ class DecodeWorkers:
                         job.finished.set()
 
     def _died(self, k: int, why: str) -> None:
-        """Worker `k` is gone (called under the lock): its unanswered chunks are decoded on threads,
-        said once per pool."""
+        """Worker `k` is gone (called under the lock, said once): its unanswered chunks are decoded on
+        threads. Again for a worker already known dead: a job may have been given it meanwhile."""
         worker = self._workers[k]
-        if worker.dead is not None:
-            return
-        worker.dead = why
-        left = sum(w.dead is None for w in self._workers)
-        self._say(f"JPEG decode worker {worker.proc.pid} stopped ({why}); {left} of "
-                  f"{len(self._workers)} workers remain, its images are decoded on threads")
+        if worker.dead is None:
+            worker.dead = why
+            left = sum(w.dead is None for w in self._workers)
+            self._say(f"JPEG decode worker {worker.proc.pid} stopped ({why}); {left} of "
+                      f"{len(self._workers)} workers remain, its images are decoded on threads")
         for job in list(self._jobs.values()):
             for first, (owner, stop) in list(job.chunks.items()):
                 if owner == k:

@@ -98,7 +98,7 @@ def threaded(loader, make: Callable[[int, int], tuple[Batch, torch.cuda.Event | 
     breaking out stops the threads."""
     queues = [queue.Queue(loader.prefetch) for _ in range(workers)]
     stop = threading.Event()
-    producers = [threading.Thread(target=_produce, args=(make, w, numbers[w::workers], queues[w], stop),
+    producers = [threading.Thread(target=_produce, args=(make, w, numbers[w::workers], queues[w], stop, loader.counters),
                                   daemon=True, name="gpufeed-producer") for w in range(workers)]
     for p in producers:
         p.start()
@@ -123,18 +123,22 @@ def threaded(loader, make: Callable[[int, int], tuple[Batch, torch.cuda.Event | 
                     p.join(0.01)
 
 
-def _produce(make, worker: int, numbers: range, out: queue.Queue, stop: threading.Event) -> None:
+def _produce(make, worker: int, numbers: range, out: queue.Queue, stop: threading.Event, counters) -> None:
+    """Make batches into `out`; the time spent waiting for room there (the consumer is the slower
+    side) is the stage "queue_full"."""
     try:
         for number in numbers:
             if stop.is_set():
                 return
             item = make(number, worker)
+            t0 = time.perf_counter()
             while not stop.is_set():
                 try:
                     out.put(item, timeout=0.1)
                     break
                 except queue.Full:
                     continue
+            counters.add("queue_full", time.perf_counter() - t0)
     except BaseException as e:  # handed to the consumer, raised there
         out.put(e)
 

@@ -18,7 +18,7 @@ from gpufeed.decode.scheduler import DEFAULT, check_decoders, summed
 from gpufeed.decode.workers import DecodeWorkers
 from gpufeed.loader.feeds import Batch, threaded
 from gpufeed.loader.folder import FolderStore
-from gpufeed.loader.jpeg_batch import DecodeError, JpegBatcher
+from gpufeed.loader.jpeg_batch import DecodeError, JpegBatcher, Upcoming
 
 __all__ = ["DecodeError", "JpegBatcher", "JpegPipelines", "jpeg_feed", "jpeg_pipelines"]
 
@@ -62,14 +62,15 @@ class JpegPipelines:
 
 def jpeg_feed(loader, plan, start: int):
     """Batches `start`.. of a jpeg store's epoch `plan`, batch k made by pipeline k % pipelines on its
-    own thread, `prefetch` ahead of the consumer."""
+    own thread, `prefetch` ahead of the consumer; each pipeline is told its next two batches (it
+    starts decoding the first early, and reads a folder's files of the second)."""
     pipelines = loader.jpeg.pipelines
 
     def make(number: int, k: int):
         batcher = pipelines[k]
         idx, params = plan.batch(number)
-        following = number + len(pipelines)  # this pipeline's next batch
-        ahead = plan.batch(following)[0] if following < len(plan) else None
+        later = range(number + len(pipelines), min(len(plan), number + 3 * len(pipelines)), len(pipelines))
+        ahead = tuple(Upcoming(*plan.batch(n)) for n in later)
         if batcher.stream is None:
             images, labels, samples = batcher.make(idx, params, ahead)
             return Batch(images, labels, None, final=True, samples=samples), None
@@ -82,13 +83,14 @@ def jpeg_feed(loader, plan, start: int):
 
 
 def default_workers(device: torch.device) -> int:
-    """CPU decode workers when the user names none: on a GPU half of this rank's share of the cores
-    (the GPU decoders take the rest of each batch, the training loop needs cores too); on a CPU every
-    core of its share. Local ranks (LOCAL_WORLD_SIZE, as torchrun sets it) divide the cores."""
+    """CPU decode workers when the user names none: on a GPU three quarters of this rank's share of
+    the cores (the GPU decoders take the rest of each batch; the training loop, the producer thread
+    and the GPU decoders' host threads need the other cores), on a CPU every core of its share. Local
+    ranks (LOCAL_WORLD_SIZE, as torchrun sets it) divide the cores."""
     local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
     cores = max(1, (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
                 // local)
-    return max(1, cores // 2) if device.type == "cuda" else cores
+    return max(1, cores * 3 // 4) if device.type == "cuda" else cores
 
 
 def jpeg_pipelines(loader, on_error: str, decoders: tuple[str, ...] | None, workers: int | None) -> JpegPipelines:

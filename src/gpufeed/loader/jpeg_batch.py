@@ -3,8 +3,9 @@
 The crops are planned from the stored sizes; the scheduler splits the batch between the GPU
 decoders (each one batched call that releases the GIL) and the CPU decode worker processes
 (`decode.workers`, CUDA-free); one resize kernel per decoder's part writes the finished batch,
-on the pipeline's stream. A folder read in place reads the next batch's files while this one
-decodes. Samples no decoder can read are replaced by another sample of the same batch
+on the pipeline's stream. The next batch's CPU share is handed to the workers before this batch's
+GPU share is decoded, so the workers never wait for the producer thread; a folder read in place
+reads the files of the batch after that meanwhile. Samples no decoder can read are replaced by another sample of the same batch
 (`on_error="skip"`, counted, warned about once with the index) or raise naming the index
 (`"raise"`).
 """
@@ -25,6 +26,7 @@ from gpufeed.augment.pipeline import Params, _fused
 from gpufeed.decode import Scheduler
 from gpufeed.decode import scheduler
 from gpufeed.decode.base import Encoded, into_pixels
+from gpufeed.decode.scheduler import Started
 from gpufeed.loader.folder import FolderStore
 from gpufeed.loader.stats import stage_range
 from gpufeed.transfer.ring import hand_over
@@ -42,6 +44,14 @@ class ReadAhead:
 
     indices: np.ndarray
     result: Callable[[], Encoded]
+
+
+@dataclass
+class Upcoming:
+    """A batch this pipeline makes later: its samples and augment parameters."""
+
+    indices: torch.Tensor
+    params: Params
 
 
 class JpegBatcher:
@@ -65,30 +75,35 @@ class JpegBatcher:
         self._shapes = np.asarray(store.shapes).view(np.ndarray).astype(np.int64)
         self._labels = store.labels.numpy()
         self._inflight: deque = deque()  # (event, decoded buffers) until the kernels reading them ran
-        self._ahead: ReadAhead | None = None  # a folder's next batch, being read
+        self._reads: deque[ReadAhead] = deque()  # a folder's coming batches, being read
+        self._next: tuple[np.ndarray, Started] | None = None  # the next batch (its indices), started
         log.debug("gpufeed.Loader: jpeg decoders %s", " + ".join(self.scheduler.names))
 
-    def make(self, idx: torch.Tensor, params: Params, ahead: torch.Tensor | None = None
+    def make(self, idx: torch.Tensor, params: Params, ahead: tuple[Upcoming, ...] = ()
              ) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
-        """(images, labels, the store index of each sample: a failed one's replacement's). `ahead`: the
-        samples of this pipeline's next batch, whose files a folder read in place starts reading now."""
+        """(images, labels, the store index of each sample: a failed one's replacement's). `ahead`: this
+        pipeline's next batches: the first is started now (its CPU share decoded while this batch is
+        finished), the files of the second (a folder read in place) read meanwhile."""
         with stage_range("gpufeed.decode+resize", self.stream is not None):
             return self._make(idx, params, ahead)
 
-    def _make(self, idx: torch.Tensor, params: Params, ahead: torch.Tensor | None = None
+    def _make(self, idx: torch.Tensor, params: Params, ahead: tuple[Upcoming, ...] = ()
               ) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
         """Host-side bookkeeping is numpy: see `gpufeed.decode.base` for why."""
-        t0 = time.perf_counter()
         i = idx.numpy()
-        batch = self._encoded(i)
-        if self._folder and ahead is not None:  # read while this batch decodes
-            self._ahead = ReadAhead(ahead.numpy(), self.loader.store.read_later(ahead.numpy()))
-        shapes, boxes, labels = self._shapes[i], params.boxes.numpy().copy(), self._labels[i]
+        started = self._started(i, params)
+        if ahead:
+            following = ahead[0].indices.numpy()
+            self._forget_next()
+            self._next = following, self._start(following, ahead[0].params)
+        if self._folder and len(ahead) > 1:  # read while this batch and the next decode
+            later = ahead[1].indices.numpy()
+            self._reads.append(ReadAhead(later, self.loader.store.read_later(later)))
         t1 = time.perf_counter()
-        self.loader.counters.add("read", t1 - t0, int((batch.ends - batch.begins).sum()))
-        parts, failed = self.scheduler.run(batch, shapes, boxes, params.out_hw, pin=self.fused)
+        parts, failed = self.scheduler.finish(started, pin=self.fused)
         t2 = time.perf_counter()
         self.loader.counters.add("decode", t2 - t1)
+        shapes, boxes, labels = started.shapes, started.boxes, self._labels[i]
         if failed and len(failed) == len(i) and self.on_error == "skip":
             self._failed(idx, failed)
             return self._replaced(idx, params)
@@ -112,11 +127,33 @@ class JpegBatcher:
                 images[p] = images[src]
         return images, labels, samples
 
+    def _started(self, i: np.ndarray, params: Params) -> Started:
+        """Batch `i`, started: by the call that made the batch before it, or now."""
+        if self._next is not None:
+            indices, started = self._next
+            if np.array_equal(indices, i) and np.array_equal(started.boxes, params.boxes.numpy()):
+                self._next = None
+                return started
+        return self._start(i, params)
+
+    def _start(self, i: np.ndarray, params: Params) -> Started:
+        """Read batch `i`'s bytes and hand the scheduler the batch (its CPU share starts decoding)."""
+        t0 = time.perf_counter()
+        batch = self._encoded(i)
+        self.loader.counters.add("read", time.perf_counter() - t0, int((batch.ends - batch.begins).sum()))
+        return self.scheduler.start(batch, self._shapes[i], params.boxes.numpy().copy(), params.out_hw)
+
+    def _forget_next(self) -> None:
+        """Drop a started batch nobody asked for (an epoch left early, a batch made again)."""
+        if self._next is not None:
+            self.scheduler.drop(self._next[1])
+            self._next = None
+
     def _encoded(self, i: np.ndarray) -> Encoded:
         if not self._folder:
             return Encoded.of(self._data, self._offsets, i)
-        ahead, self._ahead = self._ahead, None
-        if ahead is not None:
+        while self._reads:
+            ahead = self._reads.popleft()
             read = ahead.result()  # waited for even if unused: no reads left running behind the loader
             if np.array_equal(ahead.indices, i):
                 return read
@@ -206,6 +243,7 @@ class JpegBatcher:
 
     def close(self) -> None:
         """Stop this pipeline's decoders (the shared CPU workers are `JpegPipelines`' to stop)."""
+        self._next = None  # its CPU share is abandoned with the workers
         self.scheduler.close()
 
 
