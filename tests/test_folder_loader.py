@@ -74,14 +74,16 @@ def test_each_batch_is_read_once_while_the_ones_before_decode(tmp_path, monkeypa
 
     monkeypatch.setattr(loader.store, "read_later", recorded)
     monkeypatch.setattr(batcher.scheduler, "finish", decode)
-    for _ in range(2):  # two epochs
-        assert sum(len(images) for images, _ in loader) == 16
+    assert sum(len(images) for images, _ in loader) == 16
+    # the first two batches are read when asked (the second is started with the first); each later
+    # one is read while the two before it decode
+    assert [kind for kind, _ in events][:8] == ["read"] * 3 + ["decode", "read"] + ["decode", "read", "decode"]
+    for times in (2, 1):  # every file read once per epoch: after the first, also the next epoch's, made ahead
+        loader.carried.thread.join()
         reads = [batch for kind, batch in events if kind == "read"]
-        assert sorted(k for batch in reads for k in batch) == list(range(16))  # each file read once
-        # the first two batches are read when asked (the second is started with the first); each
-        # later one is read while the two before it decode
-        assert [kind for kind, _ in events] == ["read"] * 3 + ["decode", "read"] + ["decode"] * 3
+        assert sorted(k for batch in reads for k in batch) == sorted(list(range(16)) * times)
         events.clear()
+        assert sum(len(images) for images, _ in loader) == 16
     loader.close()
 
 

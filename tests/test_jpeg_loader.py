@@ -128,9 +128,14 @@ def test_decoder_names_checked_and_gpu_decoders_ignored_on_cpu(jpeg_store):
     loader = gpufeed.Loader(jpeg_store, batch_size=8, device="cpu", augment=OPS, decoders=("cuda", "nvjpeg", "cpu"))
     assert loader.stats()["decoders"] == ["cpu"]
     assert sum(len(y) for _, y in loader) == 48
+    loader.carried.thread.join()  # the next epoch's first batches, made as this one ended
     stats = loader.stats()  # where the time went, for doctor and training loops
     assert all(stats["seconds"][stage] > 0 for stage in ("read", "decode", "resize"))
-    assert stats["decode_seconds"]["cpu_threads"] > 0 and stats["bytes"]["read"] == int(jpeg_store.offsets[-1])
+    offsets = jpeg_store.offsets
+    # read too: the carried batches and the one after them, started by the last of them
+    carried = [i for b in range(loader.carried.count + 1) for i in loader.plan(1, b)[0].tolist()]
+    read = int(offsets[-1]) + sum(int(offsets[i + 1] - offsets[i]) for i in carried)
+    assert stats["decode_seconds"]["cpu_threads"] > 0 and stats["bytes"]["read"] == read
 
 
 @pytest.mark.parametrize("batch_size", [1, 2])
@@ -176,14 +181,42 @@ def test_the_next_batch_is_started_before_this_one_is_finished(jpeg_store, monke
     monkeypatch.setattr(sched, "finish", record("finish", finish))
     monkeypatch.setattr(sched, "drop", record("drop", drop))
     got = [images for images, _ in loader]
-    assert [name for name, _ in events] == ["start", "start", "finish"] + ["start", "finish"] * 2 + ["finish"]
+    # the last batch starts the next epoch's first, whose first batches are then made ahead
+    assert [name for name, _ in events][:9] == ["start", "start", "finish"] + ["start", "finish"] * 3
     assert len(got) == len(want) == 4 and all(torch.equal(a, b) for a, b in zip(got, want))
+    loader.carried.thread.join()
     events.clear()
-    loader.set_epoch(0)
+    loader.set_epoch(0)  # not the epoch carried into: its batches are dropped
     for _ in loader:  # leave after the first batch: the producer has started one or more after it
         break
     got = [images for images, _ in loader]  # the rest of the epoch
     assert len(got) == 3 and all(torch.equal(a, b) for a, b in zip(got, want[1:]))
-    names = [name for name, _ in events]  # every started batch was finished or dropped
-    assert names.count("start") == names.count("finish") + names.count("drop") and names.count("finish") >= 4
+    loader.carried.thread.join()
+    # every batch started was finished or dropped, but the one started last (held for the epoch after);
+    # the one held when the events were cleared was dropped
+    names = [name for name, _ in events]
+    assert names.count("start") == names.count("finish") + names.count("drop") and batcher._next is not None
+    assert names.count("drop") >= 1
     loader.close()
+
+
+def test_the_next_epochs_first_batches_are_made_as_an_epoch_ends(jpeg_store):
+    """Iterating an epoch to its end leaves the next epoch's first `prefetch` batches made; the next
+    epoch yields them (the batches a loader starting there makes), and an epoch other than the
+    carried one drops them."""
+    make = lambda: gpufeed.Loader(jpeg_store, batch_size=12, device="cpu", augment=OPS, seed=6,  # noqa: E731
+                                  num_workers=0, prefetch=2)
+    loader, fresh = make(), make()
+    assert loader.carried is None and len(list(loader)) == 4
+    carried = loader.carried
+    carried.thread.join()
+    assert (carried.epoch, carried.start, carried.count, carried.items.qsize()) == (1, 0, 2, 2)
+    fresh.set_epoch(1)
+    assert all(torch.equal(a, b) for (a, _), (b, _) in zip(loader, fresh))  # epoch 1, from the carried ones
+    assert loader.carried is not carried and loader.carried.epoch == 2
+    loader.set_epoch(5)
+    fresh.set_epoch(5)
+    assert all(torch.equal(a, b) for (a, _), (b, _) in zip(loader, fresh)) and loader.carried.epoch == 6
+    loader.close()
+    assert loader.carried is None
+    fresh.close()

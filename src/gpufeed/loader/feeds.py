@@ -91,42 +91,102 @@ def host_feed(loader, plan: EpochPlan, start: int) -> Iterator[Batch]:
     return threaded(loader, make, range(start, len(plan)))
 
 
+@dataclass
+class Carried:
+    """The first batches of the epoch after, made while the end of an epoch was consumed (one
+    producer thread): the next iteration that starts at (`epoch`, `start`) yields them first instead
+    of waiting for a fresh producer's first batch. The thread ends once it made them."""
+
+    epoch: int
+    start: int
+    count: int
+    items: queue.Queue
+    thread: threading.Thread
+    stop: threading.Event
+
+
 def threaded(loader, make: Callable[[int, int], tuple[Batch, torch.cuda.Event | None]], numbers: range,
-             workers: int = 1) -> Iterator[Batch]:
+             workers: int = 1, carry: tuple[int, Callable[[int, int], tuple]] | None = None,
+             carried: Carried | None = None) -> Iterator[Batch]:
     """Run `make(number, worker)` for each batch number on `workers` producer threads (batch k on
     thread k % workers), `prefetch` ahead, yielding in order; errors raised there are raised here;
-    breaking out stops the threads."""
+    breaking out stops the threads. `carried`: batches made ahead for the first of `numbers` (taken
+    first, the producer waiting for their thread). `carry` (one worker): (epoch, make) of the epoch
+    after: once this epoch's batches are made, its thread makes the next `prefetch` of that one
+    and ends; they go to `loader.carried` if this epoch is consumed to its end."""
+    if carried is not None:
+        numbers = numbers[carried.count :]
     queues = [queue.Queue(loader.prefetch) for _ in range(workers)]
     stop = threading.Event()
-    producers = [threading.Thread(target=_produce, args=(make, w, numbers[w::workers], queues[w], stop, loader.counters),
-                                  daemon=True, name="gpufeed-producer") for w in range(workers)]
+    after = None
+    if carry is not None and workers == 1:
+        count = min(loader.prefetch, len(loader))
+        after = Carried(carry[0], 0, count, queue.Queue(count), None, stop)
+    producers = [threading.Thread(target=_produce, daemon=True, name="gpufeed-producer",
+                                  args=(make, w, numbers[w::workers], queues[w], stop, loader.counters,
+                                        carried.thread if carried is not None else None,
+                                        (carry[1], after) if after is not None else None)) for w in range(workers)]
+    if after is not None:
+        after.thread = producers[0]
     for p in producers:
         p.start()
+    complete = False
     try:
+        if carried is not None:
+            yield from _taken(loader, carried.items, carried.count)
         for k in range(len(numbers)):
-            t0 = time.perf_counter()
-            item = queues[k % workers].get()
-            loader.counters.add("wait", time.perf_counter() - t0)
-            if isinstance(item, BaseException):
-                raise item
-            batch, event = item
-            hand_over(event, batch.images, batch.labels)
-            yield batch
+            yield from _taken(loader, queues[k % workers], 1)
+        complete = True
     finally:
-        stop.set()
-        deadline = time.monotonic() + STOP_WAIT
-        for q, p in zip(queues, producers):
-            while p.is_alive() and time.monotonic() < deadline:  # a producer stuck in a batch is left:
-                try:                                              # it is a daemon, and never blocks exit
-                    q.get_nowait()
-                except queue.Empty:
-                    p.join(0.01)
+        if complete and after is not None:
+            loader.carried = after
+        else:
+            _stopped(stop, queues, producers)
 
 
-def _produce(make, worker: int, numbers: range, out: queue.Queue, stop: threading.Event, counters) -> None:
+def _taken(loader, items: queue.Queue, count: int) -> Iterator[Batch]:
+    """`count` batches from `items`, each handed over to the consumer's stream."""
+    for _ in range(count):
+        t0 = time.perf_counter()
+        item = items.get()
+        loader.counters.add("wait", time.perf_counter() - t0)
+        if isinstance(item, BaseException):
+            raise item
+        batch, event = item
+        hand_over(event, batch.images, batch.labels)
+        yield batch
+
+
+def _stopped(stop: threading.Event, queues: list[queue.Queue], producers: list[threading.Thread]) -> None:
+    """Stop producers, waiting up to STOP_WAIT for the batches they are making (a producer stuck in
+    one is left: it is a daemon, and never blocks exit)."""
+    stop.set()
+    deadline = time.monotonic() + STOP_WAIT
+    for q, p in zip(queues, producers):
+        while p.is_alive() and time.monotonic() < deadline:
+            try:
+                q.get_nowait()
+            except queue.Empty:
+                p.join(0.01)
+
+
+def drop_carried(loader) -> None:
+    """Let go of the batches carried into an epoch nobody started where they belong."""
+    carried, loader.carried = loader.carried, None
+    if carried is not None:
+        _stopped(carried.stop, [carried.items], [carried.thread])
+
+
+def _produce(make, worker: int, numbers: range, out: queue.Queue, stop: threading.Event, counters,
+             before: threading.Thread | None = None, carry: tuple[Callable, Carried] | None = None) -> None:
     """Make batches into `out`; the time spent waiting for room there (the consumer is the slower
-    side) is the stage "queue_full"."""
+    side) is the stage "queue_full". `before`: the thread that made the batches carried into this
+    epoch, waited for first (the pipelines serve one producer at a time). `carry`: then make the
+    first batches of the next epoch into its queue, and end."""
+    errors = out  # where an error goes: the queue of the batch that raised it
     try:
+        if before is not None:
+            before.join()
         for number in numbers:
             if stop.is_set():
                 return
@@ -139,8 +199,15 @@ def _produce(make, worker: int, numbers: range, out: queue.Queue, stop: threadin
                 except queue.Full:
                     continue
             counters.add("queue_full", time.perf_counter() - t0)
+        if carry is not None:
+            make_next, after = carry
+            errors = after.items
+            for number in range(after.count):
+                if stop.is_set():
+                    return
+                after.items.put(make_next(number, worker))  # room for all of them: never blocks
     except BaseException as e:  # handed to the consumer, raised there
-        out.put(e)
+        errors.put(e)
 
 
 def _gather(loader, ring: PinnedRing | None, idx: torch.Tensor, params) -> tuple[Batch, torch.cuda.Event | None]:

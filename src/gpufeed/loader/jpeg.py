@@ -8,15 +8,18 @@ processes, threads and streams.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
+from typing import Callable
 
 import torch
 
 from gpufeed.decode.scheduler import DEFAULT, check_decoders, summed
 from gpufeed.decode.workers import DecodeWorkers
-from gpufeed.loader.feeds import Batch, threaded
+from gpufeed.loader.feeds import Batch, Carried, threaded
+from gpufeed.loader.plan import EpochPlan
 from gpufeed.loader.folder import FolderStore
 from gpufeed.loader.jpeg_batch import DecodeError, JpegBatcher, Upcoming
 
@@ -60,17 +63,34 @@ class JpegPipelines:
             self.workers.close()
 
 
-def jpeg_feed(loader, plan, start: int):
+def jpeg_feed(loader, plan, start: int, after: tuple[int, Callable[[], EpochPlan]] | None = None,
+              carried: Carried | None = None):
     """Batches `start`.. of a jpeg store's epoch `plan`, batch k made by pipeline k % pipelines on its
     own thread, `prefetch` ahead of the consumer; each pipeline is told its next two batches (it
-    starts decoding the first early, and reads a folder's files of the second)."""
+    starts decoding the first early, and reads a folder's files of the second). With one pipeline,
+    `after` (the next epoch, its plan when asked for) is where those come from at the end of the
+    epoch, and the first `prefetch` batches of it are made as the epoch ends (`feeds.Carried`);
+    `carried`: such batches, made for this epoch."""
     pipelines = loader.jpeg.pipelines
+    step, length = len(pipelines), len(plan)
+    plans: dict[int, EpochPlan] = {0: plan}
 
-    def make(number: int, k: int):
+    def plan_of(which: int) -> EpochPlan:
+        if which not in plans:
+            plans[which] = after[1]()
+        return plans[which]
+
+    def later(which: int, number: int) -> list[tuple[int, int]]:
+        """(0 this epoch / 1 the next, batch number) of the pipeline's next two batches."""
+        keys = [(which, number + k * step) for k in (1, 2)]
+        if after is None or step > 1:
+            return [(w, n) for w, n in keys if w == which and n < length]
+        return [(w + n // length, n % length) for w, n in keys if w + n // length <= 1]
+
+    def make(which: int, number: int, k: int):
         batcher = pipelines[k]
-        idx, params = plan.batch(number)
-        later = range(number + len(pipelines), min(len(plan), number + 3 * len(pipelines)), len(pipelines))
-        ahead = tuple(Upcoming(*plan.batch(n)) for n in later)
+        idx, params = plan_of(which).batch(number)
+        ahead = tuple(Upcoming(*plan_of(w).batch(n)) for w, n in later(which, number))
         if batcher.stream is None:
             images, labels, samples = batcher.make(idx, params, ahead)
             return Batch(images, labels, None, final=True, samples=samples), None
@@ -79,7 +99,9 @@ def jpeg_feed(loader, plan, start: int):
             event = batcher.stream.record_event()
         return Batch(images, labels, None, final=True, samples=samples), event
 
-    return threaded(loader, make, range(start, len(plan)), workers=len(pipelines))
+    carry = (after[0], functools.partial(make, 1)) if after is not None and step == 1 else None
+    return threaded(loader, functools.partial(make, 0), range(start, length), workers=step, carry=carry,
+                    carried=carried)
 
 
 def default_workers(device: torch.device) -> int:

@@ -10,6 +10,7 @@ fused kernel. Either way the consumer's stream waits on each batch's event.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -23,7 +24,7 @@ from gpufeed.augment.pipeline import Augment
 from gpufeed.loader import tiers
 from gpufeed.loader.fields import batch_dict
 from gpufeed.loader.folder import FolderStore, is_folder_source
-from gpufeed.loader.feeds import Batch, device_feed, host_feed
+from gpufeed.loader.feeds import Batch, Carried, device_feed, drop_carried, host_feed
 from gpufeed.loader.jpeg import JpegPipelines, jpeg_feed, jpeg_pipelines
 from gpufeed.loader.planner import Planner
 from gpufeed.loader.sampler import ShardedBatchSampler, resolve_rank
@@ -171,6 +172,7 @@ class Loader:
         self.restart, self._resuming = restart, False
         self._ring: PinnedRing | None = None
         self._planner = Planner(self.batch_sampler, self.augment, seed, sizes)
+        self.carried: Carried | None = None  # the next epoch's first batches, made as the last one ended
 
     def __len__(self) -> int:
         """Batches per epoch on this rank."""
@@ -179,6 +181,7 @@ class Loader:
     def close(self) -> None:
         """Stop the loader's threads and decode worker processes now; it can't iterate after. Optional:
         they also stop when the loader is garbage-collected or the program ends, however it ends."""
+        drop_carried(self)
         self.gather.close()
         if self.jpeg is not None:
             self.jpeg.close()
@@ -250,11 +253,18 @@ class Loader:
             epoch, start = epoch + 1, 0
         self.epoch, self._batch = epoch, start
         plan = self._planner.get(epoch)
-        if self.jpeg is not None:
-            feed = jpeg_feed
+        carried = self.carried
+        if carried is not None and (carried.epoch, carried.start) == (epoch, start):
+            self.carried = None
         else:
-            feed = device_feed if self.tier.gathers_on_device else host_feed
-        for batch in feed(self, plan, start):
+            drop_carried(self)
+            carried = None
+        if self.jpeg is not None:
+            following = (epoch + 1, functools.partial(self._planner.peek, epoch + 1))
+            batches = jpeg_feed(self, plan, start, following, carried)
+        else:
+            batches = (device_feed if self.tier.gathers_on_device else host_feed)(self, plan, start)
+        for batch in batches:
             out = self._finish(batch)
             self._batch += 1
             yield out
