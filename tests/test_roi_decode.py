@@ -15,7 +15,7 @@ from torchvision.ops import roi_align
 import gpufeed
 from conftest import jpeg_bytes, save, smooth
 from gpufeed.augment import Normalize, RandomHorizontalFlip, RandomResizedCrop
-from gpufeed.decode import cpu, scheduler
+from gpufeed.decode import choice, cpu, scheduler
 from gpufeed.decode.base import Decoded, Encoded, into_pixels
 from gpufeed.synth import natural_images
 
@@ -55,7 +55,7 @@ def _refuse(data, region):
 
 def test_regions_decoded_whole_are_counted_and_said_once(monkeypatch, caplog):
     monkeypatch.setattr(scheduler, "roi_available", lambda: True)
-    monkeypatch.setattr(scheduler, "_warned", set())
+    monkeypatch.setattr(choice, "_warned", set())
     monkeypatch.setattr(cpu, "_region", _refuse)
     datas = [_jpeg() for _ in range(3)]
     offsets = np.cumsum([0] + [len(d) for d in datas])

@@ -22,7 +22,6 @@ them every image costs the same.
 from __future__ import annotations
 
 import contextlib
-import logging
 import threading
 import time
 from collections import Counter
@@ -33,18 +32,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from gpufeed.decode.base import Decoded, Encoded, nvimgcodec_install
+from gpufeed.decode.base import Decoded, Encoded
+from gpufeed.decode.choice import DEFAULT, START_RATES, gpu_decoders, warn_once
 from gpufeed.decode.cpu import CpuDecoder, roi_available, roi_cost, tries_region
-from gpufeed.decode.nvjpeg import NvJpegDecoder
-
-log = logging.getLogger(__name__)
-START_RATES = {"hw": 15_000.0, "nvjpeg": 10_000.0, "cuda": 8_000.0}
-KNOWN = ("hw", "nvjpeg", "cuda", "cpu")
-# the default: one GPU decoder (the engines through nvImageCodec where installed, else nvJPEG) and the
-# CPU workers. Two GPU decoders at once decode faster alone but slow the training loop they feed
-# (docs/benchmarks.md, "Training is the judge")
-DEFAULT = ("hw", "nvjpeg", "cpu")
-
 
 # CUDA priority of the JPEG path's streams (decoders' and the batch's). 0 is the default streams'
 # (and a training loop's) priority, the lowest; negative numbers go ahead of it. Measured in
@@ -54,37 +44,6 @@ STREAM_PRIORITY = 0
 # the CPU's share is this part of what it decodes in a cycle: a share that finishes late holds the
 # producer (and the batch) back, one that finishes early leaves a few more images to the GPU decoders
 CPU_MARGIN = 0.9
-
-_warned: set[str] = set()  # every pipeline of every loader builds its decoders: say each reason once
-
-
-def _warn_once(message: str) -> None:
-    if message not in _warned:
-        _warned.add(message)
-        log.warning(message)
-
-
-def _nvimgcodec(device: torch.device, name: str, cpu_threads: int):
-    """An nvImageCodec decoder (`hw` engines or `cuda` hybrid), or None with the reason logged once."""
-    what = {"hw": "the GPU's hardware JPEG engines", "cuda": "nvImageCodec's CUDA decoder"}[name]
-    try:
-        from gpufeed.decode.nvimgcodec import NvImgCodecDecoder
-
-        return NvImgCodecDecoder(device, name, cpu_threads)
-    except ImportError:
-        _warn_once(f"nvImageCodec is not installed ({nvimgcodec_install()}): {what} stay(s) unused")
-    except Exception as e:  # no engines on this GPU, driver too old, a wheel for another CUDA, ...
-        _warn_once(f"{what} unavailable ({e}): using the other decoders; `gpufeed doctor` checks the versions "
-                   "of the driver, torch and nvImageCodec and names the fix")
-    return None
-
-
-def check_decoders(names: tuple[str, ...]) -> None:
-    """Raise ValueError naming any of `names` that is not a decoder."""
-    unknown = set(names) - set(KNOWN)
-    if unknown:
-        raise ValueError(f"unknown decoders {sorted(unknown)}: choose from {', '.join(KNOWN)}")
-
 
 @dataclass
 class Started:
@@ -117,24 +76,13 @@ class Scheduler:
         `gpu_turn`: a lock shared by pipelines so that their GPU decodes take turns (the CPU shares,
         resizes and Python of one pipeline then overlap another's GPU decode, never two decodes)."""
         self._gpu_turn = gpu_turn or contextlib.nullcontext()
-        first_only = use is None
-        use = DEFAULT if use is None else use
-        check_decoders(use)
         self.device = device
         # always there, the fallback for what GPU decoders reject: `cpu` (worker processes) or threads
         self.cpu = cpu or CpuDecoder(cpu_threads)
         self._own_cpu = cpu is None
-        def make(name: str):
-            return NvJpegDecoder(device) if name == "nvjpeg" else _nvimgcodec(device, name, max(2, cpu_threads))
-
-        wanted = [name for name in KNOWN[:-1] if name in use] if device.type == "cuda" else []
-        self.gpu = []
-        for name in wanted:  # by default only until one can be made: the others are never built
-            if (decoder := make(name)) is not None:
-                self.gpu.append(decoder)
-                if first_only:
-                    break
-        self.cpu_share = "cpu" in use or not self.gpu  # else the CPU decodes only what GPU decoders reject
+        self.gpu = gpu_decoders(device, use, cpu_threads)
+        # else the CPU decodes only what GPU decoders reject
+        self.cpu_share = "cpu" in (DEFAULT if use is None else use) or not self.gpu
         self.roi = roi_available()  # the workers, if processes, run in this interpreter's environment
         # the CPU's rate is per decoding thread or worker: workers become ready while batches are made
         self.rates = {d.name: START_RATES[d.name] for d in self.gpu} | {"cpu": 300.0}
@@ -273,7 +221,7 @@ class Scheduler:
         whole = asked - sum(r is not None for r in part.regions or ())
         if whole > 0:
             self.counts["cpu_whole"] += whole
-            _warn_once("the CPU decodes whole images where it was to decode crop regions alone (slower): "
+            warn_once("the CPU decodes whole images where it was to decode crop regions alone (slower): "
                        "nvImageCodec's CPU decoder refused them (`gpufeed doctor` says why); counted in "
                        "loader.stats()['decoded_by']['cpu_whole']")
 

@@ -27,6 +27,9 @@ from gpufeed.loader.stats import stage_range
 from gpufeed.transfer.ring import PinnedRing, hand_over
 
 STOP_WAIT = 5.0  # seconds an iteration that ends waits for its producers to finish their batch
+# make the next epoch's first batches as an epoch ends (`Carried`); False: each epoch's producer
+# starts when it is iterated (benchmarks/train_bench.py's `carry=` rows compare the two)
+CARRY = True
 
 
 @dataclass
@@ -119,7 +122,7 @@ def threaded(loader, make: Callable[[int, int], tuple[Batch, torch.cuda.Event | 
     queues = [queue.Queue(loader.prefetch) for _ in range(workers)]
     stop = threading.Event()
     after = None
-    if carry is not None and workers == 1:
+    if carry is not None and workers == 1 and CARRY:
         count = min(loader.prefetch, len(loader))
         after = Carried(carry[0], 0, count, queue.Queue(count), None, stop)
     producers = [threading.Thread(target=_produce, daemon=True, name="gpufeed-producer",

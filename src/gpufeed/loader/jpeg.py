@@ -16,7 +16,8 @@ from typing import Callable
 
 import torch
 
-from gpufeed.decode.scheduler import DEFAULT, check_decoders, summed
+from gpufeed.decode.choice import DEFAULT, check_decoders
+from gpufeed.decode.scheduler import summed
 from gpufeed.decode.workers import DecodeWorkers
 from gpufeed.loader.feeds import Batch, Carried, threaded
 from gpufeed.loader.plan import EpochPlan
@@ -116,7 +117,7 @@ def default_workers(device: torch.device) -> int:
 
 
 def jpeg_pipelines(loader, on_error: str, decoders: tuple[str, ...] | None, workers: int | None) -> JpegPipelines:
-    """The loader's JPEG pipelines: their `decoders` (None: `decode.scheduler.DEFAULT`'s rule), and
+    """The loader's JPEG pipelines: their `decoders` (None: `decode.choice.DEFAULT`'s rule), and
     `workers` CPU decode processes they share (None: see `default_workers`; 0: CPU decoding on
     threads of this process, which share its GIL)."""
     if on_error not in ("skip", "raise"):

@@ -243,7 +243,7 @@ class JpegBatcher:
 
     def close(self) -> None:
         """Stop this pipeline's decoders (the shared CPU workers are `JpegPipelines`' to stop)."""
-        self._next = None  # its CPU share is abandoned with the workers
+        self._forget_next()  # its CPU share collected while the workers run: its buffer goes back to them
         self.scheduler.close()
 
 

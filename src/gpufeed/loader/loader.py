@@ -89,7 +89,8 @@ class Loader:
         cache: raw stores: "gpu", "host", "disk" or "auto" (the first that fits in half of the free
             memory); jpeg stores keep their bytes in host memory ("gpu" is served as "host").
         rank, world_size: the shard to read; default from torch.distributed, else RANK/WORLD_SIZE.
-        prefetch: batches made ahead of the consumer, at most.
+        prefetch: batches made ahead of the consumer, at most (jpeg: also the next epoch's first ones,
+            made as an epoch ends and dropped if another epoch is iterated).
         gather_threads: disk tier: CPU threads gathering rows (default min(8, cores)).
         on_error: jpeg: "skip" replaces an undecodable sample (warned once, counted), "raise" raises
             `DecodeError` naming it.

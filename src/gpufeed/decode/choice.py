@@ -1,0 +1,65 @@
+"""Which JPEG decoders a pipeline gets: the names a user may ask for, the default, and making the
+GPU ones (each that can't be made here is said once, with the reason and the fix)."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from gpufeed.decode.base import nvimgcodec_install
+from gpufeed.decode.nvjpeg import NvJpegDecoder
+
+log = logging.getLogger(__name__)
+START_RATES = {"hw": 15_000.0, "nvjpeg": 10_000.0, "cuda": 8_000.0}
+KNOWN = ("hw", "nvjpeg", "cuda", "cpu")
+# the default: one GPU decoder (the engines through nvImageCodec where installed, else nvJPEG) and the
+# CPU workers. Two GPU decoders at once decode faster alone but slow the training loop they feed
+# (docs/benchmarks.md, "Training is the judge")
+DEFAULT = ("hw", "nvjpeg", "cpu")
+
+_warned: set[str] = set()  # every pipeline of every loader builds its decoders: say each reason once
+
+
+def warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        log.warning(message)
+
+
+def _nvimgcodec(device: torch.device, name: str, cpu_threads: int):
+    """An nvImageCodec decoder (`hw` engines or `cuda` hybrid), or None with the reason logged once."""
+    what = {"hw": "the GPU's hardware JPEG engines", "cuda": "nvImageCodec's CUDA decoder"}[name]
+    try:
+        from gpufeed.decode.nvimgcodec import NvImgCodecDecoder
+
+        return NvImgCodecDecoder(device, name, cpu_threads)
+    except ImportError:
+        warn_once(f"nvImageCodec is not installed ({nvimgcodec_install()}): {what} stay(s) unused")
+    except Exception as e:  # no engines on this GPU, driver too old, a wheel for another CUDA, ...
+        warn_once(f"{what} unavailable ({e}): using the other decoders; `gpufeed doctor` checks the versions "
+                   "of the driver, torch and nvImageCodec and names the fix")
+    return None
+
+
+def check_decoders(names: tuple[str, ...]) -> None:
+    """Raise ValueError naming any of `names` that is not a decoder."""
+    unknown = set(names) - set(KNOWN)
+    if unknown:
+        raise ValueError(f"unknown decoders {sorted(unknown)}: choose from {', '.join(KNOWN)}")
+
+
+def gpu_decoders(device: torch.device, use: tuple[str, ...] | None, cpu_threads: int) -> list:
+    """The GPU decoders of `use` that can be made on `device` (none on a CPU); `use` None: the first of
+    `DEFAULT`'s that can be made (the others are never built). `cpu_threads`: nvImageCodec's host threads."""
+    first_only = use is None
+    use = DEFAULT if use is None else use
+    check_decoders(use)
+    made = []
+    for name in [name for name in KNOWN[:-1] if name in use] if device.type == "cuda" else []:
+        decoder = NvJpegDecoder(device) if name == "nvjpeg" else _nvimgcodec(device, name, max(2, cpu_threads))
+        if decoder is not None:
+            made.append(decoder)
+            if first_only:
+                break
+    return made
