@@ -108,15 +108,22 @@ class Carried:
     stop: threading.Event
 
 
+@dataclass
+class NextEpoch:
+    """The epoch after the one a feed makes, and how its batches are made (`make(number, worker)`)."""
+
+    epoch: int
+    make: Callable[[int, int], tuple[Batch, torch.cuda.Event | None]]
+
+
 def threaded(loader, make: Callable[[int, int], tuple[Batch, torch.cuda.Event | None]], numbers: range,
-             workers: int = 1, carry: tuple[int, Callable[[int, int], tuple]] | None = None,
-             carried: Carried | None = None) -> Iterator[Batch]:
+             workers: int = 1, carry: NextEpoch | None = None, carried: Carried | None = None) -> Iterator[Batch]:
     """Run `make(number, worker)` for each batch number on `workers` producer threads (batch k on
     thread k % workers), `prefetch` ahead, yielding in order; errors raised there are raised here;
     breaking out stops the threads. `carried`: batches made ahead for the first of `numbers` (taken
-    first, the producer waiting for their thread). `carry` (one worker): (epoch, make) of the epoch
-    after: once this epoch's batches are made, its thread makes the next `prefetch` of that one
-    and ends; they go to `loader.carried` if this epoch is consumed to its end."""
+    first, the producer waiting for their thread). `carry` (one worker): once this epoch's batches
+    are made, its thread makes the first `prefetch` of the next one and ends; they go to
+    `loader.carried` if this epoch is consumed to its end."""
     if carried is not None:
         numbers = numbers[carried.count :]
     queues = [queue.Queue(loader.prefetch) for _ in range(workers)]
@@ -124,11 +131,11 @@ def threaded(loader, make: Callable[[int, int], tuple[Batch, torch.cuda.Event | 
     after = None
     if carry is not None and workers == 1 and CARRY:
         count = min(loader.prefetch, len(loader))
-        after = Carried(carry[0], 0, count, queue.Queue(count), None, stop)
+        after = Carried(carry.epoch, 0, count, queue.Queue(count), None, stop)
     producers = [threading.Thread(target=_produce, daemon=True, name="gpufeed-producer",
                                   args=(make, w, numbers[w::workers], queues[w], stop, loader.counters,
                                         carried.thread if carried is not None else None,
-                                        (carry[1], after) if after is not None else None)) for w in range(workers)]
+                                        carry.make if after is not None else None, after)) for w in range(workers)]
     if after is not None:
         after.thread = producers[0]
     for p in producers:
@@ -181,11 +188,12 @@ def drop_carried(loader) -> None:
 
 
 def _produce(make, worker: int, numbers: range, out: queue.Queue, stop: threading.Event, counters,
-             before: threading.Thread | None = None, carry: tuple[Callable, Carried] | None = None) -> None:
+             before: threading.Thread | None = None, make_next: Callable | None = None,
+             after: Carried | None = None) -> None:
     """Make batches into `out`; the time spent waiting for room there (the consumer is the slower
     side) is the stage "queue_full". `before`: the thread that made the batches carried into this
-    epoch, waited for first (the pipelines serve one producer at a time). `carry`: then make the
-    first batches of the next epoch into its queue, and end."""
+    epoch, waited for first (the pipelines serve one producer at a time). `after`: then make the
+    first batches of the next epoch (with `make_next`) into its queue, and end."""
     errors = out  # where an error goes: the queue of the batch that raised it
     try:
         if before is not None:
@@ -202,8 +210,7 @@ def _produce(make, worker: int, numbers: range, out: queue.Queue, stop: threadin
                 except queue.Full:
                     continue
             counters.add("queue_full", time.perf_counter() - t0)
-        if carry is not None:
-            make_next, after = carry
+        if after is not None:
             errors = after.items
             for number in range(after.count):
                 if stop.is_set():

@@ -19,7 +19,7 @@ import torch
 from gpufeed.decode.choice import DEFAULT, check_decoders
 from gpufeed.decode.scheduler import summed
 from gpufeed.decode.workers import DecodeWorkers
-from gpufeed.loader.feeds import Batch, Carried, threaded
+from gpufeed.loader.feeds import Batch, Carried, NextEpoch, threaded
 from gpufeed.loader.plan import EpochPlan
 from gpufeed.loader.folder import FolderStore
 from gpufeed.loader.jpeg_batch import DecodeError, JpegBatcher, Upcoming
@@ -64,13 +64,13 @@ class JpegPipelines:
             self.workers.close()
 
 
-def jpeg_feed(loader, plan, start: int, after: tuple[int, Callable[[], EpochPlan]] | None = None,
+def jpeg_feed(loader, plan, start: int, epoch: int = 0, next_plan: Callable[[], EpochPlan] | None = None,
               carried: Carried | None = None):
     """Batches `start`.. of a jpeg store's epoch `plan`, batch k made by pipeline k % pipelines on its
     own thread, `prefetch` ahead of the consumer; each pipeline is told its next two batches (it
     starts decoding the first early, and reads a folder's files of the second). With one pipeline,
-    `after` (the next epoch, its plan when asked for) is where those come from at the end of the
-    epoch, and the first `prefetch` batches of it are made as the epoch ends (`feeds.Carried`);
+    `next_plan` (the plan of epoch `epoch` + 1, when called) is where those come from at the end of
+    the epoch, and its first `prefetch` batches are made as the epoch ends (`feeds.Carried`);
     `carried`: such batches, made for this epoch."""
     pipelines = loader.jpeg.pipelines
     step, length = len(pipelines), len(plan)
@@ -78,13 +78,13 @@ def jpeg_feed(loader, plan, start: int, after: tuple[int, Callable[[], EpochPlan
 
     def plan_of(which: int) -> EpochPlan:
         if which not in plans:
-            plans[which] = after[1]()
+            plans[which] = next_plan()
         return plans[which]
 
     def later(which: int, number: int) -> list[tuple[int, int]]:
         """(0 this epoch / 1 the next, batch number) of the pipeline's next two batches."""
         keys = [(which, number + k * step) for k in (1, 2)]
-        if after is None or step > 1:
+        if next_plan is None or step > 1:
             return [(w, n) for w, n in keys if w == which and n < length]
         return [(w + n // length, n % length) for w, n in keys if w + n // length <= 1]
 
@@ -100,7 +100,7 @@ def jpeg_feed(loader, plan, start: int, after: tuple[int, Callable[[], EpochPlan
             event = batcher.stream.record_event()
         return Batch(images, labels, None, final=True, samples=samples), event
 
-    carry = (after[0], functools.partial(make, 1)) if after is not None and step == 1 else None
+    carry = NextEpoch(epoch + 1, functools.partial(make, 1)) if next_plan is not None and step == 1 else None
     return threaded(loader, functools.partial(make, 0), range(start, length), workers=step, carry=carry,
                     carried=carried)
 

@@ -261,8 +261,8 @@ class Loader:
             drop_carried(self)
             carried = None
         if self.jpeg is not None:
-            following = (epoch + 1, functools.partial(self._planner.peek, epoch + 1))
-            batches = jpeg_feed(self, plan, start, following, carried)
+            next_plan = functools.partial(self._planner.peek, epoch + 1)
+            batches = jpeg_feed(self, plan, start, epoch, next_plan, carried)
         else:
             batches = (device_feed if self.tier.gathers_on_device else host_feed)(self, plan, start)
         for batch in batches:
