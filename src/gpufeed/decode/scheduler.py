@@ -180,7 +180,9 @@ class Scheduler:
         cpu_pos = started.cpu_pos
         t_wait = time.perf_counter()
         cpu_part = self.cpu.collect(started.cpu_job, self.device, pin)
-        self._cpu_wait += time.perf_counter() - t_wait
+        waited = time.perf_counter() - t_wait
+        self._cpu_wait += waited
+        self.seconds["cpu_wait"] += waited
         self._decoded_whole(started.cpu_asks, cpu_part, len(cpu_pos))
         if len(cpu_pos):  # the CPU's rate per thread, from when it could begin this share; measured
             begun = max(started.submitted, self._cpu_free)  # only on shares that keep every thread busy
@@ -193,7 +195,6 @@ class Scheduler:
         self.counts["cpu"] += len(cpu_pos) - len(cpu_part.failed)
         self.counts["failed"] += len(failed)
         self.seconds["cpu"] += time.perf_counter() - t_cpu
-        self.seconds["cpu_wait"] += time.perf_counter() - t_wait
         return parts, failed
 
     def drop(self, started: Started) -> None:

@@ -5,9 +5,9 @@ decoders (each one batched call that releases the GIL) and the CPU decode worker
 (`decode.workers`, CUDA-free); one resize kernel per decoder's part writes the finished batch,
 on the pipeline's stream. The next batch's CPU share is handed to the workers before this batch's
 GPU share is decoded, so the workers never wait for the producer thread; a folder read in place
-reads the files of the batch after that meanwhile. Samples no decoder can read are replaced by another sample of the same batch
-(`on_error="skip"`, counted, warned about once with the index) or raise naming the index
-(`"raise"`).
+reads the files of the batch after that meanwhile. Samples no decoder can read are replaced by
+another sample of the same batch (`on_error="skip"`, counted, warned about once with the index) or
+raise naming the index (`"raise"`).
 """
 
 from __future__ import annotations
