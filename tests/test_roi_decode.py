@@ -203,3 +203,44 @@ def test_pipelines_sharing_a_turn_never_decode_on_the_gpu_at_once(monkeypatch):
 
     assert overlap(threading.Lock()) == 1
     assert overlap(None) == 2
+
+
+def test_a_started_batchs_gpu_share_decodes_on_a_helper_while_the_caller_goes_on(monkeypatch):
+    """`start` returns while the GPU share decodes on the scheduler's helper thread; `finish` waits for
+    it and counts the caller's wait apart from the decode; `drop` waits for a dropped batch's share."""
+    import threading
+
+    datas = [_jpeg() for _ in range(4)]
+    batch = Encoded.of(torch.cat(datas), np.cumsum([0] + [len(d) for d in datas]), np.arange(4))
+    shapes, boxes = np.array([[90, 120]] * 4), np.array([[0, 0, 120, 90]] * 4, float)
+    release, threads = threading.Event(), []
+
+    def fake_gpu(self, dec, part_batch, stream):  # stands in for a GPU decoder's call
+        threads.append(threading.current_thread())
+        assert release.wait(10)
+        cpu_dec = self.cpu
+        return cpu_dec.collect(cpu_dec.submit(part_batch, None, [None] * len(part_batch), [None] * len(part_batch)),
+                               torch.device("cpu"), False), 0.01
+
+    monkeypatch.setattr(scheduler.Scheduler, "_timed", fake_gpu)
+    monkeypatch.setattr(scheduler, "GPU_EARLY", True)
+    s = scheduler.Scheduler(torch.device("cpu"), 1)
+    s.gpu, s.cpu_share, s._streams = [SimpleNamespace(name="hw")], True, {"hw": None}  # as on a GPU
+    s.rates.update(hw=1000.0, cpu=1000.0)
+    s.gpu_rate = 1000.0
+    started = s.start(batch, shapes, boxes, (16, 16))  # the fake decoder holds: start returned anyway
+    assert started.gpu_job is not None and not started.gpu_job.done()
+    release.set()
+    parts, failed = s.finish(started, pin=False)
+    assert not failed and sorted(np.concatenate([p for _, p in parts]).tolist()) == [0, 1, 2, 3]
+    assert threads and threads[0] is not threading.current_thread()
+    assert s.counts["hw"] == 2 and s.counts["cpu"] == 2
+    assert s.seconds["hw"] == pytest.approx(0.01) and s.seconds["gpu"] > 0 and "gpu_wait" in s.seconds
+    dropped = s.start(batch, shapes, boxes, (16, 16))
+    s.drop(dropped)
+    assert dropped.gpu_job.done()
+    monkeypatch.setattr(scheduler, "GPU_EARLY", False)  # the share decoded in `finish`, on the caller's thread
+    s.rates["cpu"], calls = 1.0, len(threads)  # a slow CPU: the GPU decoder gets the whole batch
+    parts, failed = s.finish(s.start(batch, shapes, boxes, (16, 16)), pin=False)
+    assert not failed and len(threads) == calls + 1 and threads[-1] is threading.current_thread()
+    s.close()

@@ -1,10 +1,10 @@
 """Split each batch between the decoders, run them at once, and start the next batch's CPU share early.
 
-`start` hands a batch's CPU share to the CPU decoder (worker processes) and returns; `finish`
-decodes the GPU decoders' shares (every GPU decoder but the last on a helper thread, the last on
-the calling thread) and collects the CPU's. The loader starts batch k+1 before it finishes batch
-k, so the workers decode all the time while the producer thread waits on the GPU decoders,
-resizes and hands batches over.
+`start` hands a batch's CPU share to the CPU decoder (worker processes) and its GPU share to a
+helper thread that runs the GPU decoders, and returns; `finish` waits for both. The loader starts
+batch k+1 before it finishes batch k, so the workers and the GPU decoders decode all the time while
+the producer thread resizes and hands batches over: its cycle is the slower decoder's time per
+batch, not the sum of the GPU decode, the wait for the CPU and the resize.
 
 The shares: the CPU takes what its workers decode in one of the producer's cycles (its time per
 batch, not counting its waits for the CPU), the GPU decoders the rest, split by their own rates
@@ -25,7 +25,7 @@ import contextlib
 import threading
 import time
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +40,10 @@ from gpufeed.decode.cpu import CpuDecoder, roi_available, roi_cost, tries_region
 # (and a training loop's) priority, the lowest; negative numbers go ahead of it. Measured in
 # training before it is changed (benchmarks/train_bench.py rows take priority=N)
 STREAM_PRIORITY = 0
+
+# True: a batch's GPU share is decoded from `start` on, on the helper thread; False: in `finish`, on
+# the caller's thread (as before; benchmarks/train_bench.py rows take gpu_early=False)
+GPU_EARLY = True
 
 # the CPU's share is this part of what it decodes in a cycle: a share that finishes late holds the
 # producer (and the batch) back, one that finishes early leaves a few more images to the GPU decoders
@@ -60,10 +64,29 @@ class Started:
     cpu_asks: tuple[list, list]  # what the CPU decodes of its share (`Scheduler._asks`)
     cpu_job: Any  # the CPU decoder's handle for `collect`
     submitted: float  # perf_counter
+    gpu_job: Future | None  # the GPU shares being decoded (`GpuShares`), or None: decoded in `finish`
 
     @property
     def cpu_pos(self) -> np.ndarray:
         return self.order[self.starts[-2] : self.starts[-1]]
+
+
+@dataclass
+class GpuShare:
+    """One GPU decoder's part of a batch."""
+
+    decoder: Any
+    positions: np.ndarray  # batch positions it decoded
+    part: Decoded
+    seconds: float  # its decode call and the wait for its stream
+
+
+@dataclass
+class GpuShares:
+    """What the GPU decoders made of a batch, and the seconds until the last of them was done."""
+
+    shares: list[GpuShare]
+    seconds: float
 
 
 class Scheduler:
@@ -98,11 +121,13 @@ class Scheduler:
         self._cpu_wait = 0.0  # this cycle's waits for the CPU share
         self._cpu_free = 0.0  # when the CPU decoder finished its last share (a perf_counter)
         self.counts: Counter = Counter()
-        # per batch, summed: "gpu" until every GPU decoder is done, "cpu" the CPU part's work after that;
-        # each decoder's own time (the GPU decoders' calls, "cpu_threads" until the last CPU image)
+        # per batch, summed: "gpu" from the GPU decoders' start until the last is done, "gpu_wait" the
+        # caller's wait for them in `finish`, "cpu" the CPU part's work after that; each decoder's own
+        # time (the GPU decoders' calls, "cpu_threads" until the last CPU image)
         self.seconds: Counter = Counter()
         helpers = len(self.gpu) - 1  # every GPU decoder but the last decodes on a helper thread
         self._helper = ThreadPoolExecutor(helpers, thread_name_prefix="gpufeed-gpudecode") if helpers > 0 else None
+        self._early: ThreadPoolExecutor | None = None  # decodes started batches' GPU shares (`GPU_EARLY`)
         # a stream per GPU decoder so they overlap; the host waits on it, so results are complete
         self._streams = {d.name: torch.cuda.Stream(device, priority=STREAM_PRIORITY) for d in self.gpu}
 
@@ -148,27 +173,32 @@ class Scheduler:
         cpu_pos = order[starts[-2] : starts[-1]]
         asks = self._asks(cpu_pos, shapes, boxes, out_hw, regions, cost)
         job = self.cpu.submit(batch.take(cpu_pos), shapes[cpu_pos], *asks)
-        return Started(batch, shapes, boxes, out_hw, order, starts, regions, cost, asks, job, time.perf_counter())
+        gpu_job = None
+        if self.gpu and GPU_EARLY:  # one thread: batches' GPU shares are decoded one after another
+            self._early = self._early or ThreadPoolExecutor(1, thread_name_prefix="gpufeed-gpushare")
+            gpu_job = self._early.submit(self._decode_gpu, batch, order, starts)
+        return Started(batch, shapes, boxes, out_hw, order, starts, regions, cost, asks, job, time.perf_counter(),
+                       gpu_job)
 
     def finish(self, started: Started, pin: bool) -> tuple[list[tuple[Decoded, np.ndarray]], dict[int, str]]:
         """Decode the GPU decoders' shares of a started batch and collect the CPU's:
         ([(part, batch positions of its images)], {position: reason it failed})."""
         batch, shapes, boxes, starts = started.batch, started.shapes, started.boxes, started.starts
         t0 = time.perf_counter()
-        with self._gpu_turn:
-            jobs = self._gpu_decodes(batch, started.order, starts)
-            gpu_results = [(dec, pos, job.result() if hasattr(job, "result") else job) for dec, pos, job in jobs]
+        gpu = started.gpu_job.result() if started.gpu_job is not None else self._decode_gpu(batch, started.order, starts)
+        t_cpu = time.perf_counter()
+        self.seconds["gpu_wait"] += t_cpu - t0  # the caller's wait for the GPU shares
         parts, failed, retry = [], {}, []
-        for dec, pos, (part, seconds) in gpu_results:
-            self.seconds[dec.name] += seconds
-            self._rate(dec.name, len(pos) - len(part.failed), seconds)
+        for share in gpu.shares:
+            dec, pos, part = share.decoder, share.positions, share.part
+            self.seconds[dec.name] += share.seconds
+            self._rate(dec.name, len(pos) - len(part.failed), share.seconds)
             self.counts[dec.name] += len(pos) - len(part.failed)
             parts.append((part, pos[part.kept(len(pos))]))
             retry += [(int(pos[k]), f"{dec.name}: {why}") for k, why in part.failed.items()]
-        t_cpu = time.perf_counter()
-        self.seconds["gpu"] += t_cpu - t0
-        if jobs:
-            self.gpu_rate = 0.7 * self.gpu_rate + 0.3 * (starts[-2] - len(retry)) / (t_cpu - t0)
+        self.seconds["gpu"] += gpu.seconds
+        if gpu.shares:
+            self.gpu_rate = 0.7 * self.gpu_rate + 0.3 * (starts[-2] - len(retry)) / max(gpu.seconds, 1e-6)
         if retry:  # rejected by a GPU decoder: the CPU decodes them instead
             self.counts["cpu_fallback"] += len(retry)
             again = np.array([p for p, _ in retry])
@@ -198,7 +228,9 @@ class Scheduler:
         return parts, failed
 
     def drop(self, started: Started) -> None:
-        """Let go of a started batch that will not be finished (its CPU share decoded and discarded)."""
+        """Let go of a started batch that will not be finished (its shares decoded and discarded)."""
+        if started.gpu_job is not None:
+            started.gpu_job.result()
         self.cpu.collect(started.cpu_job, torch.device("cpu"), False)
 
     def snapshot(self) -> dict:
@@ -225,6 +257,14 @@ class Scheduler:
             warn_once("the CPU decodes whole images where it was to decode crop regions alone (slower): "
                        "nvImageCodec's CPU decoder refused them (`gpufeed doctor` says why); counted in "
                        "loader.stats()['decoded_by']['cpu_whole']")
+
+    def _decode_gpu(self, batch: Encoded, order: np.ndarray, starts: np.ndarray) -> GpuShares:
+        """Decode every GPU decoder's share of a batch (at once, taking the pipelines' GPU turn)."""
+        t0 = time.perf_counter()
+        with self._gpu_turn:
+            jobs = self._gpu_decodes(batch, order, starts)
+            done = [(dec, pos, job.result() if isinstance(job, Future) else job) for dec, pos, job in jobs]
+        return GpuShares([GpuShare(dec, pos, part, sec) for dec, pos, (part, sec) in done], time.perf_counter() - t0)
 
     def _gpu_decodes(self, batch: Encoded, order: np.ndarray, starts: np.ndarray) -> list:
         """Start each GPU decoder on its share: [(decoder, batch positions, (part, seconds) or a future)];
@@ -260,8 +300,9 @@ class Scheduler:
     def close(self) -> None:
         if self._own_cpu:  # a shared CPU decoder (the worker processes) is its owner's to stop
             self.cpu.close()
-        if self._helper is not None:
-            self._helper.shutdown(wait=True)
+        for pool in (self._early, self._helper):  # the early pool first: its jobs use the helpers
+            if pool is not None:
+                pool.shutdown(wait=True)
 
 
 def summed(names: list[str], snapshots: list[dict]) -> dict:
