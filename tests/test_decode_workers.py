@@ -341,3 +341,40 @@ def test_encoded_bytes_tiers_on_cpu(store):
     loader = gpufeed.Loader(store, batch_size=4, device="cpu", augment=[RandomResizedCrop(8)], cache="disk")
     assert loader.stats()["tier"] == "disk" and len(list(loader)) == 3
     loader.close()
+
+
+def _topology(root, cores: int, threads: int):
+    """A sysfs cpu tree: `cores` physical cores of `threads` hardware threads, siblings numbered k, k+cores."""
+    for t in range(threads):
+        for c in range(cores):
+            topo = root / f"cpu{t * cores + c}" / "topology"
+            topo.mkdir(parents=True)
+            (topo / "physical_package_id").write_text("0\n")
+            (topo / "core_id").write_text(f"{c}\n")
+    return set(range(cores * threads))
+
+
+def test_workers_get_whole_physical_cores_and_leave_two(tmp_path, monkeypatch):
+    from gpufeed.decode import affinity
+
+    cpus = _topology(tmp_path, 8, 2)
+    groups = affinity.cores(cpus, tmp_path)
+    assert groups == [[c, c + 8] for c in range(8)]
+    assert affinity.worker_cpus(12, groups) == set(range(2, 8)) | set(range(10, 16))  # 6 cores, 2 left
+    assert affinity.worker_cpus(3, groups) == {6, 7, 14, 15}
+    assert affinity.worker_cpus(40, groups) == set(range(2, 8)) | set(range(10, 16))  # never the last 2 cores
+    assert affinity.worker_cpus(4, groups[:2]) is None  # too few cores to leave two
+    assert affinity.cores({99}, tmp_path) == [] and affinity.worker_cpus(4, []) is None  # topology unknown
+    monkeypatch.setattr(affinity, "PIN", False)
+    assert affinity.worker_cpus(12, groups) is None
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="no CPU affinity here")
+def test_workers_run_on_the_cpus_they_are_given(store, monkeypatch):
+    one = min(os.sched_getaffinity(0))
+    monkeypatch.setattr(workers_module.affinity, "worker_cpus", lambda n: {one})
+    pool = DecodeWorkers(store.data, 2)
+    try:
+        assert pool.cpus == {one} and all(os.sched_getaffinity(pid) == {one} for pid in pool.pids)
+    finally:
+        pool.close()
