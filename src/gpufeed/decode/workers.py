@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 import gpufeed
-from gpufeed.decode import affinity, protocol
+from gpufeed.decode import protocol
 from gpufeed.decode.base import Decoded, Encoded, PinnedStaging, hwc_strides, in_place, to_device
 from gpufeed.decode.cpu import CpuDecoder
 from gpufeed.transfer.uva import Registration
@@ -137,11 +137,9 @@ class DecodeWorkers:
                                                os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
         self._workers: list[_Worker] = []
         self._stop = weakref.finalize(self, _stop, self._workers)
-        self.cpus = affinity.worker_cpus(workers)  # None: not pinned
         for _ in range(workers):
             proc = subprocess.Popen([sys.executable, "-m", "gpufeed.decode.worker", json.dumps(setup.__dict__)],
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True)
-            affinity.pin(proc.pid, self.cpus)
             self._workers.append(_Worker(proc))
         self._staging = PinnedStaging(alloc=lambda nbytes: Segment(nbytes, device))
         self._tickets = itertools.count()
