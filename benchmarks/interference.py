@@ -1,6 +1,8 @@
 """Which piece of JPEG loading slows a training loop in the same process? Synthetic-data training
 with one background thread doing one piece of a loader's per-batch work, paced to the rate the model
 consumes batches (`--rate` per second), so the only difference between rows is that piece.
+`cpu_procsN` instead starts N processes that decode JPEGs with PIL as fast as they can (no GPU):
+what CPU decode workers' load alone costs the training thread on the host.
 
     PYTHONPATH=src python benchmarks/train_bench.py --rows "synthetic;interfere:tv_nvjpeg;..." --models resnet18
 """
@@ -14,14 +16,25 @@ import numpy as np
 import torch
 
 KINDS = ("none", "tv_nvjpeg", "tv_nvjpeg_ptrs", "nvimg_hw", "nvimg_hw_ptrs", "resize", "cpu_tv_threads",
-         "pyloop_1ms", "pyloop_3ms", "pipe_recv")
+         "pyloop_1ms", "pyloop_3ms", "pipe_recv", "cpu_procsN")
+
+# a CPU decode process for `cpu_procsN`: decodes one file over and over until its parent is gone
+_DECODER = """import io, os, sys
+from PIL import Image
+data, parent = open(sys.argv[1], "rb").read(), os.getppid()
+while os.getppid() == parent:
+    for _ in range(20):
+        Image.open(io.BytesIO(data)).convert("RGB").load()
+"""
 
 
-def start(kind: str, rate: float = 50.0, images: int = 128) -> threading.Thread:
-    """Run `kind` `rate` times a second on a daemon thread."""
+def start(kind: str, rate: float = 50.0, images: int = 128) -> threading.Thread | list:
+    """Run `kind` `rate` times a second on a daemon thread (`cpu_procsN`: start the processes)."""
     from gpufeed.synth import encode_jpegs, natural_images
 
     data = encode_jpegs(natural_images(64))
+    if kind.startswith("cpu_procs"):
+        return _processes(int(kind[len("cpu_procs"):]), data[0])
     data = [data[k % 64] for k in range(images)]
     arrays = [np.frombuffer(d, np.uint8) for d in data]
     pinned = torch.empty(sum(len(d) for d in data), dtype=torch.uint8).pin_memory()
@@ -46,6 +59,17 @@ def start(kind: str, rate: float = 50.0, images: int = 128) -> threading.Thread:
     th = threading.Thread(target=loop, daemon=True)
     th.start()
     return th
+
+
+def _processes(count: int, jpeg: bytes) -> list:
+    """`count` decode processes (exec'd, each ends when this process does)."""
+    import subprocess
+    import sys
+    import tempfile
+
+    with tempfile.NamedTemporaryFile(suffix=".jpg", delete=False) as f:
+        f.write(jpeg)
+    return [subprocess.Popen([sys.executable, "-c", _DECODER, f.name]) for _ in range(count)]
 
 
 def _work(kind, arrays, pinned, bounds, stream):

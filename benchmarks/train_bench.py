@@ -52,6 +52,7 @@ KNOBS = {
     "turns": ("gpufeed.loader.jpeg", "GPU_DECODES_TAKE_TURNS", bool),  # several pipelines' GPU decodes take turns
     "reuse": ("gpufeed.decode.nvimgcodec", "REUSE", bool),  # nvImageCodec decodes into the Images of earlier batches
     "carry": ("gpufeed.loader.feeds", "CARRY", bool),  # the next epoch's first batches made as an epoch ends
+    "gpu_first": ("gpufeed.decode.scheduler", "GPU_FIRST", bool),  # GPU decoders' share set first, the CPU the rest
     "gpu_early": ("gpufeed.decode.scheduler", "GPU_EARLY", bool),  # GPU shares decoded from `start` on a helper
 }
 # row settings of the training loop itself, set by `feeder`: `side=1` trains on a stream of its own
