@@ -52,11 +52,12 @@ KNOBS = {
     "turns": ("gpufeed.loader.jpeg", "GPU_DECODES_TAKE_TURNS", bool),  # several pipelines' GPU decodes take turns
     "reuse": ("gpufeed.decode.nvimgcodec", "REUSE", bool),  # nvImageCodec decodes into the Images of earlier batches
     "carry": ("gpufeed.loader.feeds", "CARRY", bool),  # the next epoch's first batches made as an epoch ends
-    "gpu_first": ("gpufeed.decode.scheduler", "GPU_FIRST", bool),  # GPU decoders' share set first, the CPU the rest
+    "blocking_wait": ("gpufeed.decode.scheduler", "BLOCKING_WAIT", bool),  # GPU decoders waited for asleep
     "gpu_early": ("gpufeed.decode.scheduler", "GPU_EARLY", bool),  # GPU shares decoded from `start` on a helper
 }
 # row settings of the training loop itself, set by `feeder`: `side=1` trains on a stream of its own
-# instead of the default stream (what a loader's work synchronized with the default stream costs)
+# instead of the default stream (what a loader's work synchronized with the default stream costs);
+# `sched=spin|yield|blocking` (any row) sets how the process's CUDA syncs wait (`_context_scheduling`)
 LOOP: dict = {}
 
 
@@ -103,6 +104,7 @@ def feeder(row: str, work: Path, batch: int):
         if "switch" in kwargs:  # the process's GIL switch interval, seconds (Python's default 0.005)
             sys.setswitchinterval(float(kwargs.pop("switch")))
         LOOP["side"] = bool(kwargs.pop("side", 0))
+        kwargs.pop("sched", None)  # set when the row's process began (`_context_scheduling`)
         ops = _ops(kwargs.pop("policy", None))
         loader = gpufeed.Loader(work / name, batch_size=batch, device="cuda", augment=ops, **kwargs)
         built = time.perf_counter() - t0
@@ -147,8 +149,26 @@ def _dali(work: Path, batch: int, threads: int, t0: float):
     return built, it(), None
 
 
+def _context_scheduling(row: str) -> None:
+    """A row's `sched=spin|yield|blocking`: how the CUDA context's host waits (syncs) wait, for every
+    thread of the process, set through the driver before torch makes the context. CUDA's default
+    (auto) spins while the process has more cores than contexts."""
+    settings = dict(kv.split("=", 1) for kv in row.partition(":")[2].split(",") if "=" in kv)
+    if "sched" not in settings:
+        return
+    import ctypes
+
+    cuda, dev = ctypes.CDLL("libcuda.so.1"), ctypes.c_int()
+    flag = {"spin": 1, "yield": 2, "blocking": 4}[settings["sched"]]  # CU_CTX_SCHED_*
+    set_flags = getattr(cuda, "cuDevicePrimaryCtxSetFlags_v2", None) or cuda.cuDevicePrimaryCtxSetFlags
+    for call in (lambda: cuda.cuInit(0), lambda: cuda.cuDeviceGet(ctypes.byref(dev), 0), lambda: set_flags(dev, flag)):
+        if call() != 0:
+            raise SystemExit(f"{row}: could not set the CUDA context's scheduling to {settings['sched']}")
+
+
 def run_row(a) -> dict:
     """One row in this process: build the feeder, time its first batch, train, measure."""
+    _context_scheduling(a.row)  # before torch makes the context
     import torch
 
     sys.path.insert(0, str(Path(__file__).parent.parent / "src"))

@@ -17,7 +17,6 @@ import gpufeed
 from conftest import save, smooth
 from gpufeed.augment import Normalize, RandomResizedCrop
 from gpufeed.decode import Scheduler
-from gpufeed.decode import scheduler as scheduler_module
 from gpufeed.decode.base import Encoded
 from gpufeed.decode.cpu import CpuDecoder
 from gpufeed.decode import workers as workers_module
@@ -318,23 +317,6 @@ def test_cpu_share_is_what_the_cpu_decodes_in_a_cycle():
     scheduler._rate("cpu", 10, 0.001)  # rates average images and seconds apart: a short interval counts little
     scheduler._rate("cpu", 10, 0.1)
     assert scheduler.rates["cpu"] == pytest.approx(10 / (0.7 * 0.001 + 0.3 * 0.1))
-    scheduler.close()
-
-
-def test_gpu_first_gives_the_gpu_what_it_decodes_in_a_cycle(monkeypatch):
-    """With GPU_FIRST the GPU decoders take what they decode in a cycle (their waits not counted) and
-    the CPU the rest: a producer with time to spare leaves the CPU idle."""
-    monkeypatch.setattr(scheduler_module, "GPU_FIRST", True)
-    scheduler = Scheduler(CPU, 2, ("hw", "cpu"))
-    scheduler.gpu = [SimpleNamespace(name="hw")]  # as on a GPU
-    scheduler.rates.update(hw=3000.0, cpu=500.0)
-    scheduler.gpu_rate = 3000.0
-    scheduler.cycle = 0.02
-    assert scheduler.shares(100) == [75, 25]  # no GPU cycle yet: both finish together
-    scheduler.gpu_cycle = 0.02  # 3000 img/s x 20 ms, less the margin
-    assert scheduler.shares(100) == [54, 46]
-    scheduler.gpu_cycle = 1.0
-    assert scheduler.shares(100) == [100, 0]
     scheduler.close()
 
 

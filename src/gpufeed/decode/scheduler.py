@@ -45,15 +45,14 @@ STREAM_PRIORITY = 0
 # the caller's thread (as before; benchmarks/train_bench.py rows take gpu_early=False)
 GPU_EARLY = True
 
-# True: the GPU decoders take what they decode in one of the producer's cycles (their waits not
-# counted) and the CPU the rest, so a producer with time to spare leaves the CPU idle; False: the
-# CPU takes what it decodes in a cycle and the GPU decoders the rest (benchmarks/train_bench.py rows
-# take gpu_first=True)
-GPU_FIRST = False
+# True: the helper thread waits for a GPU decoder's stream on a blocking-sync CUDA event (it sleeps);
+# False: `Stream.synchronize`, which spins while the context's default scheduling says so (one
+# context, more cores than contexts). Measured in training before it is changed (train_bench rows
+# take blocking_wait=True)
+BLOCKING_WAIT = False
 
-# the CPU's share (the GPU decoders' with GPU_FIRST) is this part of what it decodes in a cycle: a
-# share that finishes late holds the producer (and the batch) back, one that finishes early leaves a
-# few more images to the other side
+# the CPU's share is this part of what it decodes in a cycle: a share that finishes late holds the
+# producer (and the batch) back, one that finishes early leaves a few more images to the GPU decoders
 CPU_MARGIN = 0.9
 
 @dataclass
@@ -126,8 +125,6 @@ class Scheduler:
         self.cycle: float | None = None
         self._started_at: float | None = None
         self._cpu_wait = 0.0  # this cycle's waits for the CPU share
-        self.gpu_cycle: float | None = None  # the same, its waits for the GPU shares not counted (`GPU_FIRST`)
-        self._gpu_wait = 0.0
         self._cpu_free = 0.0  # when the CPU decoder finished its last share (a perf_counter)
         self.counts: Counter = Counter()
         # per batch, summed: "gpu" from the GPU decoders' start until the last is done, "gpu_wait" the
@@ -153,10 +150,8 @@ class Scheduler:
         rate = self.rates["cpu"] * self.cpu.threads
         if not self.cpu_share:
             cpu = 0
-        elif self.cycle is None or (GPU_FIRST and self.gpu_cycle is None):
+        elif self.cycle is None:
             cpu = round(n * rate / (rate + self.gpu_rate))
-        elif GPU_FIRST:
-            cpu = max(0, n - round(CPU_MARGIN * self.gpu_rate * self.gpu_cycle))
         else:
             cpu = min(n, round(CPU_MARGIN * rate * self.cycle))
         own = np.cumsum([self.rates[d.name] for d in self.gpu])
@@ -175,9 +170,7 @@ class Scheduler:
         if self._started_at is not None:
             cycle = max(0.0, now - self._started_at - self._cpu_wait)
             self.cycle = cycle if self.cycle is None else 0.7 * self.cycle + 0.3 * cycle
-            cycle = max(0.0, now - self._started_at - self._gpu_wait)
-            self.gpu_cycle = cycle if self.gpu_cycle is None else 0.7 * self.gpu_cycle + 0.3 * cycle
-        self._started_at, self._cpu_wait, self._gpu_wait = now, 0.0, 0.0
+        self._started_at, self._cpu_wait = now, 0.0
         shares = self.shares(len(batch))
         starts = np.cumsum([0] + shares)
         regions = _regions(shapes, boxes)
@@ -200,7 +193,6 @@ class Scheduler:
         t0 = time.perf_counter()
         gpu = started.gpu_job.result() if started.gpu_job is not None else self._decode_gpu(batch, started.order, starts)
         t_cpu = time.perf_counter()
-        self._gpu_wait += t_cpu - t0
         self.seconds["gpu_wait"] += t_cpu - t0  # the caller's wait for the GPU shares
         parts, failed, retry = [], {}, []
         for share in gpu.shares:
@@ -299,7 +291,12 @@ class Scheduler:
         t0 = time.perf_counter()
         with torch.cuda.stream(stream):
             part = dec.decode(batch)
-            stream.synchronize()
+            if BLOCKING_WAIT:
+                done = torch.cuda.Event(blocking=True)
+                done.record(stream)
+                done.synchronize()
+            else:
+                stream.synchronize()
         return part, time.perf_counter() - t0
 
     def _rate(self, name: str, images: float, seconds: float) -> None:
