@@ -15,7 +15,7 @@ from torchvision.ops import roi_align
 import gpufeed
 from conftest import jpeg_bytes, save, smooth
 from gpufeed.augment import Normalize, RandomHorizontalFlip, RandomResizedCrop
-from gpufeed.decode import choice, cpu, scheduler
+from gpufeed.decode import choice, cpu, scheduler, shares
 from gpufeed.decode.base import Decoded, Encoded, into_pixels
 from gpufeed.synth import natural_images
 
@@ -99,7 +99,7 @@ def test_regions_hold_every_pixel_the_resize_reads():
     boxes[:8] = np.round(boxes[:8])  # integer boxes too, as RandomResizedCrop plans them
     boxes[8] = (0, 0, w, h)
     shapes = np.tile([h, w], (64, 1))
-    regions = scheduler._regions(shapes, boxes)
+    regions = shares.crop_regions(shapes, boxes)
     assert (regions[:, :2] >= 0).all() and (regions[:, 2:] <= shapes).all()
     for box, region in zip(boxes, regions.tolist()):
         crop = image[:, :, region[0] : region[2], region[1] : region[3]]
@@ -126,7 +126,7 @@ def test_the_cpu_asks_for_a_region_only_where_it_is_cheaper(monkeypatch):
     try:
         shapes = np.array([[375, 500]] * 3)
         boxes = np.array([[0, 0, 100, 80], [0, 0, 500, 375], [0, 0, 800, 600]], float)  # small, whole, ...
-        regions = scheduler._regions(shapes, boxes)
+        regions = shares.crop_regions(shapes, boxes)
         cost = cpu.roi_cost(shapes, regions)
         reduce_to, alone = sched._asks(np.arange(3), shapes, boxes, (224, 224), regions, cost)
         assert alone == [(0, 0, 81, 101), None, None] and reduce_to[:2] == [None, None]

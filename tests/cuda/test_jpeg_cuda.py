@@ -18,7 +18,7 @@ from gpufeed.augment import Normalize, RandomHorizontalFlip, RandomResizedCrop
 from gpufeed.decode import Scheduler
 from gpufeed.decode.base import Encoded
 from gpufeed.decode.cpu import roi_available, roi_cost
-from gpufeed.decode.scheduler import _regions
+from gpufeed.decode.shares import crop_regions
 from gpufeed.store.reader import as_tensor
 from gpufeed.synth import make_image_folder
 
@@ -140,11 +140,11 @@ def test_the_cpu_share_is_the_cheapest_crops(store):
         y0, x0 = rng.integers(0, 100, 32), rng.integers(0, 150, 32)
         boxes = np.stack([x0, y0, x0 + rng.integers(10, 50, 32), y0 + rng.integers(10, 50, 32)], 1).astype(float)
         parts, failed = sched.run(batch, shapes, boxes, (64, 64), pin=True)
-        cost = roi_cost(shapes, _regions(shapes, boxes))
+        cost = roi_cost(shapes, crop_regions(shapes, boxes))
         positions = [pos.tolist() for _, pos in parts]
         assert not failed and sorted(sum(positions, [])) == list(range(32))
         assert sorted(positions[-1]) == sorted(np.argsort(cost, kind="stable")[:8].tolist())
-        assert parts[-1][0].regions == [tuple(r) for r in _regions(shapes, boxes)[positions[-1]].tolist()]
+        assert parts[-1][0].regions == [tuple(r) for r in crop_regions(shapes, boxes)[positions[-1]].tolist()]
     finally:
         sched.close()
 

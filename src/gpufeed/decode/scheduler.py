@@ -26,8 +26,6 @@ import threading
 import time
 from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
@@ -35,6 +33,7 @@ import torch
 from gpufeed.decode.base import Decoded, Encoded
 from gpufeed.decode.choice import DEFAULT, START_RATES, gpu_decoders, warn_once
 from gpufeed.decode.cpu import CpuDecoder, roi_available, roi_cost, tries_region
+from gpufeed.decode.shares import GpuShare, GpuShares, Started, crop_regions, reduce_to
 
 # CUDA priority of the JPEG path's streams (decoders' and the batch's). 0 is the default streams'
 # (and a training loop's) priority, the lowest; negative numbers go ahead of it. Measured in
@@ -54,46 +53,6 @@ BLOCKING_WAIT = False
 # the CPU's share is this part of what it decodes in a cycle: a share that finishes late holds the
 # producer (and the batch) back, one that finishes early leaves a few more images to the GPU decoders
 CPU_MARGIN = 0.9
-
-@dataclass
-class Started:
-    """A batch whose CPU share the CPU decoder has (`Scheduler.start`); `Scheduler.finish` does the rest."""
-
-    batch: Encoded
-    shapes: np.ndarray  # (N, 2) as the store records them
-    boxes: np.ndarray  # (N, 4) crop boxes x0 y0 x1 y1
-    out_hw: tuple[int, int]
-    order: np.ndarray  # batch positions: each GPU decoder's share in turn, then the CPU's
-    starts: np.ndarray  # where each decoder's share begins in `order`
-    regions: np.ndarray
-    cost: np.ndarray
-    cpu_asks: tuple[list, list]  # what the CPU decodes of its share (`Scheduler._asks`)
-    cpu_job: Any  # the CPU decoder's handle for `collect`
-    submitted: float  # perf_counter
-    gpu_job: Future | None  # the GPU shares being decoded (`GpuShares`), or None: decoded in `finish`
-
-    @property
-    def cpu_pos(self) -> np.ndarray:
-        return self.order[self.starts[-2] : self.starts[-1]]
-
-
-@dataclass
-class GpuShare:
-    """One GPU decoder's part of a batch."""
-
-    decoder: Any
-    positions: np.ndarray  # batch positions it decoded
-    part: Decoded
-    seconds: float  # its decode call and the wait for its stream
-
-
-@dataclass
-class GpuShares:
-    """What the GPU decoders made of a batch, and the seconds until the last of them was done."""
-
-    shares: list[GpuShare]
-    seconds: float
-
 
 class Scheduler:
     """Decoders for one pipeline: on a GPU those of `use` that can be made here, and a CPU decoder
@@ -173,7 +132,7 @@ class Scheduler:
         self._started_at, self._cpu_wait = now, 0.0
         shares = self.shares(len(batch))
         starts = np.cumsum([0] + shares)
-        regions = _regions(shapes, boxes)
+        regions = crop_regions(shapes, boxes)
         cost = roi_cost(shapes, regions)
         order = np.argsort(-cost, kind="stable") if self.roi else np.arange(len(batch))  # the CPU's last
         cpu_pos = order[starts[-2] : starts[-1]]
@@ -250,7 +209,7 @@ class Scheduler:
         """What the CPU decodes of the images at `pos`: (DCT-reduced sizes, regions), see `decode_one`.
         A region alone where that is cheaper than the whole image."""
         alone = [tuple(r) if self.roi and c < 1 else None for r, c in zip(regions[pos].tolist(), cost[pos].tolist())]
-        return _reduce_to(shapes[pos], boxes[pos], out_hw), alone
+        return reduce_to(shapes[pos], boxes[pos], out_hw), alone
 
     def _decoded_whole(self, asks: tuple[list, list], part: Decoded, n: int) -> None:
         """Count the images of `part` (of `n` asked for) that the CPU decoded whole though a region alone
@@ -321,19 +280,3 @@ def summed(names: list[str], snapshots: list[dict]) -> dict:
     return {"decoders": names, "decoded_by": dict(sum((Counter(s["counts"]) for s in snapshots), Counter())),
             "decoder_rates": {name: sum(s["rates"].get(name, 0.0) for s in snapshots) for name in names},
             "decode_seconds": dict(sum((Counter(s["seconds"]) for s in snapshots), Counter()))}
-
-
-def _regions(shapes: np.ndarray, boxes: np.ndarray) -> np.ndarray:
-    """(N, 4) y0 x0 y1 x1: the pixels the resize kernel reads for crop `boxes` (x0 y0 x1 y1): the box
-    and one pixel around it (bilinear taps of samples half a pixel inside), within the image."""
-    lo = np.maximum(np.floor(boxes[:, [1, 0]]) - 1, 0)
-    hi = np.minimum(np.ceil(boxes[:, [3, 2]]) + 1, shapes)
-    return np.concatenate([lo, hi], 1).astype(np.int64)
-
-
-def _reduce_to(shapes: np.ndarray, boxes: np.ndarray, out_hw: tuple[int, int]) -> list[tuple[int, int] | None]:
-    """Per image, the size to ask libjpeg for when its crop is >= 2x the output both ways (DCT
-    downscaling), else None."""
-    factor = np.minimum((boxes[:, 2] - boxes[:, 0]) / out_hw[1], (boxes[:, 3] - boxes[:, 1]) / out_hw[0])
-    w, h = np.ceil(shapes[:, 1] / factor), np.ceil(shapes[:, 0] / factor)
-    return [(int(x), int(y)) if f >= 2 else None for f, x, y in zip(factor.tolist(), w.tolist(), h.tolist())]

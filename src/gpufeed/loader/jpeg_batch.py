@@ -26,7 +26,7 @@ from gpufeed.augment.pipeline import Params, _fused
 from gpufeed.decode import Scheduler
 from gpufeed.decode import scheduler
 from gpufeed.decode.base import Encoded, into_pixels
-from gpufeed.decode.scheduler import Started
+from gpufeed.decode.shares import Started
 from gpufeed.loader.folder import FolderStore
 from gpufeed.loader.stats import stage_range
 from gpufeed.transfer.ring import hand_over
