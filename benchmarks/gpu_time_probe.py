@@ -7,9 +7,10 @@ summed per stream: the training loop's stream (the default stream) against every
 loader's streams and the decoders'). The JPEG engines' own work is no kernel and does not show.
 Then the CUDA runtime and driver calls (launches, copies, syncs, event queries) are summed by the
 thread that made them (the training thread, the loader's threads): a call that blocks its thread
-(a copy waiting for a stream, a sync) shows as host time.
+(a copy waiting for a stream, a sync) shows as host time. `--feed synthetic` profiles the same
+loop on one batch already on the GPU: the training thread's CUDA calls without a loader beside it.
 
-    PYTHONPATH=src python benchmarks/gpu_time_probe.py --n 10000 --steps 20
+    PYTHONPATH=src python benchmarks/gpu_time_probe.py --n 10000 --steps 20 [--feed synthetic]
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=15)
     p.add_argument("--trace", help="also keep the Chrome trace here")
+    p.add_argument("--feed", choices=("jpeg", "synthetic"), default="jpeg",
+                   help="synthetic: one batch already on the GPU, the same loop's CUDA calls without a loader")
     a = p.parse_args()
     import sys
 
@@ -44,13 +47,22 @@ def main() -> None:
     from gpufeed.bench.training import training_step
 
     work = Path(a.workdir)
-    train_bench.prepare(work, a.n)
-    loader = gpufeed.Loader(work / "jpeg", batch_size=256, device="cuda", augment=train_bench._ops())
+    if a.feed == "jpeg":
+        train_bench.prepare(work, a.n)
     step = training_step(a.model, "cuda", 1000)
+    if a.feed == "synthetic":
+        loader = None
+        batch = torch.randn(256, 3, 224, 224, device="cuda").half(), torch.randint(0, 1000, (256,), device="cuda")
 
-    def endless():
-        while True:
-            yield from loader
+        def endless():
+            while True:
+                yield batch
+    else:
+        loader = gpufeed.Loader(work / "jpeg", batch_size=256, device="cuda", augment=train_bench._ops())
+
+        def endless():
+            while True:
+                yield from loader
 
     it = endless()
     for _ in range(a.warmup):
@@ -76,7 +88,7 @@ def main() -> None:
     kinds: collections.Counter = collections.Counter()
     for s in others:
         kinds.update(names[s])
-    print(f"{a.model}, {a.steps} steps of 256, {torch.cuda.get_device_name()}")
+    print(f"{a.model}, {a.steps} steps of 256, {a.feed} batches, {torch.cuda.get_device_name()}")
     print(f"training loop (stream {default}): {per_stream[default] / a.steps:.2f} GPU ms per batch")
     print(f"loader and decoders ({len(others)} other streams): "
           f"{sum(per_stream[s] for s in others) / a.steps:.2f} GPU ms per batch, of which:")
@@ -95,7 +107,8 @@ def main() -> None:
         print(f"thread {tid}, {side}: {sum(spent.values()) / a.steps:.2f} host ms per batch in CUDA calls:")
         for name, ms in spent.most_common(6):
             print(f"  {ms / a.steps:6.2f} ms  {counts[tid][name] / a.steps:6.1f} calls  {name}")
-    loader.close()
+    if loader is not None:
+        loader.close()
 
 
 if __name__ == "__main__":

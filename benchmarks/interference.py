@@ -1,6 +1,7 @@
 """Which piece of JPEG loading slows a training loop in the same process? Synthetic-data training
 with one background thread doing one piece of a loader's per-batch work, paced to the rate the model
 consumes batches (`--rate` per second), so the only difference between rows is that piece.
+`h2dN` copies N MB from page-locked memory to the GPU per tick (the CPU workers' pixels going up).
 `cpu_procsN` instead starts N processes that decode JPEGs with PIL as fast as they can (no GPU):
 what CPU decode workers' load alone costs the training thread on the host.
 
@@ -16,7 +17,7 @@ import numpy as np
 import torch
 
 KINDS = ("none", "tv_nvjpeg", "tv_nvjpeg_ptrs", "nvimg_hw", "nvimg_hw_ptrs", "resize", "cpu_tv_threads",
-         "pyloop_1ms", "pyloop_3ms", "pipe_recv", "cpu_procsN")
+         "pyloop_1ms", "pyloop_3ms", "pipe_recv", "cpu_procsN", "h2dN")
 
 # a CPU decode process for `cpu_procsN`: decodes one file over and over until its parent is gone
 _DECODER = """import io, os, sys
@@ -97,6 +98,10 @@ def _work(kind, arrays, pinned, bounds, stream):
                 [r.__cuda_array_interface__ for r in res]
             stream.synchronize()
         return f
+    if kind.startswith("h2d"):
+        host = torch.empty(int(float(kind[3:]) * 2**20), dtype=torch.uint8).pin_memory()
+        device = torch.empty_like(host, device="cuda")
+        return lambda: (device.copy_(host, non_blocking=True), stream.synchronize())
     if kind == "resize":
         from gpufeed.augment import fused
 
