@@ -12,10 +12,8 @@ stdin closes (at `close()`, when the pool is garbage-collected or the interprete
 loader's process dies) and within a quarter second of its parent going away, SIGKILL included. A
 worker that dies is named in one warning; its images are decoded on threads, and the others go on.
 
-Pixels: a batch's CPU share is decoded into a `Segment`, an anonymous shared-memory file (memfd) of
-the loader's process that workers open through /proc: no name in /dev/shm, nothing left behind if
-the process is killed. On a GPU the segment is page-locked, so its pixels reach the device in one
-DMA copy.
+Pixels: a batch's CPU share is decoded into a `segment.Segment` of the loader's process, page-locked
+on a GPU, so its pixels reach the device in one DMA copy.
 """
 
 from __future__ import annotations
@@ -24,7 +22,6 @@ import itertools
 import json
 import logging
 import math
-import mmap
 import os
 import select
 import subprocess
@@ -43,46 +40,9 @@ import gpufeed
 from gpufeed.decode import protocol
 from gpufeed.decode.base import Decoded, Encoded, PinnedStaging, hwc_strides, in_place, to_device
 from gpufeed.decode.cpu import CpuDecoder
-from gpufeed.transfer.uva import Registration
+from gpufeed.decode.segment import Segment, unavailable
 
 log = logging.getLogger(__name__)
-
-
-def unavailable() -> str | None:
-    """Why decode worker processes can't run here, or None if they can."""
-    if not hasattr(os, "memfd_create") or not Path(f"/proc/{os.getpid()}/fd").is_dir():
-        return "decode worker processes need Linux (memfd and /proc)"
-    return None
-
-
-class Segment:
-    """A shared buffer of `nbytes` that workers open as /proc/PID/fd/FD; page-locked if `device` is CUDA."""
-
-    _ids = itertools.count()
-
-    def __init__(self, nbytes: int, device: torch.device):
-        self.fd = os.memfd_create("gpufeed-decode", os.MFD_CLOEXEC)
-        self._close_fd = weakref.finalize(self, os.close, self.fd)  # also when dropped without close()
-        self.id, self.nbytes = next(Segment._ids), nbytes
-        try:
-            os.ftruncate(self.fd, nbytes)
-            self._map = mmap.mmap(self.fd, nbytes)
-        except OSError:
-            self._close_fd()
-            raise
-        self.tensor = torch.frombuffer(self._map, dtype=torch.uint8)
-        self._registration = Registration(self.tensor.data_ptr(), nbytes) if device.type == "cuda" else None
-
-    def numel(self) -> int:
-        return self.nbytes
-
-    def close(self) -> None:
-        self.tensor = self._registration = None
-        try:
-            self._map.close()
-        except BufferError:  # a view is still alive somewhere: the map goes with it
-            pass
-        self._close_fd()
 
 
 @dataclass

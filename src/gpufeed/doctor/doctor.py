@@ -8,7 +8,7 @@ import torch
 
 from gpufeed.decode.base import nvimgcodec_install
 from gpufeed.decode.cpu import roi_problem
-from gpufeed.decode.workers import unavailable
+from gpufeed.decode.segment import unavailable
 from gpufeed.doctor import stages
 from gpufeed.doctor.report import findings, table
 from gpufeed.doctor.versions import report as versions
