@@ -244,3 +244,22 @@ def test_a_started_batchs_gpu_share_decodes_on_a_helper_while_the_caller_goes_on
     parts, failed = s.finish(s.start(batch, shapes, boxes, (16, 16)), pin=False)
     assert not failed and len(threads) == calls + 1 and threads[-1] is threading.current_thread()
     s.close()
+
+
+def test_a_dropped_batchs_failed_gpu_share_is_not_raised(monkeypatch):
+    def broken_gpu(self, dec, part_batch, stream):
+        raise RuntimeError("the GPU decoder failed")
+
+    datas = [_jpeg() for _ in range(4)]
+    batch = Encoded.of(torch.cat(datas), np.cumsum([0] + [len(d) for d in datas]), np.arange(4))
+    shapes, boxes = np.array([[90, 120]] * 4), np.array([[0, 0, 120, 90]] * 4, float)
+    monkeypatch.setattr(scheduler.Scheduler, "_timed", broken_gpu)
+    monkeypatch.setattr(scheduler, "GPU_EARLY", True)
+    s = scheduler.Scheduler(torch.device("cpu"), 1)
+    s.gpu, s.cpu_share, s._streams = [SimpleNamespace(name="hw")], True, {"hw": None}  # as on a GPU
+    s.rates.update(hw=1000.0, cpu=1000.0)
+    s.gpu_rate = 1000.0
+    s.drop(s.start(batch, shapes, boxes, (16, 16)))  # no error: nobody asked for these pixels
+    with pytest.raises(RuntimeError, match="the GPU decoder failed"):  # a batch finished says it
+        s.finish(s.start(batch, shapes, boxes, (16, 16)), pin=False)
+    s.close()

@@ -193,9 +193,10 @@ class Scheduler:
         return parts, failed
 
     def drop(self, started: Started) -> None:
-        """Let go of a started batch that will not be finished (its shares decoded and discarded)."""
+        """Let go of a started batch that will not be finished (its shares decoded and discarded). An
+        error of its GPU share is not raised: nobody asked for those pixels (a loader's `close`)."""
         if started.gpu_job is not None:
-            started.gpu_job.result()
+            started.gpu_job.exception()  # waits for it
         self.cpu.collect(started.cpu_job, torch.device("cpu"), False)
 
     def snapshot(self) -> dict:
