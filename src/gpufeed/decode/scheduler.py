@@ -1,4 +1,4 @@
-"""Split each batch between the decoders, run them at once, and start the next batch's CPU share early.
+"""Split each batch between the decoders, run them at once, and start the next batch early.
 
 `start` hands a batch's CPU share to the CPU decoder (worker processes) and its GPU share to a
 helper thread that runs the GPU decoders, and returns; `finish` waits for both. The loader starts
@@ -146,8 +146,8 @@ class Scheduler:
                        gpu_job)
 
     def finish(self, started: Started, pin: bool) -> tuple[list[tuple[Decoded, np.ndarray]], dict[int, str]]:
-        """Decode the GPU decoders' shares of a started batch and collect the CPU's:
-        ([(part, batch positions of its images)], {position: reason it failed})."""
+        """Wait for the GPU decoders' shares of a started batch (decode them now if they were not started)
+        and collect the CPU's: ([(part, batch positions of its images)], {position: reason it failed})."""
         batch, shapes, boxes, starts = started.batch, started.shapes, started.boxes, started.starts
         t0 = time.perf_counter()
         gpu = started.gpu_job.result() if started.gpu_job is not None else self._decode_gpu(batch, started.order, starts)
