@@ -124,7 +124,8 @@ class Scheduler:
 
     def start(self, batch: Encoded, shapes: np.ndarray, boxes: np.ndarray, out_hw: tuple[int, int]) -> Started:
         """Split a batch (`shapes` (N, 2) as the store records them, crop `boxes` (N, 4) x0 y0 x1 y1) and
-        hand the CPU its share, which it decodes while the caller goes on."""
+        hand the CPU its share and (`GPU_EARLY`) the helper thread the GPU decoders', which they decode
+        while the caller goes on."""
         now = time.perf_counter()
         if self._started_at is not None:
             cycle = max(0.0, now - self._started_at - self._cpu_wait)
