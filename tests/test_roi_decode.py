@@ -156,17 +156,35 @@ def test_batches_with_regions_match_whole_decodes(tmp_path, monkeypatch):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
 
 
+def _four_jpegs() -> tuple[Encoded, np.ndarray, np.ndarray]:
+    """A batch of four 90x120 JPEGs, their shapes and whole-image crop boxes."""
+    datas = [_jpeg() for _ in range(4)]
+    batch = Encoded.of(torch.cat(datas), np.cumsum([0] + [len(d) for d in datas]), np.arange(4))
+    return batch, np.array([[90, 120]] * 4), np.array([[0, 0, 120, 90]] * 4, float)
+
+
+def _as_on_a_gpu(s: scheduler.Scheduler) -> scheduler.Scheduler:
+    """`s` as on a GPU: one GPU decoder, `hw` (the test stands in for its calls by patching
+    `Scheduler._timed`), and set rates."""
+    s.gpu, s.cpu_share, s._streams = [SimpleNamespace(name="hw")], True, {"hw": None}
+    s.rates.update(hw=1000.0, cpu=1000.0)
+    s.gpu_rate = 1000.0
+    return s
+
+
+def _on_the_cpu(s: scheduler.Scheduler, part_batch: Encoded):
+    """What a stand-in GPU decoder returns: `part_batch` decoded by the scheduler's CPU decoder."""
+    blank = [None] * len(part_batch)
+    return s.cpu.collect(s.cpu.submit(part_batch, None, blank, blank), torch.device("cpu"), False)
+
+
 def test_pipelines_sharing_a_turn_never_decode_on_the_gpu_at_once(monkeypatch):
     """Two pipelines' schedulers with a shared `gpu_turn`: their GPU decodes take turns (the CPU share
     and the rest overlap), and without it they do run at once; either way every image is decoded."""
     import threading
     import time
 
-
-    datas = [_jpeg() for _ in range(4)]
-    offsets = np.cumsum([0] + [len(d) for d in datas])
-    batch = Encoded.of(torch.cat(datas), offsets, np.arange(4))
-    shapes, boxes = np.array([[90, 120]] * 4), np.array([[0, 0, 120, 90]] * 4, float)
+    batch, shapes, boxes = _four_jpegs()
 
     def overlap(turn) -> int:
         active, most = [0], [0]
@@ -179,16 +197,10 @@ def test_pipelines_sharing_a_turn_never_decode_on_the_gpu_at_once(monkeypatch):
             time.sleep(0.05)
             with lock:
                 active[0] -= 1
-            cpu_dec = self.cpu
-            return cpu_dec.collect(cpu_dec.submit(part_batch, None, [None] * len(part_batch), [None] * len(part_batch)),
-                                   torch.device("cpu"), False), 0.05
+            return _on_the_cpu(self, part_batch), 0.05
 
         monkeypatch.setattr(scheduler.Scheduler, "_timed", fake_gpu)
-        scheds = [scheduler.Scheduler(torch.device("cpu"), 1, gpu_turn=turn) for _ in range(2)]
-        for s in scheds:
-            s.gpu, s.cpu_share, s._streams = [SimpleNamespace(name="hw")], True, {"hw": None}
-            s.rates.update(hw=1000.0, cpu=1000.0)
-            s.gpu_rate = 1000.0
+        scheds = [_as_on_a_gpu(scheduler.Scheduler(torch.device("cpu"), 1, gpu_turn=turn)) for _ in range(2)]
         results = []
         threads = [threading.Thread(target=lambda s=s: [results.append(s.run(batch, shapes, boxes, (16, 16), False))
                                                         for _ in range(3)]) for s in scheds]
@@ -210,24 +222,17 @@ def test_a_started_batchs_gpu_share_decodes_on_a_helper_while_the_caller_goes_on
     it and counts the caller's wait apart from the decode; `drop` waits for a dropped batch's share."""
     import threading
 
-    datas = [_jpeg() for _ in range(4)]
-    batch = Encoded.of(torch.cat(datas), np.cumsum([0] + [len(d) for d in datas]), np.arange(4))
-    shapes, boxes = np.array([[90, 120]] * 4), np.array([[0, 0, 120, 90]] * 4, float)
+    batch, shapes, boxes = _four_jpegs()
     release, threads = threading.Event(), []
 
     def fake_gpu(self, dec, part_batch, stream):  # stands in for a GPU decoder's call
         threads.append(threading.current_thread())
         assert release.wait(10)
-        cpu_dec = self.cpu
-        return cpu_dec.collect(cpu_dec.submit(part_batch, None, [None] * len(part_batch), [None] * len(part_batch)),
-                               torch.device("cpu"), False), 0.01
+        return _on_the_cpu(self, part_batch), 0.01
 
     monkeypatch.setattr(scheduler.Scheduler, "_timed", fake_gpu)
     monkeypatch.setattr(scheduler, "GPU_EARLY", True)
-    s = scheduler.Scheduler(torch.device("cpu"), 1)
-    s.gpu, s.cpu_share, s._streams = [SimpleNamespace(name="hw")], True, {"hw": None}  # as on a GPU
-    s.rates.update(hw=1000.0, cpu=1000.0)
-    s.gpu_rate = 1000.0
+    s = _as_on_a_gpu(scheduler.Scheduler(torch.device("cpu"), 1))
     started = s.start(batch, shapes, boxes, (16, 16))  # the fake decoder holds: start returned anyway
     assert started.gpu_job is not None and not started.gpu_job.done()
     release.set()
@@ -250,15 +255,10 @@ def test_a_dropped_batchs_failed_gpu_share_is_not_raised(monkeypatch):
     def broken_gpu(self, dec, part_batch, stream):
         raise RuntimeError("the GPU decoder failed")
 
-    datas = [_jpeg() for _ in range(4)]
-    batch = Encoded.of(torch.cat(datas), np.cumsum([0] + [len(d) for d in datas]), np.arange(4))
-    shapes, boxes = np.array([[90, 120]] * 4), np.array([[0, 0, 120, 90]] * 4, float)
+    batch, shapes, boxes = _four_jpegs()
     monkeypatch.setattr(scheduler.Scheduler, "_timed", broken_gpu)
     monkeypatch.setattr(scheduler, "GPU_EARLY", True)
-    s = scheduler.Scheduler(torch.device("cpu"), 1)
-    s.gpu, s.cpu_share, s._streams = [SimpleNamespace(name="hw")], True, {"hw": None}  # as on a GPU
-    s.rates.update(hw=1000.0, cpu=1000.0)
-    s.gpu_rate = 1000.0
+    s = _as_on_a_gpu(scheduler.Scheduler(torch.device("cpu"), 1))
     s.drop(s.start(batch, shapes, boxes, (16, 16)))  # no error: nobody asked for these pixels
     with pytest.raises(RuntimeError, match="the GPU decoder failed"):  # a batch finished says it
         s.finish(s.start(batch, shapes, boxes, (16, 16)), pin=False)
