@@ -61,6 +61,11 @@ KNOBS = {
 LOOP: dict = {}
 
 
+def _settings(row: str) -> dict[str, str]:
+    """A row's KEY=VALUE settings (`name:KEY=VALUE,...`), as text."""
+    return dict(kv.split("=", 1) for kv in row.partition(":")[2].split(",") if "=" in kv)
+
+
 def _value(text: str):
     for cast in (int, float):
         try:
@@ -77,7 +82,7 @@ def feeder(row: str, work: Path, batch: int):
     import torch
 
     name, _, spec = row.partition(":")
-    kwargs = {k: _value(v) for k, v in (kv.split("=", 1) for kv in spec.split(",") if "=" in kv)}
+    kwargs = {k: _value(v) for k, v in _settings(row).items()}
     t0 = time.perf_counter()
     if name == "synthetic":
         images = torch.randn(batch, 3, 224, 224, device="cuda").half()
@@ -153,7 +158,7 @@ def _context_scheduling(row: str) -> None:
     """A row's `sched=spin|yield|blocking`: how the CUDA context's host waits (syncs) wait, for every
     thread of the process, set through the driver before torch makes the context. CUDA's default
     (auto) spins while the process has more cores than contexts."""
-    settings = dict(kv.split("=", 1) for kv in row.partition(":")[2].split(",") if "=" in kv)
+    settings = _settings(row)
     if "sched" not in settings:
         return
     import ctypes
