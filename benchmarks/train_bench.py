@@ -163,8 +163,14 @@ def _context_scheduling(row: str) -> None:
         return
     import ctypes
 
-    cuda, dev = ctypes.CDLL("libcuda.so.1"), ctypes.c_int()
-    flag = {"spin": 1, "yield": 2, "blocking": 4}[settings["sched"]]  # CU_CTX_SCHED_*
+    flags = {"spin": 1, "yield": 2, "blocking": 4}  # CU_CTX_SCHED_*
+    if settings["sched"] not in flags:
+        raise SystemExit(f"{row}: sched={settings['sched']} is none of {', '.join(flags)}")
+    flag = flags[settings["sched"]]
+    try:
+        cuda, dev = ctypes.CDLL("libcuda.so.1"), ctypes.c_int()
+    except OSError as e:
+        raise SystemExit(f"{row}: no CUDA driver to set the context's scheduling with ({e})") from e
     set_flags = getattr(cuda, "cuDevicePrimaryCtxSetFlags_v2", None) or cuda.cuDevicePrimaryCtxSetFlags
     for call in (lambda: cuda.cuInit(0), lambda: cuda.cuDeviceGet(ctypes.byref(dev), 0), lambda: set_flags(dev, flag)):
         if call() != 0:
