@@ -314,6 +314,9 @@ def test_cpu_share_is_what_the_cpu_decodes_in_a_cycle():
     assert scheduler.shares(100) == [82, 18]
     scheduler.cycle = 1.0
     assert scheduler.shares(100) == [0, 100]
+    scheduler.cycle, scheduler.rates["cpu"] = 0.02, 1.0  # a slow CPU still gets an image per thread, so
+    assert scheduler.shares(100) == [98, 2]  # its rate is measured again (a misestimate does not stick)
+    scheduler.rates["cpu"] = 500.0
     scheduler._rate("cpu", 10, 0.001)  # rates average images and seconds apart: a short interval counts little
     scheduler._rate("cpu", 10, 0.1)
     assert scheduler.rates["cpu"] == pytest.approx(10 / (0.7 * 0.001 + 0.3 * 0.1))

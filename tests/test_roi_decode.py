@@ -245,7 +245,7 @@ def test_a_started_batchs_gpu_share_decodes_on_a_helper_while_the_caller_goes_on
     s.drop(dropped)
     assert dropped.gpu_job.done()
     monkeypatch.setattr(scheduler, "GPU_EARLY", False)  # the share decoded in `finish`, on the caller's thread
-    s.rates["cpu"], calls = 1.0, len(threads)  # a slow CPU: the GPU decoder gets the whole batch
+    s.rates["cpu"], calls = 1.0, len(threads)  # a slow CPU: the GPU decoder gets all but one image
     parts, failed = s.finish(s.start(batch, shapes, boxes, (16, 16)), pin=False)
     assert not failed and len(threads) == calls + 1 and threads[-1] is threading.current_thread()
     s.close()
@@ -262,4 +262,20 @@ def test_a_dropped_batchs_failed_gpu_share_is_not_raised(monkeypatch):
     s.drop(s.start(batch, shapes, boxes, (16, 16)))  # no error: nobody asked for these pixels
     with pytest.raises(RuntimeError, match="the GPU decoder failed"):  # a batch finished says it
         s.finish(s.start(batch, shapes, boxes, (16, 16)), pin=False)
+    s.close()
+
+
+def test_the_cpu_rate_is_per_thread_the_share_was_given_to(monkeypatch):
+    """Workers that become ready while a share decodes do not dilute the CPU's measured rate: it is
+    the busiest thread's images (of those ready at `start`) over the share's time."""
+    batch, shapes, boxes = _four_jpegs()
+    monkeypatch.setattr(scheduler.Scheduler, "_timed", lambda self, dec, part_batch, stream:
+                        (_on_the_cpu(self, part_batch), 0.01))
+    s = _as_on_a_gpu(scheduler.Scheduler(torch.device("cpu"), 2))
+    s.rates["cpu"] = 1e6  # the CPU takes the whole batch
+    started = s.start(batch, shapes, boxes, (16, 16))
+    assert started.cpu_threads == 2 and len(started.cpu_pos) == 4
+    s.cpu.threads = 12  # as if ten more workers became ready meanwhile
+    parts, failed = s.finish(started, pin=False)
+    assert not failed and s._spent["cpu"][0] == 2  # four images on two threads: two each
     s.close()

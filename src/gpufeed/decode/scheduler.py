@@ -11,8 +11,10 @@ batch, not counting its waits for the CPU), the GPU decoders the rest, split by 
 (images/s, exponential averages). A producer that waits on a full queue (the training loop is the
 slower side) has long cycles, so the CPU takes more of each batch and the GPU's cores are left to
 the model; a producer that waits on the CPU shortens the CPU's share. Before the first cycle is
-known, the shares are set so that the CPU and the GPU decoders finish together. Images a GPU
-decoder rejects (CMYK, some progressive files) are decoded on the CPU instead.
+known, the shares are set so that the CPU and the GPU decoders finish together. The CPU's rate is
+measured on every share, per worker it was given to, and every share holds an image per ready
+worker at least: a rate measured low (workers starting, a stall) cannot shrink the CPU's share for
+good. Images a GPU decoder rejects (CMYK, some progressive files) are decoded on the CPU instead.
 
 Where the CPU can decode a crop alone (`cpu.roi_available`), its share is the batch's cheapest crops
 by `cpu.roi_cost` (near the top of their image, small): the GPU decoders decode whole images, so to
@@ -22,6 +24,7 @@ them every image costs the same.
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 import time
 from collections import Counter
@@ -113,6 +116,8 @@ class Scheduler:
             cpu = round(n * rate / (rate + self.gpu_rate))
         else:
             cpu = min(n, round(CPU_MARGIN * rate * self.cycle))
+        if self.cpu_share:  # one image per ready thread at least, so the CPU's rate is always measured anew
+            cpu = min(n, max(cpu, self.cpu.threads))
         own = np.cumsum([self.rates[d.name] for d in self.gpu])
         bounds = np.rint((n - cpu) * own / own[-1]).astype(np.int64)
         return np.diff(bounds, prepend=0).tolist() + [cpu]
@@ -131,6 +136,7 @@ class Scheduler:
             cycle = max(0.0, now - self._started_at - self._cpu_wait)
             self.cycle = cycle if self.cycle is None else 0.7 * self.cycle + 0.3 * cycle
         self._started_at, self._cpu_wait = now, 0.0
+        threads = self.cpu.threads  # before `shares`: workers may become ready meanwhile
         shares = self.shares(len(batch))
         starts = np.cumsum([0] + shares)
         regions = crop_regions(shapes, boxes)
@@ -138,13 +144,14 @@ class Scheduler:
         order = np.argsort(-cost, kind="stable") if self.roi else np.arange(len(batch))  # the CPU's last
         cpu_pos = order[starts[-2] : starts[-1]]
         asks = self._asks(cpu_pos, shapes, boxes, out_hw, regions, cost)
+        submitted = time.perf_counter()  # before: the CPU may finish small shares before `submit` returns
         job = self.cpu.submit(batch.take(cpu_pos), shapes[cpu_pos], *asks)
         gpu_job = None
         if self.gpu and GPU_EARLY:  # one thread: batches' GPU shares are decoded one after another
             self._early = self._early or ThreadPoolExecutor(1, thread_name_prefix="gpufeed-gpushare")
             gpu_job = self._early.submit(self._decode_gpu, batch, order, starts)
-        return Started(batch, shapes, boxes, out_hw, order, starts, regions, cost, asks, job, time.perf_counter(),
-                       gpu_job)
+        return Started(batch, shapes, boxes, out_hw, order, starts, regions, cost, asks, job, submitted, gpu_job,
+                       threads)
 
     def finish(self, started: Started, pin: bool) -> tuple[list[tuple[Decoded, np.ndarray]], dict[int, str]]:
         """Wait for the GPU decoders' shares of a started batch (decode them now if they were not started)
@@ -180,10 +187,10 @@ class Scheduler:
         self._cpu_wait += waited
         self.seconds["cpu_wait"] += waited
         self._decoded_whole(started.cpu_asks, cpu_part, len(cpu_pos))
-        if len(cpu_pos):  # the CPU's rate per thread, from when it could begin this share; measured
-            begun = max(started.submitted, self._cpu_free)  # only on shares that keep every thread busy
-            if len(cpu_pos) >= 2 * self.cpu.threads:
-                self._rate("cpu", len(cpu_pos) / max(1, self.cpu.threads), self.cpu.last_done - begun)
+        if len(cpu_pos):  # the CPU's rate per thread, from when it could begin this share, over the
+            begun = max(started.submitted, self._cpu_free)  # threads it was given to (the busiest's images)
+            per_thread = math.ceil(len(cpu_pos) / max(1, started.cpu_threads))
+            self._rate("cpu", per_thread, self.cpu.last_done - begun)
             self.seconds["cpu_threads"] += max(0.0, self.cpu.last_done - begun)
             self._cpu_free = self.cpu.last_done
         parts.append((cpu_part, cpu_pos[cpu_part.kept(len(cpu_pos))]))
