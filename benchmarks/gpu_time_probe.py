@@ -107,8 +107,42 @@ def main() -> None:
         print(f"thread {tid}, {side}: {sum(spent.values()) / a.steps:.2f} host ms per batch in CUDA calls:")
         for name, ms in spent.most_common(6):
             print(f"  {ms / a.steps:6.2f} ms  {counts[tid][name] / a.steps:6.1f} calls  {name}")
+    _idle(events, default, a.steps)
     if loader is not None:
         loader.close()
+
+
+def _idle(events: list, stream: int, steps: int) -> None:
+    """The training stream's idle time between its kernels, split by why: the next kernel was
+    launched only after the stream went idle (the training thread was late: host-bound), or it was
+    queued and started late anyway (waiting on an event of another stream, or for SMs the loader's
+    kernels held). Also how much of the idle time the other streams' kernels and copies ran."""
+    launches = {e["args"].get("correlation"): e for e in events
+                if e.get("cat") in ("cuda_runtime", "cuda_driver") and "dur" in e and "correlation" in e.get("args", {})}
+    mine = sorted((e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and "dur" in e
+                   and int(e.get("args", {}).get("stream", -1)) == stream), key=lambda e: e["ts"])
+    others = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") in ("kernel", "gpu_memcpy")
+                    and "dur" in e and int(e.get("args", {}).get("stream", -1)) != stream)
+    late = queued = overlapped = 0.0
+    gaps = []
+    for prev, nxt in zip(mine, mine[1:]):
+        begin, end = prev["ts"] + prev["dur"], nxt["ts"]
+        if end - begin <= 0:
+            continue
+        call = launches.get(nxt["args"].get("correlation"))
+        launched = call["ts"] + call["dur"] if call else begin
+        host = min(max(0.0, launched - begin), end - begin)  # idle until the launch returned
+        late, queued = late + host, queued + (end - begin - host)
+        overlapped += sum(max(0.0, min(end, b) - max(begin, a)) for a, b in others if a < end and b > begin)
+        gaps.append(end - begin)
+    span = (mine[-1]["ts"] + mine[-1]["dur"] - mine[0]["ts"]) / 1000 if mine else 0.0
+    big = sorted(gaps)[-5:]
+    print(f"training stream: {span / steps:.2f} ms per step from first to last kernel, idle "
+          f"{sum(gaps) / 1000 / steps:.2f} ms per step in {len(gaps) / steps:.0f} gaps (largest, us: "
+          f"{', '.join(f'{g:.0f}' for g in big)})")
+    print(f"  {late / 1000 / steps:.2f} ms per step waiting for the training thread to launch (host-bound), "
+          f"{queued / 1000 / steps:.2f} ms queued but started late (another stream's event, SMs held)")
+    print(f"  other streams' kernels and copies ran {overlapped / 1000 / steps:.2f} ms per step of the idle time")
 
 
 if __name__ == "__main__":
