@@ -16,6 +16,8 @@ is installed: a benchmark-only import).
 Per row: img/s, % of the same round's ceiling, seconds from the loader's construction returning to
 its first batch, GPU memory in use (the whole device, so other processes' contexts count), CPU
 cores used, and the training thread's time per step spent waiting for data and launching the step.
+The JSON (`--out`) also has, per thread of the row's process, its time per step on a CPU and
+runnable but waiting for one (Linux schedstat).
 `--pyspy` (py-spy on PATH) samples which threads hold the GIL during the timed steps.
 """
 
@@ -54,6 +56,7 @@ KNOBS = {
     "carry": ("gpufeed.loader.feeds", "CARRY", bool),  # the next epoch's first batches made as an epoch ends
     "blocking_wait": ("gpufeed.decode.scheduler", "BLOCKING_WAIT", bool),  # GPU decoders waited for asleep
     "gpu_early": ("gpufeed.decode.scheduler", "GPU_EARLY", bool),  # GPU shares decoded from `start` on a helper
+    "worker_nice": ("gpufeed.decode.workers", "NICE", int),  # the CPU decode workers' niceness
 }
 # row settings of the training loop itself, set by `feeder`: `side=1` trains on a stream of its own
 # instead of the default stream (what a loader's work synchronized with the default stream costs);
@@ -211,6 +214,7 @@ def _train(a, step, built: float, batches, stats) -> dict:
     torch.cuda.synchronize()
     spy = _pyspy(a) if a.pyspy else None
     before = stats() if stats is not None else None
+    sched0 = _schedstat()
     wait = launch = 0.0
     c0, w0 = cpu_seconds(), time.perf_counter()
     for k in range(a.steps):
@@ -229,6 +233,7 @@ def _train(a, step, built: float, batches, stats) -> dict:
            "first_batch_s": first, "gpu_used_gb": (total - free) / 1e9, "cpu_cores": cores,
            "wait_ms_per_step": 1e3 * wait / a.steps, "launch_ms_per_step": 1e3 * launch / a.steps,
            "device": torch.cuda.get_device_name()}
+    out["threads"] = _per_step(sched0, _schedstat(), a.steps)
     if spy is not None:
         out["gil"] = _gil_shares(spy, wall, a.steps)
     if stats is not None:  # the loader's counters over the timed steps (decoders, per-stage seconds, ...)
@@ -244,6 +249,36 @@ def _delta(after, before):
     if isinstance(after, (int, float)) and not isinstance(after, bool) and isinstance(before, (int, float)):
         return after - before
     return after
+
+
+def _schedstat() -> dict[int, tuple[str, int, int]]:
+    """This process's threads: {tid: (name, ns run on a CPU, ns runnable but waiting for one)} from
+    Linux's /proc schedstat; Python threads by their `threading` names (empty elsewhere)."""
+    import threading
+
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    out = {}
+    for task in Path("/proc/self/task").glob("*"):
+        try:
+            run, delay, _ = (task / "schedstat").read_text().split()
+            comm = (task / "comm").read_text().strip()
+        except (OSError, ValueError):
+            continue
+        out[int(task.name)] = (names.get(int(task.name), comm), int(run), int(delay))
+    return out
+
+
+def _per_step(before: dict, after: dict, steps: int) -> dict:
+    """Per thread name (numbered threads together): ms per step run on a CPU and waiting for one.
+    A training thread that waits for a CPU is crowded out by the loader's threads or processes."""
+    out: dict[str, list[float]] = {}
+    for tid, (name, run, delay) in after.items():
+        run0, delay0 = before.get(tid, (name, 0, 0))[1:]
+        key = name.rstrip("0123456789_")
+        got = out.setdefault(key, [0.0, 0.0])
+        got[0] += (run - run0) / 1e6 / steps
+        got[1] += (delay - delay0) / 1e6 / steps
+    return {k: {"run_ms": round(v[0], 2), "runqueue_ms": round(v[1], 2)} for k, v in out.items() if v[0] >= 0.05}
 
 
 def _pyspy(a):

@@ -44,6 +44,11 @@ from gpufeed.decode.segment import Segment, unavailable
 
 log = logging.getLogger(__name__)
 
+# the workers' CPU niceness, added to the loader's: above 0, a core the training threads and the
+# workers both want goes to the training threads first. Measured in training before it is changed
+# (benchmarks/train_bench.py rows take worker_nice=N)
+NICE = 0
+
 
 @dataclass
 class _Worker:
@@ -88,10 +93,10 @@ class DecodeWorkers:
         self.device, self.size = device, workers
         if data is None:  # a folder read in place: each job names its file
             self._base, self._nbytes = 0, 0
-            setup = protocol.WorkerSetup("", 0, 0, os.getpid())
+            setup = protocol.WorkerSetup("", 0, 0, os.getpid(), NICE)
         else:
             self._base, self._nbytes = data.ctypes.data, data.nbytes
-            setup = protocol.WorkerSetup(str(data.filename), int(data.offset), int(data.nbytes), os.getpid())
+            setup = protocol.WorkerSetup(str(data.filename), int(data.offset), int(data.nbytes), os.getpid(), NICE)
         env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1",
                    PYTHONPATH=os.pathsep.join([str(Path(gpufeed.__file__).parent.parent),
                                                os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
