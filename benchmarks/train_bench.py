@@ -313,12 +313,12 @@ def _gil_shares(spy, wall: float, steps: int) -> dict:
             train += n
         else:
             other += n
-            leaf = stack.split(";")[-1]
+            leaf = ";".join(stack.split(";")[-3:])  # the holder and its two callers
             top[leaf] = top.get(leaf, 0) + n
     samples = seconds * 500
     return {"train_thread_share": train / samples, "other_threads_share": other / samples,
             "other_ms_per_step": 1e3 * other / 500 / (seconds * steps / wall),
-            "other_top": sorted(top.items(), key=lambda kv: -kv[1])[:12]}
+            "other_top": sorted(top.items(), key=lambda kv: -kv[1])[:20]}
 
 
 def prepare(work: Path, n: int) -> None:
