@@ -4,6 +4,14 @@ For each call: its wall time, and how far a counting thread got during it compar
 time of free counting (100 %: the call held no GIL at all; near 0 %: it held the GIL throughout).
 
     PYTHONPATH=src python benchmarks/gil_probe.py --n 256
+
+`--beside ROWS` asks the training thread's question instead: how long does a Python thread that
+launches small CUDA ops (as a training loop does, letting go of the GIL in each) wait for the GIL
+while a loader runs beside it? ROWS are benchmarks/train_bench.py's feeder rows (e.g.
+`jpeg;jpeg:decoders=(cpu)`); each loader is drained flat out on a thread of its own while the main
+thread launches ops, and the ops' extra time is divided by the batches made meanwhile.
+
+    PYTHONPATH=src python benchmarks/gil_probe.py --beside "jpeg;jpeg:decoders=(cpu)" --n 3000 --workdir /tmp/tb
 """
 
 from __future__ import annotations
@@ -60,10 +68,67 @@ def probe(fn, repeats: int = 5) -> dict:
     return {"wall_ms": 1e3 * float(np.median(walls)), "counter_progress_pct": 100 * float(np.median(shares))}
 
 
+def _launch(x: torch.Tensor, seconds: float) -> np.ndarray:
+    """Seconds each small CUDA op took, launched one after another for `seconds`."""
+    lat, end = [], time.perf_counter() + seconds
+    while (t := time.perf_counter()) < end:
+        x[:16].add_(1)
+        lat.append(time.perf_counter() - t)
+    return np.array(lat)
+
+
+def beside(rows: list[str], workdir: str, n: int, seconds: float) -> dict:
+    """Per row: the ops' time with the row's loader drained on another thread, against alone."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    import train_bench
+
+    work = Path(workdir)
+    train_bench.prepare(work, n)
+    x = torch.zeros(1 << 20, device="cuda")
+    out = {}
+    for row in rows:
+        alone = _launch(x, seconds)
+        _, batches, _ = train_bench.feeder(row, work, 256)
+        next(batches)
+        made, stop = [0], threading.Event()
+
+        def drain():
+            while not stop.is_set():
+                next(batches)
+                made[0] += 1
+
+        t = threading.Thread(target=drain, daemon=True)
+        t.start()
+        time.sleep(1.0)  # the loader at its pace
+        before = made[0]
+        near = _launch(x, seconds)
+        batches_made = made[0] - before
+        stop.set()
+        t.join()
+        extra = (near.mean() - alone.mean()) * len(near)  # the op thread's time lost while the loader ran
+        out[row] = {"ops_per_s_alone": len(alone) / seconds, "ops_per_s_beside": len(near) / seconds,
+                    "batches_per_s": batches_made / seconds,
+                    "op_us_p50_alone": 1e6 * float(np.median(alone)), "op_us_p50_beside": 1e6 * float(np.median(near)),
+                    "op_us_p99_beside": 1e6 * float(np.quantile(near, 0.99)), "op_ms_max_beside": 1e3 * float(near.max()),
+                    "waits_over_1ms_per_s": float((near > 1e-3).sum() / seconds),
+                    "gil_wait_ms_per_batch": 1e3 * float(near[near > 1e-4].sum() / max(1, batches_made)),
+                    "extra_ms_per_batch": float(1e3 * extra / max(1, batches_made))}
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--n", type=int, default=256)
+    p.add_argument("--beside", help="train_bench feeder rows, ';'-separated")
+    p.add_argument("--workdir", default="/tmp/gpufeed-train-bench")
+    p.add_argument("--seconds", type=float, default=4.0)
     a = p.parse_args()
+    if a.beside:
+        print(json.dumps(beside(a.beside.split(";"), a.workdir, a.n, a.seconds), indent=1))
+        return
     sys_interval = 0.005
     import sys
 
