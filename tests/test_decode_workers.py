@@ -17,7 +17,7 @@ import gpufeed
 from conftest import save, smooth
 from gpufeed.augment import Normalize, RandomResizedCrop
 from gpufeed.decode import Scheduler
-from gpufeed.decode.base import Encoded
+from gpufeed.decode.base import Encoded, WorkersStopped
 from gpufeed.decode.cpu import CpuDecoder
 from gpufeed.decode import workers as workers_module
 from gpufeed.decode.workers import DecodeWorkers
@@ -143,19 +143,24 @@ def test_workers_run_as_much_nicer_as_asked(store, monkeypatch):
     workers.close()
 
 
-def test_a_job_waiting_when_the_pool_closes_returns_failed(store):
+def test_a_job_waiting_when_the_pool_closes_is_woken_at_once(store, caplog):
     """A pipeline waiting for replies when the workers are stopped (close(), or the interpreter's exit
-    running the pool's finalizer) gets its images marked failed at once, instead of waiting forever
-    (an iteration's clean-up then waited on that pipeline at exit)."""
+    running the pool's finalizer) is woken at once with `WorkersStopped`, instead of waiting forever
+    (an iteration's clean-up then waited on that pipeline at exit); one that submits after the stop
+    (a producer still running at exit) gets it at once. Neither is an undecodable sample or a
+    worker's death, and neither is logged as one."""
     workers = DecodeWorkers(store.data, 1)
     assert workers.wait_ready(60)
     job = workers.submit(*_inputs(store, range(12)), [None] * 12)
-    workers._stop()  # what close() and the exit-time finalizer do first
-    t0 = time.monotonic()
-    part = workers.collect(job, CPU, pin=False)
-    assert time.monotonic() - t0 < 5
-    assert len(part.failed) + len(part.sizes) == 12
-    assert all("stopped" in why for why in part.failed.values())
+    with caplog.at_level(logging.WARNING, logger="gpufeed"):
+        workers._stop()  # what close() and the exit-time finalizer do first
+        t0 = time.monotonic()
+        with pytest.raises(WorkersStopped, match="stopped"):
+            workers.collect(job, CPU, pin=False)
+        assert time.monotonic() - t0 < 5
+        with pytest.raises(WorkersStopped):
+            workers.submit(*_inputs(store, range(12)), [None] * 12)
+    assert caplog.text == ""
     workers.close()
 
 

@@ -93,6 +93,7 @@ def test_an_unguarded_script_runs_once_and_exits_without_close(store, tmp_path):
     assert proc.returncode == 0, err
     assert out.count("BODY RAN") == 1 and "BATCHES 4" in out, out
     assert "Traceback" not in err and "leaked" not in err, err
+    assert "gpufeed" not in err, err  # the workers stopped at exit: no worker death, no undecodable sample
 
 
 HOLDS = """

@@ -21,6 +21,11 @@ import torch
 Region = tuple[int, int, int, int]  # y0, x0, y1, x1 of a stored image
 
 
+class WorkersStopped(RuntimeError):
+    """A CPU share's decode workers were stopped before they answered: the loader was closed, or
+    the interpreter is exiting. Not a sample's fault, so never reported as an undecodable sample."""
+
+
 @dataclass
 class Encoded:
     """A batch's encoded images: image k is `data[begins[k]:ends[k]]` (`array` is `data` as numpy)."""

@@ -33,7 +33,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 import torch
 
-from gpufeed.decode.base import Decoded, Encoded
+from gpufeed.decode.base import Decoded, Encoded, WorkersStopped
 from gpufeed.decode.choice import DEFAULT, START_RATES, gpu_decoders, warn_once
 from gpufeed.decode.cpu import CpuDecoder, roi_available, roi_cost, tries_region
 from gpufeed.decode.shares import GpuShare, GpuShares, Started, crop_regions, reduce_to
@@ -205,7 +205,8 @@ class Scheduler:
         error of its GPU share is not raised: nobody asked for those pixels (a loader's `close`)."""
         if started.gpu_job is not None:
             started.gpu_job.exception()  # waits for it
-        self.cpu.collect(started.cpu_job, torch.device("cpu"), False)
+        with contextlib.suppress(WorkersStopped):  # the loader is closing: nothing to let go of
+            self.cpu.collect(started.cpu_job, torch.device("cpu"), False)
 
     def snapshot(self) -> dict:
         """Images decoded, rates and seconds so far, as plain dicts: what `summed` adds up over pipelines."""

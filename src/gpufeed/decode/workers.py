@@ -38,7 +38,7 @@ import torch
 
 import gpufeed
 from gpufeed.decode import protocol
-from gpufeed.decode.base import Decoded, Encoded, PinnedStaging, hwc_strides, in_place, to_device
+from gpufeed.decode.base import Decoded, Encoded, PinnedStaging, WorkersStopped, hwc_strides, in_place, to_device
 from gpufeed.decode.cpu import CpuDecoder
 from gpufeed.decode.segment import Segment, unavailable
 
@@ -48,6 +48,8 @@ log = logging.getLogger(__name__)
 # workers both want goes to the training threads first. Measured in training before it is changed
 # (benchmarks/train_bench.py rows take worker_nice=N)
 NICE = 0
+
+STOPPED = "the JPEG decode workers were stopped (the loader was closed, or the interpreter is exiting)"
 
 
 @dataclass
@@ -71,6 +73,7 @@ class _Job:
     chunks: dict[int, tuple[int, int]] = field(default_factory=dict)  # first -> (worker, stop) until answered
     done: list = field(default_factory=list)  # ChunkDone
     finished: threading.Event = field(default_factory=threading.Event)
+    stopped: bool = False  # chunks left unanswered because the pool was stopped
 
 
 class DecodeWorkers:
@@ -143,10 +146,13 @@ class DecodeWorkers:
 
     def submit(self, batch: Encoded, shapes: np.ndarray, reduce_to: list, regions: list | None = None):
         """Put the images on the ready workers in chunks, two per worker (byte ranges and where to write;
-        `reduce_to`, `regions` as for `decode_one`); with none ready, wait for one."""
+        `reduce_to`, `regions` as for `decode_one`); with none ready, wait for one. Once the pool was
+        stopped, raises `WorkersStopped` (so does `collect`, for a job the stop left unanswered)."""
         regions = regions or [None] * len(reduce_to)
         if not len(reduce_to):
             return None
+        if not self._stop.alive:
+            raise WorkersStopped(STOPPED)
         live = self._live(wait=True)
         if not live:
             return self._fallback().submit(batch, shapes, reduce_to, regions)
@@ -190,6 +196,9 @@ class DecodeWorkers:
         job.finished.wait()
         with self._lock:
             del self._jobs[job.ticket]
+        if job.stopped:
+            raise WorkersStopped(STOPPED)
+        with self._lock:
             self.busy.update(workers_wall=sum(d.wall for d in job.done), workers_cpu=sum(d.cpu for d in job.done))
         results: list = []
         for done in sorted(job.done, key=lambda d: d.first):
@@ -258,6 +267,10 @@ class DecodeWorkers:
         """Worker `k` is gone (called under the lock, said once): its unanswered chunks are decoded on
         threads. Again for a worker already known dead: a job may have been given it meanwhile."""
         worker = self._workers[k]
+        if not self._stop.alive:  # the pool is stopping (close(), the interpreter's exit): no death to tell of
+            worker.dead = worker.dead or why
+            self._unanswered(k)
+            return
         if worker.dead is None:
             worker.dead = why
             left = sum(w.dead is None for w in self._workers)
@@ -292,13 +305,15 @@ class DecodeWorkers:
             results.append(protocol.Image(h, w, threads.last_done, region))
         return protocol.ChunkDone(job.ticket, first, results, 0.0, 0.0)
 
-    def _abandon(self, why: str) -> None:
-        """Mark every unanswered chunk failed with `why` and wake its job (the workers are gone)."""
-        with self._lock:
-            for job in self._jobs.values():
-                for first, (_, stop) in list(job.chunks.items()):
-                    job.done.append(protocol.ChunkDone(job.ticket, first, [why] * (stop - first), 0.0, 0.0))
-                job.chunks.clear()
+    def _unanswered(self, owner: int | None = None) -> None:
+        """The pool was stopped: wake every job waiting for a chunk (of worker `owner`, or of any), its
+        `collect` raises `WorkersStopped` (called under the lock)."""
+        for job in self._jobs.values():
+            for first, (k, _) in list(job.chunks.items()):
+                if owner is None or k == owner:
+                    del job.chunks[first]
+                    job.stopped = True
+            if job.stopped and not job.chunks:
                 job.finished.set()
 
     def _fallback(self) -> CpuDecoder:
@@ -341,7 +356,8 @@ def _read(pool_ref: weakref.ref) -> None:
                 return
         del pool
     if pool is not None:  # closed (close(), or the interpreter's exit): wake whoever waits for a reply
-        pool._abandon("the decode workers were stopped")
+        with pool._lock:
+            pool._unanswered()
 
 
 def _stop(workers: list[_Worker]) -> None:
