@@ -9,6 +9,9 @@ Then the CUDA runtime and driver calls (launches, copies, syncs, event queries) 
 thread that made them (the training thread, the loader's threads): a call that blocks its thread
 (a copy waiting for a stream, a sync) shows as host time. `--feed synthetic` profiles the same
 loop on one batch already on the GPU: the training thread's CUDA calls without a loader beside it.
+Last, the training stream's idle time between kernels (the next kernel launched late: host-bound;
+or queued and started late) and the training thread's time between its ops (its Python and its
+waits for the GIL). `--trace PATH` keeps the Chrome trace.
 
     PYTHONPATH=src python benchmarks/gpu_time_probe.py --n 10000 --steps 20 [--feed synthetic]
 """
@@ -108,8 +111,29 @@ def main() -> None:
         for name, ms in spent.most_common(6):
             print(f"  {ms / a.steps:6.2f} ms  {counts[tid][name] / a.steps:6.1f} calls  {name}")
     _idle(events, default, a.steps)
+    _gaps(events, a.steps)
     if loader is not None:
         loader.close()
+
+
+def _gaps(events: list, steps: int) -> None:
+    """The training thread's (the one that seeds `backward()`) time between its top-level torch ops
+    (its Python, and any wait for the GIL), not counting `backward()` (from its gradient seed, `aten::ones_like`, to the next op: the
+    thread waits for autograd's) nor the time in the ops."""
+    seeds = [e.get("tid") for e in events if e.get("cat") == "cpu_op" and e.get("name") == "aten::ones_like"]
+    if not seeds:
+        return
+    ops = sorted((e for e in events if e.get("cat") == "cpu_op" and "dur" in e and e.get("tid") == seeds[0]),
+                 key=lambda e: e["ts"])
+    top, end = [], float("-inf")
+    for e in ops:
+        if e["ts"] >= end:
+            top.append(e)
+            end = e["ts"] + e["dur"]
+    gaps = [b["ts"] - (a["ts"] + a["dur"]) for a, b in zip(top, top[1:]) if a["name"] != "aten::ones_like"]
+    if gaps:
+        print(f"training thread: {sum(gaps) / 1000 / steps:.2f} ms per step between its ops, longest "
+              f"{max(gaps) / 1000:.2f} ms, {sum(g > 1000 for g in gaps) / steps:.1f} per step over 1 ms")
 
 
 def _idle(events: list, stream: int, steps: int) -> None:
