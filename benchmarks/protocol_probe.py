@@ -1,0 +1,77 @@
+"""The CPU decode workers' protocol, as the training process pays for it: CPU time per batch share
+of the thread that submits and collects it, and of the replies reader. Both hold the GIL a training
+loop needs, so less is better. Tiny images, so the workers' decode (in their own processes) is not
+what is measured; the copy out of the shared segment is left out (a GPU does it by DMA). Needs no GPU.
+
+    PYTHONPATH=src python benchmarks/protocol_probe.py --workers 2 --share 150 --batches 300
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import gpufeed
+from gpufeed.decode import workers as workers_module
+from gpufeed.decode.base import Encoded
+from gpufeed.decode.workers import DecodeWorkers
+from gpufeed.store.reader import as_tensor
+from gpufeed.synth import make_image_folder
+
+
+def _thread_ms(name: str) -> float:
+    """CPU ms so far of this process's thread called `name` (Linux schedstat; 0 elsewhere)."""
+    import threading
+
+    for t in threading.enumerate():
+        if t.name == name and t.native_id is not None:
+            try:
+                return int(Path(f"/proc/self/task/{t.native_id}/schedstat").read_text().split()[0]) / 1e6
+            except OSError:
+                return 0.0
+    return 0.0
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--share", type=int, default=150, help="images per submitted share")
+    p.add_argument("--batches", type=int, default=300)
+    p.add_argument("--workdir", default=str(Path(tempfile.gettempdir()) / "gpufeed-protocol-probe"))
+    a = p.parse_args()
+    work = Path(a.workdir)
+    if not (work / "store").exists():
+        make_image_folder(work / "src", per_class=a.share, classes=1, height=24, width=32)
+        gpufeed.pack(work / "src", work / "store", mode="jpeg", progress=False)
+    store = gpufeed.open(work / "store")
+    pool = DecodeWorkers(store.data, a.workers)
+    assert pool.wait_ready(60)
+    idx = np.arange(a.share)
+    batch = Encoded.of(as_tensor(store.data), np.asarray(store.offsets), idx)
+    shapes = np.asarray(store.shapes)[idx]
+    reduce_to, regions = [None] * a.share, [(0, 0, 8, 8) if k % 2 else None for k in range(a.share)]
+    def no_copy(host, end, device, staging, buf, pin):  # the segment free again at once
+        staging.give_back(buf, None)
+        return host[:end], None
+
+    workers_module.to_device = no_copy
+    for _ in range(20):
+        pool.collect(pool.submit(batch, shapes, reduce_to, regions), torch.device("cpu"), False)
+    caller, reader = time.thread_time(), _thread_ms("gpufeed-decode-replies")
+    t0 = time.perf_counter()
+    for _ in range(a.batches):
+        pool.collect(pool.submit(batch, shapes, reduce_to, regions), torch.device("cpu"), False)
+    wall = time.perf_counter() - t0
+    caller, reader = 1e3 * (time.thread_time() - caller), _thread_ms("gpufeed-decode-replies") - reader
+    print(f"{a.workers} workers, shares of {a.share} images: per share {1e3 * wall / a.batches:.2f} ms wall, "
+          f"CPU {caller / a.batches:.3f} ms submitting and collecting, {reader / a.batches:.3f} ms reading replies")
+    pool.close()
+
+
+if __name__ == "__main__":
+    main()
