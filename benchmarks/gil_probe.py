@@ -11,7 +11,9 @@ while a loader runs beside it? ROWS are benchmarks/train_bench.py's feeder rows 
 `jpeg;jpeg:decoders=(cpu)`); each loader is drained flat out on a thread of its own while the main
 thread launches ops, and the ops' extra time is divided by the batches made meanwhile.
 
-    PYTHONPATH=src python benchmarks/gil_probe.py --beside "jpeg;jpeg:decoders=(cpu)" --n 3000 --workdir /tmp/tb
+    PYTHONPATH=src python benchmarks/gil_probe.py --beside "jpeg;jpeg:decoders=(cpu)" --n 3000 --workdir /tmp/tb [--pyspy]
+
+`--pyspy` (py-spy on PATH) also names the loader's GIL holders per row, in ms per batch.
 """
 
 from __future__ import annotations
@@ -77,8 +79,42 @@ def _launch(x: torch.Tensor, seconds: float) -> np.ndarray:
     return np.array(lat)
 
 
-def beside(rows: list[str], workdir: str, n: int, seconds: float) -> dict:
-    """Per row: the ops' time with the row's loader drained on another thread, against alone."""
+def _spy(seconds: float):
+    """py-spy (on PATH) sampling this process's GIL holders for `seconds`, or None without it."""
+    import os
+    import shutil
+    import subprocess
+    import tempfile
+
+    exe = shutil.which("py-spy")
+    if exe is None:
+        return None
+    path = tempfile.mktemp(suffix=".txt")
+    proc = subprocess.Popen([exe, "record", "--gil", "--threads", "-r", "1000", "-d", str(int(seconds + 1)), "-f",
+                             "raw", "-o", path, "-p", str(os.getpid()), "--nonblocking"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(1.0)  # py-spy attaches
+    return proc, path
+
+
+def _holders(spy, batches: float) -> list:
+    """The loader's GIL holders py-spy saw (not the op thread): [(ms per batch, its last three frames)]."""
+    from pathlib import Path
+
+    proc, path = spy
+    proc.wait(timeout=60)
+    top: dict[str, int] = {}
+    for line in Path(path).read_text().splitlines() if Path(path).exists() else []:
+        stack, _, count = line.rpartition(" ")
+        if "_launch" not in stack:
+            key = ";".join(stack.split(";")[-3:])
+            top[key] = top.get(key, 0) + int(count)
+    return [(round(n / max(1, batches), 3), k) for k, n in sorted(top.items(), key=lambda kv: -kv[1])[:15]]
+
+
+def beside(rows: list[str], workdir: str, n: int, seconds: float, pyspy: bool = False) -> dict:
+    """Per row: the ops' time with the row's loader drained on another thread, against alone; with
+    `pyspy`, also the loader's GIL holders (py-spy at 1 kHz: a sample is 1 ms)."""
     import sys
     from pathlib import Path
 
@@ -102,7 +138,8 @@ def beside(rows: list[str], workdir: str, n: int, seconds: float) -> dict:
 
         t = threading.Thread(target=drain, daemon=True)
         t.start()
-        time.sleep(1.0)  # the loader at its pace
+        spy = _spy(seconds) if pyspy else None
+        time.sleep(0.0 if spy else 1.0)  # the loader at its pace
         before = made[0]
         near = _launch(x, seconds)
         batches_made = made[0] - before
@@ -116,6 +153,9 @@ def beside(rows: list[str], workdir: str, n: int, seconds: float) -> dict:
                     "waits_over_1ms_per_s": float((near > 1e-3).sum() / seconds),
                     "gil_wait_ms_per_batch": 1e3 * float(near[near > 1e-4].sum() / max(1, batches_made)),
                     "extra_ms_per_batch": float(1e3 * extra / max(1, batches_made))}
+        if spy is not None:
+            window = int(seconds + 1) / seconds  # py-spy samples a little longer than the ops ran
+            out[row]["gil_holders_ms_per_batch"] = _holders(spy, batches_made * window)
     return out
 
 
@@ -125,9 +165,10 @@ def main() -> None:
     p.add_argument("--beside", help="train_bench feeder rows, ';'-separated")
     p.add_argument("--workdir", default="/tmp/gpufeed-train-bench")
     p.add_argument("--seconds", type=float, default=4.0)
+    p.add_argument("--pyspy", action="store_true", help="with --beside: the loader's GIL holders (py-spy on PATH)")
     a = p.parse_args()
     if a.beside:
-        print(json.dumps(beside(a.beside.split(";"), a.workdir, a.n, a.seconds), indent=1))
+        print(json.dumps(beside(a.beside.split(";"), a.workdir, a.n, a.seconds, a.pyspy), indent=1))
         return
     sys_interval = 0.005
     import sys
