@@ -3,8 +3,8 @@
 Why processes: decode threads in the training process would share its GIL with the training loop.
 Why not multiprocessing: a forked worker inherits the loader's threads and locks; a spawned or
 forkserver one imports the user's `__main__` (re-running an unguarded script) and leaves a server
-process behind. Each worker here is a fresh interpreter started with exec
-(`python -m gpufeed.decode.worker`), talking over its own stdin and stdout (`protocol`).
+process behind. Each worker here is a fresh interpreter started with exec (`spawn`,
+`python -m gpufeed.decode.worker`), talking over its own stdin and stdout (`protocol`).
 
 Lifecycle: workers start in the background; until one says `Ready`, `threads` is 0 and the
 scheduler gives the CPU no share (the GPU decoders serve the first batches). A worker ends when its
@@ -19,25 +19,20 @@ on a GPU, so its pixels reach the device in one DMA copy.
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import math
 import os
 import select
-import subprocess
-import sys
 import threading
 import time
 import weakref
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import torch
 
-import gpufeed
-from gpufeed.decode import protocol
+from gpufeed.decode import protocol, spawn
 from gpufeed.decode.base import Decoded, Encoded, PinnedStaging, WorkersStopped, hwc_strides, in_place, to_device
 from gpufeed.decode.cpu import CpuDecoder
 from gpufeed.decode.segment import Segment, unavailable
@@ -50,13 +45,6 @@ log = logging.getLogger(__name__)
 NICE = 0
 
 STOPPED = "the JPEG decode workers were stopped (the loader was closed, or the interpreter is exiting)"
-
-
-@dataclass
-class _Worker:
-    proc: subprocess.Popen
-    ready: bool = False
-    dead: str | None = None  # why, once it is gone
 
 
 @dataclass
@@ -100,15 +88,8 @@ class DecodeWorkers:
         else:
             self._base, self._nbytes = data.ctypes.data, data.nbytes
             setup = protocol.WorkerSetup(str(data.filename), int(data.offset), int(data.nbytes), os.getpid(), NICE)
-        env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1",
-                   PYTHONPATH=os.pathsep.join([str(Path(gpufeed.__file__).parent.parent),
-                                               os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
-        self._workers: list[_Worker] = []
-        self._stop = weakref.finalize(self, _stop, self._workers)
-        for _ in range(workers):
-            proc = subprocess.Popen([sys.executable, "-m", "gpufeed.decode.worker", json.dumps(setup.__dict__)],
-                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True)
-            self._workers.append(_Worker(proc))
+        self._workers: list[spawn.Worker] = spawn.start(setup, workers)
+        self._stop = weakref.finalize(self, spawn.stop, self._workers)
         self._staging = PinnedStaging(alloc=lambda nbytes: Segment(nbytes, device))
         self._tickets = itertools.count()
         self._jobs: dict[int, _Job] = {}
@@ -359,19 +340,3 @@ def _read(pool_ref: weakref.ref) -> None:
         with pool._lock:
             pool._unanswered()
 
-
-def _stop(workers: list[_Worker]) -> None:
-    """Close the workers' stdin (they exit at once), wait a moment, kill what still runs."""
-    for w in workers:
-        for pipe in (w.proc.stdin, w.proc.stdout):
-            try:
-                pipe.close()
-            except OSError:
-                pass
-    deadline = time.monotonic() + 2.0
-    for w in workers:
-        try:
-            w.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            w.proc.kill()
-            w.proc.wait()
