@@ -85,6 +85,8 @@ def test_close_stops_the_pools(store, tmp_path):
             pass
         threads = list(loader.gather._pool._threads)
     assert threads and not any(t.is_alive() for t in threads)
+    with pytest.raises(RuntimeError, match="was closed"):  # said at once, not by a stopped pool
+        iter(loader).__next__()
 
 
 def test_channels_last_and_dtypes(store):

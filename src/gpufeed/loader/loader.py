@@ -166,6 +166,7 @@ class Loader:
         if self.store.mode == "jpeg":
             self.jpeg = jpeg_pipelines(self, on_error, decoders, num_workers)
         self._pid = os.getpid()
+        self._closed = False
         self.gather = Gatherer(gather_threads or min(8, os.cpu_count() or 1))
         self.copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.counters = Stats(self.tier.name)
@@ -182,6 +183,7 @@ class Loader:
     def close(self) -> None:
         """Stop the loader's threads and decode worker processes now; it can't iterate after. Optional:
         they also stop when the loader is garbage-collected or the program ends, however it ends."""
+        self._closed = True
         drop_carried(self)
         self.gather.close()
         if self.jpeg is not None:
@@ -246,6 +248,9 @@ class Loader:
         if os.getpid() != self._pid:
             raise RuntimeError("this gpufeed.Loader was made in another process (before a fork): its threads, "
                                "decode workers and CUDA state stay there; make a new Loader in this process")
+        if self._closed:
+            raise RuntimeError("this gpufeed.Loader was closed: its threads and decode workers are stopped; make a "
+                               "new Loader (with `state_dict()`/`load_state_dict()` to go on where it was)")
         epoch, start = self.epoch, self._batch
         if self.restart and not self._resuming:
             start = 0 if start < len(self) else start  # a finished pass moves on to the next epoch
