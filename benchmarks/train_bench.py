@@ -54,9 +54,7 @@ KNOBS = {
     "turns": ("gpufeed.loader.jpeg", "GPU_DECODES_TAKE_TURNS", bool),  # several pipelines' GPU decodes take turns
     "reuse": ("gpufeed.decode.nvimgcodec", "REUSE", bool),  # nvImageCodec decodes into the Images of earlier batches
     "carry": ("gpufeed.loader.feeds", "CARRY", bool),  # the next epoch's first batches made as an epoch ends
-    "blocking_wait": ("gpufeed.decode.scheduler", "BLOCKING_WAIT", bool),  # GPU decoders waited for asleep
     "gpu_early": ("gpufeed.decode.scheduler", "GPU_EARLY", bool),  # GPU shares decoded from `start` on a helper
-    "worker_nice": ("gpufeed.decode.workers", "NICE", int),  # the CPU decode workers' niceness
 }
 # row settings of the training loop itself, set by `feeder`: `side=1` trains on a stream of its own
 # instead of the default stream (what a loader's work synchronized with the default stream costs);

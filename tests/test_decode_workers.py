@@ -134,15 +134,6 @@ def test_two_pipelines_share_the_pool_at_once(store, pool):
     assert not failures and not any(t.is_alive() for t in threads), failures
 
 
-def test_workers_run_as_much_nicer_as_asked(store, monkeypatch):
-    monkeypatch.setattr(workers_module, "NICE", 3)
-    workers = DecodeWorkers(store.data, 1)
-    assert workers.wait_ready(60)
-    ours = os.getpriority(os.PRIO_PROCESS, 0)
-    assert os.getpriority(os.PRIO_PROCESS, workers.pids[0]) == min(19, ours + 3)
-    workers.close()
-
-
 def test_a_job_waiting_when_the_pool_closes_is_woken_at_once(store, caplog):
     """A pipeline waiting for replies when the workers are stopped (close(), or the interpreter's exit
     running the pool's finalizer) is woken at once with `WorkersStopped`, instead of waiting forever

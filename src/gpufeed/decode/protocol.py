@@ -25,7 +25,6 @@ class WorkerSetup:
     offset: int  # where they start in it
     nbytes: int
     parent: int  # the loader's pid: the worker exits when its parent is no longer this process
-    nice: int = 0  # added to the worker's CPU niceness (`workers.NICE`): the training threads go first
 
 
 @dataclass

@@ -47,15 +47,10 @@ STREAM_PRIORITY = 0
 # the caller's thread (as before; benchmarks/train_bench.py rows take gpu_early=False)
 GPU_EARLY = True
 
-# True: the helper thread waits for a GPU decoder's stream on a blocking-sync CUDA event (it sleeps);
-# False: `Stream.synchronize`, which spins while the context's default scheduling says so (one
-# context, more cores than contexts). Measured in training before it is changed (train_bench rows
-# take blocking_wait=True)
-BLOCKING_WAIT = False
-
 # the CPU's share is this part of what it decodes in a cycle: a share that finishes late holds the
 # producer (and the batch) back, one that finishes early leaves a few more images to the GPU decoders
 CPU_MARGIN = 0.9
+
 
 class Scheduler:
     """Decoders for one pipeline: on a GPU those of `use` that can be made here, and a CPU decoder
@@ -260,12 +255,7 @@ class Scheduler:
         t0 = time.perf_counter()
         with torch.cuda.stream(stream):
             part = dec.decode(batch)
-            if BLOCKING_WAIT:
-                done = torch.cuda.Event(blocking=True)
-                done.record(stream)
-                done.synchronize()
-            else:
-                stream.synchronize()
+            stream.synchronize()
         return part, time.perf_counter() - t0
 
     def _rate(self, name: str, images: float, seconds: float) -> None:

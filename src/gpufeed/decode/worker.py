@@ -35,8 +35,6 @@ def main() -> None:
 
     setup = protocol.WorkerSetup(**json.loads(sys.argv[1]))
     threading.Thread(target=_watch, args=(setup.parent,), daemon=True).start()
-    if setup.nice:
-        os.nice(setup.nice)
     from gpufeed.decode.pixels import decode
 
     data = np.zeros(0, np.uint8)

@@ -39,11 +39,6 @@ from gpufeed.decode.segment import Segment, unavailable
 
 log = logging.getLogger(__name__)
 
-# the workers' CPU niceness, added to the loader's: above 0, a core the training threads and the
-# workers both want goes to the training threads first. Measured in training before it is changed
-# (benchmarks/train_bench.py rows take worker_nice=N)
-NICE = 0
-
 STOPPED = "the JPEG decode workers were stopped (the loader was closed, or the interpreter is exiting)"
 
 
@@ -84,10 +79,10 @@ class DecodeWorkers:
         self.device, self.size = device, workers
         if data is None:  # a folder read in place: each job names its file
             self._base, self._nbytes = 0, 0
-            setup = protocol.WorkerSetup("", 0, 0, os.getpid(), NICE)
+            setup = protocol.WorkerSetup("", 0, 0, os.getpid())
         else:
             self._base, self._nbytes = data.ctypes.data, data.nbytes
-            setup = protocol.WorkerSetup(str(data.filename), int(data.offset), int(data.nbytes), os.getpid(), NICE)
+            setup = protocol.WorkerSetup(str(data.filename), int(data.offset), int(data.nbytes), os.getpid())
         self._workers: list[spawn.Worker] = spawn.start(setup, workers)
         self._stop = weakref.finalize(self, spawn.stop, self._workers)
         self._staging = PinnedStaging(alloc=lambda nbytes: Segment(nbytes, device))
