@@ -98,21 +98,22 @@ class Scheduler:
     def names(self) -> list[str]:
         return [d.name for d in self.gpu] + [self.cpu.name]
 
-    def shares(self, n: int) -> list[int]:
+    def shares(self, n: int, threads: int | None = None) -> list[int]:
         """Images per decoder (GPU decoders in order, then the CPU) for a batch of `n`: the CPU's share
-        what its threads decode in a cycle (before one is measured: against the GPU decoders
-        together, so that all finish at once), the GPU decoders' split by their own rates."""
+        what its `threads` (default: those ready now) decode in a cycle (before one is measured:
+        against the GPU decoders together, so that all finish at once), and at least one image per
+        thread, so the CPU's rate is always measured anew; the GPU decoders' split by their own rates."""
         if not self.gpu:
             return [n]
-        rate = self.rates["cpu"] * self.cpu.threads
-        if not self.cpu_share:
-            cpu = 0
-        elif self.cycle is None:
-            cpu = round(n * rate / (rate + self.gpu_rate))
-        else:
-            cpu = min(n, round(CPU_MARGIN * rate * self.cycle))
-        if self.cpu_share:  # one image per ready thread at least, so the CPU's rate is always measured anew
-            cpu = min(n, max(cpu, self.cpu.threads))
+        threads = self.cpu.threads if threads is None else threads
+        cpu = 0
+        if self.cpu_share:
+            rate = self.rates["cpu"] * threads
+            if self.cycle is None:
+                cpu = round(n * rate / (rate + self.gpu_rate))
+            else:
+                cpu = round(CPU_MARGIN * rate * self.cycle)
+            cpu = min(n, max(cpu, threads))
         own = np.cumsum([self.rates[d.name] for d in self.gpu])
         bounds = np.rint((n - cpu) * own / own[-1]).astype(np.int64)
         return np.diff(bounds, prepend=0).tolist() + [cpu]
@@ -131,8 +132,8 @@ class Scheduler:
             cycle = max(0.0, now - self._started_at - self._cpu_wait)
             self.cycle = cycle if self.cycle is None else 0.7 * self.cycle + 0.3 * cycle
         self._started_at, self._cpu_wait = now, 0.0
-        threads = self.cpu.threads  # before `shares`: workers may become ready meanwhile
-        shares = self.shares(len(batch))
+        threads = self.cpu.threads  # read once: workers become ready while batches are made
+        shares = self.shares(len(batch), threads)
         starts = np.cumsum([0] + shares)
         regions = crop_regions(shapes, boxes)
         cost = roi_cost(shapes, regions)

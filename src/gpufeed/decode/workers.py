@@ -172,10 +172,9 @@ class DecodeWorkers:
         job.finished.wait()
         with self._lock:
             del self._jobs[job.ticket]
+            self.busy.update(workers_wall=sum(d.wall for d in job.done), workers_cpu=sum(d.cpu for d in job.done))
         if job.stopped:
             raise WorkersStopped(STOPPED)
-        with self._lock:
-            self.busy.update(workers_wall=sum(d.wall for d in job.done), workers_cpu=sum(d.cpu for d in job.done))
         results: list = []
         for done in sorted(job.done, key=lambda d: d.first):
             results += done.results
