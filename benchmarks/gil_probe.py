@@ -79,36 +79,16 @@ def _launch(x: torch.Tensor, seconds: float) -> np.ndarray:
     return np.array(lat)
 
 
-def _spy(seconds: float):
-    """py-spy (on PATH) sampling this process's GIL holders for `seconds`, or None without it."""
-    import os
-    import shutil
-    import subprocess
-    import tempfile
+def _holders(stacks: dict[str, int] | str, batches: float) -> list:
+    """The loader's GIL holders py-spy saw (not the op thread): [(ms per batch at 1 kHz, holder)]."""
+    import train_bench
 
-    exe = shutil.which("py-spy")
-    if exe is None:
-        return None
-    path = tempfile.mktemp(suffix=".txt")
-    proc = subprocess.Popen([exe, "record", "--gil", "--threads", "-r", "1000", "-d", str(int(seconds + 1)), "-f",
-                             "raw", "-o", path, "-p", str(os.getpid()), "--nonblocking"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    time.sleep(1.0)  # py-spy attaches
-    return proc, path
-
-
-def _holders(spy, batches: float) -> list:
-    """The loader's GIL holders py-spy saw (not the op thread): [(ms per batch, its last three frames)]."""
-    from pathlib import Path
-
-    proc, path = spy
-    proc.wait(timeout=60)
+    if isinstance(stacks, str):
+        return [(0.0, f"py-spy: {stacks}")]
     top: dict[str, int] = {}
-    for line in Path(path).read_text().splitlines() if Path(path).exists() else []:
-        stack, _, count = line.rpartition(" ")
+    for stack, n in stacks.items():
         if "_launch" not in stack:
-            key = ";".join(stack.split(";")[-3:])
-            top[key] = top.get(key, 0) + int(count)
+            top[train_bench.holder(stack)] = top.get(train_bench.holder(stack), 0) + n
     return [(round(n / max(1, batches), 3), k) for k, n in sorted(top.items(), key=lambda kv: -kv[1])[:15]]
 
 
@@ -138,7 +118,7 @@ def beside(rows: list[str], workdir: str, n: int, seconds: float, pyspy: bool = 
 
         t = threading.Thread(target=drain, daemon=True)
         t.start()
-        spy = _spy(seconds) if pyspy else None
+        spy = train_bench.spy_on_gil(int(seconds + 1), 1000) if pyspy else None
         time.sleep(0.0 if spy else 1.0)  # the loader at its pace
         before = made[0]
         near = _launch(x, seconds)
@@ -155,7 +135,7 @@ def beside(rows: list[str], workdir: str, n: int, seconds: float, pyspy: bool = 
                     "extra_ms_per_batch": float(1e3 * extra / max(1, batches_made))}
         if spy is not None:
             window = int(seconds + 1) / seconds  # py-spy samples a little longer than the ops ran
-            out[row]["gil_holders_ms_per_batch"] = _holders(spy, batches_made * window)
+            out[row]["gil_holders_ms_per_batch"] = _holders(train_bench.gil_stacks(spy, 60), batches_made * window)
     return out
 
 

@@ -118,8 +118,8 @@ def main() -> None:
 
 def _gaps(events: list, steps: int) -> None:
     """The training thread's (the one that seeds `backward()`) time between its top-level torch ops
-    (its Python, and any wait for the GIL), not counting `backward()` (from its gradient seed, `aten::ones_like`, to the next op: the
-    thread waits for autograd's) nor the time in the ops."""
+    (its Python, and any wait for the GIL), not counting `backward()` (from its gradient seed,
+    `aten::ones_like`, to the next op: the thread waits for autograd's) nor the time in the ops."""
     seeds = [e.get("tid") for e in events if e.get("cat") == "cpu_op" and e.get("name") == "aten::ones_like"]
     if not seeds:
         return

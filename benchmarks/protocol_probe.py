@@ -9,6 +9,7 @@ what is measured; the copy out of the shared segment is left out (a GPU does it 
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -23,18 +24,13 @@ from gpufeed.decode.workers import DecodeWorkers
 from gpufeed.store.reader import as_tensor
 from gpufeed.synth import make_image_folder
 
+sys.path.insert(0, str(Path(__file__).parent))
+import train_bench  # noqa: E402
+
 
 def _thread_ms(name: str) -> float:
     """CPU ms so far of this process's thread called `name` (Linux schedstat; 0 elsewhere)."""
-    import threading
-
-    for t in threading.enumerate():
-        if t.name == name and t.native_id is not None:
-            try:
-                return int(Path(f"/proc/self/task/{t.native_id}/schedstat").read_text().split()[0]) / 1e6
-            except OSError:
-                return 0.0
-    return 0.0
+    return sum(run for thread, run, _ in train_bench._schedstat().values() if thread == name) / 1e6
 
 
 def main() -> None:

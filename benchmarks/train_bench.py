@@ -279,40 +279,64 @@ def _per_step(before: dict, after: dict, steps: int) -> dict:
     return {k: {"run_ms": round(v[0], 2), "runqueue_ms": round(v[1], 2)} for k, v in out.items() if v[0] >= 0.05}
 
 
-def _pyspy(a):
-    """py-spy sampling this process's GIL holders for the timed steps (its own process)."""
+def spy_on_gil(seconds: int, rate: int):
+    """py-spy (on PATH) sampling this process's GIL holders at `rate` Hz for `seconds` from about
+    now (its attaching, about a second, is waited for here): (process, output file), or None."""
     exe = shutil.which("py-spy")
     if exe is None:
-        print("py-spy not found: no GIL samples", file=sys.stderr)
         return None
     path = tempfile.mktemp(suffix=".txt")
-    seconds = max(2, int(a.steps * a.batch / 8000))
-    proc = subprocess.Popen([exe, "record", "--gil", "--threads", "-r", "500", "-d", str(seconds), "-f", "raw",
+    proc = subprocess.Popen([exe, "record", "--gil", "--threads", "-r", str(rate), "-d", str(seconds), "-f", "raw",
                              "-o", path, "-p", str(os.getpid()), "--nonblocking"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     time.sleep(1.0)  # py-spy attaches
-    return proc, path, seconds
+    return proc, path
+
+
+def gil_stacks(spy, timeout: float) -> dict[str, int] | str:
+    """{stack (frames joined by ';'): samples} once `spy_on_gil`'s py-spy ended, or its error text."""
+    proc, path = spy
+    proc.wait(timeout=timeout)
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError:
+        return proc.stderr.read().decode()[-500:]
+    stacks: dict[str, int] = {}
+    for line in lines:
+        stack, _, count = line.rpartition(" ")
+        stacks[stack] = stacks.get(stack, 0) + int(count)
+    return stacks
+
+
+def holder(stack: str) -> str:
+    """A GIL holder as its frame and its two callers."""
+    return ";".join(stack.split(";")[-3:])
+
+
+def _pyspy(a):
+    """py-spy sampling this process's GIL holders for the timed steps (its own process)."""
+    seconds = max(2, int(a.steps * a.batch / 8000))
+    spy = spy_on_gil(seconds, 500)
+    if spy is None:
+        print("py-spy not found: no GIL samples", file=sys.stderr)
+        return None
+    return spy, seconds
 
 
 def _gil_shares(spy, wall: float, steps: int) -> dict:
     """Share of samples with the GIL held by the training thread and by any other thread."""
-    proc, path, seconds = spy
-    proc.wait(timeout=seconds + 30)
-    try:
-        lines = Path(path).read_text().splitlines()
-    except OSError:
-        return {"error": proc.stderr.read().decode()[-500:]}
+    spy, seconds = spy
+    stacks = gil_stacks(spy, seconds + 30)
+    if isinstance(stacks, str):
+        return {"error": stacks}
     train = other = 0
     top: dict[str, int] = {}
-    for line in lines:
-        stack, _, count = line.rpartition(" ")
-        n = int(count)
+    for stack, n in stacks.items():
         if "run_row" in stack:
             train += n
         else:
             other += n
-            leaf = ";".join(stack.split(";")[-3:])  # the holder and its two callers
-            top[leaf] = top.get(leaf, 0) + n
+            top[holder(stack)] = top.get(holder(stack), 0) + n
     samples = seconds * 500
     return {"train_thread_share": train / samples, "other_threads_share": other / samples,
             "other_ms_per_step": 1e3 * other / 500 / (seconds * steps / wall),
