@@ -13,6 +13,8 @@ thread launches ops, and the ops' extra time is divided by the batches made mean
 
     PYTHONPATH=src python benchmarks/gil_probe.py --beside "jpeg;jpeg:decoders=(cpu)" --n 3000 --workdir /tmp/tb [--pyspy]
 
+The same ops on a CPU tensor (`*_cpu_op`) also let go of the GIL but never enter the CUDA driver:
+waits they share are the GIL's, waits only the CUDA ops have are the driver's.
 `--pyspy` (py-spy on PATH) also names the loader's GIL holders per row, in ms per batch.
 """
 
@@ -92,6 +94,20 @@ def _holders(stacks: dict[str, int] | str, batches: float) -> list:
     return [(round(n / max(1, batches), 3), k) for k, n in sorted(top.items(), key=lambda kv: -kv[1])[:15]]
 
 
+def _waits(alone: np.ndarray, near: np.ndarray, batches: int, seconds: float, suffix: str) -> dict:
+    """The op thread's latencies alone and beside a loader that made `batches` meanwhile."""
+    extra = (near.mean() - alone.mean()) * len(near)  # the op thread's time lost while the loader ran
+    per = max(1, batches)
+    found = {"ops_per_s_alone": len(alone) / seconds, "ops_per_s_beside": len(near) / seconds,
+             "batches_per_s": batches / seconds,
+             "op_us_p50_alone": 1e6 * float(np.median(alone)), "op_us_p50_beside": 1e6 * float(np.median(near)),
+             "op_us_p99_beside": 1e6 * float(np.quantile(near, 0.99)), "op_ms_max_beside": 1e3 * float(near.max()),
+             "waits_over_1ms_per_s": float((near > 1e-3).sum() / seconds),
+             "gil_wait_ms_per_batch": 1e3 * float(near[near > 1e-4].sum() / per),
+             "extra_ms_per_batch": float(1e3 * extra / per)}
+    return {k + suffix: v for k, v in found.items()}
+
+
 def beside(rows: list[str], workdir: str, n: int, seconds: float, pyspy: bool = False) -> dict:
     """Per row: the ops' time with the row's loader drained on another thread, against alone; with
     `pyspy`, also the loader's GIL holders (py-spy at 1 kHz: a sample is 1 ms)."""
@@ -103,10 +119,10 @@ def beside(rows: list[str], workdir: str, n: int, seconds: float, pyspy: bool = 
 
     work = Path(workdir)
     train_bench.prepare(work, n)
-    x = torch.zeros(1 << 20, device="cuda")
+    xs = {"": torch.zeros(1 << 20, device="cuda"), "_cpu_op": torch.zeros(1 << 20)}
     out = {}
     for row in rows:
-        alone = _launch(x, seconds)
+        alone = {k: _launch(x, seconds) for k, x in xs.items()}
         _, batches, _ = train_bench.feeder(row, work, 256)
         next(batches)
         made, stop = [0], threading.Event()
@@ -120,19 +136,15 @@ def beside(rows: list[str], workdir: str, n: int, seconds: float, pyspy: bool = 
         t.start()
         spy = train_bench.spy_on_gil(int(seconds + 1), 1000) if pyspy else None
         time.sleep(0.0 if spy else 1.0)  # the loader at its pace
-        before = made[0]
-        near = _launch(x, seconds)
-        batches_made = made[0] - before
+        out[row] = {}
+        for k, x in xs.items():
+            before = made[0]
+            near = _launch(x, seconds)
+            out[row] |= _waits(alone[k], near, made[0] - before, seconds, k)
+            if k == "":
+                batches_made = made[0] - before
         stop.set()
         t.join()
-        extra = (near.mean() - alone.mean()) * len(near)  # the op thread's time lost while the loader ran
-        out[row] = {"ops_per_s_alone": len(alone) / seconds, "ops_per_s_beside": len(near) / seconds,
-                    "batches_per_s": batches_made / seconds,
-                    "op_us_p50_alone": 1e6 * float(np.median(alone)), "op_us_p50_beside": 1e6 * float(np.median(near)),
-                    "op_us_p99_beside": 1e6 * float(np.quantile(near, 0.99)), "op_ms_max_beside": 1e3 * float(near.max()),
-                    "waits_over_1ms_per_s": float((near > 1e-3).sum() / seconds),
-                    "gil_wait_ms_per_batch": 1e3 * float(near[near > 1e-4].sum() / max(1, batches_made)),
-                    "extra_ms_per_batch": float(1e3 * extra / max(1, batches_made))}
         if spy is not None:
             window = int(seconds + 1) / seconds  # py-spy samples a little longer than the ops ran
             out[row]["gil_holders_ms_per_batch"] = _holders(train_bench.gil_stacks(spy, 60), batches_made * window)

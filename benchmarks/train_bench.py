@@ -18,7 +18,9 @@ its first batch, GPU memory in use (the whole device, so other processes' contex
 cores used, and the training thread's time per step spent waiting for data and launching the step.
 The JSON (`--out`) also has, per thread of the row's process, its time per step on a CPU and
 runnable but waiting for one (Linux schedstat).
-`--pyspy` (py-spy on PATH) samples which threads hold the GIL during the timed steps.
+`--pyspy` (py-spy on PATH) samples which threads hold the GIL during the timed steps; `--pyspy native`
+instead samples where the training thread is, running or not, native frames included (is it waiting
+for the GIL, for a lock of the CUDA driver, or running?), pausing the process per sample.
 """
 
 from __future__ import annotations
@@ -232,7 +234,9 @@ def _train(a, step, built: float, batches, stats) -> dict:
            "wait_ms_per_step": 1e3 * wait / a.steps, "launch_ms_per_step": 1e3 * launch / a.steps,
            "device": torch.cuda.get_device_name()}
     out["threads"] = _per_step(sched0, _schedstat(), a.steps)
-    if spy is not None:
+    if spy is not None and a.pyspy == "native":
+        out["native"] = _where_training_waits(spy)
+    elif spy is not None:
         out["gil"] = _gil_shares(spy, wall, a.steps)
     if stats is not None:  # the loader's counters over the timed steps (decoders, per-stage seconds, ...)
         after = {k: v for k, v in stats().items() if k != "bytes"}
@@ -279,15 +283,17 @@ def _per_step(before: dict, after: dict, steps: int) -> dict:
     return {k: {"run_ms": round(v[0], 2), "runqueue_ms": round(v[1], 2)} for k, v in out.items() if v[0] >= 0.05}
 
 
-def spy_on_gil(seconds: int, rate: int):
+def spy_on_gil(seconds: int, rate: int, native: bool = False):
     """py-spy (on PATH) sampling this process's GIL holders at `rate` Hz for `seconds` from about
-    now (its attaching, about a second, is waited for here): (process, output file), or None."""
+    now (its attaching, about a second, is waited for here): (process, output file), or None.
+    `native`: every thread, idle or not, with native frames, instead of the GIL holders."""
     exe = shutil.which("py-spy")
     if exe is None:
         return None
     path = tempfile.mktemp(suffix=".txt")
-    proc = subprocess.Popen([exe, "record", "--gil", "--threads", "-r", str(rate), "-d", str(seconds), "-f", "raw",
-                             "-o", path, "-p", str(os.getpid()), "--nonblocking"],
+    how = ["--native", "--idle"] if native else ["--gil", "--nonblocking"]
+    proc = subprocess.Popen([exe, "record", *how, "--threads", "-r", str(rate), "-d", str(seconds), "-f", "raw",
+                             "-o", path, "-p", str(os.getpid())],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     time.sleep(1.0)  # py-spy attaches
     return proc, path
@@ -314,9 +320,10 @@ def holder(stack: str) -> str:
 
 
 def _pyspy(a):
-    """py-spy sampling this process's GIL holders for the timed steps (its own process)."""
+    """py-spy sampling this process's GIL holders (or, `--pyspy native`, the training thread's stacks)
+    for the timed steps (its own process)."""
     seconds = max(2, int(a.steps * a.batch / 8000))
-    spy = spy_on_gil(seconds, 500)
+    spy = spy_on_gil(seconds, 100, native=True) if a.pyspy == "native" else spy_on_gil(seconds, 500)
     if spy is None:
         print("py-spy not found: no GIL samples", file=sys.stderr)
         return None
@@ -343,6 +350,29 @@ def _gil_shares(spy, wall: float, steps: int) -> dict:
             "other_top": sorted(top.items(), key=lambda kv: -kv[1])[:20]}
 
 
+def _where_training_waits(spy) -> dict:
+    """`--pyspy native`: the training thread's samples by their innermost frames (addresses left out),
+    and how many are inside the CUDA driver or waiting on a condition variable (as for the GIL)."""
+    spy, seconds = spy
+    stacks = gil_stacks(spy, seconds + 60)
+    if isinstance(stacks, str):
+        return {"error": stacks}
+    tails: dict[str, int] = {}
+    total = driver = cond = 0
+    for stack, n in stacks.items():
+        frames = stack.split(";")
+        if "MainThread" not in frames[0]:
+            continue
+        named = [f for f in frames[1:] if not f.startswith("0x")]
+        total += n
+        driver += n * any("libcuda" in f for f in named)
+        cond += n * any("pthread_cond" in f for f in named[-3:])
+        tail = ";".join(named[-4:])
+        tails[tail] = tails.get(tail, 0) + n
+    return {"samples": total, "in_cuda_driver": driver, "cond_wait": cond,
+            "top": sorted(tails.items(), key=lambda kv: -kv[1])[:30]}
+
+
 def prepare(work: Path, n: int) -> None:
     import gpufeed
     from gpufeed.synth import make_image_folder
@@ -365,7 +395,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=80)
     p.add_argument("--warmup", type=int, default=15)
     p.add_argument("--batch", type=int, default=256)
-    p.add_argument("--pyspy", action="store_true", help="sample GIL holders with py-spy (on PATH)")
+    p.add_argument("--pyspy", nargs="?", const="gil", choices=("gil", "native"),
+                   help="sample GIL holders with py-spy (on PATH); `native`: the training thread's native stacks")
     p.add_argument("--out", default=None, help="write every run and the table as JSON here")
     p.add_argument("--row", help=argparse.SUPPRESS)
     p.add_argument("--model", help=argparse.SUPPRESS)
@@ -389,7 +420,7 @@ def main() -> None:
             for row in order:
                 cmd = [sys.executable, __file__, "--row", row, "--model", model, "--workdir", str(work),
                        "--steps", str(a.steps), "--warmup", str(a.warmup), "--batch", str(a.batch)]
-                cmd += ["--pyspy"] if a.pyspy else []
+                cmd += ["--pyspy", a.pyspy] if a.pyspy else []
                 done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
                 result = [ln[7:] for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
                 if not result:

@@ -25,7 +25,7 @@ import torch
 from gpufeed.augment.pipeline import Params, _fused
 from gpufeed.decode import Scheduler
 from gpufeed.decode import scheduler
-from gpufeed.decode.base import Encoded, into_pixels
+from gpufeed.decode.base import Decoded, Encoded, into_pixels
 from gpufeed.decode.shares import Started
 from gpufeed.loader.folder import FolderStore
 from gpufeed.loader.stats import stage_range
@@ -77,6 +77,7 @@ class JpegBatcher:
         self._inflight: deque = deque()  # (event, decoded buffers) until the kernels reading them ran
         self._reads: deque[ReadAhead] = deque()  # a folder's coming batches, being read
         self._next: tuple[np.ndarray, Started] | None = None  # the next batch (its indices), started
+        self._compiled = not self.fused  # the batch kernels compiled (or looked up) once, during a decode
         log.debug("gpufeed.Loader: jpeg decoders %s", " + ".join(self.scheduler.names))
 
     def make(self, idx: torch.Tensor, params: Params, ahead: tuple[Upcoming, ...] = ()
@@ -99,6 +100,8 @@ class JpegBatcher:
         if self._folder and len(ahead) > 1:  # read while this batch and the next decode
             later = ahead[1].indices.numpy()
             self._reads.append(ReadAhead(later, self.loader.store.read_later(later)))
+        if not self._compiled:
+            self._compile(len(i), params)
         t1 = time.perf_counter()
         parts, failed = self.scheduler.finish(started, pin=self.fused)
         t2 = time.perf_counter()
@@ -224,6 +227,15 @@ class JpegBatcher:
             self._inflight.popleft()
         labels_d = views[-1]
         return aug.complete(out, on_device, loader.dtype, loader.channels_last), labels_d
+
+    def _compile(self, n: int, params: Params) -> None:
+        """Run the batch's kernels once on a one-pixel stand-in while the first batch decodes: Triton
+        compiles a kernel the first time a machine runs it (seconds), which would otherwise come after
+        that decode, on the first batch's time (docs/benchmarks.md). The output is dropped."""
+        self._compiled = True
+        stand_in = Decoded(torch.zeros(3, dtype=torch.uint8, device=self.loader.device), np.zeros(1, np.int64),
+                           np.ones((1, 2), np.int64), np.ones((1, 3), np.int64))
+        self._gpu([(stand_in, np.zeros(1, np.int64))], params.boxes.numpy().copy(), np.zeros(n, np.int64), params)
 
     def _cpu(self, parts, boxes: np.ndarray, params: Params, n: int) -> torch.Tensor:
         """CPU device: edge-pad the decoded images to one size, then the roi_align path (same math)."""
