@@ -33,6 +33,19 @@ def _thread_ms(name: str) -> float:
     return sum(run for thread, run, _ in train_bench._schedstat().values() if thread == name) / 1e6
 
 
+def _switches() -> int:
+    """Voluntary context switches so far of all this process's threads: each is a thread going to sleep
+    (a pipe, a lock, an event, the GIL) and, woken, taking the GIL back from whoever holds it."""
+    total = 0
+    for task in Path("/proc/self/task").glob("*"):
+        try:
+            status = (task / "status").read_text()
+        except OSError:
+            continue
+        total += sum(int(line.split()[1]) for line in status.splitlines() if line.startswith("voluntary_ctxt"))
+    return total
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--workers", type=int, default=2)
@@ -59,13 +72,16 @@ def main() -> None:
     for _ in range(20):
         pool.collect(pool.submit(batch, shapes, reduce_to, regions), torch.device("cpu"), False)
     caller, reader = time.thread_time(), _thread_ms("gpufeed-decode-replies")
+    switches = _switches()
     t0 = time.perf_counter()
     for _ in range(a.batches):
         pool.collect(pool.submit(batch, shapes, reduce_to, regions), torch.device("cpu"), False)
     wall = time.perf_counter() - t0
     caller, reader = 1e3 * (time.thread_time() - caller), _thread_ms("gpufeed-decode-replies") - reader
+    switches = (_switches() - switches) / a.batches
     print(f"{a.workers} workers, shares of {a.share} images: per share {1e3 * wall / a.batches:.2f} ms wall, "
-          f"CPU {caller / a.batches:.3f} ms submitting and collecting, {reader / a.batches:.3f} ms reading replies")
+          f"CPU {caller / a.batches:.3f} ms submitting and collecting, {reader / a.batches:.3f} ms reading replies, "
+          f"{switches:.1f} voluntary context switches of this process's threads")
     pool.close()
 
 

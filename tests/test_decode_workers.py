@@ -101,11 +101,12 @@ def test_cpu_decoders_leave_hwc_pixels_as_libjpeg_wrote_them(store, pool):
 
 def test_jobs_collected_out_of_order_get_their_own_images(store, pool):
     """The scheduler submits a batch's CPU share, then GPU rejects on the same workers, and collects
-    the rejects first: each must get its own replies."""
+    the rejects first: each must get its own rows of the board and its own done records."""
     first, second = _inputs(store, range(0, 8)), _inputs(store, [9, 10, 11])
     a = pool.submit(*first, [None] * 8)
     b = pool.submit(*second, [None] * 3)
-    assert len(a.chunks) == 4 and {k for k, _ in a.chunks.values()} == {0, 1}  # two chunks per worker
+    assert len(a.sequence) == 4 and sum(a.sequence.values()) == 0 + 1 + 2 + 3  # two tickets per worker, first
+    assert b.start >= a.start + 8 or b.start + 3 <= a.start
     got_b, got_a = pool.collect(b, CPU, pin=False), pool.collect(a, CPU, pin=False)
     _same_as_torchvision(got_a, *first)
     _same_as_torchvision(got_b, *second)
@@ -163,10 +164,13 @@ def test_workers_never_import_torch_or_main(store, pool):
         assert cmdline[1:3] == ["-m", "gpufeed.decode.worker"]
 
 
-def test_a_worker_ends_when_its_stdin_closes(store, pool):
-    proc = pool._workers[0].proc
-    proc.stdin.close()
-    assert proc.wait(timeout=4) == 0 and pool._workers[1].proc.poll() is None
+def test_workers_end_when_the_ticket_pipe_closes(store):
+    """What happens when the loader's process ends, however it ends: its end of the pipe closes."""
+    workers = DecodeWorkers(store.data, 2)
+    assert workers.wait_ready(60)
+    os.close(workers._tickets_w)
+    assert [w.proc.wait(timeout=4) for w in workers._workers] == [0, 0]
+    workers.close()
 
 
 def test_a_loader_with_workers_closes_at_once_and_leaves_nothing_open(store):

@@ -34,8 +34,8 @@ class Encoded:
     array: np.ndarray
     begins: np.ndarray  # int64 (N,)
     ends: np.ndarray
-    files: np.ndarray | None = None  # read in place: the file each image was read from (object array)
-    file_begins: np.ndarray | None = None  # and where it starts in that file
+    file_index: np.ndarray | None = None  # read in place: the file each image was read from (int64, into
+    file_begins: np.ndarray | None = None  # the folder's `files`), and where it starts in that file
 
     @classmethod
     def of(cls, data: torch.Tensor, offsets: np.ndarray, indices: np.ndarray) -> Encoded:
@@ -48,7 +48,7 @@ class Encoded:
     def take(self, positions) -> Encoded:
         """The images at `positions` (anything numpy indexes with)."""
         pick = lambda a: None if a is None else a[positions]  # noqa: E731
-        return Encoded(self.data, self.array, self.begins[positions], self.ends[positions], pick(self.files),
+        return Encoded(self.data, self.array, self.begins[positions], self.ends[positions], pick(self.file_index),
                        pick(self.file_begins))
 
     def tensors(self) -> list[torch.Tensor]:

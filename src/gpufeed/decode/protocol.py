@@ -1,9 +1,21 @@
-"""What crosses the pipes between the loader and its CPU decode workers, and how it is framed.
+"""What crosses between the loader and its CPU decode workers, and how.
 
-Each message is one pickled dataclass behind an 8-byte length. The loader writes `Chunk`s to a
-worker's stdin; the worker writes `Ready` once, then one `ChunkDone` per chunk, to its stdout.
-Pixels never cross a pipe: a worker writes them into a shared `Segment` (a memfd of the loader's
-process, which the worker opens through /proc), at the offsets the chunk names.
+Three shared things, made by the loader and handed to every worker when it starts:
+
+- the job board (`BOARD`): a table in shared memory with one row per image to decode, which the
+  loader fills (byte range, where the pixels go, DCT size or region) and the worker completes
+  (size as decoded, region, or why it failed);
+- the ticket pipe: the loader writes one `TICKET` record per run of board rows, every share of a
+  batch in one write; an idle worker reads one ticket at a time (a pipe hands each record to one
+  reader whole: records are written in one write each batch, far under the pipe's atomic size), so
+  the workers balance themselves and the loader never writes to a worker of its own;
+- the done pipe: a worker writes one `DONE` record per ticket it finished; the loader's thread that
+  waits for a share reads them, many in one read.
+
+A worker also writes `Ready` (pickled, behind an 8-byte length) once on its own stdout, and then
+nothing: the loader sees that pipe close when the worker is gone. Pixels never cross a pipe: a
+worker writes them into a shared `Segment` (a memfd of the loader's process, which the worker opens
+through /proc), at the offset its row names.
 """
 
 from __future__ import annotations
@@ -11,80 +23,94 @@ from __future__ import annotations
 import os
 import pickle
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+import numpy as np
 
 _HEADER = struct.Struct("<Q")
-MAX_MESSAGE = 1 << 30  # a chunk names byte ranges, never pixels: anything larger is a broken pipe
+MAX_MESSAGE = 1 << 20  # only `Ready` is framed: anything larger is a broken pipe
+ERROR_BYTES = 160  # a failed image's reason, cut to this many bytes of UTF-8
+
+PENDING, DECODED, FAILED = 0, 1, 2  # a board row's status
+
+BOARD = np.dtype([
+    # the loader's request
+    ("begin", "<i8"), ("end", "<i8"),  # bytes of the store (or of file `file`, a folder read in place)
+    ("file", "<i8"),  # index into the file table, or -1
+    ("at", "<i8"), ("capacity", "<i8"),  # where its pixels go in the segment, and how many bytes they may take
+    ("segment_fd", "<i4"), ("segment_id", "<i4"), ("segment_size", "<i8"),  # the segment, as /proc/PID/fd/FD
+    ("reduce_to", "<i4", (2,)),  # (w, h) to DCT-reduce towards; (0, 0): no reduction
+    ("region", "<i4", (4,)),  # (y0, x0, y1, x1) to decode alone; all -1: the whole image
+    # the worker's answer
+    ("worker", "<i4"),  # the worker that took the row's ticket (-1 until one did)
+    ("status", "<i4"),  # PENDING, DECODED or FAILED
+    ("height", "<i4"), ("width", "<i4"),  # as written (HWC uint8)
+    ("decoded_region", "<i4", (4,)),  # the region the pixels are; all -1: the whole image, maybe DCT-reduced
+    ("done", "<f8"),  # the worker's perf_counter when it finished the image (CLOCK_MONOTONIC: one clock)
+    ("error", f"S{ERROR_BYTES}"),
+], align=True)
+
+TICKET = np.dtype([("row", "<u4"), ("count", "<u4")])  # board rows [row, row + count)
+DONE = np.dtype([("row", "<u4"), ("count", "<u4"), ("worker", "<i4"), ("wall", "<f4"), ("cpu", "<f4"),
+                 ("spare", "<u4")])  # a ticket finished by worker `worker` in `wall` seconds, `cpu` of them on a CPU
+MAX_TICKETS_PER_WRITE = 4096 // TICKET.itemsize  # one write of at most PIPE_BUF is never split
 
 
 @dataclass
 class WorkerSetup:
-    """The worker's command line (JSON): the store's encoded bytes and the loader's pid."""
+    """The worker's command line (JSON)."""
 
-    store: str  # file holding the encoded bytes ("" for a folder read in place: jobs name their files)
+    store: str  # file holding the encoded bytes ("" for a folder read in place: rows name their files)
     offset: int  # where they start in it
     nbytes: int
     parent: int  # the loader's pid: the worker exits when its parent is no longer this process
+    index: int  # this worker's number, in its DONE records
+    board_fd: int  # the job board (a memfd the worker inherits) and its rows
+    board_rows: int
+    tickets_fd: int  # the ticket pipe's read end
+    done_fd: int  # the done pipe's write end
+    files_fd: int = -1  # a folder read in place: the file table (`FileTable`), inherited
+    files_size: int = 0
 
 
 @dataclass
 class Ready:
-    """A worker has imported its decoders and takes chunks."""
+    """A worker has imported its decoders and takes tickets."""
 
     pid: int
 
 
-@dataclass
-class Job:
-    """One image to decode: bytes [begin, end) of the store (or of the file `path`, for a folder read
-    in place) into the segment at `at` (at most `capacity` bytes), DCT-reduced to `reduce_to` (w, h)
-    or only `region` (y0, x0, y1, x1)."""
-
-    begin: int
-    end: int
-    at: int
-    capacity: int
-    reduce_to: tuple[int, int] | None = None
-    region: tuple[int, int, int, int] | None = None
-    path: str | None = None
+def board(buffer, rows: int) -> np.ndarray:
+    """The job board's rows over `buffer` (a shared map of at least `rows * BOARD.itemsize` bytes)."""
+    return np.frombuffer(buffer, dtype=BOARD, count=rows)
 
 
-@dataclass
-class Chunk:
-    """Part of one batch's CPU share, for one worker."""
-
-    ticket: int  # the batch's job in the loader
-    first: int  # position of jobs[0] in that job
-    segment_fd: int  # the loader's fd of the memfd segment
-    segment_id: int  # tells a reused fd number from the segment it was before
-    segment_size: int
-    jobs: list[Job] = field(default_factory=list)
+def error_text(why: str) -> bytes:
+    """`why` as stored in a row's `error` (UTF-8, cut short on a character boundary)."""
+    return why.encode()[:ERROR_BYTES].decode(errors="ignore").encode()
 
 
-@dataclass
-class Image:
-    """A decoded image: its size as written (HWC uint8), the region it is (None: the whole image,
-    maybe DCT-reduced) and when the worker finished it (its perf_counter)."""
+class FileTable:
+    """The files a folder read in place decodes from, as one shared buffer: the number of files, their
+    start offsets (int64, one more than files) and their paths' bytes back to back."""
 
-    height: int
-    width: int
-    done: float
-    region: tuple[int, int, int, int] | None
+    @staticmethod
+    def pack(paths) -> bytes:
+        names = [os.fsencode(p) for p in paths]
+        ends = np.cumsum([0] + [len(n) for n in names], dtype=np.int64)
+        return np.int64(len(names)).tobytes() + ends.tobytes() + b"".join(names)
 
+    def __init__(self, buffer):
+        count = int(np.frombuffer(buffer, np.int64, 1)[0])
+        self._ends = np.frombuffer(buffer, np.int64, count + 1, offset=8)
+        self._names = memoryview(buffer)[8 * (count + 2):]
 
-@dataclass
-class ChunkDone:
-    """A chunk's results in job order: an `Image`, or why that image failed."""
-
-    ticket: int
-    first: int
-    results: list[Image | str]
-    wall: float  # seconds the worker spent on it
-    cpu: float
+    def __getitem__(self, k: int) -> str:
+        return os.fsdecode(bytes(self._names[int(self._ends[k]) : int(self._ends[k + 1])]))
 
 
 def write(fd: int, message) -> None:
-    """Send one message on the pipe `fd` (blocking until all of it is written)."""
+    """Send one framed message on the pipe `fd` (blocking until all of it is written)."""
     data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
     view = memoryview(_HEADER.pack(len(data)) + data)
     while view:
@@ -92,14 +118,15 @@ def write(fd: int, message) -> None:
 
 
 def read(fd: int):
-    """The next message from the pipe `fd`; EOFError once the other end is closed."""
-    (size,) = _HEADER.unpack(_exactly(fd, _HEADER.size))
+    """The next framed message from the pipe `fd`; EOFError once the other end is closed."""
+    (size,) = _HEADER.unpack(exactly(fd, _HEADER.size))
     if size > MAX_MESSAGE:
         raise EOFError(f"message of {size} bytes: the pipe is out of step")
-    return pickle.loads(_exactly(fd, size))
+    return pickle.loads(exactly(fd, size))
 
 
-def _exactly(fd: int, n: int) -> bytes:
+def exactly(fd: int, n: int) -> bytes:
+    """`n` bytes from `fd` (EOFError if it closes first)."""
     parts, left = [], n
     while left:
         part = os.read(fd, left)

@@ -2,7 +2,8 @@
 
 Each worker is a fresh interpreter started with exec (never fork, never multiprocessing): it shares
 no threads or locks with the loader and never imports the user's `__main__`. It sees no GPU and
-decodes on one thread; it reads the loader's `protocol.Chunk`s on stdin and answers on stdout.
+decodes on one thread; it takes tickets from the pipe the workers share (`protocol`) and says
+`Ready` on its stdout, which the loader then watches for its end.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import gpufeed
@@ -27,23 +28,31 @@ class Worker:
 
 
 def start(setup: protocol.WorkerSetup, count: int) -> list[Worker]:
-    """`count` workers on `setup`, started now (each says `protocol.Ready` once it decodes)."""
+    """`count` workers on `setup` (numbered 0..count-1), started now (each says `protocol.Ready` once
+    it decodes); they inherit the board, the pipes' worker ends and the file table, nothing else."""
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join([str(Path(gpufeed.__file__).parent.parent),
                                            os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
-    return [Worker(subprocess.Popen([sys.executable, "-m", "gpufeed.decode.worker", json.dumps(setup.__dict__)],
-                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True))
-            for _ in range(count)]
+    shared = tuple(fd for fd in (setup.board_fd, setup.tickets_fd, setup.done_fd, setup.files_fd) if fd >= 0)
+    return [Worker(subprocess.Popen([sys.executable, "-m", "gpufeed.decode.worker",
+                                     json.dumps(replace(setup, index=k).__dict__)],
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, env=env, close_fds=True,
+                                    pass_fds=shared))
+            for k in range(count)]
 
 
-def stop(workers: list[Worker]) -> None:
-    """Close the workers' stdin (they exit at once), wait a moment, kill what still runs."""
+def stop(workers: list[Worker], tickets: int) -> None:
+    """Close the ticket pipe's write end `tickets` (every worker's read ends: they exit at once) and
+    the workers' stdout, wait a moment, kill what still runs."""
+    try:
+        os.close(tickets)
+    except OSError:
+        pass
     for w in workers:
-        for pipe in (w.proc.stdin, w.proc.stdout):
-            try:
-                pipe.close()
-            except OSError:
-                pass
+        try:
+            w.proc.stdout.close()
+        except OSError:
+            pass
     deadline = time.monotonic() + 2.0
     for w in workers:
         try:

@@ -2,10 +2,12 @@
 `gpufeed.decode.workers.DecodeWorkers`.
 
 Started with exec, not fork or multiprocessing: it never imports the user's `__main__` and shares
-no threads or locks with the loader. It has no GPU (CUDA_VISIBLE_DEVICES is empty) and no torch (it starts in a fraction of a second), reads chunks
-(`protocol.Chunk`) on stdin, decodes them into the loader's shared segments and answers each with a
-`protocol.ChunkDone` on stdout. It ends when stdin closes (the loader closed it or died), or within
-`WATCH` seconds of its parent process going away, however that happened (SIGKILL included).
+no threads or locks with the loader. It has no GPU (CUDA_VISIBLE_DEVICES is empty) and no torch (it
+starts in a fraction of a second). It takes tickets from the pipe all workers share, decodes the
+job board's rows each names into the loader's shared segments, completes the rows and writes a
+DONE record (`protocol`). It ends when the ticket pipe closes (the loader stopped the workers or
+died), or within `WATCH` seconds of its parent process going away, however that happened (SIGKILL
+included).
 """
 
 from __future__ import annotations
@@ -41,57 +43,70 @@ def main() -> None:
     if setup.store:
         data = np.memmap(setup.store, dtype=np.uint8, mode="r", offset=setup.offset, shape=(setup.nbytes,))
         data = data.view(np.ndarray)
+    rows = protocol.board(mmap.mmap(setup.board_fd, setup.board_rows * protocol.BOARD.itemsize), setup.board_rows)
+    files = protocol.FileTable(mmap.mmap(setup.files_fd, setup.files_size)) if setup.files_fd >= 0 else None
     segments: dict[int, tuple[int, np.ndarray]] = {}  # loader's fd -> (segment id, its pixels)
-    stdin, stdout = sys.stdin.fileno(), sys.stdout.fileno()
-    protocol.write(stdout, protocol.Ready(os.getpid()))
+    protocol.write(sys.stdout.fileno(), protocol.Ready(os.getpid()))
     while True:
-        try:
-            chunk = protocol.read(stdin)
-        except EOFError:
+        ticket = os.read(setup.tickets_fd, protocol.TICKET.itemsize)
+        if len(ticket) != protocol.TICKET.itemsize:  # closed: the loader is done with us
             return
+        (first, count) = np.frombuffer(ticket, protocol.TICKET)[0].tolist()
+        rows[first : first + count]["worker"] = setup.index  # taken: the loader knows whose it is if we die
         wall, cpu = time.perf_counter(), time.process_time()
-        try:
-            out = _segment(segments, chunk, setup.parent)
-        except OSError as e:
-            results = [f"cannot open the loader's decode buffer ({e})"] * len(chunk.jobs)
-        else:
-            results = []
-            for job in chunk.jobs:
-                try:
-                    encoded = data[job.begin : job.end] if job.path is None else _read(job)
-                    pixels, region, done = decode(encoded, job.reduce_to, job.region)
-                    if pixels.size > job.capacity:
-                        raise ValueError(f"decoded to {tuple(pixels.shape[:2])}, larger than the size the store records")
-                    out[job.at : job.at + pixels.size] = pixels.reshape(-1)
-                    results.append(protocol.Image(pixels.shape[0], pixels.shape[1], done, region))
-                except Exception as e:  # any decoder error marks this image, never the chunk
-                    results.append(f"{type(e).__name__}: {e}")
-        protocol.write(stdout, protocol.ChunkDone(chunk.ticket, chunk.first, results,
-                                                  time.perf_counter() - wall, time.process_time() - cpu))
+        for r in range(first, first + count):
+            _one(rows[r : r + 1], data, files, segments, setup.parent, decode)
+        done = np.array([(first, count, setup.index, time.perf_counter() - wall, time.process_time() - cpu, 0)],
+                        protocol.DONE)
+        os.write(setup.done_fd, done.tobytes())
 
 
-def _read(job) -> np.ndarray:
-    """A folder's image, read from its file (the loader indexed where it is)."""
-    fd = os.open(job.path, os.O_RDONLY)
+def _one(row: np.ndarray, data: np.ndarray, files, segments: dict, parent: int, decode) -> None:
+    """Decode the image of one board row (a view of length 1) and complete the row."""
+    from gpufeed.decode import protocol
+
+    job = row[0]
     try:
-        data = os.pread(fd, job.end - job.begin, job.begin)
+        begin, end = int(job["begin"]), int(job["end"])
+        encoded = data[begin:end] if job["file"] < 0 else _read(files[int(job["file"])], begin, end)
+        out = _segment(segments, int(job["segment_fd"]), int(job["segment_id"]), int(job["segment_size"]), parent)
+        w, h = job["reduce_to"].tolist()
+        box = job["region"].tolist()
+        pixels, region, done = decode(encoded, (w, h) if w else None, tuple(box) if box[0] >= 0 else None)
+        if pixels.size > job["capacity"]:
+            raise ValueError(f"decoded to {tuple(pixels.shape[:2])}, larger than the size the store records")
+        at = int(job["at"])
+        out[at : at + pixels.size] = pixels.reshape(-1)
+        row["height"], row["width"], row["done"] = pixels.shape[0], pixels.shape[1], done
+        row["decoded_region"] = region if region is not None else (-1, -1, -1, -1)
+        row["status"] = protocol.DECODED
+    except Exception as e:  # any decoder error marks this image, never the ticket
+        row["error"] = protocol.error_text(f"{type(e).__name__}: {e}")
+        row["status"] = protocol.FAILED
+
+
+def _read(path: str, begin: int, end: int) -> np.ndarray:
+    """A folder's image, read from its file (the loader indexed where it is)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        data = os.pread(fd, end - begin, begin)
     finally:
         os.close(fd)
-    if len(data) != job.end - job.begin:
-        raise OSError(f"{job.path}: {len(data)} bytes where the index says {job.end - job.begin} (changed since)")
+    if len(data) != end - begin:
+        raise OSError(f"{path}: {len(data)} bytes where the index says {end - begin} (changed since)")
     return np.frombuffer(data, np.uint8)
 
 
-def _segment(segments: dict, chunk, parent: int):
-    """The segment `chunk` writes into, mapped once (again if its fd number now names another)."""
-    known = segments.get(chunk.segment_fd)
-    if known is None or known[0] != chunk.segment_id:
-        fd = os.open(f"/proc/{parent}/fd/{chunk.segment_fd}", os.O_RDWR)
+def _segment(segments: dict, segment_fd: int, segment_id: int, size: int, parent: int) -> np.ndarray:
+    """The segment a row writes into, mapped once (again if its fd number now names another)."""
+    known = segments.get(segment_fd)
+    if known is None or known[0] != segment_id:
+        fd = os.open(f"/proc/{parent}/fd/{segment_fd}", os.O_RDWR)
         try:
-            mapped = mmap.mmap(fd, chunk.segment_size)
+            mapped = mmap.mmap(fd, size)
         finally:
             os.close(fd)
-        known = segments[chunk.segment_fd] = (chunk.segment_id, np.frombuffer(mapped, dtype=np.uint8))
+        known = segments[segment_fd] = (segment_id, np.frombuffer(mapped, dtype=np.uint8))
     return known[1]
 
 

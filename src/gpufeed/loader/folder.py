@@ -110,6 +110,11 @@ class FolderStore:
         return torch.from_numpy(self._labels)
 
     @property
+    def files(self) -> list[str]:
+        """The files images are read from (tar shards hold several), as `Encoded.file_index` numbers them."""
+        return self._files.tolist()
+
+    @property
     def nbytes(self) -> int:
         return int(self._sizes.sum())
 
@@ -135,7 +140,8 @@ class FolderStore:
         ends = np.cumsum(sizes)
         begins = ends - sizes
         buffer = np.empty(int(ends[-1]) if len(ends) else 0, np.uint8)
-        files = self._files[self._file_of[indices]]
+        file_index = self._file_of[indices]
+        files = self._files[file_index]
         at = self._begins[indices]
 
         def one(k: int) -> None:
@@ -156,7 +162,7 @@ class FolderStore:
         def done() -> Encoded:
             for job in pending:
                 job.result()
-            return Encoded(torch.from_numpy(buffer), buffer, begins, ends, files, at)
+            return Encoded(torch.from_numpy(buffer), buffer, begins, ends, file_index, at)
 
         return done
 

@@ -131,8 +131,9 @@ def jpeg_pipelines(loader, on_error: str, decoders: tuple[str, ...] | None, work
     pool = None
     if workers and ("cpu" in (decoders or DEFAULT) or loader.device.type != "cuda") and len(loader.store):
         try:
-            data = None if isinstance(loader.store, FolderStore) else loader.store.data
-            pool = DecodeWorkers(data, workers, loader.device)
+            folder = isinstance(loader.store, FolderStore)
+            pool = DecodeWorkers(None if folder else loader.store.data, workers, loader.device,
+                                 files=loader.store.files if folder else None)
         except (RuntimeError, OSError) as e:
             log.warning("gpufeed.Loader: CPU JPEG decode in worker processes unavailable (%s); decoding on "
                         "threads, which share the GIL with the training loop (slower)", e)
