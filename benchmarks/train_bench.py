@@ -16,7 +16,7 @@ is installed: a benchmark-only import).
 Per row: img/s, % of the same round's ceiling, seconds from the loader's construction returning to
 its first batch, GPU memory in use (the whole device, so other processes' contexts count), CPU
 cores used, and the training thread's time per step spent waiting for data and launching the step.
-The JSON (`--out`) also has, per thread of the row's process, its time per step on a CPU and
+The JSON (`--out`) also has each step's wait, and, per thread of the row's process, its time per step on a CPU and
 runnable but waiting for one (Linux schedstat).
 `--pyspy` (py-spy on PATH) samples which threads hold the GIL during the timed steps; `--pyspy native`
 instead samples where the training thread is, running or not, native frames included (is it waiting
@@ -216,6 +216,7 @@ def _train(a, step, built: float, batches, stats) -> dict:
     before = stats() if stats is not None else None
     sched0 = _schedstat()
     wait = launch = 0.0
+    waits = []
     c0, w0 = cpu_seconds(), time.perf_counter()
     for k in range(a.steps):
         s0 = time.perf_counter()
@@ -224,6 +225,7 @@ def _train(a, step, built: float, batches, stats) -> dict:
         loss = step(images, labels)
         s2 = time.perf_counter()
         wait, launch = wait + s1 - s0, launch + s2 - s1
+        waits.append(s1 - s0)
     loss.item()
     torch.cuda.synchronize()
     wall = time.perf_counter() - w0
@@ -232,7 +234,7 @@ def _train(a, step, built: float, batches, stats) -> dict:
     out = {"row": a.row, "model": a.model, "img_per_s": a.steps * a.batch / wall, "build_s": built,
            "first_batch_s": first, "gpu_used_gb": (total - free) / 1e9, "cpu_cores": cores,
            "wait_ms_per_step": 1e3 * wait / a.steps, "launch_ms_per_step": 1e3 * launch / a.steps,
-           "device": torch.cuda.get_device_name()}
+           "device": torch.cuda.get_device_name(), "wait_ms_per_step_each": [round(1e3 * w, 2) for w in waits]}
     out["threads"] = _per_step(sched0, _schedstat(), a.steps)
     if spy is not None and a.pyspy == "native":
         out["native"] = _where_training_waits(spy)

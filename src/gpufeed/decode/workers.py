@@ -108,7 +108,7 @@ class DecodeWorkers:
             os.close(done_w)  # the workers hold it now
         self._stop = weakref.finalize(self, _stop, self._workers, self._tickets_w,
                                       [self._tickets_r, self._done_r], [self._board, self._files])
-        self._staging = PinnedStaging(alloc=lambda nbytes: Segment(nbytes, device))  # the pixels' segments
+        self._staging = PinnedStaging(alloc=self._segment)  # the pixels' segments
         self._written = 0  # tickets written so far
         self._jobs: dict[int, _Job] = {}  # by first row
         self._tickets: dict[int, _Job] = {}  # every pending ticket's first row -> its job
@@ -119,6 +119,13 @@ class DecodeWorkers:
         self._thread_decoders: list[CpuDecoder] = []
         self._said: set[str] = set()
         self.busy: Counter = Counter()  # the workers' seconds: wall, and CPU (below wall: starved of cores)
+
+    def _segment(self, nbytes: int) -> Segment:
+        """A new shared segment for the pixels of CPU shares (page-locked on a GPU: counted, as it takes a while)."""
+        t0 = time.perf_counter()
+        made = Segment(nbytes, self.device)
+        self.busy.update(segments_made=1, segments_seconds=time.perf_counter() - t0)
+        return made
 
     @property
     def pids(self) -> list[int]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import weakref
 
 import torch
@@ -38,15 +40,40 @@ def register(ptr: int, nbytes: int) -> Registration:
     return reg
 
 
+@functools.cache
+def _runtime():
+    """The CUDA runtime library torch loaded, called through ctypes, which lets go of the GIL for the
+    call (torch's `cudart()` binding holds it: page-locking a decode segment of a hundred megabytes
+    then stopped every Python thread, the training loop's included, for tens of milliseconds).
+    `torch.cuda.cudart()` where it can't be found (a runtime linked into torch)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "libcudart.so" in line}
+    except OSError:
+        paths = set()
+    for path in sorted(paths):
+        try:
+            lib = ctypes.CDLL(path)
+            lib.cudaHostRegister.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint]
+            lib.cudaHostUnregister.argtypes = [ctypes.c_void_p]
+            return lib
+        except (OSError, AttributeError):
+            continue
+    return torch.cuda.cudart()
+
+
 class Registration:
     """Page-locks `nbytes` of existing host memory at `ptr` (a memory map, a shared segment) and maps
     it for the GPU, for as long as this object lives. Raises RuntimeError if CUDA refuses."""
 
     def __init__(self, ptr: int, nbytes: int):
-        self.ptr = ptr
-        err = torch.cuda.cudart().cudaHostRegister(ptr, nbytes, REGISTER_FLAGS)
+        self.ptr = None
+        torch.cuda.init()  # the runtime library is loaded and this process's context made
+        err = _runtime().cudaHostRegister(ptr, nbytes, REGISTER_FLAGS)
         if int(err) != 0:
             raise RuntimeError(f"cudaHostRegister of {nbytes} bytes failed with CUDA error {int(err)}")
+        self.ptr = ptr
 
     def __del__(self):
-        torch.cuda.cudart().cudaHostUnregister(self.ptr)
+        if self.ptr is not None:
+            _runtime().cudaHostUnregister(self.ptr)
