@@ -168,7 +168,7 @@ def test_workers_end_when_the_ticket_pipe_closes(store):
     """What happens when the loader's process ends, however it ends: its end of the pipe closes."""
     workers = DecodeWorkers(store.data, 2)
     assert workers.wait_ready(60)
-    os.close(workers._tickets_w)
+    os.close(workers._relay._tickets_w)
     assert [w.proc.wait(timeout=4) for w in workers._workers] == [0, 0]
     workers.close()
 

@@ -85,9 +85,18 @@ def board(buffer, rows: int) -> np.ndarray:
     return np.frombuffer(buffer, dtype=BOARD, count=rows)
 
 
-def error_text(why: str) -> bytes:
-    """`why` as stored in a row's `error` (UTF-8, cut short on a character boundary)."""
-    return why.encode()[:ERROR_BYTES].decode(errors="ignore").encode()
+def decoded(row: np.ndarray, height: int, width: int, region, done: float) -> None:
+    """Complete board row `row` (a view of one row): its image decoded to `height` x `width`, of
+    `region` (None: the whole image), finished at `done`."""
+    row["height"], row["width"], row["done"] = height, width, done
+    row["decoded_region"] = region if region is not None else (-1, -1, -1, -1)
+    row["status"] = DECODED
+
+
+def failed(row: np.ndarray, why: str) -> None:
+    """Complete board row `row`: its image failed, for `why` (UTF-8, cut short on a character boundary)."""
+    row["error"] = why.encode()[:ERROR_BYTES].decode(errors="ignore").encode()
+    row["status"] = FAILED
 
 
 class FileTable:

@@ -77,12 +77,9 @@ def _one(row: np.ndarray, data: np.ndarray, files, segments: dict, parent: int, 
             raise ValueError(f"decoded to {tuple(pixels.shape[:2])}, larger than the size the store records")
         at = int(job["at"])
         out[at : at + pixels.size] = pixels.reshape(-1)
-        row["height"], row["width"], row["done"] = pixels.shape[0], pixels.shape[1], done
-        row["decoded_region"] = region if region is not None else (-1, -1, -1, -1)
-        row["status"] = protocol.DECODED
+        protocol.decoded(row, pixels.shape[0], pixels.shape[1], region, done)
     except Exception as e:  # any decoder error marks this image, never the ticket
-        row["error"] = protocol.error_text(f"{type(e).__name__}: {e}")
-        row["status"] = protocol.FAILED
+        protocol.failed(row, f"{type(e).__name__}: {e}")
 
 
 def _read(path: str, begin: int, end: int) -> np.ndarray:

@@ -25,15 +25,11 @@ on a GPU, so its pixels reach the device in one DMA copy.
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import math
 import os
-import select
-import termios
 import threading
 import time
-import weakref
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -41,6 +37,8 @@ import numpy as np
 import torch
 
 from gpufeed.decode import protocol, segment as shared, spawn
+from gpufeed.decode.board import Board
+from gpufeed.decode.relay import Relay
 from gpufeed.decode.base import Decoded, Encoded, PinnedStaging, WorkersStopped, hwc_strides, in_place, to_device
 from gpufeed.decode.cpu import CpuDecoder
 from gpufeed.decode.segment import Segment, unavailable
@@ -48,7 +46,6 @@ from gpufeed.decode.segment import Segment, unavailable
 log = logging.getLogger(__name__)
 
 STOPPED = "the JPEG decode workers were stopped (the loader was closed, or the interpreter is exiting)"
-BOARD_ROWS = 1 << 16  # images on the board at once (a few batches' CPU shares); the memfd's pages cost only once used
 TICKETS_PER_WORKER = 2  # per share: the workers take them as they come free, so they end together
 UNCLAIMED_GRACE = 0.05  # seconds a ticket may be read yet untaken before its reader counts as dead
 
@@ -88,33 +85,21 @@ class DecodeWorkers:
         if data is not None and (not isinstance(data, np.memmap) or data.filename is None):
             raise RuntimeError("decode workers read the store from its file; these bytes have none")
         self.device, self.size = device, workers
-        self._board = shared.Segment(BOARD_ROWS * protocol.BOARD.itemsize, torch.device("cpu"))
-        self._rows = protocol.board(self._board.tensor.numpy(), BOARD_ROWS)
-        self._files = None
+        self._board = Board()
+        table = None
         if files is not None:
-            table = protocol.FileTable.pack(files)
-            self._files = shared.Segment(len(table), torch.device("cpu"))
-            self._files.tensor.numpy()[:] = np.frombuffer(table, np.uint8)
-        self._tickets_r, self._tickets_w = os.pipe()
-        self._done_r, done_w = os.pipe()
+            packed_files = protocol.FileTable.pack(files)
+            table = shared.Segment(len(packed_files), torch.device("cpu"))
+            table.tensor.numpy()[:] = np.frombuffer(packed_files, np.uint8)
         self._base, self._nbytes = (0, 0) if data is None else (data.ctypes.data, data.nbytes)
         store = ("", 0) if data is None else (str(data.filename), int(data.offset))
-        setup = protocol.WorkerSetup(*store, self._nbytes, os.getpid(), 0, self._board.fd, BOARD_ROWS,
-                                     self._tickets_r, done_w, -1 if files is None else self._files.fd,
-                                     0 if files is None else self._files.nbytes)
-        try:
-            self._workers: list[spawn.Worker] = spawn.start(setup, workers)
-        finally:
-            os.close(done_w)  # the workers hold it now
-        self._stop = weakref.finalize(self, _stop, self._workers, self._tickets_w,
-                                      [self._tickets_r, self._done_r], [self._board, self._files])
+        setup = protocol.WorkerSetup(*store, self._nbytes, os.getpid(), 0, self._board.fd, self._board.size, -1, -1,
+                                     -1 if table is None else table.fd, 0 if table is None else table.nbytes)
+        self._relay = Relay(setup, workers, [self._board, table])
         self._staging = PinnedStaging(alloc=self._segment)  # the pixels' segments
-        self._written = 0  # tickets written so far
         self._jobs: dict[int, _Job] = {}  # by first row
         self._tickets: dict[int, _Job] = {}  # every pending ticket's first row -> its job
         self._lock = threading.RLock()  # the jobs, the workers' states, the ticket pipe
-        self._pump_lock = threading.Lock()  # one thread reads the done pipe and the workers' stdout at a time
-        self._unread = b""
         self._local = threading.local()  # per pipeline thread: its thread decoder, its last finish time
         self._thread_decoders: list[CpuDecoder] = []
         self._said: set[str] = set()
@@ -128,33 +113,32 @@ class DecodeWorkers:
         return made
 
     @property
+    def _workers(self) -> list[spawn.Worker]:
+        return self._relay.workers
+
+    @property
+    def _stop(self):
+        return self._relay.stop
+
+    @property
     def pids(self) -> list[int]:
         return [w.proc.pid for w in self._workers]
 
     @property
     def threads(self) -> int:
         """Workers ready to decode (0 while they start): the scheduler sizes the CPU's share by it."""
-        if self._starting() and self._pump_lock.acquire(blocking=False):
-            try:
-                self._pump(0.0)  # reads the `Ready`s that came
-            finally:
-                self._pump_lock.release()
-        return sum(w.ready and w.dead is None for w in self._workers)
+        return len(self._relay.live(self._answered, self._died))
 
     @property
     def last_done(self) -> float:
         """When the last image of this thread's last `collect` finished decoding (a perf_counter)."""
         return getattr(self._local, "last_done", 0.0)
 
-    def _starting(self) -> bool:
-        return any(not w.ready and w.dead is None for w in self._workers)
-
     def wait_ready(self, timeout: float = 60.0) -> bool:
         """Wait until every worker is ready (or dead); whether all of them are ready."""
         deadline = time.monotonic() + timeout
-        while self._starting() and time.monotonic() < deadline:
-            with self._pump_lock:
-                self._pump(0.01)
+        while self._relay.starting() and time.monotonic() < deadline:
+            self._poll(0.01)
         return all(w.ready for w in self._workers)
 
     def submit(self, batch: Encoded, shapes: np.ndarray, reduce_to: list, regions: list | None = None):
@@ -184,27 +168,20 @@ class DecodeWorkers:
             begins, ends, files = batch.file_begins, batch.file_begins + (batch.ends - batch.begins), batch.file_index
         size = math.ceil(n / (TICKETS_PER_WORKER * len(live)))
         with self._lock:
-            start = self._room(n)
+            start = self._board.room(n, [(j.start, j.start + j.n) for j in self._jobs.values()])
             if start is None:
                 self._staging.give_back(segment, None)
                 self._say(f"no room on the decode workers' board for {n} images: decoded on threads")
                 return self._fallback().submit(batch, shapes, reduce_to, regions)
-            rows = self._rows[start : start + n]
-            rows["begin"], rows["end"], rows["file"], rows["at"], rows["capacity"] = begins, ends, files, at, capacity
-            rows["segment_fd"], rows["segment_id"], rows["segment_size"] = segment.fd, segment.id, segment.nbytes
-            rows["reduce_to"] = [r or (0, 0) for r in reduce_to]
-            rows["region"] = [r or (-1, -1, -1, -1) for r in regions]
-            rows["worker"], rows["status"] = -1, protocol.PENDING
+            self._board.post(start, begins, ends, files, at, capacity, segment, reduce_to, regions)
             firsts = np.arange(start, start + n, size)
             tickets = np.empty(len(firsts), protocol.TICKET)
             tickets["row"], tickets["count"] = firsts, np.minimum(size, start + n - firsts)
-            job = _Job(start, segment, batch, reduce_to, regions,
-                       dict(zip(firsts.tolist(), range(self._written, self._written + len(firsts)))),
-                       dict(zip(firsts.tolist(), tickets["count"].tolist())))
+            job = _Job(start, segment, batch, reduce_to, regions, {}, dict(zip(firsts.tolist(), tickets["count"].tolist())))
             self._jobs[start] = job
             self._tickets.update(dict.fromkeys(job.pending, job))
-            self._written += len(firsts)
-            self._send(tickets)
+            first = self._relay.send(tickets)
+            job.sequence = dict(zip(firsts.tolist(), range(first, first + len(firsts))))
         return job
 
     def collect(self, job, device: torch.device, pin: bool) -> Decoded:
@@ -217,9 +194,7 @@ class DecodeWorkers:
             self._local.last_done = threads.last_done
             return part
         while job.pending and not job.stopped:
-            with self._pump_lock:
-                if job.pending and not job.stopped:
-                    self._pump(0.1)
+            self._poll(0.1)
             if any(w.dead is not None for w in self._workers):
                 self._recover()
         with self._lock:
@@ -228,27 +203,12 @@ class DecodeWorkers:
                 self._tickets.pop(first, None)
         if job.stopped:
             raise WorkersStopped(STOPPED)
-        rows = self._rows[job.start : job.start + job.n].copy()
-        ok = rows["status"] == protocol.DECODED
-        kept = np.flatnonzero(ok)
-        failed = {int(k): rows["error"][k].decode(errors="replace") or "not decoded" for k in np.flatnonzero(~ok)}
-        sizes = np.stack([rows["height"][kept], rows["width"][kept]], 1).astype(np.int64)
-        self._local.last_done = float(rows["done"][kept].max()) if len(kept) else 0.0
-        regions = [None if r[0] < 0 else tuple(r) for r in rows["decoded_region"][kept].tolist()]
-        offsets = rows["at"][kept]
-        end = int(offsets[-1] + sizes[-1].prod() * 3) if len(kept) else 0
+        got = self._board.results(job.start, job.n)
+        self._local.last_done = got.last_done
+        end = int(got.offsets[-1] + got.sizes[-1].prod() * 3) if len(got.kept) else 0
         base, on_done = to_device(job.segment.tensor, end, device, self._staging, job.segment, pin)
-        return Decoded(base, offsets, sizes, hwc_strides(sizes), [], failed, on_done=on_done, regions=regions)
-
-    def _room(self, n: int) -> int | None:
-        """The first row of `n` free board rows (under the lock), or None."""
-        taken = sorted((j.start, j.start + j.n) for j in self._jobs.values())
-        start = 0
-        for a, b in taken:
-            if start + n <= a:
-                break
-            start = max(start, b)
-        return start if start + n <= BOARD_ROWS else None
+        return Decoded(base, got.offsets, got.sizes, hwc_strides(got.sizes), [], got.failed, on_done=on_done,
+                       regions=got.regions)
 
     def _ranges(self, batch: Encoded) -> tuple[np.ndarray, np.ndarray]:
         """Where `batch`'s images (views of the store's bytes) start and end in the store."""
@@ -261,46 +221,21 @@ class DecodeWorkers:
     def _live(self, wait: bool) -> list[int]:
         """Indices of the ready, living workers; with `wait`, wait for one while any is starting."""
         while True:
-            self.threads  # noqa: B018 (reads the `Ready`s that came)
-            live = [k for k, w in enumerate(self._workers) if w.ready and w.dead is None]
-            if live or not wait or not self._starting():
+            live = self._relay.live(self._answered, self._died)
+            if live or not wait or not self._relay.starting():
                 return live
             time.sleep(0.01)
 
-    def _send(self, tickets: np.ndarray) -> None:
-        """Write `tickets` to the ticket pipe (under the lock), in writes the pipe never splits."""
-        step = protocol.MAX_TICKETS_PER_WRITE
-        try:
-            for k in range(0, len(tickets), step):
-                os.write(self._tickets_w, tickets[k : k + step].tobytes())
-        except OSError:  # closed: the pool was stopped meanwhile; `collect` raises WorkersStopped
-            pass
+    def _poll(self, timeout: float) -> None:
+        """Read what the workers sent (waiting up to `timeout` for something); once they were
+        stopped, every share still waiting for them is stopped."""
+        if not self._relay.poll(timeout, self._answered, self._died):
+            with self._lock:
+                for job in self._jobs.values():
+                    job.stopped = job.stopped or bool(job.pending)
 
-    def _pump(self, timeout: float) -> None:
-        """Read the done records and the workers' `Ready`s that came (waiting up to `timeout` for
-        something); note deaths. Called under the pump lock."""
-        if not self._stop.alive:
-            self._unanswered()
-            return
-        try:
-            open_ = {w.proc.stdout.fileno(): k for k, w in enumerate(self._workers) if w.dead is None}
-            readable, _, _ = select.select([self._done_r, *open_], [], [], timeout)
-            if self._done_r in readable:
-                self._answered(os.read(self._done_r, 1 << 16))
-            for fd in readable:
-                if fd in open_:
-                    self._heard(open_[fd], fd)
-        except (OSError, ValueError):  # a pipe closed under us: the pool was stopped
-            if self._stop.alive:
-                raise
-            self._unanswered()
-
-    def _answered(self, data: bytes) -> None:
-        """Done records (whole ones; a part is kept for the next read): their tickets are answered."""
-        data, size = self._unread + data, protocol.DONE.itemsize
-        whole = len(data) // size * size
-        self._unread = data[whole:]
-        records = np.frombuffer(data[:whole], protocol.DONE)
+    def _answered(self, records: np.ndarray) -> None:
+        """Done records: their tickets are answered."""
         self.busy.update(workers_wall=float(records["wall"].sum()), workers_cpu=float(records["cpu"].sum()))
         with self._lock:
             for first in records["row"].tolist():
@@ -308,41 +243,26 @@ class DecodeWorkers:
                 if job is not None:
                     job.pending.pop(first, None)
 
-    def _heard(self, k: int, fd: int) -> None:
-        """Worker `k`'s stdout is readable: its `Ready`, or its end."""
-        try:
-            message = protocol.read(fd)
-        except EOFError:
-            self._workers[k].proc.wait(timeout=5)
-            with self._lock:
-                self._died(k, f"exit code {self._workers[k].proc.returncode}")
-            return
-        if isinstance(message, protocol.Ready):
-            self._workers[k].ready = True
-
     def _died(self, k: int, why: str) -> None:
-        """Worker `k` is gone (called under the lock; said once, unless the pool is stopping)."""
+        """Worker `k` is found gone (said once, unless the pool is stopping; `_recover` takes its tickets)."""
         worker = self._workers[k]
         if worker.dead is None and self._stop.alive:
             left = sum(w.dead is None for w in self._workers) - 1
             self._say(f"JPEG decode worker {worker.proc.pid} stopped ({why}); {left} of "
                       f"{len(self._workers)} workers remain, its images are decoded on threads")
-        worker.dead = worker.dead or why
 
     def _recover(self) -> None:
         """Decode on threads the tickets no living worker will answer: taken by a dead one, read but
         never taken (its reader died at once), or, with no worker left, any still in the pipe."""
         now, live = time.monotonic(), any(w.dead is None for w in self._workers)
-        unread = np.zeros(1, np.int32)
-        try:
-            fcntl.ioctl(self._tickets_r, termios.FIONREAD, unread)
-        except OSError:
+        unread = self._relay.unread()
+        if unread is None:
             return
         with self._lock:
-            read_upto = self._written - int(unread[0]) // protocol.TICKET.itemsize  # tickets before it were read
+            read_upto = self._relay.written - unread  # the tickets before it were read
             for job in list(self._jobs.values()):
                 for first, count in list(job.pending.items()):
-                    owner = int(self._rows["worker"][first])
+                    owner = self._board.owner(first)
                     if live and job.sequence[first] >= read_upto:
                         continue  # still in the pipe: a living worker takes it
                     if live and owner >= 0 and self._workers[owner].dead is None:
@@ -361,28 +281,17 @@ class DecodeWorkers:
                                               [job.regions[p] for p in positions]), torch.device("cpu"), False)
         images = iter(zip(part.offsets.tolist(), part.sizes.tolist(), part.regions or [None] * len(part.sizes)))
         for k, p in enumerate(positions):
-            row = self._rows[job.start + p : job.start + p + 1]
+            row = self._board.rows[job.start + p : job.start + p + 1]
             if k in part.failed:
-                row["error"], row["status"] = protocol.error_text(part.failed[k]), protocol.FAILED
+                protocol.failed(row, part.failed[k])
                 continue
             offset, (h, w), region = next(images)
             if h * w * 3 > row["capacity"][0]:
-                row["error"] = protocol.error_text("decoded to a size larger than the store records")
-                row["status"] = protocol.FAILED
+                protocol.failed(row, "decoded to a size larger than the store records")
                 continue
             at = int(row["at"][0])
             job.segment.tensor[at : at + h * w * 3] = part.base[offset : offset + h * w * 3]
-            row["height"], row["width"], row["done"] = h, w, threads.last_done
-            row["decoded_region"] = region if region is not None else (-1, -1, -1, -1)
-            row["status"] = protocol.DECODED
-
-    def _unanswered(self) -> None:
-        """The pool was stopped: every job waiting for a ticket is stopped; its `collect` raises
-        `WorkersStopped`."""
-        with self._lock:
-            for job in self._jobs.values():
-                if job.pending:
-                    job.stopped = True
+            protocol.decoded(row, h, w, region, threads.last_done)
 
     def _fallback(self) -> CpuDecoder:
         """This thread's decoder on threads (a thread decoder serves one caller at a time)."""
@@ -410,15 +319,3 @@ class DecodeWorkers:
         for segment in self._staging.drain():
             segment.close()
 
-
-def _stop(workers: list[spawn.Worker], tickets_w: int, fds: list[int], segments: list) -> None:
-    """The pool's finalizer: the workers stopped, then the loader's ends of the pipes and the board."""
-    spawn.stop(workers, tickets_w)
-    for fd in fds:
-        try:
-            os.close(fd)
-        except OSError:
-            pass
-    for segment in segments:
-        if segment is not None:
-            segment.close()

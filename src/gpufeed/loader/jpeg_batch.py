@@ -34,6 +34,11 @@ from gpufeed.transfer.ring import hand_over
 log = logging.getLogger(__name__)
 
 
+# the batch kernels run once on a stand-in while the first batch decodes (`JpegBatcher._compile`);
+# False: compiled when the first batch reaches them (benchmarks/train_bench.py rows take compile_ahead=False)
+COMPILE_AHEAD = True
+
+
 class DecodeError(RuntimeError):
     """A sample of a jpeg store could not be decoded (on_error="raise")."""
 
@@ -77,7 +82,7 @@ class JpegBatcher:
         self._inflight: deque = deque()  # (event, decoded buffers) until the kernels reading them ran
         self._reads: deque[ReadAhead] = deque()  # a folder's coming batches, being read
         self._next: tuple[np.ndarray, Started] | None = None  # the next batch (its indices), started
-        self._compiled = not self.fused  # the batch kernels compiled (or looked up) once, during a decode
+        self._compiled = not (self.fused and COMPILE_AHEAD)  # the batch kernels compiled once, during a decode
         log.debug("gpufeed.Loader: jpeg decoders %s", " + ".join(self.scheduler.names))
 
     def make(self, idx: torch.Tensor, params: Params, ahead: tuple[Upcoming, ...] = ()

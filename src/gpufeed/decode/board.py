@@ -1,0 +1,75 @@
+"""The decode workers' job board, as the loader sees it: shared rows (`protocol.BOARD`) in a memfd,
+which shares take and give back, filled with a share's requests and read for its results."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from gpufeed.decode import protocol
+from gpufeed.decode.segment import Segment
+
+ROWS = 1 << 16  # images on the board at once (a few batches' CPU shares); the memfd's pages cost only once used
+
+
+@dataclass
+class Results:
+    """A share's answers: the images decoded (positions in the share, their sizes, regions, where
+    their pixels start in the segment), the failed ones with why, and when the last one finished."""
+
+    kept: np.ndarray
+    sizes: np.ndarray  # int64 (K, 2)
+    regions: list
+    offsets: np.ndarray
+    failed: dict[int, str]
+    last_done: float
+
+
+class Board:
+    """`ROWS` shared rows; workers open them through the memfd they inherit (`fd`)."""
+
+    def __init__(self, rows: int = ROWS):
+        self.size = rows
+        self._segment = Segment(rows * protocol.BOARD.itemsize, torch.device("cpu"))
+        self.fd = self._segment.fd
+        self.rows = protocol.board(self._segment.tensor.numpy(), rows)
+
+    def room(self, n: int, taken: list[tuple[int, int]]) -> int | None:
+        """The first row of `n` rows free of the `taken` ranges [start, stop), or None."""
+        start = 0
+        for a, b in sorted(taken):
+            if start + n <= a:
+                break
+            start = max(start, b)
+        return start if start + n <= self.size else None
+
+    def post(self, start: int, begins, ends, files, at, capacity, segment: Segment, reduce_to: list,
+             regions: list) -> None:
+        """Requests into rows [start, start + len(at)): byte ranges (of file `files`, or -1 for the
+        store), where the pixels go in `segment` and how much they may take, what to decode."""
+        rows = self.rows[start : start + len(at)]
+        rows["begin"], rows["end"], rows["file"], rows["at"], rows["capacity"] = begins, ends, files, at, capacity
+        rows["segment_fd"], rows["segment_id"], rows["segment_size"] = segment.fd, segment.id, segment.nbytes
+        rows["reduce_to"] = [r or (0, 0) for r in reduce_to]
+        rows["region"] = [r or (-1, -1, -1, -1) for r in regions]
+        rows["worker"], rows["status"] = -1, protocol.PENDING
+
+    def results(self, start: int, n: int) -> Results:
+        """Rows [start, start + n) as answered (a row never answered counts as failed)."""
+        rows = self.rows[start : start + n].copy()
+        ok = rows["status"] == protocol.DECODED
+        kept = np.flatnonzero(ok)
+        failed = {int(k): rows["error"][k].decode(errors="replace") or "not decoded" for k in np.flatnonzero(~ok)}
+        sizes = np.stack([rows["height"][kept], rows["width"][kept]], 1).astype(np.int64)
+        regions = [None if r[0] < 0 else tuple(r) for r in rows["decoded_region"][kept].tolist()]
+        last = float(rows["done"][kept].max()) if len(kept) else 0.0
+        return Results(kept, sizes, regions, rows["at"][kept], failed, last)
+
+    def owner(self, row: int) -> int:
+        """The worker that took `row`'s ticket, or -1."""
+        return int(self.rows["worker"][row])
+
+    def close(self) -> None:
+        self._segment.close()
