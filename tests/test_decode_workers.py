@@ -16,7 +16,7 @@ import torch
 import gpufeed
 from conftest import save, smooth
 from gpufeed.augment import Normalize, RandomResizedCrop
-from gpufeed.decode import Scheduler
+from gpufeed.decode import Scheduler, protocol
 from gpufeed.decode.base import Encoded, WorkersStopped
 from gpufeed.decode.cpu import CpuDecoder
 from gpufeed.decode import workers as workers_module
@@ -353,3 +353,43 @@ def test_encoded_bytes_tiers_on_cpu(store):
     loader = gpufeed.Loader(store, batch_size=4, device="cpu", augment=[RandomResizedCrop(8)], cache="disk")
     assert loader.stats()["tier"] == "disk" and len(list(loader)) == 3
     loader.close()
+
+
+def test_a_late_answer_for_rows_now_another_shares_is_ignored(store, pool):
+    """A share's rows go to the next share once it is collected: an answer that comes late for the
+    first (its worker was taken for dead, its ticket decoded on threads) must not finish the second."""
+    first = _inputs(store, range(0, 4))
+    a = pool.submit(*first, [None] * 4)
+    pool.collect(a, CPU, pin=False)
+    second = _inputs(store, range(4, 8))
+    b = pool.submit(*second, [None] * 4)
+    assert b.start == a.start and b.share != a.share
+    late = np.zeros(1, protocol.DONE)
+    late["row"], late["count"], late["share"] = a.start, 4, a.share
+    pool._answered(late)  # nobody polled since b was submitted: all of b's tickets are pending
+    assert b.start in b.pending and len(b.pending) == len(b.sequence)
+    _same_as_torchvision(pool.collect(b, CPU, pin=False), *second)
+
+
+def test_a_ticket_read_but_never_taken_is_decoded_on_threads(store, caplog):
+    """A worker killed between reading a ticket and taking its rows leaves a ticket nobody holds: once
+    a death is known, it is decoded on threads after a grace, and the other tickets by the living."""
+    workers = DecodeWorkers(store.data, 2)
+    assert workers.wait_ready(60)
+    try:
+        os.kill(workers.pids[0], 9)
+        workers._workers[0].proc.wait()
+        inputs = _inputs(store, range(0, 8))
+        with caplog.at_level(logging.WARNING, logger="gpufeed"):
+            job = workers.submit(*inputs, [None] * 8)
+            stolen = os.read(workers._relay._tickets_r, protocol.TICKET.itemsize)  # read, never taken
+            assert len(stolen) == protocol.TICKET.itemsize
+            got: list = []
+            collect = threading.Thread(target=lambda: got.append(workers.collect(job, CPU, pin=False)), daemon=True)
+            collect.start()
+            collect.join(30)
+        assert not collect.is_alive(), "a ticket nobody holds was waited for"
+        assert "stopped" in caplog.text
+        _same_as_torchvision(got[0], *inputs)
+    finally:
+        workers.close()

@@ -50,9 +50,12 @@ BOARD = np.dtype([
     ("error", f"S{ERROR_BYTES}"),
 ], align=True)
 
-TICKET = np.dtype([("row", "<u4"), ("count", "<u4")])  # board rows [row, row + count)
-DONE = np.dtype([("row", "<u4"), ("count", "<u4"), ("worker", "<i4"), ("wall", "<f4"), ("cpu", "<f4"),
-                 ("spare", "<u4")])  # a ticket finished by worker `worker` in `wall` seconds, `cpu` of them on a CPU
+# board rows [row, row + count) of the loader's share number `share` (mod 2**32)
+TICKET = np.dtype([("row", "<u4"), ("count", "<u4"), ("share", "<u4"), ("spare", "<u4")])
+# a ticket finished by worker `worker` in `wall` seconds, `cpu` of them on a CPU (`share` as it came:
+# a late answer to a ticket whose rows went on to another share is told apart)
+DONE = np.dtype([("row", "<u4"), ("count", "<u4"), ("share", "<u4"), ("worker", "<i4"), ("wall", "<f4"),
+                 ("cpu", "<f4")])
 MAX_TICKETS_PER_WRITE = 4096 // TICKET.itemsize  # one write of at most PIPE_BUF is never split
 
 

@@ -51,12 +51,12 @@ def main() -> None:
         ticket = os.read(setup.tickets_fd, protocol.TICKET.itemsize)
         if len(ticket) != protocol.TICKET.itemsize:  # closed: the loader is done with us
             return
-        (first, count) = np.frombuffer(ticket, protocol.TICKET)[0].tolist()
+        first, count, share, _ = np.frombuffer(ticket, protocol.TICKET)[0].tolist()
         rows[first : first + count]["worker"] = setup.index  # taken: the loader knows whose it is if we die
         wall, cpu = time.perf_counter(), time.process_time()
         for r in range(first, first + count):
             _one(rows[r : r + 1], data, files, segments, setup.parent, decode)
-        done = np.array([(first, count, setup.index, time.perf_counter() - wall, time.process_time() - cpu, 0)],
+        done = np.array([(first, count, share, setup.index, time.perf_counter() - wall, time.process_time() - cpu)],
                         protocol.DONE)
         os.write(setup.done_fd, done.tobytes())
 

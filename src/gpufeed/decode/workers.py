@@ -25,6 +25,7 @@ on a GPU, so its pixels reach the device in one DMA copy.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import os
@@ -55,6 +56,7 @@ class _Job:
     """One batch's CPU share on its way through the workers: board rows [start, start + n)."""
 
     start: int
+    share: int  # its number (mod 2**32), in its tickets and their answers
     segment: Segment
     batch: Encoded  # kept to decode on threads if a worker dies
     reduce_to: list
@@ -99,6 +101,7 @@ class DecodeWorkers:
         self._staging = PinnedStaging(alloc=self._segment)  # the pixels' segments
         self._jobs: dict[int, _Job] = {}  # by first row
         self._tickets: dict[int, _Job] = {}  # every pending ticket's first row -> its job
+        self._shares = itertools.count()
         self._lock = threading.RLock()  # the jobs, the workers' states, the ticket pipe
         self._local = threading.local()  # per pipeline thread: its thread decoder, its last finish time
         self._thread_decoders: list[CpuDecoder] = []
@@ -176,8 +179,11 @@ class DecodeWorkers:
             self._board.post(start, begins, ends, files, at, capacity, segment, reduce_to, regions)
             firsts = np.arange(start, start + n, size)
             tickets = np.empty(len(firsts), protocol.TICKET)
-            tickets["row"], tickets["count"] = firsts, np.minimum(size, start + n - firsts)
-            job = _Job(start, segment, batch, reduce_to, regions, {}, dict(zip(firsts.tolist(), tickets["count"].tolist())))
+            share = next(self._shares) % (1 << 32)
+            tickets["row"], tickets["count"], tickets["share"], tickets["spare"] = (
+                firsts, np.minimum(size, start + n - firsts), share, 0)
+            job = _Job(start, share, segment, batch, reduce_to, regions, {},
+                       dict(zip(firsts.tolist(), tickets["count"].tolist())))
             self._jobs[start] = job
             self._tickets.update(dict.fromkeys(job.pending, job))
             first = self._relay.send(tickets)
@@ -238,9 +244,10 @@ class DecodeWorkers:
         """Done records: their tickets are answered."""
         self.busy.update(workers_wall=float(records["wall"].sum()), workers_cpu=float(records["cpu"].sum()))
         with self._lock:
-            for first in records["row"].tolist():
-                job = self._tickets.pop(first, None)
-                if job is not None:
+            for first, share in zip(records["row"].tolist(), records["share"].tolist()):
+                job = self._tickets.get(first)
+                if job is not None and job.share == share:  # else a late answer for rows now another share's
+                    del self._tickets[first]
                     job.pending.pop(first, None)
 
     def _died(self, k: int, why: str) -> None:
