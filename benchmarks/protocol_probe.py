@@ -3,7 +3,7 @@ of the thread that submits and collects it, and of the replies reader. Both hold
 loop needs, so less is better. Tiny images, so the workers' decode (in their own processes) is not
 what is measured; the copy out of the shared segment is left out (a GPU does it by DMA). Needs no GPU.
 
-    PYTHONPATH=src python benchmarks/protocol_probe.py --workers 2 --share 150 --batches 300
+    PYTHONPATH=src python benchmarks/protocol_probe.py --workers 2 --share 150 --batches 300 [--cycle-ms 20]
 """
 
 from __future__ import annotations
@@ -51,6 +51,8 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--share", type=int, default=150, help="images per submitted share")
     p.add_argument("--batches", type=int, default=300)
+    p.add_argument("--cycle-ms", type=float, default=0.0,
+                   help="collect each share one cycle (a sleep this long) after submitting it, as the loader does")
     p.add_argument("--workdir", default=str(Path(tempfile.gettempdir()) / "gpufeed-protocol-probe"))
     a = p.parse_args()
     work = Path(a.workdir)
@@ -74,8 +76,18 @@ def main() -> None:
     caller, reader = time.thread_time(), _thread_ms("gpufeed-decode-replies")
     switches = _switches()
     t0 = time.perf_counter()
+    ahead = None
     for _ in range(a.batches):
-        pool.collect(pool.submit(batch, shapes, reduce_to, regions), torch.device("cpu"), False)
+        if a.cycle_ms:  # as the loader does: the next share submitted, a cycle of other work, this one collected
+            share = pool.submit(batch, shapes, reduce_to, regions)
+            time.sleep(a.cycle_ms / 1e3)
+            if ahead is not None:
+                pool.collect(ahead, torch.device("cpu"), False)
+            ahead = share
+        else:
+            pool.collect(pool.submit(batch, shapes, reduce_to, regions), torch.device("cpu"), False)
+    if ahead is not None:
+        pool.collect(ahead, torch.device("cpu"), False)
     wall = time.perf_counter() - t0
     caller, reader = 1e3 * (time.thread_time() - caller), _thread_ms("gpufeed-decode-replies") - reader
     switches = (_switches() - switches) / a.batches
