@@ -8,6 +8,7 @@ from __future__ import annotations
 import fcntl
 import os
 import select
+import subprocess
 import termios
 import threading
 import weakref
@@ -28,6 +29,10 @@ class Relay:
         setup.tickets_fd, setup.done_fd = self._tickets_r, done_w
         try:
             self.workers: list[spawn.Worker] = spawn.start(setup, count)
+        except BaseException:  # those started read the ticket pipe's end: they exit
+            for fd in (self._tickets_w, self._tickets_r, self._done_r):
+                os.close(fd)
+            raise
         finally:
             os.close(done_w)  # the workers hold it now
         self.stop = weakref.finalize(self, _stop, self.workers, self._tickets_w, [self._tickets_r, self._done_r],
@@ -106,7 +111,11 @@ class Relay:
             message = protocol.read(fd)
         except EOFError:
             worker = self.workers[k]
-            worker.proc.wait(timeout=5)
+            try:
+                worker.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:  # its stdout closed, yet it runs: it is no worker of ours now
+                worker.proc.kill()
+                worker.proc.wait()
             died(k, f"exit code {worker.proc.returncode}")
             worker.dead = worker.dead or f"exit code {worker.proc.returncode}"
             return
