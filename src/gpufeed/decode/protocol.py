@@ -1,14 +1,15 @@
 """What crosses between the loader and its CPU decode workers, and how.
 
-Three shared things, made by the loader and handed to every worker when it starts:
+Three shared things, made by the loader and handed to every worker when it starts (and, for a
+folder read in place, a table of its files, `FileTable`):
 
 - the job board (`BOARD`): a table in shared memory with one row per image to decode, which the
   loader fills (byte range, where the pixels go, DCT size or region) and the worker completes
   (size as decoded, region, or why it failed);
-- the ticket pipe: the loader writes one `TICKET` record per run of board rows, every share of a
-  batch in one write; an idle worker reads one ticket at a time (a pipe hands each record to one
-  reader whole: records are written in one write each batch, far under the pipe's atomic size), so
-  the workers balance themselves and the loader never writes to a worker of its own;
+- the ticket pipe: the loader writes one `TICKET` record per run of board rows, all of a share's
+  in one write; an idle worker reads one ticket at a time (a pipe hands each record to one reader
+  whole: a write of at most PIPE_BUF bytes is never split), so the workers balance themselves and
+  the loader never writes to a worker of its own;
 - the done pipe: a worker writes one `DONE` record per ticket it finished; the loader's thread that
   waits for a share reads them, many in one read.
 
