@@ -322,11 +322,14 @@ def holder(stack: str) -> str:
     return ";".join(stack.split(";")[-3:])
 
 
+GIL_RATE = 500  # py-spy's samples per second of the GIL holders (`--pyspy`)
+
+
 def _pyspy(a):
     """py-spy sampling this process's GIL holders (or, `--pyspy native`, the training thread's stacks)
     for the timed steps (its own process)."""
     seconds = max(2, int(a.steps * a.batch / 8000))
-    spy = spy_on_gil(seconds, 100, native=True) if a.pyspy == "native" else spy_on_gil(seconds, 500)
+    spy = spy_on_gil(seconds, 100, native=True) if a.pyspy == "native" else spy_on_gil(seconds, GIL_RATE)
     if spy is None:
         print("py-spy not found: no GIL samples", file=sys.stderr)
         return None
@@ -347,9 +350,9 @@ def _gil_shares(spy, wall: float, steps: int) -> dict:
         else:
             other += n
             top[holder(stack)] = top.get(holder(stack), 0) + n
-    samples = seconds * 500
+    samples = seconds * GIL_RATE
     return {"train_thread_share": train / samples, "other_threads_share": other / samples,
-            "other_ms_per_step": 1e3 * other / 500 / (seconds * steps / wall),
+            "other_ms_per_step": 1e3 * other / GIL_RATE / (seconds * steps / wall),
             "other_top": sorted(top.items(), key=lambda kv: -kv[1])[:20]}
 
 

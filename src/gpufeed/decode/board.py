@@ -1,5 +1,6 @@
 """The decode workers' job board, as the loader sees it: shared rows (`protocol.BOARD`) in a memfd,
-which shares take and give back, filled with a share's requests and read for its results."""
+which shares take and give back, filled with a share's requests and read for its results; and, for
+a folder read in place, the table of its files the rows name by number (`protocol.FileTable`)."""
 
 from __future__ import annotations
 
@@ -28,13 +29,21 @@ class Results:
 
 
 class Board:
-    """`ROWS` shared rows; workers open them through the memfd they inherit (`fd`)."""
+    """`ROWS` shared rows; workers open them through the memfd they inherit (`fd`), and the file table
+    of `files` (if given) through `files_fd` (`files_size` bytes; -1 and 0 without one)."""
 
-    def __init__(self, rows: int = ROWS):
+    def __init__(self, rows: int = ROWS, files=None):
         self.size = rows
         self._segment = Segment(rows * protocol.BOARD.itemsize, torch.device("cpu"))
         self.fd = self._segment.fd
         self.rows = protocol.board(self._segment.tensor.numpy(), rows)
+        self._files = None
+        if files is not None:
+            table = protocol.FileTable.pack(files)
+            self._files = Segment(len(table), torch.device("cpu"))
+            self._files.tensor.numpy()[:] = np.frombuffer(table, np.uint8)
+        self.files_fd = -1 if self._files is None else self._files.fd
+        self.files_size = 0 if self._files is None else self._files.nbytes
 
     def room(self, n: int, taken: list[tuple[int, int]]) -> int | None:
         """The first row of `n` rows free of the `taken` ranges [start, stop), or None."""
@@ -73,3 +82,5 @@ class Board:
 
     def close(self) -> None:
         self._segment.close()
+        if self._files is not None:
+            self._files.close()

@@ -22,6 +22,8 @@ import time
 
 import numpy as np
 
+from gpufeed.decode import protocol
+
 WATCH = 0.25  # seconds between looks at whether the parent is still there
 
 
@@ -33,8 +35,6 @@ def _watch(parent: int) -> None:
 
 def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the loader's to handle; it stops us
-    from gpufeed.decode import protocol
-
     setup = protocol.WorkerSetup(**json.loads(sys.argv[1]))
     threading.Thread(target=_watch, args=(setup.parent,), daemon=True).start()
     from gpufeed.decode.pixels import decode
@@ -63,8 +63,6 @@ def main() -> None:
 
 def _one(row: np.ndarray, data: np.ndarray, files, segments: dict, parent: int, decode) -> None:
     """Decode the image of one board row (a view of length 1) and complete the row."""
-    from gpufeed.decode import protocol
-
     job = row[0]
     try:
         begin, end = int(job["begin"]), int(job["end"])

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from gpufeed.decode import protocol, segment as shared, spawn
+from gpufeed.decode import protocol, spawn
 from gpufeed.decode.board import Board
 from gpufeed.decode.relay import Relay
 from gpufeed.decode.base import Decoded, Encoded, PinnedStaging, WorkersStopped, hwc_strides, in_place, to_device
@@ -87,17 +87,12 @@ class DecodeWorkers:
         if data is not None and (not isinstance(data, np.memmap) or data.filename is None):
             raise RuntimeError("decode workers read the store from its file; these bytes have none")
         self.device, self.size = device, workers
-        self._board = Board()
-        table = None
-        if files is not None:
-            packed_files = protocol.FileTable.pack(files)
-            table = shared.Segment(len(packed_files), torch.device("cpu"))
-            table.tensor.numpy()[:] = np.frombuffer(packed_files, np.uint8)
+        self._board = Board(files=files)
         self._base, self._nbytes = (0, 0) if data is None else (data.ctypes.data, data.nbytes)
         store = ("", 0) if data is None else (str(data.filename), int(data.offset))
         setup = protocol.WorkerSetup(*store, self._nbytes, os.getpid(), 0, self._board.fd, self._board.size, -1, -1,
-                                     -1 if table is None else table.fd, 0 if table is None else table.nbytes)
-        self._relay = Relay(setup, workers, [self._board, table])
+                                     self._board.files_fd, self._board.files_size)
+        self._relay = Relay(setup, workers, [self._board])
         self._staging = PinnedStaging(alloc=self._segment)  # the pixels' segments
         self._jobs: dict[int, _Job] = {}  # by first row
         self._tickets: dict[int, _Job] = {}  # every pending ticket's first row -> its job
