@@ -20,6 +20,7 @@ import torch
 import gpufeed
 from gpufeed.decode import workers as workers_module
 from gpufeed.decode.base import Encoded
+from gpufeed.decode.shares import Asks
 from gpufeed.decode.workers import DecodeWorkers
 from gpufeed.store.reader import as_tensor
 from gpufeed.synth import make_image_folder
@@ -65,27 +66,28 @@ def main() -> None:
     idx = np.arange(a.share)
     batch = Encoded.of(as_tensor(store.data), np.asarray(store.offsets), idx)
     shapes = np.asarray(store.shapes)[idx]
-    reduce_to, regions = [None] * a.share, [(0, 0, 8, 8) if k % 2 else None for k in range(a.share)]
+    asks = Asks.whole(a.share)
+    asks.regions[1::2] = (0, 0, 8, 8)
     def no_copy(host, end, device, staging, buf, pin):  # the segment free again at once
         staging.give_back(buf, None)
         return host[:end], None
 
     workers_module.to_device = no_copy
     for _ in range(20):
-        pool.collect(pool.submit(batch, shapes, reduce_to, regions), torch.device("cpu"), False)
+        pool.collect(pool.submit(batch, shapes, asks), torch.device("cpu"), False)
     caller, reader = time.thread_time(), _thread_ms("gpufeed-decode-replies")
     switches = _switches()
     t0 = time.perf_counter()
     ahead = None
     for _ in range(a.batches):
         if a.cycle_ms:  # as the loader does: the next share submitted, a cycle of other work, this one collected
-            share = pool.submit(batch, shapes, reduce_to, regions)
+            share = pool.submit(batch, shapes, asks)
             time.sleep(a.cycle_ms / 1e3)
             if ahead is not None:
                 pool.collect(ahead, torch.device("cpu"), False)
             ahead = share
         else:
-            pool.collect(pool.submit(batch, shapes, reduce_to, regions), torch.device("cpu"), False)
+            pool.collect(pool.submit(batch, shapes, asks), torch.device("cpu"), False)
     if ahead is not None:
         pool.collect(ahead, torch.device("cpu"), False)
     wall = time.perf_counter() - t0

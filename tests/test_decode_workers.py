@@ -20,6 +20,7 @@ from gpufeed.decode import Scheduler, protocol
 from gpufeed.decode.base import Encoded, WorkersStopped
 from gpufeed.decode.cpu import CpuDecoder
 from gpufeed.decode import workers as workers_module
+from gpufeed.decode.shares import Asks
 from gpufeed.decode.workers import DecodeWorkers
 from gpufeed.loader import tiers
 from gpufeed.store.reader import as_tensor
@@ -67,14 +68,14 @@ def pool(store):
 def test_processes_decode_the_same_pixels_as_threads(store, pool):
     idx = list(range(len(store)))
     datas, shapes = _inputs(store, idx)
-    reduce_to = [None] * len(idx)
+    asks = Asks.whole(len(idx))
     big = [tuple(s) for s in store.shapes.tolist()].index((90, 120))
-    reduce_to[big] = (60, 45)  # a DCT-reduced decode (Pillow draft) goes through the worker too
+    asks.reduce_to[big] = (60, 45)  # a DCT-reduced decode (Pillow draft) goes through the worker too
     threads = CpuDecoder(2)
-    want = threads.collect(threads.submit(datas, shapes, reduce_to), CPU, pin=False)
+    want = threads.collect(threads.submit(datas, shapes, asks), CPU, pin=False)
     try:
         for _ in range(2):  # the second batch reuses the first one's shared buffer
-            got = pool.collect(pool.submit(datas, shapes, reduce_to), CPU, pin=False)
+            got = pool.collect(pool.submit(datas, shapes, asks), CPU, pin=False)
             assert got.failed == {} and np.array_equal(got.sizes, want.sizes)
             assert all(torch.equal(a, b) for a, b in zip(_images(got), _images(want)))
             assert got.sizes[big].tolist() == [45, 60]
@@ -90,7 +91,7 @@ def test_cpu_decoders_leave_hwc_pixels_as_libjpeg_wrote_them(store, pool):
     threads = CpuDecoder(2)
     try:
         for dec in (threads, pool):
-            got = dec.collect(dec.submit(datas, shapes, [None] * len(shapes)), CPU, pin=False)
+            got = dec.collect(dec.submit(datas, shapes), CPU, pin=False)
             w = got.sizes[:, 1]
             assert got.strides.tolist() == np.stack([np.ones_like(w), 3 * w, np.full_like(w, 3)], 1).tolist()
             assert np.array_equal(np.diff(got.offsets), (got.sizes[:, 0] * w * 3)[:-1])  # back to back
@@ -103,8 +104,8 @@ def test_jobs_collected_out_of_order_get_their_own_images(store, pool):
     """The scheduler submits a batch's CPU share, then GPU rejects on the same workers, and collects
     the rejects first: each must get its own rows of the board and its own done records."""
     first, second = _inputs(store, range(0, 8)), _inputs(store, [9, 10, 11])
-    a = pool.submit(*first, [None] * 8)
-    b = pool.submit(*second, [None] * 3)
+    a = pool.submit(*first)
+    b = pool.submit(*second)
     assert len(a.sequence) == 4 and sum(a.sequence.values()) == 0 + 1 + 2 + 3  # two tickets per worker, first
     assert b.start >= a.start + 8 or b.start + 3 <= a.start
     got_b, got_a = pool.collect(b, CPU, pin=False), pool.collect(a, CPU, pin=False)
@@ -123,7 +124,7 @@ def test_two_pipelines_share_the_pool_at_once(store, pool):
         try:
             for _ in range(5):
                 inputs = _inputs(store, idx)
-                _same_as_torchvision(pool.collect(pool.submit(*inputs, [None] * len(idx)), CPU, pin=False), *inputs)
+                _same_as_torchvision(pool.collect(pool.submit(*inputs), CPU, pin=False), *inputs)
         except BaseException as e:  # reported by the test's thread
             failures.append(e)
 
@@ -143,7 +144,7 @@ def test_a_job_waiting_when_the_pool_closes_is_woken_at_once(store, caplog):
     worker's death, and neither is logged as one."""
     workers = DecodeWorkers(store.data, 1)
     assert workers.wait_ready(60)
-    job = workers.submit(*_inputs(store, range(12)), [None] * 12)
+    job = workers.submit(*_inputs(store, range(12)))
     with caplog.at_level(logging.WARNING, logger="gpufeed"):
         workers._stop()  # what close() and the exit-time finalizer do first
         t0 = time.monotonic()
@@ -151,7 +152,7 @@ def test_a_job_waiting_when_the_pool_closes_is_woken_at_once(store, caplog):
             workers.collect(job, CPU, pin=False)
         assert time.monotonic() - t0 < 5
         with pytest.raises(WorkersStopped):
-            workers.submit(*_inputs(store, range(12)), [None] * 12)
+            workers.submit(*_inputs(store, range(12)))
     assert caplog.text == ""
     workers.close()
 
@@ -195,14 +196,14 @@ def test_a_bad_image_fails_alone_and_a_view_of_another_store_is_refused(store, t
     try:
         both = Encoded.of(as_tensor(data), np.array([0, len(good), len(data)]), np.array([0, 1]))
         shapes = np.array([list(store.shapes[0])] * 2)
-        part = workers.collect(workers.submit(both, shapes, [None, None]), CPU, pin=False)
+        part = workers.collect(workers.submit(both, shapes), CPU, pin=False)
         assert list(part.failed) == [1] and part.sizes.tolist() == [list(store.shapes[0])]
         small = np.array([[2, 2], list(store.shapes[0])])  # the store records less
-        part = workers.collect(workers.submit(both.take([0, 0]), small, [None, None]), CPU, pin=False)
+        part = workers.collect(workers.submit(both.take([0, 0]), small), CPU, pin=False)
         assert "larger than the size the store records" in part.failed[0] and 1 not in part.failed
         foreign = Encoded.of(torch.zeros(10, dtype=torch.uint8), np.array([0, 10]), np.array([0]))
         with pytest.raises(ValueError, match="byte ranges of the store"):
-            workers.submit(foreign, shapes[:1], [None])
+            workers.submit(foreign, shapes[:1])
     finally:
         workers.close()
 
@@ -237,7 +238,7 @@ def test_a_job_given_a_worker_already_known_dead_is_decoded_on_threads(store, mo
             time.sleep(0.01)
         monkeypatch.setattr(workers, "_live", lambda wait: [0, 1])  # as read before they were found dead
         inputs, got = _inputs(store, range(0, 4)), []
-        collect = threading.Thread(target=lambda: got.append(workers.collect(workers.submit(*inputs, [None] * 4),
+        collect = threading.Thread(target=lambda: got.append(workers.collect(workers.submit(*inputs),
                                                                              CPU, pin=False)), daemon=True)
         collect.start()
         collect.join(30)
@@ -252,7 +253,7 @@ def test_two_jobs_on_dead_workers_are_decoded_on_threads(store, caplog):
     assert workers.wait_ready(60)
     try:
         first, second = _inputs(store, range(0, 6)), _inputs(store, [7, 8])
-        a, b = workers.submit(*first, [None] * 6), workers.submit(*second, [None] * 2)
+        a, b = workers.submit(*first), workers.submit(*second)
         for w in workers._workers:
             os.kill(w.proc.pid, 9)
             w.proc.wait()
@@ -260,7 +261,7 @@ def test_two_jobs_on_dead_workers_are_decoded_on_threads(store, caplog):
             got_a = workers.collect(a, CPU, pin=False)
             got_b = workers.collect(b, CPU, pin=False)
             third = _inputs(store, [1, 2])
-            got_c = workers.collect(workers.submit(*third, [None] * 2), CPU, pin=False)
+            got_c = workers.collect(workers.submit(*third), CPU, pin=False)
         assert caplog.text.count("stopped") == 2 and caplog.text.count("no JPEG decode worker is left") == 1
         _same_as_torchvision(got_a, *first)
         _same_as_torchvision(got_b, *second)
@@ -359,10 +360,10 @@ def test_a_late_answer_for_rows_now_another_shares_is_ignored(store, pool):
     """A share's rows go to the next share once it is collected: an answer that comes late for the
     first (its worker was taken for dead, its ticket decoded on threads) must not finish the second."""
     first = _inputs(store, range(0, 4))
-    a = pool.submit(*first, [None] * 4)
+    a = pool.submit(*first)
     pool.collect(a, CPU, pin=False)
     second = _inputs(store, range(4, 8))
-    b = pool.submit(*second, [None] * 4)
+    b = pool.submit(*second)
     assert b.start == a.start and b.share != a.share
     late = np.zeros(1, protocol.DONE)
     late["row"], late["count"], late["share"] = a.start, 4, a.share
@@ -381,7 +382,7 @@ def test_a_ticket_read_but_never_taken_is_decoded_on_threads(store, caplog):
         workers._workers[0].proc.wait()
         inputs = _inputs(store, range(0, 8))
         with caplog.at_level(logging.WARNING, logger="gpufeed"):
-            job = workers.submit(*inputs, [None] * 8)
+            job = workers.submit(*inputs)
             stolen = os.read(workers._relay._tickets_r, protocol.TICKET.itemsize)  # read, never taken
             assert len(stolen) == protocol.TICKET.itemsize
             got: list = []

@@ -16,7 +16,7 @@ import gpufeed
 from conftest import jpeg_bytes, save, smooth
 from gpufeed.augment import Normalize, RandomHorizontalFlip, RandomResizedCrop
 from gpufeed.decode import choice, cpu, scheduler, shares
-from gpufeed.decode.base import Decoded, Encoded, into_pixels
+from gpufeed.decode.base import Decoded, Encoded, in_place, into_pixels
 from gpufeed.synth import natural_images
 
 needs_roi = pytest.mark.skipif(not cpu.roi_available(), reason="nvImageCodec not installed (the [nvimgcodec] extra)")
@@ -67,7 +67,7 @@ def test_regions_decoded_whole_are_counted_and_said_once(monkeypatch, caplog):
         with caplog.at_level(logging.WARNING, logger="gpufeed"):
             for _ in range(2):
                 parts, failed = sched.run(batch, shapes, boxes, (16, 16), pin=False)
-                assert not failed and parts[0][0].regions == [None] * 3
+                assert not failed and (parts[0][0].regions == -1).all()
         assert sched.counts["cpu_whole"] == 4 and sched.counts["cpu"] == 6  # two regions asked per batch
         assert caplog.text.count("refused them (`gpufeed doctor` says why)") == 1
     finally:
@@ -104,7 +104,7 @@ def test_regions_hold_every_pixel_the_resize_reads():
     for box, region in zip(boxes, regions.tolist()):
         crop = image[:, :, region[0] : region[2], region[1] : region[3]]
         part = Decoded(crop, np.zeros(1, np.int64), np.array([crop.shape[2:]]), np.zeros((1, 3), np.int64),
-                       regions=[tuple(region)])
+                       regions=np.array([region]))
         moved = into_pixels(box[None], shapes[:1], part)
         for out in ((7, 9), (24, 24), (200, 150)):  # down- and upscaling: different sampling grids
             want = roi_align(image, [torch.tensor(box[None], dtype=torch.float32)], out, aligned=True)
@@ -116,7 +116,7 @@ def test_boxes_into_dct_reduced_pixels_and_regions():
     shapes = np.array([[100, 200], [100, 200]])
     boxes = np.array([[20.0, 10.0, 120.0, 60.0]] * 2)
     part = Decoded(torch.empty(0), np.zeros(2, np.int64), np.array([[50, 100], [60, 110]]), np.zeros((2, 3)),
-                   regions=[None, (5, 15, 65, 125)])
+                   regions=np.array([[-1, -1, -1, -1], [5, 15, 65, 125]]))
     assert into_pixels(boxes, shapes, part).tolist() == [[10, 5, 60, 30], [5, 5, 105, 55]]
 
 
@@ -128,8 +128,9 @@ def test_the_cpu_asks_for_a_region_only_where_it_is_cheaper(monkeypatch):
         boxes = np.array([[0, 0, 100, 80], [0, 0, 500, 375], [0, 0, 800, 600]], float)  # small, whole, ...
         regions = shares.crop_regions(shapes, boxes)
         cost = cpu.roi_cost(shapes, regions)
-        reduce_to, alone = sched._asks(np.arange(3), shapes, boxes, (224, 224), regions, cost)
-        assert alone == [(0, 0, 81, 101), None, None] and reduce_to[:2] == [None, None]
+        asks = sched._asks(np.arange(3), shapes, boxes, (224, 224), regions, cost)
+        assert asks.regions.tolist() == [[0, 0, 81, 101], [-1] * 4, [-1] * 4] and (asks.reduce_to[:2] == 0).all()
+        assert asks.each()[:2] == [(None, (0, 0, 81, 101)), (None, None)]
         assert cost[0] < 0.3 < 1 < cost[1]
     finally:
         sched.close()
@@ -174,8 +175,7 @@ def _as_on_a_gpu(s: scheduler.Scheduler) -> scheduler.Scheduler:
 
 def _on_the_cpu(s: scheduler.Scheduler, part_batch: Encoded):
     """What a stand-in GPU decoder returns: `part_batch` decoded by the scheduler's CPU decoder."""
-    blank = [None] * len(part_batch)
-    return s.cpu.collect(s.cpu.submit(part_batch, None, blank, blank), torch.device("cpu"), False)
+    return s.cpu.collect(s.cpu.submit(part_batch, None), torch.device("cpu"), False)
 
 
 def test_pipelines_sharing_a_turn_never_decode_on_the_gpu_at_once(monkeypatch):
@@ -190,7 +190,7 @@ def test_pipelines_sharing_a_turn_never_decode_on_the_gpu_at_once(monkeypatch):
         active, most = [0], [0]
         lock = threading.Lock()
 
-        def fake_gpu(self, dec, part_batch, stream):  # stands in for a GPU decoder's call
+        def fake_gpu(self, dec, part_batch, part_shapes, stream):  # stands in for a GPU decoder's call
             with lock:
                 active[0] += 1
                 most[0] = max(most[0], active[0])
@@ -225,7 +225,7 @@ def test_a_started_batchs_gpu_share_decodes_on_a_helper_while_the_caller_goes_on
     batch, shapes, boxes = _four_jpegs()
     release, threads = threading.Event(), []
 
-    def fake_gpu(self, dec, part_batch, stream):  # stands in for a GPU decoder's call
+    def fake_gpu(self, dec, part_batch, part_shapes, stream):  # stands in for a GPU decoder's call
         threads.append(threading.current_thread())
         assert release.wait(10)
         return _on_the_cpu(self, part_batch), 0.01
@@ -252,7 +252,7 @@ def test_a_started_batchs_gpu_share_decodes_on_a_helper_while_the_caller_goes_on
 
 
 def test_a_dropped_batchs_failed_gpu_share_is_not_raised(monkeypatch):
-    def broken_gpu(self, dec, part_batch, stream):
+    def broken_gpu(self, dec, part_batch, part_shapes, stream):
         raise RuntimeError("the GPU decoder failed")
 
     batch, shapes, boxes = _four_jpegs()
@@ -269,7 +269,7 @@ def test_the_cpu_rate_is_per_thread_the_share_was_given_to(monkeypatch):
     """Workers that become ready while a share decodes do not dilute the CPU's measured rate: it is
     the busiest thread's images (of those ready at `start`) over the share's time."""
     batch, shapes, boxes = _four_jpegs()
-    monkeypatch.setattr(scheduler.Scheduler, "_timed", lambda self, dec, part_batch, stream:
+    monkeypatch.setattr(scheduler.Scheduler, "_timed", lambda self, dec, part_batch, part_shapes, stream:
                         (_on_the_cpu(self, part_batch), 0.01))
     s = _as_on_a_gpu(scheduler.Scheduler(torch.device("cpu"), 2))
     s.rates["cpu"] = 1e6  # the CPU takes the whole batch
@@ -279,3 +279,23 @@ def test_the_cpu_rate_is_per_thread_the_share_was_given_to(monkeypatch):
     parts, failed = s.finish(started, pin=False)
     assert not failed and s._spent["cpu"][0] == 2  # four images on two threads: two each
     s.close()
+
+
+def test_images_in_place_are_addressed_from_the_shapes_the_store_records():
+    """A GPU decoder's contiguous CHW images are laid out from the stored shapes (no per-image sizes
+    read); an image of another size than recorded, or a view, is read from the tensor itself."""
+    shapes = np.array([[4, 6], [5, 3], [2, 2]])
+    images = [torch.arange(3 * h * w, dtype=torch.uint8).reshape(3, h, w) for h, w in shapes.tolist()]
+    for failed in ({}, {1: "refused"}):
+        kept = [images[k] for k in range(3) if k not in failed]
+        part = in_place(kept, failed, shapes)
+        want = in_place(kept, failed)  # every size and stride read from the tensors
+        assert np.array_equal(part.sizes, want.sizes) and np.array_equal(part.strides, want.strides)
+        assert np.array_equal(part.offsets, want.offsets) and part.failed == failed
+    lying = in_place(images, {}, np.array([[4, 6], [3, 5], [1, 4]]))  # same element counts, one is wrong
+    assert lying.sizes.tolist() == [[4, 6], [3, 5], [1, 4]]  # trusted: the element counts match
+    other = in_place(images, {}, np.array([[4, 6], [5, 3], [3, 3]]))  # not what the decoder made
+    assert other.sizes.tolist() == shapes.tolist()
+    view = [images[0], images[1][:, :, :2], images[2]]
+    got = in_place(view, {}, np.array([[4, 6], [5, 2], [2, 2]]))  # right sizes, but a strided view
+    assert got.strides[1].tolist() == [15, 3, 1] and got.sizes.tolist() == [[4, 6], [5, 2], [2, 2]]

@@ -144,7 +144,7 @@ def test_the_cpu_share_is_the_cheapest_crops(store):
         positions = [pos.tolist() for _, pos in parts]
         assert not failed and sorted(sum(positions, [])) == list(range(32))
         assert sorted(positions[-1]) == sorted(np.argsort(cost, kind="stable")[:8].tolist())
-        assert parts[-1][0].regions == [tuple(r) for r in crop_regions(shapes, boxes)[positions[-1]].tolist()]
+        assert parts[-1][0].regions.tolist() == crop_regions(shapes, boxes)[positions[-1]].tolist()
     finally:
         sched.close()
 

@@ -72,21 +72,36 @@ class Decoded:
     failed: dict[int, str] = field(default_factory=dict)  # position in its list -> reason
     # called with an event recorded after the kernels that read `base`: hands its buffer back for reuse
     on_done: Callable[[torch.cuda.Event], None] | None = None
-    # per image, the region of the stored image that its pixels are; None (all, or one image's entry):
-    # the whole image, maybe DCT-reduced
-    regions: list[Region | None] | None = None
+    # (N, 4) int64 y0 x0 y1 x1 per image: the region of the stored image that its pixels are; all -1
+    # (or None for every image): the whole image, maybe DCT-reduced
+    regions: np.ndarray | None = None
 
-    def kept(self, count: int) -> list[int]:
+    def kept(self, count: int) -> np.ndarray:
         """Positions (0..count-1) of the images that were decoded, in order."""
-        return [k for k in range(count) if k not in self.failed]
+        every = np.arange(count)
+        return np.delete(every, list(self.failed)) if self.failed else every
 
 
-def in_place(images: list[torch.Tensor], failed: dict[int, str]) -> Decoded:
-    """Address CHW images where they are (no copy): offsets relative to the first image."""
+def in_place(images: list[torch.Tensor], failed: dict[int, str], shapes: np.ndarray | None = None) -> Decoded:
+    """Address CHW images where they are (no copy): offsets relative to the first image.
+
+    `shapes` (N, 2): the sizes the store records for the images `images` came from (failed ones
+    included). Where every image holds 3 x h x w elements and they are contiguous, as a decoder that
+    allocates each image makes them, their layout follows from the shapes; that takes two C calls per
+    image through `map` instead of a Python loop over their sizes and strides. Any other image
+    (another size than the store records, a view) is read from the tensors themselves."""
     if not images:
         return Decoded(torch.empty(0, dtype=torch.uint8), np.zeros(0, np.int64), np.zeros((0, 2), np.int64),
                        np.zeros((0, 3), np.int64), [], failed)
-    offsets = np.array([t.data_ptr() for t in images], np.int64)
+    offsets = np.fromiter(map(torch.Tensor.data_ptr, images), np.int64, len(images))
+    if shapes is not None:
+        sizes = shapes[np.delete(np.arange(len(shapes)), list(failed))] if failed else shapes
+        numels = np.fromiter(map(torch.Tensor.numel, images), np.int64, len(images))
+        if len(sizes) == len(images) and np.array_equal(numels, 3 * sizes[:, 0] * sizes[:, 1]) and all(
+                map(torch.Tensor.is_contiguous, images)):
+            sizes = sizes.astype(np.int64)
+            strides = np.stack([sizes[:, 0] * sizes[:, 1], sizes[:, 1], np.ones_like(sizes[:, 1])], 1)
+            return Decoded(images[0], offsets - offsets[0], sizes, strides, images, failed)
     sizes = np.array([t.shape[1:] for t in images], np.int64)
     strides = np.array([t.stride() for t in images], np.int64)
     return Decoded(images[0], offsets - offsets[0], sizes, strides, images, failed)
@@ -141,9 +156,9 @@ def into_pixels(boxes: np.ndarray, shapes: np.ndarray, part: Decoded) -> np.ndar
     may be a region of the image or the whole image DCT-reduced."""
     spans = np.zeros((len(shapes), 4))
     spans[:, 2:] = shapes
-    for k, region in enumerate(part.regions or ()):
-        if region is not None:
-            spans[k] = region
+    if part.regions is not None:
+        alone = part.regions[:, 0] >= 0
+        spans[alone] = part.regions[alone]
     ratio = part.sizes / (spans[:, 2:] - spans[:, :2])  # decoded pixels per stored pixel: (y, x)
     return (boxes - spans[:, [1, 0, 1, 0]]) * ratio[:, [1, 0, 1, 0]]
 
@@ -170,7 +185,7 @@ def to_device(host: torch.Tensor, end: int, device: torch.device, staging: Pinne
 
 
 def packed(images: list[torch.Tensor], failed: dict[int, str], device: torch.device,
-           staging: PinnedStaging, regions: list | None = None, pin: bool = True) -> Decoded:
+           staging: PinnedStaging, regions: np.ndarray | None = None, pin: bool = True) -> Decoded:
     """Put contiguous HWC host images (of `regions`, see `Decoded`) back to back in one of `staging`'s
     buffers, then where kernels on `device` read them (`to_device`)."""
     sizes = np.array([t.shape[:2] for t in images], np.int64).reshape(-1, 2)

@@ -11,6 +11,7 @@ import torch
 
 from gpufeed.decode import protocol
 from gpufeed.decode.segment import Segment
+from gpufeed.decode.shares import Asks
 
 ROWS = 1 << 16  # images on the board at once (a few batches' CPU shares); the memfd's pages cost only once used
 
@@ -22,7 +23,7 @@ class Results:
 
     kept: np.ndarray
     sizes: np.ndarray  # int64 (K, 2)
-    regions: list
+    regions: np.ndarray  # int64 (K, 4), as `Decoded.regions`
     offsets: np.ndarray
     failed: dict[int, str]
     last_done: float
@@ -54,15 +55,13 @@ class Board:
             start = max(start, b)
         return start if start + n <= self.size else None
 
-    def post(self, start: int, begins, ends, files, at, capacity, segment: Segment, reduce_to: list,
-             regions: list) -> None:
+    def post(self, start: int, begins, ends, files, at, capacity, segment: Segment, asks: Asks) -> None:
         """Requests into rows [start, start + len(at)): byte ranges (of file `files`, or -1 for the
         store), where the pixels go in `segment` and how much they may take, what to decode."""
         rows = self.rows[start : start + len(at)]
         rows["begin"], rows["end"], rows["file"], rows["at"], rows["capacity"] = begins, ends, files, at, capacity
         rows["segment_fd"], rows["segment_id"], rows["segment_size"] = segment.fd, segment.id, segment.nbytes
-        rows["reduce_to"] = [r or (0, 0) for r in reduce_to]
-        rows["region"] = [r or (-1, -1, -1, -1) for r in regions]
+        rows["reduce_to"], rows["region"] = asks.reduce_to, asks.regions
         rows["worker"], rows["status"] = -1, protocol.PENDING
 
     def results(self, start: int, n: int) -> Results:
@@ -72,7 +71,7 @@ class Board:
         kept = np.flatnonzero(ok)
         failed = {int(k): rows["error"][k].decode(errors="replace") or "not decoded" for k in np.flatnonzero(~ok)}
         sizes = np.stack([rows["height"][kept], rows["width"][kept]], 1).astype(np.int64)
-        regions = [None if r[0] < 0 else tuple(r) for r in rows["decoded_region"][kept].tolist()]
+        regions = rows["decoded_region"][kept].astype(np.int64)
         last = float(rows["done"][kept].max()) if len(kept) else 0.0
         return Results(kept, sizes, regions, rows["at"][kept], failed, last)
 

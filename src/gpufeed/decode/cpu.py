@@ -26,6 +26,7 @@ from torchvision.io import ImageReadMode, decode_jpeg, encode_jpeg
 
 from gpufeed.decode import pixels
 from gpufeed.decode.base import Decoded, Encoded, PinnedStaging, Region, nvimgcodec_install, packed
+from gpufeed.decode.shares import NO_REGION, Asks
 from gpufeed.store.reader import as_tensor
 
 
@@ -108,13 +109,12 @@ class CpuDecoder:
         self.last_done = 0.0  # when the last image of the last `collect` finished decoding
         self._staging: PinnedStaging | None = None  # used from the one thread that calls `collect`
 
-    def submit(self, batch: Encoded, shapes, reduce_to: list[tuple[int, int] | None],
-               regions: list[Region | None] | None = None):
-        """Start decoding (`reduce_to`, `regions`: per image, see `decode_one`); returns futures (one per
-        image) for `collect`. (`shapes`, the sizes the store records, are for decoders that reserve room
-        up front; threads don't need them.)"""
-        regions = regions or [None] * len(reduce_to)
-        return [self._pool.submit(decode_one, d, r, g) for d, r, g in zip(batch.tensors(), reduce_to, regions)]
+    def submit(self, batch: Encoded, shapes, asks: Asks | None = None):
+        """Start decoding (`asks`: what of each image, see `decode_one`; None: every image whole); returns
+        futures (one per image) for `collect`. (`shapes`, the sizes the store records, are for decoders
+        that reserve room up front; threads don't need them.)"""
+        each = (asks or Asks.whole(len(batch))).each()
+        return [self._pool.submit(decode_one, d, *ask) for d, ask in zip(batch.tensors(), each)]
 
     def collect(self, futures, device: torch.device, pin: bool) -> Decoded:
         """Wait for `submit`'s futures and put the images (HWC) back to back where `device` reads them
@@ -124,13 +124,13 @@ class CpuDecoder:
             try:
                 pixels, region, done = f.result()
                 images.append(pixels)
-                regions.append(region)
+                regions.append(region or NO_REGION)
                 self.last_done = max(self.last_done, done)
             except Exception as e:  # any decoder error marks this image, never the batch
                 failed[k] = f"{type(e).__name__}: {e}"
         if self._staging is None:  # page-locked only where a GPU reads it
             self._staging = PinnedStaging(pin=device.type == "cuda")
-        return packed(images, failed, device, self._staging, regions, pin)
+        return packed(images, failed, device, self._staging, np.array(regions, np.int64).reshape(-1, 4), pin)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)

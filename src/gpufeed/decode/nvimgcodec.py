@@ -77,8 +77,9 @@ class NvImgCodecDecoder:
                                            backends=[nvimgcodec.Backend(kinds[name])])
         self.reused = ReusedImages()
 
-    def decode(self, batch: Encoded) -> Decoded:
+    def decode(self, batch: Encoded, shapes: np.ndarray | None = None) -> Decoded:
         """Decode on the current CUDA stream; images stay where the decoder put them (HWC, read as CHW).
+        (`shapes`, the sizes the store records, are not needed: each Image says its own.)
 
         Addresses come from each image's CUDA array interface: one tensor is made for the base
         pointer, not one per image (a torch.as_tensor per image was a visible share of the batch)."""

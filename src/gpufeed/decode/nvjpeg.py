@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torchvision.io import ImageReadMode, decode_jpeg
 
@@ -16,8 +17,9 @@ class NvJpegDecoder:
     def __init__(self, device: torch.device):
         self.device = device
 
-    def decode(self, batch: Encoded) -> Decoded:
-        """Decode to CHW images on the device, addressed in place."""
+    def decode(self, batch: Encoded, shapes: np.ndarray | None = None) -> Decoded:
+        """Decode to CHW images on the device, addressed in place (`shapes`: the sizes the store
+        records, see `in_place`)."""
         datas, failed = batch.tensors(), {}
         try:
             images = decode_jpeg(datas, mode=ImageReadMode.RGB, device=self.device)
@@ -28,4 +30,4 @@ class NvJpegDecoder:
                     images.append(decode_jpeg(d, mode=ImageReadMode.RGB, device=self.device))
                 except RuntimeError as e:
                     failed[k] = f"nvJPEG: {e}".splitlines()[0]
-        return in_place(images, failed)
+        return in_place(images, failed, shapes)

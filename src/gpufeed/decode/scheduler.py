@@ -35,8 +35,8 @@ import torch
 
 from gpufeed.decode.base import Decoded, Encoded, WorkersStopped
 from gpufeed.decode.choice import DEFAULT, START_RATES, gpu_decoders, warn_once
-from gpufeed.decode.cpu import CpuDecoder, roi_available, roi_cost, tries_region
-from gpufeed.decode.shares import GpuShare, GpuShares, Started, crop_regions, reduce_to
+from gpufeed.decode.cpu import CpuDecoder, roi_available, roi_cost
+from gpufeed.decode.shares import NO_REGION, Asks, GpuShare, GpuShares, Started, crop_regions, reduce_to
 
 # CUDA priority of the JPEG path's streams (decoders' and the batch's). 0 is the default streams'
 # (and a training loop's) priority, the lowest; negative numbers go ahead of it. Measured in
@@ -141,11 +141,11 @@ class Scheduler:
         cpu_pos = order[starts[-2] : starts[-1]]
         asks = self._asks(cpu_pos, shapes, boxes, out_hw, regions, cost)
         submitted = time.perf_counter()  # before: the CPU may finish small shares before `submit` returns
-        job = self.cpu.submit(batch.take(cpu_pos), shapes[cpu_pos], *asks)
+        job = self.cpu.submit(batch.take(cpu_pos), shapes[cpu_pos], asks)
         gpu_job = None
         if self.gpu and GPU_EARLY:  # one thread: batches' GPU shares are decoded one after another
             self._early = self._early or ThreadPoolExecutor(1, thread_name_prefix="gpufeed-gpushare")
-            gpu_job = self._early.submit(self._decode_gpu, batch, order, starts)
+            gpu_job = self._early.submit(self._decode_gpu, batch, shapes, order, starts)
         return Started(batch, shapes, boxes, out_hw, order, starts, regions, cost, asks, job, submitted, gpu_job,
                        threads)
 
@@ -154,7 +154,10 @@ class Scheduler:
         and collect the CPU's: ([(part, batch positions of its images)], {position: reason it failed})."""
         batch, shapes, boxes, starts = started.batch, started.shapes, started.boxes, started.starts
         t0 = time.perf_counter()
-        gpu = started.gpu_job.result() if started.gpu_job is not None else self._decode_gpu(batch, started.order, starts)
+        if started.gpu_job is not None:
+            gpu = started.gpu_job.result()
+        else:
+            gpu = self._decode_gpu(batch, shapes, started.order, starts)
         t_cpu = time.perf_counter()
         self.seconds["gpu_wait"] += t_cpu - t0  # the caller's wait for the GPU shares
         parts, failed, retry = [], {}, []
@@ -172,7 +175,7 @@ class Scheduler:
             self.counts["cpu_fallback"] += len(retry)
             again = np.array([p for p, _ in retry])
             asks = self._asks(again, shapes, boxes, started.out_hw, started.regions, started.cost)
-            extra = self.cpu.collect(self.cpu.submit(batch.take(again), shapes[again], *asks), self.device, pin)
+            extra = self.cpu.collect(self.cpu.submit(batch.take(again), shapes[again], asks), self.device, pin)
             self._decoded_whole(asks, extra, len(again))
             parts.append((extra, again[extra.kept(len(retry))]))
             failed.update({retry[i][0]: f"{retry[i][1]}; cpu: {why}" for i, why in extra.failed.items()})
@@ -211,33 +214,32 @@ class Scheduler:
                 "seconds": dict(self.seconds)}
 
     def _asks(self, pos: np.ndarray, shapes: np.ndarray, boxes: np.ndarray, out_hw: tuple[int, int],
-              regions: np.ndarray, cost: np.ndarray) -> tuple[list, list]:
-        """What the CPU decodes of the images at `pos`: (DCT-reduced sizes, regions), see `decode_one`.
-        A region alone where that is cheaper than the whole image."""
-        alone = [tuple(r) if self.roi and c < 1 else None for r, c in zip(regions[pos].tolist(), cost[pos].tolist())]
-        return reduce_to(shapes[pos], boxes[pos], out_hw), alone
+              regions: np.ndarray, cost: np.ndarray) -> Asks:
+        """What the CPU decodes of the images at `pos` (see `decode_one`): a region alone where that is
+        cheaper than the whole image."""
+        alone = (cost[pos] < 1) if self.roi else np.zeros(len(pos), bool)
+        return Asks(reduce_to(shapes[pos], boxes[pos], out_hw), np.where(alone[:, None], regions[pos], NO_REGION))
 
-    def _decoded_whole(self, asks: tuple[list, list], part: Decoded, n: int) -> None:
+    def _decoded_whole(self, asks: Asks, part: Decoded, n: int) -> None:
         """Count the images of `part` (of `n` asked for) that the CPU decoded whole though a region alone
         was asked for (nvImageCodec's CPU decoder refused it: correct, but slower), and say so once."""
-        reduce_to, alone = asks
-        asked = sum(tries_region(reduce_to[k], alone[k]) for k in part.kept(n))
-        whole = asked - sum(r is not None for r in part.regions or ())
+        asked = int(asks.tries_region()[part.kept(n)].sum())
+        whole = asked - (0 if part.regions is None else int((part.regions[:, 0] >= 0).sum()))
         if whole > 0:
             self.counts["cpu_whole"] += whole
             warn_once("the CPU decodes whole images where it was to decode crop regions alone (slower): "
                        "nvImageCodec's CPU decoder refused them (`gpufeed doctor` says why); counted in "
                        "loader.stats()['decoded_by']['cpu_whole']")
 
-    def _decode_gpu(self, batch: Encoded, order: np.ndarray, starts: np.ndarray) -> GpuShares:
+    def _decode_gpu(self, batch: Encoded, shapes: np.ndarray, order: np.ndarray, starts: np.ndarray) -> GpuShares:
         """Decode every GPU decoder's share of a batch (at once, taking the pipelines' GPU turn)."""
         t0 = time.perf_counter()
         with self._gpu_turn:
-            jobs = self._gpu_decodes(batch, order, starts)
+            jobs = self._gpu_decodes(batch, shapes, order, starts)
             done = [(dec, pos, job.result() if isinstance(job, Future) else job) for dec, pos, job in jobs]
         return GpuShares([GpuShare(dec, pos, part, sec) for dec, pos, (part, sec) in done], time.perf_counter() - t0)
 
-    def _gpu_decodes(self, batch: Encoded, order: np.ndarray, starts: np.ndarray) -> list:
+    def _gpu_decodes(self, batch: Encoded, shapes: np.ndarray, order: np.ndarray, starts: np.ndarray) -> list:
         """Start each GPU decoder on its share: [(decoder, batch positions, (part, seconds) or a future)];
         all but the last decode on helper threads, so they run at once."""
         jobs = []
@@ -247,15 +249,15 @@ class Scheduler:
                 continue
             stream = self._streams[dec.name]
             if self._helper is not None and i < len(self.gpu) - 1:
-                jobs.append((dec, pos, self._helper.submit(self._timed, dec, batch.take(pos), stream)))
+                jobs.append((dec, pos, self._helper.submit(self._timed, dec, batch.take(pos), shapes[pos], stream)))
             else:
-                jobs.append((dec, pos, self._timed(dec, batch.take(pos), stream)))
+                jobs.append((dec, pos, self._timed(dec, batch.take(pos), shapes[pos], stream)))
         return jobs
 
-    def _timed(self, dec, batch: Encoded, stream) -> tuple[Decoded, float]:
+    def _timed(self, dec, batch: Encoded, shapes: np.ndarray, stream) -> tuple[Decoded, float]:
         t0 = time.perf_counter()
         with torch.cuda.stream(stream):
-            part = dec.decode(batch)
+            part = dec.decode(batch, shapes)
             stream.synchronize()
         return part, time.perf_counter() - t0
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from gpufeed.decode.base import Decoded, Encoded
+from gpufeed.decode.base import Decoded, Encoded, Region
 
 
 @dataclass
@@ -25,7 +25,7 @@ class Started:
     starts: np.ndarray  # where each decoder's share begins in `order`
     regions: np.ndarray
     cost: np.ndarray
-    cpu_asks: tuple[list, list]  # what the CPU decodes of its share (`Scheduler._asks`)
+    cpu_asks: Asks  # what the CPU decodes of its share (`Scheduler._asks`)
     cpu_job: Any  # the CPU decoder's handle for `collect`
     submitted: float  # perf_counter
     gpu_job: Future | None  # the GPU shares being decoded (`GpuShares`), or None: decoded in `finish`
@@ -62,9 +62,43 @@ def crop_regions(shapes: np.ndarray, boxes: np.ndarray) -> np.ndarray:
     return np.concatenate([lo, hi], 1).astype(np.int64)
 
 
-def reduce_to(shapes: np.ndarray, boxes: np.ndarray, out_hw: tuple[int, int]) -> list[tuple[int, int] | None]:
-    """Per image, the size to ask libjpeg for when its crop is >= 2x the output both ways (DCT
-    downscaling), else None."""
+def reduce_to(shapes: np.ndarray, boxes: np.ndarray, out_hw: tuple[int, int]) -> np.ndarray:
+    """(N, 2) int64: per image, the size (w, h) to ask libjpeg for when its crop is >= 2x the output
+    both ways (DCT downscaling), else (0, 0)."""
     factor = np.minimum((boxes[:, 2] - boxes[:, 0]) / out_hw[1], (boxes[:, 3] - boxes[:, 1]) / out_hw[0])
-    w, h = np.ceil(shapes[:, 1] / factor), np.ceil(shapes[:, 0] / factor)
-    return [(int(x), int(y)) if f >= 2 else None for f, x, y in zip(factor.tolist(), w.tolist(), h.tolist())]
+    with np.errstate(divide="ignore", invalid="ignore"):  # an empty box: no reduction
+        size = np.ceil(shapes[:, [1, 0]] / factor[:, None])
+    return np.where((factor >= 2)[:, None], size, 0).astype(np.int64)
+
+
+NO_REGION = (-1, -1, -1, -1)  # a row of `Asks.regions` or `Decoded.regions`: the whole image
+
+
+@dataclass
+class Asks:
+    """What the CPU decodes of each image of its share, one row per image (arrays, not a tuple per
+    image: the loader's per-batch Python is what costs the training thread): a size to DCT-reduce
+    towards, or else a region to decode alone, or else the whole image (`pixels.decode`)."""
+
+    reduce_to: np.ndarray  # (N, 2) int64 (w, h); (0, 0): no reduction
+    regions: np.ndarray  # (N, 4) int64 y0 x0 y1 x1; all -1: the whole image
+
+    @classmethod
+    def whole(cls, n: int) -> Asks:
+        return cls(np.zeros((n, 2), np.int64), np.tile(np.array(NO_REGION, np.int64), (n, 1)))
+
+    def __len__(self) -> int:
+        return len(self.reduce_to)
+
+    def take(self, positions) -> Asks:
+        return Asks(self.reduce_to[positions], self.regions[positions])
+
+    def tries_region(self) -> np.ndarray:
+        """Per image, whether its decode tries the region alone (asked, and no DCT reduction, which
+        takes precedence): `pixels.tries_region` for every row at once."""
+        return (self.regions[:, 0] >= 0) & (self.reduce_to[:, 0] == 0)
+
+    def each(self) -> list[tuple[tuple[int, int] | None, Region | None]]:
+        """Per image, `pixels.decode`'s (reduce_to, region) arguments (for decoders that take images one by one)."""
+        return [(tuple(r) if r[0] else None, tuple(g) if g[0] >= 0 else None)
+                for r, g in zip(self.reduce_to.tolist(), self.regions.tolist())]

@@ -43,6 +43,7 @@ from gpufeed.decode.relay import Relay
 from gpufeed.decode.base import Decoded, Encoded, PinnedStaging, WorkersStopped, hwc_strides, in_place, to_device
 from gpufeed.decode.cpu import CpuDecoder
 from gpufeed.decode.segment import Segment, unavailable
+from gpufeed.decode.shares import Asks
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +60,7 @@ class _Job:
     share: int  # its number (mod 2**32), in its tickets and their answers
     segment: Segment
     batch: Encoded  # kept to decode on threads if a worker dies
-    reduce_to: list
-    regions: list
+    asks: Asks
     sequence: dict[int, int]  # each ticket's first row -> its place in the ticket pipe (all tickets ever written)
     pending: dict[int, int] = field(default_factory=dict)  # first row -> rows, of the tickets not answered
     unclaimed: dict[int, float] = field(default_factory=dict)  # read but not taken, when first seen so
@@ -68,7 +68,7 @@ class _Job:
 
     @property
     def n(self) -> int:
-        return len(self.reduce_to)
+        return len(self.asks)
 
 
 class DecodeWorkers:
@@ -139,26 +139,26 @@ class DecodeWorkers:
             self._poll(0.01)
         return all(w.ready for w in self._workers)
 
-    def submit(self, batch: Encoded, shapes: np.ndarray, reduce_to: list, regions: list | None = None):
+    def submit(self, batch: Encoded, shapes: np.ndarray, asks: Asks | None = None):
         """Put the images on the board and their tickets in the pipe, `TICKETS_PER_WORKER` per ready
-        worker (`reduce_to`, `regions` as for `decode_one`); with none ready, wait for one. Once the
-        pool was stopped, raises `WorkersStopped` (so does `collect`, for a job the stop left unanswered)."""
-        regions = regions or [None] * len(reduce_to)
-        n = len(reduce_to)
+        worker (`asks` as for `CpuDecoder.submit`); with none ready, wait for one. Once the pool was
+        stopped, raises `WorkersStopped` (so does `collect`, for a job the stop left unanswered)."""
+        asks = asks or Asks.whole(len(batch))
+        n = len(asks)
         if not n:
             return None
         if not self._stop.alive:
             raise WorkersStopped(STOPPED)
         live = self._live(wait=True)
         if not live:
-            return self._fallback().submit(batch, shapes, reduce_to, regions)
+            return self._fallback().submit(batch, shapes, asks)
         capacity = shapes[:, 0].astype(np.int64) * shapes[:, 1] * 3
         at = np.cumsum(capacity) - capacity
         try:
             segment = self._staging.take(max(1, int(capacity.sum())))
         except (RuntimeError, OSError) as e:  # no memory to share or page-lock
             self._say(f"no shared buffer for decoded JPEGs ({e})")
-            return self._fallback().submit(batch, shapes, reduce_to, regions)
+            return self._fallback().submit(batch, shapes, asks)
         if batch.file_index is None:
             begins, ends = self._ranges(batch)
             files = -1
@@ -170,14 +170,14 @@ class DecodeWorkers:
             if start is None:
                 self._staging.give_back(segment, None)
                 self._say(f"no room on the decode workers' board for {n} images: decoded on threads")
-                return self._fallback().submit(batch, shapes, reduce_to, regions)
-            self._board.post(start, begins, ends, files, at, capacity, segment, reduce_to, regions)
+                return self._fallback().submit(batch, shapes, asks)
+            self._board.post(start, begins, ends, files, at, capacity, segment, asks)
             firsts = np.arange(start, start + n, size)
             tickets = np.empty(len(firsts), protocol.TICKET)
             share = next(self._shares) % (1 << 32)
             tickets["row"], tickets["count"], tickets["share"], tickets["spare"] = (
                 firsts, np.minimum(size, start + n - firsts), share, 0)
-            job = _Job(start, share, segment, batch, reduce_to, regions, {},
+            job = _Job(start, share, segment, batch, asks, {},
                        dict(zip(firsts.tolist(), tickets["count"].tolist())))
             self._jobs[start] = job
             self._tickets.update(dict.fromkeys(job.pending, job))
@@ -279,9 +279,9 @@ class DecodeWorkers:
         """Decode a lost ticket's rows on threads, into the segment, and complete the rows."""
         positions = list(range(first - job.start, first - job.start + count))
         threads = self._fallback()
-        part = threads.collect(threads.submit(job.batch.take(positions), None, [job.reduce_to[p] for p in positions],
-                                              [job.regions[p] for p in positions]), torch.device("cpu"), False)
-        images = iter(zip(part.offsets.tolist(), part.sizes.tolist(), part.regions or [None] * len(part.sizes)))
+        part = threads.collect(threads.submit(job.batch.take(positions), None, job.asks.take(positions)),
+                               torch.device("cpu"), False)
+        images = iter(zip(part.offsets.tolist(), part.sizes.tolist(), part.regions.tolist()))
         for k, p in enumerate(positions):
             row = self._board.rows[job.start + p : job.start + p + 1]
             if k in part.failed:
@@ -293,7 +293,7 @@ class DecodeWorkers:
                 continue
             at = int(row["at"][0])
             job.segment.tensor[at : at + h * w * 3] = part.base[offset : offset + h * w * 3]
-            protocol.decoded(row, h, w, region, threads.last_done)
+            protocol.decoded(row, h, w, region if region[0] >= 0 else None, threads.last_done)
 
     def _fallback(self) -> CpuDecoder:
         """This thread's decoder on threads (a thread decoder serves one caller at a time)."""
