@@ -16,8 +16,8 @@ is installed: a benchmark-only import).
 Per row: img/s, % of the same round's ceiling, seconds from the loader's construction returning to
 its first batch, GPU memory in use (the whole device, so other processes' contexts count), CPU
 cores used, and the training thread's time per step spent waiting for data and launching the step.
-The JSON (`--out`) also has each step's wait, and, per thread of the row's process, its time per step on a CPU and
-runnable but waiting for one (Linux schedstat).
+The JSON (`--out`) also has each step's wait, per thread of the row's process its time per step on a CPU and
+runnable but waiting for one (Linux schedstat), and the garbage collector's collections during the timed steps.
 `--pyspy` (py-spy on PATH) samples which threads hold the GIL during the timed steps; `--pyspy native`
 instead samples where the training thread is, running or not, native frames included (is it waiting
 for the GIL, for a lock of the CUDA driver, or running?), pausing the process per sample.
@@ -26,6 +26,7 @@ for the GIL, for a lock of the CUDA driver, or running?), pausing the process pe
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import shutil
@@ -33,7 +34,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -58,9 +61,12 @@ KNOBS = {
     "carry": ("gpufeed.loader.feeds", "CARRY", bool),  # the next epoch's first batches made as an epoch ends
     "gpu_early": ("gpufeed.decode.scheduler", "GPU_EARLY", bool),  # GPU shares decoded from `start` on a helper
     "compile_ahead": ("gpufeed.loader.jpeg_batch", "COMPILE_AHEAD", bool),  # kernels compiled during the first decode
+    "cpu_margin": ("gpufeed.decode.scheduler", "CPU_MARGIN", float),  # the CPU's share: this part of its cycle's images
 }
 # row settings of the training loop itself, set by `feeder`: `side=1` trains on a stream of its own
 # instead of the default stream (what a loader's work synchronized with the default stream costs);
+# `gc=freeze` moves every object made so far out of the garbage collector's reach before the timed
+# steps (`gc.freeze()`: full collections then traverse only what was made since);
 # `sched=spin|yield|blocking` (any row) sets how the process's CUDA syncs wait (`_context_scheduling`)
 LOOP: dict = {}
 
@@ -87,6 +93,7 @@ def feeder(row: str, work: Path, batch: int):
 
     name, _, spec = row.partition(":")
     kwargs = {k: _value(v) for k, v in _settings(row).items()}
+    LOOP["gc"] = kwargs.pop("gc", None)
     t0 = time.perf_counter()
     if name == "synthetic":
         images = torch.randn(batch, 3, 224, 224, device="cuda").half()
@@ -213,7 +220,10 @@ def _train(a, step, built: float, batches, stats) -> dict:
     for _ in range(a.warmup):
         step(*next(batches))
     torch.cuda.synchronize()
+    if LOOP.get("gc") == "freeze":
+        gc.freeze()
     spy = _pyspy(a) if a.pyspy else None
+    collections = GcWatch()
     before = stats() if stats is not None else None
     sched0 = _schedstat()
     wait = launch = 0.0
@@ -230,6 +240,7 @@ def _train(a, step, built: float, batches, stats) -> dict:
     loss.item()
     torch.cuda.synchronize()
     wall = time.perf_counter() - w0
+    collections.stop()
     cores = (cpu_seconds() - c0) / wall
     free, total = torch.cuda.mem_get_info()
     out = {"row": a.row, "model": a.model, "img_per_s": a.steps * a.batch / wall, "build_s": built,
@@ -237,6 +248,7 @@ def _train(a, step, built: float, batches, stats) -> dict:
            "wait_ms_per_step": 1e3 * wait / a.steps, "launch_ms_per_step": 1e3 * launch / a.steps,
            "device": torch.cuda.get_device_name(), "wait_ms_per_step_each": [round(1e3 * w, 2) for w in waits]}
     out["threads"] = _per_step(sched0, _schedstat(), a.steps)
+    out["gc"] = collections.summary()
     if spy is not None and a.pyspy == "native":
         out["native"] = _where_training_waits(spy)
     elif spy is not None:
@@ -245,6 +257,35 @@ def _train(a, step, built: float, batches, stats) -> dict:
         after = {k: v for k, v in stats().items() if k != "bytes"}
         out["loader"] = _delta(after, before) | {"decoder_rates": after.get("decoder_rates")}  # rates: averages
     return out
+
+
+class GcWatch:
+    """The garbage collector's collections while it watches: per generation, how many, their total and
+    longest milliseconds (a collection holds the GIL: every thread of the process waits), and which
+    threads' allocations set them off."""
+
+    def __init__(self):
+        self._began: float | None = None
+        self.seen: list[tuple[int, float, str]] = []
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+        elif self._began is not None:
+            self.seen.append((info["generation"], time.perf_counter() - self._began, threading.current_thread().name))
+            self._began = None
+
+    def stop(self) -> None:
+        gc.callbacks.remove(self._callback)
+
+    def summary(self) -> dict:
+        out = {}
+        for gen in sorted({g for g, _, _ in self.seen}):
+            times = [t for g, t, _ in self.seen if g == gen]
+            out[f"gen{gen}"] = {"count": len(times), "ms": round(1e3 * sum(times), 2), "max_ms": round(1e3 * max(times), 2),
+                                "threads": dict(Counter(name for g, _, name in self.seen if g == gen))}
+        return out
 
 
 def _delta(after, before):
