@@ -82,7 +82,8 @@ def _launch(x: torch.Tensor, seconds: float) -> np.ndarray:
 
 
 def _holders(stacks: dict[str, int] | str, batches: float) -> list:
-    """The loader's GIL holders py-spy saw (not the op thread): [(ms per batch at 1 kHz, holder)]."""
+    """The loader's GIL holders py-spy saw (not the op thread): [(ms per batch at 1 kHz, holder)], the
+    first of them all of them together, then the 15 heaviest."""
     import train_bench
 
     if isinstance(stacks, str):
@@ -91,7 +92,8 @@ def _holders(stacks: dict[str, int] | str, batches: float) -> list:
     for stack, n in stacks.items():
         if "_launch" not in stack:
             top[train_bench.holder(stack)] = top.get(train_bench.holder(stack), 0) + n
-    return [(round(n / max(1, batches), 3), k) for k, n in sorted(top.items(), key=lambda kv: -kv[1])[:15]]
+    every = [(round(sum(top.values()) / max(1, batches), 3), "all of the loader's threads")]
+    return every + [(round(n / max(1, batches), 3), k) for k, n in sorted(top.items(), key=lambda kv: -kv[1])[:15]]
 
 
 def _waits(alone: np.ndarray, near: np.ndarray, batches: int, seconds: float, suffix: str) -> dict:
