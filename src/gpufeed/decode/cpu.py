@@ -113,7 +113,7 @@ class CpuDecoder:
         """Start decoding (`asks`: what of each image, see `decode_one`; None: every image whole); returns
         futures (one per image) for `collect`. (`shapes`, the sizes the store records, are for decoders
         that reserve room up front; threads don't need them.)"""
-        each = (asks or Asks.whole(len(batch))).each()
+        each = (asks if asks is not None else Asks.whole(len(batch))).each()
         return [self._pool.submit(decode_one, d, *ask) for d, ask in zip(batch.tensors(), each)]
 
     def collect(self, futures, device: torch.device, pin: bool) -> Decoded:

@@ -143,7 +143,7 @@ class DecodeWorkers:
         """Put the images on the board and their tickets in the pipe, `TICKETS_PER_WORKER` per ready
         worker (`asks` as for `CpuDecoder.submit`); with none ready, wait for one. Once the pool was
         stopped, raises `WorkersStopped` (so does `collect`, for a job the stop left unanswered)."""
-        asks = asks or Asks.whole(len(batch))
+        asks = asks if asks is not None else Asks.whole(len(batch))
         n = len(asks)
         if not n:
             return None
