@@ -2,7 +2,10 @@
 with one background thread doing one piece of a loader's per-batch work, paced to the rate the model
 consumes batches (`--rate` per second), so the only difference between rows is that piece.
 `h2dN` copies N MB from page-locked memory to the GPU per tick (the CPU workers' pixels going up).
-`cpu_procsN` instead starts N processes that decode JPEGs with PIL as fast as they can (no GPU):
+`kernelsN` runs N small kernels per tick (an elementwise op over one decoded image's bytes, as a
+decoder's colour conversion per image) captured in one CUDA graph: what many small kernels of
+another stream cost the model's, with no launches or Python; `opsN` launches the same N ops from
+Python. `cpu_procsN` instead starts N processes that decode JPEGs with PIL as fast as they can (no GPU):
 what CPU decode workers' load alone costs the training thread on the host.
 
     PYTHONPATH=src python benchmarks/train_bench.py --rows "synthetic;interfere:tv_nvjpeg;..." --models resnet18
@@ -17,7 +20,7 @@ import numpy as np
 import torch
 
 KINDS = ("none", "tv_nvjpeg", "tv_nvjpeg_ptrs", "nvimg_hw", "nvimg_hw_ptrs", "resize", "cpu_tv_threads",
-         "pyloop_1ms", "pyloop_3ms", "pipe_recv", "cpu_procsN", "h2dN")
+         "pyloop_1ms", "pyloop_3ms", "pipe_recv", "cpu_procsN", "h2dN", "kernelsN", "opsN")
 
 # a CPU decode process for `cpu_procsN`: decodes one file over and over until its parent is gone
 _DECODER = """import io, os, sys
@@ -118,6 +121,23 @@ def _work(kind, arrays, pinned, bounds, stream):
         shift = torch.zeros(3, device="cuda")
         return lambda: (fused.resample_packed(src, offsets, sizes, strides, rows, boxes, flip, out, scale, shift),
                         stream.synchronize())
+    if kind.startswith("kernels") or kind.startswith("ops"):  # N small kernels per tick on the side stream,
+        graphed = kind.startswith("kernels")  # one CUDA graph launch for all (the GPU's side alone), or N ops
+        count = int(kind[len("kernels") if graphed else len("ops"):])  # from Python (launches and GIL too)
+        image = torch.zeros(375 * 500 * 3, dtype=torch.uint8, device="cuda")  # what one image's conversion writes
+
+        def ops():
+            for _ in range(count):
+                image.add_(1)
+        if not graphed:
+            return lambda: (ops(), stream.synchronize())
+        with torch.cuda.stream(stream):
+            ops()  # warm up before capture
+            stream.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=stream):
+                ops()
+        return lambda: (graph.replay(), stream.synchronize())
     if kind == "cpu_tv_threads":
         from concurrent.futures import ThreadPoolExecutor
 
