@@ -62,6 +62,7 @@ KNOBS = {
     "gpu_early": ("gpufeed.decode.scheduler", "GPU_EARLY", bool),  # GPU shares decoded from `start` on a helper
     "compile_ahead": ("gpufeed.loader.jpeg_batch", "COMPILE_AHEAD", bool),  # kernels compiled during the first decode
     "cpu_margin": ("gpufeed.decode.scheduler", "CPU_MARGIN", float),  # the CPU's share: this part of its cycle's images
+    "tickets": ("gpufeed.decode.workers", "TICKETS_PER_WORKER", int),  # tickets per ready worker in each CPU share
 }
 # row settings of the training loop itself, set by `feeder`: `side=1` trains on a stream of its own
 # instead of the default stream (what a loader's work synchronized with the default stream costs);
