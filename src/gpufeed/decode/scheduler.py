@@ -86,7 +86,8 @@ class Scheduler:
         self.counts: Counter = Counter()
         # per batch, summed: "gpu" from the GPU decoders' start until the last is done, "gpu_wait" the
         # caller's wait for them in `finish`, "cpu" the CPU part's work after that; each decoder's own
-        # time (the GPU decoders' calls, "cpu_threads" until the last CPU image)
+        # time (the GPU decoders' calls, "cpu_threads" until the last CPU image from when the CPU could
+        # begin the share, "cpu_submitted_to_done" from when it was handed over)
         self.seconds: Counter = Counter()
         helpers = len(self.gpu) - 1  # every GPU decoder but the last decodes on a helper thread
         self._helper = ThreadPoolExecutor(helpers, thread_name_prefix="gpufeed-gpudecode") if helpers > 0 else None
@@ -191,6 +192,7 @@ class Scheduler:
             per_thread = math.ceil(len(cpu_pos) / max(1, started.cpu_threads))
             self._rate("cpu", per_thread, self.cpu.last_done - begun)
             self.seconds["cpu_threads"] += max(0.0, self.cpu.last_done - begun)
+            self.seconds["cpu_submitted_to_done"] += max(0.0, self.cpu.last_done - started.submitted)
             self._cpu_free = self.cpu.last_done
         parts.append((cpu_part, cpu_pos[cpu_part.kept(len(cpu_pos))]))
         failed.update({int(cpu_pos[i]): why for i, why in cpu_part.failed.items()})
