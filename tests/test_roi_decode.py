@@ -131,6 +131,8 @@ def test_the_cpu_asks_for_a_region_only_where_it_is_cheaper(monkeypatch):
         asks = sched._asks(np.arange(3), shapes, boxes, (224, 224), regions, cost)
         assert asks.regions.tolist() == [[0, 0, 81, 101], [-1] * 4, [-1] * 4] and (asks.reduce_to[:2] == 0).all()
         assert asks.each()[:2] == [(None, (0, 0, 81, 101)), (None, None)]
+        factor = 600 / 224  # the 800 x 600 crop is over 2x the output both ways: a DCT-reduced decode
+        assert asks.each()[2] == ((int(np.ceil(500 / factor)), int(np.ceil(375 / factor))), None)
         assert cost[0] < 0.3 < 1 < cost[1]
     finally:
         sched.close()
