@@ -26,7 +26,8 @@ from torchvision.io import ImageReadMode, decode_jpeg, encode_jpeg
 
 from gpufeed.decode import pixels
 from gpufeed.decode.base import Decoded, Encoded, PinnedStaging, Region, nvimgcodec_install, packed
-from gpufeed.decode.shares import NO_REGION, Asks
+from gpufeed.decode.protocol import NO_REGION
+from gpufeed.decode.shares import Asks
 from gpufeed.store.reader import as_tensor
 
 

@@ -33,6 +33,7 @@ MAX_MESSAGE = 1 << 20  # only `Ready` is framed: anything larger is a broken pip
 ERROR_BYTES = 160  # a failed image's reason, cut to this many bytes of UTF-8
 
 PENDING, DECODED, FAILED = 0, 1, 2  # a board row's status
+NO_REGION = (-1, -1, -1, -1)  # a row's region (asked or decoded): none, the whole image
 
 BOARD = np.dtype([
     # the loader's request
@@ -89,11 +90,18 @@ def board(buffer, rows: int) -> np.ndarray:
     return np.frombuffer(buffer, dtype=BOARD, count=rows)
 
 
+def asked(reduce_to, region) -> tuple[tuple[int, int] | None, tuple[int, int, int, int] | None]:
+    """A row's request (`reduce_to` (w, h), `region`, as lists of ints, as the board holds them) as
+    `pixels.decode` takes it: None for no DCT reduction, None for the whole image."""
+    w, h = reduce_to
+    return ((w, h) if w else None), (tuple(region) if region[0] >= 0 else None)
+
+
 def decoded(row: np.ndarray, height: int, width: int, region, done: float) -> None:
     """Complete board row `row` (a view of one row): its image decoded to `height` x `width`, of
-    `region` (None: the whole image), finished at `done`."""
+    `region` (None or `NO_REGION`: the whole image), finished at `done`."""
     row["height"], row["width"], row["done"] = height, width, done
-    row["decoded_region"] = region if region is not None else (-1, -1, -1, -1)
+    row["decoded_region"] = region if region is not None else NO_REGION
     row["status"] = DECODED
 
 

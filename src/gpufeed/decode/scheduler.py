@@ -36,7 +36,8 @@ import torch
 from gpufeed.decode.base import Decoded, Encoded, WorkersStopped
 from gpufeed.decode.choice import DEFAULT, START_RATES, gpu_decoders, warn_once
 from gpufeed.decode.cpu import CpuDecoder, roi_available, roi_cost
-from gpufeed.decode.shares import NO_REGION, Asks, GpuShare, GpuShares, Started, crop_regions, reduce_to
+from gpufeed.decode.protocol import NO_REGION
+from gpufeed.decode.shares import Asks, GpuShare, GpuShares, Started, crop_regions, reduce_to
 
 # CUDA priority of the JPEG path's streams (decoders' and the batch's). 0 is the default streams'
 # (and a training loop's) priority, the lowest; negative numbers go ahead of it. Measured in

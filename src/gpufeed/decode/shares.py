@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from gpufeed.decode.base import Decoded, Encoded, Region
+from gpufeed.decode.protocol import NO_REGION, asked
 
 
 @dataclass
@@ -71,9 +72,6 @@ def reduce_to(shapes: np.ndarray, boxes: np.ndarray, out_hw: tuple[int, int]) ->
     return np.where((factor >= 2)[:, None], size, 0).astype(np.int64)
 
 
-NO_REGION = (-1, -1, -1, -1)  # a row of `Asks.regions` or `Decoded.regions`: the whole image
-
-
 @dataclass
 class Asks:
     """What the CPU decodes of each image of its share, one row per image (arrays, not a tuple per
@@ -100,5 +98,4 @@ class Asks:
 
     def each(self) -> list[tuple[tuple[int, int] | None, Region | None]]:
         """Per image, `pixels.decode`'s (reduce_to, region) arguments (for decoders that take images one by one)."""
-        return [(tuple(r) if r[0] else None, tuple(g) if g[0] >= 0 else None)
-                for r, g in zip(self.reduce_to.tolist(), self.regions.tolist())]
+        return [asked(r, g) for r, g in zip(self.reduce_to.tolist(), self.regions.tolist())]

@@ -68,9 +68,7 @@ def _one(row: np.ndarray, data: np.ndarray, files, segments: dict, parent: int, 
         begin, end = int(job["begin"]), int(job["end"])
         encoded = data[begin:end] if job["file"] < 0 else _read(files[int(job["file"])], begin, end)
         out = _segment(segments, int(job["segment_fd"]), int(job["segment_id"]), int(job["segment_size"]), parent)
-        w, h = job["reduce_to"].tolist()
-        box = job["region"].tolist()
-        pixels, region, done = decode(encoded, (w, h) if w else None, tuple(box) if box[0] >= 0 else None)
+        pixels, region, done = decode(encoded, *protocol.asked(job["reduce_to"].tolist(), job["region"].tolist()))
         if pixels.size > job["capacity"]:
             raise ValueError(f"decoded to {tuple(pixels.shape[:2])}, larger than the size the store records")
         at = int(job["at"])

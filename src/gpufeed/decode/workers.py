@@ -293,7 +293,7 @@ class DecodeWorkers:
                 continue
             at = int(row["at"][0])
             job.segment.tensor[at : at + h * w * 3] = part.base[offset : offset + h * w * 3]
-            protocol.decoded(row, h, w, region if region[0] >= 0 else None, threads.last_done)
+            protocol.decoded(row, h, w, region, threads.last_done)
 
     def _fallback(self) -> CpuDecoder:
         """This thread's decoder on threads (a thread decoder serves one caller at a time)."""
