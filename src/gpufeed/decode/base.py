@@ -78,8 +78,16 @@ class Decoded:
 
     def kept(self, count: int) -> np.ndarray:
         """Positions (0..count-1) of the images that were decoded, in order."""
-        every = np.arange(count)
-        return np.delete(every, list(self.failed)) if self.failed else every
+        return _kept(count, self.failed)
+
+    def alone(self) -> np.ndarray:
+        """Per image, whether its pixels are a region of the stored image (not the whole, maybe DCT-reduced)."""
+        return np.zeros(len(self.sizes), bool) if self.regions is None else self.regions[:, 0] >= 0
+
+
+def _kept(count: int, failed: dict[int, str]) -> np.ndarray:
+    every = np.arange(count)
+    return np.delete(every, list(failed)) if failed else every
 
 
 def in_place(images: list[torch.Tensor], failed: dict[int, str], shapes: np.ndarray | None = None) -> Decoded:
@@ -95,7 +103,7 @@ def in_place(images: list[torch.Tensor], failed: dict[int, str], shapes: np.ndar
                        np.zeros((0, 3), np.int64), [], failed)
     offsets = np.fromiter(map(torch.Tensor.data_ptr, images), np.int64, len(images))
     if shapes is not None:
-        sizes = shapes[np.delete(np.arange(len(shapes)), list(failed))] if failed else shapes
+        sizes = shapes[_kept(len(shapes), failed)]
         numels = np.fromiter(map(torch.Tensor.numel, images), np.int64, len(images))
         if len(sizes) == len(images) and np.array_equal(numels, 3 * sizes[:, 0] * sizes[:, 1]) and all(
                 map(torch.Tensor.is_contiguous, images)):
@@ -156,8 +164,8 @@ def into_pixels(boxes: np.ndarray, shapes: np.ndarray, part: Decoded) -> np.ndar
     may be a region of the image or the whole image DCT-reduced."""
     spans = np.zeros((len(shapes), 4))
     spans[:, 2:] = shapes
-    if part.regions is not None:
-        alone = part.regions[:, 0] >= 0
+    alone = part.alone()
+    if alone.any():
         spans[alone] = part.regions[alone]
     ratio = part.sizes / (spans[:, 2:] - spans[:, :2])  # decoded pixels per stored pixel: (y, x)
     return (boxes - spans[:, [1, 0, 1, 0]]) * ratio[:, [1, 0, 1, 0]]
