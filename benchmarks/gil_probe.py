@@ -88,10 +88,7 @@ def _holders(stacks: dict[str, int] | str, batches: float) -> list:
 
     if isinstance(stacks, str):
         return [(0.0, f"py-spy: {stacks}")]
-    top: dict[str, int] = {}
-    for stack, n in stacks.items():
-        if "_launch" not in stack:
-            top[train_bench.holder(stack)] = top.get(train_bench.holder(stack), 0) + n
+    _, top = train_bench.holders(stacks, "_launch")
     every = [(round(sum(top.values()) / max(1, batches), 3), "all of the loader's threads")]
     return every + [(round(n / max(1, batches), 3), k) for k, n in sorted(top.items(), key=lambda kv: -kv[1])[:15]]
 

@@ -364,6 +364,17 @@ def holder(stack: str) -> str:
     return ";".join(stack.split(";")[-3:])
 
 
+def holders(stacks: dict[str, int], mine: str) -> tuple[int, dict[str, int]]:
+    """(samples of the stacks with frame `mine`, samples of every other stack by `holder`)."""
+    own, top = 0, {}
+    for stack, n in stacks.items():
+        if mine in stack:
+            own += n
+        else:
+            top[holder(stack)] = top.get(holder(stack), 0) + n
+    return own, top
+
+
 GIL_RATE = 500  # py-spy's samples per second of the GIL holders (`--pyspy`)
 
 
@@ -384,14 +395,8 @@ def _gil_shares(spy, wall: float, steps: int) -> dict:
     stacks = gil_stacks(spy, seconds + 30)
     if isinstance(stacks, str):
         return {"error": stacks}
-    train = other = 0
-    top: dict[str, int] = {}
-    for stack, n in stacks.items():
-        if "run_row" in stack:
-            train += n
-        else:
-            other += n
-            top[holder(stack)] = top.get(holder(stack), 0) + n
+    train, top = holders(stacks, "run_row")
+    other = sum(top.values())
     samples = seconds * GIL_RATE
     return {"train_thread_share": train / samples, "other_threads_share": other / samples,
             "other_ms_per_step": 1e3 * other / GIL_RATE / (seconds * steps / wall),
