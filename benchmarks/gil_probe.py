@@ -175,7 +175,7 @@ def main() -> None:
                                                                torch.cuda.synchronize()))
     out["torchvision decode_jpeg cpu x16"] = probe(lambda: [decode_jpeg(t) for t in tensors[:16]])
     try:
-        from gpufeed.decode.nvimgcodec import load
+        from gpufeed.decode.pixels import nvimgcodec as load
 
         nv = load()
         for kind in ("HW_GPU_ONLY", "HYBRID_CPU_GPU"):

@@ -5,7 +5,9 @@ consumes batches (`--rate` per second), so the only difference between rows is t
 `kernelsN` runs N small kernels per tick (an elementwise op over one decoded image's bytes, as a
 decoder's colour conversion per image) captured in one CUDA graph: what many small kernels of
 another stream cost the model's, with no launches or Python; `opsN` launches the same N ops from
-Python. `cpu_procsN` instead starts N processes that decode JPEGs with PIL as fast as they can (no GPU):
+Python. `gilN` lets go of the GIL and takes it back N times per tick (`time.sleep(0)`), nothing
+else: what a library that does so per image (nvImageCodec's decode, three times per image) costs the
+training thread. `cpu_procsN` instead starts N processes that decode JPEGs with PIL as fast as they can (no GPU):
 what CPU decode workers' load alone costs the training thread on the host.
 
     PYTHONPATH=src python benchmarks/train_bench.py --rows "synthetic;interfere:tv_nvjpeg;..." --models resnet18
@@ -19,8 +21,9 @@ import time
 import numpy as np
 import torch
 
-KINDS = ("none", "tv_nvjpeg", "tv_nvjpeg_ptrs", "nvimg_hw", "nvimg_hw_ptrs", "resize", "cpu_tv_threads",
-         "pyloop_1ms", "pyloop_3ms", "pipe_recv", "cpu_procsN", "h2dN", "kernelsN", "opsN")
+KINDS = ("none", "tv_nvjpeg", "tv_nvjpeg_ptrs", "nvimg_hw", "nvimg_hw_ptrs", "capi_hw", "capi_cuda", "resize", "cpu_tv_threads",
+         "pyloop_1ms", "pyloop_3ms", "pipe_recv", "cpu_procsN", "h2dN", "kernelsN", "opsN",
+         "gilN")
 
 # a CPU decode process for `cpu_procsN`: decodes one file over and over until its parent is gone
 _DECODER = """import io, os, sys
@@ -30,6 +33,9 @@ while os.getppid() == parent:
     for _ in range(20):
         Image.open(io.BytesIO(data)).convert("RGB").load()
 """
+
+
+COUNTS = {"ticks": 0, "work_seconds": 0.0}  # the paced thread's ticks and its time in `work`
 
 
 def start(kind: str, rate: float = 50.0, images: int = 128) -> threading.Thread | list:
@@ -51,8 +57,11 @@ def start(kind: str, rate: float = 50.0, images: int = 128) -> threading.Thread 
     def loop():
         period, t = 1.0 / rate, time.perf_counter()
         while True:
+            w0 = time.perf_counter()
             with torch.cuda.stream(stream):
                 work()
+            COUNTS["ticks"] += 1
+            COUNTS["work_seconds"] += time.perf_counter() - w0
             t += period
             delay = t - time.perf_counter()
             if delay > 0:
@@ -90,7 +99,7 @@ def _work(kind, arrays, pinned, bounds, stream):
             stream.synchronize()
         return f
     if kind.startswith("nvimg"):
-        from gpufeed.decode.nvimgcodec import load
+        from gpufeed.decode.pixels import nvimgcodec as load
 
         nv = load()
         dec = nv.Decoder(device_id=0, max_num_cpu_threads=4, backends=[nv.Backend(nv.BackendKind.HW_GPU_ONLY)])
@@ -99,6 +108,23 @@ def _work(kind, arrays, pinned, bounds, stream):
             res = dec.decode(arrays, cuda_stream=stream.cuda_stream)
             if kind.endswith("ptrs"):
                 [r.__cuda_array_interface__ for r in res]
+            stream.synchronize()
+        return f
+    if kind.startswith("capi"):  # nvImageCodec's engines through its C API, into one reused buffer
+        from gpufeed.decode.nvimgcodec_api import BatchDecoder
+
+        dec = BatchDecoder(kind.split("_")[1], torch.cuda.current_device(), 4)
+        data = np.concatenate(arrays)
+        ends = np.cumsum([len(a) for a in arrays])
+        begins = ends - [len(a) for a in arrays]
+        out = []
+
+        def f():
+            sizes, ok = dec.read(data, begins, ends)
+            offsets, total = dec.layout(sizes, ok)
+            if not out:
+                out.append(torch.empty(total, dtype=torch.uint8, device="cuda"))
+            dec.decode(sizes, ok, out[0].data_ptr(), offsets, stream.cuda_stream)
             stream.synchronize()
         return f
     if kind.startswith("h2d"):
@@ -138,6 +164,13 @@ def _work(kind, arrays, pinned, bounds, stream):
             with torch.cuda.graph(graph, stream=stream):
                 ops()
         return lambda: (graph.replay(), stream.synchronize())
+    if kind.startswith("gil"):
+        count = int(kind[3:])
+
+        def f():
+            for _ in range(count):
+                time.sleep(0)
+        return f
     if kind == "cpu_tv_threads":
         from concurrent.futures import ThreadPoolExecutor
 

@@ -57,7 +57,6 @@ KNOBS = {
     "pipelines": ("gpufeed.loader.jpeg", "PIPELINES_ON_GPU", int),  # JPEG pipelines per loader
     "priority": ("gpufeed.decode.scheduler", "STREAM_PRIORITY", int),  # CUDA priority of the JPEG path's streams
     "turns": ("gpufeed.loader.jpeg", "GPU_DECODES_TAKE_TURNS", bool),  # several pipelines' GPU decodes take turns
-    "reuse": ("gpufeed.decode.nvimgcodec", "REUSE", bool),  # nvImageCodec decodes into the Images of earlier batches
     "carry": ("gpufeed.loader.feeds", "CARRY", bool),  # the next epoch's first batches made as an epoch ends
     "gpu_early": ("gpufeed.decode.scheduler", "GPU_EARLY", bool),  # GPU shares decoded from `start` on a helper
     "compile_ahead": ("gpufeed.loader.jpeg_batch", "COMPILE_AHEAD", bool),  # kernels compiled during the first decode
@@ -109,7 +108,8 @@ def feeder(row: str, work: Path, batch: int):
         import interference
 
         interference.start(spec.split(",")[0], rate=float(kwargs.get("rate", 50)))
-        return feeder("synthetic", work, batch)
+        built, batches, _ = feeder("synthetic", work, batch)
+        return built, batches, lambda: dict(interference.COUNTS)
     if name in ("raw", "jpeg"):
         import importlib
 

@@ -333,19 +333,6 @@ def test_cpu_share_is_what_the_cpu_decodes_in_a_cycle():
     scheduler.close()
 
 
-def test_nvimgcodec_images_are_reused_only_after_their_kernels_ran():
-    from gpufeed.decode.nvimgcodec import ReusedImages
-
-    reused, ran = ReusedImages(max_bytes=100), [False]
-    event = SimpleNamespace(query=lambda: ran[0])
-    assert reused.take(2) is None  # none yet: the decoder makes new Images
-    reused.give_back(["a", "b", "huge"], [10, 100, 101], event)  # one too large to keep
-    assert reused.take(1) is None
-    ran[0] = True
-    assert reused.take(3) is None and reused.take(0) is None  # only two kept
-    assert sorted(reused.take(2)) == ["a", "b"] and reused.take(1) is None
-
-
 def test_encoded_bytes_tiers_on_cpu(store):
     assert tiers.materialize(store, CPU, "auto").name == "host"
     assert tiers.materialize(store, CPU, "disk").name == "disk"

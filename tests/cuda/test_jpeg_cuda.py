@@ -7,7 +7,6 @@ import logging
 import os
 import shutil
 import subprocess
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -16,7 +15,7 @@ import torch
 import gpufeed
 from gpufeed.augment import Normalize, RandomHorizontalFlip, RandomResizedCrop
 from gpufeed.decode import Scheduler
-from gpufeed.decode.base import Encoded
+from gpufeed.decode.base import Encoded, hwc_strides
 from gpufeed.decode.cpu import roi_available, roi_cost
 from gpufeed.decode.shares import crop_regions
 from gpufeed.store.reader import as_tensor
@@ -215,44 +214,48 @@ def test_a_folder_read_in_place_on_the_gpu_gives_its_stores_batches(store):
     packed.close()
 
 
-@pytest.mark.skipif(not importlib.util.find_spec("nvidia.nvimgcodec"), reason="needs nvImageCodec")
-@pytest.mark.parametrize("name", ["hw", "cuda"])
-def test_nvimgcodec_images_are_decoded_into_again(name):
-    """A batch decoded into the Images of an earlier batch (other sizes, larger too) has the pixels of a
-    fresh decode, and the earlier Images are reused only once their event completed."""
+def _encoded(sizes, gen, bad=()):
+    """Random-pixel JPEGs of `sizes` as a batch; positions in `bad` are bytes no decoder reads."""
     from torchvision.io import encode_jpeg
 
+    blobs = [np.frombuffer(b"\xff\xd8 not a jpeg", np.uint8) if k in bad else
+             encode_jpeg(torch.randint(0, 256, (3, h, w), dtype=torch.uint8, generator=gen), quality=90).numpy()
+             for k, (h, w) in enumerate(sizes)]
+    ends = np.cumsum([len(b) for b in blobs])
+    return Encoded.of(torch.from_numpy(np.concatenate(blobs)), np.concatenate([[0], ends]), np.arange(len(blobs)))
+
+
+@pytest.mark.skipif(not importlib.util.find_spec("nvidia.nvimgcodec"), reason="needs nvImageCodec")
+@pytest.mark.parametrize("name", ["hw", "cuda"])
+def test_nvimgcodec_c_api_decodes_what_its_binding_does(name):
+    """The C API's batch (one buffer, images at aligned offsets) has the pixels nvImageCodec's Python
+    binding decodes, the same images failed, and the next batch (other sizes, larger too) decodes
+    into the handles of the first as well."""
     from gpufeed.decode.nvimgcodec import NvImgCodecDecoder
+    from gpufeed.decode.pixels import nvimgcodec
 
-    gen = torch.Generator().manual_seed(0)
-
-    def encoded(sizes):
-        blobs = [encode_jpeg(torch.randint(0, 256, (3, h, w), dtype=torch.uint8, generator=gen), quality=90).numpy()
-                 for h, w in sizes]
-        ends = np.cumsum([len(b) for b in blobs])
-        return Encoded.of(torch.from_numpy(np.concatenate(blobs)), np.concatenate([[0], ends]), np.arange(len(blobs)))
-
-    def pixels(part):  # each image from its own Image (their offsets from `base` leave its allocation)
-        return [torch.as_tensor(image, device="cuda").clone() for image in part.keep]
-
+    nv, gen = nvimgcodec(), torch.Generator().manual_seed(1)
+    kind = {"hw": nv.BackendKind.HW_GPU_ONLY, "cuda": nv.BackendKind.HYBRID_CPU_GPU}[name]
     try:
-        dec, fresh = NvImgCodecDecoder(torch.device("cuda"), name), NvImgCodecDecoder(torch.device("cuda"), name)
+        native = NvImgCodecDecoder(torch.device("cuda"), name)
+        binding = nv.Decoder(backends=[nv.Backend(kind)])
     except Exception as e:  # no engines on this GPU
         pytest.skip(f"nvImageCodec {name}: {e}")
-    first = dec.decode(encoded([(64, 64), (80, 64), (96, 128)]))
-    assert not first.failed
-    first.on_done(SimpleNamespace(query=lambda: False))  # the kernels reading them have not run
-    assert dec.reused.take(3) is None
-    dec.reused._busy.clear()
-    done = torch.cuda.current_stream().record_event()
-    first.on_done(done)
-    done.synchronize()
-    batch = encoded([(200, 160), (64, 96), (72, 136)])
-    again = dec.decode(batch)
-    assert not dec.reused._free and not dec.reused._busy  # the three were decoded into
-    torch.cuda.synchronize()
-    want = fresh.decode(batch)
-    torch.cuda.synchronize()
-    assert not again.failed and [tuple(s) for s in again.sizes.tolist()] == [(200, 160), (64, 96), (72, 136)]
-    for k, (a, b) in enumerate(zip(pixels(again), pixels(want))):
-        assert a.shape == b.shape and torch.equal(a, b), (k, a.shape, b.shape, (a.int() - b.int()).abs().max())
+    params = nv.DecodeParams(apply_exif_orientation=False, color_spec=nv.ColorSpec.SRGB)
+    for sizes, bad in (([(64, 64), (80, 64), (33, 47), (96, 128)], {2}), ([(200, 160), (64, 96), (72, 136)], ())):
+        batch = _encoded(sizes, gen, bad)
+        got = native.decode(batch)
+        want = binding.decode(batch.arrays(), params=params)
+        torch.cuda.synchronize()
+        assert sorted(got.failed) == sorted(k for k, image in enumerate(want) if image is None) == sorted(bad)
+        assert got.sizes.tolist() == [list(s) for k, s in enumerate(sizes) if k not in bad]
+        assert (got.strides == hwc_strides(got.sizes)).all() and (got.offsets % 256 == 0).all()
+        for (h, w), off, image in zip(got.sizes.tolist(), got.offsets.tolist(), [im for im in want if im is not None]):
+            a, b = got.base[off: off + h * w * 3].view(h, w, 3), torch.as_tensor(image, device="cuda")
+            assert torch.equal(a, b), (name, (a.int() - b.int()).abs().max())
+    good = bytes(_encoded([(64, 64)], gen).array)  # a header that claims 60000 x 60000 is refused unallocated
+    at = good.index(b"\xff\xc0") + 5
+    hostile = good[:at] + (60000).to_bytes(2, "big") * 2 + good[at + 4:]
+    data = np.frombuffer(good + hostile, np.uint8)
+    got = native.decode(Encoded.of(torch.from_numpy(data.copy()), np.array([0, len(good), len(data)]), np.arange(2)))
+    assert list(got.failed) == [1] and "claims 60000x60000" in got.failed[1] and got.sizes.tolist() == [[64, 64]]

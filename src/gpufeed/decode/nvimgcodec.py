@@ -10,101 +10,45 @@ to match torch's CUDA; imported only when a loader asks for one):
 Region-of-interest decode is slower than whole images on both (`benchmarks/nvimgcodec_probe.py`,
 docs/benchmarks.md), so the loader decodes whole images and crops in its resize kernel.
 
-The decoded Images are decoded into again once the kernels reading them ran (`ReusedImages`):
-a fresh Image per decode allocates device memory and frees it when dropped, and beside a training
-loop those allocations and frees waited for the model's queued work (docs/benchmarks.md).
+A batch decodes through nvImageCodec's C API (`nvimgcodec_api`) into one buffer from torch's
+allocator, freed (to that allocator) once the kernels reading it ran. Its Python binding would take
+the GIL back about three times per image, each time waiting for the training thread
+(docs/benchmarks.md); it would also allocate and free device memory for every Image it makes.
 """
 
 from __future__ import annotations
 
-import logging
-import threading
-from collections import deque
-
 import numpy as np
 import torch
 
-from gpufeed.decode.base import Decoded, Encoded, in_place
-from gpufeed.decode.pixels import nvimgcodec
+from gpufeed.decode.base import Decoded, Encoded, hwc_strides
+from gpufeed.decode.nvimgcodec_api import BatchDecoder
 
-log = logging.getLogger(__name__)
-
-
-load = nvimgcodec  # the module, imported once (see `pixels.nvimgcodec`)
-
-
-# Images larger than this (bytes) are not kept for reuse: every pooled buffer would grow to the
-# largest image it ever held
-REUSE_MAX_BYTES = 16 << 20
-REUSE = True  # False: a fresh Image per decode, as before (benchmarks/train_bench.py compares the two)
-
-
-class ReusedImages:
-    """Decoded Images handed back with an event recorded after the kernels that read them; `take`
-    gives out those whose event completed, to be decoded into again. Thread-safe."""
-
-    def __init__(self, max_bytes: int = REUSE_MAX_BYTES):
-        self.max_bytes = max_bytes
-        self._free: list = []
-        self._busy: deque = deque()  # (event, images)
-        self._lock = threading.Lock()
-
-    def take(self, n: int) -> list | None:
-        """`n` Images to decode into, or None when fewer are free (the decoder then makes new ones)."""
-        with self._lock:
-            while self._busy and self._busy[0][0].query():
-                self._free += self._busy.popleft()[1]
-            if n == 0 or len(self._free) < n:
-                return None
-            taken, self._free = self._free[-n:], self._free[:-n]
-            return taken
-
-    def give_back(self, images: list, nbytes: list[int], done) -> None:
-        """`images` (of `nbytes` each) may be decoded into again once `done` has completed."""
-        keep = [im for im, size in zip(images, nbytes) if size <= self.max_bytes]
-        with self._lock:
-            self._busy.append((done, keep))
+MAX_IMAGE_BYTES = 1 << 30  # a header that claims more (a damaged or hostile file) is refused, not allocated
 
 
 class NvImgCodecDecoder:
     """Batched decode with one nvImageCodec backend; images it refuses are reported as failed."""
 
     def __init__(self, device: torch.device, name: str = "hw", cpu_threads: int = 4):
-        nvimgcodec = load()
-        kinds = {"hw": nvimgcodec.BackendKind.HW_GPU_ONLY, "cuda": nvimgcodec.BackendKind.HYBRID_CPU_GPU}
         self.name, self.device = name, device
-        self._decoder = nvimgcodec.Decoder(device_id=device.index or 0, max_num_cpu_threads=cpu_threads,
-                                           backends=[nvimgcodec.Backend(kinds[name])])
-        self.reused = ReusedImages()
+        self._batches = BatchDecoder(name, device.index or 0, cpu_threads)
 
     def decode(self, batch: Encoded, shapes: np.ndarray | None = None) -> Decoded:
-        """Decode on the current CUDA stream; images stay where the decoder put them (HWC, read as CHW).
-        (`shapes`, the sizes the store records, are not needed: each Image says its own.)
-
-        Addresses come from each image's CUDA array interface: one tensor is made for the base
-        pointer, not one per image (a torch.as_tensor per image was a visible share of the batch)."""
+        """Decode on the current CUDA stream into one buffer, HWC. (`shapes`, the sizes the store
+        records, are not trusted: each image's header says its own, checked against `MAX_IMAGE_BYTES`.)"""
+        native = self._batches
+        sizes, ok = native.read(batch.array, batch.begins, batch.ends)
+        big = sizes[:, 0] * sizes[:, 1] * 3 > MAX_IMAGE_BYTES
+        offsets, total = native.layout(sizes, ok & ~big)
+        out = torch.empty(max(total, 1), dtype=torch.uint8, device=self.device)
         stream = torch.cuda.current_stream(self.device).cuda_stream
-        into = self.reused.take(len(batch)) if REUSE else None
-        if into is None:
-            results = self._decoder.decode(batch.arrays(), cuda_stream=stream)
-        else:
-            results = self._decoder.decode(batch.arrays(), images=into, cuda_stream=stream)
-        kept, ptrs, sizes, strides, failed = [], [], [], [], {}
-        for k, r in enumerate(results):
-            if r is None:
-                failed[k] = f"nvImageCodec ({self.name}) refused it"
-                continue
-            face = r.__cuda_array_interface__
-            h, w, c = face["shape"]
-            sy, sx, sc = face["strides"] or (w * c, c, 1)
-            kept.append(r)
-            ptrs.append(face["data"][0])
-            sizes.append((h, w))
-            strides.append((sc, sy, sx))
-        if not kept:
-            return in_place([], failed)
-        base = torch.as_tensor(kept[0], device=self.device)
-        offsets = np.array(ptrs, np.int64)
-        nbytes = [h * w * 3 for h, w in sizes]
-        return Decoded(base, offsets - offsets[0], np.array(sizes, np.int64), np.array(strides, np.int64), kept, failed,
-                       on_done=lambda done: self.reused.give_back(kept, nbytes, done))
+        done = native.decode(sizes, ok & ~big, out.data_ptr(), offsets, stream)
+        failed = {}
+        for k in np.flatnonzero(~done).tolist():  # rare: a loop is fine
+            h, w = sizes[k].tolist()
+            failed[k] = (f"nvImageCodec ({self.name}) could not read its header" if not ok[k] else
+                         f"its header claims {h}x{w} pixels, over the {MAX_IMAGE_BYTES >> 20} MiB gpufeed decodes"
+                         if big[k] else f"nvImageCodec ({self.name}) refused it")
+        sizes = sizes[done]
+        return Decoded(out, offsets[done], sizes, hwc_strides(sizes), [out], failed)

@@ -6,6 +6,7 @@ torch takes seconds); the loader's own CPU threads use them where torchvision ca
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import logging
@@ -24,23 +25,29 @@ _local = threading.local()  # a region decoder per thread: nvImageCodec decoders
 
 @functools.cache
 def nvimgcodec():
-    """The `nvidia.nvimgcodec` module (ImportError without the extra).
+    """The `nvidia.nvimgcodec` module (ImportError without the extra)."""
+    with quiet_codecs("on import"):
+        from nvidia import nvimgcodec as module
+    return module
 
-    Importing it prints a report to stderr for every codec library it can't load (JPEG 2000, TIFF, ...);
-    JPEG decoding needs none of them, so the report goes to the debug log instead, once per process."""
+
+@contextlib.contextmanager
+def quiet_codecs(when: str):
+    """Loading nvImageCodec's extensions (on import, or for an instance of its C API) prints a report
+    to stderr for every codec library it can't load (JPEG 2000, TIFF, ...); JPEG decoding needs none
+    of them, so the report goes to the debug log instead."""
     with tempfile.TemporaryFile() as sink:
         saved = os.dup(2)
         os.dup2(sink.fileno(), 2)
         try:
-            from nvidia import nvimgcodec as module
+            yield
         finally:
             os.dup2(saved, 2)
             os.close(saved)
         sink.seek(0)
         report = sink.read().decode(errors="replace").strip()
     if report:
-        log.debug("nvImageCodec on import: %s", report)
-    return module
+        log.debug("nvImageCodec %s: %s", when, report)
 
 
 def _region_decoder():

@@ -1,0 +1,253 @@
+"""nvImageCodec's C API through ctypes: a batch decoded into one buffer with two GIL round trips.
+
+nvImageCodec's Python binding lets go of the GIL and takes it back about three times per image (to
+make each code stream, read its header and make its Image). In a training process every one of
+those takes the GIL back from the training thread, which holds it most of the time, and waits for
+it: the engines' decode call of ~80 images took ~20 ms beside a training loop for a few ms of work
+(docs/benchmarks.md). Here the per-image calls are quick C calls made holding the GIL (`ctypes.PyDLL`),
+and only the batch's decode and the wait for it let go of it (`ctypes.CDLL`).
+
+The structures are those of nvImageCodec 0.9 (`include/nvimgcodec.h` in its wheel). Each carries its
+own size, which the library checks; `open_library` refuses other major.minor versions.
+"""
+
+from __future__ import annotations
+
+import ctypes as C
+import functools
+from pathlib import Path
+
+import numpy as np
+
+SUPPORTED = ("0.9.",)  # nvImageCodec versions whose structures these are
+MAX_PLANES, MAX_DIM, MAX_FILL, NAME_SIZE = 32, 5, 5, 256
+DEVICE_CPU_ONLY = -99999
+
+# nvimgcodecStructureType_t
+T_INSTANCE_CREATE_INFO, T_DECODE_PARAMS, T_ORIENTATION, T_IMAGE_INFO, T_PLANE = 2, 5, 7, 11, 12
+T_BACKEND, T_BACKEND_PARAMS, T_EXECUTION_PARAMS = 17, 29, 30
+BACKENDS = {"cpu": 1, "cuda": 3, "hw": 4}  # nvimgcodecBackendKind_t: CPU_ONLY, HYBRID_CPU_GPU, HW_GPU_ONLY
+LOAD_HINT_FIXED = 2
+COLORSPEC_SRGB, SAMPLING_NONE, SAMPLEFORMAT_I_RGB, UINT8 = 1, 0, 8, 0x0802
+BUFFER_DEVICE, BUFFER_HOST = 1, 2
+PROCESSING_SUCCESS = 1
+
+
+class _Head(C.Structure):
+    _fields_ = [("struct_type", C.c_int), ("struct_size", C.c_size_t), ("struct_next", C.c_void_p)]
+
+
+def _struct(name: str, fields: list) -> type:
+    return type(name, (C.Structure,), {"_fields_": _Head._fields_ + fields})
+
+
+Orientation = _struct("Orientation", [("rotated", C.c_int), ("flip_x", C.c_int), ("flip_y", C.c_int)])
+PlaneInfo = _struct("PlaneInfo", [("width", C.c_uint32), ("height", C.c_uint32), ("row_stride", C.c_size_t),
+                                  ("num_channels", C.c_uint32), ("sample_type", C.c_int), ("precision", C.c_uint8)])
+ImageInfo = _struct("ImageInfo", [
+    ("codec_name", C.c_char * NAME_SIZE), ("color_spec", C.c_int), ("chroma_subsampling", C.c_int),
+    ("sample_format", C.c_int), ("orientation", Orientation), ("num_planes", C.c_uint32),
+    ("plane_info", PlaneInfo * MAX_PLANES), ("buffer", C.c_void_p), ("buffer_kind", C.c_int),
+    ("cuda_stream", C.c_void_p)])
+BackendParams = _struct("BackendParams", [("load_hint", C.c_float), ("load_hint_policy", C.c_int)])
+Backend = _struct("Backend", [("kind", C.c_int), ("params", BackendParams)])
+DecodeParams = _struct("DecodeParams", [("apply_exif_orientation", C.c_int)])
+ExecutionParams = _struct("ExecutionParams", [
+    ("device_allocator", C.c_void_p), ("pinned_allocator", C.c_void_p), ("max_num_cpu_threads", C.c_int),
+    ("executor", C.c_void_p), ("device_id", C.c_int), ("pre_init", C.c_int), ("skip_pre_sync", C.c_int),
+    ("num_backends", C.c_int), ("backends", C.POINTER(Backend))])
+InstanceCreateInfo = _struct("InstanceCreateInfo", [
+    ("load_builtin_modules", C.c_int), ("load_extension_modules", C.c_int), ("extension_modules_path", C.c_char_p),
+    ("create_debug_messenger", C.c_int), ("debug_messenger_desc", C.c_void_p), ("message_severity", C.c_uint32),
+    ("message_category", C.c_uint32)])
+
+
+def _filled(cls, struct_type: int, **values):
+    s = cls(struct_type=struct_type, struct_size=C.sizeof(cls), **values)
+    return s
+
+
+def _field(cls, path: str) -> int:
+    """Byte offset of a dotted field path in `cls` (plane_info's first plane for `plane_info.x`)."""
+    offset, kind = 0, cls
+    for name in path.split("."):
+        f = getattr(kind, name)
+        offset += f.offset
+        kind = dict(kind._fields_)[name]
+        if hasattr(kind, "_type_") and issubclass(kind, C.Array):
+            kind = kind._type_
+    return offset
+
+
+class Library:
+    """libnvimgcodec's functions: `fast` ones keep the GIL (quick C calls), `slow` ones let go of it."""
+
+    def __init__(self, path: str):
+        self.fast, self.slow = C.PyDLL(path), C.CDLL(path)
+        vp, pp = C.c_void_p, C.POINTER(C.c_void_p)
+        for lib in (self.fast, self.slow):
+            lib.nvimgcodecInstanceCreate.argtypes = [pp, C.POINTER(InstanceCreateInfo)]
+            lib.nvimgcodecDecoderCreate.argtypes = [vp, pp, C.POINTER(ExecutionParams), C.c_char_p]
+            lib.nvimgcodecDecoderDestroy.argtypes = [vp]
+            # per-image calls take the handle's address as an int: no ctypes objects made per image
+            lib.nvimgcodecCodeStreamCreateFromHostMem.argtypes = [vp, vp, vp, C.c_size_t, vp]
+            lib.nvimgcodecCodeStreamDestroy.argtypes = [vp]
+            lib.nvimgcodecCodeStreamGetImageInfo.argtypes = [vp, vp]
+            lib.nvimgcodecImageCreate.argtypes = [vp, vp, vp]
+            lib.nvimgcodecImageDestroy.argtypes = [vp]
+            lib.nvimgcodecDecoderDecode.argtypes = [vp, vp, vp, C.c_int, C.POINTER(DecodeParams), pp]
+            lib.nvimgcodecFutureWaitForAll.argtypes = [vp]
+            lib.nvimgcodecFutureGetProcessingStatus.argtypes = [vp, vp, C.POINTER(C.c_size_t)]
+            lib.nvimgcodecFutureDestroy.argtypes = [vp]
+
+
+def check(status: int, what: str) -> None:
+    if status != 0:
+        raise RuntimeError(f"nvImageCodec: {what} failed (status {status})")
+
+
+@functools.cache
+def open_library() -> tuple[Library, int]:
+    """The library of the installed `nvidia.nvimgcodec` and an instance of it (kept for the process)."""
+    from gpufeed.decode.pixels import nvimgcodec, quiet_codecs
+
+    module = nvimgcodec()  # loads the library and its dependencies (nvJPEG, the CUDA runtime)
+    if not module.__version__.startswith(SUPPORTED):
+        raise RuntimeError(f"nvImageCodec {module.__version__}: gpufeed's C calls are for {' or '.join(SUPPORTED)}x")
+    lib = Library(str(Path(module.__file__).parent / "libnvimgcodec.so.0"))
+    info = _filled(InstanceCreateInfo, T_INSTANCE_CREATE_INFO, load_builtin_modules=1, load_extension_modules=1)
+    instance = C.c_void_p()
+    with quiet_codecs("loading its extensions"):
+        status = lib.fast.nvimgcodecInstanceCreate(C.byref(instance), C.byref(info))
+    check(status, "creating an instance")
+    return lib, instance.value
+
+
+class BatchDecoder:
+    """One nvImageCodec decoder with one backend (`hw`, `cuda` or `cpu`), decoding batches of JPEGs
+    into buffers the caller gives, RGB interleaved (HWC), whole images, no EXIF rotation."""
+
+    ALIGN = 256  # every image starts this many bytes apart at least, as an allocation of its own would
+
+    def __init__(self, backend: str, device_id: int, cpu_threads: int):
+        self.lib, self.instance = open_library()
+        self._backend = _filled(Backend, T_BACKEND, kind=BACKENDS[backend],
+                                params=_filled(BackendParams, T_BACKEND_PARAMS, load_hint=1.0,
+                                               load_hint_policy=LOAD_HINT_FIXED))
+        params = _filled(ExecutionParams, T_EXECUTION_PARAMS, max_num_cpu_threads=cpu_threads,
+                         device_id=DEVICE_CPU_ONLY if backend == "cpu" else device_id, num_backends=1,
+                         backends=C.pointer(self._backend))
+        handle = C.c_void_p()
+        # no options: the binding's default (fancy upsampling, as libjpeg and Pillow decode)
+        check(self.lib.fast.nvimgcodecDecoderCreate(self.instance, C.byref(handle), C.byref(params), b""),
+              f"creating the {backend} decoder")
+        self.handle = handle.value
+        self.host = backend == "cpu"
+        self._params = _filled(DecodeParams, T_DECODE_PARAMS, apply_exif_orientation=0)
+        self._streams = (C.c_void_p * 0)()  # code stream and image handles, made again into (reused)
+        self._images = (C.c_void_p * 0)()
+        self._infos = (ImageInfo * 0)()
+        self._template = bytes(_filled(ImageInfo, T_IMAGE_INFO))
+
+    def _room(self, n: int) -> None:
+        if len(self._streams) < n:
+            grown = max(n, 2 * len(self._streams))
+            streams, images = (C.c_void_p * grown)(), (C.c_void_p * grown)()
+            streams[: len(self._streams)] = self._streams[:]
+            images[: len(self._images)] = self._images[:]
+            self._streams, self._images, self._infos = streams, images, (ImageInfo * grown)()
+
+    def _column(self, path: str, dtype, n: int, plane: int = 0) -> np.ndarray:
+        """Field `path` of the first `n` image infos (of plane `plane` for `plane_info.*`), as a numpy
+        view (written in place)."""
+        at = _field(ImageInfo, path) + plane * C.sizeof(PlaneInfo)
+        return np.ndarray((n,), dtype, np.frombuffer(self._infos, np.uint8), at, (C.sizeof(ImageInfo),))
+
+    def planes(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """After `read`: per image, its planes as stored (`num_planes`, (N, 3, 2) heights and widths of
+        the first three), for `decode(planar=True)`."""
+        count = self._column("num_planes", np.uint32, n).astype(np.int64)
+        hw = np.stack([np.stack([self._column("plane_info.height", np.uint32, n, p),
+                                 self._column("plane_info.width", np.uint32, n, p)], 1) for p in range(3)], 1)
+        return count, hw.astype(np.int64) * (np.arange(3)[None, :, None] < count[:, None, None])
+
+    def read(self, data: np.ndarray, begins: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Parse the headers of images `data[begins[k]:ends[k]]`: (sizes (N, 2) height, width; ok (N,) bool).
+        `data` must stay where it is until `decode` returns."""
+        n, fast = len(begins), self.lib.fast
+        self._room(n)
+        infos = np.frombuffer(self._infos, np.uint8).reshape(-1, C.sizeof(ImageInfo))
+        infos[:n] = np.frombuffer(self._template, np.uint8)
+        base, size, slots = data.ctypes.data, C.sizeof(ImageInfo), C.addressof(self._streams)
+        create, info, streams, instance = (fast.nvimgcodecCodeStreamCreateFromHostMem,
+                                           fast.nvimgcodecCodeStreamGetImageInfo, self._streams, self.instance)
+        at = C.addressof(self._infos)
+        ok = np.zeros(n, bool)
+        for k, (b, e) in enumerate(zip(begins.tolist(), ends.tolist())):
+            if create(instance, slots + 8 * k, base + b, e - b, None) == 0:
+                ok[k] = info(streams[k], at + k * size) == 0
+        sizes = np.stack([self._column("plane_info.height", np.uint32, n),
+                          self._column("plane_info.width", np.uint32, n)], 1).astype(np.int64)
+        return sizes, ok & (sizes > 0).all(1)
+
+    def layout(self, sizes: np.ndarray, ok: np.ndarray) -> tuple[np.ndarray, int]:
+        """Byte offsets of each image in one output buffer (aligned), and the buffer's size."""
+        nbytes = np.where(ok, sizes[:, 0] * sizes[:, 1] * 3, 0)
+        padded = -(-nbytes // self.ALIGN) * self.ALIGN
+        offsets = np.cumsum(padded) - padded
+        return offsets, int(padded.sum())
+
+    def decode(self, sizes: np.ndarray, ok: np.ndarray, out: int, offsets: np.ndarray, stream: int,
+               planar: bool = False) -> np.ndarray:
+        """Decode the images `read` parsed (those `ok`) into the buffer at address `out`, image k at
+        `offsets[k]`, in stream order on CUDA stream `stream`; returns per image whether it decoded.
+        `planar`: each image's planes as stored (YCbCr, subsampled), back to back, no colour conversion."""
+        n, fast = len(sizes), self.lib.fast
+        for name in ("orientation.rotated", "orientation.flip_x", "orientation.flip_y"):
+            self._column(name, np.int32, n)[:] = 0
+        if planar:
+            for p in range(3):
+                self._column("plane_info.row_stride", np.uint64, n, p)[:] = self._column("plane_info.width", np.uint32, n, p)
+        else:
+            self._column("color_spec", np.int32, n)[:] = COLORSPEC_SRGB
+            self._column("chroma_subsampling", np.int32, n)[:] = SAMPLING_NONE
+            self._column("sample_format", np.int32, n)[:] = SAMPLEFORMAT_I_RGB
+            self._column("num_planes", np.uint32, n)[:] = 1
+            self._column("plane_info.row_stride", np.uint64, n)[:] = sizes[:, 1] * 3
+            self._column("plane_info.num_channels", np.uint32, n)[:] = 3
+            self._column("plane_info.sample_type", np.int32, n)[:] = UINT8
+            self._column("plane_info.precision", np.uint8, n)[:] = 0
+        self._column("buffer", np.uint64, n)[:] = out + offsets
+        self._column("buffer_kind", np.int32, n)[:] = BUFFER_HOST if self.host else BUFFER_DEVICE
+        self._column("cuda_stream", np.uint64, n)[:] = stream
+        at, size, slots = C.addressof(self._infos), C.sizeof(ImageInfo), C.addressof(self._images)
+        create, instance = fast.nvimgcodecImageCreate, self.instance
+        for k in np.flatnonzero(ok).tolist():
+            ok[k] = create(instance, slots + 8 * k, at + k * size) == 0
+        keep = np.flatnonzero(ok)
+        decoded = np.zeros(n, bool)
+        if not len(keep):
+            return decoded
+        streams = (C.c_void_p * len(keep))(*[self._streams[k] for k in keep.tolist()])
+        images = (C.c_void_p * len(keep))(*[self._images[k] for k in keep.tolist()])
+        future = C.c_void_p()
+        check(self.lib.slow.nvimgcodecDecoderDecode(self.handle, streams, images, len(keep), C.byref(self._params),
+                                                    C.byref(future)), "decoding")
+        try:
+            self.lib.slow.nvimgcodecFutureWaitForAll(future)
+            status, count = (C.c_uint32 * len(keep))(), C.c_size_t(len(keep))
+            check(fast.nvimgcodecFutureGetProcessingStatus(future, status, C.byref(count)), "reading the statuses")
+        finally:
+            fast.nvimgcodecFutureDestroy(future)
+        decoded[keep] = np.frombuffer(status, np.uint32) == PROCESSING_SUCCESS
+        return decoded
+
+    def __del__(self):
+        fast = getattr(getattr(self, "lib", None), "fast", None)
+        if fast is None:
+            return
+        for handles, destroy in ((self._streams, fast.nvimgcodecCodeStreamDestroy), (self._images, fast.nvimgcodecImageDestroy)):
+            for h in handles:
+                if h:
+                    destroy(h)
+        fast.nvimgcodecDecoderDestroy(self.handle)

@@ -1,0 +1,59 @@
+"""nvImageCodec's C API through ctypes (`gpufeed.decode.nvimgcodec_api`), on its CPU backend: the
+structures as the 0.9 header lays them out, and a batch decoded into one buffer as Pillow decodes it,
+bad images reported and the rest decoded, the handles made again into from batch to batch."""
+
+from __future__ import annotations
+
+import ctypes as C
+import importlib.util
+import io
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from gpufeed.decode import nvimgcodec_api as api
+from gpufeed.synth import encode_jpegs, natural_images
+
+
+def test_structures_are_laid_out_as_the_header_says():
+    # sizes and offsets from gcc's sizeof/offsetof on nvImageCodec 0.9's include/nvimgcodec.h
+    assert C.sizeof(api.ImageInfo) == 2160 and C.sizeof(api.PlaneInfo) == 56
+    assert (api.ImageInfo.orientation.offset, api.ImageInfo.num_planes.offset, api.ImageInfo.plane_info.offset,
+            api.ImageInfo.buffer.offset, api.ImageInfo.buffer_kind.offset, api.ImageInfo.cuda_stream.offset) == (
+            296, 336, 344, 2136, 2144, 2152)
+    assert (api.PlaneInfo.row_stride.offset, api.PlaneInfo.precision.offset) == (32, 48)
+    assert (C.sizeof(api.ExecutionParams), api.ExecutionParams.backends.offset, C.sizeof(api.Backend),
+            api.Backend.params.offset, C.sizeof(api.BackendParams), C.sizeof(api.DecodeParams),
+            C.sizeof(api.InstanceCreateInfo)) == (80, 72, 64, 32, 32, 32, 64)
+
+
+def _header_claiming(height: int, width: int, jpeg: bytes) -> bytes:
+    """`jpeg` with its frame header's size replaced (a hostile file: the decoder must not trust it)."""
+    at = jpeg.index(b"\xff\xc0") + 5
+    return jpeg[:at] + height.to_bytes(2, "big") + width.to_bytes(2, "big") + jpeg[at + 4:]
+
+
+@pytest.mark.skipif(not importlib.util.find_spec("nvidia.nvimgcodec"), reason="needs nvImageCodec")
+def test_a_batch_decodes_into_one_buffer_as_pillow_decodes_it():
+    good = encode_jpegs(natural_images(6))
+    blobs = good[:2] + [b"not a jpeg at all"] + good[2:4] + [_header_claiming(60000, 60000, good[4])] + good[4:]
+    data = np.frombuffer(b"".join(blobs), np.uint8)
+    ends = np.cumsum([len(b) for b in blobs])
+    begins = ends - [len(b) for b in blobs]
+    dec = api.BatchDecoder("cpu", 0, 1)
+    for rounds in range(2):  # the second batch decodes into the first one's handles
+        take = np.arange(len(blobs)) if rounds == 0 else np.array([0, 3, 4, 7])
+        sizes, ok = dec.read(data, begins[take], ends[take])
+        assert ok.tolist() == [len(blobs[k]) > 20 for k in take]
+        readable = ok & (sizes[:, 0] * sizes[:, 1] < 10**8)
+        offsets, total = dec.layout(sizes, readable)
+        assert (offsets % dec.ALIGN == 0).all()
+        out = np.zeros(total, np.uint8)
+        done = dec.decode(sizes, readable, out.ctypes.data, offsets, 0)
+        assert done.tolist() == readable.tolist()
+        for k in np.flatnonzero(done):
+            h, w = sizes[k]
+            want = np.asarray(Image.open(io.BytesIO(blobs[take[k]])).convert("RGB"))
+            got = out[offsets[k]: offsets[k] + h * w * 3].reshape(h, w, 3)
+            assert got.shape == want.shape and np.abs(got.astype(int) - want).mean() < 2, k
