@@ -229,8 +229,8 @@ def _encoded(sizes, gen, bad=()):
 @pytest.mark.parametrize("name", ["hw", "cuda"])
 def test_nvimgcodec_c_api_decodes_what_its_binding_does(name):
     """The C API's batch (one buffer, images at aligned offsets) has the pixels nvImageCodec's Python
-    binding decodes, the same images failed, and the next batch (other sizes, larger too) decodes
-    into the handles of the first as well."""
+    binding decodes, the same images failed, and the next batch (other sizes) decodes into the
+    handles and the buffer of the first as well; a hostile header is refused."""
     from gpufeed.decode.nvimgcodec import NvImgCodecDecoder
     from gpufeed.decode.pixels import nvimgcodec
 
@@ -242,9 +242,17 @@ def test_nvimgcodec_c_api_decodes_what_its_binding_does(name):
     except Exception as e:  # no engines on this GPU
         pytest.skip(f"nvImageCodec {name}: {e}")
     params = nv.DecodeParams(apply_exif_orientation=False, color_spec=nv.ColorSpec.SRGB)
-    for sizes, bad in (([(64, 64), (80, 64), (33, 47), (96, 128)], {2}), ([(200, 160), (64, 96), (72, 136)], ())):
+    first = None
+    for sizes, bad in (([(64, 64), (80, 64), (33, 47), (96, 128)], {2}), ([(80, 100), (64, 96), (72, 100)], ())):  # fits the first buffer
         batch = _encoded(sizes, gen, bad)
         got = native.decode(batch)
+        if first is None:  # the buffer is decoded into again once the event handed back with it completed
+            first = got.base.data_ptr()
+            done = torch.cuda.current_stream().record_event()
+            got.on_done(done)
+            done.synchronize()
+        else:
+            assert got.base.data_ptr() == first
         want = binding.decode(batch.arrays(), params=params)
         torch.cuda.synchronize()
         assert sorted(got.failed) == sorted(k for k, image in enumerate(want) if image is None) == sorted(bad)

@@ -10,10 +10,11 @@ to match torch's CUDA; imported only when a loader asks for one):
 Region-of-interest decode is slower than whole images on both (`benchmarks/nvimgcodec_probe.py`,
 docs/benchmarks.md), so the loader decodes whole images and crops in its resize kernel.
 
-A batch decodes through nvImageCodec's C API (`nvimgcodec_api`) into one buffer from torch's
-allocator, freed (to that allocator) once the kernels reading it ran. Its Python binding would take
-the GIL back about three times per image, each time waiting for the training thread
-(docs/benchmarks.md); it would also allocate and free device memory for every Image it makes.
+A batch decodes through nvImageCodec's C API (`nvimgcodec_api`) into one device buffer, decoded
+into again once the kernels reading it ran (a fresh buffer per batch, of another size each time,
+left torch's allocator holding more device memory: docs/benchmarks.md). Its Python binding would take the GIL back about three
+times per image, each time waiting for the training thread (docs/benchmarks.md); it would also
+allocate and free device memory for every Image it makes.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from gpufeed.decode.base import Decoded, Encoded, hwc_strides
+from gpufeed.decode.base import Decoded, Encoded, PinnedStaging, hwc_strides
 from gpufeed.decode.nvimgcodec_api import BatchDecoder
 
 MAX_IMAGE_BYTES = 1 << 30  # a header that claims more (a damaged or hostile file) is refused, not allocated
@@ -33,6 +34,7 @@ class NvImgCodecDecoder:
     def __init__(self, device: torch.device, name: str = "hw", cpu_threads: int = 4):
         self.name, self.device = name, device
         self._batches = BatchDecoder(name, device.index or 0, cpu_threads)
+        self.buffers = PinnedStaging(alloc=lambda nbytes: torch.empty(nbytes, dtype=torch.uint8, device=device))
 
     def decode(self, batch: Encoded, shapes: np.ndarray | None = None) -> Decoded:
         """Decode on the current CUDA stream into one buffer, HWC. (`shapes`, the sizes the store
@@ -41,7 +43,7 @@ class NvImgCodecDecoder:
         sizes, ok = native.read(batch.array, batch.begins, batch.ends)
         big = sizes[:, 0] * sizes[:, 1] * 3 > MAX_IMAGE_BYTES
         offsets, total = native.layout(sizes, ok & ~big)
-        out = torch.empty(max(total, 1), dtype=torch.uint8, device=self.device)
+        out = self.buffers.take(max(total, 1))
         stream = torch.cuda.current_stream(self.device).cuda_stream
         done = native.decode(sizes, ok & ~big, out.data_ptr(), offsets, stream)
         failed = {}
@@ -51,4 +53,5 @@ class NvImgCodecDecoder:
                          f"its header claims {h}x{w} pixels, over the {MAX_IMAGE_BYTES >> 20} MiB gpufeed decodes"
                          if big[k] else f"nvImageCodec ({self.name}) refused it")
         sizes = sizes[done]
-        return Decoded(out, offsets[done], sizes, hwc_strides(sizes), [out], failed)
+        return Decoded(out, offsets[done], sizes, hwc_strides(sizes), [out], failed,
+                       on_done=lambda event: self.buffers.give_back(out, event))
