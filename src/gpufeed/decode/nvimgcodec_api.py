@@ -163,14 +163,6 @@ class BatchDecoder:
         at = _field(ImageInfo, path) + plane * C.sizeof(PlaneInfo)
         return np.ndarray((n,), dtype, np.frombuffer(self._infos, np.uint8), at, (C.sizeof(ImageInfo),))
 
-    def planes(self, n: int) -> tuple[np.ndarray, np.ndarray]:
-        """After `read`: per image, its planes as stored (`num_planes`, (N, 3, 2) heights and widths of
-        the first three), for `decode(planar=True)`."""
-        count = self._column("num_planes", np.uint32, n).astype(np.int64)
-        hw = np.stack([np.stack([self._column("plane_info.height", np.uint32, n, p),
-                                 self._column("plane_info.width", np.uint32, n, p)], 1) for p in range(3)], 1)
-        return count, hw.astype(np.int64) * (np.arange(3)[None, :, None] < count[:, None, None])
-
     def read(self, data: np.ndarray, begins: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Parse the headers of images `data[begins[k]:ends[k]]`: (sizes (N, 2) height, width; ok (N,) bool).
         `data` must stay where it is until `decode` returns."""
