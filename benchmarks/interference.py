@@ -21,8 +21,8 @@ import time
 import numpy as np
 import torch
 
-KINDS = ("none", "tv_nvjpeg", "tv_nvjpeg_ptrs", "nvimg_hw", "nvimg_hw_ptrs", "capi_hw", "capi_cuda", "capi_hw_planar",
-         "capi_hw_420", "resize", "cpu_tv_threads",
+KINDS = ("none", "tv_nvjpeg", "tv_nvjpeg_ptrs", "nvimg_hw", "nvimg_hw_ptrs", "capi_hw", "capi_cuda", "capi_hw_420",
+         "resize", "cpu_tv_threads",
          "pyloop_1ms", "pyloop_3ms", "pipe_recv", "cpu_procsN", "h2dN", "kernelsN", "opsN",
          "gilN")
 
@@ -120,18 +120,15 @@ def _work(kind, arrays, pinned, bounds, stream):
         begins = ends - [len(a) for a in arrays]
         out = []
 
-        planar = kind.split("_")[2:]  # `planar`: YCbCr planes at full size; `420`: chroma planes half size
+        planar = kind.endswith("_420")  # YCbCr 4:2:0 planes out: no colour conversion or upsampling
 
         def f():
             sizes, ok = dec.read(data, begins, ends)
-            offsets, total = dec.layout(sizes, ok)
+            ycc = dec.ycc420(len(sizes)) & ok & planar
+            offsets, total = dec.layout(np.where(ok, dec.nbytes(sizes, ycc), 0))
             if not out:
                 out.append(torch.empty(total, dtype=torch.uint8, device="cuda"))
-            if planar == ["420"]:
-                for p in (1, 2):
-                    for name, size in (("plane_info.height", sizes[:, 0]), ("plane_info.width", sizes[:, 1])):
-                        dec._column(name, np.uint32, len(sizes), p)[:] = (size + 1) // 2
-            done = dec.decode(sizes, ok, out[0].data_ptr(), offsets, stream.cuda_stream, planar=bool(planar))
+            done = dec.decode(sizes, ok, out[0].data_ptr(), offsets, stream.cuda_stream, ycc)
             stream.synchronize()
             COUNTS["decoded"] = COUNTS.get("decoded", 0) + int(done.sum())
         return f

@@ -60,6 +60,7 @@ KNOBS = {
     "carry": ("gpufeed.loader.feeds", "CARRY", bool),  # the next epoch's first batches made as an epoch ends
     "gpu_early": ("gpufeed.decode.scheduler", "GPU_EARLY", bool),  # GPU shares decoded from `start` on a helper
     "compile_ahead": ("gpufeed.loader.jpeg_batch", "COMPILE_AHEAD", bool),  # kernels compiled during the first decode
+    "planar": ("gpufeed.loader.jpeg_batch", "PLANAR", bool),  # the engines' 4:2:0 planes, converted in the resize
     "cpu_margin": ("gpufeed.decode.scheduler", "CPU_MARGIN", float),  # the CPU's share: this part of its cycle's images
     "tickets": ("gpufeed.decode.workers", "TICKETS_PER_WORKER", int),  # tickets per ready worker in each CPU share
 }

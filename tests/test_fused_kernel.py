@@ -16,6 +16,7 @@ SCRIPT = textwrap.dedent("""
     from gpufeed.augment import Augment, Normalize, RandomHorizontalFlip, RandomResizedCrop, Resize
     from gpufeed.augment import fused
     from gpufeed.augment.pipeline import _affine
+    from gpufeed.decode.base import YCC420
 
     torch.manual_seed(0)
     images = torch.randint(0, 256, (6, 20, 24, 3), dtype=torch.uint8)
@@ -54,6 +55,38 @@ SCRIPT = textwrap.dedent("""
                               p.boxes, p.flip, out, scale, shift)
         err = (out - ref).abs().max().item()
         assert err < 1e-4, ("packed", chw, err)
+
+    # YCbCr 4:2:0 planes (as the JPEG engines decode), odd sizes too: against the RGB their chroma,
+    # upsampled with the JPEG's centred siting, and JFIF's conversion make (rounded to uint8). Colours
+    # stay inside RGB's range (where the decoder's clamp before the resampling and the kernel's after
+    # agree) and chroma is smooth, as in photos: the kernel samples the chroma planes at each point
+    # instead of resampling upsampled chroma, which differs where chroma changes from pixel to pixel
+    planes, rgbs = [], []
+    for h, w in sizes:
+        ch, cw = (h + 1) // 2, (w + 1) // 2
+        y = torch.randint(40, 210, (h, w), dtype=torch.uint8)
+        cb, cr = ((128 + torch.nn.functional.interpolate(torch.rand(1, 1, 3, 3) * 36 - 18, size=(ch, cw), mode="bilinear")[0, 0]
+                   + torch.randint(-2, 3, (ch, cw))).round().to(torch.uint8) for _ in range(2))
+        planes.append(torch.cat([y.reshape(-1), cb.reshape(-1), cr.reshape(-1)]))
+        up = torch.nn.functional.interpolate(torch.stack([cb, cr])[None].float(), scale_factor=2, mode="bilinear",
+                                             align_corners=False)[0, :, :h, :w] - 128
+        yf = y.float()
+        rgb = torch.stack([yf + 1.402 * up[1], yf - 0.344136 * up[0] - 0.714136 * up[1], yf + 1.772 * up[0]], -1)
+        rgbs.append(rgb.clamp(0, 255).round().to(torch.uint8))
+    rows = torch.tensor([0, 1, 2])
+    numels = torch.tensor([t.numel() for t in planes])
+    offsets = torch.cumsum(numels, 0) - numels
+    strides = torch.tensor([(YCC420, w, 1) for _, w in sizes], dtype=torch.int64)
+    got = torch.full((3, 3, 10, 10), float("nan"))
+    fused.resample_packed(torch.cat(planes), offsets, torch.tensor(sizes, dtype=torch.int32), strides, rows,
+                          p.boxes, p.flip, got, scale, shift)
+    flat = [t.reshape(-1) for t in rgbs]
+    numels = torch.tensor([t.numel() for t in flat])
+    want = torch.full((3, 3, 10, 10), float("nan"))
+    fused.resample_packed(torch.cat(flat), torch.cumsum(numels, 0) - numels, torch.tensor(sizes, dtype=torch.int32),
+                          torch.tensor([(1, w * 3, 3) for _, w in sizes]), rows, p.boxes, p.flip, want, scale, shift)
+    levels = (got - want).abs() * 255 * 0.226  # Normalize's std: back to levels of 255
+    assert levels.max() < 3 and levels.mean() < 0.3, ("ycc420", levels.max(), levels.mean())
     print("fused kernel OK")
 """)
 

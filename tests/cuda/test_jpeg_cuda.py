@@ -226,6 +226,47 @@ def _encoded(sizes, gen, bad=()):
 
 
 @pytest.mark.skipif(not importlib.util.find_spec("nvidia.nvimgcodec"), reason="needs nvImageCodec")
+def test_the_engines_ycbcr_planes_resize_as_their_rgb():
+    """Photos (4:2:0, odd sizes too) decoded by the engines to their YCbCr planes and converted in the
+    resize kernel give what the same photos decoded to RGB give, within a level on average. The kernel
+    samples the chroma planes at each point where the decoder upsamples them first (libjpeg's fancy
+    upsampling): where chroma changes sharply and a small crop is magnified, a pixel may differ by
+    tens of levels (as nvJPEG's plain upsampling differs from libjpeg's); a plane misplaced would
+    differ by tens of levels on average."""
+    from PIL import Image
+
+    from gpufeed.augment import fused
+    from gpufeed.decode.base import YCC420
+    from gpufeed.decode.nvimgcodec import NvImgCodecDecoder
+    from gpufeed.synth import encode_jpegs, natural_images
+
+    try:
+        dec = NvImgCodecDecoder(torch.device("cuda"), "hw")
+    except Exception as e:  # no engines on this GPU
+        pytest.skip(f"nvImageCodec hw: {e}")
+    sizes = [(375, 500), (101, 77), (64, 64), (333, 211)]
+    photos = [np.asarray(Image.fromarray(im).resize((w, h))) for im, (h, w) in zip(natural_images(4), sizes)]
+    blobs = [np.frombuffer(b, np.uint8) for b in encode_jpegs(photos)]
+    ends = np.cumsum([len(b) for b in blobs])
+    batch = Encoded.of(torch.from_numpy(np.concatenate(blobs)), np.concatenate([[0], ends]), np.arange(4))
+    outs = []
+    for planar in (False, True):
+        dec.planar = planar
+        part = dec.decode(batch)
+        assert not part.failed and (part.strides[:, 0] == YCC420).all() == planar
+        n, dev = len(sizes), "cuda"
+        boxes = torch.tensor([[w * 0.1, h * 0.2, w * 0.9, h * 0.95] for h, w in sizes], device=dev).view(-1)
+        out = torch.empty((n, 3, 96, 96), device=dev)
+        as_dev = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(dev)  # noqa: E731
+        fused.resample_packed(part.base, as_dev(part.offsets), as_dev(part.sizes), as_dev(part.strides),
+                              torch.arange(n, device=dev), boxes, torch.zeros(n, device=dev), out,
+                              torch.ones(3, device=dev), torch.zeros(3, device=dev))
+        outs.append(out)
+    levels = (outs[0] - outs[1]).abs()
+    assert levels.mean() < 1 and levels.max() < 48, (levels.mean(), levels.max())
+
+
+@pytest.mark.skipif(not importlib.util.find_spec("nvidia.nvimgcodec"), reason="needs nvImageCodec")
 @pytest.mark.parametrize("name", ["hw", "cuda"])
 def test_nvimgcodec_c_api_decodes_what_its_binding_does(name):
     """The C API's batch (one buffer, images at aligned offsets) has the pixels nvImageCodec's Python

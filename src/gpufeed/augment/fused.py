@@ -18,9 +18,18 @@ BLOCK = 512  # output pixels per program: the fastest of 256, 512, 1024 (benchma
 
 
 @triton.jit
-def _bilinear(src, base, y, x, H, W, sy, sx, sc, mask):
-    """Bilinear sample of the 3 channels at (y, x) with roi_align's border rules."""
-    valid = mask & (y >= -1.0) & (y <= H) & (x >= -1.0) & (x <= W)
+def _tap(src, p00, p01, p10, p11, w00, w01, w10, w11, valid):
+    """One channel of the four-neighbour blend; 0 outside the image like roi_align."""
+    v = (w00 * tl.load(src + p00, mask=valid, other=0).to(tl.float32)
+         + w01 * tl.load(src + p01, mask=valid, other=0).to(tl.float32)
+         + w10 * tl.load(src + p10, mask=valid, other=0).to(tl.float32)
+         + w11 * tl.load(src + p11, mask=valid, other=0).to(tl.float32))
+    return tl.where(valid, v, 0.0)
+
+
+@triton.jit
+def _corners(y, x, H, W):
+    """roi_align's bilinear taps at (y, x) of an H x W plane: rows, columns and the four weights."""
     y = tl.maximum(y, 0.0)
     x = tl.maximum(x, 0.0)
     y0 = tl.minimum(y.to(tl.int32), H - 1)
@@ -31,7 +40,14 @@ def _bilinear(src, base, y, x, H, W, sy, sx, sc, mask):
     x1 = tl.minimum(x0 + 1, W - 1)
     ly, lx = y - y0, x - x0
     hy, hx = 1.0 - ly, 1.0 - lx
-    w00, w01, w10, w11 = hy * hx, hy * lx, ly * hx, ly * lx
+    return y0, x0, y1, x1, hy * hx, hy * lx, ly * hx, ly * lx
+
+
+@triton.jit
+def _bilinear(src, base, y, x, H, W, sy, sx, sc, mask):
+    """Bilinear sample of the 3 channels at (y, x) with roi_align's border rules."""
+    valid = mask & (y >= -1.0) & (y <= H) & (x >= -1.0) & (x <= W)
+    y0, x0, y1, x1, w00, w01, w10, w11 = _corners(y, x, H, W)
     p00 = base + y0 * sy + x0 * sx
     p01 = base + y0 * sy + x1 * sx
     p10 = base + y1 * sy + x0 * sx
@@ -43,13 +59,30 @@ def _bilinear(src, base, y, x, H, W, sy, sx, sc, mask):
 
 
 @triton.jit
-def _tap(src, p00, p01, p10, p11, w00, w01, w10, w11, valid):
-    """One channel of the four-neighbour blend; 0 outside the image like roi_align."""
-    v = (w00 * tl.load(src + p00, mask=valid, other=0).to(tl.float32)
-         + w01 * tl.load(src + p01, mask=valid, other=0).to(tl.float32)
-         + w10 * tl.load(src + p10, mask=valid, other=0).to(tl.float32)
-         + w11 * tl.load(src + p11, mask=valid, other=0).to(tl.float32))
-    return tl.where(valid, v, 0.0)
+def _plane(src, base, y, x, H, W, valid):
+    """Bilinear sample of one contiguous H x W uint8 plane at (y, x)."""
+    y0, x0, y1, x1, w00, w01, w10, w11 = _corners(y, x, H, W)
+    return _tap(src, base + y0 * W + x0, base + y0 * W + x1, base + y1 * W + x0, base + y1 * W + x1,
+                w00, w01, w10, w11, valid)
+
+
+@triton.jit
+def _ycc420(src, base, y, x, H, W, mask):
+    """RGB at (y, x) of a JPEG's YCbCr 4:2:0 planes (Y H x W, then Cb and Cr at half size, rounded
+    up): Y sampled as `_bilinear` samples RGB, the chroma planes bilinearly at the same point with the
+    JPEG's centred chroma siting (as libjpeg's fancy upsampling interpolates them), then JFIF's full-range
+    conversion, clamped. Where the decoder would have done this per pixel before the resampling, it
+    differs by rounding and where a clamp falls."""
+    valid = mask & (y >= -1.0) & (y <= H) & (x >= -1.0) & (x <= W)
+    CH, CW = (H + 1) // 2, (W + 1) // 2
+    luma = _plane(src, base, y, x, H, W, valid)
+    cy, cx = (y + 0.5) * 0.5 - 0.5, (x + 0.5) * 0.5 - 0.5
+    cb = _plane(src, base + H * W, cy, cx, CH, CW, valid) - 128.0
+    cr = _plane(src, base + H * W + CH * CW, cy, cx, CH, CW, valid) - 128.0
+    r = tl.minimum(tl.maximum(luma + 1.402 * cr, 0.0), 255.0)
+    g = tl.minimum(tl.maximum(luma - 0.344136 * cb - 0.714136 * cr, 0.0), 255.0)
+    b = tl.minimum(tl.maximum(luma + 1.772 * cb, 0.0), 255.0)
+    return tl.where(valid, r, 0.0), tl.where(valid, g, 0.0), tl.where(valid, b, 0.0)
 
 
 @triton.jit
@@ -76,7 +109,10 @@ def _one_sample(src, base, H, W, sy, sx, sc, boxes, flip, scale, shift, out, n, 
         ix = 0.0
         while ix < gw:
             x = x1 + bx * bin_w + (ix + 0.5) * bin_w / gw
-            vr, vg, vb = _bilinear(src, base, y, x, H, W, sy, sx, sc, mask)
+            if sc == 0:  # `decode.base.YCC420`: YCbCr 4:2:0 planes
+                vr, vg, vb = _ycc420(src, base, y, x, H, W, mask)
+            else:
+                vr, vg, vb = _bilinear(src, base, y, x, H, W, sy, sx, sc, mask)
             r += vr
             g += vg
             b += vb
@@ -106,8 +142,8 @@ def _resample_kernel(src, index, boxes, flip, scale, shift, out, H, W, OH, OW,
 def _varsize_kernel(src, offsets, sizes, strides, rows, boxes, flip, scale, shift, out, OH, OW,
                     s_n, s_c, s_y, s_x, BLOCK: tl.constexpr):
     """Images of different sizes and layouts: image i starts at src + offsets[i] (offsets may point
-    into other allocations than `src`'s), is sizes[i] = (H, W) with element strides[i] = (c, y, x),
-    is cropped by boxes[rows[i]] and written to out[rows[i]]."""
+    into other allocations than `src`'s), is sizes[i] = (H, W) with element strides[i] = (c, y, x)
+    (c = 0: YCbCr 4:2:0 planes, `decode.base.YCC420`), is cropped by boxes[rows[i]] and written to out[rows[i]]."""
     i = tl.program_id(0)
     n = tl.load(rows + i)
     base = tl.load(offsets + i)
@@ -146,7 +182,8 @@ def resample_packed(src: torch.Tensor, offsets: torch.Tensor, sizes: torch.Tenso
                     scale: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
     """Like `resample_normalize` for images of different sizes: image i is at element offsets[i]
     from `src`, sizes[i] = (H, W) int32 or int64, strides[i] = (c, y, x) int64 elements; it is cropped by
-    boxes[rows[i]] and written to out[rows[i]] (out: (N, 3, OH, OW))."""
+    boxes[rows[i]] and written to out[rows[i]] (out: (N, 3, OH, OW)). strides[i] = (0, W, 1): YCbCr
+    4:2:0 planes (`decode.base.YCC420`)."""
     oh, ow = out.shape[2], out.shape[3]
     if len(rows):
         _varsize_kernel[(len(rows), triton.cdiv(oh * ow, BLOCK))](

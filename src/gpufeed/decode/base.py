@@ -19,6 +19,10 @@ import torch
 
 
 Region = tuple[int, int, int, int]  # y0, x0, y1, x1 of a stored image
+# a decoded image's element strides (c, y, x) with c = YCC420 say it is a JPEG's YCbCr 4:2:0 planes
+# (Y, then Cb and Cr at half the size rounded up, each row after row), as the GPU's JPEG engines
+# decode it without a colour conversion kernel per image; the resize kernel converts (`augment.fused`)
+YCC420 = 0
 
 
 class WorkersStopped(RuntimeError):
@@ -62,7 +66,8 @@ class Encoded:
 class Decoded:
     """Decoded RGB uint8 images (CHW, HWC: any layout), in batch order except the ones that failed,
     addressed from one base: image i starts `offsets[i]` elements from `base` (possibly in another
-    allocation, which `keep` holds alive) with element strides `strides[i]` = (c, y, x)."""
+    allocation, which `keep` holds alive) with element strides `strides[i]` = (c, y, x) (c = `YCC420`:
+    YCbCr 4:2:0 planes instead)."""
 
     base: torch.Tensor  # uint8
     offsets: np.ndarray  # int64 (N,)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from gpufeed.decode.base import Decoded, Encoded, PinnedStaging, hwc_strides
+from gpufeed.decode.base import YCC420, Decoded, Encoded, PinnedStaging, hwc_strides
 from gpufeed.decode.nvimgcodec_api import BatchDecoder
 
 MAX_IMAGE_BYTES = 1 << 30  # a header that claims more (a damaged or hostile file) is refused, not allocated
@@ -34,6 +34,9 @@ class NvImgCodecDecoder:
     def __init__(self, device: torch.device, name: str = "hw", cpu_threads: int = 4):
         self.name, self.device = name, device
         self._batches = BatchDecoder(name, device.index or 0, cpu_threads)
+        # YCbCr 4:2:0 images as their planes, for a consumer whose kernel converts them (`base.YCC420`):
+        # the engines then run no colour conversion or upsampling kernel per image (docs/benchmarks.md)
+        self.planar = False
         self.buffers = PinnedStaging(alloc=lambda nbytes: torch.empty(nbytes, dtype=torch.uint8, device=device))
 
     def decode(self, batch: Encoded, shapes: np.ndarray | None = None) -> Decoded:
@@ -42,16 +45,19 @@ class NvImgCodecDecoder:
         native = self._batches
         sizes, ok = native.read(batch.array, batch.begins, batch.ends)
         big = sizes[:, 0] * sizes[:, 1] * 3 > MAX_IMAGE_BYTES
-        offsets, total = native.layout(sizes, ok & ~big)
+        ok &= ~big
+        planar = native.ycc420(len(sizes)) & ok if self.planar else np.zeros(len(sizes), bool)
+        offsets, total = native.layout(np.where(ok, native.nbytes(sizes, planar), 0))
         out = self.buffers.take(max(total, 1))
         stream = torch.cuda.current_stream(self.device).cuda_stream
-        done = native.decode(sizes, ok & ~big, out.data_ptr(), offsets, stream)
+        done = native.decode(sizes, ok, out.data_ptr(), offsets, stream, planar)
         failed = {}
         for k in np.flatnonzero(~done).tolist():  # rare: a loop is fine
             h, w = sizes[k].tolist()
-            failed[k] = (f"nvImageCodec ({self.name}) could not read its header" if not ok[k] else
-                         f"its header claims {h}x{w} pixels, over the {MAX_IMAGE_BYTES >> 20} MiB gpufeed decodes"
-                         if big[k] else f"nvImageCodec ({self.name}) refused it")
-        sizes = sizes[done]
-        return Decoded(out, offsets[done], sizes, hwc_strides(sizes), [out], failed,
+            failed[k] = (f"its header claims {h}x{w} pixels, over the {MAX_IMAGE_BYTES >> 20} MiB gpufeed decodes"
+                         if big[k] else f"nvImageCodec ({self.name}) could not read its header" if not ok[k] else
+                         f"nvImageCodec ({self.name}) refused it")
+        strides = hwc_strides(sizes)
+        strides[planar, 0], strides[planar, 1], strides[planar, 2] = YCC420, sizes[planar, 1], 1
+        return Decoded(out, offsets[done], sizes[done], strides[done], [out], failed,
                        on_done=lambda event: self.buffers.give_back(out, event))

@@ -28,7 +28,7 @@ T_INSTANCE_CREATE_INFO, T_DECODE_PARAMS, T_ORIENTATION, T_IMAGE_INFO, T_PLANE = 
 T_BACKEND, T_BACKEND_PARAMS, T_EXECUTION_PARAMS = 17, 29, 30
 BACKENDS = {"cpu": 1, "cuda": 3, "hw": 4}  # nvimgcodecBackendKind_t: CPU_ONLY, HYBRID_CPU_GPU, HW_GPU_ONLY
 LOAD_HINT_FIXED = 2
-COLORSPEC_SRGB, SAMPLING_NONE, SAMPLEFORMAT_I_RGB, UINT8 = 1, 0, 8, 0x0802
+COLORSPEC_SRGB, COLORSPEC_SYCC, SAMPLING_NONE, SAMPLING_420, SAMPLEFORMAT_I_RGB, UINT8 = 1, 3, 0, 3, 8, 0x0802
 BUFFER_DEVICE, BUFFER_HOST = 1, 2
 PROCESSING_SUCCESS = 1
 
@@ -182,33 +182,48 @@ class BatchDecoder:
                           self._column("plane_info.width", np.uint32, n)], 1).astype(np.int64)
         return sizes, ok & (sizes > 0).all(1)
 
-    def layout(self, sizes: np.ndarray, ok: np.ndarray) -> tuple[np.ndarray, int]:
-        """Byte offsets of each image in one output buffer (aligned), and the buffer's size."""
-        nbytes = np.where(ok, sizes[:, 0] * sizes[:, 1] * 3, 0)
+    def ycc420(self, n: int) -> np.ndarray:
+        """After `read`: per image, whether it is YCbCr with 4:2:0 chroma (most photos), which
+        `decode(planar=...)` can give as its planes."""
+        return ((self._column("color_spec", np.int32, n) == COLORSPEC_SYCC)
+                & (self._column("chroma_subsampling", np.int32, n) == SAMPLING_420)
+                & (self._column("num_planes", np.uint32, n) == 3))
+
+    @staticmethod
+    def nbytes(sizes: np.ndarray, planar: np.ndarray) -> np.ndarray:
+        """Bytes per image: RGB interleaved, or (`planar`) Y and two chroma planes of half the size."""
+        h, w = sizes[:, 0], sizes[:, 1]
+        return np.where(planar, h * w + 2 * ((h + 1) // 2) * ((w + 1) // 2), 3 * h * w)
+
+    def layout(self, nbytes: np.ndarray) -> tuple[np.ndarray, int]:
+        """Byte offsets of images of `nbytes` in one output buffer (aligned), and the buffer's size."""
         padded = -(-nbytes // self.ALIGN) * self.ALIGN
         offsets = np.cumsum(padded) - padded
         return offsets, int(padded.sum())
 
     def decode(self, sizes: np.ndarray, ok: np.ndarray, out: int, offsets: np.ndarray, stream: int,
-               planar: bool = False) -> np.ndarray:
+               planar: np.ndarray | None = None) -> np.ndarray:
         """Decode the images `read` parsed (those `ok`) into the buffer at address `out`, image k at
         `offsets[k]`, in stream order on CUDA stream `stream`; returns per image whether it decoded.
-        `planar`: each image's planes as stored (YCbCr, subsampled), back to back, no colour conversion."""
+        Images `planar` (YCbCr 4:2:0, `ycc420`) come as their Y plane and then their Cb and Cr planes at
+        half the size (rounded up), each row after row: no colour conversion or upsampling on the GPU;
+        the others as RGB, interleaved."""
         n, fast = len(sizes), self.lib.fast
+        planar = np.zeros(n, bool) if planar is None else planar
+        rgb = ~planar
         for name in ("orientation.rotated", "orientation.flip_x", "orientation.flip_y"):
             self._column(name, np.int32, n)[:] = 0
-        if planar:
-            for p in range(3):
-                self._column("plane_info.row_stride", np.uint64, n, p)[:] = self._column("plane_info.width", np.uint32, n, p)
-        else:
-            self._column("color_spec", np.int32, n)[:] = COLORSPEC_SRGB
-            self._column("chroma_subsampling", np.int32, n)[:] = SAMPLING_NONE
-            self._column("sample_format", np.int32, n)[:] = SAMPLEFORMAT_I_RGB
-            self._column("num_planes", np.uint32, n)[:] = 1
-            self._column("plane_info.row_stride", np.uint64, n)[:] = sizes[:, 1] * 3
-            self._column("plane_info.num_channels", np.uint32, n)[:] = 3
-            self._column("plane_info.sample_type", np.int32, n)[:] = UINT8
-            self._column("plane_info.precision", np.uint8, n)[:] = 0
+        half = (sizes + 1) // 2
+        for p in (1, 2):
+            self._column("plane_info.height", np.uint32, n, p)[planar] = half[planar, 0]
+            self._column("plane_info.width", np.uint32, n, p)[planar] = half[planar, 1]
+            self._column("plane_info.row_stride", np.uint64, n, p)[planar] = half[planar, 1]
+        self._column("plane_info.row_stride", np.uint64, n)[:] = np.where(planar, 1, 3) * sizes[:, 1]
+        for path, dtype, value in (("color_spec", np.int32, COLORSPEC_SRGB), ("chroma_subsampling", np.int32, SAMPLING_NONE),
+                                   ("sample_format", np.int32, SAMPLEFORMAT_I_RGB), ("num_planes", np.uint32, 1),
+                                   ("plane_info.num_channels", np.uint32, 3), ("plane_info.sample_type", np.int32, UINT8),
+                                   ("plane_info.precision", np.uint8, 0)):
+            self._column(path, dtype, n)[rgb] = value
         self._column("buffer", np.uint64, n)[:] = out + offsets
         self._column("buffer_kind", np.int32, n)[:] = BUFFER_HOST if self.host else BUFFER_DEVICE
         self._column("cuda_stream", np.uint64, n)[:] = stream

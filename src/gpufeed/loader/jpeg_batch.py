@@ -37,6 +37,9 @@ log = logging.getLogger(__name__)
 # the batch kernels run once on a stand-in while the first batch decodes (`JpegBatcher._compile`);
 # False: compiled when the first batch reaches them (benchmarks/train_bench.py rows take compile_ahead=False)
 COMPILE_AHEAD = True
+# the engines decode YCbCr 4:2:0 images to their planes and the resize kernel converts them, instead
+# of a colour conversion kernel per image beside the model's; False: RGB (train_bench rows take planar=0)
+PLANAR = True
 
 
 class DecodeError(RuntimeError):
@@ -67,6 +70,9 @@ class JpegBatcher:
         self.loader, self.on_error = loader, on_error
         self.scheduler = Scheduler(loader.device, threads, decoders, cpu, gpu_turn)
         self.fused = loader.device.type == "cuda" and _fused() is not None
+        for dec in self.scheduler.gpu:  # the resize kernel converts the engines' YCbCr planes itself
+            if dec.name == "hw":
+                dec.planar = self.fused and PLANAR
         self.stream = (torch.cuda.Stream(loader.device, priority=scheduler.STREAM_PRIORITY)
                        if loader.device.type == "cuda" else None)
         # the per-batch tables go up on a stream of their own: a copy from pageable memory first waits
