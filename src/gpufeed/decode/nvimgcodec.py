@@ -40,8 +40,9 @@ class NvImgCodecDecoder:
         self.buffers = PinnedStaging(alloc=lambda nbytes: torch.empty(nbytes, dtype=torch.uint8, device=device))
 
     def decode(self, batch: Encoded, shapes: np.ndarray | None = None) -> Decoded:
-        """Decode on the current CUDA stream into one buffer, HWC. (`shapes`, the sizes the store
-        records, are not trusted: each image's header says its own, checked against `MAX_IMAGE_BYTES`.)"""
+        """Decode on the current CUDA stream into one buffer: HWC RGB, or with `planar` the 4:2:0
+        photos' YCbCr planes. (`shapes`, the sizes the store records, are not trusted: each image's
+        header says its own, checked against `MAX_IMAGE_BYTES`.)"""
         native = self._batches
         sizes, ok = native.read(batch.array, batch.begins, batch.ends)
         big = sizes[:, 0] * sizes[:, 1] * 3 > MAX_IMAGE_BYTES
