@@ -6,7 +6,7 @@ consumes batches (`--rate` per second), so the only difference between rows is t
 decoder's colour conversion per image) captured in one CUDA graph: what many small kernels of
 another stream cost the model's, with no launches or Python; `opsN` launches the same N ops from
 Python. `gilN` lets go of the GIL and takes it back N times per tick (`time.sleep(0)`), nothing
-else: what a library that does so per image (nvImageCodec's decode, three times per image) costs the
+else: what a library that does so per image (nvImageCodec's Python binding, three times) costs the
 training thread. `capi_hw`, `capi_cuda`: 128 images per tick through nvImageCodec's C API (the
 library's decoder) into one reused buffer, `capi_hw_420` with the 4:2:0 photos as their planes.
 `cpu_procsN` instead starts N processes that decode JPEGs with PIL as fast as they can (no GPU):
