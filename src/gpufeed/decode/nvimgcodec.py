@@ -12,9 +12,9 @@ docs/benchmarks.md), so the loader decodes whole images and crops in its resize 
 
 A batch decodes through nvImageCodec's C API (`nvimgcodec_api`) into one device buffer, decoded
 into again once the kernels reading it ran (a fresh buffer per batch, of another size each time,
-left torch's allocator holding more device memory: docs/benchmarks.md). Its Python binding would take the GIL back about three
-times per image, each time waiting for the training thread (docs/benchmarks.md); it would also
-allocate and free device memory for every Image it makes.
+left torch's allocator holding more device memory: docs/benchmarks.md). Its Python binding would
+take the GIL back about three times per image, each time waiting for the training thread
+(docs/benchmarks.md); it would also allocate and free device memory for every Image it makes.
 """
 
 from __future__ import annotations

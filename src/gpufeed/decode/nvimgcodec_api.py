@@ -20,11 +20,11 @@ from pathlib import Path
 import numpy as np
 
 SUPPORTED = ("0.9.",)  # nvImageCodec versions whose structures these are
-MAX_PLANES, MAX_DIM, MAX_FILL, NAME_SIZE = 32, 5, 5, 256
+MAX_PLANES, NAME_SIZE = 32, 256
 DEVICE_CPU_ONLY = -99999
 
 # nvimgcodecStructureType_t
-T_INSTANCE_CREATE_INFO, T_DECODE_PARAMS, T_ORIENTATION, T_IMAGE_INFO, T_PLANE = 2, 5, 7, 11, 12
+T_INSTANCE_CREATE_INFO, T_DECODE_PARAMS, T_IMAGE_INFO = 2, 5, 11
 T_BACKEND, T_BACKEND_PARAMS, T_EXECUTION_PARAMS = 17, 29, 30
 BACKENDS = {"cpu": 1, "cuda": 3, "hw": 4}  # nvimgcodecBackendKind_t: CPU_ONLY, HYBRID_CPU_GPU, HW_GPU_ONLY
 LOAD_HINT_FIXED = 2
@@ -63,8 +63,7 @@ InstanceCreateInfo = _struct("InstanceCreateInfo", [
 
 
 def _filled(cls, struct_type: int, **values):
-    s = cls(struct_type=struct_type, struct_size=C.sizeof(cls), **values)
-    return s
+    return cls(struct_type=struct_type, struct_size=C.sizeof(cls), **values)
 
 
 def _field(cls, path: str) -> int:
@@ -125,7 +124,8 @@ def open_library() -> tuple[Library, int]:
 
 class BatchDecoder:
     """One nvImageCodec decoder with one backend (`hw`, `cuda` or `cpu`), decoding batches of JPEGs
-    into buffers the caller gives, RGB interleaved (HWC), whole images, no EXIF rotation."""
+    into buffers the caller gives, RGB interleaved (HWC) or 4:2:0 YCbCr planes (`decode`), whole
+    images, no EXIF rotation."""
 
     ALIGN = 256  # every image starts this many bytes apart at least, as an allocation of its own would
 
