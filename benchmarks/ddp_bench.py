@@ -6,6 +6,10 @@ one copy of the store in host RAM (page cache / one registered region), not one 
 
     PYTHONPATH=src python benchmarks/ddp_bench.py --n 10000 --out ddp.json
 
+`--train resnet18` instead trains (train_bench's loop, the model in DistributedDataParallel) fed
+by the jpeg store or by one synthetic batch: issue 20's check, per-GPU training img/s with 2 ranks
+against 1.
+
 Each configuration runs as `torchrun --nproc-per-node W benchmarks/ddp_bench.py --worker ...`;
 every rank times whole epochs after a warm-up epoch and reports its img/s and its PSS
 (proportional set size: shared pages are split between the processes mapping them, so the
@@ -28,6 +32,10 @@ CONFIGS = {  # name: (store, cache, epochs timed)
     "raw-gpu": ("raw", "gpu", 200),  # raw store, gpu tier
     "raw-host": ("raw", "host", 40),  # raw store, host tier
     "jpeg": ("jpeg", "auto", 6),  # jpeg store, default decoders
+}
+TRAIN_CONFIGS = {  # `--train`: name: (store, cache or "synthetic", steps timed)
+    "synthetic": ("jpeg", "synthetic", 80),  # one batch already on the GPU: the ceiling
+    "jpeg": ("jpeg", "auto", 80),  # the jpeg store, the Loader's defaults
 }
 
 
@@ -55,6 +63,8 @@ def worker(a: argparse.Namespace) -> None:
         os.sched_setaffinity(0, cores[local * per:(local + 1) * per])
     torch.cuda.set_device(local)
     dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+    if a.train:
+        return _train(a, local)
     ops = [RandomResizedCrop(224), RandomHorizontalFlip(), Normalize()]
     with gpufeed.Loader(a.store, batch_size=256, device="cuda", cache=a.cache, augment=ops) as loader:
         for _ in loader:
@@ -80,11 +90,52 @@ def worker(a: argparse.Namespace) -> None:
     dist.destroy_process_group()
 
 
-def run(store: Path, cache: str, epochs: int, world: int, work: Path, bind: bool) -> dict:
+def _train(a: argparse.Namespace, local: int) -> None:
+    """One rank of `--train MODEL`: train_bench's loop with the model in DistributedDataParallel, fed
+    by the jpeg store through the Loader (each rank its shard) or, `--cache synthetic`, by one batch
+    already on the GPU; `--epochs` timed steps after 15."""
+    import torch
+    import torch.distributed as dist
+
+    import gpufeed
+    from gpufeed.augment import Normalize, RandomHorizontalFlip, RandomResizedCrop
+    from gpufeed.bench.training import training_step
+
+    torch.backends.cudnn.benchmark = True
+    wrap = lambda net: torch.nn.parallel.DistributedDataParallel(net, device_ids=[local])  # noqa: E731
+    step = training_step(a.train, "cuda", 1000, wrap)
+    if a.cache == "synthetic":
+        batch = torch.randn(256, 3, 224, 224, device="cuda").half(), torch.randint(0, 1000, (256,), device="cuda")
+        batches, loader = iter(lambda: batch, None), None
+    else:
+        ops = [RandomResizedCrop(224), RandomHorizontalFlip(), Normalize()]
+        loader = gpufeed.Loader(a.store, batch_size=256, device="cuda", augment=ops)
+        batches = (b for _ in iter(int, 1) for b in loader)
+    for _ in range(15):
+        step(*next(batches))
+    torch.cuda.synchronize()
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(a.epochs):
+        loss = step(*next(batches))
+    loss.item()
+    torch.cuda.synchronize()
+    seconds = time.perf_counter() - t0
+    result = {"rank": dist.get_rank(), "world": dist.get_world_size(), "img_per_s": a.epochs * 256 / seconds,
+              "pss_mb": _pss_mb(), "store_maps_mb": {"pss": 0.0, "rss": 0.0},
+              "decoded_by": loader.stats().get("decoded_by") if loader is not None else None,
+              "gpu_used_gb": (lambda free, total: (total - free) / 1e9)(*torch.cuda.mem_get_info()),
+              "cores": len(os.sched_getaffinity(0))}
+    dist.barrier()
+    Path(f"{a.report}.rank{result['rank']}.json").write_text(json.dumps(result))
+    dist.destroy_process_group()
+
+
+def run(store: Path, cache: str, epochs: int, world: int, work: Path, bind: bool, train: str | None = None) -> dict:
     report = work / f"r-{store.name}-{cache}-{world}"
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={world}", "--master-port=29517",
            __file__, "--worker", "--store", str(store), "--cache", cache, "--epochs", str(epochs),
-           "--report", str(report), *(["--bind"] if bind else [])]
+           "--report", str(report), *(["--bind"] if bind else []), *(["--train", train] if train else [])]
     subprocess.run(cmd, check=True, env={**os.environ, "NCCL_NVLS_ENABLE": "0", "OMP_NUM_THREADS": "1"})
     ranks = [json.loads(Path(f"{report}.rank{r}.json").read_text()) for r in range(world)]
     per_gpu = [r["img_per_s"] for r in ranks]
@@ -98,12 +149,14 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--n", type=int, default=10000)
     p.add_argument("--worlds", default="1,2", help="rank counts to run (default 1,2)")
-    p.add_argument("--configs", default=",".join(CONFIGS), help="which rows (default: all), comma-separated")
+    p.add_argument("--configs", default=None, help="which rows (default: all), comma-separated")
     p.add_argument("--repeats", type=int, default=1, help="runs of each rank count, interleaved; medians reported")
     p.add_argument("--epochs-scale", type=float, default=1.0, help="multiply each row's timed epochs")
     p.add_argument("--bind", action="store_true", help="give each rank its own equal slice of the cores")
     p.add_argument("--workdir", default=None)
     p.add_argument("--out", default="ddp_bench.json")
+    p.add_argument("--train", metavar="MODEL", help="instead of the loader alone, train MODEL (resnet18, ...) "
+                   "in DistributedDataParallel: rows jpeg (the Loader's defaults) and synthetic, 80 steps")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--store")
     p.add_argument("--cache", default="auto")
@@ -122,16 +175,19 @@ def main() -> None:
     if not (work / "images").exists():
         make_image_folder(work / "images", per_class=a.n // 10, classes=10)
     stores = {"raw": work / "raw", "jpeg": work / "jpeg"}
-    gpufeed.pack(work / "images", stores["raw"], size=256, progress=False, overwrite=True)
+    if not a.train:
+        gpufeed.pack(work / "images", stores["raw"], size=256, progress=False, overwrite=True)
     gpufeed.pack(work / "images", stores["jpeg"], mode="jpeg", reencode=False, progress=False, overwrite=True)
     result = {"gpu": torch.cuda.get_device_name(), "gpus": torch.cuda.device_count(), "cpus": os.cpu_count(),
               "workload": OPS_DOC, "images": a.n,
-              "store_mb": {k: gpufeed.open(v).nbytes / 1e6 for k, v in stores.items()}, "rows": {}}
+              "store_mb": {k: gpufeed.open(v).nbytes / 1e6 for k, v in stores.items() if v.exists()}, "rows": {}}
     worlds = [int(w) for w in a.worlds.split(",") if int(w) <= torch.cuda.device_count()]
-    for name in a.configs.split(","):
-        kind, cache, epochs = CONFIGS[name]
+    configs = TRAIN_CONFIGS if a.train else CONFIGS
+    for name in (a.configs.split(",") if a.configs else configs):
+        kind, cache, epochs = configs[name]
         epochs = max(1, round(epochs * a.epochs_scale))
-        repeats = [[run(stores[kind], cache, epochs, w, work, a.bind) for w in worlds] for _ in range(a.repeats)]
+        repeats = [[run(stores[kind], cache, epochs, w, work, a.bind, a.train) for w in worlds]
+                   for _ in range(a.repeats)]
         runs = []
         for k, w in enumerate(worlds):  # the repeat with the median per-GPU rate stands for this rank count
             tries = sorted((rep[k] for rep in repeats), key=lambda r: r["mean_per_gpu"])

@@ -10,7 +10,9 @@ else: what a library that does so per image (nvImageCodec's Python binding, thre
 training thread. `capi_hw`, `capi_cuda`: 128 images per tick through nvImageCodec's C API (the
 library's decoder) into one reused buffer, `capi_hw_420` with the 4:2:0 photos as their planes.
 `cpu_procsN` instead starts N processes that decode JPEGs with PIL as fast as they can (no GPU):
-what CPU decode workers' load alone costs the training thread on the host.
+what CPU decode workers' load alone costs the training thread on the host. `proc_KIND` runs KIND
+in a process of its own, with its own CUDA context: the same GPU work without the training process's
+threads, locks and GIL.
 
     PYTHONPATH=src python benchmarks/train_bench.py --rows "synthetic;interfere:tv_nvjpeg;..." --models resnet18
 """
@@ -26,7 +28,7 @@ import torch
 KINDS = ("none", "tv_nvjpeg", "tv_nvjpeg_ptrs", "nvimg_hw", "nvimg_hw_ptrs", "capi_hw", "capi_cuda", "capi_hw_420",
          "resize", "cpu_tv_threads",
          "pyloop_1ms", "pyloop_3ms", "pipe_recv", "cpu_procsN", "h2dN", "kernelsN", "opsN",
-         "gilN")
+         "gilN", "proc_KIND")
 
 # a CPU decode process for `cpu_procsN`: decodes one file over and over until its parent is gone
 _DECODER = """import io, os, sys
@@ -35,6 +37,23 @@ data, parent = open(sys.argv[1], "rb").read(), os.getppid()
 while os.getppid() == parent:
     for _ in range(20):
         Image.open(io.BytesIO(data)).convert("RGB").load()
+"""
+
+
+# `proc_KIND`: KIND's paced thread in a process of its own (exec'd), until this process ends
+_IN_A_PROCESS = """import os, sys, time
+sys.path.insert(0, sys.argv[1])
+import interference
+parent = os.getppid()
+interference.start(sys.argv[2], rate=float(sys.argv[3]))
+while not interference.COUNTS["ticks"]:
+    time.sleep(0.01)
+print("ready", flush=True)
+while os.getppid() == parent:
+    time.sleep(0.2)
+with open(f"/tmp/interference-{os.getpid()}.txt", "w") as f:  # its ticks, for whoever looks
+    print(sys.argv[2], interference.COUNTS, file=f)
+os._exit(0)  # not Python's finalization under a daemon thread in the middle of a decode
 """
 
 
@@ -48,6 +67,15 @@ def start(kind: str, rate: float = 50.0, images: int = 128) -> threading.Thread 
     data = encode_jpegs(natural_images(64))
     if kind.startswith("cpu_procs"):
         return _processes(int(kind[len("cpu_procs"):]), data[0])
+    if kind.startswith("proc_"):  # the same work in a process of its own, with its own CUDA context
+        import subprocess
+        import sys
+        from pathlib import Path
+
+        proc = subprocess.Popen([sys.executable, "-c", _IN_A_PROCESS, str(Path(__file__).parent), kind[5:], str(rate)],
+                                stdout=subprocess.PIPE, text=True)
+        proc.stdout.readline()  # its first tick done: the row's steps are timed with it running
+        return [proc]
     data = [data[k % 64] for k in range(images)]
     arrays = [np.frombuffer(d, np.uint8) for d in data]
     pinned = torch.empty(sum(len(d) for d in data), dtype=torch.uint8).pin_memory()
@@ -58,23 +86,30 @@ def start(kind: str, rate: float = 50.0, images: int = 128) -> threading.Thread 
     work = _work(kind, arrays, pinned, bounds, stream)
 
     def loop():
-        period, t = 1.0 / rate, time.perf_counter()
-        while True:
+        for _ in paced(rate):
             w0 = time.perf_counter()
             with torch.cuda.stream(stream):
                 work()
             COUNTS["ticks"] += 1
             COUNTS["work_seconds"] += time.perf_counter() - w0
-            t += period
-            delay = t - time.perf_counter()
-            if delay > 0:
-                time.sleep(delay)
-            else:
-                t = time.perf_counter()
 
     th = threading.Thread(target=loop, daemon=True)
     th.start()
     return th
+
+
+def paced(rate: float):
+    """Yield `rate` times a second, forever: each tick at its time, or at once when the one before
+    ran late (no catching up)."""
+    period, t = 1.0 / rate, time.perf_counter()
+    while True:
+        yield
+        t += period
+        delay = t - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        else:
+            t = time.perf_counter()
 
 
 def _processes(count: int, jpeg: bytes) -> list:

@@ -8,7 +8,9 @@ store, the Loader's defaults; `jpeg:KEY=VALUE,...` passes Loader arguments, and 
 (or trivialaugment, autoaugment) adds that policy to the recipe, `switch=SECONDS` sets the process's
 `sys.setswitchinterval`; rows are separated by `;`), `dataloader` (torch
 DataLoader over the image folder, PIL, uint8 to the GPU, normalized there), `dali` (when nvidia-dali
-is installed: a benchmark-only import).
+is installed: a benchmark-only import), `shadow` (the synthetic loop, with a jpeg row's Loader, the
+same settings, taking `rate=` batches a second (46) on a thread beside it and dropping them: what
+the loader's presence costs when the model never waits for its batches).
 
     PYTHONPATH=src python benchmarks/train_bench.py --n 10000 --models resnet18,resnet50 --rounds 3 \
         --out train.json
@@ -111,6 +113,12 @@ def feeder(row: str, work: Path, batch: int):
         interference.start(spec.split(",")[0], rate=float(kwargs.get("rate", 50)))
         built, batches, _ = feeder("synthetic", work, batch)
         return built, batches, lambda: dict(interference.COUNTS)
+    if name == "shadow":  # synthetic data; a jpeg Loader beside it, paced, its batches dropped
+        rate = float(kwargs.pop("rate", 46))
+        settings = ",".join(f"{k}={v}" for k, v in _settings(row).items() if k != "rate")
+        built, made, stats = feeder(f"jpeg:{settings}", work, batch)
+        threading.Thread(target=_shadow, args=(made, rate), daemon=True).start()
+        return built, feeder("synthetic", work, batch)[1], stats
     if name in ("raw", "jpeg"):
         import importlib
 
@@ -151,6 +159,19 @@ def feeder(row: str, work: Path, batch: int):
     if name == "dali":
         return _dali(work, batch, kwargs.get("threads", 8), t0)
     raise SystemExit(f"unknown row {row!r}")
+
+
+def _shadow(batches, rate: float) -> None:
+    """Take `rate` batches a second from `batches` on a stream of this thread's own and drop them:
+    the loader's work beside the model, with the model never waiting for it."""
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from interference import paced
+
+    with torch.cuda.stream(torch.cuda.Stream()):
+        for _tick, _batch in zip(paced(rate), batches):
+            pass
 
 
 def _dali(work: Path, batch: int, threads: int, t0: float):

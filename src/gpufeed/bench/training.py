@@ -10,13 +10,15 @@ from gpufeed.bench.common import Context, Figure, sync
 from gpufeed.bench.feeders import dataset, feeders
 
 
-def training_step(model: str, device: str, classes: int):
+def training_step(model: str, device: str, classes: int, wrap=None):
     """`step(images, labels) -> loss`: a torchvision `model` (random init, channels_last) trained with
     bf16 autocast and SGD with momentum: the loop `gpufeed bench training` and
-    benchmarks/train_bench.py both feed. Labels are clamped into the model's classes."""
+    benchmarks/train_bench.py both feed. Labels are clamped into the model's classes. `wrap`: applied
+    to the model before training (DistributedDataParallel, in benchmarks/ddp_bench.py)."""
     import torchvision
 
     net = getattr(torchvision.models, model)(num_classes=classes).to(device).to(memory_format=torch.channels_last)
+    net = wrap(net) if wrap is not None else net
     opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-5)
 
     def step(images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
