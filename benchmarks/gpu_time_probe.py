@@ -11,7 +11,10 @@ thread that made them (the training thread, the loader's threads): a call that b
 loop on one batch already on the GPU: the training thread's CUDA calls without a loader beside it.
 Last, the training stream's idle time between kernels (the next kernel launched late: host-bound;
 or queued and started late) and the training thread's time between its ops (its Python and its
-waits for the GIL). `--trace PATH` keeps the Chrome trace.
+waits for the GIL). Last, the training thread's
+CUDA calls that took over a millisecond (it waited on a lock of the driver, or for room in the
+launch queue) and what the other threads' CUDA calls were meanwhile. `--trace PATH` keeps the
+Chrome trace, `--read PATH` analyses a kept one, `--decoders hw+cpu` picks the Loader's decoders.
 
     PYTHONPATH=src python benchmarks/gpu_time_probe.py --n 10000 --steps 20 [--feed synthetic]
 """
@@ -38,9 +41,13 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=15)
     p.add_argument("--trace", help="also keep the Chrome trace here")
+    p.add_argument("--decoders", help="the Loader's decoders, '+'-separated (hw+cpu, cpu, hw, ...): default its own")
+    p.add_argument("--read", metavar="TRACE", help="analyse a trace kept with --trace instead of running")
     p.add_argument("--feed", choices=("jpeg", "synthetic"), default="jpeg",
                    help="synthetic: one batch already on the GPU, the same loop's CUDA calls without a loader")
     a = p.parse_args()
+    if a.read:
+        return analyse(json.loads(Path(a.read).read_text())["traceEvents"], a.steps)
     import sys
 
     sys.path.insert(0, str(sys_path))
@@ -61,7 +68,9 @@ def main() -> None:
             while True:
                 yield batch
     else:
-        loader = gpufeed.Loader(work / "jpeg", batch_size=256, device="cuda", augment=train_bench._ops())
+        decoders = tuple(a.decoders.split("+")) if a.decoders else None
+        loader = gpufeed.Loader(work / "jpeg", batch_size=256, device="cuda", augment=train_bench._ops(),
+                                decoders=decoders)
 
         def endless():
             while True:
@@ -78,7 +87,14 @@ def main() -> None:
         torch.cuda.synchronize()
     trace = Path(a.trace or tempfile.mktemp(suffix=".json"))
     prof.export_chrome_trace(str(trace))
-    events = json.loads(trace.read_text())["traceEvents"]
+    print(f"{a.model}, {a.steps} steps of 256, {a.feed} batches, {torch.cuda.get_device_name()}")
+    analyse(json.loads(trace.read_text())["traceEvents"], a.steps)
+    if loader is not None:
+        loader.close()
+
+
+def analyse(events: list, steps: int) -> None:
+    """Everything this probe prints about a trace of `steps` training steps."""
     per_stream: dict[int, float] = collections.Counter()
     names: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
     for e in events:
@@ -91,12 +107,11 @@ def main() -> None:
     kinds: collections.Counter = collections.Counter()
     for s in others:
         kinds.update(names[s])
-    print(f"{a.model}, {a.steps} steps of 256, {a.feed} batches, {torch.cuda.get_device_name()}")
-    print(f"training loop (stream {default}): {per_stream[default] / a.steps:.2f} GPU ms per batch")
+    print(f"training loop (stream {default}): {per_stream[default] / steps:.2f} GPU ms per batch")
     print(f"loader and decoders ({len(others)} other streams): "
-          f"{sum(per_stream[s] for s in others) / a.steps:.2f} GPU ms per batch, of which:")
+          f"{sum(per_stream[s] for s in others) / steps:.2f} GPU ms per batch, of which:")
     for name, ms in kinds.most_common(8):
-        print(f"  {ms / a.steps:6.2f} ms  {name}")
+        print(f"  {ms / steps:6.2f} ms  {name}")
     # the profiler records torch ops on the profiling (training) thread only; CUDA calls on every thread
     training = {e.get("tid") for e in events if e.get("cat") == "cpu_op"}
     calls: dict[object, collections.Counter] = collections.defaultdict(collections.Counter)
@@ -107,13 +122,12 @@ def main() -> None:
             counts[e.get("tid")][e["name"]] += 1
     for tid, spent in sorted(calls.items(), key=lambda kv: -sum(kv[1].values())):
         side = "training thread" if tid in training else "another thread (the loader's)"
-        print(f"thread {tid}, {side}: {sum(spent.values()) / a.steps:.2f} host ms per batch in CUDA calls:")
+        print(f"thread {tid}, {side}: {sum(spent.values()) / steps:.2f} host ms per batch in CUDA calls:")
         for name, ms in spent.most_common(6):
-            print(f"  {ms / a.steps:6.2f} ms  {counts[tid][name] / a.steps:6.1f} calls  {name}")
-    _idle(events, default, a.steps)
-    _gaps(events, a.steps)
-    if loader is not None:
-        loader.close()
+            print(f"  {ms / steps:6.2f} ms  {counts[tid][name] / steps:6.1f} calls  {name}")
+    _idle(events, default, steps)
+    _gaps(events, steps)
+    _stalls(events, steps)
 
 
 def _gaps(events: list, steps: int) -> None:
@@ -167,6 +181,38 @@ def _idle(events: list, stream: int, steps: int) -> None:
     print(f"  {late / 1000 / steps:.2f} ms per step waiting for the training thread to launch (host-bound), "
           f"{queued / 1000 / steps:.2f} ms queued but started late (another stream's event, SMs held)")
     print(f"  other streams' kernels and copies ran {overlapped / 1000 / steps:.2f} ms per step of the idle time")
+
+
+STALL_MS = 1.0  # a CUDA call of the training thread this long waited for something
+
+
+def _stalls(events: list, steps: int) -> None:
+    """The training thread's CUDA calls over STALL_MS (a launch normally takes microseconds; in a loop
+    ahead of the GPU they wait for room in the launch queue, so on synthetic data there are many),
+    and what every other thread was doing meanwhile: its CUDA calls that overlapped the stall, or
+    its last call before it when it made none (a thread inside a library between calls)."""
+    training = {e.get("tid") for e in events if e.get("cat") == "cpu_op"}
+    calls = sorted((e for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver") and "dur" in e),
+                   key=lambda e: e["ts"])
+    t0 = min((e["ts"] for e in calls), default=0)
+    stalls = [e for e in calls if e.get("tid") in training and e["dur"] > 1000 * STALL_MS
+              and e["name"] != "cudaDeviceSynchronize"]  # the profile's own closing sync
+    print(f"training threads' CUDA calls over {STALL_MS} ms: {len(stalls)}, "
+          f"{sum(e['dur'] for e in stalls) / 1000 / steps:.2f} ms per step")
+    for stall in stalls[:12]:
+        begin, end = stall["ts"], stall["ts"] + stall["dur"]
+        print(f"  at {(begin - t0) / 1000:8.2f} ms: {stall['name']} {stall['dur'] / 1000:.2f} ms; meanwhile:")
+        for tid in sorted({e.get("tid") for e in calls} - training, key=str):
+            mine = [e for e in calls if e.get("tid") == tid]
+            during = [e for e in mine if e["ts"] < end and e["ts"] + e["dur"] > begin]
+            if during:
+                longest = max(during, key=lambda e: e["dur"])
+                print(f"    thread {tid}: {len(during)} calls, longest {longest['name']} {longest['dur'] / 1000:.2f} ms")
+            else:
+                last = [e for e in mine if e["ts"] < begin]
+                what = f"last {last[-1]['name']} {(begin - last[-1]['ts'] - last[-1]['dur']) / 1000:.2f} ms before" \
+                    if last else "no call before"
+                print(f"    thread {tid}: no call ({what})")
 
 
 if __name__ == "__main__":
