@@ -19,6 +19,8 @@ ranks' PSS add up to the RAM they use together).
 from __future__ import annotations
 
 import argparse
+import functools
+import itertools
 import json
 import os
 import subprocess
@@ -102,15 +104,16 @@ def _train(a: argparse.Namespace, local: int) -> None:
     from gpufeed.bench.training import training_step
 
     torch.backends.cudnn.benchmark = True
-    wrap = lambda net: torch.nn.parallel.DistributedDataParallel(net, device_ids=[local])  # noqa: E731
-    step = training_step(a.train, "cuda", 1000, wrap)
+    step = training_step(a.train, "cuda", 1000,
+                         functools.partial(torch.nn.parallel.DistributedDataParallel, device_ids=[local]))
+    loader = None
     if a.cache == "synthetic":
-        batch = torch.randn(256, 3, 224, 224, device="cuda").half(), torch.randint(0, 1000, (256,), device="cuda")
-        batches, loader = iter(lambda: batch, None), None
+        batches = itertools.repeat((torch.randn(256, 3, 224, 224, device="cuda").half(),
+                                    torch.randint(0, 1000, (256,), device="cuda")))
     else:
         ops = [RandomResizedCrop(224), RandomHorizontalFlip(), Normalize()]
         loader = gpufeed.Loader(a.store, batch_size=256, device="cuda", augment=ops)
-        batches = (b for _ in iter(int, 1) for b in loader)
+        batches = itertools.chain.from_iterable(itertools.repeat(loader))  # epoch after epoch
     for _ in range(15):
         step(*next(batches))
     torch.cuda.synchronize()
@@ -121,10 +124,11 @@ def _train(a: argparse.Namespace, local: int) -> None:
     loss.item()
     torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
+    free, total = torch.cuda.mem_get_info()
     result = {"rank": dist.get_rank(), "world": dist.get_world_size(), "img_per_s": a.epochs * 256 / seconds,
               "pss_mb": _pss_mb(), "store_maps_mb": {"pss": 0.0, "rss": 0.0},
               "decoded_by": loader.stats().get("decoded_by") if loader is not None else None,
-              "gpu_used_gb": (lambda free, total: (total - free) / 1e9)(*torch.cuda.mem_get_info()),
+              "gpu_used_gb": (total - free) / 1e9,
               "cores": len(os.sched_getaffinity(0))}
     dist.barrier()
     Path(f"{a.report}.rank{result['rank']}.json").write_text(json.dumps(result))
