@@ -36,6 +36,13 @@ def jpeg_bytes(array: np.ndarray, **kw) -> bytes:
     return buf.getvalue()
 
 
+def claiming(jpeg: bytes, height: int, width: int) -> bytes:
+    """`jpeg` (baseline) with its frame header's size replaced: a hostile file, whose header no decoder
+    or packer may trust."""
+    at = jpeg.index(b"\xff\xc0") + 5
+    return jpeg[:at] + height.to_bytes(2, "big") + width.to_bytes(2, "big") + jpeg[at + 4:]
+
+
 @pytest.fixture
 def image_folder(tmp_path: Path) -> Path:
     """ImageFolder of lossless 32x32 PNGs: 3 classes x 4 images, pixels = pixels(global index)."""

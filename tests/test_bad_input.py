@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 
 import gpufeed
-from conftest import jpeg_bytes, pixels, save, smooth
+from conftest import claiming, jpeg_bytes, pixels, save, smooth
 from gpufeed.packing import worker
 
 
@@ -112,13 +112,8 @@ def test_pixel_budget_replaces_pillow_bomb_guard(tmp_path):
 
 def test_a_tiny_jpeg_declaring_a_huge_size_is_skipped_not_packed_gray(tmp_path):
     """677 bytes declaring 65000x65000: Pillow would decode it (DCT-reduced) into a flat gray image."""
-    import struct
-
-    data = bytearray(jpeg_bytes(smooth(0, 16, 16)))
-    sof = data.find(b"\xff\xc0")
-    data[sof + 5 : sof + 9] = struct.pack(">HH", 65000, 65000)
     (tmp_path / "src").mkdir()
-    (tmp_path / "src" / "bomb.jpg").write_bytes(bytes(data))
+    (tmp_path / "src" / "bomb.jpg").write_bytes(claiming(jpeg_bytes(smooth(0, 16, 16)), 65000, 65000))
     save(tmp_path / "src" / "ok.png", smooth(1, 20, 20))
     report = gpufeed.pack(tmp_path / "src", tmp_path / "s", size=16, workers=1, progress=False)
     assert report.count == 1 and "65000x65000 image (JPEG) exceeds max_pixels" in report.skipped[0]["reason"]

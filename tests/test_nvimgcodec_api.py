@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from conftest import claiming
 from gpufeed.decode import nvimgcodec_api as api
 from gpufeed.synth import encode_jpegs, natural_images
 
@@ -28,16 +29,10 @@ def test_structures_are_laid_out_as_the_header_says():
             C.sizeof(api.InstanceCreateInfo)) == (80, 72, 64, 32, 32, 32, 64)
 
 
-def _header_claiming(height: int, width: int, jpeg: bytes) -> bytes:
-    """`jpeg` with its frame header's size replaced (a hostile file: the decoder must not trust it)."""
-    at = jpeg.index(b"\xff\xc0") + 5
-    return jpeg[:at] + height.to_bytes(2, "big") + width.to_bytes(2, "big") + jpeg[at + 4:]
-
-
 @pytest.mark.skipif(not importlib.util.find_spec("nvidia.nvimgcodec"), reason="needs nvImageCodec")
 def test_a_batch_decodes_into_one_buffer_as_pillow_decodes_it():
     good = encode_jpegs(natural_images(6))
-    blobs = good[:2] + [b"not a jpeg at all"] + good[2:4] + [_header_claiming(60000, 60000, good[4])] + good[4:]
+    blobs = good[:2] + [b"not a jpeg at all"] + good[2:4] + [claiming(good[4], 60000, 60000)] + good[4:]
     data = np.frombuffer(b"".join(blobs), np.uint8)
     ends = np.cumsum([len(b) for b in blobs])
     begins = ends - [len(b) for b in blobs]

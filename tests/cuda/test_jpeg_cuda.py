@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import gpufeed
+from conftest import claiming
 from gpufeed.augment import Normalize, RandomHorizontalFlip, RandomResizedCrop
 from gpufeed.decode import Scheduler
 from gpufeed.decode.base import Encoded, hwc_strides
@@ -303,8 +304,7 @@ def test_nvimgcodec_c_api_decodes_what_its_binding_does(name):
             a, b = got.base[off: off + h * w * 3].view(h, w, 3), torch.as_tensor(image, device="cuda")
             assert torch.equal(a, b), (name, (a.int() - b.int()).abs().max())
     good = bytes(_encoded([(64, 64)], gen).array)  # a header that claims 60000 x 60000 is refused unallocated
-    at = good.index(b"\xff\xc0") + 5
-    hostile = good[:at] + (60000).to_bytes(2, "big") * 2 + good[at + 4:]
+    hostile = claiming(good, 60000, 60000)
     data = np.frombuffer(good + hostile, np.uint8)
     got = native.decode(Encoded.of(torch.from_numpy(data.copy()), np.array([0, len(good), len(data)]), np.arange(2)))
     assert list(got.failed) == [1] and "claims 60000x60000" in got.failed[1] and got.sizes.tolist() == [[64, 64]]
