@@ -1,11 +1,11 @@
 """nvImageCodec's C API through ctypes: a batch decoded into one buffer with two GIL round trips.
 
 nvImageCodec's Python binding lets go of the GIL and takes it back about three times per image (to
-make each code stream, read its header and make its Image). In a training process every one of
-those takes the GIL back from the training thread, which holds it most of the time, and waits for
-it: the engines' decode call of ~80 images took ~20 ms beside a training loop for a few ms of work
-(docs/benchmarks.md). Here the per-image calls are quick C calls made holding the GIL (`ctypes.PyDLL`),
-and only the batch's decode and the wait for it let go of it (`ctypes.CDLL`).
+make each code stream, read its header and make its Image). In a training process, each time it
+takes the GIL back it waits for the training thread to let go of it, so a batch's decode call
+lasts many times its own work (docs/benchmarks.md). Here the per-image calls are quick C calls made
+holding the GIL (`ctypes.PyDLL`), and only the batch's decode and the wait for it let go of it
+(`ctypes.CDLL`).
 
 The structures are those of nvImageCodec 0.9 (`include/nvimgcodec.h` in its wheel). Each carries its
 own size, which the library checks; `open_library` refuses other major.minor versions.
