@@ -101,6 +101,7 @@ def _train(a: argparse.Namespace, local: int) -> None:
 
     import gpufeed
     from gpufeed.augment import Normalize, RandomHorizontalFlip, RandomResizedCrop
+    from gpufeed.bench.common import mapped_mb
     from gpufeed.bench.training import training_step
 
     torch.backends.cudnn.benchmark = True
@@ -126,7 +127,7 @@ def _train(a: argparse.Namespace, local: int) -> None:
     seconds = time.perf_counter() - t0
     free, total = torch.cuda.mem_get_info()
     result = {"rank": dist.get_rank(), "world": dist.get_world_size(), "img_per_s": a.epochs * 256 / seconds,
-              "pss_mb": _pss_mb(), "store_maps_mb": {"pss": 0.0, "rss": 0.0},
+              "pss_mb": _pss_mb(), "store_maps_mb": mapped_mb(a.store),
               "decoded_by": loader.stats().get("decoded_by") if loader is not None else None,
               "gpu_used_gb": (total - free) / 1e9,
               "cores": len(os.sched_getaffinity(0))}
