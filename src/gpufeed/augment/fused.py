@@ -44,9 +44,15 @@ def _corners(y, x, H, W):
 
 
 @triton.jit
+def _inside(y, x, H, W, mask):
+    """Where roi_align samples at all: within one pixel of an H x W image (0 further out)."""
+    return mask & (y >= -1.0) & (y <= H) & (x >= -1.0) & (x <= W)
+
+
+@triton.jit
 def _bilinear(src, base, y, x, H, W, sy, sx, sc, mask):
     """Bilinear sample of the 3 channels at (y, x) with roi_align's border rules."""
-    valid = mask & (y >= -1.0) & (y <= H) & (x >= -1.0) & (x <= W)
+    valid = _inside(y, x, H, W, mask)
     y0, x0, y1, x1, w00, w01, w10, w11 = _corners(y, x, H, W)
     p00 = base + y0 * sy + x0 * sx
     p01 = base + y0 * sy + x1 * sx
@@ -73,7 +79,7 @@ def _ycc420(src, base, y, x, H, W, mask):
     JPEG's centred chroma siting (as libjpeg's fancy upsampling interpolates them), then JFIF's full-range
     conversion, clamped. Where the decoder would have done this per pixel before the resampling, it
     differs by rounding and where a clamp falls."""
-    valid = mask & (y >= -1.0) & (y <= H) & (x >= -1.0) & (x <= W)
+    valid = _inside(y, x, H, W, mask)
     CH, CW = (H + 1) // 2, (W + 1) // 2
     luma = _plane(src, base, y, x, H, W, valid)
     cy, cx = (y + 0.5) * 0.5 - 0.5, (x + 0.5) * 0.5 - 0.5
