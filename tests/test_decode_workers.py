@@ -14,10 +14,12 @@ import pytest
 import torch
 
 import gpufeed
-from conftest import save, smooth
+from conftest import jpeg_bytes, save, smooth
 from gpufeed.augment import Normalize, RandomResizedCrop
 from gpufeed.decode import Scheduler, protocol
 from gpufeed.decode.base import Encoded, WorkersStopped
+from gpufeed.decode import cpu as cpu_module
+from gpufeed.decode import pixels as pixels_module
 from gpufeed.decode.cpu import CpuDecoder
 from gpufeed.decode import workers as workers_module
 from gpufeed.decode.shares import Asks
@@ -200,12 +202,52 @@ def test_a_bad_image_fails_alone_and_a_view_of_another_store_is_refused(store, t
         assert list(part.failed) == [1] and part.sizes.tolist() == [list(store.shapes[0])]
         small = np.array([[2, 2], list(store.shapes[0])])  # the store records less
         part = workers.collect(workers.submit(both.take([0, 0]), small), CPU, pin=False)
-        assert "larger than the size the store records" in part.failed[0] and 1 not in part.failed
+        assert "larger than the store records it" in part.failed[0] and 1 not in part.failed
         foreign = Encoded.of(torch.zeros(10, dtype=torch.uint8), np.array([0, 10]), np.array([0]))
         with pytest.raises(ValueError, match="byte ranges of the store"):
             workers.submit(foreign, shapes[:1])
     finally:
         workers.close()
+
+
+def test_workers_write_only_what_was_asked_back_to_back(store, pool, tmp_path):
+    """A share's pixels take the room its asks need (a region, a DCT-reduced size), not whole stored
+    images, so one short copy uploads them; a region refused alone is cut from the whole
+    image and said to be (here a TGA image), and its pixels are the same."""
+    png = save(tmp_path / "p.tga", smooth(7, 40, 60)).read_bytes()  # a format nvImageCodec does not read
+    good = bytes(store.data[int(store.offsets[0]) : int(store.offsets[1])])
+    path = tmp_path / "mixed.bin"
+    path.write_bytes(good + png)
+    data = np.memmap(path, dtype=np.uint8, mode="r")
+    workers = DecodeWorkers(data, 1)
+    try:
+        batch = Encoded.of(as_tensor(data), np.array([0, len(good), len(data)]), np.array([0, 1, 0]))
+        shapes = np.array([list(store.shapes[0]), [40, 60], list(store.shapes[0])])  # (40, 60) both
+        asks = Asks(np.array([[0, 0], [0, 0], [30, 20]]), np.array([[5, 7, 25, 40], [3, 4, 30, 50], [-1] * 4]))
+        part = workers.collect(workers.submit(batch, shapes, asks), CPU, pin=False)
+        assert part.cut == (1 if cpu_module.roi_available() else 2)  # without nvImageCodec the JPEG's too
+        assert part.failed == {} and part.regions[:2].tolist() == asks.regions[:2].tolist()
+        assert part.sizes.tolist() == [[20, 33], [27, 46], [20, 30]]  # 40x60 to 30x20: halved
+        assert part.base.numel() == int(asks.nbytes(shapes).sum()) == (20 * 33 + 27 * 46 + 20 * 30) * 3
+        whole = [torchvision_decode(batch.tensors()[0]).permute(1, 2, 0), torch.from_numpy(smooth(7, 40, 60))]
+        got = [part.base[o : o + h * w * 3].view(h, w, 3) for o, (h, w) in zip(part.offsets.tolist(),
+                                                                              part.sizes.tolist())]
+        assert torch.equal(got[0], whole[0][5:25, 7:40]) and torch.equal(got[1], whole[1][3:30, 4:50])
+    finally:
+        workers.close()
+
+
+def test_a_reduced_decode_has_the_size_room_was_reserved_for(tmp_path):
+    """Pillow's DCT scaling (its `draft`) and the loader's reservation (`Asks.nbytes`) agree on sizes;
+    an image the DCT cannot reduce (a PNG) is averaged down to the same size."""
+    for k, (h, w) in enumerate([(375, 500), (500, 375), (101, 67), (64, 64), (33, 250)]):
+        jpeg = np.frombuffer(jpeg_bytes(smooth(k, h, w), quality=90), np.uint8)
+        png = np.frombuffer(save(tmp_path / f"{k}.png", smooth(k, h, w)).read_bytes(), np.uint8)
+        for want in [(w // 2, h // 2), (w // 3, h // 5), (w // 8, h // 8), (w // 9 + 1, h // 9 + 1), (w, h)]:
+            asks = Asks(np.array([want]), np.array([[-1] * 4]))
+            room = int(asks.nbytes(np.array([[h, w]]))[0])
+            for data in (jpeg, png):
+                assert pixels_module.pillow(data, want).size == room, (h, w, want)
 
 
 def test_a_dead_worker_is_survived_on_threads(store, caplog):

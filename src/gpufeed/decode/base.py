@@ -80,6 +80,7 @@ class Decoded:
     # (N, 4) int64 y0 x0 y1 x1 per image: the region of the stored image that its pixels are; all -1
     # (or None for every image): the whole image, maybe DCT-reduced
     regions: np.ndarray | None = None
+    cut: int = 0  # images decoded whole, then cut to the region asked (the region alone was refused)
 
     def kept(self, count: int) -> np.ndarray:
         """Positions (0..count-1) of the images that were decoded, in order."""

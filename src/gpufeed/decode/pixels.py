@@ -74,13 +74,37 @@ def region(data: np.ndarray, box: Region) -> np.ndarray:
     return pixels
 
 
+def draft_scale(width, height, reduce_to: np.ndarray) -> np.ndarray:
+    """Per image of `width` x `height`, the scale (1, 2, 4 or 8) that decoding towards `reduce_to`
+    ((..., 2) w, h) divides it by: the largest that leaves it at least that size both ways, as
+    Pillow's `draft` picks libjpeg's DCT scale. The loader reserves room for the pixels by it."""
+    scale = np.minimum(np.asarray(width) // np.maximum(reduce_to[..., 0], 1),
+                       np.asarray(height) // np.maximum(reduce_to[..., 1], 1))
+    return np.select([scale >= 8, scale >= 4, scale >= 2], [8, 4, 2], 1)
+
+
 def pillow(data: np.ndarray, reduce_to: tuple[int, int] | None) -> np.ndarray:
-    """HWC RGB pixels (read-only) of any image Pillow reads; a JPEG DCT-reduced towards `reduce_to` (w, h)."""
+    """HWC RGB pixels (read-only) of any image Pillow reads; with `reduce_to` (w, h), divided by
+    `draft_scale` (rounding up): in the DCT where the image is a JPEG that allows it, else by
+    averaging (`Image.reduce`), so the size is what the loader reserved room for."""
     img = Image.open(io.BytesIO(data))
-    if reduce_to is not None and img.format == "JPEG":
-        img.draft("RGB", reduce_to)
+    if reduce_to is not None:
+        scale = int(draft_scale(img.width, img.height, np.array(reduce_to)))
+        planned = (-(-img.width // scale), -(-img.height // scale))
+        if img.format == "JPEG":
+            img.draft("RGB", reduce_to)
     img = img if img.mode == "RGB" else img.convert("RGB")
+    if reduce_to is not None and img.size != planned:
+        img = img.reduce(scale)
     return np.asarray(img)
+
+
+def cut(pixels: np.ndarray, box: Region) -> np.ndarray | None:
+    """Region `box` of a whole image's HWC pixels, contiguous; None if the box is not inside it."""
+    y0, x0, y1, x1 = box
+    if not (0 <= y0 < y1 <= pixels.shape[0] and 0 <= x0 < x1 <= pixels.shape[1]):
+        return None
+    return np.ascontiguousarray(pixels[y0:y1, x0:x1])
 
 
 def tries_region(reduce_to: tuple[int, int] | None, box: Region | None) -> bool:

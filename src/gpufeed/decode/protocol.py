@@ -32,20 +32,21 @@ _HEADER = struct.Struct("<Q")
 MAX_MESSAGE = 1 << 20  # only `Ready` is framed: anything larger is a broken pipe
 ERROR_BYTES = 160  # a failed image's reason, cut to this many bytes of UTF-8
 
-PENDING, DECODED, FAILED = 0, 1, 2  # a board row's status
+# a board row's status; CUT: decoded whole and cut to the region asked (the region alone was refused: slower)
+PENDING, DECODED, FAILED, CUT = 0, 1, 2, 3
 NO_REGION = (-1, -1, -1, -1)  # a row's region (asked or decoded): none, the whole image
 
 BOARD = np.dtype([
     # the loader's request
     ("begin", "<i8"), ("end", "<i8"),  # bytes of the store (or of file `file`, a folder read in place)
     ("file", "<i8"),  # index into the file table, or -1
-    ("at", "<i8"), ("capacity", "<i8"),  # where its pixels go in the segment, and how many bytes they may take
+    ("at", "<i8"), ("capacity", "<i8"),  # where its pixels go in the segment, and the bytes reserved: as asked
     ("segment_fd", "<i4"), ("segment_id", "<i4"), ("segment_size", "<i8"),  # the segment, as /proc/PID/fd/FD
     ("reduce_to", "<i4", (2,)),  # (w, h) to DCT-reduce towards; (0, 0): no reduction
     ("region", "<i4", (4,)),  # (y0, x0, y1, x1) to decode alone; all -1: the whole image
     # the worker's answer
     ("worker", "<i4"),  # the worker that took the row's ticket (-1 until one did)
-    ("status", "<i4"),  # PENDING, DECODED or FAILED
+    ("status", "<i4"),  # PENDING, DECODED, CUT or FAILED
     ("height", "<i4"), ("width", "<i4"),  # as written (HWC uint8)
     ("decoded_region", "<i4", (4,)),  # the region the pixels are; all -1: the whole image, maybe DCT-reduced
     ("done", "<f8"),  # the worker's perf_counter when it finished the image (CLOCK_MONOTONIC: one clock)
@@ -97,12 +98,13 @@ def asked(reduce_to, region) -> tuple[tuple[int, int] | None, tuple[int, int, in
     return ((w, h) if w else None), (tuple(region) if region[0] >= 0 else None)
 
 
-def decoded(row: np.ndarray, height: int, width: int, region, done: float) -> None:
+def decoded(row: np.ndarray, height: int, width: int, region, done: float, cut: bool = False) -> None:
     """Complete board row `row` (a view of one row): its image decoded to `height` x `width`, of
-    `region` (None or `NO_REGION`: the whole image), finished at `done`."""
+    `region` (None or `NO_REGION`: the whole image), finished at `done`; `cut`: decoded whole and cut
+    to `region`."""
     row["height"], row["width"], row["done"] = height, width, done
     row["decoded_region"] = region if region is not None else NO_REGION
-    row["status"] = DECODED
+    row["status"] = CUT if cut else DECODED
 
 
 def failed(row: np.ndarray, why: str) -> None:

@@ -227,7 +227,7 @@ class Scheduler:
         """Count the images of `part` (of `n` asked for) that the CPU decoded whole though a region alone
         was asked for (nvImageCodec's CPU decoder refused it: correct, but slower), and say so once."""
         asked = int(asks.tries_region()[part.kept(n)].sum())
-        whole = asked - int(part.alone().sum())
+        whole = asked - int(part.alone().sum()) + part.cut
         if whole > 0:
             self.counts["cpu_whole"] += whole
             warn_once("the CPU decodes whole images where it was to decode crop regions alone (slower): "

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from gpufeed.decode import pixels
 from gpufeed.decode.base import Decoded, Encoded, Region
 from gpufeed.decode.protocol import NO_REGION, asked
 
@@ -90,6 +91,18 @@ class Asks:
 
     def take(self, positions) -> Asks:
         return Asks(self.reduce_to[positions], self.regions[positions])
+
+    def nbytes(self, shapes: np.ndarray) -> np.ndarray:
+        """Per image of stored `shapes` (N, 2), the bytes of its pixels as asked (HWC uint8): a region's,
+        a DCT-reduced image's (`pixels.draft_scale`), or else the whole image's. A decoder that cannot
+        decode a region alone cuts it from the whole image, so this is the room a worker may fill."""
+        h, w = shapes[:, 0].astype(np.int64), shapes[:, 1].astype(np.int64)
+        scale = pixels.draft_scale(w, h, self.reduce_to)
+        reduced = self.reduce_to[:, 0] > 0
+        h, w = np.where(reduced, -(-h // scale), h), np.where(reduced, -(-w // scale), w)
+        alone, r = self.tries_region(), self.regions
+        h, w = np.where(alone, r[:, 2] - r[:, 0], h), np.where(alone, r[:, 3] - r[:, 1], w)
+        return h * w * 3
 
     def tries_region(self) -> np.ndarray:
         """Per image, whether its decode tries the region alone (asked, and no DCT reduction, which

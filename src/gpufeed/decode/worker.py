@@ -37,7 +37,7 @@ def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the loader's to handle; it stops us
     setup = protocol.WorkerSetup(**json.loads(sys.argv[1]))
     threading.Thread(target=_watch, args=(setup.parent,), daemon=True).start()
-    from gpufeed.decode.pixels import decode
+    from gpufeed.decode import pixels
 
     data = np.zeros(0, np.uint8)
     if setup.store:
@@ -55,25 +55,33 @@ def main() -> None:
         rows[first : first + count]["worker"] = setup.index  # taken: the loader knows whose it is if we die
         wall, cpu = time.perf_counter(), time.process_time()
         for r in range(first, first + count):
-            _one(rows[r : r + 1], data, files, segments, setup.parent, decode)
+            _one(rows[r : r + 1], data, files, segments, setup.parent, pixels)
         done = np.array([(first, count, share, setup.index, time.perf_counter() - wall, time.process_time() - cpu)],
                         protocol.DONE)
         os.write(setup.done_fd, done.tobytes())
 
 
-def _one(row: np.ndarray, data: np.ndarray, files, segments: dict, parent: int, decode) -> None:
-    """Decode the image of one board row (a view of length 1) and complete the row."""
+def _one(row: np.ndarray, data: np.ndarray, files, segments: dict, parent: int, codec) -> None:
+    """Decode the image of one board row (a view of length 1) with `codec` (`decode.pixels`) and
+    complete the row. Its pixels take no more than the room the row reserved: a region asked for
+    and refused alone is decoded whole and cut to it (the row says so)."""
     job = row[0]
     try:
         begin, end = int(job["begin"]), int(job["end"])
         encoded = data[begin:end] if job["file"] < 0 else _read(files[int(job["file"])], begin, end)
         out = _segment(segments, int(job["segment_fd"]), int(job["segment_id"]), int(job["segment_size"]), parent)
-        pixels, region, done = decode(encoded, *protocol.asked(job["reduce_to"].tolist(), job["region"].tolist()))
-        if pixels.size > job["capacity"]:
-            raise ValueError(f"decoded to {tuple(pixels.shape[:2])}, larger than the size the store records")
+        reduce_to, box = protocol.asked(job["reduce_to"].tolist(), job["region"].tolist())
+        image, region, done = codec.decode(encoded, reduce_to, box)
+        whole = codec.tries_region(reduce_to, box) and region is None
+        part = codec.cut(image, box) if whole else None
+        if part is not None:
+            image, region = part, box
+        if image.size > job["capacity"]:
+            raise ValueError(f"decoded to {tuple(image.shape[:2])}, larger than the store records it or the "
+                             "region asked")
         at = int(job["at"])
-        out[at : at + pixels.size] = pixels.reshape(-1)
-        protocol.decoded(row, pixels.shape[0], pixels.shape[1], region, done)
+        out[at : at + image.size] = image.reshape(-1)
+        protocol.decoded(row, image.shape[0], image.shape[1], region, done, cut=part is not None)
     except Exception as e:  # any decoder error marks this image, never the ticket
         protocol.failed(row, f"{type(e).__name__}: {e}")
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from gpufeed.decode import protocol, spawn
+from gpufeed.decode import pixels, protocol, spawn
 from gpufeed.decode.board import Board
 from gpufeed.decode.relay import Relay
 from gpufeed.decode.base import Decoded, Encoded, PinnedStaging, WorkersStopped, hwc_strides, in_place, to_device
@@ -152,7 +152,7 @@ class DecodeWorkers:
         live = self._live(wait=True)
         if not live:
             return self._fallback().submit(batch, shapes, asks)
-        capacity = shapes[:, 0].astype(np.int64) * shapes[:, 1] * 3
+        capacity = asks.nbytes(shapes)  # as asked: a region's pixels, or a DCT-reduced image's, not the whole
         at = np.cumsum(capacity) - capacity
         try:
             segment = self._staging.take(max(1, int(capacity.sum())))
@@ -209,7 +209,7 @@ class DecodeWorkers:
         end = int(got.offsets[-1] + got.sizes[-1].prod() * 3) if len(got.kept) else 0
         base, on_done = to_device(job.segment.tensor, end, device, self._staging, job.segment, pin)
         return Decoded(base, got.offsets, got.sizes, hwc_strides(got.sizes), [], got.failed, on_done=on_done,
-                       regions=got.regions)
+                       regions=got.regions, cut=got.cut)
 
     def _ranges(self, batch: Encoded) -> tuple[np.ndarray, np.ndarray]:
         """Where `batch`'s images (views of the store's bytes) start and end in the store."""
@@ -288,12 +288,17 @@ class DecodeWorkers:
                 protocol.failed(row, part.failed[k])
                 continue
             offset, (h, w), region = next(images)
-            if h * w * 3 > row["capacity"][0]:
-                protocol.failed(row, "decoded to a size larger than the store records")
+            image = part.base[offset : offset + h * w * 3].numpy().reshape(h, w, 3)
+            box = tuple(job.asks.regions[p].tolist())
+            whole = job.asks.tries_region()[p] and region[0] < 0
+            image, region = (pixels.cut(image, box), box) if whole and pixels.cut(image, box) is not None else (
+                image, region)
+            if image.size > row["capacity"][0]:
+                protocol.failed(row, "decoded to a size larger than the store records it or the region asked")
                 continue
             at = int(row["at"][0])
-            job.segment.tensor[at : at + h * w * 3] = part.base[offset : offset + h * w * 3]
-            protocol.decoded(row, h, w, region, threads.last_done)
+            job.segment.tensor.numpy()[at : at + image.size] = image.reshape(-1)
+            protocol.decoded(row, image.shape[0], image.shape[1], region, threads.last_done, cut=whole)
 
     def _fallback(self) -> CpuDecoder:
         """This thread's decoder on threads (a thread decoder serves one caller at a time)."""
