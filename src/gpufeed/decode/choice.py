@@ -17,9 +17,6 @@ KNOWN = ("hw", "nvjpeg", "cuda", "cpu")
 # CPU workers. Two GPU decoders at once decode faster alone but slow the training loop they feed
 # (docs/benchmarks.md, "Training is the judge")
 DEFAULT = ("hw", "nvjpeg", "cpu")
-# nvImageCodec's host threads per GPU decoder; None: as many as the pipeline's CPU decode threads or
-# workers, at least 2 (benchmarks/train_bench.py rows take nv_threads=N)
-HOST_THREADS: int | None = None
 
 _warned: set[str] = set()  # every pipeline of every loader builds its decoders: say each reason once
 
@@ -60,7 +57,7 @@ def gpu_decoders(device: torch.device, use: tuple[str, ...] | None, cpu_threads:
     check_decoders(use)
     made = []
     for name in [name for name in KNOWN[:-1] if name in use] if device.type == "cuda" else []:
-        decoder = NvJpegDecoder(device) if name == "nvjpeg" else _nvimgcodec(device, name, HOST_THREADS or max(2, cpu_threads))
+        decoder = NvJpegDecoder(device) if name == "nvjpeg" else _nvimgcodec(device, name, max(2, cpu_threads))
         if decoder is not None:
             made.append(decoder)
             if first_only:
