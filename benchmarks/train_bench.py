@@ -422,7 +422,8 @@ def _gil_shares(spy, wall: float, steps: int) -> dict:
     samples = seconds * GIL_RATE
     return {"train_thread_share": train / samples, "other_threads_share": other / samples,
             "other_ms_per_step": 1e3 * other / GIL_RATE / (seconds * steps / wall),
-            "other_top": sorted(top.items(), key=lambda kv: -kv[1])[:20]}
+            "other_top": sorted(top.items(), key=lambda kv: -kv[1])[:20],
+            "other_stacks": {stack: n for stack, n in stacks.items() if "run_row" not in stack}}
 
 
 def _where_training_waits(spy) -> dict:
