@@ -65,7 +65,6 @@ KNOBS = {
     "planar": ("gpufeed.loader.jpeg_batch", "PLANAR", bool),  # the engines' 4:2:0 planes, converted in the resize
     "cpu_margin": ("gpufeed.decode.scheduler", "CPU_MARGIN", float),  # the CPU's share: this part of its cycle's images
     "tickets": ("gpufeed.decode.workers", "TICKETS_PER_WORKER", int),  # tickets per ready worker in each CPU share
-    "delay": ("gpufeed.loader.feeds", "PRODUCE_DELAY", float),  # a producer ahead waits this much more per batch
 }
 # row settings of the training loop itself, set by `feeder`: `side=1` trains on a stream of its own
 # instead of the default stream (what a loader's work synchronized with the default stream costs);

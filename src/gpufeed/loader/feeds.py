@@ -30,10 +30,6 @@ STOP_WAIT = 5.0  # seconds an iteration that ends waits for its producers to fin
 # make the next epoch's first batches as an epoch ends (`Carried`); False: each epoch's producer
 # starts when it is iterated (benchmarks/train_bench.py's `carry=` rows compare the two)
 CARRY = True
-# seconds a producer that waited for room in its queue (it is ahead of the consumer) waits more
-# before it makes the next batch: its burst of Python then starts later in the consumer's step
-# (train_bench rows take delay=S; an experiment)
-PRODUCE_DELAY = 0.0
 
 
 @dataclass
@@ -207,15 +203,12 @@ def _produce(make, worker: int, numbers: range, out: queue.Queue, stop: threadin
                 return
             item = make(number, worker)
             t0 = time.perf_counter()
-            full = out.full()
             while not stop.is_set():
                 try:
                     out.put(item, timeout=0.1)
                     break
                 except queue.Full:
                     continue
-            if full and PRODUCE_DELAY:
-                time.sleep(PRODUCE_DELAY)
             counters.add("queue_full", time.perf_counter() - t0)
         if after is not None:
             errors = after.items
