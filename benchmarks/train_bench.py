@@ -41,6 +41,9 @@ import time
 from collections import Counter
 from pathlib import Path
 
+HERE = Path(__file__).resolve().parent
+# the sibling benchmarks (interference, jpeg_bench) and this tree's gpufeed, run from anywhere without PYTHONPATH
+sys.path[:0] = [p for p in (str(HERE), str(HERE.parent / "src")) if p not in sys.path]
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
@@ -107,7 +110,6 @@ def feeder(row: str, work: Path, batch: int):
                 yield images, labels
         return time.perf_counter() - t0, it(), None
     if name == "interfere":  # synthetic data + one piece of a loader's work on a paced thread
-        sys.path.insert(0, str(Path(__file__).parent))
         import interference
 
         interference.start(spec.split(",")[0], rate=float(kwargs.get("rate", 50)))
@@ -166,7 +168,6 @@ def _shadow(batches, rate: float) -> None:
     the loader's work beside the model, with the model never waiting for it."""
     import torch
 
-    sys.path.insert(0, str(Path(__file__).parent))
     from interference import paced
 
     with torch.cuda.stream(torch.cuda.Stream()):
@@ -175,7 +176,6 @@ def _shadow(batches, rate: float) -> None:
 
 
 def _dali(work: Path, batch: int, threads: int, t0: float):
-    sys.path.insert(0, str(Path(__file__).parent))
     from jpeg_bench import dali_loader
 
     loader = dali_loader(work / "images", batch, threads, [m * 255 for m in MEAN], [s * 255 for s in STD])
@@ -216,7 +216,6 @@ def run_row(a) -> dict:
     _context_scheduling(a.row)  # before torch makes the context
     import torch
 
-    sys.path.insert(0, str(Path(__file__).parent.parent / "src"))
     from gpufeed.bench.training import training_step
 
     torch.backends.cudnn.benchmark = True
@@ -480,7 +479,6 @@ def main() -> None:
     if a.row:
         print("RESULT " + json.dumps(run_row(a)), flush=True)
         return
-    sys.path.insert(0, str(Path(__file__).parent.parent / "src"))
     work = Path(a.workdir)
     prepare(work, a.n)
     rows = a.rows.split(";")
