@@ -148,26 +148,21 @@ def _work(kind, arrays, pinned, bounds, stream):
                 [r.__cuda_array_interface__ for r in res]
             stream.synchronize()
         return f
-    if kind.startswith("capi"):  # nvImageCodec's engines through its C API, into one reused buffer
-        from gpufeed.decode.nvimgcodec_api import BatchDecoder
+    if kind.startswith("capi"):  # the library's decoder: nvImageCodec's C API, into one buffer reused
+        from gpufeed.decode.base import Encoded
+        from gpufeed.decode.nvimgcodec import NvImgCodecDecoder
 
-        dec = BatchDecoder(kind.split("_")[1], torch.cuda.current_device(), 4)
+        dec = NvImgCodecDecoder(torch.device("cuda", torch.cuda.current_device()), kind.split("_")[1], 4)
+        dec.planar = kind.endswith("_420")  # YCbCr 4:2:0 planes out: no colour conversion or upsampling
         data = np.concatenate(arrays)
         ends = np.cumsum([len(a) for a in arrays])
-        begins = ends - [len(a) for a in arrays]
-        out = []
-
-        planar = kind.endswith("_420")  # YCbCr 4:2:0 planes out: no colour conversion or upsampling
+        batch = Encoded(torch.from_numpy(data), data, ends - [len(a) for a in arrays], ends)
 
         def f():
-            sizes, ok = dec.read(data, begins, ends)
-            ycc = dec.ycc420(len(sizes)) & ok & planar
-            offsets, total = dec.layout(np.where(ok, dec.nbytes(sizes, ycc), 0))
-            if not out:
-                out.append(torch.empty(total, dtype=torch.uint8, device="cuda"))
-            done = dec.decode(sizes, ok, out[0].data_ptr(), offsets, stream.cuda_stream, ycc)
+            part = dec.decode(batch)  # on the current stream: the tick's
+            part.on_done(stream.record_event())  # its buffer is decoded into again once this tick is done
             stream.synchronize()
-            COUNTS["decoded"] = COUNTS.get("decoded", 0) + int(done.sum())
+            COUNTS["decoded"] = COUNTS.get("decoded", 0) + len(part.sizes)
         return f
     if kind.startswith("h2d"):
         host = torch.empty(int(float(kind[3:]) * 2**20), dtype=torch.uint8).pin_memory()

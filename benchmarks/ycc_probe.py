@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from PIL import Image
 
 from gpufeed.augment import fused
 from gpufeed.decode.base import Encoded
 from gpufeed.decode.nvimgcodec import NvImgCodecDecoder
-from gpufeed.synth import encode_jpegs, natural_images
+from gpufeed.synth import encode_jpegs, photos
 
 SIZES = [(375, 500), (101, 77), (64, 64), (333, 211), (100, 80), (101, 81)]
 
@@ -33,10 +32,7 @@ def resized(dec: NvImgCodecDecoder, batch: Encoded, planar: bool) -> torch.Tenso
 
 
 def main() -> None:
-    photos = [np.asarray(Image.fromarray(im).resize((w, h))) for im, (h, w) in zip(natural_images(len(SIZES)), SIZES)]
-    blobs = [np.frombuffer(b, np.uint8) for b in encode_jpegs(photos)]
-    ends = np.cumsum([len(b) for b in blobs])
-    batch = Encoded.of(torch.from_numpy(np.concatenate(blobs)), np.concatenate([[0], ends]), np.arange(len(blobs)))
+    batch = Encoded.joined(encode_jpegs(photos(SIZES)))
     dec = NvImgCodecDecoder(torch.device("cuda"), "hw")
     levels = (resized(dec, batch, False) - resized(dec, batch, True)).abs()
     for k, (h, w) in enumerate(SIZES):

@@ -423,3 +423,10 @@ def test_a_ticket_read_but_never_taken_is_decoded_on_threads(store, caplog):
         _same_as_torchvision(got[0], *inputs)
     finally:
         workers.close()
+
+
+def test_encoded_joined_addresses_each_image_given():
+    batch = Encoded.joined([b"ab", bytearray(b""), np.frombuffer(b"cde", np.uint8)])
+    assert [bytes(a) for a in batch.arrays()] == [b"ab", b"", b"cde"] and len(batch) == 3
+    assert [bytes(t.numpy()) for t in batch.tensors()] == [b"ab", b"", b"cde"]
+    assert len(Encoded.joined([])) == 0

@@ -43,6 +43,12 @@ def natural_images(count: int, height: int = 375, width: int = 500, seed: int = 
     return [natural_image(rng, height, width, i) for i in range(count)]
 
 
+def photos(sizes: list[tuple[int, int]], seed: int = 0) -> list[np.ndarray]:
+    """`natural_images`, one per (height, width) of `sizes`, each resized to its size."""
+    return [np.asarray(Image.fromarray(im).resize((w, h))) for im, (h, w) in
+            zip(natural_images(len(sizes), seed=seed), sizes)]
+
+
 def encode_jpegs(images: list[np.ndarray], quality: int = 90) -> list[bytes]:
     """Each image as baseline JPEG bytes at `quality`."""
     out = []

@@ -219,11 +219,9 @@ def _encoded(sizes, gen, bad=()):
     """Random-pixel JPEGs of `sizes` as a batch; positions in `bad` are bytes no decoder reads."""
     from torchvision.io import encode_jpeg
 
-    blobs = [np.frombuffer(b"\xff\xd8 not a jpeg", np.uint8) if k in bad else
-             encode_jpeg(torch.randint(0, 256, (3, h, w), dtype=torch.uint8, generator=gen), quality=90).numpy()
-             for k, (h, w) in enumerate(sizes)]
-    ends = np.cumsum([len(b) for b in blobs])
-    return Encoded.of(torch.from_numpy(np.concatenate(blobs)), np.concatenate([[0], ends]), np.arange(len(blobs)))
+    return Encoded.joined([b"\xff\xd8 not a jpeg" if k in bad else
+                           encode_jpeg(torch.randint(0, 256, (3, h, w), dtype=torch.uint8, generator=gen),
+                                       quality=90).numpy() for k, (h, w) in enumerate(sizes)])
 
 
 @pytest.mark.skipif(not importlib.util.find_spec("nvidia.nvimgcodec"), reason="needs nvImageCodec")
@@ -234,22 +232,17 @@ def test_the_engines_ycbcr_planes_resize_as_their_rgb():
     upsampling): where chroma changes sharply and a small crop is magnified, a pixel may differ by
     tens of levels (as nvJPEG's plain upsampling differs from libjpeg's); a plane misplaced would
     differ by tens of levels on average."""
-    from PIL import Image
-
     from gpufeed.augment import fused
     from gpufeed.decode.base import YCC420
     from gpufeed.decode.nvimgcodec import NvImgCodecDecoder
-    from gpufeed.synth import encode_jpegs, natural_images
+    from gpufeed.synth import encode_jpegs, photos
 
     try:
         dec = NvImgCodecDecoder(torch.device("cuda"), "hw")
     except Exception as e:  # no engines on this GPU
         pytest.skip(f"nvImageCodec hw: {e}")
     sizes = [(375, 500), (101, 77), (64, 64), (333, 211)]
-    photos = [np.asarray(Image.fromarray(im).resize((w, h))) for im, (h, w) in zip(natural_images(4), sizes)]
-    blobs = [np.frombuffer(b, np.uint8) for b in encode_jpegs(photos)]
-    ends = np.cumsum([len(b) for b in blobs])
-    batch = Encoded.of(torch.from_numpy(np.concatenate(blobs)), np.concatenate([[0], ends]), np.arange(4))
+    batch = Encoded.joined(encode_jpegs(photos(sizes)))
     outs = []
     for planar in (False, True):
         dec.planar = planar

@@ -46,6 +46,14 @@ class Encoded:
         """Images `indices` of a store whose image i is data[offsets[i]:offsets[i + 1]]."""
         return cls(data, data.numpy(), offsets[indices], offsets[indices + 1])
 
+    @classmethod
+    def joined(cls, blobs: list) -> Encoded:
+        """Encoded images given one by one (bytes-like), back to back in one buffer."""
+        arrays = [np.frombuffer(b, np.uint8) for b in blobs]
+        ends = np.cumsum([len(a) for a in arrays], dtype=np.int64)
+        data = np.concatenate(arrays) if arrays else np.zeros(0, np.uint8)
+        return cls(torch.from_numpy(data), data, ends - [len(a) for a in arrays], ends)
+
     def __len__(self) -> int:
         return len(self.begins)
 
