@@ -237,6 +237,30 @@ def test_workers_write_only_what_was_asked_back_to_back(store, pool, tmp_path):
         workers.close()
 
 
+def test_a_region_refused_alone_is_cut_on_threads_too(store, tmp_path):
+    """Tickets no worker will answer are decoded on threads into the same room: a region refused alone
+    is cut there as a worker cuts it, and counted."""
+    tga = save(tmp_path / "p.tga", smooth(3, 40, 60)).read_bytes()
+    path = tmp_path / "one.bin"
+    path.write_bytes(tga)
+    data = np.memmap(path, dtype=np.uint8, mode="r")
+    workers = DecodeWorkers(data, 1)
+    assert workers.wait_ready(60)
+    try:
+        os.kill(workers._workers[0].proc.pid, 9)
+        deadline = time.monotonic() + 30
+        while workers._workers[0].dead is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        workers._live = lambda wait: [0]  # as if read before it was found dead: its tickets go to threads
+        batch = Encoded.of(as_tensor(data), np.array([0, len(data)]), np.array([0]))
+        asks = Asks(np.zeros((1, 2), np.int64), np.array([[3, 4, 30, 50]]))
+        part = workers.collect(workers.submit(batch, np.array([[40, 60]]), asks), CPU, pin=False)
+        assert part.failed == {} and part.cut == 1 and part.regions.tolist() == [[3, 4, 30, 50]]
+        assert torch.equal(part.base.view(27, 46, 3), torch.from_numpy(smooth(3, 40, 60))[3:30, 4:50])
+    finally:
+        workers.close()
+
+
 def test_a_reduced_decode_has_the_size_room_was_reserved_for(tmp_path):
     """Pillow's DCT scaling (its `draft`) and the loader's reservation (`Asks.nbytes`) agree on sizes;
     an image the DCT cannot reduce (a PNG) is averaged down to the same size."""

@@ -290,15 +290,15 @@ class DecodeWorkers:
             offset, (h, w), region = next(images)
             image = part.base[offset : offset + h * w * 3].numpy().reshape(h, w, 3)
             box = tuple(job.asks.regions[p].tolist())
-            whole = job.asks.tries_region()[p] and region[0] < 0
-            image, region = (pixels.cut(image, box), box) if whole and pixels.cut(image, box) is not None else (
-                image, region)
+            cut = pixels.cut(image, box) if job.asks.tries_region()[p] and region[0] < 0 else None
+            if cut is not None:  # refused alone, decoded whole: cut as a worker cuts it
+                image, region = cut, box
             if image.size > row["capacity"][0]:
                 protocol.failed(row, "decoded to a size larger than the store records it or the region asked")
                 continue
             at = int(row["at"][0])
             job.segment.tensor.numpy()[at : at + image.size] = image.reshape(-1)
-            protocol.decoded(row, image.shape[0], image.shape[1], region, threads.last_done, cut=whole)
+            protocol.decoded(row, image.shape[0], image.shape[1], region, threads.last_done, cut=cut is not None)
 
     def _fallback(self) -> CpuDecoder:
         """This thread's decoder on threads (a thread decoder serves one caller at a time)."""
