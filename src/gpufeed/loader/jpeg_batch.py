@@ -2,8 +2,8 @@
 
 The crops are planned from the stored sizes; the scheduler splits the batch between the GPU
 decoders (each one batched call that releases the GIL) and the CPU decode worker processes
-(`decode.workers`, CUDA-free); one resize kernel per decoder's part writes the finished batch,
-on the pipeline's stream. The next batch's CPU share is handed to the workers before this batch's
+(`decode.workers`, CUDA-free); one resize kernel, reading every decoder's part, writes the finished
+batch on the pipeline's stream. The next batch's CPU share is handed to the workers before this batch's
 GPU share is decoded, so the workers never wait for the producer thread; a folder read in place
 reads the files of the batch after that meanwhile. Samples no decoder can read are replaced by
 another sample of the same batch (`on_error="skip"`, counted, warned about once with the index) or
@@ -205,16 +205,20 @@ class JpegBatcher:
                         "(further ones are counted in loader.stats())", where, failed[first])
 
     def _gpu(self, parts, boxes: np.ndarray, labels: np.ndarray, params: Params) -> tuple[torch.Tensor, torch.Tensor]:
-        """One resize kernel per decoder's part; every part's per-image table, the boxes, the flips and
-        the labels go to the device in two copies (plus the augment parameters), on their own stream."""
+        """One resize kernel for the whole batch, whichever decoder made each image (the kernel reads
+        each at its offset from the first part's buffer, into another buffer as well); the per-image
+        table, the boxes, the flips and the labels go to the device in two copies (plus the augment
+        parameters), on their own stream."""
         loader, aug = self.loader, self.loader.augment
         dev = loader.device
         out_dtype, out_last, scale, shift = aug.kernel_output(params, loader.dtype, loader.channels_last, dev)
         fmt = torch.channels_last if out_last else torch.contiguous_format
         out = torch.empty((len(boxes), 3, *params.out_hw), dtype=out_dtype, device=dev, memory_format=fmt)
         parts = [(part, positions) for part, positions in parts if len(positions)]
-        columns = [[part.offsets, part.sizes.ravel(), part.strides.ravel(), positions] for part, positions in parts]
-        flat = [c for cols in columns for c in cols] + [labels]
+        src = parts[0][0].base if parts else None  # every image's offset is from here, into its own part's buffer
+        flat = [_joined([part.offsets + (part.base.data_ptr() - src.data_ptr()) for part, _ in parts]),
+                _joined([part.sizes.ravel() for part, _ in parts]), _joined([part.strides.ravel() for part, _ in parts]),
+                _joined([positions for _, positions in parts]), labels]
         table, at = _table(flat)
         floats = np.concatenate([boxes.ravel(), params.flip.numpy()]).astype(np.float32)
         t0 = time.perf_counter()
@@ -227,8 +231,8 @@ class JpegBatcher:
         self.loader.counters.add("resize.copies", time.perf_counter() - t0)  # a part of "resize"
         boxes_d, flip_d = floats_d[: boxes.size], floats_d[boxes.size :]
         views = [table_d[a : a + len(c)] for c, a in zip(flat, at)]
-        for k, (part, _) in enumerate(parts):
-            _fused().resample_packed(part.base, *views[4 * k : 4 * k + 4], boxes_d, flip_d, out, scale, shift)
+        if parts:
+            _fused().resample_packed(src, *views[:4], boxes_d, flip_d, out, scale, shift)
         done = torch.cuda.current_stream(dev).record_event()
         self._inflight.append((done, [part.keep for part, _ in parts]))
         for part, _ in parts:
@@ -268,6 +272,11 @@ class JpegBatcher:
         """Stop this pipeline's decoders (the shared CPU workers are `JpegPipelines`' to stop)."""
         self._forget_next()  # its CPU share collected while the workers run: its buffer goes back to them
         self.scheduler.close()
+
+
+def _joined(columns: list[np.ndarray]) -> np.ndarray:
+    """The parts' columns one after another (int64; empty without parts)."""
+    return np.concatenate(columns).astype(np.int64, copy=False) if columns else np.zeros(0, np.int64)
 
 
 def _table(columns: list[np.ndarray]) -> tuple[np.ndarray, list[int]]:
