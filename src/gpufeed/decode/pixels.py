@@ -107,6 +107,17 @@ def cut(pixels: np.ndarray, box: Region) -> np.ndarray | None:
     return np.ascontiguousarray(pixels[y0:y1, x0:x1])
 
 
+def as_asked(image: np.ndarray, region: Region | None, reduce_to: tuple[int, int] | None,
+             box: Region | None) -> tuple[np.ndarray, Region | None, bool]:
+    """A decode's (HWC pixels, region) as the loader reserved room for them: a region asked for and
+    refused alone (decoded whole) is cut to it. Also whether it was cut."""
+    if tries_region(reduce_to, box) and region is None:
+        part = cut(image, box)
+        if part is not None:
+            return part, box, True
+    return image, region, False
+
+
 def tries_region(reduce_to: tuple[int, int] | None, box: Region | None) -> bool:
     """Whether a decode tries `box` alone: one is asked for and no DCT reduction, which takes precedence."""
     return box is not None and reduce_to is None

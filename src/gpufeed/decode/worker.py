@@ -72,16 +72,13 @@ def _one(row: np.ndarray, data: np.ndarray, files, segments: dict, parent: int, 
         out = _segment(segments, int(job["segment_fd"]), int(job["segment_id"]), int(job["segment_size"]), parent)
         reduce_to, box = protocol.asked(job["reduce_to"].tolist(), job["region"].tolist())
         image, region, done = codec.decode(encoded, reduce_to, box)
-        whole = codec.tries_region(reduce_to, box) and region is None
-        part = codec.cut(image, box) if whole else None
-        if part is not None:
-            image, region = part, box
+        image, region, cut = codec.as_asked(image, region, reduce_to, box)
         if image.size > job["capacity"]:
             raise ValueError(f"decoded to {tuple(image.shape[:2])}, larger than the store records it or the "
                              "region asked")
         at = int(job["at"])
         out[at : at + image.size] = image.reshape(-1)
-        protocol.decoded(row, image.shape[0], image.shape[1], region, done, cut=part is not None)
+        protocol.decoded(row, image.shape[0], image.shape[1], region, done, cut=cut)
     except Exception as e:  # any decoder error marks this image, never the ticket
         protocol.failed(row, f"{type(e).__name__}: {e}")
 

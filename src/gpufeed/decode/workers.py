@@ -289,16 +289,14 @@ class DecodeWorkers:
                 continue
             offset, (h, w), region = next(images)
             image = part.base[offset : offset + h * w * 3].numpy().reshape(h, w, 3)
-            box = tuple(job.asks.regions[p].tolist())
-            cut = pixels.cut(image, box) if job.asks.tries_region()[p] and region[0] < 0 else None
-            if cut is not None:  # refused alone, decoded whole: cut as a worker cuts it
-                image, region = cut, box
+            asked = protocol.asked(job.asks.reduce_to[p].tolist(), job.asks.regions[p].tolist())
+            image, region, cut = pixels.as_asked(image, tuple(region) if region[0] >= 0 else None, *asked)
             if image.size > row["capacity"][0]:
                 protocol.failed(row, "decoded to a size larger than the store records it or the region asked")
                 continue
             at = int(row["at"][0])
             job.segment.tensor.numpy()[at : at + image.size] = image.reshape(-1)
-            protocol.decoded(row, image.shape[0], image.shape[1], region, threads.last_done, cut=cut is not None)
+            protocol.decoded(row, image.shape[0], image.shape[1], region, threads.last_done, cut=cut)
 
     def _fallback(self) -> CpuDecoder:
         """This thread's decoder on threads (a thread decoder serves one caller at a time)."""
