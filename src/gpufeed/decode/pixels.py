@@ -80,7 +80,10 @@ def draft_scale(width, height, reduce_to: np.ndarray) -> np.ndarray:
     Pillow's `draft` picks libjpeg's DCT scale. The loader reserves room for the pixels by it."""
     scale = np.minimum(np.asarray(width) // np.maximum(reduce_to[..., 0], 1),
                        np.asarray(height) // np.maximum(reduce_to[..., 1], 1))
-    return np.select([scale >= 8, scale >= 4, scale >= 2], [8, 4, 2], 1)
+    return _SCALES[np.clip(scale, 0, 8)]
+
+
+_SCALES = np.array([1, 1, 2, 2, 4, 4, 4, 4, 8])  # by min(w // rw, h // rh), up to 8: the largest of 1, 2, 4, 8 not above it
 
 
 def pillow(data: np.ndarray, reduce_to: tuple[int, int] | None) -> np.ndarray:

@@ -97,9 +97,10 @@ class Asks:
         a DCT-reduced image's (`pixels.draft_scale`), or else the whole image's. A decoder that cannot
         decode a region alone cuts it from the whole image, so this is the room a worker may fill."""
         h, w = shapes[:, 0].astype(np.int64), shapes[:, 1].astype(np.int64)
-        scale = pixels.draft_scale(w, h, self.reduce_to)
         reduced = self.reduce_to[:, 0] > 0
-        h, w = np.where(reduced, -(-h // scale), h), np.where(reduced, -(-w // scale), w)
+        if reduced.any():
+            scale = pixels.draft_scale(w[reduced], h[reduced], self.reduce_to[reduced])
+            h[reduced], w[reduced] = -(-h[reduced] // scale), -(-w[reduced] // scale)
         alone, r = self.tries_region(), self.regions
         h, w = np.where(alone, r[:, 2] - r[:, 0], h), np.where(alone, r[:, 3] - r[:, 1], w)
         return h * w * 3
