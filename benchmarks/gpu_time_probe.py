@@ -11,9 +11,9 @@ thread that made them (the training thread, the loader's threads): a call that b
 loop on one batch already on the GPU: the training thread's CUDA calls without a loader beside it.
 Last, the training stream's idle time between kernels (the next kernel launched late: host-bound;
 or queued and started late) and the training thread's time between its ops (its Python and its
-waits for the GIL). Last, the training thread's
-CUDA calls that took over a millisecond (it waited on a lock of the driver, or for room in the
-launch queue) and what the other threads' CUDA calls were meanwhile. `--trace PATH` keeps the
+waits for the GIL). Last, the training thread's CUDA calls that took over a millisecond (it waited
+on a lock of the driver, or for room in the launch queue) and what the other threads' CUDA calls
+were meanwhile. `--trace PATH` keeps the
 Chrome trace, `--read PATH` analyses a kept one, `--decoders hw+cpu` picks the Loader's decoders.
 
     PYTHONPATH=src python benchmarks/gpu_time_probe.py --n 10000 --steps 20 [--feed synthetic]
@@ -127,7 +127,7 @@ def analyse(events: list, steps: int) -> None:
             print(f"  {ms / steps:6.2f} ms  {counts[tid][name] / steps:6.1f} calls  {name}")
     _idle(events, default, steps)
     _gaps(events, steps)
-    _stalls(events, steps)
+    _stalls(events, steps, training)
 
 
 def _gaps(events: list, steps: int) -> None:
@@ -186,12 +186,12 @@ def _idle(events: list, stream: int, steps: int) -> None:
 STALL_MS = 1.0  # a CUDA call of the training thread this long waited for something
 
 
-def _stalls(events: list, steps: int) -> None:
+def _stalls(events: list, steps: int, training: set) -> None:
     """The training thread's CUDA calls over STALL_MS (a launch normally takes microseconds; in a loop
     ahead of the GPU they wait for room in the launch queue, so on synthetic data there are many),
     and what every other thread was doing meanwhile: its CUDA calls that overlapped the stall, or
-    its last call before it when it made none (a thread inside a library between calls)."""
-    training = {e.get("tid") for e in events if e.get("cat") == "cpu_op"}
+    its last call before it when it made none (a thread inside a library between calls). `training`:
+    the training thread's ids (those that made torch ops)."""
     calls = sorted((e for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver") and "dur" in e),
                    key=lambda e: e["ts"])
     t0 = min((e["ts"] for e in calls), default=0)

@@ -68,13 +68,14 @@ class Board:
     def results(self, start: int, n: int) -> Results:
         """Rows [start, start + n) as answered (a row never answered counts as failed)."""
         rows = self.rows[start : start + n].copy()
-        ok = (rows["status"] == protocol.DECODED) | (rows["status"] == protocol.CUT)
+        cut = rows["status"] == protocol.CUT
+        ok = (rows["status"] == protocol.DECODED) | cut
         kept = np.flatnonzero(ok)
         failed = {int(k): rows["error"][k].decode(errors="replace") or "not decoded" for k in np.flatnonzero(~ok)}
         sizes = np.stack([rows["height"][kept], rows["width"][kept]], 1).astype(np.int64)
         regions = rows["decoded_region"][kept].astype(np.int64)
         last = float(rows["done"][kept].max()) if len(kept) else 0.0
-        return Results(kept, sizes, regions, rows["at"][kept], failed, last, int((rows["status"] == protocol.CUT).sum()))
+        return Results(kept, sizes, regions, rows["at"][kept], failed, last, int(cut.sum()))
 
     def owner(self, row: int) -> int:
         """The worker that took `row`'s ticket, or -1."""
