@@ -116,6 +116,7 @@ def beside(rows: list[str], workdir: str, n: int, seconds: float, pyspy: bool = 
     sys.path.insert(0, str(Path(__file__).parent))
     import train_bench
 
+    threading.current_thread().name = "op-thread"
     work = Path(workdir)
     train_bench.prepare(work, n)
     xs = {"": torch.zeros(1 << 20, device="cuda"), "_cpu_op": torch.zeros(1 << 20)}
@@ -137,11 +138,13 @@ def beside(rows: list[str], workdir: str, n: int, seconds: float, pyspy: bool = 
         time.sleep(0.0 if spy else 1.0)  # the loader at its pace
         out[row] = {}
         for k, x in xs.items():
-            before = made[0]
+            before, sched = made[0], train_bench._schedstat()
             near = _launch(x, seconds)
             out[row] |= _waits(alone[k], near, made[0] - before, seconds, k)
-            if k == "":
+            if k == "":  # per thread, per batch: CPU ms, ms waiting for a CPU, times it blocked
                 batches_made = made[0] - before
+                out[row]["threads_per_batch"] = train_bench._per_step(sched, train_bench._schedstat(),
+                                                                      max(1, batches_made))
         stop.set()
         t.join()
         if spy is not None:

@@ -27,7 +27,7 @@ import torch
 
 KINDS = ("none", "tv_nvjpeg", "tv_nvjpeg_ptrs", "nvimg_hw", "nvimg_hw_ptrs", "capi_hw", "capi_cuda", "capi_hw_420",
          "resize", "cpu_tv_threads",
-         "pyloop_1ms", "pyloop_3ms", "pipe_recv", "cpu_procsN", "h2dN", "kernelsN", "opsN",
+         "pyloop_1ms", "pyloop_3ms", "pyslices_NxUS", "pipe_recv", "cpu_procsN", "h2dN", "kernelsN", "opsN",
          "gilN", "proc_KIND")
 
 # a CPU decode process for `cpu_procsN`: decodes one file over and over until its parent is gone
@@ -221,6 +221,16 @@ def _work(kind, arrays, pinned, bounds, stream):
             t = time.perf_counter()
             while time.perf_counter() - t < ms:
                 sum(range(100))
+        return f
+    if kind.startswith("pyslices"):  # pyslices_NxUS: N stretches of US microseconds of Python, each after a short sleep
+        count, us = (int(x) for x in kind[len("pyslices_"):].split("x"))
+
+        def f():
+            for _ in range(count):
+                time.sleep(20e-6)  # blocks: the GIL is taken again after, as a loader thread's wake-up does
+                t = time.perf_counter()
+                while time.perf_counter() - t < us / 1e6:
+                    sum(range(20))
         return f
     if kind == "pipe_recv":
         import multiprocessing

@@ -31,7 +31,7 @@ import train_bench  # noqa: E402
 
 def _thread_ms(name: str) -> float:
     """CPU ms so far of this process's thread called `name` (Linux schedstat; 0 elsewhere)."""
-    return sum(run for thread, run, _ in train_bench._schedstat().values() if thread == name) / 1e6
+    return sum(run for thread, run, _, _ in train_bench._schedstat().values() if thread == name) / 1e6
 
 
 def _switches() -> int:

@@ -31,6 +31,7 @@ import argparse
 import gc
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -68,6 +69,8 @@ KNOBS = {
     "planar": ("gpufeed.loader.jpeg_batch", "PLANAR", bool),  # the engines' 4:2:0 planes, converted in the resize
     "cpu_margin": ("gpufeed.decode.scheduler", "CPU_MARGIN", float),  # the CPU's share: this part of its cycle's images
     "tickets": ("gpufeed.decode.workers", "TICKETS_PER_WORKER", int),  # tickets per ready worker in each CPU share
+    # nvJPEG's allocations rounded up to this many MiB, device and page-locked
+    "nv_pad": ("gpufeed.decode.nvimgcodec_api", ("DEVICE_PADDING", "PINNED_PADDING"), lambda mb: int(mb) << 20),
 }
 # row settings of the training loop itself, set by `feeder`: `side=1` trains on a stream of its own
 # instead of the default stream (what a loader's work synchronized with the default stream costs);
@@ -126,9 +129,13 @@ def feeder(row: str, work: Path, batch: int):
 
         import gpufeed
 
-        for key, (module, attribute, cast) in KNOBS.items():
+        for key, (module, attributes, cast) in KNOBS.items():
             if key in kwargs:
-                setattr(importlib.import_module(module), attribute, cast(kwargs.pop(key)))
+                value = cast(kwargs.pop(key))
+                for attribute in (attributes,) if isinstance(attributes, str) else attributes:
+                    setattr(importlib.import_module(module), attribute, value)
+        if "malloc" in kwargs:  # glibc keeps freed memory instead of unmapping it (`_keep_freed_memory`)
+            _keep_freed_memory(int(kwargs.pop("malloc")))
         if "switch" in kwargs:  # the process's GIL switch interval, seconds (Python's default 0.005)
             sys.setswitchinterval(float(kwargs.pop("switch")))
         LOOP["side"] = bool(kwargs.pop("side", 0))
@@ -161,6 +168,18 @@ def feeder(row: str, work: Path, batch: int):
     if name == "dali":
         return _dali(work, batch, kwargs.get("threads", 8), t0)
     raise SystemExit(f"unknown row {row!r}")
+
+
+def _keep_freed_memory(megabytes: int) -> None:
+    """Row setting `malloc=MB`: glibc serves allocations under `megabytes` from its heaps and does not
+    give freed memory back to the kernel, so that no thread's free unmaps memory (each unmap
+    interrupts every CPU that runs a thread of this process) (mallopt M_MMAP_THRESHOLD, M_TRIM_THRESHOLD)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None)
+    size = megabytes << 20
+    if not (libc.mallopt(-3, min(size, 32 << 20)) and libc.mallopt(-1, size)):
+        raise SystemExit(f"malloc={megabytes}: mallopt refused")
 
 
 def _shadow(batches, rate: float) -> None:
@@ -247,7 +266,7 @@ def _train(a, step, built: float, batches, stats) -> dict:
     spy = _pyspy(a) if a.pyspy else None
     collections = GcWatch()
     before = stats() if stats is not None else None
-    sched0 = _schedstat()
+    sched0, os0 = _schedstat(), _os_counters()
     wait = launch = 0.0
     waits = []
     c0, w0 = cpu_seconds(), time.perf_counter()
@@ -270,6 +289,7 @@ def _train(a, step, built: float, batches, stats) -> dict:
            "wait_ms_per_step": 1e3 * wait / a.steps, "launch_ms_per_step": 1e3 * launch / a.steps,
            "device": torch.cuda.get_device_name(), "wait_ms_per_step_each": [round(1e3 * w, 2) for w in waits]}
     out["threads"] = _per_step(sched0, _schedstat(), a.steps)
+    out["os"] = {k: round((v - os0[k]) / a.steps, 2) for k, v in _os_counters().items()}
     out["gc"] = collections.summary()
     if spy is not None and a.pyspy == "native":
         out["native"] = _where_training_waits(spy)
@@ -319,20 +339,47 @@ def _delta(after, before):
     return after
 
 
-def _schedstat() -> dict[int, tuple[str, int, int]]:
-    """This process's threads: {tid: (name, ns run on a CPU, ns runnable but waiting for one)} from
-    Linux's /proc schedstat; Python threads by their `threading` names (empty elsewhere)."""
-    import threading
-
+def _schedstat() -> dict[int, tuple[str, int, int, int]]:
+    """This process's threads: {tid: (name, ns run on a CPU, ns runnable but waiting for one, times it
+    blocked)} from Linux's /proc schedstat and status; Python threads by their `threading` names
+    (empty elsewhere). A thread that blocks takes the GIL again after: beside a training thread that
+    lets go of it around every op, that is about when the training thread waits for it."""
     names = {t.native_id: t.name for t in threading.enumerate()}
     out = {}
     for task in Path("/proc/self/task").glob("*"):
         try:
             run, delay, _ = (task / "schedstat").read_text().split()
             comm = (task / "comm").read_text().strip()
+            status = (task / "status").read_text()
         except (OSError, ValueError):
             continue
-        out[int(task.name)] = (names.get(int(task.name), comm), int(run), int(delay))
+        blocked = next((int(line.split(":")[1]) for line in status.splitlines()
+                        if line.startswith("voluntary_ctxt_switches")), 0)
+        out[int(task.name)] = (names.get(int(task.name), comm), int(run), int(delay), blocked)
+    return out
+
+
+def _os_counters() -> dict[str, int]:
+    """What a process's threads cost each other through the kernel rather than a lock of ours: this
+    process's page faults, the training thread's context switches (voluntary: it blocked, on the GIL,
+    a lock or a sync; not: it was preempted), and the host's TLB shootdowns (a thread that unmaps
+    memory interrupts every CPU running a thread of its process) and function-call interrupts."""
+    import resource
+
+    use = resource.getrusage(resource.RUSAGE_SELF)
+    out = {"minor_faults": use.ru_minflt, "major_faults": use.ru_majflt}
+    try:
+        status = Path(f"/proc/self/task/{threading.main_thread().native_id}/status").read_text()
+        for line in status.splitlines():
+            if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
+                key, value = line.split(":")
+                out["train_" + key.replace("_ctxt_switches", "_switches")] = int(value)
+        for line in Path("/proc/interrupts").read_text().splitlines():
+            name, _, rest = line.strip().partition(":")
+            if name in ("TLB", "CAL"):
+                out[f"host_{name.lower()}_interrupts"] = sum(int(x) for x in rest.split() if x.isdigit())
+    except OSError:
+        pass
     return out
 
 
@@ -340,24 +387,27 @@ def _per_step(before: dict, after: dict, steps: int) -> dict:
     """Per thread name (numbered threads together): ms per step run on a CPU and waiting for one.
     A training thread that waits for a CPU is crowded out by the loader's threads or processes."""
     out: dict[str, list[float]] = {}
-    for tid, (name, run, delay) in after.items():
-        run0, delay0 = before.get(tid, (name, 0, 0))[1:]
+    for tid, (name, run, delay, blocked) in after.items():
+        run0, delay0, blocked0 = before.get(tid, (name, 0, 0, 0))[1:]
         key = name.rstrip("0123456789_")
-        got = out.setdefault(key, [0.0, 0.0])
+        got = out.setdefault(key, [0.0, 0.0, 0.0])
         got[0] += (run - run0) / 1e6 / steps
         got[1] += (delay - delay0) / 1e6 / steps
-    return {k: {"run_ms": round(v[0], 2), "runqueue_ms": round(v[1], 2)} for k, v in out.items() if v[0] >= 0.05}
+        got[2] += (blocked - blocked0) / steps
+    return {k: {"run_ms": round(v[0], 2), "runqueue_ms": round(v[1], 2), "blocks": round(v[2], 1)}
+            for k, v in out.items() if v[0] >= 0.05}
 
 
-def spy_on_gil(seconds: int, rate: int, native: bool = False):
+def spy_on_gil(seconds: int, rate: int, native: bool = False, gil_native: bool = False):
     """py-spy (on PATH) sampling this process's GIL holders at `rate` Hz for `seconds` from about
     now (its attaching, about a second, is waited for here): (process, output file), or None.
-    `native`: every thread, idle or not, with native frames, instead of the GIL holders."""
+    `native`: every thread, idle or not, with native frames, instead of the GIL holders;
+    `gil_native`: the GIL holders with their native frames (each sample pauses the process)."""
     exe = shutil.which("py-spy")
     if exe is None:
         return None
     path = tempfile.mktemp(suffix=".txt")
-    how = ["--native", "--idle"] if native else ["--gil", "--nonblocking"]
+    how = ["--native", "--idle"] if native else ["--gil", "--native"] if gil_native else ["--gil", "--nonblocking"]
     proc = subprocess.Popen([exe, "record", *how, "--threads", "-r", str(rate), "-d", str(seconds), "-f", "raw",
                              "-o", path, "-p", str(os.getpid())],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -403,49 +453,55 @@ def _pyspy(a):
     """py-spy sampling this process's GIL holders (or, `--pyspy native`, the training thread's stacks)
     for the timed steps (its own process)."""
     seconds = max(2, int(a.steps * a.batch / 8000))
-    spy = spy_on_gil(seconds, 100, native=True) if a.pyspy == "native" else spy_on_gil(seconds, GIL_RATE)
+    rate = a.pyspy_rate or {"native": 100, "gilnative": 50}.get(a.pyspy, GIL_RATE)
+    spy = spy_on_gil(seconds, rate, native=a.pyspy == "native", gil_native=a.pyspy == "gilnative")
     if spy is None:
         print("py-spy not found: no GIL samples", file=sys.stderr)
         return None
-    return spy, seconds
+    return spy, seconds, rate
 
 
 def _gil_shares(spy, wall: float, steps: int) -> dict:
     """Share of samples with the GIL held by the training thread and by any other thread."""
-    spy, seconds = spy
+    spy, seconds, rate = spy
     stacks = gil_stacks(spy, seconds + 30)
     if isinstance(stacks, str):
         return {"error": stacks}
     train, top = holders(stacks, "run_row")
     other = sum(top.values())
-    samples = seconds * GIL_RATE
+    samples = seconds * rate
     return {"train_thread_share": train / samples, "other_threads_share": other / samples,
-            "other_ms_per_step": 1e3 * other / GIL_RATE / (seconds * steps / wall),
+            "other_ms_per_step": 1e3 * other / rate / (seconds * steps / wall),
             "other_top": sorted(top.items(), key=lambda kv: -kv[1])[:20],
             "other_stacks": {stack: n for stack, n in stacks.items() if "run_row" not in stack}}
 
 
 def _where_training_waits(spy) -> dict:
     """`--pyspy native`: the training thread's samples by their innermost frames (addresses left out),
-    and how many are inside the CUDA driver or waiting on a condition variable (as for the GIL)."""
-    spy, seconds = spy
+    and how many are inside the CUDA driver or waiting on a condition variable (as for the GIL); the
+    other threads' innermost frames, by thread name."""
+    spy, seconds, _ = spy
     stacks = gil_stacks(spy, seconds + 60)
     if isinstance(stacks, str):
         return {"error": stacks}
     tails: dict[str, int] = {}
+    others: dict[str, Counter] = {}
     total = driver = cond = 0
     for stack, n in stacks.items():
         frames = stack.split(";")
-        if "MainThread" not in frames[0]:
-            continue
         named = [f for f in frames[1:] if not f.startswith("0x")]
+        if "MainThread" not in frames[0]:  # the other threads, by name (numbers left out), innermost frames
+            label = re.sub(r"\(0x[0-9a-fA-F]+\)|\d+", "", frames[0]).strip()
+            others.setdefault(label, Counter())[";".join(named[-3:])] += n
+            continue
         total += n
         driver += n * any("libcuda" in f for f in named)
         cond += n * any("pthread_cond" in f for f in named[-3:])
         tail = ";".join(named[-4:])
         tails[tail] = tails.get(tail, 0) + n
     return {"samples": total, "in_cuda_driver": driver, "cond_wait": cond,
-            "top": sorted(tails.items(), key=lambda kv: -kv[1])[:30]}
+            "top": sorted(tails.items(), key=lambda kv: -kv[1])[:30],
+            "others": {label: {"samples": sum(c.values()), "top": c.most_common(12)} for label, c in others.items()}}
 
 
 def prepare(work: Path, n: int) -> None:
@@ -470,8 +526,11 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=80)
     p.add_argument("--warmup", type=int, default=15)
     p.add_argument("--batch", type=int, default=256)
-    p.add_argument("--pyspy", nargs="?", const="gil", choices=("gil", "native"),
-                   help="sample GIL holders with py-spy (on PATH); `native`: the training thread's native stacks")
+    p.add_argument("--pyspy", nargs="?", const="gil", choices=("gil", "native", "gilnative"),
+                   help="sample GIL holders with py-spy (on PATH); `native`: every thread's native stacks; "
+                        "`gilnative`: the GIL holders' native frames too")
+    p.add_argument("--pyspy-rate", type=int, default=0,
+                   help="py-spy's samples per second (default 500, native 100; each native sample pauses the process)")
     p.add_argument("--out", default=None, help="write every run and the table as JSON here")
     p.add_argument("--row", help=argparse.SUPPRESS)
     p.add_argument("--model", help=argparse.SUPPRESS)
@@ -494,7 +553,7 @@ def main() -> None:
             for row in order:
                 cmd = [sys.executable, __file__, "--row", row, "--model", model, "--workdir", str(work),
                        "--steps", str(a.steps), "--warmup", str(a.warmup), "--batch", str(a.batch)]
-                cmd += ["--pyspy", a.pyspy] if a.pyspy else []
+                cmd += ["--pyspy", a.pyspy, "--pyspy-rate", str(a.pyspy_rate)] if a.pyspy else []
                 done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
                 result = [ln[7:] for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
                 if not result:
