@@ -27,6 +27,8 @@ def test_structures_are_laid_out_as_the_header_says():
     assert (C.sizeof(api.ExecutionParams), api.ExecutionParams.backends.offset, C.sizeof(api.Backend),
             api.Backend.params.offset, C.sizeof(api.BackendParams), C.sizeof(api.DecodeParams),
             C.sizeof(api.InstanceCreateInfo)) == (80, 72, 64, 32, 32, 32, 64)
+    assert (C.sizeof(api.DeviceAllocator), api.DeviceAllocator.device_mem_padding.offset, C.sizeof(api.PinnedAllocator),
+            api.PinnedAllocator.pinned_mem_padding.offset) == (56, 48, 56, 48)
 
 
 @pytest.mark.skipif(not importlib.util.find_spec("nvidia.nvimgcodec"), reason="needs nvImageCodec")

@@ -24,13 +24,20 @@ MAX_PLANES, NAME_SIZE = 32, 256
 DEVICE_CPU_ONLY = -99999
 
 # nvimgcodecStructureType_t
-T_INSTANCE_CREATE_INFO, T_DECODE_PARAMS, T_IMAGE_INFO = 2, 5, 11
+T_INSTANCE_CREATE_INFO, T_DEVICE_ALLOCATOR, T_PINNED_ALLOCATOR, T_DECODE_PARAMS, T_IMAGE_INFO = 2, 3, 4, 5, 11
 T_BACKEND, T_BACKEND_PARAMS, T_EXECUTION_PARAMS = 17, 29, 30
 BACKENDS = {"cpu": 1, "cuda": 3, "hw": 4}  # nvimgcodecBackendKind_t: CPU_ONLY, HYBRID_CPU_GPU, HW_GPU_ONLY
 LOAD_HINT_FIXED = 2
 COLORSPEC_SRGB, COLORSPEC_SYCC, SAMPLING_NONE, SAMPLING_420, SAMPLEFORMAT_I_RGB, UINT8 = 1, 3, 0, 3, 8, 0x0802
 BUFFER_DEVICE, BUFFER_HOST = 1, 2
 PROCESSING_SUCCESS = 1
+
+# nvJPEG (under the `hw` and `cuda` backends) rounds its device and page-locked allocations up to a
+# multiple of these many bytes, so its buffers grow in a few large steps. Without, the engines'
+# decode calls kept freeing and making device buffers as the batches' sizes changed, and freeing
+# device memory (cuMemFree) waits for the whole GPU, the model's kernels included (docs/benchmarks.md)
+DEVICE_PADDING = 32 << 20
+PINNED_PADDING = 32 << 20
 
 
 class _Head(C.Structure):
@@ -49,6 +56,10 @@ ImageInfo = _struct("ImageInfo", [
     ("sample_format", C.c_int), ("orientation", Orientation), ("num_planes", C.c_uint32),
     ("plane_info", PlaneInfo * MAX_PLANES), ("buffer", C.c_void_p), ("buffer_kind", C.c_int),
     ("cuda_stream", C.c_void_p)])
+DeviceAllocator = _struct("DeviceAllocator", [("device_malloc", C.c_void_p), ("device_free", C.c_void_p),
+                                               ("device_ctx", C.c_void_p), ("device_mem_padding", C.c_size_t)])
+PinnedAllocator = _struct("PinnedAllocator", [("pinned_malloc", C.c_void_p), ("pinned_free", C.c_void_p),
+                                               ("pinned_ctx", C.c_void_p), ("pinned_mem_padding", C.c_size_t)])
 BackendParams = _struct("BackendParams", [("load_hint", C.c_float), ("load_hint_policy", C.c_int)])
 Backend = _struct("Backend", [("kind", C.c_int), ("params", BackendParams)])
 DecodeParams = _struct("DecodeParams", [("apply_exif_orientation", C.c_int)])
@@ -134,9 +145,13 @@ class BatchDecoder:
         self._backend = _filled(Backend, T_BACKEND, kind=BACKENDS[backend],
                                 params=_filled(BackendParams, T_BACKEND_PARAMS, load_hint=1.0,
                                                load_hint_policy=LOAD_HINT_FIXED))
+        # no allocator functions: nvJPEG's own, with the padding
+        self._allocators = (_filled(DeviceAllocator, T_DEVICE_ALLOCATOR, device_mem_padding=DEVICE_PADDING),
+                            _filled(PinnedAllocator, T_PINNED_ALLOCATOR, pinned_mem_padding=PINNED_PADDING))
         params = _filled(ExecutionParams, T_EXECUTION_PARAMS, max_num_cpu_threads=cpu_threads,
                          device_id=DEVICE_CPU_ONLY if backend == "cpu" else device_id, num_backends=1,
-                         backends=C.pointer(self._backend))
+                         backends=C.pointer(self._backend), device_allocator=C.addressof(self._allocators[0]),
+                         pinned_allocator=C.addressof(self._allocators[1]))
         handle = C.c_void_p()
         # no options: the binding's default (fancy upsampling, as libjpeg and Pillow decode)
         check(self.lib.fast.nvimgcodecDecoderCreate(self.instance, C.byref(handle), C.byref(params), b""),
