@@ -63,7 +63,8 @@ KNOBS = {
     "pipelines": ("gpufeed.loader.jpeg", "PIPELINES_ON_GPU", int),  # JPEG pipelines per loader
     "priority": ("gpufeed.decode.scheduler", "STREAM_PRIORITY", int),  # CUDA priority of the JPEG path's streams
     "turns": ("gpufeed.loader.jpeg", "GPU_DECODES_TAKE_TURNS", bool),  # several pipelines' GPU decodes take turns
-    "carry": ("gpufeed.loader.feeds", "CARRY", bool),  # the next epoch's first batches made as an epoch ends
+    "carry": ("gpufeed.loader.feeds", "CARRY", bool),
+    "handover_first": ("gpufeed.loader.feeds", "HANDOVER_FIRST", bool),  # the consumer takes a batch after handing it over  # the next epoch's first batches made as an epoch ends
     "gpu_early": ("gpufeed.decode.scheduler", "GPU_EARLY", bool),  # GPU shares decoded from `start` on a helper
     "compile_ahead": ("gpufeed.loader.jpeg_batch", "COMPILE_AHEAD", bool),  # kernels compiled during the first decode
     "planar": ("gpufeed.loader.jpeg_batch", "PLANAR", bool),  # the engines' 4:2:0 planes, converted in the resize
@@ -71,6 +72,7 @@ KNOBS = {
     "tickets": ("gpufeed.decode.workers", "TICKETS_PER_WORKER", int),  # tickets per ready worker in each CPU share
     # nvJPEG's allocations rounded up to this many MiB, device and page-locked
     "nv_pad": ("gpufeed.decode.nvimgcodec_api", ("DEVICE_PADDING", "PINNED_PADDING"), lambda mb: int(mb) << 20),
+    "prealloc": ("gpufeed.loader.jpeg_batch", "PREALLOCATE", bool),  # the engines' buffers made for a batch at once
 }
 # row settings of the training loop itself, set by `feeder`: `side=1` trains on a stream of its own
 # instead of the default stream (what a loader's work synchronized with the default stream costs);

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import pytest
 import torch
 from torchvision.transforms.v2 import functional as F
@@ -220,3 +221,14 @@ def test_the_next_epochs_first_batches_are_made_as_an_epoch_ends(jpeg_store):
     loader.close()
     assert loader.carried is None
     fresh.close()
+
+
+def test_the_engines_buffers_are_made_for_a_batch_of_the_stores_images():
+    from gpufeed.loader import jpeg_batch
+
+    photos = np.array([[375, 500], [500, 375]] * 500)  # height, width
+    assert jpeg_batch.decoder_room(photos, 256) == (256, 512, 512)  # (images, width, height), up to 64
+    wide = np.array([[300, 400]] * 995 + [[3000, 4000]] * 5)  # 0.5 % huge ones do not set the size
+    assert jpeg_batch.decoder_room(wide, 64) == (64, 448, 320)
+    assert jpeg_batch.decoder_room(np.array([[5000, 9000]] * 10), 8) == (8, jpeg_batch.ROOM_SIDE, jpeg_batch.ROOM_SIDE)
+    assert jpeg_batch.decoder_room(np.zeros((0, 2), np.int64), 8) is None

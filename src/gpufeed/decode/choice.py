@@ -27,13 +27,13 @@ def warn_once(message: str) -> None:
         log.warning(message)
 
 
-def _nvimgcodec(device: torch.device, name: str, cpu_threads: int):
+def _nvimgcodec(device: torch.device, name: str, cpu_threads: int, room: tuple[int, int, int] | None = None):
     """An nvImageCodec decoder (`hw` engines or `cuda` hybrid), or None with the reason logged once."""
     what = {"hw": "the GPU's hardware JPEG engines", "cuda": "nvImageCodec's CUDA decoder"}[name]
     try:
         from gpufeed.decode.nvimgcodec import NvImgCodecDecoder
 
-        return NvImgCodecDecoder(device, name, cpu_threads)
+        return NvImgCodecDecoder(device, name, cpu_threads, room)
     except ImportError:
         warn_once(f"nvImageCodec is not installed ({nvimgcodec_install()}): {what} stay(s) unused")
     except Exception as e:  # no engines on this GPU, driver too old, a wheel for another CUDA, ...
@@ -49,15 +49,17 @@ def check_decoders(names: tuple[str, ...]) -> None:
         raise ValueError(f"unknown decoders {sorted(unknown)}: choose from {', '.join(KNOWN)}")
 
 
-def gpu_decoders(device: torch.device, use: tuple[str, ...] | None, cpu_threads: int) -> list:
+def gpu_decoders(device: torch.device, use: tuple[str, ...] | None, cpu_threads: int,
+                 room: tuple[int, int, int] | None = None) -> list:
     """The GPU decoders of `use` that can be made on `device` (none on a CPU); `use` None: the first of
-    `DEFAULT`'s that can be made (the others are never built). `cpu_threads`: nvImageCodec's host threads."""
+    `DEFAULT`'s that can be made (the others are never built). `cpu_threads`: nvImageCodec's host threads;
+    `room`: (images, width, height) of the batches the engines' decoder makes its buffers for."""
     first_only = use is None
     use = DEFAULT if use is None else use
     check_decoders(use)
     made = []
     for name in [name for name in KNOWN[:-1] if name in use] if device.type == "cuda" else []:
-        decoder = NvJpegDecoder(device) if name == "nvjpeg" else _nvimgcodec(device, name, max(2, cpu_threads))
+        decoder = NvJpegDecoder(device) if name == "nvjpeg" else _nvimgcodec(device, name, max(2, cpu_threads), room)
         if decoder is not None:
             made.append(decoder)
             if first_only:

@@ -31,9 +31,11 @@ MAX_IMAGE_BYTES = 1 << 30  # a header that claims more (a damaged or hostile fil
 class NvImgCodecDecoder:
     """Batched decode with one nvImageCodec backend; images it refuses are reported as failed."""
 
-    def __init__(self, device: torch.device, name: str = "hw", cpu_threads: int = 4):
+    def __init__(self, device: torch.device, name: str = "hw", cpu_threads: int = 4,
+                 room: tuple[int, int, int] | None = None):
+        """`room`: the batches the decoder makes its buffers for at once (`BatchDecoder`)."""
         self.name, self.device = name, device
-        self._batches = BatchDecoder(name, device.index or 0, cpu_threads)
+        self._batches = BatchDecoder(name, device.index or 0, cpu_threads, room)
         # YCbCr 4:2:0 images as their planes, for a consumer whose kernel converts them (`base.YCC420`):
         # the engines then run no colour conversion or upsampling kernel per image (docs/benchmarks.md)
         self.planar = False

@@ -140,7 +140,11 @@ class BatchDecoder:
 
     ALIGN = 256  # every image starts this many bytes apart at least, as an allocation of its own would
 
-    def __init__(self, backend: str, device_id: int, cpu_threads: int):
+    def __init__(self, backend: str, device_id: int, cpu_threads: int, room: tuple[int, int, int] | None = None):
+        """`room`: (images, width, height) the engines' decoder (`hw`) makes its buffers for at once.
+        nvImageCodec's default, one 1x1 image, left nvJPEG making decoder state and freeing device
+        memory in the decode calls of batches that did not fit, which made the training loop beside
+        it slower (docs/benchmarks.md); larger images or batches still decode."""
         self.lib, self.instance = open_library()
         self._backend = _filled(Backend, T_BACKEND, kind=BACKENDS[backend],
                                 params=_filled(BackendParams, T_BACKEND_PARAMS, load_hint=1.0,
@@ -153,8 +157,12 @@ class BatchDecoder:
                          backends=C.pointer(self._backend), device_allocator=C.addressof(self._allocators[0]),
                          pinned_allocator=C.addressof(self._allocators[1]))
         handle = C.c_void_p()
-        # no options: the binding's default (fancy upsampling, as libjpeg and Pillow decode)
-        check(self.lib.fast.nvimgcodecDecoderCreate(self.instance, C.byref(handle), C.byref(params), b""),
+        # no decoding options: the binding's default (fancy upsampling, as libjpeg and Pillow decode)
+        options = ""
+        if backend == "hw" and room:
+            options = " ".join(f"nvjpeg_hw_decoder:preallocate_{key}={int(value)}" for key, value in
+                               zip(("batch_size", "width_hint", "height_hint"), room))
+        check(self.lib.fast.nvimgcodecDecoderCreate(self.instance, C.byref(handle), C.byref(params), options.encode()),
               f"creating the {backend} decoder")
         self.handle = handle.value
         self.host = backend == "cpu"

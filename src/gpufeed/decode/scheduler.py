@@ -58,16 +58,17 @@ class Scheduler:
     (`cpu`, e.g. `DecodeWorkers`; else `cpu_threads` threads)."""
 
     def __init__(self, device: torch.device, cpu_threads: int, use: tuple[str, ...] | None = None, cpu=None,
-                 gpu_turn: threading.Lock | None = None):
+                 gpu_turn: threading.Lock | None = None, room: tuple[int, int, int] | None = None):
         """`use` None: the default, `DEFAULT` (one GPU decoder, the first of it that can be made here, and the CPU).
         `gpu_turn`: a lock shared by pipelines so that their GPU decodes take turns (the CPU shares,
-        resizes and Python of one pipeline then overlap another's GPU decode, never two decodes)."""
+        resizes and Python of one pipeline then overlap another's GPU decode, never two decodes).
+        `room`: (images, width, height) of the batches the GPU decoders make their buffers for."""
         self._gpu_turn = gpu_turn or contextlib.nullcontext()
         self.device = device
         # always there, the fallback for what GPU decoders reject: `cpu` (worker processes) or threads
         self.cpu = cpu or CpuDecoder(cpu_threads)
         self._own_cpu = cpu is None
-        self.gpu = gpu_decoders(device, use, cpu_threads)
+        self.gpu = gpu_decoders(device, use, cpu_threads, room)
         # else the CPU decodes only what GPU decoders reject
         self.cpu_share = "cpu" in (DEFAULT if use is None else use) or not self.gpu
         self.roi = roi_available()  # the workers, if processes, run in this interpreter's environment

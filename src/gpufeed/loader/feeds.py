@@ -159,11 +159,13 @@ def _taken(loader, items: queue.Queue, count: int) -> Iterator[Batch]:
     for _ in range(count):
         t0 = time.perf_counter()
         item = items.get()
-        loader.counters.add("wait", time.perf_counter() - t0)
+        t1 = time.perf_counter()
+        loader.counters.add("wait", t1 - t0)
         if isinstance(item, BaseException):
             raise item
         batch, event = item
         hand_over(event, batch.images, batch.labels)
+        loader.counters.add("hand_over", time.perf_counter() - t1)
         yield batch
 
 

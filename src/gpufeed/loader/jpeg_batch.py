@@ -40,6 +40,11 @@ COMPILE_AHEAD = True
 # the engines decode YCbCr 4:2:0 images to their planes and the resize kernel converts them, instead
 # of a colour conversion kernel per image beside the model's; False: RGB (train_bench rows take planar=0)
 PLANAR = True
+# the engines' decoder makes its buffers for a whole batch of the store's images at once
+# (`decoder_room`), sides at most ROOM_SIDE; False: for one 1x1 image (benchmarks/train_bench.py
+# rows take prealloc=0)
+PREALLOCATE = True
+ROOM_SIDE = 1024
 
 
 class DecodeError(RuntimeError):
@@ -68,7 +73,10 @@ class JpegBatcher:
     def __init__(self, loader, on_error: str, threads: int, decoders: tuple[str, ...] | None, cpu=None,
                  gpu_turn: threading.Lock | None = None):
         self.loader, self.on_error = loader, on_error
-        self.scheduler = Scheduler(loader.device, threads, decoders, cpu, gpu_turn)
+        store = loader.store
+        self._shapes = np.asarray(store.shapes).view(np.ndarray).astype(np.int64)
+        self.scheduler = Scheduler(loader.device, threads, decoders, cpu, gpu_turn,
+                                   decoder_room(self._shapes, loader.batch_sampler.batch_size))
         self.fused = loader.device.type == "cuda" and _fused() is not None
         for dec in self.scheduler.gpu:  # the resize kernel converts the engines' YCbCr planes itself
             if dec.name == "hw":
@@ -79,11 +87,9 @@ class JpegBatcher:
         # for all the work queued on its stream, and on `stream` that is the batch's decodes and copies
         self._tables = torch.cuda.Stream(loader.device) if loader.device.type == "cuda" else None
         self._warned = threading.Event()
-        store = loader.store
         self._folder = isinstance(store, FolderStore)  # read in place: each batch's bytes read from the files
         self._data = loader.tier.images  # the encoded bytes, where the tier keeps them (host memory)
         self._offsets = None if self._folder else np.asarray(store.offsets).view(np.ndarray)
-        self._shapes = np.asarray(store.shapes).view(np.ndarray).astype(np.int64)
         self._labels = store.labels.numpy()
         self._inflight: deque = deque()  # (event, decoded buffers) until the kernels reading them ran
         self._reads: deque[ReadAhead] = deque()  # a folder's coming batches, being read
@@ -272,6 +278,17 @@ class JpegBatcher:
         """Stop this pipeline's decoders (the shared CPU workers are `JpegPipelines`' to stop)."""
         self._forget_next()  # its CPU share collected while the workers run: its buffer goes back to them
         self.scheduler.close()
+
+
+def decoder_room(shapes: np.ndarray, batch_size: int) -> tuple[int, int, int] | None:
+    """(images, width, height) for the GPU decoders' first buffers (`BatchDecoder`): a whole batch of
+    images as wide and as tall as 99 % of the store's (stored `shapes` (N, 2) height, width), rounded
+    up to 64 and at most ROOM_SIDE; None if `PREALLOCATE` is off or the store is empty."""
+    if not PREALLOCATE or not len(shapes):
+        return None
+    sides = np.ceil(np.percentile(shapes, 99, axis=0) / 64) * 64
+    height, width = np.minimum(sides, ROOM_SIDE).astype(int).tolist()
+    return batch_size, width, height
 
 
 def _joined(columns: list[np.ndarray]) -> np.ndarray:
