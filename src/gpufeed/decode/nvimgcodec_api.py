@@ -33,9 +33,10 @@ BUFFER_DEVICE, BUFFER_HOST = 1, 2
 PROCESSING_SUCCESS = 1
 
 # nvJPEG (under the `hw` and `cuda` backends) rounds its device and page-locked allocations up to a
-# multiple of these many bytes, so its buffers grow in a few large steps. Without, the engines'
-# decode calls kept freeing and making device buffers as the batches' sizes changed, and freeing
-# device memory (cuMemFree) waits for the whole GPU, the model's kernels included (docs/benchmarks.md)
+# multiple of these many bytes, so that buffers outgrown by larger batches grow in a few large steps:
+# freeing device memory (cuMemFree) waits for the whole GPU, the model's kernels included. (Room for
+# the usual batch from the start, `BatchDecoder`'s `room`, is what kept the engines' decode calls
+# from freeing in the training loop measured: docs/benchmarks.md)
 DEVICE_PADDING = 32 << 20
 PINNED_PADDING = 32 << 20
 
