@@ -230,5 +230,7 @@ def test_the_engines_buffers_are_made_for_a_batch_of_the_stores_images():
     assert jpeg_batch.decoder_room(photos, 256) == (256, 512, 512)  # (images, width, height), up to 64
     wide = np.array([[300, 400]] * 995 + [[3000, 4000]] * 5)  # 0.5 % huge ones do not set the size
     assert jpeg_batch.decoder_room(wide, 64) == (64, 448, 320)
-    assert jpeg_batch.decoder_room(np.array([[5000, 9000]] * 10), 8) == (8, jpeg_batch.ROOM_SIDE, jpeg_batch.ROOM_SIDE)
+    side = jpeg_batch.ROOM_SIDE
+    assert jpeg_batch.decoder_room(np.array([[5000, 9000]] * 10), 8) == (8, side, side)
+    assert jpeg_batch.decoder_room(np.array([[5000, 9000]] * 10), 1024) == (jpeg_batch.ROOM_PIXELS // side**2, side, side)
     assert jpeg_batch.decoder_room(np.zeros((0, 2), np.int64), 8) is None
