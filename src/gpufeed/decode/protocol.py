@@ -107,6 +107,19 @@ def decoded(row: np.ndarray, height: int, width: int, region, done: float, cut: 
     row["status"] = CUT if cut else DECODED
 
 
+def answer(row: np.ndarray, pixels: np.ndarray, image: np.ndarray, region, done: float, cut: bool = False) -> None:
+    """Complete board row `row` with `image` (HWC uint8) written into `pixels` (its segment's bytes)
+    where the row says (`decoded`'s other arguments); an image larger than the room the row reserved
+    fails the row instead."""
+    job = row[0]
+    if image.size > job["capacity"]:
+        failed(row, f"decoded to {tuple(image.shape[:2])}, larger than the store records it or the region asked")
+        return
+    at = int(job["at"])
+    pixels[at : at + image.size] = image.reshape(-1)
+    decoded(row, image.shape[0], image.shape[1], region, done, cut=cut)
+
+
 def failed(row: np.ndarray, why: str) -> None:
     """Complete board row `row`: its image failed, for `why` (UTF-8, cut short on a character boundary)."""
     row["error"] = why.encode()[:ERROR_BYTES].decode(errors="ignore").encode()

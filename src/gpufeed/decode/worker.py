@@ -73,12 +73,7 @@ def _one(row: np.ndarray, data: np.ndarray, files, segments: dict, parent: int, 
         reduce_to, box = protocol.asked(job["reduce_to"].tolist(), job["region"].tolist())
         image, region, done = codec.decode(encoded, reduce_to, box)
         image, region, cut = codec.as_asked(image, region, reduce_to, box)
-        if image.size > job["capacity"]:
-            raise ValueError(f"decoded to {tuple(image.shape[:2])}, larger than the store records it or the "
-                             "region asked")
-        at = int(job["at"])
-        out[at : at + image.size] = image.reshape(-1)
-        protocol.decoded(row, image.shape[0], image.shape[1], region, done, cut=cut)
+        protocol.answer(row, out, image, region, done, cut)
     except Exception as e:  # any decoder error marks this image, never the ticket
         protocol.failed(row, f"{type(e).__name__}: {e}")
 

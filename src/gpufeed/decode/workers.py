@@ -291,12 +291,7 @@ class DecodeWorkers:
             image = part.base[offset : offset + h * w * 3].numpy().reshape(h, w, 3)
             asked = protocol.asked(job.asks.reduce_to[p].tolist(), job.asks.regions[p].tolist())
             image, region, cut = pixels.as_asked(image, tuple(region) if region[0] >= 0 else None, *asked)
-            if image.size > row["capacity"][0]:
-                protocol.failed(row, "decoded to a size larger than the store records it or the region asked")
-                continue
-            at = int(row["at"][0])
-            job.segment.tensor.numpy()[at : at + image.size] = image.reshape(-1)
-            protocol.decoded(row, image.shape[0], image.shape[1], region, threads.last_done, cut=cut)
+            protocol.answer(row, job.segment.tensor.numpy(), image, region, threads.last_done, cut)
 
     def _fallback(self) -> CpuDecoder:
         """This thread's decoder on threads (a thread decoder serves one caller at a time)."""
