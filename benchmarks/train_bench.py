@@ -63,8 +63,7 @@ KNOBS = {
     "pipelines": ("gpufeed.loader.jpeg", "PIPELINES_ON_GPU", int),  # JPEG pipelines per loader
     "priority": ("gpufeed.decode.scheduler", "STREAM_PRIORITY", int),  # CUDA priority of the JPEG path's streams
     "turns": ("gpufeed.loader.jpeg", "GPU_DECODES_TAKE_TURNS", bool),  # several pipelines' GPU decodes take turns
-    "carry": ("gpufeed.loader.feeds", "CARRY", bool),
-    "handover_first": ("gpufeed.loader.feeds", "HANDOVER_FIRST", bool),  # the consumer takes a batch after handing it over  # the next epoch's first batches made as an epoch ends
+    "carry": ("gpufeed.loader.feeds", "CARRY", bool),  # the next epoch's first batches made as an epoch ends
     "gpu_early": ("gpufeed.decode.scheduler", "GPU_EARLY", bool),  # GPU shares decoded from `start` on a helper
     "compile_ahead": ("gpufeed.loader.jpeg_batch", "COMPILE_AHEAD", bool),  # kernels compiled during the first decode
     "planar": ("gpufeed.loader.jpeg_batch", "PLANAR", bool),  # the engines' 4:2:0 planes, converted in the resize
@@ -344,8 +343,8 @@ def _delta(after, before):
 def _schedstat() -> dict[int, tuple[str, int, int, int]]:
     """This process's threads: {tid: (name, ns run on a CPU, ns runnable but waiting for one, times it
     blocked)} from Linux's /proc schedstat and status; Python threads by their `threading` names
-    (empty elsewhere). A thread that blocks takes the GIL again after: beside a training thread that
-    lets go of it around every op, that is about when the training thread waits for it."""
+    (empty elsewhere). Blocks are voluntary context switches: waits for the GIL, a lock, a CUDA call
+    or work."""
     names = {t.native_id: t.name for t in threading.enumerate()}
     out = {}
     for task in Path("/proc/self/task").glob("*"):
