@@ -153,9 +153,7 @@ def _work(kind, arrays, pinned, bounds, stream):
 
         dec = NvImgCodecDecoder(torch.device("cuda", torch.cuda.current_device()), kind.split("_")[1], 4)
         dec.planar = kind.endswith("_420")  # YCbCr 4:2:0 planes out: no colour conversion or upsampling
-        data = np.concatenate(arrays)
-        ends = np.cumsum([len(a) for a in arrays])
-        batch = Encoded(torch.from_numpy(data), data, ends - [len(a) for a in arrays], ends)
+        batch = Encoded.joined(arrays)
 
         def f():
             part = dec.decode(batch)  # on the current stream: the tick's

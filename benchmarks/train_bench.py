@@ -134,7 +134,10 @@ def feeder(row: str, work: Path, batch: int):
             if key in kwargs:
                 value = cast(kwargs.pop(key))
                 for attribute in (attributes,) if isinstance(attributes, str) else attributes:
-                    setattr(importlib.import_module(module), attribute, value)
+                    where = importlib.import_module(module)
+                    if not hasattr(where, attribute):  # a knob whose setting is gone would change nothing
+                        raise SystemExit(f"{row}: {key} sets {module}.{attribute}, which no longer exists")
+                    setattr(where, attribute, value)
         if "malloc" in kwargs:  # glibc keeps freed memory instead of unmapping it (`_keep_freed_memory`)
             _keep_freed_memory(int(kwargs.pop("malloc")))
         if "switch" in kwargs:  # the process's GIL switch interval, seconds (Python's default 0.005)

@@ -50,9 +50,10 @@ class Encoded:
     def joined(cls, blobs: list) -> Encoded:
         """Encoded images given one by one (bytes-like), back to back in one buffer."""
         arrays = [np.frombuffer(b, np.uint8) for b in blobs]
-        ends = np.cumsum([len(a) for a in arrays], dtype=np.int64)
+        lengths = np.array([len(a) for a in arrays], np.int64)
         data = np.concatenate(arrays) if arrays else np.zeros(0, np.uint8)
-        return cls(torch.from_numpy(data), data, ends - [len(a) for a in arrays], ends)
+        ends = np.cumsum(lengths)
+        return cls(torch.from_numpy(data), data, ends - lengths, ends)
 
     def __len__(self) -> int:
         return len(self.begins)
