@@ -26,12 +26,6 @@ def _torchvision(data: torch.Tensor) -> None:
     decode_jpeg(data, mode=ImageReadMode.RGB)
 
 
-def _encoded(datas: list[bytes]) -> Encoded:
-    """The images back to back in one buffer, as the loader hands them to its decoders."""
-    offsets = np.cumsum([0] + [len(d) for d in datas])
-    return Encoded.of(torch.frombuffer(bytearray(b"".join(datas)), dtype=torch.uint8), offsets, np.arange(len(datas)))
-
-
 def _gpu_decoders(ctx: Context) -> dict:
     """name -> decode(Encoded batch) on the GPU."""
     if not ctx.cuda:
@@ -62,7 +56,7 @@ def run(ctx: Context) -> list[Figure]:
         speed.note = quality.note = "nvImageCodec decoders not measured: not installed or unavailable"
     for q in QUALITIES:
         datas = encode_jpegs(images, q)
-        batch = _encoded(datas)
+        batch = Encoded.joined(datas)
         tensors = batch.tensors()
         kb = float(np.mean([len(d) for d in datas])) / 1e3
         reps = ctx.repeats()
