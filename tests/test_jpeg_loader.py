@@ -234,3 +234,19 @@ def test_the_engines_buffers_are_made_for_a_batch_of_the_stores_images():
     assert jpeg_batch.decoder_room(np.array([[5000, 9000]] * 10), 8) == (8, side, side)
     assert jpeg_batch.decoder_room(np.array([[5000, 9000]] * 10), 1024) == (jpeg_batch.ROOM_PIXELS // side**2, side, side)
     assert jpeg_batch.decoder_room(np.zeros((0, 2), np.int64), 8) is None
+
+
+def test_a_jpeg_loader_is_made_without_importing_torchvision(jpeg_store):
+    """torchvision's import brings torch._dynamo's: seconds before a first batch that never uses it
+    (the GPU path's decoders and kernel are ours); a CPU decode or crop imports it when it first runs."""
+    import subprocess
+    import sys
+
+    code = ("import sys, gpufeed\n"
+            "import gpufeed.decode.nvimgcodec, gpufeed.augment.fused, gpufeed.loader.jpeg_batch\n"
+            "from gpufeed.augment import RandomResizedCrop\n"
+            f"loader = gpufeed.Loader({str(jpeg_store.path)!r}, batch_size=8, device='cpu', augment=[RandomResizedCrop(24)])\n"
+            "print(sorted(m for m in ('torchvision', 'torch._dynamo') if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[]"

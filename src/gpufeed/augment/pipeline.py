@@ -17,7 +17,6 @@ from dataclasses import dataclass, replace
 from typing import Sequence
 
 import torch
-from torchvision.ops import roi_align
 
 from gpufeed.augment.affine import Filled, RandomAffine, RandomRotation, Warp, warp
 from gpufeed.augment.colour import constant
@@ -258,6 +257,9 @@ def box_pass(images: torch.Tensor, params: Params) -> torch.Tensor:
     """The crops, resizes and left-right flips of NHWC uint8 `images` with torch ops: float NCHW 0..255."""
     y = images.permute(0, 3, 1, 2).to(torch.float32, memory_format=torch.contiguous_format)
     if not params.identity:
+        # imported here: torchvision's import brings torch._dynamo's, seconds that a GPU batch never needs
+        from torchvision.ops import roi_align
+
         idx = torch.arange(len(y), device=y.device, dtype=torch.float32)[:, None]
         rois = torch.cat([idx, params.boxes], 1)
         y = roi_align(y, rois, params.out_hw, spatial_scale=1.0, sampling_ratio=-1, aligned=True)

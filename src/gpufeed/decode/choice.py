@@ -8,7 +8,6 @@ import logging
 import torch
 
 from gpufeed.decode.base import nvimgcodec_install
-from gpufeed.decode.nvjpeg import NvJpegDecoder
 
 log = logging.getLogger(__name__)
 START_RATES = {"hw": 15_000.0, "nvjpeg": 10_000.0, "cuda": 8_000.0}
@@ -42,6 +41,14 @@ def _nvimgcodec(device: torch.device, name: str, cpu_threads: int, room: tuple[i
     return None
 
 
+def _nvjpeg(device: torch.device):
+    """torchvision's nvJPEG decoder, imported only when asked for: torchvision's import brings
+    torch._dynamo's, seconds before a first batch that the other decoders make without it."""
+    from gpufeed.decode.nvjpeg import NvJpegDecoder
+
+    return NvJpegDecoder(device)
+
+
 def check_decoders(names: tuple[str, ...]) -> None:
     """Raise ValueError naming any of `names` that is not a decoder."""
     unknown = set(names) - set(KNOWN)
@@ -59,7 +66,7 @@ def gpu_decoders(device: torch.device, use: tuple[str, ...] | None, cpu_threads:
     check_decoders(use)
     made = []
     for name in [name for name in KNOWN[:-1] if name in use] if device.type == "cuda" else []:
-        decoder = NvJpegDecoder(device) if name == "nvjpeg" else _nvimgcodec(device, name, max(2, cpu_threads), room)
+        decoder = _nvjpeg(device) if name == "nvjpeg" else _nvimgcodec(device, name, max(2, cpu_threads), room)
         if decoder is not None:
             made.append(decoder)
             if first_only:

@@ -22,7 +22,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
-from torchvision.io import ImageReadMode, decode_jpeg, encode_jpeg
 
 from gpufeed.decode import pixels
 from gpufeed.decode.base import Decoded, Encoded, PinnedStaging, Region, nvimgcodec_install, packed
@@ -30,6 +29,14 @@ from gpufeed.decode.protocol import NO_REGION
 from gpufeed.decode.shares import Asks
 from gpufeed.store.reader import as_tensor
 
+
+@functools.cache
+def _io():
+    """torchvision.io, imported when this process first decodes here: torchvision's import brings
+    torch._dynamo's, seconds that a loader whose workers decode never needs."""
+    import torchvision.io
+
+    return torchvision.io
 
 
 @functools.cache
@@ -49,7 +56,7 @@ def roi_problem() -> str | None:
     if not roi_available():
         return f"nvImageCodec is not installed ({nvimgcodec_install()})"
     try:
-        _region(encode_jpeg(torch.zeros((3, 16, 16), dtype=torch.uint8)), (0, 0, 8, 8))
+        _region(_io().encode_jpeg(torch.zeros((3, 16, 16), dtype=torch.uint8)), (0, 0, 8, 8))
     except Exception as e:
         return f"{type(e).__name__}: {e}"
     return None
@@ -93,7 +100,7 @@ def decode_one(data: torch.Tensor, reduce_to: tuple[int, int] | None,
             pass
     if reduce_to is None:
         try:
-            return decode_jpeg(data, mode=ImageReadMode.RGB).permute(1, 2, 0).contiguous(), None, time.perf_counter()
+            return _io().decode_jpeg(data, mode=_io().ImageReadMode.RGB).permute(1, 2, 0).contiguous(), None, time.perf_counter()
         except RuntimeError:
             pass
     return _pillow(data, reduce_to), None, time.perf_counter()
