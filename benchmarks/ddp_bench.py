@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import itertools
 import json
 import os
 import subprocess
@@ -93,28 +92,21 @@ def worker(a: argparse.Namespace) -> None:
 
 
 def _train(a: argparse.Namespace, local: int) -> None:
-    """One rank of `--train MODEL`: train_bench's loop with the model in DistributedDataParallel, fed
-    by the jpeg store through the Loader (each rank its shard) or, `--cache synthetic`, by one batch
-    already on the GPU; `--epochs` timed steps after 15."""
+    """One rank of `--train MODEL`: train_bench's loop and feeders (its `jpeg` row: the Loader's
+    defaults, each rank its shard; `--cache synthetic`: its `synthetic` row, one batch already on the
+    GPU) with the model in DistributedDataParallel; `--epochs` timed steps after 15."""
     import torch
     import torch.distributed as dist
 
-    import gpufeed
-    from gpufeed.augment import Normalize, RandomHorizontalFlip, RandomResizedCrop
     from gpufeed.bench.common import mapped_mb
     from gpufeed.bench.training import training_step
+    from train_bench import feeder  # the sibling benchmark: the same rows as one rank's training
 
     torch.backends.cudnn.benchmark = True
     step = training_step(a.train, "cuda", 1000,
                          functools.partial(torch.nn.parallel.DistributedDataParallel, device_ids=[local]))
-    loader = None
-    if a.cache == "synthetic":
-        batches = itertools.repeat((torch.randn(256, 3, 224, 224, device="cuda").half(),
-                                    torch.randint(0, 1000, (256,), device="cuda")))
-    else:
-        ops = [RandomResizedCrop(224), RandomHorizontalFlip(), Normalize()]
-        loader = gpufeed.Loader(a.store, batch_size=256, device="cuda", augment=ops)
-        batches = itertools.chain.from_iterable(itertools.repeat(loader))  # epoch after epoch
+    store = Path(a.store)  # train_bench's rows read <work>/jpeg
+    _, batches, stats = feeder("synthetic" if a.cache == "synthetic" else store.name, store.parent, 256)
     for _ in range(15):
         step(*next(batches))
     torch.cuda.synchronize()
@@ -128,7 +120,7 @@ def _train(a: argparse.Namespace, local: int) -> None:
     free, total = torch.cuda.mem_get_info()
     result = {"rank": dist.get_rank(), "world": dist.get_world_size(), "img_per_s": a.epochs * 256 / seconds,
               "pss_mb": _pss_mb(), "store_maps_mb": mapped_mb(a.store),
-              "decoded_by": loader.stats().get("decoded_by") if loader is not None else None,
+              "decoded_by": stats().get("decoded_by") if stats is not None else None,
               "gpu_used_gb": (total - free) / 1e9,
               "cores": len(os.sched_getaffinity(0))}
     dist.barrier()
