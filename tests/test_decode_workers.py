@@ -22,7 +22,7 @@ from gpufeed.decode import cpu as cpu_module
 from gpufeed.decode import pixels as pixels_module
 from gpufeed.decode.cpu import CpuDecoder
 from gpufeed.decode import workers as workers_module
-from gpufeed.decode.shares import Asks
+from gpufeed.decode.shares import Asks, Pace
 from gpufeed.decode.workers import DecodeWorkers
 from gpufeed.loader import tiers
 from gpufeed.store.reader import as_tensor
@@ -378,25 +378,45 @@ def test_cpu_share_is_set_against_the_gpu_decoders_together():
     scheduler.close()
 
 
-def test_cpu_share_is_what_the_cpu_decodes_in_a_cycle():
-    """Once the producer's cycle is known, the CPU takes what its threads decode in one (all of the
-    batch when the producer mostly waits for the consumer), the GPU decoders the rest."""
+def test_the_gpu_part_is_steered_by_what_the_loop_and_the_producer_wait_for():
+    """The first batches are split so that the CPU and the GPU decoders finish together; after, the
+    GPU's part goes up while the training loop starves and the producer waits on the CPU more than on
+    the GPU, down otherwise; GPU shares under GPU_MIN_SHARE go to the CPU."""
     scheduler = Scheduler(CPU, 2, ("hw", "cpu"))
     scheduler.gpu = [SimpleNamespace(name="hw")]  # as on a GPU
     scheduler.rates.update(hw=3000.0, cpu=500.0)
     scheduler.gpu_rate = 3000.0
-    assert scheduler.shares(100) == [75, 25]  # no cycle yet: both finish together
-    scheduler.cycle = 0.02  # 2 threads x 500 img/s x 20 ms, less the margin
-    assert scheduler.shares(100) == [82, 18]
-    scheduler.cycle = 1.0
-    assert scheduler.shares(100) == [0, 100]
-    scheduler.cycle, scheduler.rates["cpu"] = 0.02, 1.0  # a slow CPU still gets an image per thread, so
-    assert scheduler.shares(100) == [98, 2]  # its rate is measured again (a misestimate does not stick)
+    assert scheduler.shares(100) == [75, 25]  # nothing made yet: both finish together
+
+    def steer(starved=0.0, cpu_wait=0.0, gpu_wait=0.0):
+        scheduler._cpu_wait, scheduler._gpu_wait = cpu_wait, gpu_wait
+        scheduler._steer(Pace(starved, 0.02), 2)
+        return scheduler.gpu_part
+
+    scheduler._steer(None, 2)  # the first batch: nothing known
+    assert scheduler.gpu_part is None
+    assert steer() == pytest.approx(0.75)  # then the part that finishes together
+    assert steer(0.015, cpu_wait=0.004, gpu_wait=0.001) == pytest.approx(0.8)  # starved, waiting on the CPU
+    assert steer(0.015, cpu_wait=0.001, gpu_wait=0.004) == pytest.approx(0.75)  # starved, waiting on the GPU
+    assert steer(0.004, cpu_wait=0.004) == pytest.approx(0.7)  # the loop waited a little: less to the GPU
+    for _ in range(9):  # the loop is fed: the CPU takes more and more
+        steer()
+    assert scheduler.gpu_part == pytest.approx(0.25) and scheduler.shares(100) == [25, 75]
+    steer()
+    assert scheduler.shares(100) == [0, 100]  # under GPU_MIN_SHARE: the CPU takes those too
+    for _ in range(30):
+        steer()
+    assert scheduler.gpu_part == 0.0
+    scheduler.gpu_part, scheduler.rates["cpu"] = 0.9, 1.0  # a slow CPU still gets an image per thread,
+    assert scheduler.shares(100) == [90, 10]
+    scheduler.gpu_part = 1.0  # so its rate is measured again (a misestimate does not stick)
+    assert scheduler.shares(100) == [98, 2]
     scheduler.rates["cpu"] = 500.0
     scheduler._rate("cpu", 10, 0.001)  # rates average images and seconds apart: a short interval counts little
     scheduler._rate("cpu", 10, 0.1)
     assert scheduler.rates["cpu"] == pytest.approx(10 / (0.7 * 0.001 + 0.3 * 0.1))
     scheduler.close()
+
 
 
 def test_encoded_bytes_tiers_on_cpu(store):

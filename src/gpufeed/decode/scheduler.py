@@ -6,15 +6,18 @@ batch k+1 before it finishes batch k, so the workers and the GPU decoders decode
 the producer thread resizes and hands batches over: its cycle is the slower decoder's time per
 batch, not the sum of the GPU decode, the wait for the CPU and the resize.
 
-The shares: the CPU takes what its workers decode in one of the producer's cycles (its time per
-batch, not counting its waits for the CPU), the GPU decoders the rest, split by their own rates
-(images/s, exponential averages). A producer that waits on a full queue (the training loop is the
-slower side) has long cycles, so the CPU takes more of each batch and the GPU's cores are left to
-the model; a producer that waits on the CPU shortens the CPU's share. Before the first cycle is
-known, the shares are set so that the CPU and the GPU decoders finish together. The CPU's rate is
-measured on every share, per worker it was given to, and every share holds an image per ready
-worker at least: a rate measured low (workers starting, a stall) cannot shrink the CPU's share for
-good. Images a GPU decoder rejects (CMYK, some progressive files) are decoded on the CPU instead.
+The shares: the GPU decoders take a part of each batch that is steered after every batch
+(`GPU_STEP`): up while the training loop starves and the producer waits on the CPU, down otherwise;
+a GPU share under `GPU_MIN_SHARE` of the batch goes to the CPU too. Beside a training loop the CPU's
+workers, in processes of their own, cost the model next to nothing, and the GPU decoders cost it
+more than a loop that waits a little (docs/benchmarks.md): so the CPU decodes all it can and the GPU
+decoders what it can't; alone, the part settles where the two finish together. The GPU decoders
+split theirs by their own rates (images/s, exponential averages). The first batch is split so that the CPU and the GPU decoders
+finish together, so the first batches come fast while the workers start. The CPU's rate is measured
+on every share: the worker processes' images over the seconds they spent decoding them (threads:
+from when they could begin the share to its last image), and every share holds an image per ready
+worker at least, so a rate measured low (workers starting, a stall) is measured again. Images a GPU
+decoder rejects (CMYK, some progressive files) are decoded on the CPU instead.
 
 Where the CPU can decode a crop alone (`cpu.roi_available`), its share is the batch's cheapest crops
 by `cpu.roi_cost` (near the top of their image, small): the GPU decoders decode whole images, so to
@@ -37,7 +40,7 @@ from gpufeed.decode.base import Decoded, Encoded, WorkersStopped
 from gpufeed.decode.choice import DEFAULT, START_RATES, gpu_decoders, warn_once
 from gpufeed.decode.cpu import CpuDecoder, roi_available, roi_cost
 from gpufeed.decode.protocol import NO_REGION
-from gpufeed.decode.shares import Asks, GpuShare, GpuShares, Started, crop_regions, reduce_to
+from gpufeed.decode.shares import Asks, GpuShare, GpuShares, Pace, Started, crop_regions, reduce_to
 
 # CUDA priority of the JPEG path's streams (decoders' and the batch's). 0 is the default streams'
 # (and a training loop's) priority, the lowest; negative numbers go ahead of it. Measured in
@@ -48,9 +51,18 @@ STREAM_PRIORITY = 0
 # the caller's thread (as before; benchmarks/train_bench.py rows take gpu_early=False)
 GPU_EARLY = True
 
-# the CPU's share is this part of what it decodes in a cycle: a share that finishes late holds the
-# producer (and the batch) back, one that finishes early leaves a few more images to the GPU decoders
-CPU_MARGIN = 0.9
+# Once the producer has made a batch, the GPU decoders' part of each batch moves by `GPU_STEP` per
+# batch: up while the training loop waited for batches more than `STARVED` of the time between them
+# and the producer waited on the CPU more than on the GPU decoders, down otherwise. Beside a training
+# loop the CPU's workers, in processes of their own, cost the model next to nothing, and the engines
+# cost it more than a loop that waits a little for the CPU (docs/benchmarks.md): so the CPU decodes
+# all it can and the GPU decoders what it can't. Alone, the loop always waits: the part settles where
+# the two finish together.
+GPU_STEP = 0.05
+STARVED = 0.3
+# a GPU share below this part of the batch goes to the CPU too: the engines' decode call costs the
+# model much the same for a few images as for many (benchmarks/train_bench.py rows take gpu_min=X)
+GPU_MIN_SHARE = 0.25
 
 
 class Scheduler:
@@ -79,12 +91,12 @@ class Scheduler:
         # Below the sum of their own rates (starting them, handing results back); the CPU's share is
         # set against it, so the CPU finishes with the GPU rather than with the GPU decoders' calls
         self.gpu_rate = sum(self.rates[d.name] for d in self.gpu)
-        # the producer's seconds per batch (between `start`s), its waits for the CPU not counted: what
-        # the CPU can decode in that time is its share. None until two batches were started
-        self.cycle: float | None = None
-        self._started_at: float | None = None
-        self._cpu_wait = 0.0  # this cycle's waits for the CPU share
+        # the GPU decoders' part of each batch (`GPU_STEP`); None until a batch was made, when the
+        # shares are set so that the CPU and the GPU decoders finish together
+        self.gpu_part: float | None = None
+        self._cpu_wait = self._gpu_wait = 0.0  # the producer's waits for the CPU and GPU shares since
         self._cpu_free = 0.0  # when the CPU decoder finished its last share (a perf_counter)
+        self._cpu_busy = 0.0  # the worker processes' decoding seconds at the last share collected
         self.counts: Counter = Counter()
         # per batch, summed: "gpu" from the GPU decoders' start until the last is done, "gpu_wait" the
         # caller's wait for them in `finish`, "cpu" the CPU part's work after that; each decoder's own
@@ -102,40 +114,43 @@ class Scheduler:
         return [d.name for d in self.gpu] + [self.cpu.name]
 
     def shares(self, n: int, threads: int | None = None) -> list[int]:
-        """Images per decoder (GPU decoders in order, then the CPU) for a batch of `n`: the CPU's share
-        what its `threads` (default: those ready now) decode in a cycle (before one is measured:
-        against the GPU decoders together, so that all finish at once), and at least one image per
-        thread, so the CPU's rate is always measured anew; the GPU decoders' split by their own rates."""
+        """Images per decoder (GPU decoders in order, then the CPU) for a batch of `n`: the GPU decoders
+        `gpu_part` of it (none under `GPU_MIN_SHARE`; before it is known, what makes the CPU's
+        `threads` (default: those ready now) and the GPU decoders finish together), split by their own
+        rates; the CPU the rest, and at least one image per thread, so its rate is always measured anew."""
         if not self.gpu:
             return [n]
         threads = self.cpu.threads if threads is None else threads
         cpu = 0
         if self.cpu_share:
-            rate = self.rates["cpu"] * threads
-            if self.cycle is None:
-                cpu = round(n * rate / (rate + self.gpu_rate))
+            if self.gpu_part is None:
+                gpu = round(n * self._together(threads))
             else:
-                cpu = round(CPU_MARGIN * rate * self.cycle)
-            cpu = min(n, max(cpu, threads))
+                gpu = round(n * self.gpu_part)
+                gpu = 0 if gpu < GPU_MIN_SHARE * n else gpu
+            cpu = min(n, max(n - gpu, threads))
         own = np.cumsum([self.rates[d.name] for d in self.gpu])
         bounds = np.rint((n - cpu) * own / own[-1]).astype(np.int64)
         return np.diff(bounds, prepend=0).tolist() + [cpu]
+
+    def _together(self, threads: int) -> float:
+        """The GPU decoders' part of a batch for which they and the CPU's `threads` finish together."""
+        rate = self.rates["cpu"] * threads
+        return self.gpu_rate / (rate + self.gpu_rate)
 
     def run(self, batch: Encoded, shapes: np.ndarray, boxes: np.ndarray, out_hw: tuple[int, int],
             pin: bool) -> tuple[list[tuple[Decoded, np.ndarray]], dict[int, str]]:
         """Decode a batch now: `finish(start(...))`."""
         return self.finish(self.start(batch, shapes, boxes, out_hw), pin)
 
-    def start(self, batch: Encoded, shapes: np.ndarray, boxes: np.ndarray, out_hw: tuple[int, int]) -> Started:
+    def start(self, batch: Encoded, shapes: np.ndarray, boxes: np.ndarray, out_hw: tuple[int, int],
+              pace: Pace | None = None) -> Started:
         """Split a batch (`shapes` (N, 2) as the store records them, crop `boxes` (N, 4) x0 y0 x1 y1) and
         hand the CPU its share and (`GPU_EARLY`) the helper thread the GPU decoders', which they decode
-        while the caller goes on."""
-        now = time.perf_counter()
-        if self._started_at is not None:
-            cycle = max(0.0, now - self._started_at - self._cpu_wait)
-            self.cycle = cycle if self.cycle is None else 0.7 * self.cycle + 0.3 * cycle
-        self._started_at, self._cpu_wait = now, 0.0
+        while the caller goes on. `pace`: what the caller and its consumer waited for since the last
+        batch (None: nothing known yet)."""
         threads = self.cpu.threads  # read once: workers become ready while batches are made
+        self._steer(pace, threads)
         shares = self.shares(len(batch), threads)
         starts = np.cumsum([0] + shares)
         regions = crop_regions(shapes, boxes)
@@ -152,6 +167,17 @@ class Scheduler:
         return Started(batch, shapes, boxes, out_hw, order, starts, regions, cost, asks, job, submitted, gpu_job,
                        threads)
 
+    def _steer(self, pace: Pace | None, threads: int) -> None:
+        """Move `gpu_part` by `GPU_STEP` after the producer's last batch (see `GPU_STEP`)."""
+        if pace is not None and self.cpu_share and self.gpu:
+            if self.gpu_part is None:
+                self.gpu_part = self._together(threads)
+            elif pace.starved > STARVED * pace.interval and self._cpu_wait > self._gpu_wait:
+                self.gpu_part = min(1.0, self.gpu_part + GPU_STEP)
+            else:
+                self.gpu_part = max(0.0, self.gpu_part - GPU_STEP)
+        self._cpu_wait, self._gpu_wait = 0.0, 0.0
+
     def finish(self, started: Started, pin: bool) -> tuple[list[tuple[Decoded, np.ndarray]], dict[int, str]]:
         """Wait for the GPU decoders' shares of a started batch (decode them now if they were not started)
         and collect the CPU's: ([(part, batch positions of its images)], {position: reason it failed})."""
@@ -162,6 +188,7 @@ class Scheduler:
         else:
             gpu = self._decode_gpu(batch, shapes, started.order, starts)
         t_cpu = time.perf_counter()
+        self._gpu_wait += t_cpu - t0
         self.seconds["gpu_wait"] += t_cpu - t0  # the caller's wait for the GPU shares
         parts, failed, retry = [], {}, []
         for share in gpu.shares:
@@ -189,10 +216,14 @@ class Scheduler:
         self._cpu_wait += waited
         self.seconds["cpu_wait"] += waited
         self._decoded_whole(started.cpu_asks, cpu_part, len(cpu_pos))
-        if len(cpu_pos):  # the CPU's rate per thread, from when it could begin this share, over the
-            begun = max(started.submitted, self._cpu_free)  # threads it was given to (the busiest's images)
-            per_thread = math.ceil(len(cpu_pos) / max(1, started.cpu_threads))
-            self._rate("cpu", per_thread, self.cpu.last_done - begun)
+        if len(cpu_pos):
+            begun = max(started.submitted, self._cpu_free)
+            busy = getattr(self.cpu, "busy", {}).get("workers_wall", 0.0)  # worker processes' decoding seconds
+            if busy > self._cpu_busy:  # a worker's rate while it decodes
+                self._rate("cpu", len(cpu_pos), busy - self._cpu_busy)
+                self._cpu_busy = busy
+            else:  # threads: the rate from when they could begin this share (the busiest's images)
+                self._rate("cpu", math.ceil(len(cpu_pos) / max(1, started.cpu_threads)), self.cpu.last_done - begun)
             self.seconds["cpu_threads"] += max(0.0, self.cpu.last_done - begun)
             self.seconds["cpu_submitted_to_done"] += max(0.0, self.cpu.last_done - started.submitted)
             self._cpu_free = self.cpu.last_done

@@ -15,6 +15,15 @@ from gpufeed.decode.protocol import NO_REGION, asked
 
 
 @dataclass
+class Pace:
+    """The training loop's seconds waiting for batches since the producer's last one, and the seconds
+    between the producer's two batches."""
+
+    starved: float
+    interval: float
+
+
+@dataclass
 class Started:
     """A batch whose CPU share the CPU decoder has and whose GPU share is being decoded (`Scheduler.start`);
     `Scheduler.finish` waits for both."""

@@ -106,14 +106,15 @@ def jpeg_feed(loader, plan, start: int, epoch: int = 0, next_plan: Callable[[], 
 
 
 def default_workers(device: torch.device) -> int:
-    """CPU decode workers when the user names none: on a GPU three quarters of this rank's share of
-    the cores (the GPU decoders take the rest of each batch; the training loop, the producer thread
-    and the GPU decoders' host threads need the other cores), on a CPU every core of its share. Local
-    ranks (LOCAL_WORLD_SIZE, as torchrun sets it) divide the cores."""
+    """CPU decode workers when the user names none: on a GPU all of this rank's share of the cores but
+    two, or an eighth of them if more (the training loop, the producer thread and, when the workers fall
+    behind, the GPU decoders' host threads need those: the workers decode as much of each batch as they
+    can, since beside a training loop they cost it far less than the GPU decoders), on a CPU every core
+    of its share. Local ranks (LOCAL_WORLD_SIZE, as torchrun sets it) divide the cores."""
     local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
     cores = max(1, (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
                 // local)
-    return max(1, cores * 3 // 4) if device.type == "cuda" else cores
+    return max(1, cores - max(2, cores // 8)) if device.type == "cuda" else cores
 
 
 def jpeg_pipelines(loader, on_error: str, decoders: tuple[str, ...] | None, workers: int | None) -> JpegPipelines:

@@ -26,7 +26,7 @@ from gpufeed.augment.pipeline import Params, _fused
 from gpufeed.decode import Scheduler
 from gpufeed.decode import scheduler
 from gpufeed.decode.base import Decoded, Encoded, into_pixels
-from gpufeed.decode.shares import Started
+from gpufeed.decode.shares import Pace, Started
 from gpufeed.loader.folder import FolderStore
 from gpufeed.loader.stats import stage_range
 from gpufeed.transfer.ring import hand_over
@@ -95,6 +95,8 @@ class JpegBatcher:
         self._inflight: deque = deque()  # (event, decoded buffers) until the kernels reading them ran
         self._reads: deque[ReadAhead] = deque()  # a folder's coming batches, being read
         self._next: tuple[np.ndarray, Started] | None = None  # the next batch (its indices), started
+        self._asked_at: float | None = None  # when `make` was last called, and the loop's waits for batches then
+        self._waited = 0.0
         self._compiled = not (self.fused and COMPILE_AHEAD)  # the batch kernels compiled once, during a decode
         log.debug("gpufeed.Loader: jpeg decoders %s", " + ".join(self.scheduler.names))
 
@@ -103,10 +105,13 @@ class JpegBatcher:
         """(images, labels, the store index of each sample: a failed one's replacement's). `ahead`: this
         pipeline's next batches: the first is started now (its CPU share decoded while this batch is
         finished), the files of the second (a folder read in place) read meanwhile."""
+        now, waited = time.perf_counter(), self.loader.counters.seconds("wait")  # the loop's waits for batches
+        pace = None if self._asked_at is None else Pace(waited - self._waited, now - self._asked_at)
+        self._asked_at, self._waited = now, waited
         with stage_range("gpufeed.decode+resize", self.stream is not None):
-            return self._make(idx, params, ahead)
+            return self._make(idx, params, ahead, pace)
 
-    def _make(self, idx: torch.Tensor, params: Params, ahead: tuple[Upcoming, ...] = ()
+    def _make(self, idx: torch.Tensor, params: Params, ahead: tuple[Upcoming, ...] = (), pace: Pace | None = None
               ) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
         """Host-side bookkeeping is numpy: see `gpufeed.decode.base` for why."""
         i = idx.numpy()
@@ -114,7 +119,7 @@ class JpegBatcher:
         if ahead:
             following = ahead[0].indices.numpy()
             self._forget_next()
-            self._next = following, self._start(following, ahead[0].params)
+            self._next = following, self._start(following, ahead[0].params, pace)
         if self._folder and len(ahead) > 1:  # read while this batch and the next decode
             later = ahead[1].indices.numpy()
             self._reads.append(ReadAhead(later, self.loader.store.read_later(later)))
@@ -157,12 +162,12 @@ class JpegBatcher:
                 return started
         return self._start(i, params)
 
-    def _start(self, i: np.ndarray, params: Params) -> Started:
+    def _start(self, i: np.ndarray, params: Params, pace: Pace | None = None) -> Started:
         """Read batch `i`'s bytes and hand the scheduler the batch (its CPU share starts decoding)."""
         t0 = time.perf_counter()
         batch = self._encoded(i)
         self.loader.counters.add("read", time.perf_counter() - t0, int((batch.ends - batch.begins).sum()))
-        return self.scheduler.start(batch, self._shapes[i], params.boxes.numpy().copy(), params.out_hw)
+        return self.scheduler.start(batch, self._shapes[i], params.boxes.numpy().copy(), params.out_hw, pace)
 
     def _forget_next(self) -> None:
         """Drop a started batch nobody asked for (an epoch left early, a batch made again)."""

@@ -94,8 +94,9 @@ class Loader:
         gather_threads: disk tier: CPU threads gathering rows (default min(8, cores)).
         on_error: jpeg: "skip" replaces an undecodable sample (warned once, counted), "raise" raises
             `DecodeError` naming it.
-        num_workers: jpeg: CPU decode worker processes (default: three quarters of this rank's cores
-            with a GPU, all of them on CPU; 0 decodes on threads of this process).
+        num_workers: jpeg: CPU decode worker processes (default with a GPU: this rank's cores but two,
+            or but an eighth of them if more; on CPU all of them; 0 decodes on threads of this
+            process). With a GPU they decode all they can, the GPU decoders what they can't.
         decoders: jpeg: names among "hw", "nvjpeg", "cuda", "cpu"; default one GPU decoder (the
             engines if nvImageCodec is installed, else nvJPEG) plus "cpu".
         pad: with `drop_last=False`, shards are padded by wrapping so every rank has as many batches

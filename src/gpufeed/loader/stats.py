@@ -49,6 +49,11 @@ class Stats:
             if stage == "wait" and seconds > 1e-3:
                 self._stalls += 1
 
+    def seconds(self, stage: str) -> float:
+        """The seconds added to `stage` so far."""
+        with self._lock:
+            return self._seconds.get(stage, 0.0)
+
     def count(self, images: int) -> None:
         with self._lock:
             self._images += images
