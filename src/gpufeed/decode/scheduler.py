@@ -12,12 +12,13 @@ a GPU share under `GPU_MIN_SHARE` of the batch goes to the CPU too. Beside a tra
 workers, in processes of their own, cost the model next to nothing, and the GPU decoders cost it
 more than a loop that waits a little (docs/benchmarks.md): so the CPU decodes all it can and the GPU
 decoders what it can't; alone, the part settles where the two finish together. The GPU decoders
-split theirs by their own rates (images/s, exponential averages). The first batch is split so that the CPU and the GPU decoders
-finish together, so the first batches come fast while the workers start. The CPU's rate is measured
-on every share: the worker processes' images over the seconds they spent decoding them (threads:
-from when they could begin the share to its last image), and every share holds an image per ready
-worker at least, so a rate measured low (workers starting, a stall) is measured again. Images a GPU
-decoder rejects (CMYK, some progressive files) are decoded on the CPU instead.
+split theirs by their own rates (images/s, exponential averages). The first batches are split so
+that the CPU and the GPU decoders finish together, so they come fast while the workers start. The
+CPU's rate is measured on every share: the worker processes' images over the seconds they spent
+decoding them (threads: from when they could begin the share to its last image), and every share
+holds an image per ready worker at least, so a rate measured low (workers starting, a stall) is
+measured again. Images a GPU decoder rejects (CMYK, some progressive files) are decoded on the CPU
+instead.
 
 Where the CPU can decode a crop alone (`cpu.roi_available`), its share is the batch's cheapest crops
 by `cpu.roi_cost` (near the top of their image, small): the GPU decoders decode whole images, so to
@@ -60,8 +61,9 @@ GPU_EARLY = True
 # the two finish together.
 GPU_STEP = 0.05
 STARVED = 0.3
-# a GPU share below this part of the batch goes to the CPU too: the engines' decode call costs the
-# model much the same for a few images as for many (benchmarks/train_bench.py rows take gpu_min=X)
+# a GPU share below this part of the batch goes to the CPU too: beside a model an engines' call takes
+# about 12 ms whatever its size (docs/benchmarks.md), so a small share spares the CPU little
+# (benchmarks/train_bench.py rows take gpu_min=X)
 GPU_MIN_SHARE = 0.25
 
 
@@ -94,7 +96,7 @@ class Scheduler:
         # the GPU decoders' part of each batch (`GPU_STEP`); None until a batch was made, when the
         # shares are set so that the CPU and the GPU decoders finish together
         self.gpu_part: float | None = None
-        self._cpu_wait = self._gpu_wait = 0.0  # the producer's waits for the CPU and GPU shares since
+        self._cpu_wait = self._gpu_wait = 0.0  # the producer's waits for the CPU's and GPU's shares since `_steer`
         self._cpu_free = 0.0  # when the CPU decoder finished its last share (a perf_counter)
         self._cpu_busy = 0.0  # the worker processes' decoding seconds at the last share collected
         self.counts: Counter = Counter()
