@@ -250,3 +250,14 @@ def test_a_jpeg_loader_is_made_without_importing_torchvision(jpeg_store):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_default_workers_leave_the_training_loop_two_cores_or_an_eighth(monkeypatch):
+    from gpufeed.loader.jpeg import default_workers
+
+    gpu, cpu = torch.device("cuda"), torch.device("cpu")
+    for cores, want in ((1, 1), (4, 2), (16, 14), (32, 28), (64, 56)):
+        monkeypatch.setattr("os.sched_getaffinity", lambda _pid, n=cores: set(range(n)))
+        assert default_workers(gpu) == want and default_workers(cpu) == cores
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # two ranks share the 64 cores
+    assert default_workers(gpu) == 28
