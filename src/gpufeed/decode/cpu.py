@@ -100,7 +100,8 @@ def decode_one(data: torch.Tensor, reduce_to: tuple[int, int] | None,
             pass
     if reduce_to is None:
         try:
-            return _io().decode_jpeg(data, mode=_io().ImageReadMode.RGB).permute(1, 2, 0).contiguous(), None, time.perf_counter()
+            io = _io()
+            return io.decode_jpeg(data, mode=io.ImageReadMode.RGB).permute(1, 2, 0).contiguous(), None, time.perf_counter()
         except RuntimeError:
             pass
     return _pillow(data, reduce_to), None, time.perf_counter()

@@ -52,13 +52,9 @@ STREAM_PRIORITY = 0
 # the caller's thread (as before; benchmarks/train_bench.py rows take gpu_early=False)
 GPU_EARLY = True
 
-# Once the producer has made a batch, the GPU decoders' part of each batch moves by `GPU_STEP` per
-# batch: up while the training loop waited for batches more than `STARVED` of the time between them
-# and the producer waited on the CPU more than on the GPU decoders, down otherwise. Beside a training
-# loop the CPU's workers, in processes of their own, cost the model next to nothing, and the engines
-# cost it more than a loop that waits a little for the CPU (docs/benchmarks.md): so the CPU decodes
-# all it can and the GPU decoders what it can't. Alone, the loop always waits: the part settles where
-# the two finish together.
+# the GPU decoders' part of each batch moves by GPU_STEP per batch (the module's docstring says why):
+# up while the training loop waited for batches more than STARVED of the time between them and the
+# producer waited on the CPU more than on the GPU decoders, down otherwise
 GPU_STEP = 0.05
 STARVED = 0.3
 # a GPU share below this part of the batch goes to the CPU too: beside a model an engines' call takes

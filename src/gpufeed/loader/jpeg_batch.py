@@ -76,8 +76,8 @@ class JpegBatcher:
         self.loader, self.on_error = loader, on_error
         store = loader.store
         self._shapes = np.asarray(store.shapes).view(np.ndarray).astype(np.int64)
-        self.scheduler = Scheduler(loader.device, threads, decoders, cpu, gpu_turn,
-                                   decoder_room(self._shapes, loader.batch_sampler.batch_size))
+        room = decoder_room(self._shapes, loader.batch_sampler.batch_size) if loader.device.type == "cuda" else None
+        self.scheduler = Scheduler(loader.device, threads, decoders, cpu, gpu_turn, room)
         self.fused = loader.device.type == "cuda" and _fused() is not None
         for dec in self.scheduler.gpu:  # the resize kernel converts the engines' YCbCr planes itself
             if dec.name == "hw":
