@@ -101,7 +101,8 @@ def decode_one(data: torch.Tensor, reduce_to: tuple[int, int] | None,
     if reduce_to is None:
         try:
             io = _io()
-            return io.decode_jpeg(data, mode=io.ImageReadMode.RGB).permute(1, 2, 0).contiguous(), None, time.perf_counter()
+            pixels_hwc = io.decode_jpeg(data, mode=io.ImageReadMode.RGB).permute(1, 2, 0).contiguous()
+            return pixels_hwc, None, time.perf_counter()
         except RuntimeError:
             pass
     return _pillow(data, reduce_to), None, time.perf_counter()
