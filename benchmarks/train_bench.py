@@ -67,9 +67,9 @@ KNOBS = {
     "gpu_early": ("gpufeed.decode.scheduler", "GPU_EARLY", bool),  # GPU shares decoded from `start` on a helper
     "compile_ahead": ("gpufeed.loader.jpeg_batch", "COMPILE_AHEAD", bool),  # kernels compiled during the first decode
     "planar": ("gpufeed.loader.jpeg_batch", "PLANAR", bool),  # the engines' 4:2:0 planes, converted in the resize
-    "gpu_min": ("gpufeed.decode.scheduler", "GPU_MIN_SHARE", float),  # smaller GPU shares go to the CPU
-    "gpu_step": ("gpufeed.decode.scheduler", "GPU_STEP", float),  # the GPU's part of a batch moves this per batch
-    "starved": ("gpufeed.decode.scheduler", "STARVED", float),  # the loop's waits that move work to the GPU
+    "gpu_min": ("gpufeed.decode.steering", "GPU_MIN_SHARE", float),  # smaller GPU shares go to the CPU
+    "gpu_step": ("gpufeed.decode.steering", "GPU_STEP", float),  # the GPU's part of a batch moves this per batch
+    "starved": ("gpufeed.decode.steering", "STARVED", float),  # the loop's waits that move work to the GPU
     "tickets": ("gpufeed.decode.workers", "TICKETS_PER_WORKER", int),  # tickets per ready worker in each CPU share
     # nvJPEG's allocations rounded up to this many MiB, device and page-locked
     "nv_pad": ("gpufeed.decode.nvimgcodec_api", ("DEVICE_PADDING", "PINNED_PADDING"), lambda mb: int(mb) << 20),

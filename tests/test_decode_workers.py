@@ -7,7 +7,6 @@ import logging
 import os
 import threading
 import time
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -23,6 +22,7 @@ from gpufeed.decode import pixels as pixels_module
 from gpufeed.decode.cpu import CpuDecoder
 from gpufeed.decode import workers as workers_module
 from gpufeed.decode.shares import Asks, Pace
+from gpufeed.decode.steering import Steering
 from gpufeed.decode.workers import DecodeWorkers
 from gpufeed.loader import tiers
 from gpufeed.store.reader import as_tensor
@@ -354,68 +354,64 @@ def test_no_room_for_a_shared_buffer_decodes_on_threads(store, monkeypatch, capl
 
 def test_cpu_share_follows_the_decoders_asked_for():
     scheduler = Scheduler(CPU, 1, ("nvjpeg",))
-    assert not scheduler.gpu and scheduler.cpu_share  # no GPU here: the CPU decodes everything anyway
+    assert not scheduler.gpu and scheduler.steering.cpu_share  # no GPU here: the CPU decodes everything anyway
     assert scheduler.shares(10) == [10]
-    scheduler.gpu, scheduler.cpu_share = [SimpleNamespace(name="nvjpeg")], False  # as on a GPU
-    scheduler.rates.update(nvjpeg=1000.0, cpu=1000.0)
-    assert scheduler.shares(11) == [11, 0]  # the CPU only decodes what the GPU decoder rejects
-    scheduler.cpu_share = True
-    scheduler.gpu_rate = 1000.0
-    assert scheduler.shares(10) == [5, 5]
     scheduler.close()
+    steering = Steering(["nvjpeg"], cpu_share=False)  # as on a GPU
+    steering.rates.update(nvjpeg=1000.0, cpu=1000.0)
+    assert steering.shares(11, 1) == [11, 0]  # the CPU only decodes what the GPU decoder rejects
+    steering.cpu_share = True
+    steering.gpu_rate = 1000.0
+    assert steering.shares(10, 1) == [5, 5]
 
 
 def test_cpu_share_is_set_against_the_gpu_decoders_together():
-    scheduler = Scheduler(CPU, 1, ("hw", "nvjpeg", "cpu"))
-    scheduler.gpu = [SimpleNamespace(name="hw"), SimpleNamespace(name="nvjpeg")]  # as on a GPU
-    scheduler.rates.update(hw=3000.0, nvjpeg=1000.0, cpu=500.0)
-    scheduler.gpu_rate = 2000.0  # together, slower than their own rates add up to
-    assert scheduler.shares(100) == [60, 20, 20]
-    scheduler.gpu_rate = 4000.0
-    assert scheduler.shares(9) == [6, 2, 1]
-    scheduler.cpu_share = False
-    assert scheduler.shares(7) == [5, 2, 0]
-    scheduler.close()
+    steering = Steering(["hw", "nvjpeg"], cpu_share=True)
+    steering.rates.update(hw=3000.0, nvjpeg=1000.0, cpu=500.0)
+    steering.gpu_rate = 2000.0  # together, slower than their own rates add up to
+    assert steering.shares(100, 1) == [60, 20, 20]
+    steering.gpu_rate = 4000.0
+    assert steering.shares(9, 1) == [6, 2, 1]
+    steering.cpu_share = False
+    assert steering.shares(7, 1) == [5, 2, 0]
 
 
 def test_the_gpu_part_is_steered_by_what_the_loop_and_the_producer_wait_for():
     """The first batches are split so that the CPU and the GPU decoders finish together; after, the
     GPU's part goes up while the training loop starves and the producer waits on the CPU more than on
     the GPU, down otherwise; GPU shares under GPU_MIN_SHARE go to the CPU."""
-    scheduler = Scheduler(CPU, 2, ("hw", "cpu"))
-    scheduler.gpu = [SimpleNamespace(name="hw")]  # as on a GPU
-    scheduler.rates.update(hw=3000.0, cpu=500.0)
-    scheduler.gpu_rate = 3000.0
-    assert scheduler.shares(100) == [75, 25]  # nothing made yet: both finish together
+    steering = Steering(["hw"], cpu_share=True)
+    steering.rates.update(hw=3000.0, cpu=500.0)
+    steering.gpu_rate = 3000.0
+    assert steering.shares(100, 2) == [75, 25]  # nothing made yet: both finish together
 
     def steer(starved=0.0, cpu_wait=0.0, gpu_wait=0.0):
-        scheduler._cpu_wait, scheduler._gpu_wait = cpu_wait, gpu_wait
-        scheduler._steer(Pace(starved, 0.02), 2)
-        return scheduler.gpu_part
+        steering.cpu_wait, steering.gpu_wait = cpu_wait, gpu_wait
+        steering.steer(Pace(starved, 0.02), 2)
+        return steering.gpu_part
 
-    scheduler._steer(None, 2)  # the first batch: nothing known
-    assert scheduler.gpu_part is None
+    steering.steer(None, 2)  # the first batch: nothing known
+    assert steering.gpu_part is None
     assert steer() == pytest.approx(0.75)  # then the part that finishes together
     assert steer(0.015, cpu_wait=0.004, gpu_wait=0.001) == pytest.approx(0.8)  # starved, waiting on the CPU
     assert steer(0.015, cpu_wait=0.001, gpu_wait=0.004) == pytest.approx(0.75)  # starved, waiting on the GPU
     assert steer(0.004, cpu_wait=0.004) == pytest.approx(0.7)  # the loop waited a little: less to the GPU
     for _ in range(9):  # the loop is fed: the CPU takes more and more
         steer()
-    assert scheduler.gpu_part == pytest.approx(0.25) and scheduler.shares(100) == [25, 75]
+    assert steering.gpu_part == pytest.approx(0.25) and steering.shares(100, 2) == [25, 75]
     steer()
-    assert scheduler.shares(100) == [0, 100]  # under GPU_MIN_SHARE: the CPU takes those too
+    assert steering.shares(100, 2) == [0, 100]  # under GPU_MIN_SHARE: the CPU takes those too
     for _ in range(30):
         steer()
-    assert scheduler.gpu_part == 0.0
-    scheduler.gpu_part, scheduler.rates["cpu"] = 0.9, 1.0  # a slow CPU still gets an image per thread,
-    assert scheduler.shares(100) == [90, 10]
-    scheduler.gpu_part = 1.0  # so its rate is measured again (a misestimate does not stick)
-    assert scheduler.shares(100) == [98, 2]
-    scheduler.rates["cpu"] = 500.0
-    scheduler._rate("cpu", 10, 0.001)  # rates average images and seconds apart: a short interval counts little
-    scheduler._rate("cpu", 10, 0.1)
-    assert scheduler.rates["cpu"] == pytest.approx(10 / (0.7 * 0.001 + 0.3 * 0.1))
-    scheduler.close()
+    assert steering.gpu_part == 0.0
+    steering.gpu_part, steering.rates["cpu"] = 0.9, 1.0  # a slow CPU still gets an image per thread,
+    assert steering.shares(100, 2) == [90, 10]
+    steering.gpu_part = 1.0  # so its rate is measured again (a misestimate does not stick)
+    assert steering.shares(100, 2) == [98, 2]
+    steering.rates["cpu"] = 500.0
+    steering.measured("cpu", 10, 0.001)  # rates average images and seconds apart: a short interval counts little
+    steering.measured("cpu", 10, 0.1)
+    assert steering.rates["cpu"] == pytest.approx(10 / (0.7 * 0.001 + 0.3 * 0.1))
 
 
 

@@ -17,6 +17,7 @@ from conftest import jpeg_bytes, save, smooth
 from gpufeed.augment import Normalize, RandomHorizontalFlip, RandomResizedCrop
 from gpufeed.decode import choice, cpu, scheduler, shares
 from gpufeed.decode.base import Decoded, Encoded, in_place, into_pixels
+from gpufeed.decode.steering import Steering
 from gpufeed.synth import natural_images
 
 needs_roi = pytest.mark.skipif(not cpu.roi_available(), reason="nvImageCodec not installed (the [nvimgcodec] extra)")
@@ -169,9 +170,9 @@ def _four_jpegs() -> tuple[Encoded, np.ndarray, np.ndarray]:
 def _as_on_a_gpu(s: scheduler.Scheduler) -> scheduler.Scheduler:
     """`s` as on a GPU: one GPU decoder, `hw` (the test stands in for its calls by patching
     `Scheduler._timed`), and set rates."""
-    s.gpu, s.cpu_share, s._streams = [SimpleNamespace(name="hw")], True, {"hw": None}
-    s.rates.update(hw=1000.0, cpu=1000.0)
-    s.gpu_rate = 1000.0
+    s.gpu, s._streams, s.steering = [SimpleNamespace(name="hw")], {"hw": None}, Steering(["hw"], cpu_share=True)
+    s.steering.rates.update(hw=1000.0, cpu=1000.0)
+    s.steering.gpu_rate = 1000.0
     return s
 
 
@@ -247,7 +248,7 @@ def test_a_started_batchs_gpu_share_decodes_on_a_helper_while_the_caller_goes_on
     s.drop(dropped)
     assert dropped.gpu_job.done()
     monkeypatch.setattr(scheduler, "GPU_EARLY", False)  # the share decoded in `finish`, on the caller's thread
-    s.rates["cpu"], calls = 1.0, len(threads)  # a slow CPU: the GPU decoder gets all but one image
+    s.steering.rates["cpu"], calls = 1.0, len(threads)  # a slow CPU: the GPU decoder gets all but one image
     parts, failed = s.finish(s.start(batch, shapes, boxes, (16, 16)), pin=False)
     assert not failed and len(threads) == calls + 1 and threads[-1] is threading.current_thread()
     s.close()
@@ -267,19 +268,20 @@ def test_a_dropped_batchs_failed_gpu_share_is_not_raised(monkeypatch):
     s.close()
 
 
-def test_the_cpu_rate_is_per_thread_the_share_was_given_to(monkeypatch):
-    """Workers that become ready while a share decodes do not dilute the CPU's measured rate: it is
-    the busiest thread's images (of those ready at `start`) over the share's time."""
+def test_the_cpu_rate_is_its_images_over_its_decoding_seconds(monkeypatch):
+    """The CPU's measured rate is per thread (or worker) while it decodes: workers that become ready
+    while a share decodes do not dilute it, nor does the time the share waits to be collected."""
     batch, shapes, boxes = _four_jpegs()
     monkeypatch.setattr(scheduler.Scheduler, "_timed", lambda self, dec, part_batch, part_shapes, stream:
                         (_on_the_cpu(self, part_batch), 0.01))
     s = _as_on_a_gpu(scheduler.Scheduler(torch.device("cpu"), 2))
-    s.rates["cpu"] = 1e6  # the CPU takes the whole batch
+    s.steering.rates["cpu"] = 1e6  # the CPU takes the whole batch
     started = s.start(batch, shapes, boxes, (16, 16))
-    assert started.cpu_threads == 2 and len(started.cpu_pos) == 4
+    assert len(started.cpu_pos) == 4
     s.cpu.threads = 12  # as if ten more workers became ready meanwhile
     parts, failed = s.finish(started, pin=False)
-    assert not failed and s._spent["cpu"][0] == 2  # four images on two threads: two each
+    images, seconds = s.steering._spent["cpu"]
+    assert not failed and images == 4 and 0 < seconds == s.cpu.busy_seconds
     s.close()
 
 

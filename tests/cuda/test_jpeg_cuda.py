@@ -131,8 +131,8 @@ def test_decode_workers_leave_the_gpu_alone(store):
 def test_the_cpu_share_is_the_cheapest_crops(store):
     sched = Scheduler(torch.device("cuda"), 2, ("nvjpeg", "cpu"))
     try:
-        sched.rates = {"nvjpeg": 3000.0, "cpu": 500.0}  # per CPU thread, of 2
-        sched.gpu_rate = 3000.0  # a quarter of every batch for the CPU
+        sched.steering.rates = {"nvjpeg": 3000.0, "cpu": 500.0}  # per CPU thread, of 2
+        sched.steering.gpu_rate = 3000.0  # a quarter of every batch for the CPU
         idx = np.arange(32)
         batch = Encoded.of(as_tensor(store.data), np.asarray(store.offsets), idx)
         shapes = np.asarray(store.shapes)[idx].astype(np.int64)

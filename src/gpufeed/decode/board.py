@@ -9,7 +9,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from gpufeed.decode import protocol
+from gpufeed.decode import pixels, protocol
+from gpufeed.decode.base import Decoded
 from gpufeed.decode.segment import Segment
 from gpufeed.decode.shares import Asks
 
@@ -76,6 +77,23 @@ class Board:
         regions = rows["decoded_region"][kept].astype(np.int64)
         last = float(rows["done"][kept].max()) if len(kept) else 0.0
         return Results(kept, sizes, regions, rows["at"][kept], failed, last, int(cut.sum()))
+
+    def answer(self, start: int, positions: list[int], part: Decoded, asks: Asks, segment: Segment,
+               done: float) -> None:
+        """Complete rows `start + positions` with `part`, their images as a thread decoder made them
+        (on the CPU, in order, finished at `done`), as a worker would: pixels into `segment`, a region
+        asked for and decoded whole cut to it."""
+        images = iter(zip(part.offsets.tolist(), part.sizes.tolist(), part.regions.tolist()))
+        for k, p in enumerate(positions):
+            row = self.rows[start + p : start + p + 1]
+            if k in part.failed:
+                protocol.failed(row, part.failed[k])
+                continue
+            offset, (h, w), region = next(images)
+            image = part.base[offset : offset + h * w * 3].numpy().reshape(h, w, 3)
+            asked = protocol.asked(asks.reduce_to[p].tolist(), asks.regions[p].tolist())
+            image, region, cut = pixels.as_asked(image, tuple(region) if region[0] >= 0 else None, *asked)
+            protocol.answer(row, segment.tensor.numpy(), image, region, done, cut)
 
     def owner(self, row: int) -> int:
         """The worker that took `row`'s ticket, or -1."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -117,6 +118,8 @@ class CpuDecoder:
         self.threads = max(1, threads)
         self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="gpufeed-decode")
         self.last_done = 0.0  # when the last image of the last `collect` finished decoding
+        self.busy_seconds = 0.0  # the threads' seconds decoding, summed (their rate is images over these)
+        self._busy_lock = threading.Lock()
         self._staging: PinnedStaging | None = None  # used from the one thread that calls `collect`
 
     def submit(self, batch: Encoded, shapes, asks: Asks | None = None):
@@ -124,7 +127,15 @@ class CpuDecoder:
         futures (one per image) for `collect`. (`shapes`, the sizes the store records, are for decoders
         that reserve room up front; threads don't need them.)"""
         each = (asks if asks is not None else Asks.whole(len(batch))).each()
-        return [self._pool.submit(decode_one, d, *ask) for d, ask in zip(batch.tensors(), each)]
+        return [self._pool.submit(self._timed, d, *ask) for d, ask in zip(batch.tensors(), each)]
+
+    def _timed(self, data: torch.Tensor, reduce_to, region) -> tuple[torch.Tensor, Region | None, float]:
+        began = time.perf_counter()
+        try:
+            return decode_one(data, reduce_to, region)
+        finally:
+            with self._busy_lock:
+                self.busy_seconds += time.perf_counter() - began
 
     def collect(self, futures, device: torch.device, pin: bool) -> Decoded:
         """Wait for `submit`'s futures and put the images (HWC) back to back where `device` reads them

@@ -6,19 +6,10 @@ batch k+1 before it finishes batch k, so the workers and the GPU decoders decode
 the producer thread resizes and hands batches over: its cycle is the slower decoder's time per
 batch, not the sum of the GPU decode, the wait for the CPU and the resize.
 
-The shares: the GPU decoders take a part of each batch that is steered after every batch
-(`GPU_STEP`): up while the training loop starves and the producer waits on the CPU, down otherwise;
-a GPU share under `GPU_MIN_SHARE` of the batch goes to the CPU too. Beside a training loop the CPU's
-workers, in processes of their own, cost the model next to nothing, and the GPU decoders cost it
-more than a loop that waits a little (docs/benchmarks.md): so the CPU decodes all it can and the GPU
-decoders what it can't; alone, the part settles where the two finish together. The GPU decoders
-split theirs by their own rates (images/s, exponential averages). The first batches are split so
-that the CPU and the GPU decoders finish together, so they come fast while the workers start. The
-CPU's rate is measured on every share: the worker processes' images over the seconds they spent
-decoding them (threads: from when they could begin the share to its last image), and every share
-holds an image per ready worker at least, so a rate measured low (workers starting, a stall) is
-measured again. Images a GPU decoder rejects (CMYK, some progressive files) are decoded on the CPU
-instead.
+The shares follow `steering.Steering`: beside a training loop the CPU decodes all it can and the
+GPU decoders what it can't. The CPU's rate is measured on every share: its threads' or worker
+processes' images over the seconds they spent decoding them (`busy_seconds`). Images a GPU decoder
+rejects (CMYK, some progressive files) are decoded on the CPU instead.
 
 Where the CPU can decode a crop alone (`cpu.roi_available`), its share is the batch's cheapest crops
 by `cpu.roi_cost` (near the top of their image, small): the GPU decoders decode whole images, so to
@@ -28,7 +19,6 @@ them every image costs the same.
 from __future__ import annotations
 
 import contextlib
-import math
 import threading
 import time
 from collections import Counter
@@ -38,10 +28,11 @@ import numpy as np
 import torch
 
 from gpufeed.decode.base import Decoded, Encoded, WorkersStopped
-from gpufeed.decode.choice import DEFAULT, START_RATES, gpu_decoders, warn_once
+from gpufeed.decode.choice import DEFAULT, gpu_decoders, warn_once
 from gpufeed.decode.cpu import CpuDecoder, roi_available, roi_cost
 from gpufeed.decode.protocol import NO_REGION
 from gpufeed.decode.shares import Asks, GpuShare, GpuShares, Pace, Started, crop_regions, reduce_to
+from gpufeed.decode.steering import Steering
 
 # CUDA priority of the JPEG path's streams (decoders' and the batch's). 0 is the default streams'
 # (and a training loop's) priority, the lowest; negative numbers go ahead of it. Measured in
@@ -51,16 +42,6 @@ STREAM_PRIORITY = 0
 # True: a batch's GPU share is decoded from `start` on, on the helper thread; False: in `finish`, on
 # the caller's thread (as before; benchmarks/train_bench.py rows take gpu_early=False)
 GPU_EARLY = True
-
-# the GPU decoders' part of each batch moves by GPU_STEP per batch (the module's docstring says why):
-# up while the training loop waited for batches more than STARVED of the time between them and the
-# producer waited on the CPU more than on the GPU decoders, down otherwise
-GPU_STEP = 0.05
-STARVED = 0.3
-# a GPU share below this part of the batch goes to the CPU too: beside a model an engines' call takes
-# about 12 ms whatever its size (docs/benchmarks.md), so a small share spares the CPU little
-# (benchmarks/train_bench.py rows take gpu_min=X)
-GPU_MIN_SHARE = 0.25
 
 
 class Scheduler:
@@ -80,21 +61,11 @@ class Scheduler:
         self._own_cpu = cpu is None
         self.gpu = gpu_decoders(device, use, cpu_threads, room)
         # else the CPU decodes only what GPU decoders reject
-        self.cpu_share = "cpu" in (DEFAULT if use is None else use) or not self.gpu
+        cpu_share = "cpu" in (DEFAULT if use is None else use) or not self.gpu
+        self.steering = Steering([d.name for d in self.gpu], cpu_share)
         self.roi = roi_available()  # the workers, if processes, run in this interpreter's environment
-        # the CPU's rate is per decoding thread or worker: workers become ready while batches are made
-        self.rates = {d.name: START_RATES[d.name] for d in self.gpu} | {"cpu": 300.0}
-        self._spent: dict[str, tuple[float, float]] = {}  # per decoder: averaged images and seconds
-        # the GPU decoders together: images per second of a batch until the last of them is done.
-        # Below the sum of their own rates (starting them, handing results back); the CPU's share is
-        # set against it, so the CPU finishes with the GPU rather than with the GPU decoders' calls
-        self.gpu_rate = sum(self.rates[d.name] for d in self.gpu)
-        # the GPU decoders' part of each batch (`GPU_STEP`); None until a batch was made, when the
-        # shares are set so that the CPU and the GPU decoders finish together
-        self.gpu_part: float | None = None
-        self._cpu_wait = self._gpu_wait = 0.0  # the producer's waits for the CPU's and GPU's shares since `_steer`
         self._cpu_free = 0.0  # when the CPU decoder finished its last share (a perf_counter)
-        self._cpu_busy = 0.0  # the worker processes' decoding seconds at the last share collected
+        self._cpu_busy = 0.0  # the CPU decoder's decoding seconds at the last share collected
         self.counts: Counter = Counter()
         # per batch, summed: "gpu" from the GPU decoders' start until the last is done, "gpu_wait" the
         # caller's wait for them in `finish`, "cpu" the CPU part's work after that; each decoder's own
@@ -112,29 +83,9 @@ class Scheduler:
         return [d.name for d in self.gpu] + [self.cpu.name]
 
     def shares(self, n: int, threads: int | None = None) -> list[int]:
-        """Images per decoder (GPU decoders in order, then the CPU) for a batch of `n`: the GPU decoders
-        `gpu_part` of it (none under `GPU_MIN_SHARE`; before it is known, what makes the CPU's
-        `threads` (default: those ready now) and the GPU decoders finish together), split by their own
-        rates; the CPU the rest, and at least one image per thread, so its rate is always measured anew."""
-        if not self.gpu:
-            return [n]
-        threads = self.cpu.threads if threads is None else threads
-        cpu = 0
-        if self.cpu_share:
-            if self.gpu_part is None:
-                gpu = round(n * self._together(threads))
-            else:
-                gpu = round(n * self.gpu_part)
-                gpu = 0 if gpu < GPU_MIN_SHARE * n else gpu
-            cpu = min(n, max(n - gpu, threads))
-        own = np.cumsum([self.rates[d.name] for d in self.gpu])
-        bounds = np.rint((n - cpu) * own / own[-1]).astype(np.int64)
-        return np.diff(bounds, prepend=0).tolist() + [cpu]
-
-    def _together(self, threads: int) -> float:
-        """The GPU decoders' part of a batch for which they and the CPU's `threads` finish together."""
-        rate = self.rates["cpu"] * threads
-        return self.gpu_rate / (rate + self.gpu_rate)
+        """Images per decoder (GPU decoders in order, then the CPU) for a batch of `n` (`Steering.shares`;
+        `threads` default: the CPU's ready now)."""
+        return self.steering.shares(n, self.cpu.threads if threads is None else threads)
 
     def run(self, batch: Encoded, shapes: np.ndarray, boxes: np.ndarray, out_hw: tuple[int, int],
             pin: bool) -> tuple[list[tuple[Decoded, np.ndarray]], dict[int, str]]:
@@ -148,7 +99,7 @@ class Scheduler:
         while the caller goes on. `pace`: what the caller and its consumer waited for since the last
         batch (None: nothing known yet)."""
         threads = self.cpu.threads  # read once: workers become ready while batches are made
-        self._steer(pace, threads)
+        self.steering.steer(pace, threads)
         shares = self.shares(len(batch), threads)
         starts = np.cumsum([0] + shares)
         regions = crop_regions(shapes, boxes)
@@ -162,19 +113,7 @@ class Scheduler:
         if self.gpu and GPU_EARLY:  # one thread: batches' GPU shares are decoded one after another
             self._early = self._early or ThreadPoolExecutor(1, thread_name_prefix="gpufeed-gpushare")
             gpu_job = self._early.submit(self._decode_gpu, batch, shapes, order, starts)
-        return Started(batch, shapes, boxes, out_hw, order, starts, regions, cost, asks, job, submitted, gpu_job,
-                       threads)
-
-    def _steer(self, pace: Pace | None, threads: int) -> None:
-        """Move `gpu_part` by `GPU_STEP` after the producer's last batch (see `GPU_STEP`)."""
-        if pace is not None and self.cpu_share and self.gpu:
-            if self.gpu_part is None:
-                self.gpu_part = self._together(threads)
-            elif pace.starved > STARVED * pace.interval and self._cpu_wait > self._gpu_wait:
-                self.gpu_part = min(1.0, self.gpu_part + GPU_STEP)
-            else:
-                self.gpu_part = max(0.0, self.gpu_part - GPU_STEP)
-        self._cpu_wait, self._gpu_wait = 0.0, 0.0
+        return Started(batch, shapes, boxes, out_hw, order, starts, regions, cost, asks, job, submitted, gpu_job)
 
     def finish(self, started: Started, pin: bool) -> tuple[list[tuple[Decoded, np.ndarray]], dict[int, str]]:
         """Wait for the GPU decoders' shares of a started batch (decode them now if they were not started)
@@ -186,19 +125,19 @@ class Scheduler:
         else:
             gpu = self._decode_gpu(batch, shapes, started.order, starts)
         t_cpu = time.perf_counter()
-        self._gpu_wait += t_cpu - t0
+        self.steering.gpu_wait += t_cpu - t0
         self.seconds["gpu_wait"] += t_cpu - t0  # the caller's wait for the GPU shares
         parts, failed, retry = [], {}, []
         for share in gpu.shares:
             dec, pos, part = share.decoder, share.positions, share.part
             self.seconds[dec.name] += share.seconds
-            self._rate(dec.name, len(pos) - len(part.failed), share.seconds)
+            self.steering.measured(dec.name, len(pos) - len(part.failed), share.seconds)
             self.counts[dec.name] += len(pos) - len(part.failed)
             parts.append((part, pos[part.kept(len(pos))]))
             retry += [(int(pos[k]), f"{dec.name}: {why}") for k, why in part.failed.items()]
         self.seconds["gpu"] += gpu.seconds
         if gpu.shares:
-            self.gpu_rate = 0.7 * self.gpu_rate + 0.3 * (starts[-2] - len(retry)) / max(gpu.seconds, 1e-6)
+            self.steering.gpu_done(starts[-2] - len(retry), gpu.seconds)
         if retry:  # rejected by a GPU decoder: the CPU decodes them instead
             self.counts["cpu_fallback"] += len(retry)
             again = np.array([p for p, _ in retry])
@@ -211,17 +150,14 @@ class Scheduler:
         t_wait = time.perf_counter()
         cpu_part = self.cpu.collect(started.cpu_job, self.device, pin)
         waited = time.perf_counter() - t_wait
-        self._cpu_wait += waited
+        self.steering.cpu_wait += waited
         self.seconds["cpu_wait"] += waited
         self._decoded_whole(started.cpu_asks, cpu_part, len(cpu_pos))
         if len(cpu_pos):
             begun = max(started.submitted, self._cpu_free)
-            busy = getattr(self.cpu, "busy", {}).get("workers_wall", 0.0)  # worker processes' decoding seconds
-            if busy > self._cpu_busy:  # a worker's rate while it decodes
-                self._rate("cpu", len(cpu_pos), busy - self._cpu_busy)
-                self._cpu_busy = busy
-            else:  # threads: the rate from when they could begin this share (the busiest's images)
-                self._rate("cpu", math.ceil(len(cpu_pos) / max(1, started.cpu_threads)), self.cpu.last_done - begun)
+            busy = self.cpu.busy_seconds  # the rate of a thread or worker while it decodes
+            self.steering.measured("cpu", len(cpu_pos), busy - self._cpu_busy)
+            self._cpu_busy = busy
             self.seconds["cpu_threads"] += max(0.0, self.cpu.last_done - begun)
             self.seconds["cpu_submitted_to_done"] += max(0.0, self.cpu.last_done - started.submitted)
             self._cpu_free = self.cpu.last_done
@@ -242,7 +178,7 @@ class Scheduler:
 
     def snapshot(self) -> dict:
         """Images decoded, rates and seconds so far, as plain dicts: what `summed` adds up over pipelines."""
-        rates = self.rates | {"cpu": self.rates["cpu"] * max(1, self.cpu.threads)}
+        rates = self.steering.rates | {"cpu": self.steering.rates["cpu"] * max(1, self.cpu.threads)}
         return {"counts": dict(self.counts), "rates": rates,
                 "seconds": dict(self.seconds)}
 
@@ -293,15 +229,6 @@ class Scheduler:
             part = dec.decode(batch, shapes)
             stream.synchronize()
         return part, time.perf_counter() - t0
-
-    def _rate(self, name: str, images: float, seconds: float) -> None:
-        """Fold one measurement into `rates[name]`: images and seconds are averaged apart (exponentially)
-        and divided, so one short interval does not inflate the rate as an average of ratios would."""
-        if images and seconds > 0:
-            spent = self._spent.get(name)
-            spent = (images, seconds) if spent is None else (0.7 * spent[0] + 0.3 * images, 0.7 * spent[1] + 0.3 * seconds)
-            self._spent[name] = spent
-            self.rates[name] = spent[0] / spent[1]
 
     def close(self) -> None:
         if self._own_cpu:  # a shared CPU decoder (the worker processes) is its owner's to stop

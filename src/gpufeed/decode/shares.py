@@ -40,7 +40,6 @@ class Started:
     cpu_job: Any  # the CPU decoder's handle for `collect`
     submitted: float  # perf_counter
     gpu_job: Future | None  # the GPU shares being decoded (`GpuShares`), or None: decoded in `finish`
-    cpu_threads: int  # the CPU decoder's ready threads (workers) when the CPU share was handed over
 
     @property
     def cpu_pos(self) -> np.ndarray:

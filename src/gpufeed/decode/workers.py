@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from gpufeed.decode import pixels, protocol, spawn
+from gpufeed.decode import protocol, spawn
 from gpufeed.decode.board import Board
 from gpufeed.decode.relay import Relay
 from gpufeed.decode.base import Decoded, Encoded, PinnedStaging, WorkersStopped, hwc_strides, in_place, to_device
@@ -126,6 +126,12 @@ class DecodeWorkers:
     def threads(self) -> int:
         """Workers ready to decode (0 while they start): the scheduler sizes the CPU's share by it."""
         return len(self._relay.live(self._answered, self._died))
+
+    @property
+    def busy_seconds(self) -> float:
+        """The workers' seconds decoding, summed (a worker's rate is images over these), and those of
+        the threads that decoded what no worker could."""
+        return self.busy["workers_wall"] + sum(threads.busy_seconds for threads in self._thread_decoders)
 
     @property
     def last_done(self) -> float:
@@ -281,17 +287,7 @@ class DecodeWorkers:
         threads = self._fallback()
         part = threads.collect(threads.submit(job.batch.take(positions), None, job.asks.take(positions)),
                                torch.device("cpu"), False)
-        images = iter(zip(part.offsets.tolist(), part.sizes.tolist(), part.regions.tolist()))
-        for k, p in enumerate(positions):
-            row = self._board.rows[job.start + p : job.start + p + 1]
-            if k in part.failed:
-                protocol.failed(row, part.failed[k])
-                continue
-            offset, (h, w), region = next(images)
-            image = part.base[offset : offset + h * w * 3].numpy().reshape(h, w, 3)
-            asked = protocol.asked(job.asks.reduce_to[p].tolist(), job.asks.regions[p].tolist())
-            image, region, cut = pixels.as_asked(image, tuple(region) if region[0] >= 0 else None, *asked)
-            protocol.answer(row, job.segment.tensor.numpy(), image, region, threads.last_done, cut)
+        self._board.answer(job.start, positions, part, job.asks, job.segment, threads.last_done)
 
     def _fallback(self) -> CpuDecoder:
         """This thread's decoder on threads (a thread decoder serves one caller at a time)."""

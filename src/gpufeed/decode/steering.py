@@ -1,0 +1,97 @@
+"""How much of each batch each decoder gets: the rule `Scheduler` follows, apart from the decoding.
+
+The GPU decoders take a part of each batch that is steered after every batch (`GPU_STEP`): up while
+the training loop starves and the producer waits on the CPU, down otherwise; a GPU share under
+`GPU_MIN_SHARE` of the batch goes to the CPU too. Beside a training loop the CPU's workers, in
+processes of their own, cost the model next to nothing, and the GPU decoders cost it more than a loop
+that waits a little (docs/benchmarks.md): so the CPU decodes all it can and the GPU decoders what it
+can't; alone, the part settles where the two finish together. The GPU decoders split theirs by their
+own rates (images/s, exponential averages). The first batches are split so that the CPU and the GPU
+decoders finish together, so they come fast while the workers start. The CPU's rate is per thread
+or worker, and every CPU share holds an image per ready one at least, so a rate measured low
+(workers starting, a stall) is measured again.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gpufeed.decode.choice import START_RATES
+from gpufeed.decode.shares import Pace
+
+# the GPU decoders' part of each batch moves by GPU_STEP per batch: up while the training loop waited
+# for batches more than STARVED of the time between them and the producer waited on the CPU more than
+# on the GPU decoders, down otherwise (benchmarks/train_bench.py rows take gpu_step=X, starved=X)
+GPU_STEP = 0.05
+STARVED = 0.3
+# a GPU share below this part of the batch goes to the CPU too: beside a model an engines' call takes
+# about 12 ms whatever its size (docs/benchmarks.md), so a small share spares the CPU little
+# (benchmarks/train_bench.py rows take gpu_min=X)
+GPU_MIN_SHARE = 0.25
+CPU_START_RATE = 300.0  # images/s per thread or worker, until one was measured
+
+
+class Steering:
+    """The shares of a batch for GPU decoders named `gpu` (in order) and the CPU; `cpu_share` False:
+    the CPU decodes only what the GPU decoders reject."""
+
+    def __init__(self, gpu: list[str], cpu_share: bool):
+        self.gpu, self.cpu_share = gpu, cpu_share
+        self.rates = {name: START_RATES[name] for name in gpu} | {"cpu": CPU_START_RATE}
+        self._spent: dict[str, tuple[float, float]] = {}  # per decoder: averaged images and seconds
+        # the GPU decoders together: images per second of a batch until the last of them is done.
+        # Below the sum of their own rates (starting them, handing results back); the CPU's share is
+        # set against it, so the CPU finishes with the GPU rather than with the GPU decoders' calls
+        self.gpu_rate = sum(self.rates[name] for name in gpu)
+        # the GPU decoders' part of each batch; None until a batch was made, when the shares are set so
+        # that the CPU and the GPU decoders finish together
+        self.gpu_part: float | None = None
+        self.cpu_wait = self.gpu_wait = 0.0  # the producer's waits for the CPU's and GPU's shares since `steer`
+
+    def shares(self, n: int, threads: int) -> list[int]:
+        """Images per decoder (GPU decoders in order, then the CPU) for a batch of `n`: the GPU decoders
+        `gpu_part` of it (none under `GPU_MIN_SHARE`; before it is known, what makes the CPU's
+        `threads` and the GPU decoders finish together), split by their own rates; the CPU the rest,
+        and at least one image per thread, so its rate is always measured anew."""
+        if not self.gpu:
+            return [n]
+        cpu = 0
+        if self.cpu_share:
+            if self.gpu_part is None:
+                gpu = round(n * self.together(threads))
+            else:
+                gpu = round(n * self.gpu_part)
+                gpu = 0 if gpu < GPU_MIN_SHARE * n else gpu
+            cpu = min(n, max(n - gpu, threads))
+        own = np.cumsum([self.rates[name] for name in self.gpu])
+        bounds = np.rint((n - cpu) * own / own[-1]).astype(np.int64)
+        return np.diff(bounds, prepend=0).tolist() + [cpu]
+
+    def together(self, threads: int) -> float:
+        """The GPU decoders' part of a batch for which they and the CPU's `threads` finish together."""
+        return self.gpu_rate / (self.rates["cpu"] * threads + self.gpu_rate)
+
+    def steer(self, pace: Pace | None, threads: int) -> None:
+        """Move `gpu_part` by `GPU_STEP` after the producer's last batch (see `GPU_STEP`); `pace` None:
+        nothing known yet."""
+        if pace is not None and self.cpu_share and self.gpu:
+            if self.gpu_part is None:
+                self.gpu_part = self.together(threads)
+            elif pace.starved > STARVED * pace.interval and self.cpu_wait > self.gpu_wait:
+                self.gpu_part = min(1.0, self.gpu_part + GPU_STEP)
+            else:
+                self.gpu_part = max(0.0, self.gpu_part - GPU_STEP)
+        self.cpu_wait, self.gpu_wait = 0.0, 0.0
+
+    def measured(self, name: str, images: float, seconds: float) -> None:
+        """Fold one measurement into `rates[name]`: images and seconds are averaged apart (exponentially)
+        and divided, so one short interval does not inflate the rate as an average of ratios would."""
+        if images and seconds > 0:
+            spent = self._spent.get(name)
+            spent = (images, seconds) if spent is None else (0.7 * spent[0] + 0.3 * images, 0.7 * spent[1] + 0.3 * seconds)
+            self._spent[name] = spent
+            self.rates[name] = spent[0] / spent[1]
+
+    def gpu_done(self, images: int, seconds: float) -> None:
+        """The GPU decoders made `images` of a batch in `seconds`, from their start until the last was done."""
+        self.gpu_rate = 0.7 * self.gpu_rate + 0.3 * images / max(seconds, 1e-6)
