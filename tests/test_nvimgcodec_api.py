@@ -7,6 +7,8 @@ from __future__ import annotations
 import ctypes as C
 import importlib.util
 import io
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -29,6 +31,17 @@ def test_structures_are_laid_out_as_the_header_says():
             C.sizeof(api.InstanceCreateInfo)) == (80, 72, 64, 32, 32, 32, 64)
     assert (C.sizeof(api.DeviceAllocator), api.DeviceAllocator.device_mem_padding.offset, C.sizeof(api.PinnedAllocator),
             api.PinnedAllocator.pinned_mem_padding.offset) == (56, 48, 56, 48)
+    assert (C.sizeof(api.Properties), C.sizeof(api.ExtensionDesc), api.ExtensionDesc.version.offset,
+            api.ExtensionDesc.create.offset) == (32, 64, 40, 48)
+
+
+@pytest.mark.skipif(not importlib.util.find_spec("nvidia.nvimgcodec"), reason="needs nvImageCodec")
+def test_the_library_opens_with_its_jpeg_extensions_alone_without_its_python_module():
+    """Its Python module's import loads every extension (a second of a Loader's start on a GPU host)."""
+    code = ("import sys; from gpufeed.decode import nvimgcodec_api as api; lib, instance = api.open_library(); "
+            "print(bool(instance), 'nvidia.nvimgcodec' in sys.modules, len(api._EXTENSIONS))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.split() == ["True", "False", str(len(api.EXTENSIONS))], done.stderr
 
 
 @pytest.mark.skipif(not importlib.util.find_spec("nvidia.nvimgcodec"), reason="needs nvImageCodec")

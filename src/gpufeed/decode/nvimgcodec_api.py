@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes as C
 import functools
+import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -24,8 +25,10 @@ MAX_PLANES, NAME_SIZE = 32, 256
 DEVICE_CPU_ONLY = -99999
 
 # nvimgcodecStructureType_t
-T_INSTANCE_CREATE_INFO, T_DEVICE_ALLOCATOR, T_PINNED_ALLOCATOR, T_DECODE_PARAMS, T_IMAGE_INFO = 2, 3, 4, 5, 11
-T_BACKEND, T_BACKEND_PARAMS, T_EXECUTION_PARAMS = 17, 29, 30
+T_PROPERTIES, T_INSTANCE_CREATE_INFO, T_DEVICE_ALLOCATOR, T_PINNED_ALLOCATOR, T_DECODE_PARAMS = 1, 2, 3, 4, 5
+T_IMAGE_INFO, T_BACKEND, T_EXTENSION_DESC, T_BACKEND_PARAMS, T_EXECUTION_PARAMS = 11, 17, 27, 29, 30
+# the extensions an instance loads: nvJPEG's (the `hw` and `cuda` backends) and libjpeg-turbo's (`cpu`)
+EXTENSIONS = ("libnvjpeg_ext.so", "libjpeg_turbo_ext.so")
 BACKENDS = {"cpu": 1, "cuda": 3, "hw": 4}  # nvimgcodecBackendKind_t: CPU_ONLY, HYBRID_CPU_GPU, HW_GPU_ONLY
 LOAD_HINT_FIXED = 2
 COLORSPEC_SRGB, COLORSPEC_SYCC, SAMPLING_NONE, SAMPLING_420, SAMPLEFORMAT_I_RGB, UINT8 = 1, 3, 0, 3, 8, 0x0802
@@ -68,6 +71,10 @@ ExecutionParams = _struct("ExecutionParams", [
     ("device_allocator", C.c_void_p), ("pinned_allocator", C.c_void_p), ("max_num_cpu_threads", C.c_int),
     ("executor", C.c_void_p), ("device_id", C.c_int), ("pre_init", C.c_int), ("skip_pre_sync", C.c_int),
     ("num_backends", C.c_int), ("backends", C.POINTER(Backend))])
+Properties = _struct("Properties", [("version", C.c_uint32), ("cudart_version", C.c_uint32)])
+ExtensionDesc = _struct("ExtensionDesc", [("instance", C.c_void_p), ("id", C.c_char_p), ("version", C.c_uint32),
+                                          ("ext_api_version", C.c_uint32), ("create", C.c_void_p),
+                                          ("destroy", C.c_void_p)])
 InstanceCreateInfo = _struct("InstanceCreateInfo", [
     ("load_builtin_modules", C.c_int), ("load_extension_modules", C.c_int), ("extension_modules_path", C.c_char_p),
     ("create_debug_messenger", C.c_int), ("debug_messenger_desc", C.c_void_p), ("message_severity", C.c_uint32),
@@ -97,7 +104,9 @@ class Library:
         self.fast, self.slow = C.PyDLL(path), C.CDLL(path)
         vp, pp = C.c_void_p, C.POINTER(C.c_void_p)
         for lib in (self.fast, self.slow):
+            lib.nvimgcodecGetProperties.argtypes = [C.POINTER(Properties)]
             lib.nvimgcodecInstanceCreate.argtypes = [pp, C.POINTER(InstanceCreateInfo)]
+            lib.nvimgcodecExtensionCreate.argtypes = [vp, pp, C.POINTER(ExtensionDesc)]
             lib.nvimgcodecDecoderCreate.argtypes = [vp, pp, C.POINTER(ExecutionParams), C.c_char_p]
             lib.nvimgcodecDecoderDestroy.argtypes = [vp]
             # per-image calls take the handle's address as an int: no ctypes objects made per image
@@ -117,20 +126,41 @@ def check(status: int, what: str) -> None:
         raise RuntimeError(f"nvImageCodec: {what} failed (status {status})")
 
 
+_EXTENSIONS: list = []
+
+
 @functools.cache
 def open_library() -> tuple[Library, int]:
-    """The library of the installed `nvidia.nvimgcodec` and an instance of it (kept for the process)."""
-    from gpufeed.decode.pixels import nvimgcodec, quiet_codecs
+    """The library of the installed `nvidia.nvimgcodec` and an instance of it with its JPEG extensions
+    alone (`EXTENSIONS`), kept for the process. Its Python module is not imported: that makes an
+    instance with every extension (JPEG 2000, TIFF, OpenCV, ...), which took about half of a GPU
+    Loader's start (docs/benchmarks.md). ImportError where it is not installed."""
+    from gpufeed.decode.pixels import quiet_codecs
 
-    module = nvimgcodec()  # loads the library and its dependencies (nvJPEG, the CUDA runtime)
-    if not module.__version__.startswith(SUPPORTED):
-        raise RuntimeError(f"nvImageCodec {module.__version__}: gpufeed's C calls are for {' or '.join(SUPPORTED)}x")
-    lib = Library(str(Path(module.__file__).parent / "libnvimgcodec.so.0"))
-    info = _filled(InstanceCreateInfo, T_INSTANCE_CREATE_INFO, load_builtin_modules=1, load_extension_modules=1)
+    spec = importlib.util.find_spec("nvidia.nvimgcodec")
+    if spec is None or spec.origin is None:
+        raise ImportError("No module named 'nvidia.nvimgcodec'")
+    home = Path(spec.origin).parent
+    lib = Library(str(home / "libnvimgcodec.so.0"))
+    properties = _filled(Properties, T_PROPERTIES)
+    check(lib.fast.nvimgcodecGetProperties(C.byref(properties)), "reading its version")
+    v = properties.version
+    version = f"{v // 1000}.{v % 1000 // 100}.{v % 100}"
+    if not version.startswith(SUPPORTED):
+        raise RuntimeError(f"nvImageCodec {version}: gpufeed's C calls are for {' or '.join(SUPPORTED)}x")
+    info = _filled(InstanceCreateInfo, T_INSTANCE_CREATE_INFO, load_builtin_modules=1, load_extension_modules=0)
     instance = C.c_void_p()
-    with quiet_codecs("loading its extensions"):
-        status = lib.fast.nvimgcodecInstanceCreate(C.byref(instance), C.byref(info))
-    check(status, "creating an instance")
+    check(lib.fast.nvimgcodecInstanceCreate(C.byref(instance), C.byref(info)), "creating an instance")
+    for name in EXTENSIONS:
+        found = sorted((home / "extensions").glob(name + "*"))
+        if not found:
+            raise RuntimeError(f"nvImageCodec {version} has no {name} in {home / 'extensions'}")
+        module = C.CDLL(str(found[0]))
+        desc, extension = _filled(ExtensionDesc, T_EXTENSION_DESC), C.c_void_p()
+        _EXTENSIONS.append((module, desc, extension))  # kept for the process, as the instance is
+        with quiet_codecs(f"loading {name}"):  # a missing library of its own (nvJPEG) is said at its decoder
+            check(module.nvimgcodecExtensionModuleEntry(C.byref(desc)), f"describing {name}")
+            check(lib.fast.nvimgcodecExtensionCreate(instance, C.byref(extension), C.byref(desc)), f"loading {name}")
     return lib, instance.value
 
 
