@@ -56,6 +56,13 @@ def test_store_target_reports_loader_stages_and_tier(folder, tmp_path):
     assert ("available" in regions) if cpu.roi_available() else ("not installed" in regions)
 
 
+def test_a_jpeg_store_target_says_how_fast_the_cpu_workers_decode(folder, tmp_path):
+    gpufeed.pack(folder, tmp_path / "j", mode="jpeg", workers=1, progress=False)
+    report = diagnose(str(tmp_path / "j"), device="cpu", limit=128)
+    assert report["facts"]["cpu_workers"] >= 1 and report["facts"]["cpu_worker_rate"] > 0
+    assert any(line.startswith("gpufeed CPU decode: ") and "img/s each" in line for line in report["gpufeed"])
+
+
 def test_trace_has_the_stage_ranges(folder, tmp_path, capsys):
     trace = tmp_path / "trace.json"
     assert main(["doctor", str(folder), "--device", "cpu", "--limit", "8", "--trace", str(trace)]) == 0

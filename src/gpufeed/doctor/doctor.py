@@ -24,6 +24,13 @@ def _gpufeed_here(t: stages.Timings, device: str) -> list[str]:
         lines.append(f"gpufeed tier: {t.facts['tier']} ({t.facts['tier_reason']})")
     if t.facts.get("decoders"):
         lines.append(f"gpufeed decoders: {' + '.join(t.facts['decoders'])} (decoded: {t.facts['decoded_by']})")
+    if t.facts.get("cpu_workers"):
+        workers, rate = t.facts["cpu_workers"], t.facts["cpu_worker_rate"]
+        lines.append(f"gpufeed CPU decode: {workers} worker processes at {rate:,.0f} img/s each while decoding, "
+                     f"about {workers * rate:,.0f} img/s together on this host's cores"
+                     + ("; a model that trains faster waits for them (the GPU decoders take only what they "
+                        "can't: beside a model they cost it more), and a raw store needs no decoding"
+                        if device == "cuda" else ""))
     if device == "cuda" and "tier" not in t.facts:
         free, _ = torch.cuda.mem_get_info()
         lines.append(f"gpufeed would keep a store of up to {free / 2e9:.0f} GB in GPU memory (the gpu tier)")

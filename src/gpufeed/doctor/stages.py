@@ -143,6 +143,11 @@ def store(path: Path, batches: int, device: str) -> Timings:
     t.seconds["total (wall)"] = time.perf_counter() - t0
     t.facts.update(tier=loader.tier.name, tier_reason=loader.tier.reason, decoders=stats.get("decoders"),
                    decoded_by=stats.get("decoded_by"), mode=loader.store.mode)
+    busy = stats.get("decode_seconds", {}).get("workers_wall", 0.0)
+    decoded = (stats.get("decoded_by") or {}).get("cpu", 0)
+    if busy > 0 and decoded:  # the worker processes' pace: what a jpeg store can feed without the GPU decoders
+        t.facts.update(cpu_workers=loader.jpeg.workers.size, cpu_worker_rate=decoded / busy)
+    loader.close()
     return t
 
 
