@@ -62,6 +62,14 @@ def _region_decoder():
     return decoder
 
 
+def warm() -> None:
+    """Make this thread's region decoder now, if nvImageCodec is installed: its import and decoder take
+    about a second on a GPU host, which would otherwise count as the first images' decode time (the
+    loader measures the workers' pace by it)."""
+    with contextlib.suppress(Exception):  # not installed or not loadable: regions fall back to whole images
+        _region_decoder()
+
+
 def region(data: np.ndarray, box: Region) -> np.ndarray:
     """HWC pixels of region `box` of the JPEG `data`, decoded alone; raises if nvImageCodec can't."""
     nv, decoder, params = _region_decoder()

@@ -3,11 +3,11 @@
 
 Started with exec, not fork or multiprocessing: it never imports the user's `__main__` and shares
 no threads or locks with the loader. It has no GPU (CUDA_VISIBLE_DEVICES is empty) and no torch (it
-starts in a fraction of a second). It takes tickets from the pipe all workers share, decodes the
-job board's rows each names into the loader's shared segments, completes the rows and writes a
-DONE record (`protocol`). It ends when the ticket pipe closes (the loader stopped the workers or
-died), or within `WATCH` seconds of its parent process going away, however that happened (SIGKILL
-included).
+starts in a fraction of a second), and loads nvImageCodec's region decoder before it says it is
+ready. It takes tickets from the pipe all workers share, decodes the job board's rows each names
+into the loader's shared segments, completes the rows and writes a DONE record (`protocol`). It
+ends when the ticket pipe closes (the loader stopped the workers or died), or within `WATCH`
+seconds of its parent process going away, however that happened (SIGKILL included).
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ def main() -> None:
     rows = protocol.board(mmap.mmap(setup.board_fd, setup.board_rows * protocol.BOARD.itemsize), setup.board_rows)
     files = protocol.FileTable(mmap.mmap(setup.files_fd, setup.files_size)) if setup.files_fd >= 0 else None
     segments: dict[int, tuple[int, np.ndarray]] = {}  # loader's fd -> (segment id, its pixels)
+    pixels.warm()  # ready means decoding at full pace from the first image
     protocol.write(sys.stdout.fileno(), protocol.Ready(os.getpid()))
     while True:
         ticket = os.read(setup.tickets_fd, protocol.TICKET.itemsize)
