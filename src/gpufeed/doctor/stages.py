@@ -143,10 +143,11 @@ def store(path: Path, batches: int, device: str) -> Timings:
     t.seconds["total (wall)"] = time.perf_counter() - t0
     t.facts.update(tier=loader.tier.name, tier_reason=loader.tier.reason, decoders=stats.get("decoders"),
                    decoded_by=stats.get("decoded_by"), mode=loader.store.mode)
-    busy = stats.get("decode_seconds", {}).get("workers_wall", 0.0)
+    # the CPU workers' pace: what a jpeg store can feed without the GPU decoders
+    workers = loader.jpeg.workers if loader.jpeg is not None else None
     decoded = (stats.get("decoded_by") or {}).get("cpu", 0)
-    if busy > 0 and decoded:  # the worker processes' pace: what a jpeg store can feed without the GPU decoders
-        t.facts.update(cpu_workers=loader.jpeg.workers.size, cpu_worker_rate=decoded / busy)
+    if workers is not None and workers.busy_seconds > 0 and decoded:
+        t.facts.update(cpu_workers=workers.size, cpu_worker_rate=decoded / workers.busy_seconds)
     loader.close()
     return t
 
