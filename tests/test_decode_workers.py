@@ -395,7 +395,7 @@ def test_the_gpu_part_is_steered_by_what_the_loop_and_the_producer_wait_for():
     assert steer() == pytest.approx(0.75)  # then the part that finishes together
     assert steer(0.015, cpu_wait=0.004, gpu_wait=0.001) == pytest.approx(0.8)  # starved, waiting on the CPU
     assert steer(0.015, cpu_wait=0.001, gpu_wait=0.004) == pytest.approx(0.75)  # starved, waiting on the GPU
-    assert steer(0.004, cpu_wait=0.004) == pytest.approx(0.7)  # the loop waited a little: less to the GPU
+    assert steer(0.001, cpu_wait=0.004) == pytest.approx(0.7)  # the loop waited a little: less to the GPU
     for _ in range(9):  # the loop is fed: the CPU takes more and more
         steer()
     assert steering.gpu_part == pytest.approx(0.25) and steering.shares(100, 2) == [25, 75]

@@ -23,7 +23,7 @@ from gpufeed.decode.shares import Pace
 # for batches more than STARVED of the time between them and the producer waited on the CPU more than
 # on the GPU decoders, down otherwise (benchmarks/train_bench.py rows take gpu_step=X, starved=X)
 GPU_STEP = 0.05
-STARVED = 0.3
+STARVED = 0.1
 # a GPU share below this part of the batch goes to the CPU too: beside a model an engines' call takes
 # about 12 ms whatever its size (docs/benchmarks.md), so a small share spares the CPU little
 # (benchmarks/train_bench.py rows take gpu_min=X)
