@@ -24,6 +24,9 @@ from gpufeed.decode import workers as workers_module
 from gpufeed.decode.shares import Asks, Pace
 from gpufeed.decode.steering import Steering
 from gpufeed.decode.workers import DecodeWorkers
+from gpufeed.decode import jobs as jobs_module
+from gpufeed.decode.board import Board
+from gpufeed.decode.jobs import Job
 from gpufeed.loader import tiers
 from gpufeed.store.reader import as_tensor
 from torchvision.io import decode_jpeg as torchvision_decode
@@ -110,9 +113,14 @@ def test_jobs_collected_out_of_order_get_their_own_images(store, pool):
     b = pool.submit(*second)
     assert len(a.sequence) == 4 and sum(a.sequence.values()) == 0 + 1 + 2 + 3  # two tickets per worker, first
     assert b.start >= a.start + 8 or b.start + 3 <= a.start
-    got_b, got_a = pool.collect(b, CPU, pin=False), pool.collect(a, CPU, pin=False)
+    got_b = pool.collect(b, CPU, pin=False)
+    busy_b = pool.last_busy
+    got_a = pool.collect(a, CPU, pin=False)
     _same_as_torchvision(got_a, *first)
     _same_as_torchvision(got_b, *second)
+    # each collect's decoding seconds are its own job's (the scheduler's CPU rate), not the pool's since
+    assert 0 < busy_b < pool.busy_seconds and 0 < pool.last_busy < pool.busy_seconds
+    assert busy_b + pool.last_busy == pytest.approx(pool.busy_seconds, rel=1e-5)
 
 
 def test_two_pipelines_share_the_pool_at_once(store, pool):
@@ -463,6 +471,23 @@ def test_a_ticket_read_but_never_taken_is_decoded_on_threads(store, caplog):
         _same_as_torchvision(got[0], *inputs)
     finally:
         workers.close()
+
+
+def test_the_tickets_no_living_worker_answers_are_told_apart():
+    """`Job.lost`: a ticket still in the pipe, or taken by a living worker, is left to the workers; one
+    taken by a dead worker is lost, and one read but never taken once its grace is over; with no
+    worker alive, every pending ticket is."""
+    board = Board(rows=16)
+    try:
+        job = Job(0, 7, None, None, Asks.whole(16), {0: 0, 4: 1, 8: 2, 12: 3}, {0: 4, 4: 4, 8: 4, 12: 4})
+        board.rows["worker"][[0, 4, 8, 12]] = [0, 1, -1, -1]  # taken by 0 (alive) and 1 (dead); 8 and 12 untaken
+        dead, read_upto = [False, True], 3  # tickets 0-2 of the pipe were read, 12's is still there
+        assert job.lost(board, dead, read_upto, now=100.0) == {4: 4}  # 8's grace starts now
+        assert job.lost(board, dead, read_upto, now=100.0 + jobs_module.UNCLAIMED_GRACE / 2) == {4: 4}
+        assert job.lost(board, dead, read_upto, now=100.0 + 2 * jobs_module.UNCLAIMED_GRACE) == {4: 4, 8: 4}
+        assert job.lost(board, [True, True], read_upto, now=100.0) == job.pending
+    finally:
+        board.close()
 
 
 def test_encoded_joined_addresses_each_image_given():

@@ -285,6 +285,27 @@ def test_the_cpu_rate_is_its_images_over_its_decoding_seconds(monkeypatch):
     s.close()
 
 
+def test_the_cpu_rate_leaves_out_the_images_a_gpu_decoder_rejected(monkeypatch):
+    """Images a GPU decoder rejects are decoded on the CPU too, in the same batch: their seconds are
+    not the CPU share's, so the CPU's rate is measured on its share's images and seconds alone."""
+    batch, shapes, boxes = _four_jpegs()
+
+    def rejecting(self, dec, part_batch, part_shapes, stream):  # a GPU decoder refusing its first image
+        images = [decode_jpeg(d) for d in part_batch.tensors()]
+        return in_place(images[1:], {0: "CMYK"}), 0.01
+
+    monkeypatch.setattr(scheduler.Scheduler, "_timed", rejecting)
+    s = _as_on_a_gpu(scheduler.Scheduler(torch.device("cpu"), 2))
+    started = s.start(batch, shapes, boxes, (16, 16))
+    cpu_share = len(started.cpu_pos)
+    assert 0 < cpu_share < 4  # the GPU decoder has a share of the first batch
+    parts, failed = s.finish(started, pin=False)
+    images, seconds = s.steering._spent["cpu"]
+    assert not failed and s.counts["cpu_fallback"] == 1 and images == cpu_share
+    assert 0 < seconds == s.cpu.last_busy < s.cpu.busy_seconds  # the retry's seconds are left out
+    s.close()
+
+
 def test_images_in_place_are_addressed_from_the_shapes_the_store_records():
     """A GPU decoder's contiguous CHW images are laid out from the stored shapes (no per-image sizes
     read); an image of another size than recorded, or a view, is read from the tensor itself."""

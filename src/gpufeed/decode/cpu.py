@@ -20,6 +20,7 @@ import importlib.util
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -109,6 +110,18 @@ def decode_one(data: torch.Tensor, reduce_to: tuple[int, int] | None,
     return _pillow(data, reduce_to), None, time.perf_counter()
 
 
+@dataclass
+class _Done:
+    """One image's decode on a thread: its pixels and region (see `decode_one`) or why it failed, when
+    it finished, and the seconds it took."""
+
+    pixels: torch.Tensor | None
+    region: Region | None
+    finished: float
+    seconds: float
+    error: str = ""
+
+
 class CpuDecoder:
     """Decodes lists of encoded images with `threads` threads into one packed HWC buffer."""
 
@@ -118,6 +131,7 @@ class CpuDecoder:
         self.threads = max(1, threads)
         self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="gpufeed-decode")
         self.last_done = 0.0  # when the last image of the last `collect` finished decoding
+        self.last_busy = 0.0  # the threads' seconds decoding the images of the last `collect`, summed
         self.busy_seconds = 0.0  # the threads' seconds decoding, summed (their rate is images over these)
         self._busy_lock = threading.Lock()
         self._staging: PinnedStaging | None = None  # used from the one thread that calls `collect`
@@ -129,26 +143,32 @@ class CpuDecoder:
         each = (asks if asks is not None else Asks.whole(len(batch))).each()
         return [self._pool.submit(self._timed, d, *ask) for d, ask in zip(batch.tensors(), each)]
 
-    def _timed(self, data: torch.Tensor, reduce_to, region) -> tuple[torch.Tensor, Region | None, float]:
+    def _timed(self, data: torch.Tensor, reduce_to, region) -> _Done:
         began = time.perf_counter()
         try:
-            return decode_one(data, reduce_to, region)
-        finally:
-            with self._busy_lock:
-                self.busy_seconds += time.perf_counter() - began
+            pixels, region, finished = decode_one(data, reduce_to, region)
+            done = _Done(pixels, region, finished, finished - began)
+        except Exception as e:  # any decoder error marks this image, never the batch
+            finished = time.perf_counter()
+            done = _Done(None, None, finished, finished - began, f"{type(e).__name__}: {e}")
+        with self._busy_lock:
+            self.busy_seconds += done.seconds
+        return done
 
     def collect(self, futures, device: torch.device, pin: bool) -> Decoded:
         """Wait for `submit`'s futures and put the images (HWC) back to back where `device` reads them
         (see `decode.base.to_device`)."""
-        images, regions, failed, self.last_done = [], [], {}, 0.0
+        images, regions, failed = [], [], {}
+        self.last_done = self.last_busy = 0.0
         for k, f in enumerate(futures):
-            try:
-                pixels, region, done = f.result()
-                images.append(pixels)
-                regions.append(region or NO_REGION)
-                self.last_done = max(self.last_done, done)
-            except Exception as e:  # any decoder error marks this image, never the batch
-                failed[k] = f"{type(e).__name__}: {e}"
+            done = f.result()
+            self.last_busy += done.seconds
+            if done.error:
+                failed[k] = done.error
+                continue
+            images.append(done.pixels)
+            regions.append(done.region or NO_REGION)
+            self.last_done = max(self.last_done, done.finished)
         if self._staging is None:  # page-locked only where a GPU reads it
             self._staging = PinnedStaging(pin=device.type == "cuda")
         return packed(images, failed, device, self._staging, np.array(regions, np.int64).reshape(-1, 4), pin)

@@ -7,8 +7,8 @@ the producer thread resizes and hands batches over: its cycle is the slower deco
 batch, not the sum of the GPU decode, the wait for the CPU and the resize.
 
 The shares follow `steering.Steering`: beside a training loop the CPU decodes all it can and the
-GPU decoders what it can't. The CPU's rate is measured on every share: its threads' or worker
-processes' images over the seconds they spent decoding them (`busy_seconds`). Images a GPU decoder
+GPU decoders what it can't. The CPU's rate is measured on every share: its images over the seconds
+the threads or worker processes spent decoding them (`last_busy`). Images a GPU decoder
 rejects (CMYK, some progressive files) are decoded on the CPU instead.
 
 Where the CPU can decode a crop alone (`cpu.roi_available`), its share is the batch's cheapest crops
@@ -65,7 +65,6 @@ class Scheduler:
         self.steering = Steering([d.name for d in self.gpu], cpu_share)
         self.roi = roi_available()  # the workers, if processes, run in this interpreter's environment
         self._cpu_free = 0.0  # when the CPU decoder finished its last share (a perf_counter)
-        self._cpu_busy = 0.0  # the CPU decoder's decoding seconds at the last share collected
         self.counts: Counter = Counter()
         # per batch, summed: "gpu" from the GPU decoders' start until the last is done, "gpu_wait" the
         # caller's wait for them in `finish`, "cpu" the CPU part's work after that; each decoder's own
@@ -155,9 +154,8 @@ class Scheduler:
         self._decoded_whole(started.cpu_asks, cpu_part, len(cpu_pos))
         if len(cpu_pos):
             begun = max(started.submitted, self._cpu_free)
-            busy = self.cpu.busy_seconds  # the rate of a thread or worker while it decodes
-            self.steering.measured("cpu", len(cpu_pos), busy - self._cpu_busy)
-            self._cpu_busy = busy
+            # the rate of a thread or worker while it decodes: the share's images over its own seconds
+            self.steering.measured("cpu", len(cpu_pos), self.cpu.last_busy)
             self.seconds["cpu_threads"] += max(0.0, self.cpu.last_done - begun)
             self.seconds["cpu_submitted_to_done"] += max(0.0, self.cpu.last_done - started.submitted)
             self._cpu_free = self.cpu.last_done

@@ -32,13 +32,13 @@ import os
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from gpufeed.decode import protocol, spawn
 from gpufeed.decode.board import Board
+from gpufeed.decode.jobs import Job
 from gpufeed.decode.relay import Relay
 from gpufeed.decode.base import Decoded, Encoded, PinnedStaging, WorkersStopped, hwc_strides, in_place, to_device
 from gpufeed.decode.cpu import CpuDecoder
@@ -49,26 +49,6 @@ log = logging.getLogger(__name__)
 
 STOPPED = "the JPEG decode workers were stopped (the loader was closed, or the interpreter is exiting)"
 TICKETS_PER_WORKER = 2  # per share: the workers take them as they come free, so they end together
-UNCLAIMED_GRACE = 0.05  # seconds a ticket may be read yet untaken before its reader counts as dead
-
-
-@dataclass
-class _Job:
-    """One batch's CPU share on its way through the workers: board rows [start, start + n)."""
-
-    start: int
-    share: int  # its number (mod 2**32), in its tickets and their answers
-    segment: Segment
-    batch: Encoded  # kept to decode on threads if a worker dies
-    asks: Asks
-    sequence: dict[int, int]  # each ticket's first row -> its place in the ticket pipe (all tickets ever written)
-    pending: dict[int, int] = field(default_factory=dict)  # first row -> rows, of the tickets not answered
-    unclaimed: dict[int, float] = field(default_factory=dict)  # read but not taken, when first seen so
-    stopped: bool = False  # tickets left unanswered because the pool was stopped
-
-    @property
-    def n(self) -> int:
-        return len(self.asks)
 
 
 class DecodeWorkers:
@@ -94,8 +74,8 @@ class DecodeWorkers:
                                      self._board.files_fd, self._board.files_size)
         self._relay = Relay(setup, workers, [self._board])
         self._staging = PinnedStaging(alloc=self._segment)  # the pixels' segments
-        self._jobs: dict[int, _Job] = {}  # by first row
-        self._tickets: dict[int, _Job] = {}  # every pending ticket's first row -> its job
+        self._jobs: dict[int, Job] = {}  # by first row
+        self._tickets: dict[int, Job] = {}  # every pending ticket's first row -> its job
         self._shares = itertools.count()
         self._lock = threading.RLock()  # the jobs, the workers' states, the ticket pipe
         self._local = threading.local()  # per pipeline thread: its thread decoder, its last finish time
@@ -137,6 +117,12 @@ class DecodeWorkers:
     def last_done(self) -> float:
         """When the last image of this thread's last `collect` finished decoding (a perf_counter)."""
         return getattr(self._local, "last_done", 0.0)
+
+    @property
+    def last_busy(self) -> float:
+        """The seconds spent decoding the images of this thread's last `collect`, summed: its share's
+        own, whatever else the pool decoded meanwhile (another pipeline's shares, retries)."""
+        return getattr(self._local, "last_busy", 0.0)
 
     def wait_ready(self, timeout: float = 60.0) -> bool:
         """Wait until every worker is ready (or dead); whether all of them are ready."""
@@ -183,7 +169,7 @@ class DecodeWorkers:
             share = next(self._shares) % (1 << 32)
             tickets["row"], tickets["count"], tickets["share"], tickets["spare"] = (
                 firsts, np.minimum(size, start + n - firsts), share, 0)
-            job = _Job(start, share, segment, batch, asks, {},
+            job = Job(start, share, segment, batch, asks, {},
                        dict(zip(firsts.tolist(), tickets["count"].tolist())))
             self._jobs[start] = job
             self._tickets.update(dict.fromkeys(job.pending, job))
@@ -195,10 +181,10 @@ class DecodeWorkers:
         """The decoded images on `device` (one copy from the page-locked segment if `pin`)."""
         if job is None:
             return in_place([], {})
-        if not isinstance(job, _Job):
+        if not isinstance(job, Job):
             threads = self._fallback()
             part = threads.collect(job, device, pin)
-            self._local.last_done = threads.last_done
+            self._local.last_done, self._local.last_busy = threads.last_done, threads.last_busy
             return part
         while job.pending and not job.stopped:
             self._poll(0.1)
@@ -211,7 +197,7 @@ class DecodeWorkers:
         if job.stopped:
             raise WorkersStopped(STOPPED)
         got = self._board.results(job.start, job.n)
-        self._local.last_done = got.last_done
+        self._local.last_done, self._local.last_busy = got.last_done, job.busy
         end = int(got.offsets[-1] + got.sizes[-1].prod() * 3) if len(got.kept) else 0
         base, on_done = to_device(job.segment.tensor, end, device, self._staging, job.segment, pin)
         return Decoded(base, got.offsets, got.sizes, hwc_strides(got.sizes), [], got.failed, on_done=on_done,
@@ -245,11 +231,13 @@ class DecodeWorkers:
         """Done records: their tickets are answered."""
         self.busy.update(workers_wall=float(records["wall"].sum()), workers_cpu=float(records["cpu"].sum()))
         with self._lock:
-            for first, share in zip(records["row"].tolist(), records["share"].tolist()):
+            answers = zip(records["row"].tolist(), records["share"].tolist(), records["wall"].tolist())
+            for first, share, wall in answers:
                 job = self._tickets.get(first)
                 if job is not None and job.share == share:  # else a late answer for rows now another share's
                     del self._tickets[first]
                     job.pending.pop(first, None)
+                    job.busy += wall
 
     def _died(self, k: int, why: str) -> None:
         """Worker `k` is found gone (said once, unless the pool is stopping; `_recover` takes its tickets)."""
@@ -260,33 +248,26 @@ class DecodeWorkers:
                       f"{len(self._workers)} workers remain, its images are decoded on threads")
 
     def _recover(self) -> None:
-        """Decode on threads the tickets no living worker will answer: taken by a dead one, read but
-        never taken (its reader died at once), or, with no worker left, any still in the pipe."""
-        now, live = time.monotonic(), any(w.dead is None for w in self._workers)
+        """Decode on threads the tickets no living worker will answer (`Job.lost`)."""
+        now, dead = time.monotonic(), [w.dead is not None for w in self._workers]
         unread = self._relay.unread()
         if unread is None:
             return
         with self._lock:
             read_upto = self._relay.written - unread  # the tickets before it were read
             for job in list(self._jobs.values()):
-                for first, count in list(job.pending.items()):
-                    owner = self._board.owner(first)
-                    if live and job.sequence[first] >= read_upto:
-                        continue  # still in the pipe: a living worker takes it
-                    if live and owner >= 0 and self._workers[owner].dead is None:
-                        continue  # being decoded
-                    if live and owner < 0 and now - job.unclaimed.setdefault(first, now) < UNCLAIMED_GRACE:
-                        continue
+                for first, count in job.lost(self._board, dead, read_upto, now).items():
                     self._on_threads(job, first, count)
                     del job.pending[first]
                     self._tickets.pop(first, None)
 
-    def _on_threads(self, job: _Job, first: int, count: int) -> None:
+    def _on_threads(self, job: Job, first: int, count: int) -> None:
         """Decode a lost ticket's rows on threads, into the segment, and complete the rows."""
         positions = list(range(first - job.start, first - job.start + count))
         threads = self._fallback()
         part = threads.collect(threads.submit(job.batch.take(positions), None, job.asks.take(positions)),
                                torch.device("cpu"), False)
+        job.busy += threads.last_busy
         self._board.answer(job.start, positions, part, job.asks, job.segment, threads.last_done)
 
     def _fallback(self) -> CpuDecoder:
