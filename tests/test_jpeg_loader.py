@@ -12,7 +12,7 @@ from torchvision.transforms.v2 import functional as F
 import gpufeed
 from conftest import save, smooth
 from gpufeed.augment import Normalize, RandomHorizontalFlip, RandomResizedCrop
-from gpufeed.loader.jpeg import DecodeError
+from gpufeed.loader.jpeg import PREFETCH, DecodeError
 from loader_checks import check_resume
 
 OPS = [RandomResizedCrop(24, scale=(0.3, 1)), RandomHorizontalFlip(), Normalize((0.5,) * 3, (0.25,) * 3)]
@@ -126,7 +126,8 @@ def test_evaluation_resize_then_center_crop_matches_torchvision(jpeg_store):
 def test_decoder_names_checked_and_gpu_decoders_ignored_on_cpu(jpeg_store):
     with pytest.raises(ValueError, match="choose from hw, nvjpeg, cuda, cpu"):
         gpufeed.Loader(jpeg_store, batch_size=8, device="cpu", augment=OPS, decoders=("hw", "fast"))
-    loader = gpufeed.Loader(jpeg_store, batch_size=8, device="cpu", augment=OPS, decoders=("cuda", "nvjpeg", "cpu"))
+    loader = gpufeed.Loader(jpeg_store, batch_size=8, device="cpu", augment=OPS, decoders=("cuda", "nvjpeg", "cpu"),
+                            prefetch=3)  # fewer than the epoch's 6 batches are carried: see `read` below
     assert loader.stats()["decoders"] == ["cpu"]
     assert sum(len(y) for _, y in loader) == 48
     loader.carried.thread.join()  # the next epoch's first batches, made as this one ended
@@ -167,7 +168,8 @@ def test_the_next_batch_is_started_before_this_one_is_finished(jpeg_store, monke
     epoch left early is dropped when the next epoch starts, and batches are those made one by one."""
     want = [images for images, _ in gpufeed.Loader(jpeg_store, batch_size=12, device="cpu", augment=OPS, seed=4,
                                                    num_workers=0)]
-    loader = gpufeed.Loader(jpeg_store, batch_size=12, device="cpu", augment=OPS, seed=4, num_workers=2)
+    loader = gpufeed.Loader(jpeg_store, batch_size=12, device="cpu", augment=OPS, seed=4, num_workers=2,
+                            prefetch=3)  # fewer than the epoch's 4 batches: one is left to start after them
     (batcher,) = loader.jpeg.pipelines
     sched, events = batcher.scheduler, []
     start, finish, drop = sched.start, sched.finish, sched.drop
@@ -199,6 +201,16 @@ def test_the_next_batch_is_started_before_this_one_is_finished(jpeg_store, monke
     assert names.count("start") == names.count("finish") + names.count("drop") and batcher._next is not None
     assert names.count("drop") >= 1
     loader.close()
+
+
+def test_a_jpeg_store_is_made_further_ahead_by_default(jpeg_store):
+    """A decoded batch's time varies more than a raw store's gather: jpeg stores get the deeper queue
+    (raw stores 3, `tests/test_loader.py`), and `prefetch` given is kept."""
+    jpeg = gpufeed.Loader(jpeg_store, batch_size=12, device="cpu", augment=OPS, num_workers=0)
+    given = gpufeed.Loader(jpeg_store, batch_size=12, device="cpu", augment=OPS, num_workers=0, prefetch=1)
+    assert (jpeg.prefetch, given.prefetch) == (PREFETCH, 1) and PREFETCH > 3
+    jpeg.close()
+    given.close()
 
 
 def test_the_next_epochs_first_batches_are_made_as_an_epoch_ends(jpeg_store):

@@ -23,7 +23,7 @@ def store(tmp_path_factory):
 @pytest.mark.parametrize("cache", ["disk", "host"])
 def test_uint8_batches_equal_the_store(store, cache):
     loader = gpufeed.Loader(store, batch_size=16, device="cpu", cache=cache, seed=3)
-    assert loader.tier.name == cache and len(loader) == 6
+    assert loader.tier.name == cache and len(loader) == 6 and loader.prefetch == 3  # a raw store's default
     seen = check_uint8_batches(loader)
     assert sorted(seen) == list(range(96))
 

@@ -24,7 +24,7 @@ from gpufeed.loader.plan import EpochPlan
 from gpufeed.loader.folder import FolderStore
 from gpufeed.loader.jpeg_batch import DecodeError, JpegBatcher, Upcoming
 
-__all__ = ["DecodeError", "JpegBatcher", "JpegPipelines", "jpeg_feed", "jpeg_pipelines"]
+__all__ = ["PREFETCH", "DecodeError", "JpegBatcher", "JpegPipelines", "jpeg_feed", "jpeg_pipelines"]
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +37,9 @@ log = logging.getLogger(__name__)
 PIPELINES_ON_GPU = 1
 # with several pipelines, their GPU decodes take turns (a shared lock) rather than run at once
 GPU_DECODES_TAKE_TURNS = True
+# the Loader's default `prefetch` for jpeg stores: where the workers only just keep up with a model,
+# their slow spells last a few batches, and a deeper queue rides them out (docs/benchmarks.md)
+PREFETCH = 6
 
 
 class JpegPipelines:

@@ -25,7 +25,7 @@ from gpufeed.loader import tiers
 from gpufeed.loader.fields import batch_dict
 from gpufeed.loader.folder import FolderStore, is_folder_source
 from gpufeed.loader.feeds import Batch, Carried, device_feed, drop_carried, host_feed
-from gpufeed.loader.jpeg import JpegPipelines, jpeg_feed, jpeg_pipelines
+from gpufeed.loader.jpeg import PREFETCH, JpegPipelines, jpeg_feed, jpeg_pipelines
 from gpufeed.loader.planner import Planner
 from gpufeed.loader.sampler import ShardedBatchSampler, resolve_rank
 from gpufeed.loader.stats import Stats, stage_range
@@ -89,8 +89,8 @@ class Loader:
         cache: raw stores: "gpu", "host", "disk" or "auto" (the first that fits in half of the free
             memory); jpeg stores keep their bytes in host memory ("gpu" is served as "host").
         rank, world_size: the shard to read; default from torch.distributed, else RANK/WORLD_SIZE.
-        prefetch: batches made ahead of the consumer, at most (jpeg: also the next epoch's first ones,
-            made as an epoch ends and dropped if another epoch is iterated).
+        prefetch: batches made ahead of the consumer, at most (default 3; jpeg: 6, and also the next
+            epoch's first ones, made as an epoch ends and dropped if another epoch is iterated).
         gather_threads: disk tier: CPU threads gathering rows (default min(8, cores)).
         on_error: jpeg: "skip" replaces an undecodable sample (warned once, counted), "raise" raises
             `DecodeError` naming it.
@@ -126,7 +126,7 @@ class Loader:
     def __init__(self, store: Store | str | Path, batch_size: int = 256, device: str | torch.device = "cuda",
                  shuffle: bool = True, seed: int = 0, drop_last: bool = True, augment: Sequence | None = None,
                  dtype: torch.dtype = torch.float16, channels_last: bool = False, cache: str = "auto",
-                 rank: int | None = None, world_size: int | None = None, prefetch: int = 3,
+                 rank: int | None = None, world_size: int | None = None, prefetch: int | None = None,
                  gather_threads: int | None = None, on_error: str = "skip", num_workers: int | None = None,
                  decoders: tuple[str, ...] | None = None, restart: bool = False, pad: bool = True,
                  fields: Sequence[str] | None = None):
@@ -160,6 +160,7 @@ class Loader:
                                  f"labels in 0..{mixer.num_classes - 1}; the store's are "
                                  f"{int(labels.min())}..{int(labels.max())} (-1: unlabelled)")
         self.dtype = dtype if self.augment is not None else torch.uint8
+        prefetch = prefetch if prefetch is not None else PREFETCH if self.store.mode == "jpeg" else 3
         self.channels_last, self.seed, self.prefetch = channels_last, seed, max(1, prefetch)
         self.tier = tiers.materialize(self.store, self.device, cache)
         log.info("gpufeed.Loader: tier %s (%s)", self.tier.name, self.tier.reason)
