@@ -73,7 +73,7 @@ KNOBS = {
     "tickets": ("gpufeed.decode.workers", "TICKETS_PER_WORKER", int),  # tickets per ready worker in each CPU share
     # nvJPEG's allocations rounded up to this many MiB, device and page-locked
     "nv_pad": ("gpufeed.decode.nvimgcodec_api", ("DEVICE_PADDING", "PINNED_PADDING"), lambda mb: int(mb) << 20),
-    "prealloc": ("gpufeed.loader.jpeg_batch", "PREALLOCATE", bool),  # the engines' buffers made for a batch at once
+    "prealloc": ("gpufeed.decode.choice", "PREALLOCATE", bool),  # the engines' buffers made for a batch at once
 }
 # row settings of the training loop itself, set by `feeder`: `side=1` trains on a stream of its own
 # instead of the default stream (what a loader's work synchronized with the default stream costs);

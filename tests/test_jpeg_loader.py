@@ -236,16 +236,16 @@ def test_the_next_epochs_first_batches_are_made_as_an_epoch_ends(jpeg_store):
 
 
 def test_the_engines_buffers_are_made_for_a_batch_of_the_stores_images():
-    from gpufeed.loader import jpeg_batch
+    from gpufeed.decode import choice
 
     photos = np.array([[375, 500], [500, 375]] * 500)  # height, width
-    assert jpeg_batch.decoder_room(photos, 256) == (256, 512, 512)  # (images, width, height), up to 64
+    assert choice.decoder_room(photos, 256) == (256, 512, 512)  # (images, width, height), up to 64
     wide = np.array([[300, 400]] * 995 + [[3000, 4000]] * 5)  # 0.5 % huge ones do not set the size
-    assert jpeg_batch.decoder_room(wide, 64) == (64, 448, 320)
-    side = jpeg_batch.ROOM_SIDE
-    assert jpeg_batch.decoder_room(np.array([[5000, 9000]] * 10), 8) == (8, side, side)
-    assert jpeg_batch.decoder_room(np.array([[5000, 9000]] * 10), 1024) == (jpeg_batch.ROOM_PIXELS // side**2, side, side)
-    assert jpeg_batch.decoder_room(np.zeros((0, 2), np.int64), 8) is None
+    assert choice.decoder_room(wide, 64) == (64, 448, 320)
+    side = choice.ROOM_SIDE
+    assert choice.decoder_room(np.array([[5000, 9000]] * 10), 8) == (8, side, side)
+    assert choice.decoder_room(np.array([[5000, 9000]] * 10), 1024) == (choice.ROOM_PIXELS // side**2, side, side)
+    assert choice.decoder_room(np.zeros((0, 2), np.int64), 8) is None
 
 
 def test_a_jpeg_loader_is_made_without_importing_torchvision(jpeg_store):

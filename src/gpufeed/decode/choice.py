@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import torch
 
 from gpufeed.decode.base import nvimgcodec_install
@@ -16,6 +17,13 @@ KNOWN = ("hw", "nvjpeg", "cuda", "cpu")
 # CPU workers. Two GPU decoders at once decode faster alone but slow the training loop they feed
 # (docs/benchmarks.md, "Training is the judge")
 DEFAULT = ("hw", "nvjpeg", "cpu")
+
+# the engines' decoder makes its buffers for a whole batch of the store's images at once
+# (`decoder_room`), sides at most ROOM_SIDE, ROOM_PIXELS in all (RGB buffers for them all would
+# take 400 MB); False: for one 1x1 image (benchmarks/train_bench.py rows take prealloc=0)
+PREALLOCATE = True
+ROOM_SIDE = 1024
+ROOM_PIXELS = 1 << 27
 
 _warned: set[str] = set()  # every pipeline of every loader builds its decoders: say each reason once
 
@@ -72,3 +80,15 @@ def gpu_decoders(device: torch.device, use: tuple[str, ...] | None, cpu_threads:
             if first_only:
                 break
     return made
+
+
+def decoder_room(shapes: np.ndarray, batch_size: int) -> tuple[int, int, int] | None:
+    """(images, width, height) for the GPU decoders' first buffers (`BatchDecoder`): a whole batch of
+    images (fewer if they would pass ROOM_PIXELS) as wide and as tall as 99 % of the store's (stored
+    `shapes` (N, 2) height, width), rounded up to 64 and at most ROOM_SIDE; None if `PREALLOCATE` is
+    off or the store is empty."""
+    if not PREALLOCATE or not len(shapes):
+        return None
+    sides = np.ceil(np.percentile(shapes, 99, axis=0) / 64) * 64
+    height, width = np.minimum(sides, ROOM_SIDE).astype(int).tolist()
+    return max(1, min(batch_size, ROOM_PIXELS // (width * height))), width, height

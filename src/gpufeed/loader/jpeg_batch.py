@@ -26,6 +26,7 @@ from gpufeed.augment.pipeline import Params, _fused
 from gpufeed.decode import Scheduler
 from gpufeed.decode import scheduler
 from gpufeed.decode.base import Decoded, Encoded, into_pixels
+from gpufeed.decode.choice import decoder_room
 from gpufeed.decode.shares import Pace, Started
 from gpufeed.loader.folder import FolderStore
 from gpufeed.loader.stats import stage_range
@@ -40,12 +41,6 @@ COMPILE_AHEAD = True
 # the engines decode YCbCr 4:2:0 images to their planes and the resize kernel converts them, instead
 # of a colour conversion kernel per image beside the model's; False: RGB (train_bench rows take planar=0)
 PLANAR = True
-# the engines' decoder makes its buffers for a whole batch of the store's images at once
-# (`decoder_room`), sides at most ROOM_SIDE, ROOM_PIXELS in all (RGB buffers for them all would
-# take 400 MB); False: for one 1x1 image (benchmarks/train_bench.py rows take prealloc=0)
-PREALLOCATE = True
-ROOM_SIDE = 1024
-ROOM_PIXELS = 1 << 27
 
 
 class DecodeError(RuntimeError):
@@ -284,18 +279,6 @@ class JpegBatcher:
         """Stop this pipeline's decoders (the shared CPU workers are `JpegPipelines`' to stop)."""
         self._forget_next()  # its CPU share collected while the workers run: its buffer goes back to them
         self.scheduler.close()
-
-
-def decoder_room(shapes: np.ndarray, batch_size: int) -> tuple[int, int, int] | None:
-    """(images, width, height) for the GPU decoders' first buffers (`BatchDecoder`): a whole batch of
-    images (fewer if they would pass ROOM_PIXELS) as wide and as tall as 99 % of the store's (stored
-    `shapes` (N, 2) height, width), rounded up to 64 and at most ROOM_SIDE; None if `PREALLOCATE` is
-    off or the store is empty."""
-    if not PREALLOCATE or not len(shapes):
-        return None
-    sides = np.ceil(np.percentile(shapes, 99, axis=0) / 64) * 64
-    height, width = np.minimum(sides, ROOM_SIDE).astype(int).tolist()
-    return max(1, min(batch_size, ROOM_PIXELS // (width * height))), width, height
 
 
 def _joined(columns: list[np.ndarray]) -> np.ndarray:
