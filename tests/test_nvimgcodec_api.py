@@ -1,6 +1,7 @@
 """nvImageCodec's C API through ctypes (`gpufeed.decode.nvimgcodec_api`), on its CPU backend: the
-structures as the 0.9 header lays them out, and a batch decoded into one buffer as Pillow decodes it,
-bad images reported and the rest decoded, the handles made again into from batch to batch."""
+structures as the 0.9 header lays them out (`nvimgcodec_header`), and a batch decoded into one
+buffer as Pillow decodes it, bad images reported and the rest decoded, the handles made again into
+from batch to batch."""
 
 from __future__ import annotations
 
@@ -16,23 +17,24 @@ from PIL import Image
 
 from conftest import claiming
 from gpufeed.decode import nvimgcodec_api as api
+from gpufeed.decode import nvimgcodec_header as header
 from gpufeed.synth import encode_jpegs, natural_images
 
 
 def test_structures_are_laid_out_as_the_header_says():
     # sizes and offsets from gcc's sizeof/offsetof on nvImageCodec 0.9's include/nvimgcodec.h
-    assert C.sizeof(api.ImageInfo) == 2160 and C.sizeof(api.PlaneInfo) == 56
-    assert (api.ImageInfo.orientation.offset, api.ImageInfo.num_planes.offset, api.ImageInfo.plane_info.offset,
-            api.ImageInfo.buffer.offset, api.ImageInfo.buffer_kind.offset, api.ImageInfo.cuda_stream.offset) == (
+    assert C.sizeof(header.ImageInfo) == 2160 and C.sizeof(header.PlaneInfo) == 56
+    assert (header.ImageInfo.orientation.offset, header.ImageInfo.num_planes.offset, header.ImageInfo.plane_info.offset,
+            header.ImageInfo.buffer.offset, header.ImageInfo.buffer_kind.offset, header.ImageInfo.cuda_stream.offset) == (
             296, 336, 344, 2136, 2144, 2152)
-    assert (api.PlaneInfo.row_stride.offset, api.PlaneInfo.precision.offset) == (32, 48)
-    assert (C.sizeof(api.ExecutionParams), api.ExecutionParams.backends.offset, C.sizeof(api.Backend),
-            api.Backend.params.offset, C.sizeof(api.BackendParams), C.sizeof(api.DecodeParams),
-            C.sizeof(api.InstanceCreateInfo)) == (80, 72, 64, 32, 32, 32, 64)
-    assert (C.sizeof(api.DeviceAllocator), api.DeviceAllocator.device_mem_padding.offset, C.sizeof(api.PinnedAllocator),
-            api.PinnedAllocator.pinned_mem_padding.offset) == (56, 48, 56, 48)
-    assert (C.sizeof(api.Properties), C.sizeof(api.ExtensionDesc), api.ExtensionDesc.version.offset,
-            api.ExtensionDesc.create.offset) == (32, 64, 40, 48)
+    assert (header.PlaneInfo.row_stride.offset, header.PlaneInfo.precision.offset) == (32, 48)
+    assert (C.sizeof(header.ExecutionParams), header.ExecutionParams.backends.offset, C.sizeof(header.Backend),
+            header.Backend.params.offset, C.sizeof(header.BackendParams), C.sizeof(header.DecodeParams),
+            C.sizeof(header.InstanceCreateInfo)) == (80, 72, 64, 32, 32, 32, 64)
+    assert (C.sizeof(header.DeviceAllocator), header.DeviceAllocator.device_mem_padding.offset, C.sizeof(header.PinnedAllocator),
+            header.PinnedAllocator.pinned_mem_padding.offset) == (56, 48, 56, 48)
+    assert (C.sizeof(header.Properties), C.sizeof(header.ExtensionDesc), header.ExtensionDesc.version.offset,
+            header.ExtensionDesc.create.offset) == (32, 64, 40, 48)
 
 
 @pytest.mark.skipif(not importlib.util.find_spec("nvidia.nvimgcodec"), reason="needs nvImageCodec")

@@ -7,8 +7,8 @@ lasts many times its own work (docs/benchmarks.md). Here the per-image calls are
 holding the GIL (`ctypes.PyDLL`), and only the batch's decode and the wait for it let go of it
 (`ctypes.CDLL`).
 
-The structures are those of nvImageCodec 0.9 (`include/nvimgcodec.h` in its wheel). Each carries its
-own size, which the library checks; `open_library` refuses other major.minor versions.
+The structures are those of nvImageCodec 0.9 (`nvimgcodec_header`); `open_library` refuses other
+major.minor versions.
 """
 
 from __future__ import annotations
@@ -20,20 +20,17 @@ from pathlib import Path
 
 import numpy as np
 
-SUPPORTED = ("0.9.",)  # nvImageCodec versions whose structures these are
-MAX_PLANES, NAME_SIZE = 32, 256
-DEVICE_CPU_ONLY = -99999
+from gpufeed.decode.nvimgcodec_header import (
+    BACKENDS, BUFFER_DEVICE, BUFFER_HOST, COLORSPEC_SRGB, COLORSPEC_SYCC, DEVICE_CPU_ONLY, LOAD_HINT_FIXED,
+    PROCESSING_SUCCESS, SAMPLEFORMAT_I_RGB, SAMPLING_420, SAMPLING_NONE, T_BACKEND, T_BACKEND_PARAMS,
+    T_DECODE_PARAMS, T_DEVICE_ALLOCATOR, T_EXECUTION_PARAMS, T_EXTENSION_DESC, T_IMAGE_INFO,
+    T_INSTANCE_CREATE_INFO, T_PINNED_ALLOCATOR, T_PROPERTIES, UINT8, Backend, BackendParams, DecodeParams,
+    DeviceAllocator, ExecutionParams, ExtensionDesc, ImageInfo, InstanceCreateInfo, PinnedAllocator, PlaneInfo,
+    Properties, field_offset, filled)
 
-# nvimgcodecStructureType_t
-T_PROPERTIES, T_INSTANCE_CREATE_INFO, T_DEVICE_ALLOCATOR, T_PINNED_ALLOCATOR, T_DECODE_PARAMS = 1, 2, 3, 4, 5
-T_IMAGE_INFO, T_BACKEND, T_EXTENSION_DESC, T_BACKEND_PARAMS, T_EXECUTION_PARAMS = 11, 17, 27, 29, 30
+SUPPORTED = ("0.9.",)  # nvImageCodec versions whose structures these are
 # the extensions an instance loads: nvJPEG's (the `hw` and `cuda` backends) and libjpeg-turbo's (`cpu`)
 EXTENSIONS = ("libnvjpeg_ext.so", "libjpeg_turbo_ext.so")
-BACKENDS = {"cpu": 1, "cuda": 3, "hw": 4}  # nvimgcodecBackendKind_t: CPU_ONLY, HYBRID_CPU_GPU, HW_GPU_ONLY
-LOAD_HINT_FIXED = 2
-COLORSPEC_SRGB, COLORSPEC_SYCC, SAMPLING_NONE, SAMPLING_420, SAMPLEFORMAT_I_RGB, UINT8 = 1, 3, 0, 3, 8, 0x0802
-BUFFER_DEVICE, BUFFER_HOST = 1, 2
-PROCESSING_SUCCESS = 1
 
 # nvJPEG (under the `hw` and `cuda` backends) rounds its device and page-locked allocations up to a
 # multiple of these many bytes, so that buffers outgrown by larger batches grow in a few large steps:
@@ -42,59 +39,6 @@ PROCESSING_SUCCESS = 1
 # from freeing in the training loop measured: docs/benchmarks.md)
 DEVICE_PADDING = 32 << 20
 PINNED_PADDING = 32 << 20
-
-
-class _Head(C.Structure):
-    _fields_ = [("struct_type", C.c_int), ("struct_size", C.c_size_t), ("struct_next", C.c_void_p)]
-
-
-def _struct(name: str, fields: list) -> type:
-    return type(name, (C.Structure,), {"_fields_": _Head._fields_ + fields})
-
-
-Orientation = _struct("Orientation", [("rotated", C.c_int), ("flip_x", C.c_int), ("flip_y", C.c_int)])
-PlaneInfo = _struct("PlaneInfo", [("width", C.c_uint32), ("height", C.c_uint32), ("row_stride", C.c_size_t),
-                                  ("num_channels", C.c_uint32), ("sample_type", C.c_int), ("precision", C.c_uint8)])
-ImageInfo = _struct("ImageInfo", [
-    ("codec_name", C.c_char * NAME_SIZE), ("color_spec", C.c_int), ("chroma_subsampling", C.c_int),
-    ("sample_format", C.c_int), ("orientation", Orientation), ("num_planes", C.c_uint32),
-    ("plane_info", PlaneInfo * MAX_PLANES), ("buffer", C.c_void_p), ("buffer_kind", C.c_int),
-    ("cuda_stream", C.c_void_p)])
-DeviceAllocator = _struct("DeviceAllocator", [("device_malloc", C.c_void_p), ("device_free", C.c_void_p),
-                                               ("device_ctx", C.c_void_p), ("device_mem_padding", C.c_size_t)])
-PinnedAllocator = _struct("PinnedAllocator", [("pinned_malloc", C.c_void_p), ("pinned_free", C.c_void_p),
-                                               ("pinned_ctx", C.c_void_p), ("pinned_mem_padding", C.c_size_t)])
-BackendParams = _struct("BackendParams", [("load_hint", C.c_float), ("load_hint_policy", C.c_int)])
-Backend = _struct("Backend", [("kind", C.c_int), ("params", BackendParams)])
-DecodeParams = _struct("DecodeParams", [("apply_exif_orientation", C.c_int)])
-ExecutionParams = _struct("ExecutionParams", [
-    ("device_allocator", C.c_void_p), ("pinned_allocator", C.c_void_p), ("max_num_cpu_threads", C.c_int),
-    ("executor", C.c_void_p), ("device_id", C.c_int), ("pre_init", C.c_int), ("skip_pre_sync", C.c_int),
-    ("num_backends", C.c_int), ("backends", C.POINTER(Backend))])
-Properties = _struct("Properties", [("version", C.c_uint32), ("cudart_version", C.c_uint32)])
-ExtensionDesc = _struct("ExtensionDesc", [("instance", C.c_void_p), ("id", C.c_char_p), ("version", C.c_uint32),
-                                          ("ext_api_version", C.c_uint32), ("create", C.c_void_p),
-                                          ("destroy", C.c_void_p)])
-InstanceCreateInfo = _struct("InstanceCreateInfo", [
-    ("load_builtin_modules", C.c_int), ("load_extension_modules", C.c_int), ("extension_modules_path", C.c_char_p),
-    ("create_debug_messenger", C.c_int), ("debug_messenger_desc", C.c_void_p), ("message_severity", C.c_uint32),
-    ("message_category", C.c_uint32)])
-
-
-def _filled(cls, struct_type: int, **values):
-    return cls(struct_type=struct_type, struct_size=C.sizeof(cls), **values)
-
-
-def _field(cls, path: str) -> int:
-    """Byte offset of a dotted field path in `cls` (plane_info's first plane for `plane_info.x`)."""
-    offset, kind = 0, cls
-    for name in path.split("."):
-        f = getattr(kind, name)
-        offset += f.offset
-        kind = dict(kind._fields_)[name]
-        if hasattr(kind, "_type_") and issubclass(kind, C.Array):
-            kind = kind._type_
-    return offset
 
 
 class Library:
@@ -142,13 +86,13 @@ def open_library() -> tuple[Library, int]:
         raise ImportError("No module named 'nvidia.nvimgcodec'")
     home = Path(spec.origin).parent
     lib = Library(str(home / "libnvimgcodec.so.0"))
-    properties = _filled(Properties, T_PROPERTIES)
+    properties = filled(Properties, T_PROPERTIES)
     check(lib.fast.nvimgcodecGetProperties(C.byref(properties)), "reading its version")
     v = properties.version
     version = f"{v // 1000}.{v % 1000 // 100}.{v % 100}"
     if not version.startswith(SUPPORTED):
         raise RuntimeError(f"nvImageCodec {version}: gpufeed's C calls are for {' or '.join(SUPPORTED)}x")
-    info = _filled(InstanceCreateInfo, T_INSTANCE_CREATE_INFO, load_builtin_modules=1, load_extension_modules=0)
+    info = filled(InstanceCreateInfo, T_INSTANCE_CREATE_INFO, load_builtin_modules=1, load_extension_modules=0)
     instance = C.c_void_p()
     check(lib.fast.nvimgcodecInstanceCreate(C.byref(instance), C.byref(info)), "creating an instance")
     for name in EXTENSIONS:
@@ -156,7 +100,7 @@ def open_library() -> tuple[Library, int]:
         if not found:
             raise RuntimeError(f"nvImageCodec {version} has no {name} in {home / 'extensions'}")
         module = C.CDLL(str(found[0]))
-        desc, extension = _filled(ExtensionDesc, T_EXTENSION_DESC), C.c_void_p()
+        desc, extension = filled(ExtensionDesc, T_EXTENSION_DESC), C.c_void_p()
         _EXTENSIONS.append((module, desc, extension))  # kept for the process, as the instance is
         with quiet_codecs(f"loading {name}"):  # a missing library of its own (nvJPEG) is said at its decoder
             check(module.nvimgcodecExtensionModuleEntry(C.byref(desc)), f"describing {name}")
@@ -177,13 +121,13 @@ class BatchDecoder:
         memory in the decode calls of batches that did not fit, which made the training loop beside
         it slower (docs/benchmarks.md); larger images or batches still decode."""
         self.lib, self.instance = open_library()
-        self._backend = _filled(Backend, T_BACKEND, kind=BACKENDS[backend],
-                                params=_filled(BackendParams, T_BACKEND_PARAMS, load_hint=1.0,
+        self._backend = filled(Backend, T_BACKEND, kind=BACKENDS[backend],
+                                params=filled(BackendParams, T_BACKEND_PARAMS, load_hint=1.0,
                                                load_hint_policy=LOAD_HINT_FIXED))
         # no allocator functions: nvJPEG's own, with the padding
-        self._allocators = (_filled(DeviceAllocator, T_DEVICE_ALLOCATOR, device_mem_padding=DEVICE_PADDING),
-                            _filled(PinnedAllocator, T_PINNED_ALLOCATOR, pinned_mem_padding=PINNED_PADDING))
-        params = _filled(ExecutionParams, T_EXECUTION_PARAMS, max_num_cpu_threads=cpu_threads,
+        self._allocators = (filled(DeviceAllocator, T_DEVICE_ALLOCATOR, device_mem_padding=DEVICE_PADDING),
+                            filled(PinnedAllocator, T_PINNED_ALLOCATOR, pinned_mem_padding=PINNED_PADDING))
+        params = filled(ExecutionParams, T_EXECUTION_PARAMS, max_num_cpu_threads=cpu_threads,
                          device_id=DEVICE_CPU_ONLY if backend == "cpu" else device_id, num_backends=1,
                          backends=C.pointer(self._backend), device_allocator=C.addressof(self._allocators[0]),
                          pinned_allocator=C.addressof(self._allocators[1]))
@@ -197,11 +141,11 @@ class BatchDecoder:
               f"creating the {backend} decoder")
         self.handle = handle.value
         self.host = backend == "cpu"
-        self._params = _filled(DecodeParams, T_DECODE_PARAMS, apply_exif_orientation=0)
+        self._params = filled(DecodeParams, T_DECODE_PARAMS, apply_exif_orientation=0)
         self._streams = (C.c_void_p * 0)()  # code stream and image handles, made again into (reused)
         self._images = (C.c_void_p * 0)()
         self._infos = (ImageInfo * 0)()
-        self._template = bytes(_filled(ImageInfo, T_IMAGE_INFO))
+        self._template = bytes(filled(ImageInfo, T_IMAGE_INFO))
 
     def _room(self, n: int) -> None:
         if len(self._streams) < n:
@@ -214,7 +158,7 @@ class BatchDecoder:
     def _column(self, path: str, dtype, n: int, plane: int = 0) -> np.ndarray:
         """Field `path` of the first `n` image infos (of plane `plane` for `plane_info.*`), as a numpy
         view (written in place)."""
-        at = _field(ImageInfo, path) + plane * C.sizeof(PlaneInfo)
+        at = field_offset(ImageInfo, path) + plane * C.sizeof(PlaneInfo)
         return np.ndarray((n,), dtype, np.frombuffer(self._infos, np.uint8), at, (C.sizeof(ImageInfo),))
 
     def read(self, data: np.ndarray, begins: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
