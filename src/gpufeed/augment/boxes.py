@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from gpufeed.augment.pipeline import Params
+from gpufeed.augment.params import Params
 
 
 def transform_boxes(boxes: list[np.ndarray], params: Params, min_size: float = 1.0) -> list[np.ndarray]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import importlib
 import logging
-from dataclasses import dataclass, replace
 from typing import Sequence
 
 import torch
@@ -21,6 +20,7 @@ import torch
 from gpufeed.augment.affine import Filled, RandomAffine, RandomRotation, Warp, warp
 from gpufeed.augment.colour import constant
 from gpufeed.augment.mix import BATCH_OPS
+from gpufeed.augment.params import Params
 from gpufeed.augment.ops import (CenterCrop, Normalize, RandomCrop, RandomHorizontalFlip, RandomResizedCrop,
                                  RandomVerticalFlip, Resize)
 from gpufeed.augment.pixel import AFTER_NORMALIZE, PIXEL_OPS
@@ -31,49 +31,6 @@ log = logging.getLogger(__name__)
 GEOMETRIC = (RandomResizedCrop, Resize, CenterCrop, RandomCrop, RandomHorizontalFlip, RandomVerticalFlip,
              RandomAffine, RandomRotation)
 COLOUR = PIXEL_OPS
-
-
-@dataclass
-class Params:
-    """Everything random about one batch; move it with `.to(device)` before `apply`."""
-
-    boxes: torch.Tensor  # (N, 4) source boxes x1, y1, x2, y2
-    flip: torch.Tensor  # (N,) uint8, 1 = mirrored
-    out_hw: tuple[int, int]
-    identity: bool  # no resampling needed
-    pixel: torch.Tensor | None  # (N, columns): a policy's, every colour/pixel op's and RandomErasing's draws
-    any_flip: bool = True  # known on the host, so apply() never syncs with the device
-    vflip: torch.Tensor | None = None  # (N,) uint8, 1 = upside down; None: no op flips vertically
-    warp: Warp | None = None  # the warp pass after the box pass (out_hw is then the box pass's size)
-    choices: torch.Tensor | None = None  # (N, slots) int8: a policy's ops, kept on the host
-    seeds: torch.Tensor | None = None  # (N,) int64 on the host: seeds a batch's random erasing noise
-
-    def tensors(self) -> list[torch.Tensor]:
-        """The tensors of the parameters (what a stream hand-over must cover); not the host-side choices."""
-        found = [self.boxes, self.flip, self.pixel, self.vflip, None if self.warp is None else self.warp.matrices]
-        return [t for t in found if t is not None]
-
-    @property
-    def final_hw(self) -> tuple[int, int]:
-        return self.warp.out_hw if self.warp is not None else self.out_hw
-
-    def rows(self, a: int, b: int, any_flip: bool) -> Params:
-        """Samples a..b (a batch of an epoch's parameters), views on whatever device they are."""
-        return replace(self.take(slice(a, b)), any_flip=any_flip)
-
-    def take(self, rows: torch.Tensor | slice) -> Params:
-        """The parameters of samples `rows` (host int64 positions, or a slice), in that order."""
-        pick = lambda t: None if t is None else t[rows]  # noqa: E731
-        warp = None if self.warp is None else replace(self.warp, matrices=self.warp.matrices[:, rows])
-        return replace(self, boxes=self.boxes[rows], flip=self.flip[rows], pixel=pick(self.pixel),
-                       vflip=pick(self.vflip), warp=warp, choices=pick(self.choices), seeds=pick(self.seeds))
-
-    def to(self, device: torch.device | str, non_blocking: bool = False, boxes: bool = True) -> Params:
-        """On `device` (the boxes and horizontal flips stay where they are unless `boxes`)."""
-        move = lambda t: None if t is None else t.to(device, non_blocking=non_blocking)  # noqa: E731
-        keep = lambda t: move(t) if boxes else t  # noqa: E731
-        return replace(self, boxes=keep(self.boxes), flip=keep(self.flip), pixel=move(self.pixel),
-                       vflip=move(self.vflip), warp=None if self.warp is None else self.warp.to(device, non_blocking))
 
 
 class Augment:

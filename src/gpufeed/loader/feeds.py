@@ -21,7 +21,7 @@ from typing import Callable, Iterator
 import numpy as np
 import torch
 
-from gpufeed.augment.pipeline import Params
+from gpufeed.augment.params import Params
 from gpufeed.loader.plan import EpochPlan
 from gpufeed.loader.stats import stage_range
 from gpufeed.transfer.ring import PinnedRing, hand_over

@@ -22,7 +22,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from gpufeed.augment.pipeline import Params, _fused
+from gpufeed.augment.params import Params
+from gpufeed.augment.pipeline import _fused
 from gpufeed.decode import Scheduler
 from gpufeed.decode import scheduler
 from gpufeed.decode.base import Decoded, Encoded, into_pixels

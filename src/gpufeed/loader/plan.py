@@ -11,7 +11,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from gpufeed.augment.pipeline import Augment, Params
+from gpufeed.augment.params import Params
+from gpufeed.augment.pipeline import Augment
 from gpufeed.loader.sampler import ShardedBatchSampler
 
 
