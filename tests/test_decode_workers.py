@@ -118,7 +118,7 @@ def test_jobs_collected_out_of_order_get_their_own_images(store, pool):
     got_a = pool.collect(a, CPU, pin=False)
     _same_as_torchvision(got_a, *first)
     _same_as_torchvision(got_b, *second)
-    # each collect's decoding seconds are its own job's (the scheduler's CPU rate), not the pool's since
+    # each collect's decoding seconds are its own job's (the scheduler's CPU rate), not all the pool's
     assert 0 < busy_b < pool.busy_seconds and 0 < pool.last_busy < pool.busy_seconds
     assert busy_b + pool.last_busy == pytest.approx(pool.busy_seconds, rel=1e-5)
 

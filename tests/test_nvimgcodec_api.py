@@ -24,15 +24,15 @@ from gpufeed.synth import encode_jpegs, natural_images
 def test_structures_are_laid_out_as_the_header_says():
     # sizes and offsets from gcc's sizeof/offsetof on nvImageCodec 0.9's include/nvimgcodec.h
     assert C.sizeof(header.ImageInfo) == 2160 and C.sizeof(header.PlaneInfo) == 56
-    assert (header.ImageInfo.orientation.offset, header.ImageInfo.num_planes.offset, header.ImageInfo.plane_info.offset,
-            header.ImageInfo.buffer.offset, header.ImageInfo.buffer_kind.offset, header.ImageInfo.cuda_stream.offset) == (
-            296, 336, 344, 2136, 2144, 2152)
+    info = header.ImageInfo
+    assert (info.orientation.offset, info.num_planes.offset, info.plane_info.offset, info.buffer.offset,
+            info.buffer_kind.offset, info.cuda_stream.offset) == (296, 336, 344, 2136, 2144, 2152)
     assert (header.PlaneInfo.row_stride.offset, header.PlaneInfo.precision.offset) == (32, 48)
     assert (C.sizeof(header.ExecutionParams), header.ExecutionParams.backends.offset, C.sizeof(header.Backend),
             header.Backend.params.offset, C.sizeof(header.BackendParams), C.sizeof(header.DecodeParams),
             C.sizeof(header.InstanceCreateInfo)) == (80, 72, 64, 32, 32, 32, 64)
-    assert (C.sizeof(header.DeviceAllocator), header.DeviceAllocator.device_mem_padding.offset, C.sizeof(header.PinnedAllocator),
-            header.PinnedAllocator.pinned_mem_padding.offset) == (56, 48, 56, 48)
+    assert (C.sizeof(header.DeviceAllocator), header.DeviceAllocator.device_mem_padding.offset,
+            C.sizeof(header.PinnedAllocator), header.PinnedAllocator.pinned_mem_padding.offset) == (56, 48, 56, 48)
     assert (C.sizeof(header.Properties), C.sizeof(header.ExtensionDesc), header.ExtensionDesc.version.offset,
             header.ExtensionDesc.create.offset) == (32, 64, 40, 48)
 

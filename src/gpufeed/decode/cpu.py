@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -132,8 +131,7 @@ class CpuDecoder:
         self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="gpufeed-decode")
         self.last_done = 0.0  # when the last image of the last `collect` finished decoding
         self.last_busy = 0.0  # the threads' seconds decoding the images of the last `collect`, summed
-        self.busy_seconds = 0.0  # the threads' seconds decoding, summed (their rate is images over these)
-        self._busy_lock = threading.Lock()
+        self.busy_seconds = 0.0  # the threads' seconds decoding the images collected, summed
         self._staging: PinnedStaging | None = None  # used from the one thread that calls `collect`
 
     def submit(self, batch: Encoded, shapes, asks: Asks | None = None):
@@ -147,13 +145,10 @@ class CpuDecoder:
         began = time.perf_counter()
         try:
             pixels, region, finished = decode_one(data, reduce_to, region)
-            done = _Done(pixels, region, finished, finished - began)
+            return _Done(pixels, region, finished, finished - began)
         except Exception as e:  # any decoder error marks this image, never the batch
             finished = time.perf_counter()
-            done = _Done(None, None, finished, finished - began, f"{type(e).__name__}: {e}")
-        with self._busy_lock:
-            self.busy_seconds += done.seconds
-        return done
+            return _Done(None, None, finished, finished - began, f"{type(e).__name__}: {e}")
 
     def collect(self, futures, device: torch.device, pin: bool) -> Decoded:
         """Wait for `submit`'s futures and put the images (HWC) back to back where `device` reads them
@@ -169,6 +164,7 @@ class CpuDecoder:
             images.append(done.pixels)
             regions.append(done.region or NO_REGION)
             self.last_done = max(self.last_done, done.finished)
+        self.busy_seconds += self.last_busy
         if self._staging is None:  # page-locked only where a GPU reads it
             self._staging = PinnedStaging(pin=device.type == "cuda")
         return packed(images, failed, device, self._staging, np.array(regions, np.int64).reshape(-1, 4), pin)

@@ -122,15 +122,15 @@ class BatchDecoder:
         it slower (docs/benchmarks.md); larger images or batches still decode."""
         self.lib, self.instance = open_library()
         self._backend = filled(Backend, T_BACKEND, kind=BACKENDS[backend],
-                                params=filled(BackendParams, T_BACKEND_PARAMS, load_hint=1.0,
-                                               load_hint_policy=LOAD_HINT_FIXED))
+                               params=filled(BackendParams, T_BACKEND_PARAMS, load_hint=1.0,
+                                             load_hint_policy=LOAD_HINT_FIXED))
         # no allocator functions: nvJPEG's own, with the padding
         self._allocators = (filled(DeviceAllocator, T_DEVICE_ALLOCATOR, device_mem_padding=DEVICE_PADDING),
                             filled(PinnedAllocator, T_PINNED_ALLOCATOR, pinned_mem_padding=PINNED_PADDING))
         params = filled(ExecutionParams, T_EXECUTION_PARAMS, max_num_cpu_threads=cpu_threads,
-                         device_id=DEVICE_CPU_ONLY if backend == "cpu" else device_id, num_backends=1,
-                         backends=C.pointer(self._backend), device_allocator=C.addressof(self._allocators[0]),
-                         pinned_allocator=C.addressof(self._allocators[1]))
+                        device_id=DEVICE_CPU_ONLY if backend == "cpu" else device_id, num_backends=1,
+                        backends=C.pointer(self._backend), device_allocator=C.addressof(self._allocators[0]),
+                        pinned_allocator=C.addressof(self._allocators[1]))
         handle = C.c_void_p()
         # no decoding options: the binding's default (fancy upsampling, as libjpeg and Pillow decode)
         options = ""

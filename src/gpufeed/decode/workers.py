@@ -121,7 +121,7 @@ class DecodeWorkers:
     @property
     def last_busy(self) -> float:
         """The seconds spent decoding the images of this thread's last `collect`, summed: its share's
-        own, whatever else the pool decoded meanwhile (another pipeline's shares, retries)."""
+        own, not what else the pool decoded meanwhile (another pipeline's shares, retries)."""
         return getattr(self._local, "last_busy", 0.0)
 
     def wait_ready(self, timeout: float = 60.0) -> bool:
@@ -170,7 +170,7 @@ class DecodeWorkers:
             tickets["row"], tickets["count"], tickets["share"], tickets["spare"] = (
                 firsts, np.minimum(size, start + n - firsts), share, 0)
             job = Job(start, share, segment, batch, asks, {},
-                       dict(zip(firsts.tolist(), tickets["count"].tolist())))
+                      dict(zip(firsts.tolist(), tickets["count"].tolist())))
             self._jobs[start] = job
             self._tickets.update(dict.fromkeys(job.pending, job))
             first = self._relay.send(tickets)
