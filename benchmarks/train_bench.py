@@ -369,7 +369,8 @@ def _os_counters() -> dict[str, int]:
     """What a process's threads cost each other through the kernel rather than a lock of ours: this
     process's page faults, the training thread's context switches (voluntary: it blocked, on the GIL,
     a lock or a sync; not: it was preempted), and the host's TLB shootdowns (a thread that unmaps
-    memory interrupts every CPU running a thread of its process) and function-call interrupts."""
+    memory interrupts every CPU running a thread of its process) and function-call interrupts, and the
+    time the hypervisor gave the host's CPUs to others (a busy neighbour slows every row alike)."""
     import resource
 
     use = resource.getrusage(resource.RUSAGE_SELF)
@@ -380,6 +381,10 @@ def _os_counters() -> dict[str, int]:
             if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
                 key, value = line.split(":")
                 out["train_" + key.replace("_ctxt_switches", "_switches")] = int(value)
+        # the host's CPUs' time taken by the hypervisor for others (steal, in ticks of 1/USER_HZ s)
+        ticks = Path("/proc/stat").read_text().splitlines()[0].split()
+        if len(ticks) > 8:
+            out["host_steal_ms"] = int(ticks[8]) * 1000 // os.sysconf("SC_CLK_TCK")
         for line in Path("/proc/interrupts").read_text().splitlines():
             name, _, rest = line.strip().partition(":")
             if name in ("TLB", "CAL"):

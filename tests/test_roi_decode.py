@@ -247,6 +247,13 @@ def test_a_started_batchs_gpu_share_decodes_on_a_helper_while_the_caller_goes_on
     dropped = s.start(batch, shapes, boxes, (16, 16))
     s.drop(dropped)
     assert dropped.gpu_job.done()
+    calls, shares = len(threads), s.steering.shares
+    s.steering.shares = lambda n, threads: [0, n]  # the CPU has the whole batch: no helper thread woken
+    empty = s.start(batch, shapes, boxes, (16, 16))
+    parts, failed = s.finish(empty, pin=False)
+    assert empty.gpu_job is None and len(threads) == calls and s.counts["cpu"] == 6
+    assert sorted(parts[-1][1].tolist()) == [0, 1, 2, 3] and not failed
+    s.steering.shares = shares
     monkeypatch.setattr(scheduler, "GPU_EARLY", False)  # the share decoded in `finish`, on the caller's thread
     s.steering.rates["cpu"], calls = 1.0, len(threads)  # a slow CPU: the GPU decoder gets all but one image
     parts, failed = s.finish(s.start(batch, shapes, boxes, (16, 16)), pin=False)

@@ -109,7 +109,9 @@ class Scheduler:
         submitted = time.perf_counter()  # before: the CPU may finish small shares before `submit` returns
         job = self.cpu.submit(batch.take(cpu_pos), shapes[cpu_pos], asks)
         gpu_job = None
-        if self.gpu and GPU_EARLY:  # one thread: batches' GPU shares are decoded one after another
+        # one thread: batches' GPU shares are decoded one after another. Not woken for a batch whose GPU
+        # share is empty (beside a model the workers often decode it all): each wake-up takes the GIL
+        if self.gpu and GPU_EARLY and starts[-2] > 0:
             self._early = self._early or ThreadPoolExecutor(1, thread_name_prefix="gpufeed-gpushare")
             gpu_job = self._early.submit(self._decode_gpu, batch, shapes, order, starts)
         return Started(batch, shapes, boxes, out_hw, order, starts, regions, cost, asks, job, submitted, gpu_job)
@@ -121,8 +123,10 @@ class Scheduler:
         t0 = time.perf_counter()
         if started.gpu_job is not None:
             gpu = started.gpu_job.result()
-        else:
+        elif starts[-2] > 0:
             gpu = self._decode_gpu(batch, shapes, started.order, starts)
+        else:  # the CPU has the whole batch
+            gpu = GpuShares([], 0.0)
         t_cpu = time.perf_counter()
         self.steering.gpu_wait += t_cpu - t0
         self.seconds["gpu_wait"] += t_cpu - t0  # the caller's wait for the GPU shares
