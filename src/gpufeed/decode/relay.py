@@ -37,6 +37,8 @@ class Relay:
             os.close(done_w)  # the workers hold it now
         self.stop = weakref.finalize(self, _stop, self.workers, self._tickets_w, [self._tickets_r, self._done_r],
                                      keep)
+        # each worker's stdout until it ends, by file descriptor (asked for once: `_poll` runs per done record)
+        self._outs = {w.proc.stdout.fileno(): k for k, w in enumerate(self.workers)}
         self.written = 0  # tickets written so far
         self._unread = b""
         self._lock = threading.Lock()  # one thread polls at a time
@@ -89,16 +91,15 @@ class Relay:
         if not self.alive:
             return False
         try:
-            open_ = {w.proc.stdout.fileno(): k for k, w in enumerate(self.workers) if w.dead is None}
-            readable, _, _ = select.select([self._done_r, *open_], [], [], timeout)
+            readable, _, _ = select.select([self._done_r, *self._outs], [], [], timeout)
             if self._done_r in readable:
                 data, size = self._unread + os.read(self._done_r, 1 << 16), protocol.DONE.itemsize
                 whole = len(data) // size * size
                 self._unread = data[whole:]
                 done(np.frombuffer(data[:whole], protocol.DONE))
             for fd in readable:
-                if fd in open_:
-                    self._heard(open_[fd], fd, died)
+                if fd in self._outs:
+                    self._heard(self._outs[fd], fd, died)
         except (OSError, ValueError):  # a pipe closed under us: the workers were stopped
             if self.alive:
                 raise
@@ -110,6 +111,7 @@ class Relay:
         try:
             message = protocol.read(fd)
         except EOFError:
+            del self._outs[fd]
             worker = self.workers[k]
             try:
                 worker.proc.wait(timeout=5)

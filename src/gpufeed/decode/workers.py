@@ -82,6 +82,7 @@ class DecodeWorkers:
         self._thread_decoders: list[CpuDecoder] = []
         self._said: set[str] = set()
         self.busy: Counter = Counter()  # the workers' seconds: wall, and CPU (below wall: starved of cores)
+        self.answered = 0  # images the workers decoded (or failed), over those seconds
 
     def _segment(self, nbytes: int) -> Segment:
         """A new shared segment for the pixels of CPU shares (page-locked on a GPU: counted, as it takes a while)."""
@@ -112,6 +113,13 @@ class DecodeWorkers:
         """The workers' seconds decoding, summed (a worker's rate is images over these), and those of
         the threads that decoded what no worker could."""
         return self.busy["workers_wall"] + sum(threads.busy_seconds for threads in self._thread_decoders)
+
+    @property
+    def rate(self) -> float:
+        """Images one worker decodes a second while it decodes: every ticket answered so far, over the
+        seconds the workers spent on them (0 before the first answer)."""
+        wall = self.busy["workers_wall"]
+        return self.answered / wall if wall else 0.0
 
     @property
     def last_done(self) -> float:
@@ -230,6 +238,7 @@ class DecodeWorkers:
     def _answered(self, records: np.ndarray) -> None:
         """Done records: their tickets are answered."""
         self.busy.update(workers_wall=float(records["wall"].sum()), workers_cpu=float(records["cpu"].sum()))
+        self.answered += int(records["count"].sum())
         with self._lock:
             answers = zip(records["row"].tolist(), records["share"].tolist(), records["wall"].tolist())
             for first, share, wall in answers:

@@ -143,11 +143,11 @@ def store(path: Path, batches: int, device: str) -> Timings:
     t.seconds["total (wall)"] = time.perf_counter() - t0
     t.facts.update(tier=loader.tier.name, tier_reason=loader.tier.reason, decoders=stats.get("decoders"),
                    decoded_by=stats.get("decoded_by"), mode=loader.store.mode)
-    # the CPU workers' pace: what a jpeg store can feed without the GPU decoders
+    # the CPU workers' pace: what a jpeg store can feed without the GPU decoders (every image they decoded
+    # over their seconds: the images of batches collected alone would leave out the next batch's, decoded)
     workers = loader.jpeg.workers if loader.jpeg is not None else None
-    decoded = (stats.get("decoded_by") or {}).get("cpu", 0)
-    if workers is not None and workers.busy_seconds > 0 and decoded:
-        t.facts.update(cpu_workers=workers.size, cpu_worker_rate=decoded / workers.busy_seconds)
+    if workers is not None and workers.rate > 0:
+        t.facts.update(cpu_workers=workers.size, cpu_worker_rate=workers.rate)
     loader.close()
     return t
 
