@@ -373,6 +373,8 @@ def _os_counters() -> dict[str, int]:
     time the hypervisor gave the host's CPUs to others (a busy neighbour slows every row alike)."""
     import resource
 
+    from gpufeed.doctor.stages import host_steal
+
     use = resource.getrusage(resource.RUSAGE_SELF)
     out = {"minor_faults": use.ru_minflt, "major_faults": use.ru_majflt}
     try:
@@ -381,10 +383,7 @@ def _os_counters() -> dict[str, int]:
             if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
                 key, value = line.split(":")
                 out["train_" + key.replace("_ctxt_switches", "_switches")] = int(value)
-        # the host's CPUs' time taken by the hypervisor for others (steal, in ticks of 1/USER_HZ s)
-        ticks = Path("/proc/stat").read_text().splitlines()[0].split()
-        if len(ticks) > 8:
-            out["host_steal_ms"] = int(ticks[8]) * 1000 // os.sysconf("SC_CLK_TCK")
+        out["host_steal_ms"] = host_steal()[0] * 1000 // os.sysconf("SC_CLK_TCK")
         for line in Path("/proc/interrupts").read_text().splitlines():
             name, _, rest = line.strip().partition(":")
             if name in ("TLB", "CAL"):

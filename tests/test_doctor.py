@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import pytest
 
@@ -114,3 +115,21 @@ def test_a_folder_of_no_images_is_a_clear_error(tmp_path, capsys):
     (tmp_path / "c" / "a.jpg").write_text("text")
     assert main(["doctor", str(tmp_path), "--device", "cpu"]) == 1
     assert "none of 1 files could be read as an image" in capsys.readouterr().err
+
+
+def test_a_host_whose_hypervisor_takes_its_cpus_is_said_to(monkeypatch):
+    """Steal (a virtual CPU ready to run while the hypervisor runs another guest) slows whatever is
+    measured: the doctor says how much of the host's CPU time went so, from 2 % on."""
+    readings = iter([(100, 10_000), (150, 11_000), (100, 10_000), (105, 11_000)])
+    monkeypatch.setattr(stages, "host_steal", lambda: next(readings))
+    report = diagnose(None, device="cpu")
+    assert report["facts"]["host_steal_share"] == pytest.approx(0.05)
+    assert any("5% of this host's CPU time to others" in f for f in report["findings"])
+    report = diagnose(None, device="cpu")
+    assert report["facts"]["host_steal_share"] == pytest.approx(0.005)
+    assert not any("steal" in f for f in report["findings"])
+
+
+def test_host_steal_reads_this_hosts_clock_ticks():
+    steal, total = stages.host_steal()
+    assert 0 <= steal <= total and (total > 0 or not Path("/proc/stat").exists())

@@ -74,6 +74,7 @@ def diagnose(target: str | None, device: str | None = None, limit: int = 256,
             return stages.iterable(target, max(2, limit // 64), device)
         raise ValueError(f"{target}: not an image folder, a gpufeed store or module:function")
 
+    steal0 = stages.host_steal()
     if trace:
         activities = [torch.profiler.ProfilerActivity.CPU]
         activities += [torch.profiler.ProfilerActivity.CUDA] if device == "cuda" else []
@@ -82,6 +83,9 @@ def diagnose(target: str | None, device: str | None = None, limit: int = 256,
         prof.export_chrome_trace(str(trace))
     else:
         timings = run()
+    steal, total = (b - a for a, b in zip(steal0, stages.host_steal()))
+    if total > 0:
+        timings.facts["host_steal_share"] = steal / total
     report = {"target": target, "kind": timings.kind, "device": device, "images": timings.images,
               "seconds_per_1000": timings.per_1000(), "facts": timings.facts,
               "findings": findings(timings, device == "cuda"), "table": table(timings),

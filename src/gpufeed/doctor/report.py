@@ -5,6 +5,7 @@ from __future__ import annotations
 from gpufeed.doctor.stages import Timings
 
 MODEL = "model step (ResNet-18)"
+STEAL = 0.02  # the host's CPU time a hypervisor gave to others (steal) from which the doctor says so
 
 
 def findings(t: Timings, gpu: bool) -> list[str]:
@@ -35,6 +36,10 @@ def findings(t: Timings, gpu: bool) -> list[str]:
     if share.get("waiting for data", 0) > 0.3:
         out.append(f"the consumer waited for data {share['waiting for data']:.0%} of the time: "
                    f"{'use a host or gpu tier (cache=)' if t.facts.get('tier') == 'disk' else 'more prefetch'}")
+    if t.facts.get("host_steal_share", 0.0) >= STEAL:
+        out.append(f"the hypervisor gave {t.facts['host_steal_share']:.0%} of this host's CPU time to others while "
+                   "this ran (steal): what was measured here, and a training loop fed from a jpeg store, slow "
+                   "down with it; compare runs made while it was low")
     if gpu and t.facts.get("dtype") == "float32" and "host-to-device" in per:
         out.append("float32 over the bus: send uint8 (4x fewer bytes) and convert/normalize on the GPU "
                    "(gpufeed.nn.Normalize)")

@@ -41,6 +41,17 @@ class Timings:
         return {k: v * 1000 / max(self.images, 1) for k, v in self.seconds.items()}
 
 
+def host_steal() -> tuple[int, int]:
+    """(steal, all) CPU time of this host so far, in clock ticks, over all its CPUs (Linux /proc/stat;
+    (0, 0) elsewhere). Steal is time a virtual CPU was ready to run while the hypervisor ran something
+    else: another guest's load, which slows whatever runs here."""
+    try:
+        ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    except (OSError, ValueError):
+        return 0, 0
+    return (ticks[7], sum(ticks)) if len(ticks) == 8 else (0, 0)
+
+
 @contextmanager
 def stage(t: Timings, name: str, cuda: bool):
     """Time a stage (synchronising the GPU) inside a named profiler and NVTX range."""
