@@ -109,7 +109,7 @@ def test_jobs_collected_out_of_order_get_their_own_images(store, pool):
     """The scheduler submits a batch's CPU share, then GPU rejects on the same workers, and collects
     the rejects first: each must get its own rows of the board and its own done records."""
     first, second = _inputs(store, range(0, 8)), _inputs(store, [9, 10, 11])
-    answered = pool.answered
+    decoded = pool.decoded
     a = pool.submit(*first)
     b = pool.submit(*second)
     assert len(a.sequence) == 4 and sum(a.sequence.values()) == 0 + 1 + 2 + 3  # two tickets per worker, first
@@ -122,8 +122,8 @@ def test_jobs_collected_out_of_order_get_their_own_images(store, pool):
     # each collect's decoding seconds are its own job's (the scheduler's CPU rate), not all the pool's
     assert 0 < busy_b < pool.busy_seconds and 0 < pool.last_busy < pool.busy_seconds
     assert busy_b + pool.last_busy == pytest.approx(pool.busy_seconds, rel=1e-5)
-    # a worker's rate (the doctor's): every answered image over the seconds spent on them
-    assert pool.answered - answered == 11 and pool.rate == pytest.approx(11 / pool.busy_seconds, rel=1e-5)
+    # a worker's rate (the doctor's): every image decoded over the seconds spent on them
+    assert pool.decoded - decoded == 11 and pool.rate == pytest.approx(11 / pool.busy_seconds, rel=1e-5)
 
 
 def test_two_pipelines_share_the_pool_at_once(store, pool):
@@ -343,6 +343,8 @@ def test_two_jobs_on_dead_workers_are_decoded_on_threads(store, caplog):
         _same_as_torchvision(got_a, *first)
         _same_as_torchvision(got_b, *second)
         _same_as_torchvision(got_c, *third)
+        # the doctor's rate counts what threads decoded for the dead workers, as `busy_seconds` times it
+        assert workers.decoded == 6 + 2 + 2 and workers.rate == pytest.approx(10 / workers.busy_seconds)
     finally:
         workers.close()
 

@@ -82,7 +82,7 @@ class DecodeWorkers:
         self._thread_decoders: list[CpuDecoder] = []
         self._said: set[str] = set()
         self.busy: Counter = Counter()  # the workers' seconds: wall, and CPU (below wall: starved of cores)
-        self.answered = 0  # images the workers decoded (or failed), over those seconds
+        self.decoded = 0  # images decoded (or failed) in `busy_seconds`: by the workers, and by threads for them
 
     def _segment(self, nbytes: int) -> Segment:
         """A new shared segment for the pixels of CPU shares (page-locked on a GPU: counted, as it takes a while)."""
@@ -116,10 +116,10 @@ class DecodeWorkers:
 
     @property
     def rate(self) -> float:
-        """Images one worker decodes a second while it decodes: every ticket answered so far, over the
-        seconds the workers spent on them (0 before the first answer)."""
-        wall = self.busy["workers_wall"]
-        return self.answered / wall if wall else 0.0
+        """Images one worker decodes a second while it decodes: every image decoded so far over
+        `busy_seconds` (0 before the first)."""
+        busy = self.busy_seconds
+        return self.decoded / busy if busy else 0.0
 
     @property
     def last_done(self) -> float:
@@ -192,6 +192,7 @@ class DecodeWorkers:
         if not isinstance(job, Job):
             threads = self._fallback()
             part = threads.collect(job, device, pin)
+            self.decoded += len(job)
             self._local.last_done, self._local.last_busy = threads.last_done, threads.last_busy
             return part
         while job.pending and not job.stopped:
@@ -238,7 +239,7 @@ class DecodeWorkers:
     def _answered(self, records: np.ndarray) -> None:
         """Done records: their tickets are answered."""
         self.busy.update(workers_wall=float(records["wall"].sum()), workers_cpu=float(records["cpu"].sum()))
-        self.answered += int(records["count"].sum())
+        self.decoded += int(records["count"].sum())
         with self._lock:
             answers = zip(records["row"].tolist(), records["share"].tolist(), records["wall"].tolist())
             for first, share, wall in answers:
@@ -277,6 +278,7 @@ class DecodeWorkers:
         part = threads.collect(threads.submit(job.batch.take(positions), None, job.asks.take(positions)),
                                torch.device("cpu"), False)
         job.busy += threads.last_busy
+        self.decoded += count
         self._board.answer(job.start, positions, part, job.asks, job.segment, threads.last_done)
 
     def _fallback(self) -> CpuDecoder:
