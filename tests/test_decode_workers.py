@@ -400,10 +400,10 @@ def test_the_gpu_part_is_steered_by_what_the_loop_and_the_producer_wait_for():
 
     def steer(starved=0.0, cpu_wait=0.0, gpu_wait=0.0):
         steering.cpu_wait, steering.gpu_wait = cpu_wait, gpu_wait
-        steering.steer(Pace(starved, 0.02), 2)
+        steering.steer(Pace(starved, 0.02), 2, 100)
         return steering.gpu_part
 
-    steering.steer(None, 2)  # the first batch: nothing known
+    steering.steer(None, 2, 100)  # the first batch: nothing known
     assert steering.gpu_part is None
     assert steer() == pytest.approx(0.75)  # then the part that finishes together
     assert steer(0.015, cpu_wait=0.004, gpu_wait=0.001) == pytest.approx(0.8)  # starved, waiting on the CPU
@@ -426,6 +426,57 @@ def test_the_gpu_part_is_steered_by_what_the_loop_and_the_producer_wait_for():
     steering.measured("cpu", 10, 0.1)
     assert steering.rates["cpu"] == pytest.approx(10 / (0.7 * 0.001 + 0.3 * 0.1))
 
+
+
+def test_the_gpu_part_is_never_below_what_the_cpu_cannot_decode_in_the_loops_time():
+    """Where the loop's time per batch is known (`Pace.step`), the GPU's part is at least what the CPU
+    cannot decode in it at its measured rate (none under GPU_MIN_SHARE), however little the loop waited
+    (its queue of batches ahead hides a CPU that falls behind), and no more than the part for which both
+    finish together. The loop's time is the median of its last steps, so its warm-up does not count."""
+    steering = Steering(["hw"], cpu_share=True)
+    steering.rates.update(hw=3000.0, cpu=500.0)
+    steering.gpu_rate = 3000.0
+
+    def steer(step, starved=0.0):
+        steering.steer(Pace(starved, 0.02, step), 2, 100)
+        return steering.gpu_part
+
+    assert steer(2.0) == pytest.approx(0.75)  # the first: both finish together (no more than that after)
+    for _ in range(20):  # 2 threads at 500 images/s decode 50 images in 0.05 s: the GPU the other half
+        steer(0.05)
+    assert steering.step == pytest.approx(0.05) and steering.gpu_part == pytest.approx(0.5)
+    assert steering.shares(100, 2) == [50, 50]
+    steering.gpu_wait = 0.004
+    assert steer(0.05, starved=0.015) == pytest.approx(0.5)  # starved, the producer waiting on the GPU
+    steering.cpu_wait = 0.004
+    assert steer(0.05, starved=0.015) == pytest.approx(0.55)  # ... on the CPU: more, as before
+    assert steer(0.05) == pytest.approx(0.5)  # then down to the CPU's limit, not below
+    for _ in range(8):  # a slower loop: 2 threads decode 80 of 100 images in 0.08 s, 20 % is under
+        steer(0.08)  # GPU_MIN_SHARE, so the part falls by GPU_STEP a batch
+    for _ in range(20):
+        steer(0.08)
+    assert steering.gpu_part == 0.0 and steering.shares(100, 2) == [0, 100]
+    for _ in range(8):  # no model: the loop takes batches at once, and both finish together
+        steer(0.0001)
+    assert steering.gpu_part == pytest.approx(0.75)
+    steering.cpu_share = False  # the CPU decodes only what the GPU decoders reject: nothing to steer
+    steering.gpu_part = None
+    steer(0.0001)
+    assert steering.gpu_part is None
+
+
+def test_the_loop_s_own_time_per_batch_reaches_the_steering(store):
+    """`Pace.step`: the seconds the consumer spends between taking a batch and asking for the next
+    ("consumer" in `loader.stats()`), per batch, since the producer's last batch."""
+    loader = gpufeed.Loader(store, batch_size=2, device="cpu", augment=[RandomResizedCrop(8)], num_workers=0,
+                            prefetch=1)  # the producer makes batches while the consumer takes them
+    steering = loader.jpeg.pipelines[0].scheduler.steering
+    for _ in loader:
+        time.sleep(0.03)
+    stats = loader.stats()
+    assert stats["seconds"]["consumer"] >= 0.03 * (len(loader) - 1)
+    assert steering.step is not None and steering.step >= 0.02
+    loader.close()
 
 
 def test_encoded_bytes_tiers_on_cpu(store):

@@ -98,7 +98,7 @@ class Scheduler:
         while the caller goes on. `pace`: what the caller and its consumer waited for since the last
         batch (None: nothing known yet)."""
         threads = self.cpu.threads  # read once: workers become ready while batches are made
-        self.steering.steer(pace, threads)
+        self.steering.steer(pace, threads, len(batch))
         shares = self.shares(len(batch), threads)
         starts = np.cumsum([0] + shares)
         regions = crop_regions(shapes, boxes)

@@ -16,11 +16,13 @@ from gpufeed.decode.protocol import NO_REGION, asked
 
 @dataclass
 class Pace:
-    """The training loop's seconds waiting for batches since the producer's last one, and the seconds
-    between the producer's two batches."""
+    """The training loop's seconds waiting for batches since the producer's last one, the seconds
+    between the producer's two batches, and the loop's own seconds per batch since then (from taking
+    one to asking for the next: what it spends training; None: it took none)."""
 
     starved: float
     interval: float
+    step: float | None = None
 
 
 @dataclass

@@ -2,7 +2,11 @@
 
 The GPU decoders take a part of each batch that is steered after every batch (`GPU_STEP`): up while
 the training loop starves and the producer waits on the CPU, down otherwise; a GPU share under
-`GPU_MIN_SHARE` of the batch goes to the CPU too. Beside a training loop the CPU's workers, in
+`GPU_MIN_SHARE` of the batch goes to the CPU too. The part never falls below what the CPU, at its
+measured rate, cannot decode in the time the loop spends on each batch (`Steering.beyond_cpu`): the
+loop's waits alone are a late signal, since the loader's queue of batches ahead hides a CPU that
+falls behind until it runs dry, and steered by them alone the part stayed far below that where the
+CPU had few cores (docs/benchmarks.md). Beside a training loop the CPU's workers, in
 processes of their own, cost the model next to nothing, and the GPU decoders cost it more than a loop
 that waits a little (docs/benchmarks.md): so the CPU decodes all it can and the GPU decoders what it
 can't; alone, the part settles where the two finish together. The GPU decoders split theirs by their
@@ -13,6 +17,8 @@ or worker, and every CPU share holds an image per ready one at least, so a rate 
 """
 
 from __future__ import annotations
+
+from collections import deque
 
 import numpy as np
 
@@ -28,6 +34,11 @@ STARVED = 0.1
 # about 12 ms whatever its size (docs/benchmarks.md), so a small share spares the CPU little
 # (benchmarks/train_bench.py rows take gpu_min=X)
 GPU_MIN_SHARE = 0.25
+# the part of a batch the CPU cannot decode in the loop's time per batch is reckoned for a CPU that
+# decodes this part of its measured rate (benchmarks/train_bench.py rows take cpu_load=X)
+CPU_LOAD = 1.0
+# the loop's time per batch is the median of its last STEPS: the first ones include its warm-up
+STEPS = 8
 CPU_START_RATE = 300.0  # images/s per thread or worker, until one was measured
 
 
@@ -47,6 +58,8 @@ class Steering:
         # that the CPU and the GPU decoders finish together
         self.gpu_part: float | None = None
         self.cpu_wait = self.gpu_wait = 0.0  # the producer's waits for the CPU's and GPU's shares since `steer`
+        self.step: float | None = None  # the training loop's own seconds per batch (`Pace.step`), once known
+        self._steps: deque[float] = deque(maxlen=STEPS)
 
     def shares(self, n: int, threads: int) -> list[int]:
         """Images per decoder (GPU decoders in order, then the CPU) for a batch of `n`: the GPU decoders
@@ -71,9 +84,12 @@ class Steering:
         """The GPU decoders' part of a batch for which they and the CPU's `threads` finish together."""
         return self.gpu_rate / (self.rates["cpu"] * threads + self.gpu_rate)
 
-    def steer(self, pace: Pace | None, threads: int) -> None:
-        """Move `gpu_part` by `GPU_STEP` after the producer's last batch (see `GPU_STEP`); `pace` None:
-        nothing known yet."""
+    def steer(self, pace: Pace | None, threads: int, n: int) -> None:
+        """Move `gpu_part` by `GPU_STEP` after the producer's last batch (see `GPU_STEP`), to no less
+        than `beyond_cpu` for the next batch of `n`; `pace` None: nothing known yet."""
+        if pace is not None and pace.step is not None:
+            self._steps.append(pace.step)
+            self.step = float(np.median(self._steps))
         if pace is not None and self.cpu_share and self.gpu:
             if self.gpu_part is None:
                 self.gpu_part = self.together(threads)
@@ -81,7 +97,16 @@ class Steering:
                 self.gpu_part = min(1.0, self.gpu_part + GPU_STEP)
             else:
                 self.gpu_part = max(0.0, self.gpu_part - GPU_STEP)
+            if self.step is not None:
+                self.gpu_part = max(self.gpu_part, self.beyond_cpu(threads, n))
         self.cpu_wait, self.gpu_wait = 0.0, 0.0
+
+    def beyond_cpu(self, threads: int, n: int) -> float:
+        """The part of a batch of `n` the CPU's `threads` cannot decode, at their measured rate, in the
+        training loop's own time per batch (`step`): none under `GPU_MIN_SHARE`, and no more than the
+        part for which the CPU and the GPU decoders finish together."""
+        need = 1.0 - CPU_LOAD * self.rates["cpu"] * threads * self.step / n
+        return 0.0 if need < GPU_MIN_SHARE else min(need, self.together(threads))
 
     def measured(self, name: str, images: float, seconds: float) -> None:
         """Fold one measurement into `rates[name]`: images and seconds are averaged apart (exponentially)

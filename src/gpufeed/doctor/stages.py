@@ -148,6 +148,7 @@ def store(path: Path, batches: int, device: str) -> Timings:
             torch.cuda.synchronize()
     stats = loader.stats()
     names = {"gather": "gather", "h2d_issue": "host-to-device (issue)", "wait": "waiting for data",
+             "consumer": "between batches (the consumer's own time)",
              "augment": "augment (launch)" if device == "cuda" else "augment",
              "resize.copies": "resize: of it, the tables' copies"}
     t.seconds = {names.get(k, k): v for k, v in stats["seconds"].items()}

@@ -141,11 +141,12 @@ def threaded(loader, make: Callable[[int, int], tuple[Batch, torch.cuda.Event | 
     for p in producers:
         p.start()
     complete = False
+    consumer = Consumer()
     try:
         if carried is not None:
-            yield from _taken(loader, carried.items, carried.count)
+            yield from _taken(loader, carried.items, carried.count, consumer)
         for k in range(len(numbers)):
-            yield from _taken(loader, queues[k % workers], 1)
+            yield from _taken(loader, queues[k % workers], 1, consumer)
         complete = True
     finally:
         if complete and after is not None:
@@ -154,10 +155,21 @@ def threaded(loader, make: Callable[[int, int], tuple[Batch, torch.cuda.Event | 
             _stopped(stop, queues, producers)
 
 
-def _taken(loader, items: queue.Queue, count: int) -> Iterator[Batch]:
+@dataclass
+class Consumer:
+    """When the consumer last took a batch of this iteration: the time until it asks for the next is
+    its own (training on it), counted as stage "consumer". The jpeg path's steering sizes the CPU's
+    share of a batch by it."""
+
+    took: float | None = None
+
+
+def _taken(loader, items: queue.Queue, count: int, consumer: Consumer) -> Iterator[Batch]:
     """`count` batches from `items`, each handed over to the consumer's stream."""
     for _ in range(count):
         t0 = time.perf_counter()
+        if consumer.took is not None:
+            loader.counters.add("consumer", t0 - consumer.took)
         item = items.get()
         t1 = time.perf_counter()
         loader.counters.add("wait", t1 - t0)
@@ -165,7 +177,8 @@ def _taken(loader, items: queue.Queue, count: int) -> Iterator[Batch]:
             raise item
         batch, event = item
         hand_over(event, batch.images, batch.labels)
-        loader.counters.add("hand_over", time.perf_counter() - t1)
+        consumer.took = time.perf_counter()
+        loader.counters.add("hand_over", consumer.took - t1)
         yield batch
 
 

@@ -30,7 +30,7 @@ from gpufeed.decode.base import Decoded, Encoded, into_pixels
 from gpufeed.decode.choice import decoder_room
 from gpufeed.decode.shares import Pace, Started
 from gpufeed.loader.folder import FolderStore
-from gpufeed.loader.stats import stage_range
+from gpufeed.loader.stats import Reading, stage_range
 from gpufeed.transfer.ring import hand_over
 
 log = logging.getLogger(__name__)
@@ -91,8 +91,7 @@ class JpegBatcher:
         self._inflight: deque = deque()  # (event, decoded buffers) until the kernels reading them ran
         self._reads: deque[ReadAhead] = deque()  # a folder's coming batches, being read
         self._next: tuple[np.ndarray, Started] | None = None  # the next batch (its indices), started
-        self._asked_at: float | None = None  # when `make` was last called, and the loop's waits for batches then
-        self._waited = 0.0
+        self._read: Reading | None = None  # the loader's counters when `make` was last called
         self._compiled = not (self.fused and COMPILE_AHEAD)  # the batch kernels compiled once, during a decode
         log.debug("gpufeed.Loader: jpeg decoders %s", " + ".join(self.scheduler.names))
 
@@ -101,9 +100,7 @@ class JpegBatcher:
         """(images, labels, the store index of each sample: a failed one's replacement's). `ahead`: this
         pipeline's next batches: the first is started now (its CPU share decoded while this batch is
         finished), the files of the second (a folder read in place) read meanwhile."""
-        now, waited = time.perf_counter(), self.loader.counters.seconds("wait")  # the loop's waits for batches
-        pace = None if self._asked_at is None else Pace(waited - self._waited, now - self._asked_at)
-        self._asked_at, self._waited = now, waited
+        pace, self._read = self.loader.counters.since(self._read)
         with stage_range("gpufeed.decode+resize", self.stream is not None):
             return self._make(idx, params, ahead, pace)
 

@@ -6,9 +6,12 @@ import threading
 import time
 from collections import defaultdict
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 from torch.profiler import record_function
+
+from gpufeed.decode.shares import Pace
 
 
 @contextmanager
@@ -29,6 +32,17 @@ def stage_range(name: str, cuda: bool):
             torch.cuda.nvtx.range_pop()
 
 
+@dataclass
+class Reading:
+    """The counters `Stats.since` compares: when it read them, the consumer's seconds waiting for
+    batches, its own seconds between them, and how many of those it counted."""
+
+    at: float
+    waited: float
+    own: float
+    taken: int
+
+
 class Stats:
     """Thread-safe accumulators; `as_dict` is what `Loader.stats()` returns."""
 
@@ -37,6 +51,7 @@ class Stats:
         self._lock = threading.Lock()
         self._seconds: dict[str, float] = defaultdict(float)
         self._bytes: dict[str, int] = defaultdict(int)
+        self._calls: dict[str, int] = defaultdict(int)
         self._images = 0
         self._stalls = 0
         self._notes: list[str] = []
@@ -46,6 +61,7 @@ class Stats:
         with self._lock:
             self._seconds[stage] += seconds
             self._bytes[stage] += nbytes
+            self._calls[stage] += 1
             if stage == "wait" and seconds > 1e-3:
                 self._stalls += 1
 
@@ -53,6 +69,22 @@ class Stats:
         """The seconds added to `stage` so far."""
         with self._lock:
             return self._seconds.get(stage, 0.0)
+
+    def calls(self, stage: str) -> int:
+        """How many times `stage` was added to so far."""
+        with self._lock:
+            return self._calls.get(stage, 0)
+
+    def since(self, last: Reading | None) -> tuple[Pace | None, Reading]:
+        """The consumer's pace since `last` (None: nothing known yet) and the reading to pass next time:
+        its waits for batches ("wait"), the seconds between the two calls, its own seconds per batch
+        ("consumer")."""
+        now = Reading(time.perf_counter(), self.seconds("wait"), self.seconds("consumer"), self.calls("consumer"))
+        if last is None:
+            return None, now
+        taken = now.taken - last.taken
+        step = (now.own - last.own) / taken if taken else None
+        return Pace(now.waited - last.waited, now.at - last.at, step), now
 
     def count(self, images: int) -> None:
         with self._lock:
