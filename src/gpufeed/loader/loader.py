@@ -221,7 +221,8 @@ class Loader:
         self._resuming = True
 
     def stats(self) -> dict:
-        """Per-stage times, bytes moved, tier, consumer stalls, and for jpeg stores the decoders,
+        """Per-stage times (among them the consumer's: "wait" for batches, and "consumer" between taking
+        one and asking for the next), bytes moved, tier, consumer stalls, and for jpeg stores the decoders,
         how many images each decoded (and CPU fallbacks, failures), their rates in img/s, and the
         decode seconds spent until the GPU decoders were done and on the CPU's share after that
         (with worker processes, also their wall and CPU seconds: CPU well below wall means starved)."""
