@@ -71,7 +71,7 @@ KNOBS = {
     "gpu_step": ("gpufeed.decode.steering", "GPU_STEP", float),  # the GPU's part of a batch moves this per batch
     "starved": ("gpufeed.decode.steering", "STARVED", float),  # the loop's waits that move work to the GPU
     "cpu_load": ("gpufeed.decode.steering", "CPU_LOAD", float),  # the CPU's rate as steering reckons with it
-    "steps": ("gpufeed.decode.steering", "STEPS", int),  # the loop's time per batch: median of this many
+    "steer_steps": ("gpufeed.decode.steering", "STEPS", int),  # the loop's time per batch: median of this many
     "tickets": ("gpufeed.decode.workers", "TICKETS_PER_WORKER", int),  # tickets per ready worker in each CPU share
     # nvJPEG's allocations rounded up to this many MiB, device and page-locked
     "nv_pad": ("gpufeed.decode.nvimgcodec_api", ("DEVICE_PADDING", "PINNED_PADDING"), lambda mb: int(mb) << 20),

@@ -70,16 +70,13 @@ class Stats:
         with self._lock:
             return self._seconds.get(stage, 0.0)
 
-    def calls(self, stage: str) -> int:
-        """How many times `stage` was added to so far."""
-        with self._lock:
-            return self._calls.get(stage, 0)
-
     def since(self, last: Reading | None) -> tuple[Pace | None, Reading]:
         """The consumer's pace since `last` (None: nothing known yet) and the reading to pass next time:
         its waits for batches ("wait"), the seconds between the two calls, its own seconds per batch
-        ("consumer")."""
-        now = Reading(time.perf_counter(), self.seconds("wait"), self.seconds("consumer"), self.calls("consumer"))
+        ("consumer"; its seconds and count read together, so they always cover the same batches)."""
+        with self._lock:
+            now = Reading(time.perf_counter(), self._seconds.get("wait", 0.0), self._seconds.get("consumer", 0.0),
+                          self._calls.get("consumer", 0))
         if last is None:
             return None, now
         taken = now.taken - last.taken
