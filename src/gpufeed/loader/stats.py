@@ -65,11 +65,6 @@ class Stats:
             if stage == "wait" and seconds > 1e-3:
                 self._stalls += 1
 
-    def seconds(self, stage: str) -> float:
-        """The seconds added to `stage` so far."""
-        with self._lock:
-            return self._seconds.get(stage, 0.0)
-
     def since(self, last: Reading | None) -> tuple[Pace | None, Reading]:
         """The consumer's pace since `last` (None: nothing known yet) and the reading to pass next time:
         its waits for batches ("wait"), the seconds between the two calls, its own seconds per batch
