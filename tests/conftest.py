@@ -53,3 +53,10 @@ def image_folder(tmp_path: Path) -> Path:
             save(root / c / f"{i:03d}.png", pixels(k, 32, 32))
             k += 1
     return root
+
+
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path_factory, monkeypatch):
+    """gpufeed's caches (a folder's index read in place) go to a folder of the test run, not the
+    user's ~/.cache."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.getbasetemp() / "xdg-cache"))

@@ -124,7 +124,7 @@ def test_warp_settings_must_agree_and_need_one_size():
     with pytest.raises(ValueError, match="one size"):
         Augment([Resize(8), RandomRotation(10)]).sample(2, torch.tensor([8, 9]), torch.tensor([10, 8]),
                                                           torch.Generator())
-    with pytest.raises(ValueError, match="padding_mode must be one of"):
+    with pytest.raises(ValueError, match="Padding mode should be either constant, edge, reflect or symmetric"):
         RandomCrop(8, padding=2, padding_mode="wrap")
     with pytest.raises(ValueError, match="must come before"):
         Augment([RandomRotation(10), RandomCrop(8, padding=2, padding_mode="edge")]).sample(2, 8, 8, torch.Generator())

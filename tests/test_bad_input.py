@@ -92,8 +92,9 @@ def test_missing_source_and_bad_arguments(tmp_path):
 
 
 def test_huge_jpeg_is_drafted_not_decoded_in_full(tmp_path):
-    Image.new("RGB", (12000, 12000), (10, 120, 230)).save(tmp_path / "huge.jpg", quality=75)
-    report = gpufeed.pack(tmp_path, tmp_path / "s", size=64, workers=1, progress=False)
+    (tmp_path / "src").mkdir()
+    Image.new("RGB", (12000, 12000), (10, 120, 230)).save(tmp_path / "src" / "huge.jpg", quality=75)
+    report = gpufeed.pack(tmp_path / "src", tmp_path / "s", size=64, workers=1, progress=False)
     assert report.count == 1
     assert gpufeed.open(tmp_path / "s")[0][0][:, 32, 32].tolist() == pytest.approx([10, 120, 230], abs=3)
 

@@ -32,3 +32,26 @@ def test_ddp_two_ranks_on_cpu(tmp_path):
     # (two private copies would be 2x; kernels that cache files in large folios account the Pss of
     # partly mapped folios approximately: a fresh-clone run measured 1.49x on this 0.19 MB store)
     assert sum(r["store_memory_mb"]["pss"] for r in reports) <= 1.5 * reports[0]["store_mb"] + 0.05
+
+
+def test_two_nodes_shard_a_store_over_all_their_ranks(tmp_path):
+    """`torchrun --nnodes 2` (two launches on this machine, gloo): the four ranks of two nodes read
+    disjoint, equal shards that cover the epoch; each node's ranks count only their node's."""
+    import socket
+
+    store = make_store(tmp_path, n=64, side=32)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    launches = [subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node), "--nproc-per-node",
+         "2", "--master-addr", "127.0.0.1", "--master-port", str(port), str(EXAMPLE), "--store", str(store.path),
+         "--steps", "4", "--batch-size", "4", "--image-size", "32", "--device", "cpu", "--report", str(tmp_path / "r")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for node in (0, 1)]
+    outs = [p.communicate(timeout=300) for p in launches]
+    assert all(p.returncode == 0 for p in launches), [err[-2000:] for _, err in outs]
+    reports = [json.loads((tmp_path / f"r.rank{r}.json").read_text()) for r in range(4)]
+    assert [r["world_size"] for r in reports] == [4] * 4
+    shards = [set(r["epoch0_indices"]) for r in reports]
+    assert all(len(s) == 16 for s in shards) and set().union(*shards) == set(range(64))
+    assert sum(len(s) for s in shards) == 64  # disjoint

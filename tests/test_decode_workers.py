@@ -261,7 +261,7 @@ def test_a_region_refused_alone_is_cut_on_threads_too(store, tmp_path):
         os.kill(workers._workers[0].proc.pid, 9)
         deadline = time.monotonic() + 30
         while workers._workers[0].dead is None and time.monotonic() < deadline:
-            time.sleep(0.01)
+            workers._poll(0.05)  # reads its stdout's end: nothing else polls the pool
         workers._live = lambda wait: [0]  # as if read before it was found dead: its tickets go to threads
         batch = Encoded.of(as_tensor(data), np.array([0, len(data)]), np.array([0]))
         asks = Asks(np.zeros((1, 2), np.int64), np.array([[3, 4, 30, 50]]))
@@ -312,7 +312,7 @@ def test_a_job_given_a_worker_already_known_dead_is_decoded_on_threads(store, mo
             os.kill(w.proc.pid, 9)
         deadline = time.monotonic() + 30
         while any(w.dead is None for w in workers._workers) and time.monotonic() < deadline:
-            time.sleep(0.01)
+            workers._poll(0.05)  # reads their stdout's end: nothing else polls the pool
         monkeypatch.setattr(workers, "_live", lambda wait: [0, 1])  # as read before they were found dead
         inputs, got = _inputs(store, range(0, 4)), []
         collect = threading.Thread(target=lambda: got.append(workers.collect(workers.submit(*inputs),

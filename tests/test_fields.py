@@ -110,7 +110,7 @@ def test_csv_columns_and_jsonl_keys(tmp_path):
     report = gpufeed.pack(tmp_path / "l.jsonl", tmp_path / "j", size=16, progress=False, workers=1)
     assert report.count == 3 and "an extra 'extra'" in report.skipped[0]["reason"]
     jsonl_store = gpufeed.open(tmp_path / "j")
-    assert jsonl_store.field("tags", 2) == ["a"] * 3 and jsonl_store.fields["box"] == {"kind": "json"}
+    assert jsonl_store.field("tags", 2) == ["a"] * 3 and jsonl_store.fields["box"] == {"kind": "array", "dtype": "<i8", "shape": [2]}
 
 
 def test_tar_members_become_fields(tmp_path):

@@ -8,6 +8,7 @@ import io
 import json
 import logging
 import os
+import shutil
 import tarfile
 
 import numpy as np
@@ -149,7 +150,7 @@ def test_the_index_is_cached_and_refreshed_for_changed_files(tmp_path, monkeypat
     real = folder._header
     monkeypatch.setattr(folder, "_header", lambda x: calls.append(x.name) or real(x))
     folder.FolderStore(root).close()
-    assert len(calls) == 8 and (root / ".gpufeed-index.json").is_file()
+    assert len(calls) == 8 and folder._cache_path(root).is_file()
     calls.clear()
     folder.FolderStore(root).close()
     assert calls == []
@@ -165,7 +166,7 @@ def test_a_damaged_index_cache_is_read_again_not_trusted(tmp_path):
     want = folder.FolderStore(root)
     shapes = want.shapes.copy()
     want.close()
-    index = root / ".gpufeed-index.json"
+    index = folder._cache_path(root)
     data = json.loads(index.read_text())
     bad = [[7], [-1, 2, 3], ["a", 2, 3], {"h": 1}, 12]
     data["entries"] = dict(zip(data["entries"], bad))
@@ -173,19 +174,65 @@ def test_a_damaged_index_cache_is_read_again_not_trusted(tmp_path):
     again = folder.FolderStore(root)
     assert np.array_equal(again.shapes, shapes) and len(again) == 4
     again.close()
-    index.write_text('{"version": 1, "entries": [1, 2]}')
+    index.write_text('{"version": 2, "entries": [1, 2]}')
     again = folder.FolderStore(root)
     assert np.array_equal(again.shapes, shapes)
     again.close()
 
 
-def test_a_read_only_folder_caches_its_index_in_the_users_cache(tmp_path, monkeypatch):
+def test_the_index_is_kept_in_the_users_cache_never_in_the_folder(tmp_path, monkeypatch):
+    """Written beside the images, a later `gpufeed pack` of the folder listed it as a skipped file."""
     root = _jpegs(tmp_path / "img", n=4)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    monkeypatch.setattr(folder.os, "access", lambda path, mode: False)
     folder.FolderStore(root).close()
-    assert not (root / ".gpufeed-index.json").exists()
+    assert sorted(p.name for p in root.rglob("*") if p.is_file()) == ["00.jpg", "01.jpg", "02.jpg", "03.jpg"]
     assert len(list((tmp_path / "cache" / "gpufeed").glob("index-*.json"))) == 1
+    report = gpufeed.pack(root, tmp_path / "store", mode="jpeg", workers=1, progress=False)
+    assert report.count == 4 and not report.skipped
+
+
+@pytest.mark.parametrize("entry", [[None, None, 2**63 + 5], [None, None, 10**12], [1, 1, None],
+                                   [60000, 60000, None], [0, 5, None], [70000, 10, None]])
+def test_index_entries_of_valid_form_but_hostile_values_are_read_again(tmp_path, entry):
+    """Each gave OverflowError, MemoryError, wrong crops or gigabytes of memory: an entry must fit its
+    file (its byte count, sides a JPEG can have, pixels its bytes can hold), else its header is read."""
+    root = _jpegs(tmp_path / "img", n=4)
+    want = folder.FolderStore(root)
+    shapes, sizes = want.shapes.copy(), want._sizes.copy()
+    want.close()
+    index = folder._cache_path(root)
+    data = json.loads(index.read_text())
+    data["entries"] = {k: [v if e is None else e for v, e in zip(old, entry)] for k, old in data["entries"].items()}
+    index.write_text(json.dumps(data))
+    if entry[:2] == [1, 1]:
+        # a 1x1 JPEG of these bytes could be: for the very file it was made from (the index is in the
+        # user's own cache) the entry stands, and a pass over it still ends normally
+        loader = gpufeed.Loader(root, batch_size=2, device="cpu", augment=OPS, num_workers=0)
+        assert sum(len(y) for _, y in loader) == 4
+        loader.close()
+        # the same entry is not taken for another file of the same name, size and times
+        os.rename(root / "c0" / "00.jpg", root / "c0" / "moved.jpg")
+        shutil.copy(root / "c0" / "moved.jpg", root / "c0" / "00.jpg")
+        os.utime(root / "c0" / "00.jpg", ns=(os.stat(root / "c0" / "moved.jpg").st_mtime_ns,) * 2)
+        (root / "c0" / "moved.jpg").unlink()
+        again = folder.FolderStore(root)
+        assert tuple(again.shapes[0]) == tuple(shapes[0])
+        again.close()
+        return
+    again = folder.FolderStore(root)
+    assert np.array_equal(again.shapes, shapes) and np.array_equal(again._sizes, sizes)
+    again.close()
+
+
+def test_a_fifo_named_like_a_jpeg_is_skipped_not_waited_for(tmp_path):
+    root = _jpegs(tmp_path / "img", n=4)
+    os.mkfifo(root / "c0" / "pipe.jpg")
+    loader = gpufeed.Loader(root, batch_size=2, device="cpu", augment=OPS, num_workers=0)
+    assert len(loader.store) == 4
+    assert any("pipe.jpg" in s["path"] and "regular" in s["reason"] for s in loader.store.skipped)
+    (root / "c1" / "01.jpg").unlink()
+    os.mkfifo(root / "c1" / "01.jpg")  # a file replaced by a FIFO after it was indexed
+    assert sum(len(y) for _, y in loader) == 4 and loader.stats()["decoded_by"]["failed"] == 1
 
 
 def test_a_file_gone_after_indexing_is_replaced_or_raises(tmp_path):

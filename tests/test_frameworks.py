@@ -52,12 +52,26 @@ def test_restart_gives_a_fresh_pass_on_every_iter(stores):
     next(it)
     del it
     assert _labels(val) == full  # from the first batch again
-    resumable = gpufeed.Loader(stores[1], batch_size=2, device="cpu", shuffle=False, drop_last=False,
-                               augment=ops)
-    it = iter(resumable)
-    next(it)
-    del it
-    assert _labels(resumable) == full[2:]  # without restart an iter() continues where it stopped
+
+
+def test_an_iter_after_a_break_begins_the_next_epoch_as_a_dataloader_does(stores):
+    """Without restart, a `for` loop after a `break` is a new pass over the next epoch (it used to
+    continue the epoch left, unlike a DataLoader); a load_state_dict still resumes mid-epoch."""
+    make = lambda: gpufeed.Loader(stores[0], batch_size=2, device="cpu", seed=4,  # noqa: E731
+                                  augment=[RandomResizedCrop(16)])
+    loader = make()
+    for _ in loader:
+        state = loader.state_dict()
+        break
+    assert (state["epoch"], state["batch"]) == (0, 1)
+    second = list(loader)
+    assert len(second) == len(loader) == 6 and loader.epoch == 2  # all of epoch 1, then on to epoch 2
+    reference = make()
+    reference.set_epoch(1)
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(second, list(reference), strict=True))
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert len(list(resumed)) == 5  # the rest of epoch 0
 
 
 def test_state_dict_mid_pass_resumes_even_with_restart(stores):

@@ -192,6 +192,7 @@ def test_the_next_batch_is_started_before_this_one_is_finished(jpeg_store, monke
     loader.set_epoch(0)  # not the epoch carried into: its batches are dropped
     for _ in loader:  # leave after the first batch: the producer has started one or more after it
         break
+    loader.load_state_dict(loader.state_dict())  # a new iter() would begin the next epoch: resume instead
     got = [images for images, _ in loader]  # the rest of the epoch
     assert len(got) == 3 and all(torch.equal(a, b) for a, b in zip(got, want[1:]))
     loader.carried.thread.join()
@@ -265,11 +266,72 @@ def test_a_jpeg_loader_is_made_without_importing_torchvision(jpeg_store):
 
 
 def test_default_workers_leave_the_training_loop_two_cores_or_an_eighth(monkeypatch):
+    from gpufeed.loader import cores
     from gpufeed.loader.jpeg import default_workers
 
     gpu, cpu = torch.device("cuda"), torch.device("cpu")
-    for cores, want in ((1, 1), (4, 2), (16, 14), (32, 28), (64, 56)):
-        monkeypatch.setattr("os.sched_getaffinity", lambda _pid, n=cores: set(range(n)))
-        assert default_workers(gpu) == want and default_workers(cpu) == cores
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # two ranks share the 64 cores
-    assert default_workers(gpu) == 28
+    monkeypatch.setattr(cores, "cgroup", lambda pid=0: None)  # no CPU quota
+    for count, want in ((1, 1), (4, 2), (16, 14), (32, 28), (64, 56)):
+        monkeypatch.setattr(cores, "affinity", lambda pid=0, n=count: set(range(n)))
+        assert default_workers(gpu) == want and default_workers(cpu) == count
+
+
+def _machine(monkeypatch, mine: int, launcher: int, local: int, quota: float | None = None, same_cgroup=True):
+    """Fake what `cores.rank_cores` reads: this rank's affinity (CPUs 0..mine-1), its launcher's, the
+    local ranks, and a CPU quota on the cgroup (shared with the launcher or not)."""
+    from gpufeed.loader import cores
+
+    monkeypatch.setattr(cores, "launcher", lambda: 4242)
+    monkeypatch.setattr(cores, "affinity", lambda pid=0: set(range(launcher if pid == 4242 else mine)))
+    monkeypatch.setattr(cores, "cgroup", lambda pid=0: "/job" if same_cgroup else f"/job/{pid}")
+    monkeypatch.setattr(cores, "cpu_quota", lambda path: quota)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(local))
+
+
+@pytest.mark.parametrize("mine, launcher, local, quota, same_cgroup, usable", [
+    (64, 64, 2, None, True, 32),  # two ranks share the launcher's 64 cores: 32 each
+    (32, 64, 2, None, True, 32),  # each bound to its own 32 (numactl, --bind): 32, not 16
+    (16, 32, 2, None, True, 16),  # issue 46's H200 pair bound to 16 each: 16 (it was 8: 6 workers)
+    (16, 64, 4, None, True, 16),  # four ranks bound to 16 each (it was 4: 2 workers)
+    (32, 32, 1, None, True, 32),  # one rank, not under torchrun
+    (64, 64, 2, 8.0, True, 4),  # a container's quota of 8 CPUs for its two ranks
+    (64, 64, 1, 6.5, True, 6),  # one rank in a container of 6.5 CPUs
+    (16, 64, 4, 12.0, False, 12),  # each rank in a cgroup of its own with 12 CPUs (a scheduler's task)
+])
+def test_a_ranks_cores_are_counted_once(monkeypatch, mine, launcher, local, quota, same_cgroup, usable):
+    from gpufeed.loader.cores import rank_cores
+    from gpufeed.loader.jpeg import default_workers
+
+    _machine(monkeypatch, mine, launcher, local, quota, same_cgroup)
+    assert rank_cores().usable == usable
+    assert default_workers(torch.device("cuda")) == max(1, usable - max(2, usable // 8))
+    assert str(usable) in rank_cores().describe()
+
+
+def test_cgroup_quotas_are_read_from_v2_and_v1_files(tmp_path, monkeypatch):
+    from gpufeed.loader import cores
+
+    (tmp_path / "job" / "rank").mkdir(parents=True)
+    (tmp_path / "job" / "cpu.max").write_text("400000 100000\n")
+    (tmp_path / "job" / "rank" / "cpu.max").write_text("max 100000\n")
+    assert cores._quota_at(tmp_path / "job") == 4.0 and cores._quota_at(tmp_path / "job" / "rank") is None
+    (tmp_path / "v1").mkdir()
+    (tmp_path / "v1" / "cpu.cfs_quota_us").write_text("250000\n")
+    (tmp_path / "v1" / "cpu.cfs_period_us").write_text("100000\n")
+    assert cores._quota_at(tmp_path / "v1") == 2.5
+    (tmp_path / "v1" / "cpu.cfs_quota_us").write_text("-1\n")
+    assert cores._quota_at(tmp_path / "v1") is None
+
+
+def test_a_store_none_of_whose_samples_decodes_is_one_clear_error(jpeg_store, tmp_path):
+    """Every sample damaged: a DecodeError naming the store (it recursed, replacement within
+    replacement, into a RecursionError)."""
+    import shutil
+
+    shutil.copytree(jpeg_store.path, tmp_path / "s")
+    store = gpufeed.open(tmp_path / "s")
+    for sample in range(len(store)):
+        _damage(store, sample)
+    loader = gpufeed.Loader(store, batch_size=4, device="cpu", augment=OPS, shuffle=False, num_workers=0)
+    with pytest.raises(DecodeError, match="the store looks damaged"):
+        next(iter(loader))

@@ -75,7 +75,8 @@ def test_breaking_out_stops_the_producer(store):
         for k, _batch in enumerate(loader):
             if k == 1:
                 break
-    assert loader.state_dict()["batch"] == 6
+    state = loader.state_dict()
+    assert (state["epoch"], state["batch"]) == (2, 2)  # each loop a new pass over the next epoch
     assert not [t for t in threading.enumerate() if t.name == "gpufeed-producer"]
 
 
@@ -157,3 +158,84 @@ def test_a_batch_is_not_sorted_by_sample_or_class(tmp_path):
     assert all(not torch.equal(labels, labels.sort().values) for _, labels in batches)
     again = gpufeed.Loader(tmp_path / "s", batch_size=32, device="cpu", seed=3)
     assert all(torch.equal(a, b) for (_, a), (_, b) in zip(batches, again))  # the order is the plan's
+
+
+def test_load_state_dict_refuses_what_no_loader_of_this_shape_wrote(store):
+    loader = gpufeed.Loader(store, batch_size=16, device="cpu", rank=1, world_size=2)
+    good = loader.state_dict()
+    for bad, why in [({**good, "batch": -1}, "batch=-1"), ({**good, "epoch": -2}, "epoch=-2"),
+                     ({**good, "batch": 99}, "past the"), ({**good, "batch": 1.5}, "not an int"),
+                     ({**good, "rank": 0}, "rank 0's"), ({"epoch": 0}, "not a gpufeed.Loader state_dict")]:
+        with pytest.raises(ValueError, match=why):
+            loader.load_state_dict(bad)
+    loader.load_state_dict({**good, "batch": 2})
+    assert len(list(loader)) == len(loader) - 2
+
+
+def test_close_returns_once_its_threads_ended_and_a_waiting_consumer_is_told(store):
+    loader = gpufeed.Loader(store, batch_size=8, device="cpu", cache="disk", prefetch=1)
+    it = iter(loader)
+    next(it)
+    loader.close()
+    assert not [t for t in threading.enumerate() if t.name.startswith(("gpufeed-producer", "gpufeed-planner"))]
+    with pytest.raises(RuntimeError, match="closed"):
+        next(it)
+    with pytest.raises(RuntimeError, match="closed"):
+        iter(loader)
+
+
+def test_a_consumer_waiting_on_another_thread_when_the_loader_closes_is_woken(store, monkeypatch):
+    """A producer stopped by close() leaves its consumer a word instead of nothing to wait for."""
+    import time
+
+    from gpufeed.loader import feeds
+
+    loader = gpufeed.Loader(store, batch_size=8, device="cpu", cache="disk", prefetch=1)
+    made = []
+    make = feeds._gather_copy
+
+    def slow(*args):  # the second batch is finished only once the loader is closing: it is never put
+        if made:
+            while not loader._closed:
+                time.sleep(0.01)
+            time.sleep(0.2)
+        made.append(1)
+        return make(*args)
+
+    monkeypatch.setattr(feeds, "_gather_copy", slow)
+    it = iter(loader)
+    next(it)
+    outcome = []
+
+    def consume():
+        try:
+            next(it)
+            outcome.append("a batch")
+        except RuntimeError as e:
+            outcome.append(str(e))
+
+    waiter = threading.Thread(target=consume, daemon=True)
+    waiter.start()
+    time.sleep(0.2)
+    loader.close()
+    waiter.join(10)
+    assert not waiter.is_alive(), "the consumer still waits for a batch nobody makes"
+    assert "closed" in outcome[0]
+
+
+def test_a_store_cut_short_before_a_pass_is_a_store_error(tmp_path):
+    import os
+
+    from gpufeed.store.format import StoreError
+
+    path = make_store(tmp_path).path
+    loader = gpufeed.Loader(path, batch_size=16, device="cpu", cache="disk")
+    os.truncate(path / "images.u8", 100)
+    with pytest.raises(StoreError, match="changed while read"):
+        next(iter(loader))
+
+
+def test_cuda_asked_for_without_cuda_says_how_to_run_on_the_cpu(store, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match='device="cpu"'):
+        gpufeed.Loader(store, batch_size=16, device="cuda")

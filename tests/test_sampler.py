@@ -78,3 +78,13 @@ def test_unpadded_shards_cover_every_sample_exactly_once(n, world, batch, shuffl
     assert all(len(s) == len(s.batches(3)) for s in samplers)
     padded = ShardedBatchSampler(n, batch, shuffle=shuffle, seed=1, rank=0, world_size=world, drop_last=False)
     assert len(padded.shard(3)) == -(-n // world)  # the default pads, as DistributedSampler does
+
+
+@pytest.mark.parametrize("n, world", [(3, 8), (1, 4), (5, 16)])
+def test_more_ranks_than_samples_padded_gives_every_rank_a_sample(n, world):
+    """drop_last=False pads by wrapping as often as it takes (it wrapped once: 3 samples on 8 ranks
+    left ranks 6 and 7 with empty batches)."""
+    shards = [ShardedBatchSampler(n, 4, shuffle=True, seed=0, rank=r, world_size=world, drop_last=False).batches(0)
+              for r in range(world)]
+    assert all(len(s) == 1 and len(s[0]) == 1 for s in shards)
+    assert sorted({int(s[0][0]) for s in shards}) == list(range(n))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import io
 import logging
 import sys
 
@@ -12,14 +13,29 @@ from gpufeed._version import __version__
 # `gpufeed --help` and `gpufeed --version` answer at once.
 
 
-def _pack(a: argparse.Namespace) -> int:
-    from gpufeed.packing import pack
+# gpufeed.packing.imaging.DEFAULT_MAX_PIXELS, written out: importing it would import numpy for --help
+_MAX_PIXELS = 2 * 89_478_485
+_SIZE = 256
 
-    report = pack(
-        a.source, a.dest, mode=a.mode, size=a.size, fit=a.fit, quality=a.quality, max_side=a.max_side,
-        reencode=not a.no_reencode, workers=a.workers, on_error=a.on_error, overwrite=a.overwrite,
-        engine=a.engine, ray_address=a.ray_address,
-    )
+
+def _pack(a: argparse.Namespace) -> int:
+    """Pack; --size with --mode jpeg is a usage error (exit 2), not ignored: a jpeg store keeps each
+    image's shape. SIGTERM cleans up as Ctrl-C does and exits 143."""
+    if a.mode == "jpeg" and a.size is not None:
+        a.usage_error("--size sets the side of --mode raw's square images; a jpeg store keeps each image's "
+                      "shape: bound its longer side with --max-side")
+    from gpufeed.packing import pack
+    from gpufeed.packing.sigterm import Terminated
+
+    try:
+        report = pack(
+            a.source, a.dest, mode=a.mode, size=_SIZE if a.size is None else a.size, fit=a.fit, quality=a.quality,
+            max_side=a.max_side, reencode=not a.no_reencode, workers=a.workers, on_error=a.on_error,
+            overwrite=a.overwrite, max_pixels=a.max_pixels, engine=a.engine, ray_address=a.ray_address,
+        )
+    except Terminated as e:
+        print("gpufeed pack: terminated (SIGTERM); nothing was left half-written", file=sys.stderr)
+        return e.code
     print(report.summary())
     return 0
 
@@ -34,7 +50,12 @@ def _inspect(a: argparse.Namespace) -> int:
     if listing:
         print(listing)
     if a.grid:
-        print(f"grid of samples written to {save_grid(store, a.grid)}")
+        path, undecodable = save_grid(store, a.grid)
+        print(f"grid of samples written to {path}")
+        if undecodable:
+            shown = "; ".join(f"{i} ({why})" for i, why in list(undecodable.items())[:3])
+            print(f"{len(undecodable)} sample{'s' if len(undecodable) > 1 else ''} could not be decoded, drawn blank: "
+                  f"{shown}{'; ...' if len(undecodable) > 3 else ''} ('gpufeed verify' checks the store's files)")
     return 0
 
 
@@ -86,6 +107,17 @@ def _doctor(a: argparse.Namespace) -> int:
     return 0
 
 
+def _positive(text: str) -> int:
+    """argparse type: a whole number above 0 (anything else is a usage error, exit 2)."""
+    try:
+        number = int(text)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive whole number, not {text!r}")
+    return number
+
+
 class _Help(argparse.ArgumentDefaultsHelpFormatter):
     """Shows each option's default, except where there is none to show."""
 
@@ -111,13 +143,16 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("dest", help="store directory to create (written atomically)")
     q.add_argument("--mode", choices=["raw", "jpeg"], default="raw",
                    help="raw: fixed-size uint8 pixels (fastest to load); jpeg: encoded bytes (about 4x smaller)")
-    q.add_argument("--size", type=int, default=256, help="raw: side of the square images")
+    q.add_argument("--size", type=int, default=None,
+                   help=f"raw: side of the square images (default: {_SIZE}; jpeg: use --max-side)")
     q.add_argument("--fit", choices=["crop", "stretch", "pad"], default="crop",
                    help="raw: how an image becomes square: centre crop of the shorter side, stretch, "
                         "or pad the longer side with black")
     q.add_argument("--quality", type=int, default=90, help="jpeg: re-encode quality")
     q.add_argument("--max-side", type=int, default=512, help="jpeg: longest side kept")
     q.add_argument("--no-reencode", action="store_true", help="jpeg: keep baseline RGB JPEGs as they are")
+    q.add_argument("--max-pixels", type=_positive, default=_MAX_PIXELS,
+                   help="skip an image whose header declares more pixels than this, before decoding it")
     q.add_argument("--workers", type=int, default=None, help="local processes (default: all cores)")
     q.add_argument("--engine", choices=["local", "ray"], default="local",
                    help="ray: pack on a Ray cluster's CPUs (needs gpufeed[ray] on every node)")
@@ -126,7 +161,7 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--on-error", choices=["skip", "raise"], default="skip",
                    help="skip: list a bad image in the report and go on; raise: stop at the first one")
     q.add_argument("--overwrite", action="store_true", help="replace an existing destination")
-    q.set_defaults(run=_pack)
+    q.set_defaults(run=_pack, usage_error=q.error)
 
     q = verb("inspect", "summarise a store and list its skipped files; --grid writes a PNG of samples")
     q.add_argument("store", help="store directory")
@@ -151,29 +186,50 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("target", nargs="?", help="image folder, gpufeed store, or module:function returning "
                                              "(images, labels) batches (none: only versions and decoders)")
     q.add_argument("--device", choices=["cuda", "cpu"], default=None, help="default: cuda if available")
-    q.add_argument("--limit", type=int, default=256, help="images to time")
+    q.add_argument("--limit", type=_positive, default=256, help="images to time")
     q.add_argument("--trace", metavar="TRACE.json", help="write a torch.profiler Chrome trace")
     q.set_defaults(run=_doctor)
 
     q = verb("demo", "make sample images, pack them, load them, print measurements")
     q.add_argument("--dir", default="gpufeed-demo", help="working folder")
-    q.add_argument("--per-class", type=int, default=64, help="sample images per class (4 classes)")
+    q.add_argument("--per-class", type=_positive, default=64, help="sample images per class (4 classes)")
     q.set_defaults(run=_demo)
     return p
 
 
 def _errors() -> tuple[type[BaseException], ...]:
     """The errors a verb reports as one line: bad input, named by path, never a traceback."""
+    from gpufeed.loader.jpeg_batch import DecodeError
     from gpufeed.packing.packer import PackError
     from gpufeed.packing.sources import SourceError
     from gpufeed.store.format import StoreError
 
-    return PackError, SourceError, StoreError, ValueError, ImportError, OSError
+    return PackError, SourceError, StoreError, DecodeError, ValueError, ImportError, OSError
+
+
+class _LogFormat(logging.Formatter):
+    """Puts "gpufeed: " before a log message, unless it names gpufeed itself (the Loader's begin "gpufeed.Loader:")."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        return text if text.startswith("gpufeed") else f"gpufeed: {text}"
+
+
+def _print_any_name() -> None:
+    """File names need not be UTF-8 (on Linux they are bytes; Python keeps the others as surrogates): a
+    stream that can't encode a character prints it as a backslash escape, instead of failing half-way
+    through a listing (PYTHONIOENCODING=utf-8, a C locale)."""
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(errors="backslashreplace")
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `gpufeed` console script; returns the exit code."""
-    logging.basicConfig(level=logging.INFO, format="gpufeed: %(message)s")
+    _print_any_name()
+    handler = logging.StreamHandler()
+    handler.setFormatter(_LogFormat())
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
     args = _parser().parse_args(argv)
     try:
         return args.run(args)

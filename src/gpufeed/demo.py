@@ -28,15 +28,21 @@ def run_demo(directory: str | Path = "gpufeed-demo", per_class: int = 64, classe
     root = Path(directory)
     if root.exists():
         shutil.rmtree(root)
-    n = per_class * classes
-    print(f"1/3 making {n} sample JPEGs (500x375, {classes} classes) in {root / 'images'}")
+    n, modes = per_class * classes, ("raw", "jpeg")
+    total = 2 + 2 * len(modes)  # make the images; pack and read back each mode; load one store
+    numbers = iter(range(1, total + 1))
+
+    def step(what: str) -> None:
+        print(f"{next(numbers)}/{total} {what}")
+
+    step(f"making {n} sample JPEGs (500x375, {classes} classes) in {root / 'images'}")
     _, t_make = _timed(lambda: make_image_folder(root / "images", per_class=per_class, classes=classes))
     rows = []
-    for mode in ("raw", "jpeg"):
-        print(f"2/3 packing mode={mode}")
+    for mode in modes:
+        step(f"packing mode={mode}")
         report = pack(root / "images", root / f"store-{mode}", mode=mode, progress=False)
         store = open_store(root / f"store-{mode}")
-        print(f"3/3 reading back mode={mode}")
+        step(f"reading back mode={mode}")
         store[0]  # warm-up: first use loads the decoder
         _, t_read = _timed(partial(_read_all, store))
         check, t_verify = _timed(partial(verify, store.path))
@@ -45,6 +51,7 @@ def run_demo(directory: str | Path = "gpufeed-demo", per_class: int = 64, classe
             "pack img/s": report.images_per_s, "read img/s": len(store) / t_read,
             "verify": "intact" if check.ok else "DAMAGED", "verify s": t_verify,
         })
+    step("loading the raw store with gpufeed.Loader")
     loaded = _load(root / "store-raw")
     print(f"\nsample images made in {t_make:.1f} s; stores in {root}/")
     header = list(rows[0])

@@ -17,6 +17,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as tf
 
+from gpufeed.augment import checks
 from gpufeed.augment.colour import constant
 from gpufeed.augment.view import Resampling, View, fill_tuple
 
@@ -48,16 +49,6 @@ def from_centre(m: torch.Tensor, height: int, width: int) -> torch.Tensor:
     return shift @ m @ back
 
 
-def _range(value: float | Sequence[float], name: str) -> tuple[float, float]:
-    if isinstance(value, (int, float)):
-        if value < 0:
-            raise ValueError(f"{name} must be non-negative when one number, got {value}")
-        return (-float(value), float(value))
-    if len(value) != 2:
-        raise ValueError(f"{name} must be a number or (min, max), got {value!r}")
-    return (float(value[0]), float(value[1]))
-
-
 def _mode(interpolation: object) -> str:
     """torchvision's InterpolationMode or its name."""
     return str(getattr(interpolation, "value", interpolation))
@@ -66,6 +57,14 @@ def _mode(interpolation: object) -> str:
 class _Turn:
     """What RandomAffine and RandomRotation share: a per-sample angle drawn first, the centre, the
     warp settings. `_matrix` gives the op's inverse matrix from the angle (and its other draws)."""
+
+    def _check(self, op: str) -> None:
+        """What both take besides the angles: center (x, y), interpolation, fill."""
+        if self.center is not None:
+            for c in checks.sequence(self.center, op, "center", (2,)):
+                checks.number(c, op, "center")
+        Resampling(_mode(self.interpolation))
+        checks.fill(self.fill, op)
 
     def __call__(self, view: View, g: torch.Generator) -> View:
         view.need_one_size()
@@ -99,19 +98,16 @@ class RandomAffine(_Turn):
     center: Sequence[float] | None = None
 
     def __post_init__(self):
-        self._degrees = _range(self.degrees, "RandomAffine degrees")
-        shear = self.shear
-        if shear is None:
-            self._shear = []
-        elif isinstance(shear, (int, float)) or len(shear) == 2:
-            self._shear = [_range(shear, "RandomAffine shear")]
-        elif len(shear) == 4:
-            self._shear = [(float(shear[0]), float(shear[1])), (float(shear[2]), float(shear[3]))]
-        else:
-            raise ValueError(f"RandomAffine shear must be a number, 2 or 4 numbers, got {shear!r}")
-        if self.translate is not None and not all(0 <= t <= 1 for t in self.translate):
-            raise ValueError(f"RandomAffine translate must be fractions in 0..1, got {self.translate!r}")
-        Resampling(_mode(self.interpolation))
+        op = "RandomAffine"
+        self._degrees = checks.angles(self.degrees, op, "degrees")[0]
+        self._shear = [] if self.shear is None else checks.angles(self.shear, op, "shear", (2, 4))  # x, then y
+        if self.translate is not None:
+            shift = [checks.number(t, op, "translate") for t in checks.sequence(self.translate, op, "translate", (2,))]
+            if not all(0 <= t <= 1 for t in shift):
+                raise ValueError(f"{op}: translation values should be between 0 and 1, got {self.translate!r}")
+        if self.scale is not None:
+            checks.interval(self.scale, op, "scale", low=0, open_low=True, bounds="scale values should be positive")
+        self._check(op)
 
     def _matrix(self, view: View, angle: torch.Tensor, cx: torch.Tensor, cy: torch.Tensor,
                 g: torch.Generator) -> torch.Tensor:
@@ -139,8 +135,8 @@ class RandomRotation(_Turn):
     def __post_init__(self):
         if self.expand:
             raise ValueError("RandomRotation(expand=True) is not supported: a batch keeps one size")
-        self._degrees = _range(self.degrees, "RandomRotation degrees")
-        Resampling(_mode(self.interpolation))
+        self._degrees = checks.angles(self.degrees, "RandomRotation", "degrees")[0]
+        self._check("RandomRotation")
 
     def _matrix(self, view: View, angle: torch.Tensor, cx: torch.Tensor, cy: torch.Tensor,
                 g: torch.Generator) -> torch.Tensor:

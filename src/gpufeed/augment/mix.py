@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from gpufeed.augment import checks
+
 
 def soft_targets(labels: torch.Tensor, num_classes: int, smoothing: float) -> torch.Tensor:
     """(N, num_classes) float: one-hot, with `smoothing` spread over all classes (timm's way).
@@ -25,6 +27,18 @@ def soft_targets(labels: torch.Tensor, num_classes: int, smoothing: float) -> to
     off = smoothing / num_classes
     out = torch.full((len(labels), num_classes), off, device=labels.device)
     return out.scatter_(1, labels.long().view(-1, 1), 1 - smoothing + off)
+
+
+def _check(op: object, alphas: tuple[str, ...]) -> None:
+    """num_classes, the Beta distributions' `alphas` (above 0: at 0 every draw is 0/0), label_smoothing, seed."""
+    name = type(op).__name__
+    checks.integer(op.num_classes, name, "num_classes", 1, "a positive int")
+    for alpha in alphas:
+        if checks.number(getattr(op, alpha), name, alpha) <= 0:
+            raise ValueError(f"{name}: {alpha} should be positive, got {getattr(op, alpha)!r}")
+    if not 0.0 <= checks.number(op.label_smoothing, name, "label_smoothing") <= 1.0:
+        raise ValueError(f"{name}: label_smoothing must be between 0.0 and 1.0, got {op.label_smoothing!r}")
+    checks.integer(op.seed, name, "seed")
 
 
 def _beta(alpha: float, g: torch.Generator) -> float:
@@ -52,6 +66,9 @@ class _Pair(_Mix):
     alpha: float = 1.0
     label_smoothing: float = 0.0
     seed: int = 0
+
+    def __post_init__(self):
+        _check(self, ("alpha",))
 
     def _targets(self, labels: torch.Tensor, weight: float) -> torch.Tensor:
         targets = soft_targets(labels, self.num_classes, self.label_smoothing)
@@ -98,6 +115,10 @@ class MixUpOrCutMix(_Mix):
     switch_prob: float = 0.5
     label_smoothing: float = 0.1
     seed: int = 0
+
+    def __post_init__(self):
+        _check(self, ("mixup_alpha", "cutmix_alpha"))
+        checks.probability(self.switch_prob, "MixUpOrCutMix", "switch_prob")
 
     def __call__(self, images: torch.Tensor, labels: torch.Tensor,
                  g: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -13,6 +13,7 @@ from typing import Sequence
 
 import torch
 
+from gpufeed.augment import checks
 from gpufeed.augment.pixel import ColorJitter  # noqa: F401  (a colour op; importable from here as before)
 from gpufeed.augment.view import Resampling, View, column, fill_tuple, full, matrices, pair
 
@@ -25,6 +26,13 @@ class RandomResizedCrop:
     scale: tuple[float, float] = (0.08, 1.0)
     ratio: tuple[float, float] = (3 / 4, 4 / 3)
     attempts: int = 10
+
+    def __post_init__(self):
+        self.size = checks.size(self.size, "RandomResizedCrop")
+        checks.interval(self.scale, "RandomResizedCrop", "scale", low=0, bounds="scale values should be non-negative")
+        checks.interval(self.ratio, "RandomResizedCrop", "ratio", low=0, open_low=True,
+                        bounds="ratio values should be positive")
+        checks.integer(self.attempts, "RandomResizedCrop", "attempts", 1, "a positive int")
 
     def __call__(self, view: View, g: torch.Generator) -> View:
         n = view.boxes.shape[0]
@@ -66,6 +74,9 @@ class Resize:
 
     size: int | tuple[int, int]
 
+    def __post_init__(self):
+        self.size = checks.size(self.size, "Resize", one_int=True)
+
     def __call__(self, view: View, g: torch.Generator) -> View:
         n = view.boxes.shape[0]
         height, width = column(view.height, n), column(view.width, n)
@@ -92,6 +103,9 @@ class CenterCrop:
 
     size: int | tuple[int, int]
 
+    def __post_init__(self):
+        self.size = checks.size(self.size, "CenterCrop")
+
     def __call__(self, view: View, g: torch.Generator) -> View:
         h, w = pair(self.size)
         n = view.boxes.shape[0]
@@ -108,6 +122,9 @@ class RandomHorizontalFlip:
 
     p: float = 0.5
 
+    def __post_init__(self):
+        checks.probability(self.p, "RandomHorizontalFlip")
+
     def __call__(self, view: View, g: torch.Generator) -> View:
         return view.mirror(torch.rand(view.n, generator=g) < self.p, None)
 
@@ -117,6 +134,9 @@ class RandomVerticalFlip:
     """Turn each sample upside down with probability `p`."""
 
     p: float = 0.5
+
+    def __post_init__(self):
+        checks.probability(self.p, "RandomVerticalFlip")
 
     def __call__(self, view: View, g: torch.Generator) -> View:
         return view.mirror(None, torch.rand(view.n, generator=g) < self.p)
@@ -141,11 +161,18 @@ class RandomCrop:
     padding_mode: str = "constant"
 
     def __post_init__(self):
+        self.size = checks.size(self.size, "RandomCrop")
         if self.padding_mode not in PADDING_MODES:
-            raise ValueError(f"RandomCrop padding_mode must be one of {PADDING_MODES}, got {self.padding_mode!r}")
-        pad = [0] if self.padding is None else ([self.padding] if isinstance(self.padding, int) else list(self.padding))
-        if len(pad) not in (1, 2, 4) or min(pad) < 0:
-            raise ValueError(f"RandomCrop padding must be one, two or four non-negative ints, got {self.padding!r}")
+            raise ValueError(f"RandomCrop: Padding mode should be either constant, edge, reflect or symmetric, got "
+                             f"{self.padding_mode!r}")
+        pad = self.padding if isinstance(self.padding, (tuple, list)) else [self.padding or 0]
+        if len(pad) not in (1, 2, 4) or not all(isinstance(p, int) and not isinstance(p, bool) for p in pad):
+            raise ValueError(f"RandomCrop: Padding must be an int or a 1, 2, or 4 element of tuple or list, got "
+                             f"{self.padding!r}")
+        if min(pad) < 0:
+            raise ValueError(f"RandomCrop: padding should be non-negative, got {self.padding!r}")
+        checks.fill(self.fill, "RandomCrop")
+        pad = list(pad)
         self._pad = pad * 4 if len(pad) == 1 else (pad * 2 if len(pad) == 2 else pad)  # left, top, right, bottom
 
     def __call__(self, view: View, g: torch.Generator) -> View:
@@ -178,3 +205,12 @@ class Normalize:
 
     mean: tuple[float, float, float] = (0.485, 0.456, 0.406)
     std: tuple[float, float, float] = (0.229, 0.224, 0.225)
+
+    def __post_init__(self):
+        """One value or one per channel each, kept as three floats; std above 0."""
+        self.mean = checks.channels(self.mean, "Normalize", "mean")
+        self.std = checks.channels(self.std, "Normalize", "std")
+        if 0 in self.std:
+            raise ValueError(f"Normalize: std evaluated to zero, leading to division by zero, got {self.std}")
+        if min(self.std) < 0:
+            raise ValueError(f"Normalize: std values should be positive, got {self.std}")

@@ -11,12 +11,13 @@ Names, parameters and their distributions follow torchvision's transforms.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
-from gpufeed.augment import colour
+from gpufeed.augment import checks, colour
 
 def _flag(n: int, p: float, g: torch.Generator) -> torch.Tensor:
     """(n, 1): 1.0 where a sample applies the op (probability p)."""
@@ -32,6 +33,9 @@ class _Coin:
     says what the op makes of the batch; a sample that draws "no" keeps its pixels."""
 
     width = 1
+
+    def __post_init__(self):
+        checks.probability(self.p, type(self).__name__)
 
     def draw(self, n: int, hw: tuple[int, int], g: torch.Generator) -> torch.Tensor:
         return _flag(n, self.p, g)
@@ -75,20 +79,22 @@ def shift_hue(y: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
 @dataclass
 class ColorJitter:
     """Per-sample brightness, contrast and saturation factors and a hue shift, applied in that order
-    (torchvision draws the order per call; here it is fixed)."""
+    (torchvision draws the order per call; here it is fixed). Each is a number x, for factors in
+    max(0, 1 - x)..1 + x (a shift in -x..x), or a (min, max) range, as torchvision takes them."""
 
-    brightness: float = 0.0
-    contrast: float = 0.0
-    saturation: float = 0.0
-    hue: float = 0.0
+    brightness: float | Sequence[float] = 0.0
+    contrast: float | Sequence[float] = 0.0
+    saturation: float | Sequence[float] = 0.0
+    hue: float | Sequence[float] = 0.0
 
     def __post_init__(self):
-        if not 0 <= self.hue <= 0.5:
-            raise ValueError(f"ColorJitter hue must be in 0..0.5, got {self.hue}")
+        self._ranges = [checks.jitter(getattr(self, name), "ColorJitter", name)
+                        for name in ("brightness", "contrast", "saturation")]
+        self._hue = checks.jitter(self.hue, "ColorJitter", "hue", 0.0, (-0.5, 0.5), False)
 
     @property
     def width(self) -> int:
-        return 4 if self.hue else 3
+        return 4 if self._hue else 3
 
     def draw(self, n: int, hw: tuple[int, int], g: torch.Generator) -> torch.Tensor:
         return self.factors(n, g)
@@ -99,11 +105,11 @@ class ColorJitter:
     def factors(self, n: int, g: torch.Generator) -> torch.Tensor:
         """(N, 3) float32 factors, or (N, 4) with the hue shift; a range of 0 gives exactly 1."""
         out = torch.ones(n, self.width)
-        for k, amount in enumerate((self.brightness, self.contrast, self.saturation)):
-            if amount:
-                out[:, k].uniform_(max(0.0, 1 - amount), 1 + amount, generator=g)
-        if self.hue:
-            out[:, 3].uniform_(-self.hue, self.hue, generator=g)
+        for k, bounds in enumerate(self._ranges):
+            if bounds:
+                out[:, k].uniform_(*bounds, generator=g)
+        if self._hue:
+            out[:, 3].uniform_(*self._hue, generator=g)
         return out
 
 
@@ -135,6 +141,10 @@ class RandomSolarize(_Coin):
     threshold: float
     p: float = 0.5
 
+    def __post_init__(self):
+        super().__post_init__()
+        checks.number(self.threshold, "RandomSolarize", "threshold")
+
     def change(self, y: torch.Tensor) -> torch.Tensor:
         return colour.solarize(y, float(self.threshold))
 
@@ -147,8 +157,12 @@ class RandomPosterize(_Coin):
     p: float = 0.5
 
     def __post_init__(self):
+        super().__post_init__()
+        message = f"RandomPosterize: bits must be a positive integer in the range [0, 8], got {self.bits!r}"
+        if isinstance(self.bits, bool) or not isinstance(self.bits, int):
+            raise TypeError(message)
         if not 0 <= self.bits <= 8:
-            raise ValueError(f"RandomPosterize bits must be in 0..8, got {self.bits}")
+            raise ValueError(message)
 
     def change(self, y: torch.Tensor) -> torch.Tensor:
         return colour.posterize(y, float(self.bits))
@@ -182,6 +196,11 @@ class RandomAdjustSharpness(_Coin):
     sharpness_factor: float
     p: float = 0.5
 
+    def __post_init__(self):
+        super().__post_init__()
+        if checks.number(self.sharpness_factor, "RandomAdjustSharpness", "sharpness_factor") < 0:
+            raise ValueError(f"RandomAdjustSharpness: sharpness_factor ({self.sharpness_factor}) is not non-negative.")
+
     def change(self, y: torch.Tensor) -> torch.Tensor:
         return colour.sharpness(y, float(self.sharpness_factor))
 
@@ -195,11 +214,11 @@ class GaussianBlur:
     width = 1
 
     def __post_init__(self):
-        ks = (self.kernel_size,) * 2 if isinstance(self.kernel_size, int) else tuple(self.kernel_size)
-        if any(k <= 0 or k % 2 == 0 for k in ks):
-            raise ValueError(f"GaussianBlur kernel_size must be odd and positive, got {self.kernel_size}")
-        self._ks = ks
-        self._sigma = (float(self.sigma),) * 2 if isinstance(self.sigma, (int, float)) else tuple(self.sigma)
+        self._ks = checks.kernel(self.kernel_size, "GaussianBlur")
+        self._sigma = checks.number_or_pair(self.sigma, "GaussianBlur", "sigma")
+        if not 0 < self._sigma[0] <= self._sigma[1]:
+            raise ValueError(f"GaussianBlur: sigma values should be positive and of the form (min, max), got "
+                             f"{self.sigma!r}")
 
     def draw(self, n: int, hw: tuple[int, int], g: torch.Generator) -> torch.Tensor:
         return torch.empty(n, 1).uniform_(*self._sigma, generator=g)
@@ -234,8 +253,17 @@ class RandomErasing:
     width = 4  # top, left, height, width (height 0: nothing erased)
 
     def __post_init__(self):
+        op = "RandomErasing"
+        checks.probability(self.p, op)
+        checks.interval(self.scale, op, "scale", 0, 1, bounds="Scale should be between 0 and 1")
+        checks.interval(self.ratio, op, "ratio", 0, open_low=True, bounds="ratio values should be positive")
+        checks.integer(self.attempts, op, "attempts", 1, "a positive int")
         if isinstance(self.value, str) and self.value != "random":
-            raise ValueError(f"RandomErasing value must be a number, one per channel or 'random', got {self.value!r}")
+            raise ValueError(f"{op}: If value is str, it should be 'random', got {self.value!r}")
+        if not isinstance(self.value, (numbers.Number, str, tuple, list)):
+            raise TypeError(f"{op}: Argument value should be either a number or str or a sequence, got {self.value!r}")
+        if not isinstance(self.value, str):
+            checks.channels(self.value, op, "value")
 
     @property
     def noise(self) -> bool:

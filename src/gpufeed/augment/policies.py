@@ -15,7 +15,7 @@ from typing import Sequence
 
 import torch
 
-from gpufeed.augment import colour
+from gpufeed.augment import checks, colour
 from gpufeed.augment.affine import Filled, _mode, from_centre, inverse_affine
 from gpufeed.augment.view import Resampling, View, fill_tuple
 
@@ -59,6 +59,14 @@ class _Policy:
 
     interpolation: str
     fill: float | Sequence[float] | None
+
+    def _check(self, bins: int | None = None) -> None:
+        """The warp settings, and num_magnitude_bins (2 at least: the magnitudes step by 1 / (bins - 1))."""
+        op = type(self).__name__
+        Resampling(_mode(self.interpolation))
+        checks.fill(self.fill, op)
+        if bins is not None:
+            checks.integer(bins, op, "num_magnitude_bins", 2, "at least 2")
 
     @property
     def width(self) -> int:
@@ -127,6 +135,9 @@ class RandAugment(_Policy):
     fill: float | Sequence[float] | None = None
 
     def __post_init__(self):
+        self._check(self.num_magnitude_bins)
+        checks.integer(self.num_ops, "RandAugment", "num_ops")
+        checks.integer(self.magnitude, "RandAugment", "magnitude")
         if self.num_ops < 0 or not 0 <= self.magnitude < self.num_magnitude_bins:
             raise ValueError(f"RandAugment needs num_ops >= 0 and 0 <= magnitude < num_magnitude_bins, got "
                              f"{self.num_ops}, {self.magnitude}, {self.num_magnitude_bins}")
@@ -146,6 +157,9 @@ class TrivialAugmentWide(_Policy):
     interpolation: str = "nearest"
     fill: float | Sequence[float] | None = None
     slots = 1
+
+    def __post_init__(self):
+        self._check(self.num_magnitude_bins)
 
     def _choose(self, n, h, w, g):
         ops = torch.randint(ID["Invert"], (n, 1), generator=g)
@@ -214,6 +228,7 @@ class AutoAugment(_Policy):
         name = str(getattr(self.policy, "value", self.policy)).lower()
         if name not in AUTO_POLICIES:
             raise ValueError(f"AutoAugment policy {self.policy!r} is not one of {sorted(AUTO_POLICIES)}")
+        self._check()
         table = AUTO_POLICIES[name]
         self._op = torch.tensor([[ID[op] for op, _, _ in pair] for pair in table])
         self._p = torch.tensor([[p for _, p, _ in pair] for pair in table], dtype=torch.float64)

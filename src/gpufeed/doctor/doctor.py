@@ -2,20 +2,35 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
 
+from gpufeed.decode import cpu
 from gpufeed.decode.base import nvimgcodec_install
-from gpufeed.decode.cpu import roi_problem
 from gpufeed.decode.segment import unavailable
 from gpufeed.doctor import stages
 from gpufeed.doctor.report import findings, table
 from gpufeed.doctor.versions import report as versions
 
 
+def _rank_line(device: str) -> str:
+    """The cores this process may use and the decode workers a jpeg Loader starts by default, with its
+    rank under torchrun (run `gpufeed doctor` under torchrun to see each rank's)."""
+    from gpufeed.loader.cores import rank_cores
+    from gpufeed.loader.jpeg import default_workers
+
+    rank = os.environ.get("RANK")
+    who = f"rank {rank} of {os.environ.get('WORLD_SIZE', '?')} (local {os.environ.get('LOCAL_RANK', '?')})" \
+        if rank is not None else "this process"
+    return (f"{who}: {rank_cores().describe()}; a jpeg Loader starts "
+            f"{default_workers(torch.device(device))} CPU decode workers by default")
+
+
 def _gpufeed_here(t: stages.Timings, device: str) -> list[str]:
     lines = versions()
+    lines.append(_rank_line(device))
     if t.facts.get("skipped"):
         shown = "; ".join(f"{k}: {v}" for k, v in list(t.facts["skipped"].items())[:3])
         lines.append(f"skipped {len(t.facts['skipped'])} file(s) that are not readable images ({shown}"
@@ -27,7 +42,7 @@ def _gpufeed_here(t: stages.Timings, device: str) -> list[str]:
     if t.facts.get("cpu_workers"):
         workers, rate = t.facts["cpu_workers"], t.facts["cpu_worker_rate"]
         lines.append(f"gpufeed CPU decode: {workers} worker processes at {rate:,.0f} img/s each while decoding, "
-                     f"about {workers * rate:,.0f} img/s together on this host's cores"
+                     f"about {workers * rate:,.0f} img/s together on this rank's cores"
                      + ("; a model that trains faster waits for them (the GPU decoders take only what they "
                         "can't: beside a model they cost it more), and a raw store needs no decoding"
                         if device == "cuda" else ""))
@@ -48,9 +63,13 @@ def _gpufeed_here(t: stages.Timings, device: str) -> list[str]:
     why = unavailable()
     lines.append("CPU JPEG decode: in worker processes" if why is None else
                  f"CPU JPEG decode: on threads, which share the GIL with the training loop (slower): {why}")
-    problem = roi_problem()
-    lines.append("CPU JPEG decode of crop regions alone: available (nvImageCodec's CPU backend)" if problem is None
-                 else f"CPU JPEG decode of crop regions alone: unavailable, whole images instead (slower): {problem}")
+    problem, regions = cpu.roi_problem(), "CPU JPEG decode of crop regions alone"
+    if problem is None:
+        lines.append(f"{regions}: available (nvImageCodec's CPU backend)")
+    elif not cpu.roi_available() and not torch.cuda.is_available():  # no GPU here for the GPU package it would need
+        lines.append(f"{regions}: unavailable, whole images instead (slower)")
+    else:
+        lines.append(f"{regions}: unavailable, whole images instead (slower): {problem}")
     return lines
 
 
@@ -88,6 +107,6 @@ def diagnose(target: str | None, device: str | None = None, limit: int = 256,
         timings.facts["host_steal_share"] = steal / total
     report = {"target": target, "kind": timings.kind, "device": device, "images": timings.images,
               "seconds_per_1000": timings.per_1000(), "facts": timings.facts,
-              "findings": findings(timings, device == "cuda"), "table": table(timings),
+              "findings": findings(timings, device == "cuda", torch.cuda.is_available()), "table": table(timings),
               "gpufeed": _gpufeed_here(timings, device)}
     return report

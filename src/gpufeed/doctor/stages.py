@@ -13,7 +13,10 @@ Each stage runs under a `record_function` (and NVTX on a GPU) range for `--trace
 from __future__ import annotations
 
 import importlib
+import inspect
 import io
+import os
+import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -26,6 +29,14 @@ from torch.profiler import record_function
 from gpufeed.loader.stats import stage_range
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+WALL = "total (wall)"
+WAIT = "waiting for data"  # the loop's idle time: a symptom of a slower stage, not a stage to make cheaper
+QUEUE_FULL = "queue full (the loader waits for the loop)"  # the producers' idle time
+IDLE = (WAIT, QUEUE_FULL)
+# a store's stages on the loop's thread (the others run on the Loader's threads and processes, beside it)
+LOOP = (WAIT, "hand-over", "augment", "augment (launch)", "between batches (the consumer's own time)")
+PARTS = ("resize: of it, the tables' copies",)  # listed, and counted in their whole too
+USAGE = "give module:function, a function that takes no arguments and returns an iterable of (images, labels) batches"
 
 
 @dataclass
@@ -150,9 +161,9 @@ def store(path: Path, batches: int, device: str) -> Timings:
     names = {"gather": "gather", "h2d_issue": "host-to-device (issue)", "wait": "waiting for data",
              "consumer": "between batches (the consumer's own time)",
              "augment": "augment (launch)" if device == "cuda" else "augment",
-             "resize.copies": "resize: of it, the tables' copies"}
+             "resize.copies": PARTS[0], "queue_full": QUEUE_FULL, "hand_over": "hand-over"}
     t.seconds = {names.get(k, k): v for k, v in stats["seconds"].items()}
-    t.seconds["total (wall)"] = time.perf_counter() - t0
+    t.seconds[WALL] = time.perf_counter() - t0
     t.facts.update(tier=loader.tier.name, tier_reason=loader.tier.reason, decoders=stats.get("decoders"),
                    decoded_by=stats.get("decoded_by"), mode=loader.store.mode)
     # the CPU workers' pace: what a jpeg store can feed without the GPU decoders (every image they decoded
@@ -164,24 +175,76 @@ def store(path: Path, batches: int, device: str) -> Timings:
     return t
 
 
-def iterable(spec: str, batches: int, device: str) -> Timings:
+@contextmanager
+def _current_folder_importable():
+    """The current folder on sys.path while the user's code loads and runs, as `python -m` puts it there
+    (the console script puts its own folder instead); taken off again after."""
+    here = os.getcwd()
+    added = here not in sys.path
+    if added:
+        sys.path.insert(0, here)
+    try:
+        yield
+    finally:
+        if added and here in sys.path:
+            sys.path.remove(here)
+
+
+def _factory(spec: str):
+    """The function `spec` ("module:function") names, checked to be callable without arguments."""
     module, _, name = spec.partition(":")
     try:
         factory = getattr(importlib.import_module(module), name)
+    except ModuleNotFoundError as e:
+        if e.name is None or not (module == e.name or module.startswith(e.name + ".")):
+            raise ValueError(f"{spec}: cannot load it ({e}); {USAGE}") from None  # one of the module's imports
+        raise ValueError(f"{spec}: {e}: not in the current folder ({os.getcwd()}) nor on sys.path; run doctor from "
+                         "the folder that holds it, or add that folder to PYTHONPATH") from None
     except (ImportError, AttributeError) as e:
-        raise ValueError(f"{spec}: cannot load it ({e}); give module:function returning an iterable") from None
+        raise ValueError(f"{spec}: cannot load it ({e}); {USAGE}") from None
+    if not callable(factory):
+        raise ValueError(f"{spec}: {name} is a {type(factory).__name__}, not a function; {USAGE}")
+    try:
+        inspect.signature(factory).bind()
+    except TypeError:
+        raise ValueError(f"{spec}: it needs arguments; {USAGE}") from None
+    except ValueError:  # no signature to read (some builtins): the call tells
+        pass
+    return factory
+
+
+def _images(spec: str, item) -> torch.Tensor:
+    """The images of one batch the user's iterable yielded."""
+    if isinstance(item, (tuple, list)) and item and isinstance(item[0], torch.Tensor) and item[0].dim() > 0:
+        return item[0]
+    raise ValueError(f"{spec}: it yielded a {type(item).__name__}, not an (images, labels) batch; {USAGE}")
+
+
+def iterable(spec: str, batches: int, device: str) -> Timings:
+    with _current_folder_importable():
+        return _time_iterable(spec, batches, device)
+
+
+def _time_iterable(spec: str, batches: int, device: str) -> Timings:
+    made = _factory(spec)()
+    try:
+        it = iter(made)
+    except TypeError:
+        raise ValueError(f"{spec}: it returned a {type(made).__name__}, not an iterable; {USAGE}") from None
     t, cuda = Timings(f"your iterable {spec}"), device == "cuda"
-    it = iter(factory())
     for _ in range(batches):
         with stage(t, "produce batch (your iterable)", False):
             try:
-                images, _ = next(it)[:2]
+                item = next(it)
             except StopIteration:
                 break
+        images = _images(spec, item)
         t.images += len(images)
         t.facts.update(dtype=str(images.dtype).replace("torch.", ""), pinned=images.is_pinned(),
                        on_device=images.device.type)
         if cuda and images.device.type == "cpu":
             with stage(t, "host-to-device", True):
                 images.to(device, non_blocking=True)
+    if not t.images:
+        raise ValueError(f"{spec}: it yielded no batches; {USAGE}")
     return t

@@ -94,7 +94,7 @@ def problems(s: Stack) -> list[str]:
     if cuda and s.driver and s.triton is None:
         out.append("Triton is not installed, so GPU augmentation runs as several torch kernels per op instead of "
                    "one kernel per pass (slower): pip install triton")
-    if cuda not in NVIMGCODEC:
+    if cuda not in NVIMGCODEC or not s.driver:  # no driver: no GPU whose JPEG engines the wheels would serve
         return out
     install = nvimgcodec_install(s.torch_cuda)
     wrong = [d for c, d in NVIMGCODEC.items() if c != cuda and d in s.wheels]
@@ -102,10 +102,10 @@ def problems(s: Stack) -> list[str]:
     if wrong:
         out.append(f"{', '.join(wrong)} installed but torch is built for CUDA {s.torch_cuda}, so the hardware "
                    f"JPEG engines go unused: pip uninstall -y {' '.join(wrong)} && {install}")
-    elif NVIMGCODEC[cuda] not in s.wheels and s.driver:
+    elif NVIMGCODEC[cuda] not in s.wheels:
         out.append(f"nvImageCodec is not installed, so the GPU's hardware JPEG engines (A100, H100, H200) go "
                    f"unused: {install}")
-    elif NVIMGCODEC[cuda] in s.wheels and NVJPEG[cuda] not in s.wheels and s.driver:
+    elif NVIMGCODEC[cuda] in s.wheels and NVJPEG[cuda] not in s.wheels:
         out.append(f"{NVIMGCODEC[cuda]} is installed without {NVJPEG[cuda]}, which its JPEG decoders need: "
                    f"{install}")
     return out

@@ -27,6 +27,9 @@ from gpufeed.loader.stats import stage_range
 from gpufeed.transfer.ring import PinnedRing, hand_over
 
 STOP_WAIT = 5.0  # seconds an iteration that ends waits for its producers to finish their batch
+# seconds `close()` (and the interpreter's exit) waits for producers to finish the batch they make
+# before it stops the decoders under them: a batch takes well under a second where nothing is wrong
+CLOSE_WAIT = 60.0
 # make the next epoch's first batches as an epoch ends (`Carried`); False: each epoch's producer
 # starts when it is iterated (benchmarks/train_bench.py's `carry=` rows compare the two)
 CARRY = True
@@ -94,6 +97,44 @@ def host_feed(loader, plan: EpochPlan, start: int) -> Iterator[Batch]:
     return threaded(loader, make, range(start, len(plan)))
 
 
+class Stopped(RuntimeError):
+    """What a producer leaves for its consumer when it was stopped before its batches were made (the
+    loader was closed): the consumer raises it instead of waiting for batches that never come."""
+
+
+class Producers:
+    """Every producer thread a loader started that may still run, with its stop flag.
+
+    `close()` and the interpreter's exit (`Loader`'s atexit hook) stop them and wait until they have
+    ended: a daemon thread still inside torch while the interpreter finalizes aborts the process
+    ("terminate called without an active exception", exit 134), and one still using the decoders
+    races their shutdown."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._live: list[tuple[threading.Event, threading.Thread]] = []
+
+    def add(self, stop: threading.Event, thread: threading.Thread) -> None:
+        with self._lock:
+            self._live = [(s, t) for s, t in self._live if t.is_alive()] + [(stop, thread)]
+
+    def stop(self) -> None:
+        """Tell every producer to end after the batch it is making."""
+        with self._lock:
+            for stop, _ in self._live:
+                stop.set()
+
+    def join(self, timeout: float) -> bool:
+        """Wait up to `timeout` seconds for them to end; whether all have."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            threads = [t for _, t in self._live]
+        for t in threads:
+            if t is not threading.current_thread():
+                t.join(max(0.0, deadline - time.monotonic()))
+        return not any(t.is_alive() for t in threads if t is not threading.current_thread())
+
+
 @dataclass
 class Carried:
     """The first batches of the epoch after, made while the end of an epoch was consumed (one
@@ -139,6 +180,7 @@ def threaded(loader, make: Callable[[int, int], tuple[Batch, torch.cuda.Event | 
     if after is not None:
         after.thread = producers[0]
     for p in producers:
+        loader.producers.add(stop, p)
         p.start()
     complete = False
     consumer = Consumer()
@@ -173,6 +215,8 @@ def _taken(loader, items: queue.Queue, count: int, consumer: Consumer) -> Iterat
         item = items.get()
         t1 = time.perf_counter()
         loader.counters.add("wait", t1 - t0)
+        if isinstance(item, Stopped):  # raised afresh: the same instance may be taken twice
+            raise Stopped(*item.args)
         if isinstance(item, BaseException):
             raise item
         batch, event = item
@@ -215,7 +259,7 @@ def _produce(make, worker: int, numbers: range, out: queue.Queue, stop: threadin
             before.join()
         for number in numbers:
             if stop.is_set():
-                return
+                return _leave(out)
             item = make(number, worker)
             t0 = time.perf_counter()
             while not stop.is_set():
@@ -229,10 +273,20 @@ def _produce(make, worker: int, numbers: range, out: queue.Queue, stop: threadin
             errors = after.items
             for number in range(after.count):
                 if stop.is_set():
-                    return
+                    return _leave(after.items)
                 after.items.put(make_next(number, worker))  # room for all of them: never blocks
     except BaseException as e:  # handed to the consumer, raised there
         errors.put(e)
+
+
+def _leave(out: queue.Queue) -> None:
+    """A stopped producer's last word to a consumer that may still wait on `out` (another thread
+    iterating a loader that was closed); a full queue has batches enough to wake it."""
+    try:
+        out.put_nowait(Stopped("this gpufeed.Loader was closed while it was iterated: its threads and decode "
+                               "workers are stopped"))
+    except queue.Full:
+        pass
 
 
 def _gather(loader, ring: PinnedRing | None, idx: torch.Tensor, params) -> tuple[Batch, torch.cuda.Event | None]:

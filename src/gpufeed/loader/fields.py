@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import torch
 
 from gpufeed.augment.boxes import padded, transform_boxes
+from gpufeed.store.format import StoreError
+
+log = logging.getLogger(__name__)
 
 
 def batch_dict(loader, images: torch.Tensor, labels: torch.Tensor, samples) -> dict:
@@ -23,9 +28,27 @@ def batch_dict(loader, images: torch.Tensor, labels: torch.Tensor, samples) -> d
             out["boxes"], out["boxes_count"] = padded(_boxes(loader, idx), loader.device)
         elif name != "image":
             column = loader.store.column(name)
-            rows = column.rows(idx)
-            out[name] = torch.from_numpy(np.ascontiguousarray(rows)).to(loader.device, non_blocking=True) \
-                if column.fixed else rows
+            out[name] = torch.from_numpy(np.ascontiguousarray(column.rows(idx))).to(
+                loader.device, non_blocking=True) if column.fixed else _values(loader, column, idx)
+    return out
+
+
+def _values(loader, column, samples: np.ndarray) -> list:
+    """A text, bytes or JSON field's values of a batch. A damaged value (a StoreError naming its file,
+    field and sample) raises with `on_error="raise"`; with "skip" it is None, and the first of each
+    field is warned about and kept in `loader.stats()["notes"]`."""
+    out = []
+    for i in samples:
+        try:
+            out.append(column.value(int(i)))
+        except StoreError as e:
+            if loader.on_error == "raise":
+                raise
+            out.append(None)
+            said = f"field {column.name!r}: damaged values yielded as None"
+            if not any(n.startswith(said) for n in loader.counters.as_dict()["notes"]):
+                log.warning("%s; yielded as None (further ones are not warned about)", e)
+                loader.counters.note(f"{said}, the first: {e}")
     return out
 
 

@@ -3,9 +3,12 @@ evaluation pass.
 
 The source is what `gpufeed.pack` takes (an ImageFolder tree or a flat folder, a CSV/JSONL list),
 or uncompressed tar shards, whose members are read at their offsets. An index says where each
-image's bytes are, its size (from its header) and its label; it is built once and cached beside
-the source (or under ~/.cache/gpufeed where that is read-only), and a later open reads only the
-headers of files that changed. Each batch's bytes are then read into one buffer on threads and go
+image's bytes are, its size (from its header) and its label; it is built once and cached in the
+user's cache (~/.cache/gpufeed, never inside the source, where a later `gpufeed pack` of the folder
+would meet it), and a later open reads only the headers of files that changed. A cached entry is
+used only for the very file it was made from (its size, times and inode) and only where its values
+fit that file (its byte count, sides a JPEG can have, pixels its bytes can hold); else the header
+is read again. Each batch's bytes are then read into one buffer on threads and go
 to the same decoders as a jpeg store's (decode workers read their share from the files themselves).
 
 Served are the images those decoders read as they read a store's: baseline JPEGs, RGB or gray,
@@ -22,6 +25,7 @@ import io
 import json
 import logging
 import os
+import stat as stat_module
 import tarfile
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
@@ -39,7 +43,11 @@ from gpufeed.packing.sources import TAR_SUFFIXES, Item, Skip, SourceError, open_
 from gpufeed.store.format import MANIFEST
 
 log = logging.getLogger(__name__)
-INDEX_VERSION = 1
+INDEX_VERSION = 2
+JPEG_MAX_SIDE = 65535  # a JPEG frame header's limit
+# the fewest bytes a baseline JPEG of this many pixels can take is above pixels / 256 (each 8x8 block
+# costs at least two bits); an entry claiming more pixels than that for its bytes is read again
+PIXELS_PER_BYTE = 256
 HEADER_BYTES = 1 << 18  # enough for a JPEG's markers up to its frame header, EXIF thumbnails included
 JPEG_EXTS = (".jpg", ".jpeg")
 
@@ -81,7 +89,7 @@ class FolderStore:
         cached = _load(cache_path)
         stats = {f: _stat(f) for f in {x.file for x in listed}}
         keys = [f"{x.name}|{stats[x.file]}" for x in listed]
-        fresh = [k for k, key in enumerate(keys) if key not in cached]
+        fresh = [k for k, key in enumerate(keys) if not _fits(cached.get(key), listed[k], stats[listed[k].file])]
         for k, found in zip(fresh, self._pool.map(lambda k: _header(listed[k]), fresh)):
             cached[keys[k]] = found
         if fresh:
@@ -147,7 +155,7 @@ class FolderStore:
         def one(k: int) -> None:
             view = memoryview(buffer)[int(begins[k]) : int(ends[k])]
             try:
-                fd = os.open(files[k], os.O_RDONLY)
+                fd = _open_regular(files[k])
                 try:
                     got = os.preadv(fd, [view], int(at[k]))
                 finally:
@@ -219,11 +227,41 @@ def _list_tars(shards: list[str]) -> tuple[list[_Listed], list[str], list[dict]]
 
 
 def _stat(path: str) -> str:
+    """What a cached entry is for: the file's size, modification and change times, device and inode
+    (an index copied from elsewhere, or made before the file was replaced, matches none of it)."""
     try:
         st = os.stat(path)
-        return f"{st.st_size}:{st.st_mtime_ns}"
+        return f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_dev}:{st.st_ino}"
     except OSError:
         return "missing"
+
+
+def _fits(entry: list[int] | str | None, x: _Listed, stat: str) -> bool:
+    """Whether a cached entry can stand for `x` without reading its header again: a reason it was not
+    served, or [height, width, bytes] with the bytes the file (or tar member) has, sides a JPEG can
+    have, and no more pixels than those bytes can encode."""
+    if isinstance(entry, str):
+        return True
+    if not isinstance(entry, list) or stat == "missing":
+        return False
+    h, w, size = entry
+    expected = x.size if x.size >= 0 else int(stat.split(":")[0])
+    return (size == expected and 1 <= h <= JPEG_MAX_SIDE and 1 <= w <= JPEG_MAX_SIDE
+            and h * w <= PIXELS_PER_BYTE * size)
+
+
+def _open_regular(path: str) -> int:
+    """A descriptor of `path` for reading, which must be a regular file: a FIFO or device named like an
+    image would block or never end (opened without blocking, then checked)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        if not stat_module.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path}: not a regular file (a FIFO, device or socket)")
+        os.set_blocking(fd, True)
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def _header(x: _Listed) -> list[int] | str:
@@ -231,7 +269,7 @@ def _header(x: _Listed) -> list[int] | str:
     if not x.file.lower().endswith(JPEG_EXTS) and x.size < 0:
         return "not a JPEG file (.jpg, .jpeg)"
     try:
-        with open(x.file, "rb") as f:
+        with open(_open_regular(x.file), "rb") as f:
             size = x.size if x.size >= 0 else os.fstat(f.fileno()).st_size
             f.seek(x.begin)
             head = f.read(min(size, HEADER_BYTES))
@@ -254,13 +292,10 @@ def _header(x: _Listed) -> list[int] | str:
 
 
 def _cache_path(source: Path) -> Path:
-    """Beside the source where it is writable, else in the user's cache."""
-    source = source.absolute()
-    beside = source / ".gpufeed-index.json" if source.is_dir() else source.parent / f".{source.name}.gpufeed-index.json"
-    if os.access(beside.parent, os.W_OK):
-        return beside
-    home = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gpufeed"
-    return home / f"index-{hashlib.sha1(str(source).encode()).hexdigest()[:16]}.json"
+    """In the user's cache ($XDG_CACHE_HOME or ~/.cache, then gpufeed/), named by the source's absolute
+    path: never inside the source, which may be read-only, shared or packed later."""
+    home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpufeed"
+    return home / f"index-{hashlib.sha1(str(source.absolute()).encode()).hexdigest()[:16]}.json"
 
 
 def _load(path: Path) -> dict:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import threading
 from typing import Callable
 
@@ -20,6 +19,7 @@ from gpufeed.decode.choice import DEFAULT, check_decoders
 from gpufeed.decode.scheduler import summed
 from gpufeed.decode.workers import DecodeWorkers
 from gpufeed.loader.feeds import Batch, Carried, NextEpoch, threaded
+from gpufeed.loader.cores import rank_cores
 from gpufeed.loader.plan import EpochPlan
 from gpufeed.loader.folder import FolderStore
 from gpufeed.loader.jpeg_batch import DecodeError, JpegBatcher, Upcoming
@@ -109,15 +109,14 @@ def jpeg_feed(loader, plan, start: int, epoch: int = 0, next_plan: Callable[[], 
 
 
 def default_workers(device: torch.device) -> int:
-    """CPU decode workers when the user names none: on a GPU all of this rank's share of the cores but
-    two, or an eighth of them if more (the training loop, the producer thread and, when the workers fall
-    behind, the GPU decoders' host threads need those: the workers decode as much of each batch as they
-    can, since beside a training loop they cost it far less than the GPU decoders), on a CPU every core
-    of its share. Local ranks (LOCAL_WORLD_SIZE, as torchrun sets it) divide the cores."""
-    local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
-    cores = max(1, (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
-                // local)
-    return max(1, cores - max(2, cores // 8)) if device.type == "cuda" else cores
+    """CPU decode workers when the user names none: on a GPU all of this rank's cores but two, or an
+    eighth of them if more (the training loop, the producer thread and, when the workers fall behind,
+    the GPU decoders' host threads need those: the workers decode as much of each batch as they can,
+    since beside a training loop they cost it far less than the GPU decoders), on a CPU every core of
+    the rank. The rank's cores are counted once (`cores.rank_cores`: its affinity, divided among the
+    local ranks only where they share it, within a cgroup CPU quota)."""
+    usable = rank_cores().usable
+    return max(1, usable - max(2, usable // 8)) if device.type == "cuda" else usable
 
 
 def jpeg_pipelines(loader, on_error: str, decoders: tuple[str, ...] | None, workers: int | None) -> JpegPipelines:

@@ -104,9 +104,11 @@ class JpegBatcher:
         with stage_range("gpufeed.decode+resize", self.stream is not None):
             return self._make(idx, params, ahead, pace)
 
-    def _make(self, idx: torch.Tensor, params: Params, ahead: tuple[Upcoming, ...] = (), pace: Pace | None = None
-              ) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
-        """Host-side bookkeeping is numpy: see `gpufeed.decode.base` for why."""
+    def _make(self, idx: torch.Tensor, params: Params, ahead: tuple[Upcoming, ...] = (), pace: Pace | None = None,
+              replacing: bool = False) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+        """Host-side bookkeeping is numpy: see `gpufeed.decode.base` for why. `replacing`: this batch stands
+        in for one none of whose samples decoded; if none of its own does either, DecodeError (the caller
+        tries the next samples), never another replacement within it."""
         i = idx.numpy()
         started = self._started(i, params)
         if ahead:
@@ -124,6 +126,8 @@ class JpegBatcher:
         self.loader.counters.add("decode", t2 - t1)
         shapes, boxes, labels = started.shapes, started.boxes, self._labels[i]
         if failed and len(failed) == len(i) and self.on_error == "skip":
+            if replacing:
+                raise DecodeError(f"none of samples {i.tolist()} decodes")
             self._failed(idx, failed)
             return self._replaced(idx, params)
         if failed:
@@ -189,7 +193,7 @@ class JpegBatcher:
             scale = (shapes[other] / shapes[idx]).flip(1).repeat(1, 2).to(params.boxes.dtype)  # (w, h, w, h)
             moved = replace(params, boxes=params.boxes * scale)
             try:
-                return self._make(other, moved)
+                return self._make(other, moved, replacing=True)
             except DecodeError:  # those failed too: one step further
                 continue
         raise DecodeError(f"{self.loader.store.path}: samples {idx.tolist()} and the {tries} after each cannot be "

@@ -10,10 +10,12 @@ fused kernel. Either way the consumer's stream waits on each batch's event.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import logging
 import os
 import time
+import weakref
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -24,7 +26,7 @@ from gpufeed.augment.pipeline import Augment
 from gpufeed.loader import tiers
 from gpufeed.loader.fields import batch_dict
 from gpufeed.loader.folder import FolderStore, is_folder_source
-from gpufeed.loader.feeds import Batch, Carried, device_feed, drop_carried, host_feed
+from gpufeed.loader.feeds import CLOSE_WAIT, Batch, Carried, Producers, device_feed, drop_carried, host_feed
 from gpufeed.loader.jpeg import PREFETCH, JpegPipelines, jpeg_feed, jpeg_pipelines
 from gpufeed.loader.planner import Planner
 from gpufeed.loader.sampler import ShardedBatchSampler, resolve_rank
@@ -43,11 +45,24 @@ def _device(device: str | torch.device) -> torch.device:
         raise ValueError(f"device {device!r} is not a valid torch device ({e})") from None
     if dev.type == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError(f"device {device!r} asked for, but CUDA is not available here")
+            raise ValueError(f"device {device!r} asked for, but CUDA is not available here (a CPU-only torch or "
+                             "no NVIDIA driver; `gpufeed doctor` says which): pass device=\"cpu\" to run on the CPU")
         dev = torch.device("cuda", torch.cuda.current_device() if dev.index is None else dev.index)
     elif dev.type != "cpu":
         raise ValueError(f"device {device!r}: gpufeed runs on 'cuda' or 'cpu'")
     return dev
+
+
+# every Loader of this process that may have threads running: closed at the interpreter's exit, before
+# it finalizes (see `Producers`). Registered after torch's own exit hooks, so it runs before them
+_LIVE: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    for loader in list(_LIVE):
+        if loader._pid == os.getpid():  # a forked child's copies are its parent's to stop
+            loader.close()
 
 
 def _check_augment(augment: Augment, path: object, sizes: tuple[int, int] | torch.Tensor) -> None:
@@ -93,7 +108,8 @@ class Loader:
             epoch's first ones, made as an epoch ends and dropped if another epoch is iterated).
         gather_threads: disk tier: CPU threads gathering rows (default min(8, cores)).
         on_error: jpeg: "skip" replaces an undecodable sample (warned once, counted), "raise" raises
-            `DecodeError` naming it.
+            `DecodeError` naming it. Any store: a damaged text or JSON field value is None under
+            "skip" (warned once) and raises `StoreError` under "raise".
         num_workers: jpeg: CPU decode worker processes (default with a GPU: this rank's cores but two,
             or but an eighth of them if more; on CPU all of them; 0 decodes on threads of this
             process). With a GPU they decode all they can, the GPU decoders what they can't.
@@ -102,10 +118,10 @@ class Loader:
         pad: with `drop_last=False`, shards are padded by wrapping so every rank has as many batches
             (DistributedSampler's way); `pad=False` gives every sample exactly once over all ranks
             (distributed evaluation), and ranks may differ by one batch.
-        restart: every `iter()` starts a fresh pass from the epoch's first batch, as a DataLoader
-            does (for evaluation loaders, which frameworks iterate partly, e.g. a sanity check).
-            False: an `iter()` continues where the last one stopped. Either way `load_state_dict`
-            resumes the next `iter()` where the state says.
+        restart: an `iter()` after a pass left early begins the same epoch again from its first batch
+            (the same samples and augment draws: evaluation loaders that frameworks iterate partly,
+            e.g. a sanity check). False: it begins the next epoch, as a DataLoader's new iterator is a
+            new pass. Either way `load_state_dict` resumes the next `iter()` where the state says.
         fields: yield a dict per batch instead of `(images, labels)`: "image" and each field named
             here: "label" (or MixUp/CutMix targets), "source" (file paths, a list), or any field of
             the store (`store.fields`): ints, floats and arrays as tensors on `device`, strings,
@@ -164,11 +180,16 @@ class Loader:
         self.channels_last, self.seed, self.prefetch = channels_last, seed, max(1, prefetch)
         self.tier = tiers.materialize(self.store, self.device, cache)
         log.info("gpufeed.Loader: tier %s (%s)", self.tier.name, self.tier.reason)
+        if on_error not in ("skip", "raise"):
+            raise ValueError(f"on_error must be 'skip' or 'raise', got {on_error!r}")
+        self.on_error = on_error
         self.jpeg: JpegPipelines | None = None
         if self.store.mode == "jpeg":
             self.jpeg = jpeg_pipelines(self, on_error, decoders, num_workers)
         self._pid = os.getpid()
         self._closed = False
+        self.producers = Producers()
+        _LIVE.add(self)
         self.gather = Gatherer(gather_threads or min(8, os.cpu_count() or 1))
         self.copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.counters = Stats(self.tier.name)
@@ -183,16 +204,26 @@ class Loader:
         return len(self.batch_sampler)
 
     def close(self) -> None:
-        """Stop the loader's threads and decode worker processes now; it can't iterate after. Optional:
-        they also stop when the loader is garbage-collected or the program ends, however it ends."""
+        """Stop the loader's threads and decode worker processes now, and return once they have ended; it
+        can't iterate after. Optional: they also stop when the loader is garbage-collected or the program
+        ends, however it ends (at exit this runs for every loader not closed)."""
+        if self._closed or self._pid != os.getpid():
+            self._closed = True
+            return
         self._closed = True
+        # the producers first, each after the batch it makes: nothing uses the decoders they stop next
+        self.producers.stop()
         drop_carried(self)
-        self.gather.close()
+        finished = self.producers.join(CLOSE_WAIT)
         if self.jpeg is not None:
             self.jpeg.close()
+        if not finished and not self.producers.join(CLOSE_WAIT):
+            log.warning("gpufeed.Loader.close: a producer thread did not end within %.0f s", 2 * CLOSE_WAIT)
+        self.gather.close()
         if isinstance(self.store, FolderStore):
             self.store.close()
         self._planner.close()
+        _LIVE.discard(self)
 
     def __enter__(self) -> Loader:
         return self
@@ -214,10 +245,21 @@ class Loader:
         the last one yielded then. Raises ValueError if the seed, world size, batch size or store
         size differ (the batches would not be the same)."""
         mine = self.state_dict()
+        if not isinstance(state, dict) or any(key not in state for key in mine):
+            raise ValueError(f"not a gpufeed.Loader state_dict (it needs the keys {sorted(mine)})")
         for key in ("seed", "world_size", "batch_size", "samples"):
             if state[key] != mine[key]:
                 raise ValueError(f"state_dict has {key}={state[key]}, this loader has {mine[key]}")
-        self.epoch, self._batch = int(state["epoch"]), int(state["batch"])
+        if state.get("rank", self.rank) != self.rank:
+            raise ValueError(f"state_dict is rank {state['rank']}'s, this loader is rank {self.rank}'s: load each "
+                             "rank's own state")
+        epoch, batch = state.get("epoch"), state.get("batch")
+        for key, value in (("epoch", epoch), ("batch", batch)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"state_dict has {key}={value!r}: not an int of 0 or more")
+        if batch > len(self):
+            raise ValueError(f"state_dict has batch={batch}, past the {len(self)} batches of an epoch")
+        self.epoch, self._batch = epoch, batch
         self._resuming = True
 
     def stats(self) -> dict:
@@ -246,21 +288,23 @@ class Loader:
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor] | dict]:
         """`(images, labels)` batches (labels: soft targets with MixUp/CutMix; a dict with `fields`)
-        from where the loader is (or, with `restart=True`, from the epoch's first batch) to the end of
-        the epoch."""
-        if os.getpid() != self._pid:
-            raise RuntimeError("this gpufeed.Loader was made in another process (before a fork): its threads, "
-                               "decode workers and CUDA state stay there; make a new Loader in this process")
-        if self._closed:
-            raise RuntimeError("this gpufeed.Loader was closed: its threads and decode workers are stopped; make a "
-                               "new Loader (with `state_dict()`/`load_state_dict()` to go on where it was)")
+        to the end of an epoch. Each `iter()` is a new pass, as with a DataLoader: after a pass left
+        early (a `break`) the next epoch begins (with `restart=True`, the same epoch again from its
+        first batch); after `load_state_dict` the pass resumes after the last batch yielded then; after
+        `set_epoch(e)`, epoch e begins."""
+        self._check_usable()
         epoch, start = self.epoch, self._batch
-        if self.restart and not self._resuming:
-            start = 0 if start < len(self) else start  # a finished pass moves on to the next epoch
+        if not self._resuming and 0 < start < len(self):  # the last pass was left early
+            epoch, start = (epoch, 0) if self.restart else (epoch + 1, 0)
         self._resuming = False
         if start >= len(self):
             epoch, start = epoch + 1, 0
         self.epoch, self._batch = epoch, start
+        return self._pass(epoch, start)
+
+    def _pass(self, epoch: int, start: int) -> Iterator[tuple[torch.Tensor, torch.Tensor] | dict]:
+        if isinstance(self.store, Store):  # a file cut short under the memory map would end us in SIGBUS
+            self.store.check_unchanged()
         plan = self._planner.get(epoch)
         carried = self.carried
         if carried is not None and (carried.epoch, carried.start) == (epoch, start):
@@ -273,12 +317,27 @@ class Loader:
             batches = jpeg_feed(self, plan, start, epoch, next_plan, carried)
         else:
             batches = (device_feed if self.tier.gathers_on_device else host_feed)(self, plan, start)
-        for batch in batches:
-            out = self._finish(batch)
-            self._batch += 1
-            yield out
+        try:
+            while True:
+                self._check_usable()  # before waiting: no producer makes batches for a forked child
+                batch = next(batches, None)
+                if batch is None:
+                    break
+                out = self._finish(batch)
+                self._batch += 1
+                yield out
+        finally:
+            batches.close()
         if self._batch >= len(self):
             self.epoch, self._batch = epoch + 1, 0
+
+    def _check_usable(self) -> None:
+        if os.getpid() != self._pid:
+            raise RuntimeError("this gpufeed.Loader was made in another process (before a fork): its threads, "
+                               "decode workers and CUDA state stay there; make a new Loader in this process")
+        if self._closed:
+            raise RuntimeError("this gpufeed.Loader was closed: its threads and decode workers are stopped; make a "
+                               "new Loader (with `state_dict()`/`load_state_dict()` to go on where it was)")
 
     def _finish(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor] | dict:
         t0 = time.perf_counter()

@@ -73,8 +73,8 @@ class ShardedBatchSampler:
         if not self.pad:
             return order[self.rank :: self.world_size]
         total = self.shard_size * self.world_size
-        if total > self.n:
-            order = torch.cat([order, order[: total - self.n]])
+        if total > self.n:  # wrapped as often as it takes: more ranks than samples wrap more than once
+            order = order.repeat(-(-total // self.n))
         return order[:total][self.rank :: self.world_size]
 
     def batches(self, epoch: int, start: int = 0) -> list[torch.Tensor]:

@@ -1,7 +1,8 @@
 """Per-sample fields while packing: what each source offers, and the writer of their data files.
 
-Fields come from a CSV list's extra columns (numbers when a cell parses as one, else text), a
-JSONL list's extra keys (JSON types as they are: lists and objects stay JSON), a tar sample's
+Fields come from a CSV list's extra columns (typed over all rows by `csv_column`: numbers, missing
+cells NaN; arrays; else text), a JSONL list's extra keys (JSON types as they are: objects and lists
+stay JSON, except lists of numbers of one shape in every row, which are arrays), a tar sample's
 `.json`, `.txt` and `.npy` members (under those names), and a dataset's dict keys besides its
 image and label (numbers, strings, bytes, arrays and tensors, JSON values). A field's first value
 fixes its kind (and an array's dtype and shape). Numbers and arrays must be in every sample from
@@ -26,14 +27,54 @@ from gpufeed.store.writer import HashingWriter
 INT64 = (-(1 << 63), (1 << 63) - 1)
 
 
-def parse_cell(text: str) -> int | float | str:
-    """A CSV cell as an int, else a float, else the text."""
-    for kind in (int, float):
+# the cells pandas reads as missing (its default na_values): a number column's gaps, stored as NaN
+MISSING = frozenset(["", "#N/A", "#N/A N/A", "#NA", "-1.#IND", "-1.#QNAN", "-NaN", "-nan", "1.#IND", "1.#QNAN",
+                     "<NA>", "N/A", "NA", "NULL", "NaN", "None", "n/a", "nan", "null"])
+
+
+def csv_column(cells: list[str]) -> list[Any]:
+    """A CSV column's values, its kind decided over all its cells as pandas does: numbers when every
+    cell present parses as one (ints while all are, floats otherwise; a missing cell, blank, "NA",
+    "N/A", "null"..., is NaN and makes the column float), arrays when every cell is a JSON list of
+    numbers of one shape (`array_column`), else the text of every cell as it is."""
+    present = [c for c in cells if c not in MISSING]
+    if present:
+        for kind in (int, float):
+            try:
+                parsed = [kind(c) for c in present]
+            except ValueError:
+                continue
+            if len(present) == len(cells):
+                return parsed
+            return [float("nan") if c in MISSING else float(c) for c in cells]
+    if cells and all(c.startswith("[") for c in cells):
         try:
-            return kind(text)
+            arrays = array_column([json.loads(c) for c in cells])
         except ValueError:
-            continue
-    return text
+            arrays = None
+        if arrays is not None:
+            return arrays
+    return cells
+
+
+def array_column(values: list[Any]) -> list[np.ndarray] | None:
+    """`values` as arrays of one dtype (bool, int64 or float64, the widest any needs) when every one
+    is a (nested) list of numbers of one non-empty shape: embeddings and multi-hot labels in a JSONL
+    or CSV list become an array field, as a `.npy` member or a dataset's array does; else None."""
+    if not values or not all(isinstance(v, list) for v in values):
+        return None
+    arrays = []
+    for v in values:
+        try:
+            a = np.array(v)
+        except (ValueError, OverflowError):  # ragged, or an int past int64
+            return None
+        if a.dtype.kind not in "biuf" or a.size == 0 or (arrays and a.shape != arrays[0].shape):
+            return None
+        arrays.append(a)
+    dtype = np.result_type(*(a.dtype for a in arrays))
+    dtype = np.dtype(bool) if dtype.kind == "b" else np.dtype("<i8") if dtype.kind in "iu" else np.dtype("<f8")
+    return [a.astype(dtype) for a in arrays]
 
 
 def tar_fields(parts: dict[str, bytes]) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import logging
 import os
 import time
@@ -10,7 +11,6 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from functools import partial
-from itertools import islice
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -21,13 +21,19 @@ from gpufeed.packing import engines, worker
 from gpufeed.packing.imaging import DEFAULT_MAX_PIXELS
 from gpufeed.packing.datasets import dataset_source, is_dataset
 from gpufeed.packing.fields import FieldsSink, Geometry
+from gpufeed.packing.sigterm import sigterm_stops
 from gpufeed.packing.sinks import JpegSink, RawSink
 from gpufeed.packing.sources import Item, Skip, open_source
 from gpufeed.store import format as fmt
 from gpufeed.store.writer import atomic_store_dir
 
 log = logging.getLogger(__name__)
-CHUNK = 32
+CHUNK = 32  # items a worker task packs at most
+# what the items of one task, and of all tasks in flight, may carry (tar members and dataset samples are
+# read here and sent to the workers; files listed by path carry nothing): memory stays bounded however
+# large the samples (each at most MAX_FILE_BYTES), with tasks enough to keep 64 workers busy on 1 MB images
+CHUNK_BYTES = 4 << 20
+IN_FLIGHT_BYTES = 256 << 20
 
 
 class PackError(Exception):
@@ -84,11 +90,49 @@ def _check_args(mode: str, size: int, fit: str, quality: int, max_side: int, on_
         raise ValueError(f"size and max_side must be positive, got {size} and {max_side}")
 
 
+def _check_places(source, dest: str | os.PathLike) -> None:
+    """Refuse a destination inside a source folder (packing again would read the old store, or the
+    scratch folder of this pack, as images and a class) and a source inside the destination
+    (replacing the destination would delete it). Links are followed."""
+    if is_dataset(source):
+        return
+    text = os.fspath(source)
+    out = os.path.realpath(dest)
+    for path in sorted(glob.glob(text)) if glob.has_magic(text) else [text]:
+        real = os.path.realpath(path)
+        if os.path.isdir(real) and os.path.commonpath([out, real]) == real:
+            raise ValueError(f"{dest}: the destination is inside the source folder {path}; packing would "
+                             "read a store there as images (choose a destination outside the source)")
+        if os.path.commonpath([out, real]) == out:
+            raise ValueError(f"{path}: the source is inside the destination {dest}, which packing replaces "
+                             "(choose a destination outside the source)")
+
+
 def _chunks(entries: Iterator, sink, raw_path: str | None, on_skip) -> Iterator[worker.Chunk]:
-    """Group source items into chunks, passing source-level skips to `on_skip`."""
-    items = (e for e in entries if isinstance(e, Item) or on_skip(e))
-    while batch := list(islice(items, CHUNK)):
+    """Group source items into chunks of at most CHUNK items and CHUNK_BYTES of carried data (one
+    item larger than that goes alone), passing source-level skips to `on_skip`."""
+    batch: list[Item] = []
+    held = 0
+    for entry in entries:
+        if not isinstance(entry, Item):
+            on_skip(entry)
+            continue
+        size = _data_bytes([entry])
+        if batch and held + size > CHUNK_BYTES:
+            yield worker.Chunk(sink.reserve(len(batch)), batch, raw_path)
+            batch, held = [], 0
+        batch.append(entry)
+        held += size
+        if len(batch) == CHUNK or held >= CHUNK_BYTES:  # full: sent before the next item is read
+            yield worker.Chunk(sink.reserve(len(batch)), batch, raw_path)
+            batch, held = [], 0
+    if batch:
         yield worker.Chunk(sink.reserve(len(batch)), batch, raw_path)
+
+
+def _data_bytes(items: list[Item]) -> int:
+    """Bytes the items carry with them (tar members, dataset samples); a file read by a worker carries none."""
+    return sum(len(item.data) for item in items if item.data is not None)
 
 
 def _result(chunk: worker.Chunk, future):
@@ -103,13 +147,18 @@ def _result(chunk: worker.Chunk, future):
 
 
 def _bounded(executor: Executor, fn, chunks: Iterator[worker.Chunk], window: int):
-    """Map in order with at most `window` chunks in flight (memory stays bounded)."""
+    """Map in order with at most `window` chunks and IN_FLIGHT_BYTES of their carried data in flight
+    (one chunk may exceed it alone), so memory stays bounded however large the samples."""
     pending: deque = deque()
+    held = 0
     for chunk in chunks:
-        pending.append((chunk, executor.submit(fn, chunk)))
-        if len(pending) >= window:
+        size = _data_bytes(chunk.items)
+        while pending and (len(pending) >= window or held + size > IN_FLIGHT_BYTES):
             c, f = pending.popleft()
+            held -= _data_bytes(c.items)
             yield c, _result(c, f)
+        pending.append((chunk, executor.submit(fn, chunk)))
+        held += size
     while pending:
         c, f = pending.popleft()
         yield c, _result(c, f)
@@ -160,8 +209,12 @@ def pack(
     Raises:
         PackError: nothing could be packed, or the first bad file with `on_error="raise"`.
         SourceError: the source can't be listed. StoreError: `dest` exists or is being packed.
+        Terminated (a SystemExit, status 143): SIGTERM arrived; as on Ctrl-C (KeyboardInterrupt),
+            nothing is left at or beside `dest`.
+        ValueError: a bad argument; `dest` inside a source folder, or a source inside `dest`.
     """
     _check_args(mode, size, fit, quality, max_side, on_error, engine)
+    _check_places(source, dest)
     settings = worker.Settings(mode, size, fit, quality, max_side, reencode, max_pixels)
     src = dataset_source(source, max_pixels) if is_dataset(source) else open_source(source)
     skipped: list[dict[str, str]] = []
@@ -173,16 +226,18 @@ def pack(
         return False
 
     t0 = time.perf_counter()
-    with atomic_store_dir(dest, overwrite) as work:
+    with sigterm_stops(pack.__code__) as stop, atomic_store_dir(dest, overwrite) as work:
         sink = RawSink(work, size) if mode == "raw" else JpegSink(work)
         fields = FieldsSink(work)
         run = engines.start(engine, workers or os.cpu_count() or 1, ray_address)
         executor, workers = run.executor, run.workers
         raw_path = str(sink.path) if mode == "raw" and run.local_disk else None
-        bar = tqdm(total=src.total, unit="img", desc="pack", disable=not progress, smoothing=0.1)
+        bar = tqdm(total=src.total, unit="img", desc="pack", disable=None if progress else True,  # None: on a tty only
+                   smoothing=0.1)
         try:
             chunks = _chunks(src.entries, sink, raw_path, on_skip)
             for chunk, results in _bounded(executor, partial(worker.process, s=settings), chunks, 4 * workers):
+                stop.check()
                 for k, (item, done) in enumerate(zip(chunk.items, results)):
                     error = done.error
                     if error is None:
@@ -195,14 +250,19 @@ def pack(
                         on_skip(Skip(item.name, error))
                 bar.update(len(chunk.items))
                 bar.set_postfix(skipped=len(skipped), refresh=False)
+        except BaseException:
+            engines.stop_now(executor)
+            raise
         finally:
             bar.close()
             executor.shutdown(cancel_futures=True)
         if sink.count == 0:
             raise PackError(f"{src.description}: nothing could be packed ({len(skipped)} skipped)", skipped)
+        stop.check()
         files = sink.finish()
         field_files, field_specs = fields.finish()
         files |= field_files
+        stop.check()
         fmt.Manifest(
             mode=mode,
             count=sink.count,
@@ -218,6 +278,7 @@ def pack(
             gpufeed_version=__version__,
             created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         ).write(work)
+    stop.check()  # SIGTERM came as the store was being committed: it is complete, and the process ends
     seconds = time.perf_counter() - t0
     report = PackReport(Path(dest), mode, sink.count, skipped, seconds, workers,
                         sum(f["bytes"] for f in files.values()))

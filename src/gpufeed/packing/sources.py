@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import glob
+import io
 import json
 import os
 import tarfile
@@ -17,7 +18,7 @@ from typing import Iterator, Union
 
 from PIL import Image
 
-from gpufeed.packing.fields import parse_cell, tar_fields
+from gpufeed.packing.fields import array_column, csv_column, tar_fields
 
 IMAGE_EXTS = frozenset(Image.registered_extensions())
 TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz")
@@ -140,36 +141,73 @@ def _count(entries: list[Entry]) -> int:
 
 
 def _list_rows(path: Path) -> Iterator[tuple[int, object, object, dict | None]]:
-    """(line number, path, label, other fields) of each row of a CSV or JSONL list: a JSONL row's
-    other keys, a CSV row's other columns when a header (path,label,...) names them. A malformed
-    row has no path, and the reason in place of the label."""
-    with open(path, newline="", encoding="utf-8") as f:
-        if path.suffix.lower() == ".jsonl":
-            for n, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                    extra = {k: v for k, v in row.items() if k not in ("path", "label")}
-                    yield n, row["path"], row.get("label", -1), extra or None
-                except (ValueError, KeyError, TypeError, AttributeError):
-                    yield n, None, "malformed row (need path,label)", None
-            return
-        names: list[str] = []
-        for n, row in enumerate(csv.reader(f), 1):
+    """(row number, path, label, other fields) of each row of a CSV or JSONL list: a JSONL row's
+    other keys, a CSV row's other columns (their text: `_list_source` types each column over all its
+    rows) when a header (path,label,...) names them. A malformed row has no path, and the reason in
+    place of the label. SourceError for a file that is not UTF-8 text or not CSV the csv module reads
+    (a cell over its 128 KiB limit), naming the line, and for a header naming a column twice."""
+    try:
+        # utf-8-sig: the byte-order mark Excel writes is no part of the header
+        with open(path, newline="", encoding="utf-8-sig") as f:
+            if path.suffix.lower() == ".jsonl":
+                yield from _jsonl_rows(f)
+            else:
+                yield from _csv_rows(path, f)
+    except UnicodeDecodeError as e:
+        raise SourceError(f"{path}: not UTF-8 text ({e})") from None
+
+
+def _jsonl_rows(f) -> Iterator[tuple[int, object, object, dict | None]]:
+    for n, line in enumerate(f, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            extra = {k: v for k, v in row.items() if k not in ("path", "label")}
+            yield n, row["path"], row.get("label", -1), extra or None
+        except (ValueError, KeyError, TypeError, AttributeError):
+            yield n, None, "malformed row (need path,label)", None
+
+
+def _csv_rows(path: Path, f) -> Iterator[tuple[int, object, object, dict | None]]:
+    names: list[str] = []
+    reader = csv.reader(f)
+    try:
+        for n, row in enumerate(reader, 1):
             if n == 1 and [c.strip().lower() for c in row[:2]] == ["path", "label"]:
                 names = [c.strip() for c in row[2:]]
+                header = ["path", "label", *names]
+                twice = next((c for k, c in enumerate(header) if c in header[:k]), None)
+                if twice is not None:
+                    raise SourceError(f"{path}: column {twice!r} is named twice in the header")
                 continue
             if row:
                 if names and len(row) - 2 != len(names):
                     yield n, None, f"{len(row)} cells, the header names {len(names) + 2}", None
                     continue
-                extra = {k: parse_cell(v.strip()) for k, v in zip(names, row[2:])}
+                extra = {k: v.strip() for k, v in zip(names, row[2:])}
                 yield n, row[0].strip(), row[1].strip() if len(row) > 1 else -1, extra or None
+    except csv.Error as e:
+        raise SourceError(f"{path}: line {reader.line_num}: unreadable CSV ({e})") from None
+
+
+def _typed_columns(rows: list[tuple[int, object, object, dict | None]], csv_text: bool) -> None:
+    """Give each field of the listed samples its kind, decided over all of them (in place): a CSV
+    column by `csv_column`; a JSONL key in every row whose values are lists of numbers of one shape
+    becomes arrays (`array_column`). A first row's blank cell or a ragged list can't decide alone."""
+    extras = [extra or {} for _, _, _, extra in rows]
+    for name in dict.fromkeys(k for extra in extras for k in extra):
+        if not all(name in extra for extra in extras):
+            continue
+        values = [extra[name] for extra in extras]
+        typed = csv_column(values) if csv_text else array_column(values)
+        for extra, value in zip(extras, typed or values):
+            extra[name] = value
 
 
 def _list_source(path: Path) -> Source:
     rows = list(_list_rows(path))
+    _typed_columns([r for r in rows if r[1]], csv_text=path.suffix.lower() != ".jsonl")
     raw_labels = [lab for _, p, lab, _ in rows if p]
     numeric = all(_is_int(lab) for lab in raw_labels)
     classes = [] if numeric else sorted({str(lab) for lab in raw_labels})
@@ -232,12 +270,20 @@ def tar_label(cls: bytes | None) -> int:
 
 
 def _tar_samples(shard: str, tar: tarfile.TarFile) -> Iterator[Entry]:
-    """Group consecutive members by WebDataset key (name up to the first dot of the basename)."""
+    """Group consecutive members by WebDataset key (name up to the first dot of the basename). A member
+    whose data the shard does not hold ends the shard there: the sample before it is kept (its members
+    all came before), the member is skipped with the reason, and nothing is read past the file's end."""
+    end = os.path.getsize(shard) if getattr(tar.fileobj, "comptype", None) == "tar" else None
     key, parts = None, {}
     for member in tar:
-        if member.isdir():
-            continue
-        named = tar_key(member.name)
+        named = None if member.isdir() else tar_key(member.name)
+        wanted = named is not None and member.isfile() and member.size <= MAX_FILE_BYTES
+        data, cut = _member_data(tar, member, end, wanted)
+        if cut is not None:
+            if key is not None and (named is None or named[0] != key):
+                yield _tar_sample(shard, key, parts)
+            yield Skip(f"{shard}:{member.name}", cut)
+            return
         if named is None:
             continue
         if not member.isfile():  # links, devices, FIFOs: nothing a sample is read from
@@ -252,9 +298,34 @@ def _tar_samples(shard: str, tar: tarfile.TarFile) -> Iterator[Entry]:
             yield _tar_sample(shard, key, parts)
             parts = {}
         key = member_key
-        parts[ext] = tar.extractfile(member).read()
+        parts[ext] = data
     if key is not None:
         yield _tar_sample(shard, key, parts)
+
+
+def _member_data(tar: tarfile.TarFile, member: tarfile.TarInfo, end: int | None, wanted: bool
+                 ) -> tuple[bytes | None, str | None]:
+    """(the member's bytes if `wanted`, else None; why the shard ends at this member, else None).
+
+    A plain shard (`end`: its size in bytes) shows a member running past its end from the header
+    alone. In a compressed one the data shows only by reading it, so a member not wanted is read
+    through here in 1 MiB pieces: tarfile's own skip over it would go on reading empty blocks for
+    the whole declared size (1 PiB: forever) and then lose the sample before it."""
+    if not (member.isreg() or member.type not in tarfile.SUPPORTED_TYPES):  # links, dirs: no data
+        return None, None
+    lost = f"unreadable tar shard (rest of shard lost): {member.size} bytes declared"
+    if end is not None and member.offset_data + member.size > end:
+        return None, f"{lost}, past the end of the shard ({end} bytes: truncated or damaged)"
+    if end is not None and not wanted:
+        return None, None  # tarfile skips it within the file
+    try:
+        f, kept = tar.extractfile(member), io.BytesIO()
+        while piece := f.read(1 << 20):  # in pieces: tarfile's read() of a member holds three copies of it
+            if wanted:
+                kept.write(piece)
+        return (kept.getvalue() if wanted else None), None
+    except (OSError, tarfile.TarError, EOFError) as e:
+        return None, f"{lost}, past the end of the shard or through damaged data ({e})"
 
 
 def _tar_sample(shard: str, key: str, parts: dict[str, bytes]) -> Entry:

@@ -20,6 +20,7 @@ class FieldColumn:
                  directory: Path, count: int, data_bytes: int):
         self.name, self.spec, self.kind = name, spec, spec["kind"]
         files = fmt.field_files(name, spec)
+        self.path = directory / files[0]
         if self.kind in fmt.VARIABLE_KINDS:
             self.data = mapped(files[0], (data_bytes,))
             self.offsets = mapped(files[1], (count + 1,))
@@ -39,7 +40,12 @@ class FieldColumn:
 
     def value(self, i: int) -> Any:
         """Sample i's value: a number, a numpy array (a copy; boxes: (k, 4) float32), str, bytes, or the
-        parsed JSON (None for a sample that had no value)."""
+        parsed JSON (None for a sample that had no value).
+
+        Raises:
+            StoreError: a text or JSON value that is not UTF-8 or not JSON (its bytes were damaged
+                after packing; open does not hash them): the message names the file, field and sample.
+        """
         if self.fixed:
             v = self.values[i]
             return np.array(v) if self.kind == "array" else v.item()
@@ -48,10 +54,24 @@ class FieldColumn:
             return np.frombuffer(raw, dtype="<f4").reshape(-1, 4).copy()
         if self.kind == "bytes":
             return raw
-        text = raw.decode("utf-8")
-        if self.kind == "json":
-            return json.loads(text) if raw else None
-        return text
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise self._damaged(i, f"not UTF-8 text ({e})") from None
+        if self.kind == "str":
+            return text
+        if not raw:  # json: a sample that had no value
+            return None
+        try:
+            return json.loads(text)
+        except RecursionError:
+            raise self._damaged(i, "not JSON (nested too deeply)") from None
+        except ValueError as e:
+            raise self._damaged(i, f"not JSON ({e})") from None
+
+    def _damaged(self, i: int, why: str) -> StoreError:
+        return StoreError(f"{self.path}: field {self.name!r} of sample {i}: {why} (damaged store; gpufeed "
+                          "verify names the damaged files)")
 
     def rows(self, indices: np.ndarray) -> np.ndarray | list:
         """The values of `indices`: one array (N, *shape) for fixed-size kinds, else a list."""

@@ -31,8 +31,10 @@ sample came from. Version 2 stores (gpufeed 0.2) hold no fields.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -80,6 +82,24 @@ _SCALAR_DTYPES = {"int": "<i8", "float": "<f8"}
 
 class StoreError(Exception):
     """A directory is not a usable gpufeed store; the message names the path and the reason."""
+
+
+def open_own(path: Path) -> int:
+    """Open one of a store's files read-only and return its descriptor. A store's files must be its
+    own regular files: a symbolic link (to a file outside the store, which the manifest's digest then
+    vouches for without owning) and a FIFO or device (opening or reading one may block or never end)
+    raise StoreError naming the file; a missing one raises FileNotFoundError. The store directory
+    itself may be a link."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)  # O_NONBLOCK: a FIFO opens at once
+    except OSError as e:
+        if e.errno == errno.ELOOP and os.path.islink(path):
+            raise StoreError(f"{path}: is a symbolic link (a store's files must be its own)") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise StoreError(f"{path}: not a regular file (a store's files must be its own regular files)")
+    return fd
 
 
 def field_files(name: str, spec: dict[str, Any]) -> tuple[str, ...]:
@@ -166,10 +186,13 @@ class Manifest:
         path = directory / MANIFEST
         if not directory.is_dir():
             raise StoreError(f"{directory}: not a directory")
-        if not path.is_file():
-            raise StoreError(f"{directory}: not a gpufeed store (no {MANIFEST})")
         try:
-            raw = json.loads(path.read_text(encoding="utf-8"))
+            with os.fdopen(open_own(path), "r", encoding="utf-8") as f:
+                raw = json.loads(f.read())
+        except FileNotFoundError:
+            raise StoreError(f"{directory}: not a gpufeed store (no {MANIFEST})") from None
+        except RecursionError:  # a hostile manifest of many nested brackets
+            raise StoreError(f"{path}: not a valid manifest (nested too deeply)") from None
         except (OSError, ValueError) as e:
             raise StoreError(f"{path}: unreadable manifest ({e})") from e
         if not isinstance(raw, dict) or raw.get("format") != FORMAT_NAME:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpufeed.store.format import Manifest
-from gpufeed.store.writer import file_digest
+from gpufeed.store.format import Manifest, StoreError, open_own
+from gpufeed.store.writer import fd_digest
 
 
 @dataclass
@@ -27,20 +27,25 @@ def verify(path: str | Path) -> VerifyResult:
     """Recompute the checksum of every data file of the store at `path` (on all cores).
 
     Returns:
-        A `VerifyResult`: `ok`, and `damaged` mapping each bad file to why (missing, size, digest).
+        A `VerifyResult`: `ok`, and `damaged` mapping each bad file to why (missing, size, digest, or
+        not the store's own regular file: a symbolic link, FIFO or device, whose target is not hashed).
 
     Raises:
-        StoreError: `path` is not a readable store (its manifest is missing or invalid).
+        StoreError: `path` is not a readable store (its manifest is missing, invalid or a symbolic link).
     """
     path = Path(path)
     manifest = Manifest.read(path)
     damaged: dict[str, str] = {}
     for name, entry in manifest.files.items():
-        file = path / name
-        if not file.is_file():
+        try:
+            fd = open_own(path / name)
+        except FileNotFoundError:
             damaged[name] = "missing"
             continue
-        got = file_digest(file)
+        except StoreError as e:  # a symbolic link, FIFO or device: not the store's own file
+            damaged[name] = str(e).removeprefix(f"{path / name}: ")
+            continue
+        got = fd_digest(fd)
         if got["bytes"] != entry["bytes"]:
             damaged[name] = f"{got['bytes']} bytes, manifest says {entry['bytes']}"
         elif got["digest"] != entry["digest"]:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
+import io
+import os
 import warnings
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -15,18 +16,24 @@ from gpufeed.store.format import Manifest, StoreError
 
 
 def _map(directory: Path, manifest: Manifest, name: str, shape: tuple[int, ...]) -> np.ndarray:
-    """Memory-map one data file read-only (private writable maps of huge files exhaust commit)."""
+    """Memory-map one data file read-only (private writable maps of huge files exhaust commit), the
+    file opened once (`fmt.open_own`: no symbolic link, FIFO or device) and its size checked on
+    that descriptor, so what is checked is what is mapped."""
     path = directory / name
-    if not path.is_file():
-        raise StoreError(f"{path}: data file missing")
-    actual = path.stat().st_size
-    recorded = manifest.files[name]["bytes"]
-    if actual != recorded:
-        raise StoreError(f"{path}: {actual} bytes on disk, manifest says {recorded} (damaged store)")
-    dtype = fmt.file_dtype(name, manifest.fields)
-    if actual == 0:
-        return np.zeros(shape, dtype=dtype)
-    return np.memmap(path, dtype=dtype, mode="r", shape=shape)
+    try:
+        fd = fmt.open_own(path)
+    except FileNotFoundError:
+        raise StoreError(f"{path}: data file missing") from None
+    with io.FileIO(fd, "rb") as f:
+        actual = os.fstat(fd).st_size
+        recorded = manifest.files[name]["bytes"]
+        if actual != recorded:
+            raise StoreError(f"{path}: {actual} bytes on disk, manifest says {recorded} (damaged store)")
+        dtype = fmt.file_dtype(name, manifest.fields)
+        if actual == 0:
+            return np.zeros(shape, dtype=dtype)
+        f.name = str(path.resolve())  # the memmap's filename, which decode worker processes map
+        return np.memmap(f, dtype=dtype, mode="r", shape=shape)
 
 
 def _check_entries(path: Path, bad: np.ndarray, what: str) -> None:
@@ -56,15 +63,16 @@ class Store:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.manifest = Manifest.read(self.path)
+        self._mapped: dict[str, np.ndarray] = {}  # data file name -> its memory map (`check_unchanged`)
         m = self.manifest
-        self._labels = _map(self.path, m, fmt.LABELS, (m.count,))
+        self._labels = self._open(fmt.LABELS, (m.count,))
         if m.mode == "raw":
             side = m.image_shape[0]
-            self.images = _map(self.path, m, fmt.RAW_IMAGES, (m.count, side, side, 3))
+            self.images = self._open(fmt.RAW_IMAGES, (m.count, side, side, 3))
         else:
-            self.data = _map(self.path, m, fmt.JPEG_DATA, (m.files[fmt.JPEG_DATA]["bytes"],))
-            self.offsets = _map(self.path, m, fmt.JPEG_OFFSETS, (m.count + 1,))
-            self.shapes = _map(self.path, m, fmt.JPEG_SHAPES, (m.count, 2))
+            self.data = self._open(fmt.JPEG_DATA, (m.files[fmt.JPEG_DATA]["bytes"],))
+            self.offsets = self._open(fmt.JPEG_OFFSETS, (m.count + 1,))
+            self.shapes = self._open(fmt.JPEG_SHAPES, (m.count, 2))
             if m.count and int(self.offsets[-1]) != self.data.shape[0]:
                 raise StoreError(
                     f"{self.path / fmt.JPEG_OFFSETS}: last offset {int(self.offsets[-1])} "
@@ -77,19 +85,38 @@ class Store:
             _check_entries(self.path / fmt.JPEG_SHAPES, (self.shapes <= 0).any(axis=1), "is not a positive size")
         self._sources = self._source_offsets = None
         if m.version >= fmt.SOURCES_SINCE:
-            self._sources = _map(self.path, m, fmt.SOURCES, (m.files[fmt.SOURCES]["bytes"],))
-            self._source_offsets = _map(self.path, m, fmt.SOURCE_OFFSETS, (m.count + 1,))
+            self._sources = self._open(fmt.SOURCES, (m.files[fmt.SOURCES]["bytes"],))
+            self._source_offsets = self._open(fmt.SOURCE_OFFSETS, (m.count + 1,))
             ends = self._source_offsets
             _check_entries(self.path / fmt.SOURCE_OFFSETS,
                            (np.diff(ends, prepend=0) < 0) | (ends > self._sources.shape[0]),
                            "is out of order or past the end of " + fmt.SOURCES)
         self._fields = {
-            name: FieldColumn(name, spec, lambda f, shape: _map(self.path, m, f, shape), self.path, m.count,
+            name: FieldColumn(name, spec, self._open, self.path, m.count,
                               m.files[fmt.field_files(name, spec)[0]]["bytes"])
             for name, spec in m.fields.items()}
         bad = (self._labels < -1) | (self._labels >= len(m.classes)) if m.classes else self._labels < -1
         _check_entries(self.path / fmt.LABELS, bad, f"is not -1 or a class of {len(m.classes)}" if m.classes
                        else "is below -1")
+
+    def _open(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
+        self._mapped[name] = array = _map(self.path, self.manifest, name, shape)
+        return array
+
+    def check_unchanged(self) -> None:
+        """Raise StoreError naming a data file whose size changed since the store opened. A file
+        truncated under its memory map kills the process with SIGBUS (exit 135, "Bus error") at the
+        first read past its new end, which no handler can turn into an error; checking the mapped
+        files' sizes (one fstat each, through the maps' own descriptors) before reading lets a
+        reader say so instead. A store replaced by a new one (a pack with overwrite, a renamed
+        directory) passes: the old files stay mapped and whole until the store is closed."""
+        for name, array in self._mapped.items():
+            mm = getattr(array, "_mmap", None)  # None for an empty file, which maps nothing
+            now, then = (mm.size(), array.nbytes) if mm is not None else (0, 0)
+            if now != then:
+                raise StoreError(f"{self.path / name}: {now} bytes now, {then} when opened: changed while "
+                                 "read (a store must not change while it is read; pack to a new path and "
+                                 "swap it in)")
 
     @property
     def mode(self) -> str:

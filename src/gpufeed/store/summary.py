@@ -55,21 +55,34 @@ def list_skipped(store: Store, limit: int | None = 20) -> str:
     return "\n".join(["skipped files:", *lines]) if lines else ""
 
 
-def save_grid(store: Store, out: str | Path, n: int = 16, tile: int = 128, columns: int = 8) -> Path:
-    """Write a PNG grid of `n` samples spread evenly over the store, captioned with labels."""
+BLANK = (224, 224, 224)  # the tile of a sample that could not be decoded
+
+
+def save_grid(store: Store, out: str | Path, n: int = 16, tile: int = 128, columns: int = 8
+              ) -> tuple[Path, dict[int, str]]:
+    """Write a PNG grid of `n` samples spread evenly over the store, captioned with labels. Returns the
+    PNG's path and the samples that could not be decoded (index: why), drawn as blank tiles: a jpeg
+    store whose bytes were damaged after packing (`verify` names the file)."""
     n = min(n, len(store))
     picks = torch.linspace(0, len(store) - 1, n).round().long().tolist() if n else []
     rows = max(1, -(-n // columns))
     canvas = Image.new("RGB", (columns * tile, rows * (tile + 14)), "white")
     draw = ImageDraw.Draw(canvas)
+    undecodable: dict[int, str] = {}
     for k, i in enumerate(picks):
-        image, label = store[i]
+        x, y = (k % columns) * tile, (k // columns) * (tile + 14)
+        try:
+            image, label = store[i]
+        except (RuntimeError, ValueError, OSError) as e:  # torchvision's decode raises RuntimeError
+            undecodable[i] = f"{type(e).__name__}: {e}"
+            draw.rectangle((x, y, x + tile - 1, y + tile - 1), fill=BLANK)
+            draw.text((x + 2, y + tile), f"{i}: undecodable", fill="black")
+            continue
         pil = Image.fromarray(image.permute(1, 2, 0).contiguous().numpy())
         pil.thumbnail((tile, tile))
-        x, y = (k % columns) * tile, (k // columns) * (tile + 14)
         canvas.paste(pil, (x + (tile - pil.width) // 2, y + (tile - pil.height) // 2))
         name = store.classes[label] if 0 <= label < len(store.classes) else str(label)
         draw.text((x + 2, y + tile), f"{i}: {name}"[:22], fill="black")
     out = Path(out)
     canvas.save(out)
-    return out
+    return out, undecodable

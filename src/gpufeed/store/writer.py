@@ -1,12 +1,14 @@
 """Write a store atomically: build it in a hidden sibling directory, rename it into place last.
 
 A crash, kill or Ctrl-C at any point leaves either the old destination or the complete new
-store, never a directory that opens as a half-written store.
+store, never a directory that opens as a half-written store; the hidden folder a killed pack
+leaves beside it, the next pack to that destination removes.
 """
 
 from __future__ import annotations
 
 import fcntl
+import glob
 import hashlib
 import os
 import shutil
@@ -80,7 +82,11 @@ def _block_digest(fd: int, index: int, size: int) -> bytes:
 
 def file_digest(path: Path, threads: int | None = None) -> dict[str, object]:
     """Manifest entry {"bytes", "digest"} of an existing file, its blocks hashed in parallel."""
-    fd = os.open(path, os.O_RDONLY)
+    return fd_digest(os.open(path, os.O_RDONLY), threads)
+
+
+def fd_digest(fd: int, threads: int | None = None) -> dict[str, object]:
+    """`file_digest` of an open file descriptor, which it closes."""
     try:
         size = os.fstat(fd).st_size
         count = max(1, -(-size // CHECKSUM_BLOCK))
@@ -125,8 +131,21 @@ def atomic_store_dir(dest: str | Path, overwrite: bool = False) -> Iterator[Path
     dest = Path(dest).absolute()
     dest.parent.mkdir(parents=True, exist_ok=True)
     with exclusive(dest):
+        _remove_stale(dest)
         with _atomic(dest, overwrite) as work:
             yield work
+
+
+def _remove_stale(dest: Path) -> None:
+    """Remove the scratch folders of packs to `dest` that died (SIGKILL, a crash, power loss) before
+    they could: safe while we hold `dest`'s lock, as no live pack can then own one. A previous
+    store set aside for replacing (.old-) goes too, unless `dest` is missing: it may be all there is."""
+    prefix = glob.escape(f".{dest.name}.")
+    stale = list(dest.parent.glob(prefix + "packing-*"))
+    if dest.exists():
+        stale += dest.parent.glob(prefix + "old-*")
+    for path in stale:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @contextmanager
