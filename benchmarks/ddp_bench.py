@@ -97,7 +97,8 @@ def worker(a: argparse.Namespace) -> None:
         torch.cuda.synchronize()
         dist.barrier()
         t0, cpu0 = time.perf_counter(), _cpu_seconds()
-        for _ in range(a.epochs):
+        epochs = a.epochs * dist.get_world_size()  # as many batches per rank as one rank makes: epochs are shorter
+        for _ in range(epochs):
             for _ in loader:
                 pass
         torch.cuda.synchronize()
@@ -106,7 +107,7 @@ def worker(a: argparse.Namespace) -> None:
         dist.barrier()  # every rank has read all it will: a page another rank maps later would count twice
         stats = loader.stats()
         result = {"rank": dist.get_rank(), "world": dist.get_world_size(), "tier": stats["tier"],
-                  "img_per_s": a.epochs * len(loader) * loader.batch_sampler.batch_size / seconds,
+                  "img_per_s": epochs * len(loader) * loader.batch_sampler.batch_size / seconds,
                   "batches_per_epoch": len(loader), "pss_mb": _pss_mb(), "store_maps_mb": mapped_mb(a.store),
                   "gpu_peak_gb": torch.cuda.max_memory_allocated() / 1e9,
                   "decoded_by": stats.get("decoded_by"), "stage_seconds": stats["seconds"],
