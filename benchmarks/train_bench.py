@@ -58,25 +58,8 @@ def _ops(policy: str | None = None):
     return [A.RandomResizedCrop(224), A.RandomHorizontalFlip(), *policies[policy], A.Normalize(MEAN, STD)]
 
 
-# row settings that are no Loader argument: (module, attribute) set before the Loader is built
-KNOBS = {
-    "pipelines": ("gpufeed.loader.jpeg", "PIPELINES_ON_GPU", int),  # JPEG pipelines per loader
-    "priority": ("gpufeed.decode.scheduler", "STREAM_PRIORITY", int),  # CUDA priority of the JPEG path's streams
-    "turns": ("gpufeed.loader.jpeg", "GPU_DECODES_TAKE_TURNS", bool),  # several pipelines' GPU decodes take turns
-    "carry": ("gpufeed.loader.feeds", "CARRY", bool),  # the next epoch's first batches made as an epoch ends
-    "gpu_early": ("gpufeed.decode.scheduler", "GPU_EARLY", bool),  # GPU shares decoded from `start` on a helper
-    "compile_ahead": ("gpufeed.loader.jpeg_batch", "COMPILE_AHEAD", bool),  # kernels compiled during the first decode
-    "planar": ("gpufeed.loader.jpeg_batch", "PLANAR", bool),  # the engines' 4:2:0 planes, converted in the resize
-    "gpu_min": ("gpufeed.decode.steering", "GPU_MIN_SHARE", float),  # smaller GPU shares go to the CPU
-    "gpu_step": ("gpufeed.decode.steering", "GPU_STEP", float),  # the GPU's part of a batch moves this per batch
-    "starved": ("gpufeed.decode.steering", "STARVED", float),  # the loop's waits that move work to the GPU
-    "cpu_load": ("gpufeed.decode.steering", "CPU_LOAD", float),  # the CPU's rate as steering reckons with it
-    "steer_steps": ("gpufeed.decode.steering", "STEPS", int),  # the loop's time per batch: median of this many
-    "tickets": ("gpufeed.decode.workers", "TICKETS_PER_WORKER", int),  # tickets per ready worker in each CPU share
-    # nvJPEG's allocations rounded up to this many MiB, device and page-locked
-    "nv_pad": ("gpufeed.decode.nvimgcodec_api", ("DEVICE_PADDING", "PINNED_PADDING"), lambda mb: int(mb) << 20),
-    "prealloc": ("gpufeed.decode.choice", "PREALLOCATE", bool),  # the engines' buffers made for a batch at once
-}
+# row settings that are no Loader argument but a field of the JPEG path's `Tuning` (its defaults are
+# what these rows measured): `jpeg:pipelines=2,gpu_min=0.3` builds Tuning(pipelines=2, gpu_min=0.3)
 # row settings of the training loop itself, set by `feeder`: `side=1` trains on a stream of its own
 # instead of the default stream (what a loader's work synchronized with the default stream costs);
 # `gc=freeze` moves every object made so far out of the garbage collector's reach before the timed
@@ -130,18 +113,13 @@ def feeder(row: str, work: Path, batch: int):
         threading.Thread(target=_shadow, args=(made, rate), daemon=True).start()
         return built, feeder("synthetic", work, batch)[1], stats
     if name in ("raw", "jpeg"):
-        import importlib
-
         import gpufeed
+        from gpufeed.decode.tuning import Tuning
 
-        for key, (module, attributes, cast) in KNOBS.items():
-            if key in kwargs:
-                value = cast(kwargs.pop(key))
-                for attribute in (attributes,) if isinstance(attributes, str) else attributes:
-                    where = importlib.import_module(module)
-                    if not hasattr(where, attribute):  # a knob whose setting is gone would change nothing
-                        raise SystemExit(f"{row}: {key} sets {module}.{attribute}, which no longer exists")
-                    setattr(where, attribute, value)
+        tuned = {key: kwargs.pop(key) for key in list(kwargs) if key in Tuning.names()}
+        if tuned:
+            defaults = Tuning()
+            kwargs["tuning"] = Tuning(**{k: type(getattr(defaults, k))(v) for k, v in tuned.items()})
         if "malloc" in kwargs:  # glibc keeps freed memory instead of unmapping it (`_keep_freed_memory`)
             _keep_freed_memory(int(kwargs.pop("malloc")))
         if "switch" in kwargs:  # the process's GIL switch interval, seconds (Python's default 0.005)

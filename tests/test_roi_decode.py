@@ -13,6 +13,7 @@ from torchvision.io import decode_jpeg
 from torchvision.ops import roi_align
 
 import gpufeed
+from gpufeed.decode.tuning import Tuning
 from conftest import jpeg_bytes, save, smooth
 from gpufeed.augment import Normalize, RandomHorizontalFlip, RandomResizedCrop
 from gpufeed.decode import choice, cpu, scheduler, shares
@@ -234,7 +235,6 @@ def test_a_started_batchs_gpu_share_decodes_on_a_helper_while_the_caller_goes_on
         return _on_the_cpu(self, part_batch), 0.01
 
     monkeypatch.setattr(scheduler.Scheduler, "_timed", fake_gpu)
-    monkeypatch.setattr(scheduler, "GPU_EARLY", True)
     s = _as_on_a_gpu(scheduler.Scheduler(torch.device("cpu"), 1))
     started = s.start(batch, shapes, boxes, (16, 16))  # the fake decoder holds: start returned anyway
     assert started.gpu_job is not None and not started.gpu_job.done()
@@ -254,7 +254,7 @@ def test_a_started_batchs_gpu_share_decodes_on_a_helper_while_the_caller_goes_on
     assert empty.gpu_job is None and len(threads) == calls and s.counts["cpu"] == 6
     assert sorted(parts[-1][1].tolist()) == [0, 1, 2, 3] and not failed
     s.steering.shares = shares
-    monkeypatch.setattr(scheduler, "GPU_EARLY", False)  # the share decoded in `finish`, on the caller's thread
+    s.tuning = Tuning(gpu_early=False)  # the share decoded in `finish`, on the caller's thread
     s.steering.rates["cpu"], calls = 1.0, len(threads)  # a slow CPU: the GPU decoder gets all but one image
     parts, failed = s.finish(s.start(batch, shapes, boxes, (16, 16)), pin=False)
     assert not failed and len(threads) == calls + 1 and threads[-1] is threading.current_thread()
@@ -267,7 +267,6 @@ def test_a_dropped_batchs_failed_gpu_share_is_not_raised(monkeypatch):
 
     batch, shapes, boxes = _four_jpegs()
     monkeypatch.setattr(scheduler.Scheduler, "_timed", broken_gpu)
-    monkeypatch.setattr(scheduler, "GPU_EARLY", True)
     s = _as_on_a_gpu(scheduler.Scheduler(torch.device("cpu"), 1))
     s.drop(s.start(batch, shapes, boxes, (16, 16)))  # no error: nobody asked for these pixels
     with pytest.raises(RuntimeError, match="the GPU decoder failed"):  # a batch finished says it

@@ -153,12 +153,11 @@ def test_evaluation_ops_and_two_pipelines_taking_turns_match_the_cpu(store, monk
     """Resize(shorter side) + CenterCrop on images of different sizes, and two pipelines whose GPU
     decodes take turns: the GPU batches equal the CPU's, in order, every sample once."""
     from gpufeed.augment import CenterCrop, Resize
-    from gpufeed.loader import jpeg
+    from gpufeed.decode.tuning import Tuning
 
-    monkeypatch.setattr(jpeg, "PIPELINES_ON_GPU", 2)
     ops = [Resize(72), CenterCrop(64), Normalize()]
     gpu = gpufeed.Loader(store, batch_size=32, device="cuda", augment=ops, dtype=torch.float32, shuffle=False,
-                         drop_last=False, num_workers=4)
+                         drop_last=False, num_workers=4, tuning=Tuning(pipelines=2))
     assert len(gpu.jpeg.pipelines) == 2 and gpu.jpeg.pipelines[0].scheduler._gpu_turn is \
         gpu.jpeg.pipelines[1].scheduler._gpu_turn
     cpu = gpufeed.Loader(store, batch_size=32, device="cpu", augment=ops, dtype=torch.float32, shuffle=False,

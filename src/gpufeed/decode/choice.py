@@ -19,9 +19,8 @@ KNOWN = ("hw", "nvjpeg", "cuda", "cpu")
 DEFAULT = ("hw", "nvjpeg", "cpu")
 
 # the engines' decoder makes its buffers for a whole batch of the store's images at once
-# (`decoder_room`), sides at most ROOM_SIDE, ROOM_PIXELS in all (RGB buffers for them all would
-# take 400 MB); False: for one 1x1 image (benchmarks/train_bench.py rows take prealloc=0)
-PREALLOCATE = True
+# (`decoder_room`, unless `Tuning.prealloc` is off), sides at most ROOM_SIDE, ROOM_PIXELS in all (RGB
+# buffers for them all would take 400 MB)
 ROOM_SIDE = 1024
 ROOM_PIXELS = 1 << 27
 
@@ -34,13 +33,14 @@ def warn_once(message: str) -> None:
         log.warning(message)
 
 
-def _nvimgcodec(device: torch.device, name: str, cpu_threads: int, room: tuple[int, int, int] | None = None):
+def _nvimgcodec(device: torch.device, name: str, cpu_threads: int, room: tuple[int, int, int] | None = None,
+                padding: int = 32 << 20):
     """An nvImageCodec decoder (`hw` engines or `cuda` hybrid), or None with the reason logged once."""
     what = {"hw": "the GPU's hardware JPEG engines", "cuda": "nvImageCodec's CUDA decoder"}[name]
     try:
         from gpufeed.decode.nvimgcodec import NvImgCodecDecoder
 
-        return NvImgCodecDecoder(device, name, cpu_threads, room)
+        return NvImgCodecDecoder(device, name, cpu_threads, room, padding)
     except ImportError:
         warn_once(f"nvImageCodec is not installed ({nvimgcodec_install()}): {what} stay(s) unused")
     except Exception as e:  # no engines on this GPU, driver too old, a wheel for another CUDA, ...
@@ -65,16 +65,18 @@ def check_decoders(names: tuple[str, ...]) -> None:
 
 
 def gpu_decoders(device: torch.device, use: tuple[str, ...] | None, cpu_threads: int,
-                 room: tuple[int, int, int] | None = None) -> list:
+                 room: tuple[int, int, int] | None = None, padding: int = 32 << 20) -> list:
     """The GPU decoders of `use` that can be made on `device` (none on a CPU); `use` None: the first of
     `DEFAULT`'s that can be made (the others are never built). `cpu_threads`: nvImageCodec's host threads;
-    `room`: (images, width, height) of the batches the engines' decoder makes its buffers for."""
+    `room`: (images, width, height) of the batches the engines' decoder makes its buffers for;
+    `padding`: what nvJPEG rounds its allocations up to, in bytes."""
     first_only = use is None
     use = DEFAULT if use is None else use
     check_decoders(use)
     made = []
     for name in [name for name in KNOWN[:-1] if name in use] if device.type == "cuda" else []:
-        decoder = _nvjpeg(device) if name == "nvjpeg" else _nvimgcodec(device, name, max(2, cpu_threads), room)
+        decoder = _nvjpeg(device) if name == "nvjpeg" else _nvimgcodec(device, name, max(2, cpu_threads), room,
+                                                                           padding)
         if decoder is not None:
             made.append(decoder)
             if first_only:
@@ -82,12 +84,12 @@ def gpu_decoders(device: torch.device, use: tuple[str, ...] | None, cpu_threads:
     return made
 
 
-def decoder_room(shapes: np.ndarray, batch_size: int) -> tuple[int, int, int] | None:
+def decoder_room(shapes: np.ndarray, batch_size: int, prealloc: bool = True) -> tuple[int, int, int] | None:
     """(images, width, height) for the GPU decoders' first buffers (`BatchDecoder`): a whole batch of
     images (fewer if they would pass ROOM_PIXELS) as wide and as tall as 99 % of the store's (stored
-    `shapes` (N, 2) height, width), rounded up to 64 and at most ROOM_SIDE; None if `PREALLOCATE` is
-    off or the store is empty."""
-    if not PREALLOCATE or not len(shapes):
+    `shapes` (N, 2) height, width), rounded up to 64 and at most ROOM_SIDE; None without `prealloc`
+    (one 1x1 image, nvImageCodec's default) or for an empty store."""
+    if not prealloc or not len(shapes):
         return None
     sides = np.ceil(np.percentile(shapes, 99, axis=0) / 64) * 64
     height, width = np.minimum(sides, ROOM_SIDE).astype(int).tolist()

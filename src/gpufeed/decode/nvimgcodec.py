@@ -32,10 +32,11 @@ class NvImgCodecDecoder:
     """Batched decode with one nvImageCodec backend; images it refuses are reported as failed."""
 
     def __init__(self, device: torch.device, name: str = "hw", cpu_threads: int = 4,
-                 room: tuple[int, int, int] | None = None):
-        """`room`: the batches the decoder makes its buffers for at once (`BatchDecoder`)."""
+                 room: tuple[int, int, int] | None = None, padding: int = 32 << 20):
+        """`room`: the batches the decoder makes its buffers for at once; `padding`: what nvJPEG rounds
+        its allocations up to (`BatchDecoder`)."""
         self.name, self.device = name, device
-        self._batches = BatchDecoder(name, device.index or 0, cpu_threads, room)
+        self._batches = BatchDecoder(name, device.index or 0, cpu_threads, room, padding)
         # YCbCr 4:2:0 images as their planes, for a consumer whose kernel converts them (`base.YCC420`):
         # the engines then run no colour conversion or upsampling kernel per image (docs/benchmarks.md)
         self.planar = False

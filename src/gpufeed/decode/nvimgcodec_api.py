@@ -37,8 +37,6 @@ EXTENSIONS = ("libnvjpeg_ext.so", "libjpeg_turbo_ext.so")
 # freeing device memory (cuMemFree) waits for the whole GPU, the model's kernels included. (Room for
 # the usual batch from the start, `BatchDecoder`'s `room`, is what kept the engines' decode calls
 # from freeing in the training loop measured: docs/benchmarks.md)
-DEVICE_PADDING = 32 << 20
-PINNED_PADDING = 32 << 20
 
 
 class Library:
@@ -115,8 +113,10 @@ class BatchDecoder:
 
     ALIGN = 256  # every image starts this many bytes apart at least, as an allocation of its own would
 
-    def __init__(self, backend: str, device_id: int, cpu_threads: int, room: tuple[int, int, int] | None = None):
-        """`room`: (images, width, height) the engines' decoder (`hw`) makes its buffers for at once.
+    def __init__(self, backend: str, device_id: int, cpu_threads: int, room: tuple[int, int, int] | None = None,
+                 padding: int = 32 << 20):
+        """`padding`: nvJPEG's allocations, device and page-locked, are rounded up to this many bytes.
+        `room`: (images, width, height) the engines' decoder (`hw`) makes its buffers for at once.
         nvImageCodec's default, one 1x1 image, left nvJPEG making decoder state and freeing device
         memory in the decode calls of batches that did not fit, which made the training loop beside
         it slower (docs/benchmarks.md); larger images or batches still decode."""
@@ -125,8 +125,8 @@ class BatchDecoder:
                                params=filled(BackendParams, T_BACKEND_PARAMS, load_hint=1.0,
                                              load_hint_policy=LOAD_HINT_FIXED))
         # no allocator functions: nvJPEG's own, with the padding
-        self._allocators = (filled(DeviceAllocator, T_DEVICE_ALLOCATOR, device_mem_padding=DEVICE_PADDING),
-                            filled(PinnedAllocator, T_PINNED_ALLOCATOR, pinned_mem_padding=PINNED_PADDING))
+        self._allocators = (filled(DeviceAllocator, T_DEVICE_ALLOCATOR, device_mem_padding=padding),
+                            filled(PinnedAllocator, T_PINNED_ALLOCATOR, pinned_mem_padding=padding))
         params = filled(ExecutionParams, T_EXECUTION_PARAMS, max_num_cpu_threads=cpu_threads,
                         device_id=DEVICE_CPU_ONLY if backend == "cpu" else device_id, num_backends=1,
                         backends=C.pointer(self._backend), device_allocator=C.addressof(self._allocators[0]),

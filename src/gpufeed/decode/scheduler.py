@@ -33,15 +33,7 @@ from gpufeed.decode.cpu import CpuDecoder, roi_available, roi_cost
 from gpufeed.decode.protocol import NO_REGION
 from gpufeed.decode.shares import Asks, GpuShare, GpuShares, Pace, Started, crop_regions, reduce_to
 from gpufeed.decode.steering import Steering
-
-# CUDA priority of the JPEG path's streams (decoders' and the batch's). 0 is the default streams'
-# (and a training loop's) priority, the lowest; negative numbers go ahead of it. Measured in
-# training before it is changed (benchmarks/train_bench.py rows take priority=N)
-STREAM_PRIORITY = 0
-
-# True: a batch's GPU share is decoded from `start` on, on the helper thread; False: in `finish`, on
-# the caller's thread (as before; benchmarks/train_bench.py rows take gpu_early=False)
-GPU_EARLY = True
+from gpufeed.decode.tuning import Tuning
 
 
 class Scheduler:
@@ -49,20 +41,23 @@ class Scheduler:
     (`cpu`, e.g. `DecodeWorkers`; else `cpu_threads` threads)."""
 
     def __init__(self, device: torch.device, cpu_threads: int, use: tuple[str, ...] | None = None, cpu=None,
-                 gpu_turn: threading.Lock | None = None, room: tuple[int, int, int] | None = None):
+                 gpu_turn: threading.Lock | None = None, room: tuple[int, int, int] | None = None,
+                 tuning: Tuning = Tuning()):
         """`use` None: the default, `DEFAULT` (one GPU decoder, the first of it that can be made here, and the CPU).
         `gpu_turn`: a lock shared by pipelines so that their GPU decodes take turns (the CPU shares,
         resizes and Python of one pipeline then overlap another's GPU decode, never two decodes).
-        `room`: (images, width, height) of the batches the GPU decoders make their buffers for."""
+        `room`: (images, width, height) of the batches the GPU decoders make their buffers for.
+        `tuning`: the JPEG path's measured settings (stream priority, early GPU shares, steering)."""
+        self.tuning = tuning
         self._gpu_turn = gpu_turn or contextlib.nullcontext()
         self.device = device
         # always there, the fallback for what GPU decoders reject: `cpu` (worker processes) or threads
         self.cpu = cpu or CpuDecoder(cpu_threads)
         self._own_cpu = cpu is None
-        self.gpu = gpu_decoders(device, use, cpu_threads, room)
+        self.gpu = gpu_decoders(device, use, cpu_threads, room, tuning.nv_padding_mb << 20)
         # else the CPU decodes only what GPU decoders reject
         cpu_share = "cpu" in (DEFAULT if use is None else use) or not self.gpu
-        self.steering = Steering([d.name for d in self.gpu], cpu_share)
+        self.steering = Steering([d.name for d in self.gpu], cpu_share, tuning)
         self.roi = roi_available()  # the workers, if processes, run in this interpreter's environment
         self._cpu_free = 0.0  # when the CPU decoder finished its last share (a perf_counter)
         self.counts: Counter = Counter()
@@ -73,9 +68,9 @@ class Scheduler:
         self.seconds: Counter = Counter()
         helpers = len(self.gpu) - 1  # every GPU decoder but the last decodes on a helper thread
         self._helper = ThreadPoolExecutor(helpers, thread_name_prefix="gpufeed-gpudecode") if helpers > 0 else None
-        self._early: ThreadPoolExecutor | None = None  # decodes started batches' GPU shares (`GPU_EARLY`)
+        self._early: ThreadPoolExecutor | None = None  # decodes started batches' GPU shares (`Tuning.gpu_early`)
         # a stream per GPU decoder so they overlap; the host waits on it, so results are complete
-        self._streams = {d.name: torch.cuda.Stream(device, priority=STREAM_PRIORITY) for d in self.gpu}
+        self._streams = {d.name: torch.cuda.Stream(device, priority=tuning.priority) for d in self.gpu}
 
     @property
     def names(self) -> list[str]:
@@ -94,7 +89,7 @@ class Scheduler:
     def start(self, batch: Encoded, shapes: np.ndarray, boxes: np.ndarray, out_hw: tuple[int, int],
               pace: Pace | None = None) -> Started:
         """Split a batch (`shapes` (N, 2) as the store records them, crop `boxes` (N, 4) x0 y0 x1 y1) and
-        hand the CPU its share and (`GPU_EARLY`) the helper thread the GPU decoders', which they decode
+        hand the CPU its share and (`Tuning.gpu_early`) the helper thread the GPU decoders', which they decode
         while the caller goes on. `pace`: what the caller and its consumer waited for since the last
         batch (None: nothing known yet)."""
         threads = self.cpu.threads  # read once: workers become ready while batches are made
@@ -111,7 +106,7 @@ class Scheduler:
         gpu_job = None
         # one thread: batches' GPU shares are decoded one after another. Not woken for a batch whose GPU
         # share is empty (beside a model the workers often decode it all): each wake-up takes the GIL
-        if self.gpu and GPU_EARLY and starts[-2] > 0:
+        if self.gpu and self.tuning.gpu_early and starts[-2] > 0:
             self._early = self._early or ThreadPoolExecutor(1, thread_name_prefix="gpufeed-gpushare")
             gpu_job = self._early.submit(self._decode_gpu, batch, shapes, order, starts)
         return Started(batch, shapes, boxes, out_hw, order, starts, regions, cost, asks, job, submitted, gpu_job)

@@ -1,8 +1,8 @@
 """How much of each batch each decoder gets: the rule `Scheduler` follows, apart from the decoding.
 
-The GPU decoders take a part of each batch that is steered after every batch (`GPU_STEP`): up while
+The GPU decoders take a part of each batch that is steered after every batch (`Tuning.gpu_step`): up while
 the training loop starves and the producer waits on the CPU, down otherwise; a GPU share under
-`GPU_MIN_SHARE` of the batch goes to the CPU too. The part never falls below what the CPU, at its
+`Tuning.gpu_min` of the batch goes to the CPU too. The part never falls below what the CPU, at its
 measured rate, cannot decode in the time the loop spends on each batch (`Steering.beyond_cpu`): the
 loop's waits alone are a late signal, since the loader's queue of batches ahead hides a CPU that
 falls behind until it runs dry, and steered by them alone the part stayed far below that where the
@@ -24,21 +24,8 @@ import numpy as np
 
 from gpufeed.decode.choice import START_RATES
 from gpufeed.decode.shares import Pace
+from gpufeed.decode.tuning import Tuning
 
-# the GPU decoders' part of each batch moves by GPU_STEP per batch: up while the training loop waited
-# for batches more than STARVED of the time between them and the producer waited on the CPU more than
-# on the GPU decoders, down otherwise (benchmarks/train_bench.py rows take gpu_step=X, starved=X)
-GPU_STEP = 0.05
-STARVED = 0.1
-# a GPU share below this part of the batch goes to the CPU too: beside a model an engines' call takes
-# about 12 ms whatever its size (docs/benchmarks.md), so a small share spares the CPU little
-# (benchmarks/train_bench.py rows take gpu_min=X)
-GPU_MIN_SHARE = 0.25
-# the part of a batch the CPU cannot decode in the loop's time per batch is reckoned for a CPU that
-# decodes this part of its measured rate (benchmarks/train_bench.py rows take cpu_load=X)
-CPU_LOAD = 1.0
-# the loop's time per batch is the median of its last STEPS: the first ones include its warm-up
-STEPS = 8
 CPU_START_RATE = 300.0  # images/s per thread or worker, until one was measured
 
 
@@ -46,8 +33,8 @@ class Steering:
     """The shares of a batch for GPU decoders named `gpu` (in order) and the CPU; `cpu_share` False:
     the CPU decodes only what the GPU decoders reject."""
 
-    def __init__(self, gpu: list[str], cpu_share: bool):
-        self.gpu, self.cpu_share = gpu, cpu_share
+    def __init__(self, gpu: list[str], cpu_share: bool, tuning: Tuning = Tuning()):
+        self.gpu, self.cpu_share, self.tuning = gpu, cpu_share, tuning
         self.rates = {name: START_RATES[name] for name in gpu} | {"cpu": CPU_START_RATE}
         self._spent: dict[str, tuple[float, float]] = {}  # per decoder: averaged images and seconds
         # the GPU decoders together: images per second of a batch until the last of them is done.
@@ -59,11 +46,11 @@ class Steering:
         self.gpu_part: float | None = None
         self.cpu_wait = self.gpu_wait = 0.0  # the producer's waits for the CPU's and GPU's shares since `steer`
         self.step: float | None = None  # the training loop's own seconds per batch (`Pace.step`), once known
-        self._steps: deque[float] = deque(maxlen=STEPS)
+        self._steps: deque[float] = deque(maxlen=tuning.steer_steps)
 
     def shares(self, n: int, threads: int) -> list[int]:
         """Images per decoder (GPU decoders in order, then the CPU) for a batch of `n`: the GPU decoders
-        `gpu_part` of it (none under `GPU_MIN_SHARE`; before it is known, what makes the CPU's
+        `gpu_part` of it (none under `Tuning.gpu_min`; before it is known, what makes the CPU's
         `threads` and the GPU decoders finish together), split by their own rates; the CPU the rest,
         and at least one image per thread, so its rate is always measured anew."""
         if not self.gpu:
@@ -74,7 +61,7 @@ class Steering:
                 gpu = round(n * self.together(threads))
             else:
                 gpu = round(n * self.gpu_part)
-                gpu = 0 if gpu < GPU_MIN_SHARE * n else gpu
+                gpu = 0 if gpu < self.tuning.gpu_min * n else gpu
             cpu = min(n, max(n - gpu, threads))
         own = np.cumsum([self.rates[name] for name in self.gpu])
         bounds = np.rint((n - cpu) * own / own[-1]).astype(np.int64)
@@ -85,7 +72,7 @@ class Steering:
         return self.gpu_rate / (self.rates["cpu"] * threads + self.gpu_rate)
 
     def steer(self, pace: Pace | None, threads: int, n: int) -> None:
-        """Move `gpu_part` by `GPU_STEP` after the producer's last batch (see `GPU_STEP`), to no less
+        """Move `gpu_part` by `Tuning.gpu_step` after the producer's last batch (see `Tuning.gpu_step`), to no less
         than `beyond_cpu` for the next batch of `n`; `pace` None: nothing known yet."""
         if pace is not None and pace.step is not None:
             self._steps.append(pace.step)
@@ -93,20 +80,20 @@ class Steering:
         if pace is not None and self.cpu_share and self.gpu:
             if self.gpu_part is None:
                 self.gpu_part = self.together(threads)
-            elif pace.starved > STARVED * pace.interval and self.cpu_wait > self.gpu_wait:
-                self.gpu_part = min(1.0, self.gpu_part + GPU_STEP)
+            elif pace.starved > self.tuning.starved * pace.interval and self.cpu_wait > self.gpu_wait:
+                self.gpu_part = min(1.0, self.gpu_part + self.tuning.gpu_step)
             else:
-                self.gpu_part = max(0.0, self.gpu_part - GPU_STEP)
+                self.gpu_part = max(0.0, self.gpu_part - self.tuning.gpu_step)
             if self.step is not None:
                 self.gpu_part = max(self.gpu_part, self.beyond_cpu(threads, n))
         self.cpu_wait, self.gpu_wait = 0.0, 0.0
 
     def beyond_cpu(self, threads: int, n: int) -> float:
         """The part of a batch of `n` the CPU's `threads` cannot decode, at their measured rate, in the
-        training loop's own time per batch (`step`): none under `GPU_MIN_SHARE`, and no more than the
+        training loop's own time per batch (`step`): none under `Tuning.gpu_min`, and no more than the
         part for which the CPU and the GPU decoders finish together."""
-        need = 1.0 - CPU_LOAD * self.rates["cpu"] * threads * self.step / n
-        return 0.0 if need < GPU_MIN_SHARE else min(need, self.together(threads))
+        need = 1.0 - self.tuning.cpu_load * self.rates["cpu"] * threads * self.step / n
+        return 0.0 if need < self.tuning.gpu_min else min(need, self.together(threads))
 
     def measured(self, name: str, images: float, seconds: float) -> None:
         """Fold one measurement into `rates[name]`: images and seconds are averaged apart (exponentially)

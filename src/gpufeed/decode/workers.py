@@ -48,7 +48,6 @@ from gpufeed.decode.shares import Asks
 log = logging.getLogger(__name__)
 
 STOPPED = "the JPEG decode workers were stopped (the loader was closed, or the interpreter is exiting)"
-TICKETS_PER_WORKER = 2  # per share: the workers take them as they come free, so they end together
 
 
 class DecodeWorkers:
@@ -60,7 +59,8 @@ class DecodeWorkers:
     name = "cpu"
 
     def __init__(self, data: np.memmap | None, workers: int, device: torch.device = torch.device("cpu"),
-                 files=None):
+                 files=None, tickets: int = 2):
+        self.tickets = tickets  # per ready worker in each share (`Tuning.tickets`): taken as they come free
         why = unavailable()
         if why:
             raise RuntimeError(why)
@@ -140,7 +140,7 @@ class DecodeWorkers:
         return all(w.ready for w in self._workers)
 
     def submit(self, batch: Encoded, shapes: np.ndarray, asks: Asks | None = None):
-        """Put the images on the board and their tickets in the pipe, `TICKETS_PER_WORKER` per ready
+        """Put the images on the board and their tickets in the pipe, `tickets` per ready
         worker (`asks` as for `CpuDecoder.submit`); with none ready, wait for one. Once the pool was
         stopped, raises `WorkersStopped` (so does `collect`, for a job the stop left unanswered)."""
         asks = asks if asks is not None else Asks.whole(len(batch))
@@ -164,7 +164,7 @@ class DecodeWorkers:
             files = -1
         else:  # read in place: the worker reads the file
             begins, ends, files = batch.file_begins, batch.file_begins + (batch.ends - batch.begins), batch.file_index
-        size = math.ceil(n / (TICKETS_PER_WORKER * len(live)))
+        size = math.ceil(n / (self.tickets * len(live)))
         with self._lock:
             start = self._board.room(n, [(j.start, j.start + j.n) for j in self._jobs.values()])
             if start is None:

@@ -30,9 +30,6 @@ STOP_WAIT = 5.0  # seconds an iteration that ends waits for its producers to fin
 # seconds `close()` (and the interpreter's exit) waits for producers to finish the batch they make
 # before it stops the decoders under them: a batch takes well under a second where nothing is wrong
 CLOSE_WAIT = 60.0
-# make the next epoch's first batches as an epoch ends (`Carried`); False: each epoch's producer
-# starts when it is iterated (benchmarks/train_bench.py's `carry=` rows compare the two)
-CARRY = True
 
 
 @dataclass
@@ -170,7 +167,7 @@ def threaded(loader, make: Callable[[int, int], tuple[Batch, torch.cuda.Event | 
     queues = [queue.Queue(loader.prefetch) for _ in range(workers)]
     stop = threading.Event()
     after = None
-    if carry is not None and workers == 1 and CARRY:
+    if carry is not None and workers == 1:
         count = min(loader.prefetch, len(loader))
         after = Carried(carry.epoch, 0, count, queue.Queue(count), None, stop)
     producers = [threading.Thread(target=_produce, daemon=True, name="gpufeed-producer",

@@ -1,6 +1,7 @@
 """Batches from a jpeg store, made on threads of the training process with its one CUDA context.
 
-The pipelines (one on a GPU, see PIPELINES_ON_GPU) each make whole batches on a producer thread
+The pipelines (one by default, `Tuning.pipelines`; one on a CPU device, where the workers do the
+decoding) each make whole batches on a producer thread
 (`jpeg_batch.JpegBatcher`), `prefetch` batches ahead of the training loop and no further, on a
 stream of their own, sharing the CPU decode worker processes. docs/architecture.md draws the
 processes, threads and streams.
@@ -17,6 +18,7 @@ import torch
 
 from gpufeed.decode.choice import DEFAULT, check_decoders
 from gpufeed.decode.scheduler import summed
+from gpufeed.decode.tuning import Tuning
 from gpufeed.decode.workers import DecodeWorkers
 from gpufeed.loader.feeds import Batch, Carried, NextEpoch, threaded
 from gpufeed.loader.cores import rank_cores
@@ -29,14 +31,6 @@ __all__ = ["PREFETCH", "DecodeError", "JpegBatcher", "JpegPipelines", "jpeg_feed
 log = logging.getLogger(__name__)
 
 
-# pipelines on a GPU, each a thread with its own GPU decoder and stream, sharing the CPU workers.
-# Two overlap one batch's CPU share, resize and Python with another's GPU decode: faster alone, but
-# slower in the training loop they fed, with their GPU decodes at once or taking turns (a second
-# producer thread takes CPU and GIL from the training thread; docs/benchmarks.md), so one. On a
-# CPU device the workers do the decoding and one pipeline keeps them busy
-PIPELINES_ON_GPU = 1
-# with several pipelines, their GPU decodes take turns (a shared lock) rather than run at once
-GPU_DECODES_TAKE_TURNS = True
 # the Loader's default `prefetch` for jpeg stores: where the workers only just keep up with a model,
 # their slow spells last a few batches, and a deeper queue rides them out (docs/benchmarks.md)
 PREFETCH = 6
@@ -103,7 +97,8 @@ def jpeg_feed(loader, plan, start: int, epoch: int = 0, next_plan: Callable[[], 
             event = batcher.stream.record_event()
         return Batch(images, labels, None, final=True, samples=samples), event
 
-    carry = NextEpoch(epoch + 1, functools.partial(make, 1)) if next_plan is not None and step == 1 else None
+    carries = next_plan is not None and step == 1 and loader.tuning.carry
+    carry = NextEpoch(epoch + 1, functools.partial(make, 1)) if carries else None
     return threaded(loader, functools.partial(make, 0), range(start, length), workers=step, carry=carry,
                     carried=carried)
 
@@ -119,7 +114,8 @@ def default_workers(device: torch.device) -> int:
     return max(1, usable - max(2, usable // 8)) if device.type == "cuda" else usable
 
 
-def jpeg_pipelines(loader, on_error: str, decoders: tuple[str, ...] | None, workers: int | None) -> JpegPipelines:
+def jpeg_pipelines(loader, on_error: str, decoders: tuple[str, ...] | None, workers: int | None,
+                   tuning: Tuning = Tuning()) -> JpegPipelines:
     """The loader's JPEG pipelines: their `decoders` (None: `decode.choice.DEFAULT`'s rule), and
     `workers` CPU decode processes they share (None: see `default_workers`; 0: CPU decoding on
     threads of this process, which share its GIL)."""
@@ -136,14 +132,15 @@ def jpeg_pipelines(loader, on_error: str, decoders: tuple[str, ...] | None, work
         try:
             folder = isinstance(loader.store, FolderStore)
             pool = DecodeWorkers(None if folder else loader.store.data, workers, loader.device,
-                                 files=loader.store.files if folder else None)
+                                 files=loader.store.files if folder else None, tickets=tuning.tickets)
         except (RuntimeError, OSError) as e:
             log.warning("gpufeed.Loader: CPU JPEG decode in worker processes unavailable (%s); decoding on "
                         "threads, which share the GIL with the training loop (slower)", e)
-    count = PIPELINES_ON_GPU if loader.device.type == "cuda" else 1
+    count = tuning.pipelines if loader.device.type == "cuda" else 1
     threads = max(1, workers // count)  # each pipeline's decode threads, where there are no workers
-    turn = threading.Lock() if count > 1 and GPU_DECODES_TAKE_TURNS else None
-    jpeg = JpegPipelines([JpegBatcher(loader, on_error, threads, decoders, pool, turn) for _ in range(count)], pool)
+    turn = threading.Lock() if count > 1 and tuning.turns else None
+    jpeg = JpegPipelines([JpegBatcher(loader, on_error, threads, decoders, pool, turn, tuning) for _ in range(count)],
+                         pool)
     where = f"{pool.size} worker processes" if pool is not None else f"{threads} threads per pipeline"
     log.info("gpufeed.Loader: jpeg decoders %s, %d pipeline(s), CPU decode in %s", " + ".join(jpeg.names), count,
              where)

@@ -25,23 +25,16 @@ import torch
 from gpufeed.augment.params import Params
 from gpufeed.augment.pipeline import _fused
 from gpufeed.decode import Scheduler
-from gpufeed.decode import scheduler
 from gpufeed.decode.base import Decoded, Encoded, into_pixels
 from gpufeed.decode.choice import decoder_room
 from gpufeed.decode.shares import Pace, Started
+from gpufeed.decode.tuning import Tuning
 from gpufeed.loader.folder import FolderStore
 from gpufeed.loader.stats import Reading, stage_range
 from gpufeed.transfer.ring import hand_over
 
 log = logging.getLogger(__name__)
 
-
-# the batch kernels run once on a stand-in while the first batch decodes (`JpegBatcher._compile`);
-# False: compiled when the first batch reaches them (benchmarks/train_bench.py rows take compile_ahead=False)
-COMPILE_AHEAD = True
-# the engines decode YCbCr 4:2:0 images to their planes and the resize kernel converts them, instead
-# of a colour conversion kernel per image beside the model's; False: RGB (train_bench rows take planar=0)
-PLANAR = True
 
 
 class DecodeError(RuntimeError):
@@ -68,17 +61,18 @@ class JpegBatcher:
     """Turns (indices, params) into a finished (images, labels) batch on the loader's device."""
 
     def __init__(self, loader, on_error: str, threads: int, decoders: tuple[str, ...] | None, cpu=None,
-                 gpu_turn: threading.Lock | None = None):
+                 gpu_turn: threading.Lock | None = None, tuning: Tuning = Tuning()):
         self.loader, self.on_error = loader, on_error
         store = loader.store
         self._shapes = np.asarray(store.shapes).view(np.ndarray).astype(np.int64)
-        room = decoder_room(self._shapes, loader.batch_sampler.batch_size) if loader.device.type == "cuda" else None
-        self.scheduler = Scheduler(loader.device, threads, decoders, cpu, gpu_turn, room)
+        room = (decoder_room(self._shapes, loader.batch_sampler.batch_size, tuning.prealloc)
+                if loader.device.type == "cuda" else None)
+        self.scheduler = Scheduler(loader.device, threads, decoders, cpu, gpu_turn, room, tuning)
         self.fused = loader.device.type == "cuda" and _fused() is not None
         for dec in self.scheduler.gpu:  # the resize kernel converts the engines' YCbCr planes itself
             if dec.name == "hw":
-                dec.planar = self.fused and PLANAR
-        self.stream = (torch.cuda.Stream(loader.device, priority=scheduler.STREAM_PRIORITY)
+                dec.planar = self.fused and tuning.planar
+        self.stream = (torch.cuda.Stream(loader.device, priority=tuning.priority)
                        if loader.device.type == "cuda" else None)
         # the per-batch tables go up on a stream of their own: a copy from pageable memory first waits
         # for all the work queued on its stream, and on `stream` that is the batch's decodes and copies
@@ -92,7 +86,7 @@ class JpegBatcher:
         self._reads: deque[ReadAhead] = deque()  # a folder's coming batches, being read
         self._next: tuple[np.ndarray, Started] | None = None  # the next batch (its indices), started
         self._read: Reading | None = None  # the loader's counters when `make` was last called
-        self._compiled = not (self.fused and COMPILE_AHEAD)  # the batch kernels compiled once, during a decode
+        self._compiled = not (self.fused and tuning.compile_ahead)  # the batch kernels compiled once, during a decode
         log.debug("gpufeed.Loader: jpeg decoders %s", " + ".join(self.scheduler.names))
 
     def make(self, idx: torch.Tensor, params: Params, ahead: tuple[Upcoming, ...] = ()

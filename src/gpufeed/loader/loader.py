@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from gpufeed.augment.pipeline import Augment
+from gpufeed.decode.tuning import Tuning
 from gpufeed.loader import tiers
 from gpufeed.loader.fields import batch_dict
 from gpufeed.loader.folder import FolderStore, is_folder_source
@@ -129,6 +130,8 @@ class Loader:
             resume and the replacement of undecodable samples. "boxes" (a store's boxes field) go
             through the same crops, flips and warps as the images: a zero-padded (N, M, 4) tensor,
             and "boxes_count" (N,).
+        tuning: jpeg: the JPEG path's measured settings (`gpufeed.decode.tuning.Tuning`), for
+            benchmarks that compare others; the default is what measurements chose.
 
     Raises:
         ValueError: bad arguments, an op list that can't give one batch shape, CUDA missing.
@@ -145,7 +148,7 @@ class Loader:
                  rank: int | None = None, world_size: int | None = None, prefetch: int | None = None,
                  gather_threads: int | None = None, on_error: str = "skip", num_workers: int | None = None,
                  decoders: tuple[str, ...] | None = None, restart: bool = False, pad: bool = True,
-                 fields: Sequence[str] | None = None):
+                 fields: Sequence[str] | None = None, tuning: Tuning | None = None):
         if isinstance(store, (Store, FolderStore)):
             self.store = store
         else:
@@ -183,9 +186,10 @@ class Loader:
         if on_error not in ("skip", "raise"):
             raise ValueError(f"on_error must be 'skip' or 'raise', got {on_error!r}")
         self.on_error = on_error
+        self.tuning = tuning or Tuning()
         self.jpeg: JpegPipelines | None = None
         if self.store.mode == "jpeg":
-            self.jpeg = jpeg_pipelines(self, on_error, decoders, num_workers)
+            self.jpeg = jpeg_pipelines(self, on_error, decoders, num_workers, self.tuning)
         self._pid = os.getpid()
         self._closed = False
         self.producers = Producers()

@@ -1,0 +1,56 @@
+"""The JPEG path's settings that measurements chose, in one value passed down from the Loader.
+
+Each default is the one a training-loop benchmark picked (docs/benchmarks.md, "Design
+measurements"); `benchmarks/train_bench.py` builds other values (`Tuning(pipelines=2)`) and passes
+them to `gpufeed.Loader(tuning=...)` to compare, so no module global exists for a benchmark to patch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """The JPEG path's settings (all with measured defaults)."""
+
+    # pipelines on a GPU, each a producer thread with its own GPU decoder and stream, sharing the CPU
+    # workers: two were faster alone but slowed the training loop they fed (a second producer thread
+    # takes CPU and GIL from the training thread)
+    pipelines: int = 1
+    # with several pipelines, their GPU decodes take turns (a shared lock) rather than run at once
+    turns: bool = True
+    # CUDA priority of the JPEG path's streams: 0 is the default streams' (a training loop's), the
+    # lowest; negative numbers go ahead of it
+    priority: int = 0
+    # a batch's GPU share is decoded from `Scheduler.start` on, on a thread of its own (False: in
+    # `finish`, on the producer thread)
+    gpu_early: bool = True
+    # the next epoch's first batches are made as an epoch ends (`feeds.Carried`)
+    carry: bool = True
+    # the batch kernels run once on a stand-in while the first batch decodes (Triton compiles a
+    # kernel the first time a machine runs it)
+    compile_ahead: bool = True
+    # the engines decode YCbCr 4:2:0 images to their planes and the resize kernel converts them,
+    # instead of a colour conversion kernel per image beside the model's
+    planar: bool = True
+    # steering (`decode.steering`): the GPU decoders' part of a batch moves by `gpu_step` per batch,
+    # up while the loop waited more than `starved` of the time between batches and the producer waited
+    # on the CPU more than on the GPU decoders; a GPU share under `gpu_min` of the batch goes to the
+    # CPU too; the CPU's rate is reckoned at `cpu_load` of what was measured; the loop's time per
+    # batch is the median of its last `steer_steps`
+    gpu_step: float = 0.05
+    starved: float = 0.1
+    gpu_min: float = 0.25
+    cpu_load: float = 1.0
+    steer_steps: int = 8
+    # tickets per ready worker in each CPU share: the workers take them as they come free
+    tickets: int = 2
+    # nvImageCodec's allocations rounded up to this many MiB, on the device and page-locked
+    nv_padding_mb: int = 32
+    # the engines' decoder makes its buffers for a whole batch of the store's images at once
+    prealloc: bool = True
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
