@@ -192,7 +192,7 @@ def test_a_consumer_waiting_on_another_thread_when_the_loader_closes_is_woken(st
 
     loader = gpufeed.Loader(store, batch_size=8, device="cpu", cache="disk", prefetch=1)
     made = []
-    make = feeds._gather_copy
+    make = feeds.gather_copy
 
     def slow(*args):  # the second batch is finished only once the loader is closing: it is never put
         if made:
@@ -202,7 +202,7 @@ def test_a_consumer_waiting_on_another_thread_when_the_loader_closes_is_woken(st
         made.append(1)
         return make(*args)
 
-    monkeypatch.setattr(feeds, "_gather_copy", slow)
+    monkeypatch.setattr(feeds, "gather_copy", slow)
     it = iter(loader)
     next(it)
     outcome = []

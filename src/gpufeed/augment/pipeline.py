@@ -139,9 +139,9 @@ class Augment:
         a warp they support (constant padding; said once where one is not)."""
         if not y.is_cuda or (params.warp is None and self.policy is None):
             return False
-        if self.policy is not None and not self.policy.slots or _fused("fused_policy") is None:
-            return False  # (no Triton: said once by _fused)
-        if params.warp is not None and not _fused("fused_warp").supports(params.warp):
+        if self.policy is not None and not self.policy.slots or fused_kernels("fused_policy") is None:
+            return False  # (no Triton: said once by fused_kernels)
+        if params.warp is not None and not fused_kernels("fused_warp").supports(params.warp):
             _torch_warp(params.warp.resampling.padding, len(params.warp.sizes))
             return False
         return True
@@ -167,15 +167,15 @@ class Augment:
         w = params.warp
         fill = constant(w.resampling.fill or (0.0,) if w is not None else (0.0,), dev, torch.float32)
         if w is not None and self.policy is None:
-            y = _fused("fused_warp").warp(y, w, params.vflip, fill, out, scale, shift)
+            y = fused_kernels("fused_warp").warp(y, w, params.vflip, fill, out, scale, shift)
         else:
             if w is not None:
-                y = _fused("fused_warp").warp(y, w, params.vflip, fill, torch.empty((n, 3, *out_hw), device=dev),
+                y = fused_kernels("fused_warp").warp(y, w, params.vflip, fill, torch.empty((n, 3, *out_hw), device=dev),
                                               *unit)
             else:
                 y = flip_rows(y, params.vflip)
             first = self._columns()[id(self.policy)]
-            y = _fused("fused_policy").apply(y, params.pixel, first, params.choices, w, fill, out, scale, shift)
+            y = fused_kernels("fused_policy").apply(y, params.pixel, first, params.choices, w, fill, out, scale, shift)
         if last:
             return y
         return finish(self.colour_ops(y, params, ops=rest), dtype, self.normalize, channels_last)
@@ -199,10 +199,10 @@ class Augment:
         """Augment NHWC uint8 `images` (or `images[index]`) on any device to NCHW `dtype`."""
         if dtype == torch.uint8 and self.normalize:
             raise ValueError("Normalize needs a floating output dtype, not uint8")
-        if images.is_cuda and dtype != torch.uint8 and _fused() is not None:
+        if images.is_cuda and dtype != torch.uint8 and fused_kernels() is not None:
             # one Triton kernel for gather + resample + flip (+ normalise + cast when nothing else follows)
             out_dtype, out_last, scale, shift = self.kernel_output(params, dtype, channels_last, images.device)
-            y = _fused().resample_normalize(images, params.boxes, params.flip, params.out_hw, scale, shift,
+            y = fused_kernels().resample_normalize(images, params.boxes, params.flip, params.out_hw, scale, shift,
                                             out_dtype, out_last, index)
             return self.complete(y, params, dtype, channels_last)
         if index is not None:
@@ -258,7 +258,7 @@ def _affine_on(device: torch.device, mean_std: tuple | None, uint8: bool,
 
 
 @functools.cache
-def _fused(module: str = "fused"):
+def fused_kernels(module: str = "fused"):
     """A Triton kernel module of this package, or None where Triton cannot be imported (said once)."""
     try:
         return importlib.import_module(f"gpufeed.augment.{module}")
@@ -271,7 +271,7 @@ def _fused(module: str = "fused"):
 def _torch_warp(padding: str, bounds: int) -> None:
     log.warning("augment: a warp with %s padding (%d images read) runs as torch ops on the GPU, slower than the "
                 "warp kernel (which takes constant padding and up to %d images)", padding, bounds,
-                _fused("fused_warp").MAX_BOUNDS)
+                fused_kernels("fused_warp").MAX_BOUNDS)
 
 
 @functools.cache

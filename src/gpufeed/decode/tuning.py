@@ -26,7 +26,7 @@ class Tuning:
     # a batch's GPU share is decoded from `Scheduler.start` on, on a thread of its own (False: in
     # `finish`, on the producer thread)
     gpu_early: bool = True
-    # the next epoch's first batches are made as an epoch ends (`feeds.Carried`)
+    # the next epoch's first batches are made as an epoch ends (`loader.producer.Carried`)
     carry: bool = True
     # the batch kernels run once on a stand-in while the first batch decodes (Triton compiles a
     # kernel the first time a machine runs it)

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import numpy as np
 import torch
+
+from gpufeed.augment.params import Params
+from gpufeed.loader.stats import Stats
 
 from gpufeed.augment.boxes import padded, transform_boxes
 from gpufeed.store.format import StoreError
@@ -13,27 +18,41 @@ from gpufeed.store.format import StoreError
 log = logging.getLogger(__name__)
 
 
-def batch_dict(loader, images: torch.Tensor, labels: torch.Tensor, samples) -> dict:
-    """"image", then each field of `loader.fields`: "label" (or mixed targets), "source" (a list),
-    "boxes" (moved with the images; plus "boxes_count"), the store's other fields (numbers and arrays
-    as tensors on the loader's device, text, bytes and JSON as lists)."""
+@dataclass(frozen=True)
+class FieldRequest:
+    """The fields a `Loader(fields=...)` yields, of which store, on which device, and what a damaged
+    value becomes (`on_error`: "skip", None; "raise", the StoreError)."""
+
+    names: tuple[str, ...]
+    store: Any  # a Store (or a folder read in place: label and source only)
+    device: torch.device
+    on_error: str
+
+
+def batch_dict(request: FieldRequest, images: torch.Tensor, labels: torch.Tensor, samples, counters: Stats,
+               geometry: Callable[[], tuple[np.ndarray, Params | None]]) -> dict:
+    """"image", then each field of `request`: "label" (or mixed targets), "source" (a list), "boxes"
+    (moved with the images; plus "boxes_count"), the store's other fields (numbers and arrays as
+    tensors on the device, text, bytes and JSON as lists). `geometry()`: the batch's planned sample
+    indices and augment parameters, which the boxes follow."""
     idx = samples.cpu().numpy() if isinstance(samples, torch.Tensor) else np.asarray(samples)
     out: dict = {"image": images}
-    for name in loader.fields:
+    store = request.store
+    for name in request.names:
         if name == "label":
             out[name] = labels
         elif name == "source":
-            out[name] = [loader.store.source(int(i)) for i in idx]
+            out[name] = [store.source(int(i)) for i in idx]
         elif name == "boxes":
-            out["boxes"], out["boxes_count"] = padded(_boxes(loader, idx), loader.device)
+            out["boxes"], out["boxes_count"] = padded(_boxes(store, idx, *geometry()), request.device)
         elif name != "image":
-            column = loader.store.column(name)
+            column = store.column(name)
             out[name] = torch.from_numpy(np.ascontiguousarray(column.rows(idx))).to(
-                loader.device, non_blocking=True) if column.fixed else _values(loader, column, idx)
+                request.device, non_blocking=True) if column.fixed else _values(request, column, idx, counters)
     return out
 
 
-def _values(loader, column, samples: np.ndarray) -> list:
+def _values(request: FieldRequest, column, samples: np.ndarray, counters: Stats) -> list:
     """A text, bytes or JSON field's values of a batch. A damaged value (a StoreError naming its file,
     field and sample) raises with `on_error="raise"`; with "skip" it is None, and the first of each
     field is warned about and kept in `loader.stats()["notes"]`."""
@@ -42,31 +61,30 @@ def _values(loader, column, samples: np.ndarray) -> list:
         try:
             out.append(column.value(int(i)))
         except StoreError as e:
-            if loader.on_error == "raise":
+            if request.on_error == "raise":
                 raise
             out.append(None)
             said = f"field {column.name!r}: damaged values yielded as None"
-            if not any(n.startswith(said) for n in loader.counters.as_dict()["notes"]):
+            if not any(n.startswith(said) for n in counters.as_dict()["notes"]):
                 log.warning("%s; yielded as None (further ones are not warned about)", e)
-                loader.counters.note(f"{said}, the first: {e}")
+                counters.note(f"{said}, the first: {e}")
     return out
 
 
-def _boxes(loader, samples: np.ndarray) -> list[np.ndarray]:
+def _boxes(store, samples: np.ndarray, planned: torch.Tensor, params: Params | None) -> list[np.ndarray]:
     """The boxes of the loader's current batch through the geometry their images went through. A
     sample that replaced an undecodable one took that position's image (a copy of another position,
     or the same crop moved onto it), so it takes that geometry too."""
-    stored = loader.store.column("boxes").rows(samples)
-    if loader.augment is None:
+    stored = store.column("boxes").rows(samples)
+    if params is None:  # no augment ops
         return stored
-    planned, params = loader.plan(loader.epoch, loader._batch)
     planned = planned.numpy()
     first = {int(s): q for q, s in reversed(list(enumerate(planned)))}
     rows = torch.tensor([p if s == planned[p] else first.get(int(s), p) for p, s in enumerate(samples)])
     params = params.take(rows)
     moved = [p for p, s in enumerate(samples) if s != planned[p] and int(s) not in first]
     if moved:  # a batch none of whose samples decoded: the same crops, scaled to the new images
-        shapes = torch.from_numpy(np.asarray(loader.store.shapes))
+        shapes = torch.from_numpy(np.asarray(store.shapes))
         scale = (shapes[samples[moved]] / shapes[planned[moved]]).flip(1).repeat(1, 2)
         params.boxes[moved] = (params.boxes[moved] * scale).to(params.boxes.dtype)
     return transform_boxes(stored, params)

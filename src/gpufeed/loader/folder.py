@@ -38,6 +38,7 @@ import torch
 from PIL import Image
 
 from gpufeed.decode.base import Encoded
+from gpufeed.loader.bytes import WorkerView
 from gpufeed.packing.imaging import plain_jpeg_problem
 from gpufeed.packing.sources import TAR_SUFFIXES, Item, Skip, SourceError, open_source, tar_key, tar_label
 from gpufeed.store.format import MANIFEST
@@ -79,6 +80,7 @@ class FolderStore:
     mode = "jpeg"
     image_shape = None
     fields: dict = {}
+    reads_ahead = True  # a `ByteSource` whose batches are read from files: worth starting a batch early
 
     def __init__(self, source: str | os.PathLike, threads: int | None = None):
         self.path = Path(os.fspath(source))
@@ -132,6 +134,10 @@ class FolderStore:
     def source(self, i: int) -> str:
         """Where sample `i` is: its path, or `shard.tar:key`."""
         return self._names[i]
+
+    def for_workers(self) -> WorkerView:
+        """Decode workers read their images from these files themselves (board rows name them by number)."""
+        return WorkerView(files=self.files)
 
     def column(self, name: str):
         raise KeyError(f"{self.path}: no field {name!r} (a folder read in place has: label, source)")

@@ -18,13 +18,15 @@ import torch
 
 from gpufeed.decode.choice import DEFAULT, check_decoders
 from gpufeed.decode.scheduler import summed
-from gpufeed.decode.tuning import Tuning
 from gpufeed.decode.workers import DecodeWorkers
-from gpufeed.loader.feeds import Batch, Carried, NextEpoch, threaded
+from gpufeed.loader.bytes import ByteSource
 from gpufeed.loader.cores import rank_cores
-from gpufeed.loader.plan import EpochPlan
-from gpufeed.loader.folder import FolderStore
+from gpufeed.loader.batch import Batch
+from gpufeed.loader.producer import Carried, Made, NextEpoch, Production, threaded
 from gpufeed.loader.jpeg_batch import DecodeError, JpegBatcher, Upcoming
+from gpufeed.loader.plan import EpochPlan
+from gpufeed.loader.settings import Decoding, Output
+from gpufeed.loader.stats import Stats
 
 __all__ = ["PREFETCH", "DecodeError", "JpegBatcher", "JpegPipelines", "jpeg_feed", "jpeg_pipelines"]
 
@@ -61,15 +63,14 @@ class JpegPipelines:
             self.workers.close()
 
 
-def jpeg_feed(loader, plan, start: int, epoch: int = 0, next_plan: Callable[[], EpochPlan] | None = None,
-              carried: Carried | None = None):
+def jpeg_feed(pipelines: list[JpegBatcher], production: Production, plan: EpochPlan, start: int, epoch: int = 0,
+              next_plan: Callable[[], EpochPlan] | None = None, carried: Carried | None = None):
     """Batches `start`.. of a jpeg store's epoch `plan`, batch k made by pipeline k % pipelines on its
-    own thread, `prefetch` ahead of the consumer; each pipeline is told its next two batches (it
-    starts decoding the first early, and reads a folder's files of the second). With one pipeline,
-    `next_plan` (the plan of epoch `epoch` + 1, when called) is where those come from at the end of
-    the epoch, and its first `prefetch` batches are made as the epoch ends (`feeds.Carried`);
-    `carried`: such batches, made for this epoch."""
-    pipelines = loader.jpeg.pipelines
+    own thread, `production.prefetch` ahead of the consumer; each pipeline is told its next two
+    batches (it starts decoding the first early, and reads a folder's files of the second). With one
+    pipeline, `next_plan` (the plan of epoch `epoch` + 1, when called) is where those come from at the
+    end of the epoch, and its first `prefetch` batches are made as the epoch ends (`producer.Carried`;
+    None: not carried); `carried`: such batches, made for this epoch."""
     step, length = len(pipelines), len(plan)
     plans: dict[int, EpochPlan] = {0: plan}
 
@@ -85,21 +86,20 @@ def jpeg_feed(loader, plan, start: int, epoch: int = 0, next_plan: Callable[[], 
             return [(w, n) for w, n in keys if w == which and n < length]
         return [(w + n // length, n % length) for w, n in keys if w + n // length <= 1]
 
-    def make(which: int, number: int, k: int):
+    def make(which: int, number: int, k: int) -> Made:
         batcher = pipelines[k]
         idx, params = plan_of(which).batch(number)
         ahead = tuple(Upcoming(*plan_of(w).batch(n)) for w, n in later(which, number))
         if batcher.stream is None:
             images, labels, samples = batcher.make(idx, params, ahead)
-            return Batch(images, labels, None, final=True, samples=samples), None
+            return Made(Batch(images, labels, None, final=True, samples=samples), None)
         with torch.cuda.stream(batcher.stream):
             images, labels, samples = batcher.make(idx, params, ahead)
             event = batcher.stream.record_event()
-        return Batch(images, labels, None, final=True, samples=samples), event
+        return Made(Batch(images, labels, None, final=True, samples=samples), event)
 
-    carries = next_plan is not None and step == 1 and loader.tuning.carry
-    carry = NextEpoch(epoch + 1, functools.partial(make, 1)) if carries else None
-    return threaded(loader, functools.partial(make, 0), range(start, length), workers=step, carry=carry,
+    carry = NextEpoch(epoch + 1, functools.partial(make, 1)) if next_plan is not None and step == 1 else None
+    return threaded(production, functools.partial(make, 0), range(start, length), length, workers=step, carry=carry,
                     carried=carried)
 
 
@@ -114,32 +114,25 @@ def default_workers(device: torch.device) -> int:
     return max(1, usable - max(2, usable // 8)) if device.type == "cuda" else usable
 
 
-def jpeg_pipelines(loader, on_error: str, decoders: tuple[str, ...] | None, workers: int | None,
-                   tuning: Tuning = Tuning()) -> JpegPipelines:
-    """The loader's JPEG pipelines: their `decoders` (None: `decode.choice.DEFAULT`'s rule), and
-    `workers` CPU decode processes they share (None: see `default_workers`; 0: CPU decoding on
-    threads of this process, which share its GIL)."""
-    if on_error not in ("skip", "raise"):
-        raise ValueError(f"on_error must be 'skip' or 'raise', got {on_error!r}")
-    if decoders is not None:
-        check_decoders(decoders)
-    if workers is None:
-        workers = default_workers(loader.device)
-    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 0:
-        raise ValueError(f"num_workers must be an int, 0 or more, got {workers!r}")
+def jpeg_pipelines(images: ByteSource, output: Output, decoding: Decoding, counters: Stats) -> JpegPipelines:
+    """A jpeg Loader's pipelines (`decoding.tuning.pipelines` on a GPU, one on a CPU), their decoders
+    (`decoding.decoders`, None: `decode.choice.DEFAULT`'s rule), and `decoding.workers` CPU decode
+    processes they share (0: CPU decoding on threads of this process, which share its GIL)."""
+    if decoding.decoders is not None:
+        check_decoders(decoding.decoders)
+    workers, tuning, device = decoding.workers, decoding.tuning, output.device
     pool = None
-    if workers and ("cpu" in (decoders or DEFAULT) or loader.device.type != "cuda") and len(loader.store):
+    if workers and ("cpu" in (decoding.decoders or DEFAULT) or not output.cuda) and len(images):
         try:
-            folder = isinstance(loader.store, FolderStore)
-            pool = DecodeWorkers(None if folder else loader.store.data, workers, loader.device,
-                                 files=loader.store.files if folder else None, tickets=tuning.tickets)
+            view = images.for_workers()
+            pool = DecodeWorkers(view.data, workers, device, files=view.files, tickets=tuning.tickets)
         except (RuntimeError, OSError) as e:
             log.warning("gpufeed.Loader: CPU JPEG decode in worker processes unavailable (%s); decoding on "
                         "threads, which share the GIL with the training loop (slower)", e)
-    count = tuning.pipelines if loader.device.type == "cuda" else 1
+    count = tuning.pipelines if output.cuda else 1
     threads = max(1, workers // count)  # each pipeline's decode threads, where there are no workers
     turn = threading.Lock() if count > 1 and tuning.turns else None
-    jpeg = JpegPipelines([JpegBatcher(loader, on_error, threads, decoders, pool, turn, tuning) for _ in range(count)],
+    jpeg = JpegPipelines([JpegBatcher(images, output, decoding, counters, threads, pool, turn) for _ in range(count)],
                          pool)
     where = f"{pool.size} worker processes" if pool is not None else f"{threads} threads per pipeline"
     log.info("gpufeed.Loader: jpeg decoders %s, %d pipeline(s), CPU decode in %s", " + ".join(jpeg.names), count,

@@ -23,14 +23,14 @@ import numpy as np
 import torch
 
 from gpufeed.augment.params import Params
-from gpufeed.augment.pipeline import _fused
+from gpufeed.augment.pipeline import fused_kernels
 from gpufeed.decode import Scheduler
 from gpufeed.decode.base import Decoded, Encoded, into_pixels
 from gpufeed.decode.choice import decoder_room
 from gpufeed.decode.shares import Pace, Started
-from gpufeed.decode.tuning import Tuning
-from gpufeed.loader.folder import FolderStore
-from gpufeed.loader.stats import Reading, stage_range
+from gpufeed.loader.bytes import ByteSource
+from gpufeed.loader.settings import Decoding, Output
+from gpufeed.loader.stats import Reading, Stats, stage_range
 from gpufeed.transfer.ring import hand_over
 
 log = logging.getLogger(__name__)
@@ -60,30 +60,28 @@ class Upcoming:
 class JpegBatcher:
     """Turns (indices, params) into a finished (images, labels) batch on the loader's device."""
 
-    def __init__(self, loader, on_error: str, threads: int, decoders: tuple[str, ...] | None, cpu=None,
-                 gpu_turn: threading.Lock | None = None, tuning: Tuning = Tuning()):
-        self.loader, self.on_error = loader, on_error
-        store = loader.store
-        self._shapes = np.asarray(store.shapes).view(np.ndarray).astype(np.int64)
-        room = (decoder_room(self._shapes, loader.batch_sampler.batch_size, tuning.prealloc)
-                if loader.device.type == "cuda" else None)
-        self.scheduler = Scheduler(loader.device, threads, decoders, cpu, gpu_turn, room, tuning)
-        self.fused = loader.device.type == "cuda" and _fused() is not None
+    def __init__(self, images: ByteSource, output: Output, decoding: Decoding, counters: Stats, threads: int,
+                 cpu=None, gpu_turn: threading.Lock | None = None):
+        """`images`: where the bytes come from; `threads`: CPU decode threads where `cpu` (the shared worker
+        processes) is None; `gpu_turn`: a lock the pipelines' GPU decodes take turns with."""
+        self.images, self.output, self.counters = images, output, counters
+        self.on_error, tuning = decoding.on_error, decoding.tuning
+        device = output.device
+        self._shapes = images.shapes.astype(np.int64)
+        room = decoder_room(self._shapes, decoding.batch_size, tuning.prealloc) if output.cuda else None
+        self.scheduler = Scheduler(device, threads, decoding.decoders, cpu, gpu_turn, room, tuning)
+        self.fused = output.cuda and fused_kernels() is not None
         for dec in self.scheduler.gpu:  # the resize kernel converts the engines' YCbCr planes itself
             if dec.name == "hw":
                 dec.planar = self.fused and tuning.planar
-        self.stream = (torch.cuda.Stream(loader.device, priority=tuning.priority)
-                       if loader.device.type == "cuda" else None)
+        self.stream = torch.cuda.Stream(device, priority=tuning.priority) if output.cuda else None
         # the per-batch tables go up on a stream of their own: a copy from pageable memory first waits
         # for all the work queued on its stream, and on `stream` that is the batch's decodes and copies
-        self._tables = torch.cuda.Stream(loader.device) if loader.device.type == "cuda" else None
+        self._tables = torch.cuda.Stream(device) if output.cuda else None
         self._warned = threading.Event()
-        self._folder = isinstance(store, FolderStore)  # read in place: each batch's bytes read from the files
-        self._data = loader.tier.images  # the encoded bytes, where the tier keeps them (host memory)
-        self._offsets = None if self._folder else np.asarray(store.offsets).view(np.ndarray)
-        self._labels = store.labels.numpy()
+        self._labels = images.labels.numpy()
         self._inflight: deque = deque()  # (event, decoded buffers) until the kernels reading them ran
-        self._reads: deque[ReadAhead] = deque()  # a folder's coming batches, being read
+        self._reads: deque[ReadAhead] = deque()  # coming batches being read (a source that reads ahead)
         self._next: tuple[np.ndarray, Started] | None = None  # the next batch (its indices), started
         self._read: Reading | None = None  # the loader's counters when `make` was last called
         self._compiled = not (self.fused and tuning.compile_ahead)  # the batch kernels compiled once, during a decode
@@ -94,7 +92,7 @@ class JpegBatcher:
         """(images, labels, the store index of each sample: a failed one's replacement's). `ahead`: this
         pipeline's next batches: the first is started now (its CPU share decoded while this batch is
         finished), the files of the second (a folder read in place) read meanwhile."""
-        pace, self._read = self.loader.counters.since(self._read)
+        pace, self._read = self.counters.since(self._read)
         with stage_range("gpufeed.decode+resize", self.stream is not None):
             return self._make(idx, params, ahead, pace)
 
@@ -109,15 +107,15 @@ class JpegBatcher:
             following = ahead[0].indices.numpy()
             self._forget_next()
             self._next = following, self._start(following, ahead[0].params, pace)
-        if self._folder and len(ahead) > 1:  # read while this batch and the next decode
+        if self.images.reads_ahead and len(ahead) > 1:  # read while this batch and the next decode
             later = ahead[1].indices.numpy()
-            self._reads.append(ReadAhead(later, self.loader.store.read_later(later)))
+            self._reads.append(ReadAhead(later, self.images.read_later(later)))
         if not self._compiled:
             self._compile(len(i), params)
         t1 = time.perf_counter()
         parts, failed = self.scheduler.finish(started, pin=self.fused)
         t2 = time.perf_counter()
-        self.loader.counters.add("decode", t2 - t1)
+        self.counters.add("decode", t2 - t1)
         shapes, boxes, labels = started.shapes, started.boxes, self._labels[i]
         if failed and len(failed) == len(i) and self.on_error == "skip":
             if replacing:
@@ -138,7 +136,7 @@ class JpegBatcher:
             images, labels = self._gpu(parts, boxes, labels, params)
         else:
             images, labels = self._cpu(parts, boxes, params, len(i)), torch.from_numpy(labels)
-        self.loader.counters.add("resize", time.perf_counter() - t2)
+        self.counters.add("resize", time.perf_counter() - t2)
         if failed:  # keep batches full: a failed sample becomes a copy of the next good one
             for p, src in copies.items():
                 images[p] = images[src]
@@ -157,7 +155,7 @@ class JpegBatcher:
         """Read batch `i`'s bytes and hand the scheduler the batch (its CPU share starts decoding)."""
         t0 = time.perf_counter()
         batch = self._encoded(i)
-        self.loader.counters.add("read", time.perf_counter() - t0, int((batch.ends - batch.begins).sum()))
+        self.counters.add("read", time.perf_counter() - t0, int((batch.ends - batch.begins).sum()))
         return self.scheduler.start(batch, self._shapes[i], params.boxes.numpy().copy(), params.out_hw, pace)
 
     def _forget_next(self) -> None:
@@ -167,21 +165,19 @@ class JpegBatcher:
             self._next = None
 
     def _encoded(self, i: np.ndarray) -> Encoded:
-        if not self._folder:
-            return Encoded.of(self._data, self._offsets, i)
         while self._reads:
             ahead = self._reads.popleft()
             read = ahead.result()  # waited for even if unused: no reads left running behind the loader
             if np.array_equal(ahead.indices, i):
                 return read
-        return self.loader.store.read(i)
+        return self.images.read_later(i)()
 
     def _replaced(self, idx: torch.Tensor, params: Params, tries: int = 8
                   ) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
         """A batch none of whose samples decoded (`on_error="skip"`): made of the samples that follow
         them in the store instead, each with its own label and the same crop relative to its size,
         trying up to `tries` steps further. Deterministic, so a resumed run makes the same batch."""
-        n, shapes = len(self.loader.store), torch.from_numpy(self._shapes)
+        n, shapes = len(self.images), torch.from_numpy(self._shapes)
         for step in range(1, tries + 1):
             other = (idx + step) % n
             scale = (shapes[other] / shapes[idx]).flip(1).repeat(1, 2).to(params.boxes.dtype)  # (w, h, w, h)
@@ -190,33 +186,32 @@ class JpegBatcher:
                 return self._make(other, moved, replacing=True)
             except DecodeError:  # those failed too: one step further
                 continue
-        raise DecodeError(f"{self.loader.store.path}: samples {idx.tolist()} and the {tries} after each cannot be "
+        raise DecodeError(f"{self.images.path}: samples {idx.tolist()} and the {tries} after each cannot be "
                           "decoded: the store looks damaged (gpufeed verify names the files)")
 
     def _failed(self, idx: torch.Tensor, failed: dict[int, str]) -> None:
         first = min(failed)
-        where = f"{self.loader.store.path}: sample {int(idx[first])}"
-        if self._folder:
-            where += f" ({self.loader.store.source(int(idx[first]))})"
+        where = f"{self.images.path}: sample {int(idx[first])}"
+        why = f"{failed[first]}{_from(self.images, int(idx[first]))}"
         if self.on_error == "raise":
-            raise DecodeError(f"{where} cannot be decoded ({failed[first]})")
-        self.loader.counters.note(f"{len(failed)} undecodable sample(s) replaced, e.g. {where}")
+            raise DecodeError(f"{where} cannot be decoded ({why})")
+        self.counters.note(f"{len(failed)} undecodable sample(s) replaced, e.g. {where} ({why})")
         if not self._warned.is_set():
             self._warned.set()
             log.warning("%s cannot be decoded (%s); replaced by another sample (of its batch, or "
                         "the ones after it if the whole batch failed) "
-                        "(further ones are counted in loader.stats())", where, failed[first])
+                        "(further ones are counted in loader.stats())", where, why)
 
     def _gpu(self, parts, boxes: np.ndarray, labels: np.ndarray, params: Params) -> tuple[torch.Tensor, torch.Tensor]:
         """One resize kernel for the whole batch, whichever decoder made each image (the kernel reads
         each at its offset from the first part's buffer, into another buffer as well); the per-image
         table, the boxes, the flips and the labels go to the device in two copies (plus the augment
         parameters), on their own stream."""
-        loader, aug = self.loader, self.loader.augment
-        dev = loader.device
-        out_dtype, out_last, scale, shift = aug.kernel_output(params, loader.dtype, loader.channels_last, dev)
+        out, aug = self.output, self.output.augment
+        dev = out.device
+        out_dtype, out_last, scale, shift = aug.kernel_output(params, out.dtype, out.channels_last, dev)
         fmt = torch.channels_last if out_last else torch.contiguous_format
-        out = torch.empty((len(boxes), 3, *params.out_hw), dtype=out_dtype, device=dev, memory_format=fmt)
+        batch = torch.empty((len(boxes), 3, *params.out_hw), dtype=out_dtype, device=dev, memory_format=fmt)
         parts = [(part, positions) for part, positions in parts if len(positions)]
         src = parts[0][0].base if parts else None  # every image's offset is from here, into its own part's buffer
         flat = [_joined([part.offsets + (part.base.data_ptr() - src.data_ptr()) for part, _ in parts]),
@@ -231,11 +226,11 @@ class JpegBatcher:
             on_device = params.to(dev, non_blocking=True, boxes=False)  # the boxes and flips went in `floats`
             copied = self._tables.record_event()
         hand_over(copied, table_d, floats_d, *(t for t in on_device.tensors() if t.is_cuda))
-        self.loader.counters.add("resize.copies", time.perf_counter() - t0)  # a part of "resize"
+        self.counters.add("resize.copies", time.perf_counter() - t0)  # a part of "resize"
         boxes_d, flip_d = floats_d[: boxes.size], floats_d[boxes.size :]
         views = [table_d[a : a + len(c)] for c, a in zip(flat, at)]
         if parts:
-            _fused().resample_packed(src, *views[:4], boxes_d, flip_d, out, scale, shift)
+            fused_kernels().resample_packed(src, *views[:4], boxes_d, flip_d, batch, scale, shift)
         done = torch.cuda.current_stream(dev).record_event()
         self._inflight.append((done, [part.keep for part, _ in parts]))
         for part, _ in parts:
@@ -244,14 +239,14 @@ class JpegBatcher:
         while self._inflight and self._inflight[0][0].query():
             self._inflight.popleft()
         labels_d = views[-1]
-        return aug.complete(out, on_device, loader.dtype, loader.channels_last), labels_d
+        return aug.complete(batch, on_device, out.dtype, out.channels_last), labels_d
 
     def _compile(self, n: int, params: Params) -> None:
         """Run the batch's kernels once on a one-pixel stand-in while the first batch decodes: Triton
         compiles a kernel the first time a machine runs it (seconds), which would otherwise come after
         that decode, on the first batch's time (docs/benchmarks.md). The output is dropped."""
         self._compiled = True
-        stand_in = Decoded(torch.zeros(3, dtype=torch.uint8, device=self.loader.device), np.zeros(1, np.int64),
+        stand_in = Decoded(torch.zeros(3, dtype=torch.uint8, device=self.output.device), np.zeros(1, np.int64),
                            np.ones((1, 2), np.int64), np.ones((1, 3), np.int64))
         self._gpu([(stand_in, np.zeros(1, np.int64))], params.boxes.numpy().copy(), np.zeros(n, np.int64), params)
 
@@ -269,7 +264,7 @@ class JpegBatcher:
         batch = torch.from_numpy(np.stack([np.pad(im.numpy(), ((0, top_h - im.shape[0]), (0, top_w - im.shape[1]),
                                                                (0, 0)), mode="edge") for im in images]))
         padded = replace(params, boxes=torch.from_numpy(boxes), identity=False)
-        return self.loader.augment.apply(batch, padded, self.loader.dtype, self.loader.channels_last)
+        return self.output.augment.apply(batch, padded, self.output.dtype, self.output.channels_last)
 
     def close(self) -> None:
         """Stop this pipeline's decoders (the shared CPU workers are `JpegPipelines`' to stop)."""
@@ -293,3 +288,11 @@ def _table(columns: list[np.ndarray]) -> tuple[np.ndarray, list[int]]:
     for c, a in zip(columns, at):
         table[a : a + len(c)] = c
     return table, at[:-1]
+
+
+def _from(images: ByteSource, i: int) -> str:
+    """"; <its source>" where the source knows it (a store packed by gpufeed 0.1 does not)."""
+    try:
+        return f"; {images.source(i)}"
+    except Exception:  # noqa: BLE001 - only the message loses it
+        return ""

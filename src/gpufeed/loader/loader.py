@@ -25,10 +25,14 @@ import torch
 from gpufeed.augment.pipeline import Augment
 from gpufeed.decode.tuning import Tuning
 from gpufeed.loader import tiers
-from gpufeed.loader.fields import batch_dict
 from gpufeed.loader.folder import FolderStore, is_folder_source
-from gpufeed.loader.feeds import CLOSE_WAIT, Batch, Carried, Producers, device_feed, drop_carried, host_feed
-from gpufeed.loader.jpeg import PREFETCH, JpegPipelines, jpeg_feed, jpeg_pipelines
+from gpufeed.loader.batch import Batch
+from gpufeed.loader.bytes import PackedBytes
+from gpufeed.loader.feeds import HostGather, device_feed, host_feed
+from gpufeed.loader.fields import FieldRequest, batch_dict
+from gpufeed.loader.jpeg import PREFETCH, JpegPipelines, default_workers, jpeg_feed, jpeg_pipelines
+from gpufeed.loader.producer import CLOSE_WAIT, Carried, Production
+from gpufeed.loader.settings import Decoding, Output
 from gpufeed.loader.planner import Planner
 from gpufeed.loader.sampler import ShardedBatchSampler, resolve_rank
 from gpufeed.loader.stats import Stats, stage_range
@@ -55,7 +59,7 @@ def _device(device: str | torch.device) -> torch.device:
 
 
 # every Loader of this process that may have threads running: closed at the interpreter's exit, before
-# it finalizes (see `Producers`). Registered after torch's own exit hooks, so it runs before them
+# it finalizes (see `producer.Producers`). Registered after torch's own exit hooks, so it runs before them
 _LIVE: weakref.WeakSet = weakref.WeakSet()
 
 
@@ -64,6 +68,14 @@ def _close_all() -> None:
     for loader in list(_LIVE):
         if loader._pid == os.getpid():  # a forked child's copies are its parent's to stop
             loader.close()
+
+
+def _workers(num_workers: int | None, device: torch.device) -> int:
+    """The CPU decode worker processes asked for (None: `jpeg.default_workers`), checked."""
+    workers = default_workers(device) if num_workers is None else num_workers
+    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 0:
+        raise ValueError(f"num_workers must be an int, 0 or more, got {workers!r}")
+    return workers
 
 
 def _check_augment(augment: Augment, path: object, sizes: tuple[int, int] | torch.Tensor) -> None:
@@ -178,30 +190,51 @@ class Loader:
                 raise ValueError(f"{self.store.path}: {type(mixer).__name__}(num_classes={mixer.num_classes}) needs "
                                  f"labels in 0..{mixer.num_classes - 1}; the store's are "
                                  f"{int(labels.min())}..{int(labels.max())} (-1: unlabelled)")
-        self.dtype = dtype if self.augment is not None else torch.uint8
+        self.output = Output(self.device, self.augment, dtype if self.augment is not None else torch.uint8,
+                             channels_last)
         prefetch = prefetch if prefetch is not None else PREFETCH if self.store.mode == "jpeg" else 3
-        self.channels_last, self.seed, self.prefetch = channels_last, seed, max(1, prefetch)
-        self.tier = tiers.materialize(self.store, self.device, cache)
-        log.info("gpufeed.Loader: tier %s (%s)", self.tier.name, self.tier.reason)
+        self.seed = seed
         if on_error not in ("skip", "raise"):
             raise ValueError(f"on_error must be 'skip' or 'raise', got {on_error!r}")
         self.on_error = on_error
         self.tuning = tuning or Tuning()
+        folder = isinstance(self.store, FolderStore)
+        self.tier = tiers.in_place(self.store.labels) if folder else tiers.materialize(self.store, self.device, cache)
+        log.info("gpufeed.Loader: tier %s (%s)", self.tier.name, self.tier.reason)
+        self.counters = Stats(self.tier.name)
+        self._production = Production(max(1, prefetch), self.counters)
         self.jpeg: JpegPipelines | None = None
         if self.store.mode == "jpeg":
-            self.jpeg = jpeg_pipelines(self, on_error, decoders, num_workers, self.tuning)
+            images = self.store if folder else PackedBytes(self.store, self.tier.images)
+            decoding = Decoding(decoders, _workers(num_workers, self.device), on_error, batch_size, self.tuning)
+            self.jpeg = jpeg_pipelines(images, self.output, decoding, self.counters)
         self._pid = os.getpid()
         self._closed = False
-        self.producers = Producers()
         _LIVE.add(self)
         self.gather = Gatherer(gather_threads or min(8, os.cpu_count() or 1))
         self.copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
-        self.counters = Stats(self.tier.name)
         self.epoch, self._batch = 0, 0
         self.restart, self._resuming = restart, False
-        self._ring: PinnedRing | None = None
+        self._host: HostGather | None = None  # the disk tier's gather, its pinned ring made at the first pass
         self._planner = Planner(self.batch_sampler, self.augment, seed, sizes)
-        self.carried: Carried | None = None  # the next epoch's first batches, made as the last one ended
+        self._fields = None if self.fields is None else FieldRequest(self.fields, self.store, self.device, on_error)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.output.dtype
+
+    @property
+    def channels_last(self) -> bool:
+        return self.output.channels_last
+
+    @property
+    def prefetch(self) -> int:
+        return self._production.prefetch
+
+    @property
+    def carried(self) -> Carried | None:
+        """The next epoch's first batches, made as the last one ended (or None)."""
+        return self._production.carried
 
     def __len__(self) -> int:
         """Batches per epoch on this rank."""
@@ -216,12 +249,13 @@ class Loader:
             return
         self._closed = True
         # the producers first, each after the batch it makes: nothing uses the decoders they stop next
-        self.producers.stop()
-        drop_carried(self)
-        finished = self.producers.join(CLOSE_WAIT)
+        producers = self._production.producers
+        producers.stop()
+        self._production.drop_carried()
+        finished = producers.join(CLOSE_WAIT)
         if self.jpeg is not None:
             self.jpeg.close()
-        if not finished and not self.producers.join(CLOSE_WAIT):
+        if not finished and not producers.join(CLOSE_WAIT):
             log.warning("gpufeed.Loader.close: a producer thread did not end within %.0f s", 2 * CLOSE_WAIT)
         self.gather.close()
         if isinstance(self.store, FolderStore):
@@ -281,14 +315,18 @@ class Loader:
         """(sample indices in yield order, augment Params or None) of batch `number` of `epoch` on this rank."""
         return self._planner.now(epoch).batch(number)
 
-    def ring(self) -> PinnedRing:
-        """The pinned host slots of the disk tier, allocated once (pinning is slow)."""
-        if self._ring is None:
-            shape = tuple(self.tier.images.shape[1:])
-            self._ring = PinnedRing(self.prefetch + 2, shape, self.batch_sampler.batch_size, pin=True)
-            if not self._ring.pinned:
-                self.counters.note("pinned memory unavailable: pageable copies")
-        return self._ring
+    def _host_gather(self) -> HostGather:
+        """The disk tier's gather (and every tier's on a CPU device): its pinned host slots allocated
+        once, at the first pass (pinning is slow)."""
+        if self._host is None:
+            ring = None
+            if self.copy_stream is not None:
+                shape = tuple(self.tier.images.shape[1:])
+                ring = PinnedRing(self.prefetch + 2, shape, self.batch_sampler.batch_size, pin=True)
+                if not ring.pinned:
+                    self.counters.note("pinned memory unavailable: pageable copies")
+            self._host = HostGather(self.tier, self.gather, ring, self.copy_stream, self.device)
+        return self._host
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor] | dict]:
         """`(images, labels)` batches (labels: soft targets with MixUp/CutMix; a dict with `fields`)
@@ -310,17 +348,15 @@ class Loader:
         if isinstance(self.store, Store):  # a file cut short under the memory map would end us in SIGBUS
             self.store.check_unchanged()
         plan = self._planner.get(epoch)
-        carried = self.carried
-        if carried is not None and (carried.epoch, carried.start) == (epoch, start):
-            self.carried = None
-        else:
-            drop_carried(self)
-            carried = None
+        carried = self._production.take_carried(epoch, start)
         if self.jpeg is not None:
-            next_plan = functools.partial(self._planner.peek, epoch + 1)
-            batches = jpeg_feed(self, plan, start, epoch, next_plan, carried)
+            next_plan = functools.partial(self._planner.peek, epoch + 1) if self.tuning.carry else None
+            batches = jpeg_feed(self.jpeg.pipelines, self._production, plan, start, epoch, next_plan, carried)
+        elif self.tier.gathers_on_device:
+            fused = self.augment is not None and self.tier.name in self.FUSED_GATHER
+            batches = device_feed(plan, start, self.tier, self.copy_stream, self.prefetch, self.counters, fused)
         else:
-            batches = (device_feed if self.tier.gathers_on_device else host_feed)(self, plan, start)
+            batches = host_feed(plan, start, self._host_gather(), self._production)
         try:
             while True:
                 self._check_usable()  # before waiting: no producer makes batches for a forked child
@@ -348,7 +384,10 @@ class Loader:
         with stage_range("gpufeed.augment", self.copy_stream is not None):
             out = self._augment(batch)
         self.counters.add("augment", time.perf_counter() - t0)
-        return out if self.fields is None else batch_dict(self, *out, batch.samples)
+        if self._fields is None:
+            return out
+        return batch_dict(self._fields, *out, batch.samples, self.counters,
+                          functools.partial(self.plan, self.epoch, self._batch))
 
     def _augment(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         if batch.final:

@@ -75,10 +75,13 @@ def _zero_copy(array: np.ndarray, device: torch.device) -> tuple[torch.Tensor, o
     return device_view(reg.ptr, array.shape, device), reg
 
 
+def in_place(labels: torch.Tensor) -> Tier:
+    """The tier of JPEGs read where they are (`loader.folder`): each batch is read from its files."""
+    return Tier("files", torch.empty(0, dtype=torch.uint8), labels, "JPEGs read in place from their files")
+
+
 def materialize(store: Store, device: torch.device, cache: str) -> Tier:
     """Build the tier `cache` asks for (or picks), degrading loudly when it cannot."""
-    if getattr(store, "read", None) is not None:  # a folder read in place: each batch read from its files
-        return Tier("files", torch.empty(0, dtype=torch.uint8), store.labels, "JPEGs read in place from their files")
     name, reason = choose(store, device, cache)
     if store.mode == "jpeg":
         return _encoded(store, device, cache, name, reason)
