@@ -28,7 +28,7 @@ class Results:
     offsets: np.ndarray
     failed: dict[int, str]
     last_done: float
-    cut: int  # images decoded whole and cut to their region (`protocol.CUT`)
+    cut: int  # images decoded whole and cut to their region (`protocol.Status.CUT`)
 
 
 class Board:
@@ -64,19 +64,20 @@ class Board:
         rows["begin"], rows["end"], rows["file"], rows["at"], rows["capacity"] = begins, ends, files, at, capacity
         rows["segment_fd"], rows["segment_id"], rows["segment_size"] = segment.fd, segment.id, segment.nbytes
         rows["reduce_to"], rows["region"] = asks.reduce_to, asks.regions
-        rows["worker"], rows["status"] = -1, protocol.PENDING
+        rows["worker"], rows["status"] = -1, protocol.Status.PENDING
 
     def results(self, start: int, n: int) -> Results:
         """Rows [start, start + n) as answered (a row never answered counts as failed)."""
         rows = self.rows[start : start + n].copy()
-        cut = rows["status"] == protocol.CUT
-        ok = (rows["status"] == protocol.DECODED) | cut
+        cut = rows["status"] == protocol.Status.CUT
+        ok = (rows["status"] == protocol.Status.DECODED) | cut
         kept = np.flatnonzero(ok)
         failed = {int(k): rows["error"][k].decode(errors="replace") or "not decoded" for k in np.flatnonzero(~ok)}
         sizes = np.stack([rows["height"][kept], rows["width"][kept]], 1).astype(np.int64)
         regions = rows["decoded_region"][kept].astype(np.int64)
         last = float(rows["done"][kept].max()) if len(kept) else 0.0
-        return Results(kept, sizes, regions, rows["at"][kept], failed, last, int(cut.sum()))
+        return Results(kept=kept, sizes=sizes, regions=regions, offsets=rows["at"][kept], failed=failed,
+                       last_done=last, cut=int(cut.sum()))
 
     def answer(self, start: int, positions: list[int], part: Decoded, asks: Asks, segment: Segment,
                done: float) -> None:

@@ -25,6 +25,7 @@ import os
 import pickle
 import struct
 from dataclasses import dataclass
+from enum import IntEnum
 
 import numpy as np
 
@@ -32,8 +33,19 @@ _HEADER = struct.Struct("<Q")
 MAX_MESSAGE = 1 << 20  # only `Ready` is framed: anything larger is a broken pipe
 ERROR_BYTES = 160  # a failed image's reason, cut to this many bytes of UTF-8
 
-# a board row's status; CUT: decoded whole and cut to the region asked (the region alone was refused: slower)
-PENDING, DECODED, FAILED, CUT = 0, 1, 2, 3
+
+
+class Status(IntEnum):
+    """A board row's state: the loader posts it PENDING; the worker that takes its ticket leaves it
+    DECODED, CUT (decoded whole and cut to the region asked: the region alone was refused, slower) or
+    FAILED (its `error` says why). A row nobody answered stays PENDING and counts as failed."""
+
+    PENDING = 0
+    DECODED = 1
+    FAILED = 2
+    CUT = 3
+
+
 NO_REGION = (-1, -1, -1, -1)  # a row's region (asked or decoded): none, the whole image
 
 BOARD = np.dtype([
@@ -46,7 +58,7 @@ BOARD = np.dtype([
     ("region", "<i4", (4,)),  # (y0, x0, y1, x1) to decode alone; all -1: the whole image
     # the worker's answer
     ("worker", "<i4"),  # the worker that took the row's ticket (-1 until one did)
-    ("status", "<i4"),  # PENDING, DECODED, CUT or FAILED
+    ("status", "<i4"),  # a `Status`
     ("height", "<i4"), ("width", "<i4"),  # as written (HWC uint8)
     ("decoded_region", "<i4", (4,)),  # the region the pixels are; all -1: the whole image, maybe DCT-reduced
     ("done", "<f8"),  # the worker's perf_counter when it finished the image (CLOCK_MONOTONIC: one clock)
@@ -104,7 +116,7 @@ def decoded(row: np.ndarray, height: int, width: int, region, done: float, cut: 
     to `region`."""
     row["height"], row["width"], row["done"] = height, width, done
     row["decoded_region"] = region if region is not None else NO_REGION
-    row["status"] = CUT if cut else DECODED
+    row["status"] = Status.CUT if cut else Status.DECODED
 
 
 def answer(row: np.ndarray, pixels: np.ndarray, image: np.ndarray, region, done: float, cut: bool = False) -> None:
@@ -123,7 +135,7 @@ def answer(row: np.ndarray, pixels: np.ndarray, image: np.ndarray, region, done:
 def failed(row: np.ndarray, why: str) -> None:
     """Complete board row `row`: its image failed, for `why` (UTF-8, cut short on a character boundary)."""
     row["error"] = why.encode()[:ERROR_BYTES].decode(errors="ignore").encode()
-    row["status"] = FAILED
+    row["status"] = Status.FAILED
 
 
 class FileTable:

@@ -32,7 +32,7 @@ from gpufeed.decode.choice import DEFAULT, gpu_decoders, warn_once
 from gpufeed.decode.cpu import CpuDecoder, roi_available, roi_cost
 from gpufeed.decode.protocol import NO_REGION
 from gpufeed.decode.shares import Asks, GpuShare, GpuShares, Pace, Started, crop_regions, reduce_to
-from gpufeed.decode.steering import Steering
+from gpufeed.decode.steering import Measured, Steering
 from gpufeed.decode.tuning import Tuning
 
 
@@ -109,61 +109,74 @@ class Scheduler:
         if self.gpu and self.tuning.gpu_early and starts[-2] > 0:
             self._early = self._early or ThreadPoolExecutor(1, thread_name_prefix="gpufeed-gpushare")
             gpu_job = self._early.submit(self._decode_gpu, batch, shapes, order, starts)
-        return Started(batch, shapes, boxes, out_hw, order, starts, regions, cost, asks, job, submitted, gpu_job)
+        return Started(batch=batch, shapes=shapes, boxes=boxes, out_hw=out_hw, order=order, starts=starts,
+                       regions=regions, cost=cost, cpu_asks=asks, cpu_job=job, submitted=submitted, gpu_job=gpu_job)
 
     def finish(self, started: Started, pin: bool) -> tuple[list[tuple[Decoded, np.ndarray]], dict[int, str]]:
         """Wait for the GPU decoders' shares of a started batch (decode them now if they were not started)
-        and collect the CPU's: ([(part, batch positions of its images)], {position: reason it failed})."""
-        batch, shapes, boxes, starts = started.batch, started.shapes, started.boxes, started.starts
+        and collect the CPU's: ([(part, batch positions of its images)], {position: reason it failed}).
+        What it measured goes to the steering and the counters (`_account`)."""
         t0 = time.perf_counter()
-        if started.gpu_job is not None:
-            gpu = started.gpu_job.result()
-        elif starts[-2] > 0:
-            gpu = self._decode_gpu(batch, shapes, started.order, starts)
-        else:  # the CPU has the whole batch
-            gpu = GpuShares([], 0.0)
+        gpu = self._gpu_shares(started)
         t_cpu = time.perf_counter()
-        self.steering.gpu_wait += t_cpu - t0
-        self.seconds["gpu_wait"] += t_cpu - t0  # the caller's wait for the GPU shares
         parts, failed, retry = [], {}, []
         for share in gpu.shares:
-            dec, pos, part = share.decoder, share.positions, share.part
-            self.seconds[dec.name] += share.seconds
-            self.steering.measured(dec.name, len(pos) - len(part.failed), share.seconds)
-            self.counts[dec.name] += len(pos) - len(part.failed)
+            pos, part = share.positions, share.part
             parts.append((part, pos[part.kept(len(pos))]))
-            retry += [(int(pos[k]), f"{dec.name}: {why}") for k, why in part.failed.items()]
-        self.seconds["gpu"] += gpu.seconds
-        if gpu.shares:
-            self.steering.gpu_done(starts[-2] - len(retry), gpu.seconds)
+            retry += [(int(pos[k]), f"{share.decoder.name}: {why}") for k, why in part.failed.items()]
         if retry:  # rejected by a GPU decoder: the CPU decodes them instead
-            self.counts["cpu_fallback"] += len(retry)
-            again = np.array([p for p, _ in retry])
-            asks = self._asks(again, shapes, boxes, started.out_hw, started.regions, started.cost)
-            extra = self.cpu.collect(self.cpu.submit(batch.take(again), shapes[again], asks), self.device, pin)
-            self._decoded_whole(asks, extra, len(again))
-            parts.append((extra, again[extra.kept(len(retry))]))
+            extra, again = self._on_the_cpu([p for p, _ in retry], started, pin)
+            parts.append((extra, again[extra.kept(len(again))]))
             failed.update({retry[i][0]: f"{retry[i][1]}; cpu: {why}" for i, why in extra.failed.items()})
         cpu_pos = started.cpu_pos
         t_wait = time.perf_counter()
         cpu_part = self.cpu.collect(started.cpu_job, self.device, pin)
-        waited = time.perf_counter() - t_wait
-        self.steering.cpu_wait += waited
-        self.seconds["cpu_wait"] += waited
+        cpu_wait = time.perf_counter() - t_wait
         self._decoded_whole(started.cpu_asks, cpu_part, len(cpu_pos))
-        if len(cpu_pos):
-            begun = max(started.submitted, self._cpu_free)
-            # the rate of a thread or worker while it decodes: the share's images over its own seconds
-            self.steering.measured("cpu", len(cpu_pos), self.cpu.last_busy)
-            self.seconds["cpu_threads"] += max(0.0, self.cpu.last_done - begun)
-            self.seconds["cpu_submitted_to_done"] += max(0.0, self.cpu.last_done - started.submitted)
-            self._cpu_free = self.cpu.last_done
         parts.append((cpu_part, cpu_pos[cpu_part.kept(len(cpu_pos))]))
         failed.update({int(cpu_pos[i]): why for i, why in cpu_part.failed.items()})
-        self.counts["cpu"] += len(cpu_pos) - len(cpu_part.failed)
-        self.counts["failed"] += len(failed)
-        self.seconds["cpu"] += time.perf_counter() - t_cpu
+        self._account(Measured(gpu=gpu, gpu_wait=t_cpu - t0, retried=len(retry), cpu_images=len(cpu_pos),
+                               cpu_failed=len(cpu_part.failed), cpu_wait=cpu_wait, cpu_busy=self.cpu.last_busy,
+                               cpu_done=self.cpu.last_done, submitted=started.submitted, failed=len(failed),
+                               cpu_seconds=time.perf_counter() - t_cpu, gpu_images=int(started.starts[-2])))
         return parts, failed
+
+    def _gpu_shares(self, started: Started) -> GpuShares:
+        """The GPU decoders' shares of a started batch: decoded on the helper thread, or now."""
+        if started.gpu_job is not None:
+            return started.gpu_job.result()
+        if started.starts[-2] > 0:
+            return self._decode_gpu(started.batch, started.shapes, started.order, started.starts)
+        return GpuShares(shares=[], seconds=0.0)  # the CPU has the whole batch
+
+    def _on_the_cpu(self, positions: list[int], started: Started, pin: bool) -> tuple[Decoded, np.ndarray]:
+        """Images a GPU decoder rejected, decoded by the CPU decoder now: (the part, their positions)."""
+        again = np.array(positions)
+        asks = self._asks(again, started.shapes, started.boxes, started.out_hw, started.regions, started.cost)
+        extra = self.cpu.collect(self.cpu.submit(started.batch.take(again), started.shapes[again], asks),
+                                 self.device, pin)
+        self._decoded_whole(asks, extra, len(again))
+        return extra, again
+
+    def _account(self, m: Measured) -> None:
+        """What finishing a batch measured, into the steering (`Steering.observe`) and the counters."""
+        self.steering.observe(m)
+        self.seconds["gpu_wait"] += m.gpu_wait  # the caller's wait for the GPU shares
+        for share in m.gpu.shares:
+            self.seconds[share.decoder.name] += share.seconds
+            self.counts[share.decoder.name] += len(share.positions) - len(share.part.failed)
+        self.seconds["gpu"] += m.gpu.seconds
+        if m.retried:
+            self.counts["cpu_fallback"] += m.retried
+        self.seconds["cpu_wait"] += m.cpu_wait
+        if m.cpu_images:
+            begun = max(m.submitted, self._cpu_free)
+            self.seconds["cpu_threads"] += max(0.0, m.cpu_done - begun)
+            self.seconds["cpu_submitted_to_done"] += max(0.0, m.cpu_done - m.submitted)
+            self._cpu_free = m.cpu_done
+        self.counts["cpu"] += m.cpu_images - m.cpu_failed
+        self.counts["failed"] += m.failed
+        self.seconds["cpu"] += m.cpu_seconds
 
     def drop(self, started: Started) -> None:
         """Let go of a started batch that will not be finished (its shares decoded and discarded). An
@@ -203,7 +216,8 @@ class Scheduler:
         with self._gpu_turn:
             jobs = self._gpu_decodes(batch, shapes, order, starts)
             done = [(dec, pos, job.result() if isinstance(job, Future) else job) for dec, pos, job in jobs]
-        return GpuShares([GpuShare(dec, pos, part, sec) for dec, pos, (part, sec) in done], time.perf_counter() - t0)
+        shares = [GpuShare(decoder=dec, positions=pos, part=part, seconds=sec) for dec, pos, (part, sec) in done]
+        return GpuShares(shares=shares, seconds=time.perf_counter() - t0)
 
     def _gpu_decodes(self, batch: Encoded, shapes: np.ndarray, order: np.ndarray, starts: np.ndarray) -> list:
         """Start each GPU decoder on its share: [(decoder, batch positions, (part, seconds) or a future)];

@@ -19,14 +19,33 @@ or worker, and every CPU share holds an image per ready one at least, so a rate 
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 
 import numpy as np
 
 from gpufeed.decode.choice import START_RATES
-from gpufeed.decode.shares import Pace
+from gpufeed.decode.shares import GpuShares, Pace
 from gpufeed.decode.tuning import Tuning
 
 CPU_START_RATE = 300.0  # images/s per thread or worker, until one was measured
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What finishing one batch measured (`Scheduler.finish`): what the steering and the counters learn."""
+
+    gpu: GpuShares  # the GPU decoders' shares, each with its own seconds, and the seconds until the last was done
+    gpu_images: int  # images the GPU decoders were given
+    gpu_wait: float  # the producer's wait for them
+    retried: int  # of them, rejected by a GPU decoder and decoded by the CPU instead
+    cpu_images: int  # the CPU's share
+    cpu_failed: int
+    cpu_wait: float  # the producer's wait for it
+    cpu_busy: float  # the seconds the CPU decoder spent on its share's images (its own, not the pool's)
+    cpu_done: float  # when its last image finished (a perf_counter)
+    submitted: float  # when the share was handed to it
+    failed: int  # images no decoder could decode
+    cpu_seconds: float  # the producer's seconds from the GPU shares' arrival to the end
 
 
 class Steering:
@@ -94,6 +113,18 @@ class Steering:
         part for which the CPU and the GPU decoders finish together."""
         need = 1.0 - self.tuning.cpu_load * self.rates["cpu"] * threads * self.step / n
         return 0.0 if need < self.tuning.gpu_min else min(need, self.together(threads))
+
+    def observe(self, m: Measured) -> None:
+        """Learn from a finished batch: each decoder's rate, the GPU decoders' rate together, and the
+        producer's waits for each side (which `steer` weighs, then clears)."""
+        for share in m.gpu.shares:
+            self.measured(share.decoder.name, len(share.positions) - len(share.part.failed), share.seconds)
+        if m.gpu.shares:
+            self.gpu_done(m.gpu_images - m.retried, m.gpu.seconds)
+        if m.cpu_images:  # the rate of a thread or worker while it decodes: the share's images over its own seconds
+            self.measured("cpu", m.cpu_images, m.cpu_busy)
+        self.gpu_wait += m.gpu_wait
+        self.cpu_wait += m.cpu_wait
 
     def measured(self, name: str, images: float, seconds: float) -> None:
         """Fold one measurement into `rates[name]`: images and seconds are averaged apart (exponentially)

@@ -70,8 +70,9 @@ class DecodeWorkers:
         self._board = Board(files=files)
         self._base, self._nbytes = (0, 0) if data is None else (data.ctypes.data, data.nbytes)
         store = ("", 0) if data is None else (str(data.filename), int(data.offset))
-        setup = protocol.WorkerSetup(*store, self._nbytes, os.getpid(), 0, self._board.fd, self._board.size, -1, -1,
-                                     self._board.files_fd, self._board.files_size)
+        setup = protocol.WorkerSetup(store=store[0], offset=store[1], nbytes=self._nbytes, parent=os.getpid(), index=0,
+                                     board_fd=self._board.fd, board_rows=self._board.size, tickets_fd=-1, done_fd=-1,
+                                     files_fd=self._board.files_fd, files_size=self._board.files_size)
         self._relay = Relay(setup, workers, [self._board])
         self._staging = PinnedStaging(alloc=self._segment)  # the pixels' segments
         self._jobs: dict[int, Job] = {}  # by first row
@@ -177,8 +178,8 @@ class DecodeWorkers:
             share = next(self._shares) % (1 << 32)
             tickets["row"], tickets["count"], tickets["share"], tickets["spare"] = (
                 firsts, np.minimum(size, start + n - firsts), share, 0)
-            job = Job(start, share, segment, batch, asks, {},
-                      dict(zip(firsts.tolist(), tickets["count"].tolist())))
+            job = Job(start=start, share=share, segment=segment, batch=batch, asks=asks, sequence={},
+                      pending=dict(zip(firsts.tolist(), tickets["count"].tolist())))
             self._jobs[start] = job
             self._tickets.update(dict.fromkeys(job.pending, job))
             first = self._relay.send(tickets)

@@ -76,7 +76,7 @@ class Stats:
             return None, now
         taken = now.taken - last.taken
         step = (now.own - last.own) / taken if taken else None
-        return Pace(now.waited - last.waited, now.at - last.at, step), now
+        return Pace(starved=now.waited - last.waited, interval=now.at - last.at, step=step), now
 
     def count(self, images: int) -> None:
         with self._lock:
