@@ -49,7 +49,7 @@ def from_centre(m: torch.Tensor, height: int, width: int) -> torch.Tensor:
     return shift @ m @ back
 
 
-def _mode(interpolation: object) -> str:
+def interpolation_mode(interpolation: object) -> str:
     """torchvision's InterpolationMode or its name."""
     return str(getattr(interpolation, "value", interpolation))
 
@@ -63,7 +63,7 @@ class _Turn:
         if self.center is not None:
             for c in checks.sequence(self.center, op, "center", (2,)):
                 checks.number(c, op, "center")
-        Resampling(_mode(self.interpolation))
+        Resampling(interpolation_mode(self.interpolation))
         checks.fill(self.fill, op)
 
     def __call__(self, view: View, g: torch.Generator) -> View:
@@ -75,7 +75,7 @@ class _Turn:
         else:
             cx, cy = zero + float(self.center[0]) - view.width / 2, zero + float(self.center[1]) - view.height / 2
         m = self._matrix(view, angle, cx, cy, g)
-        resampling = Resampling(_mode(self.interpolation), fill_tuple(self.fill))
+        resampling = Resampling(interpolation_mode(self.interpolation), fill_tuple(self.fill))
         return view.then(from_centre(m, view.height, view.width), view.height, view.width, resampling, fills=True)
 
 

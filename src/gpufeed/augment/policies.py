@@ -16,7 +16,7 @@ from typing import Sequence
 import torch
 
 from gpufeed.augment import checks, colour
-from gpufeed.augment.affine import Filled, _mode, from_centre, inverse_affine
+from gpufeed.augment.affine import Filled, from_centre, interpolation_mode, inverse_affine
 from gpufeed.augment.view import Resampling, View, fill_tuple
 
 OPS = ("Identity", "ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate", "Brightness", "Color", "Contrast",
@@ -63,7 +63,7 @@ class _Policy:
     def _check(self, bins: int | None = None) -> None:
         """The warp settings, and num_magnitude_bins (2 at least: the magnitudes step by 1 / (bins - 1))."""
         op = type(self).__name__
-        Resampling(_mode(self.interpolation))
+        Resampling(interpolation_mode(self.interpolation))
         checks.fill(self.fill, op)
         if bins is not None:
             checks.integer(bins, op, "num_magnitude_bins", 2, "at least 2")
@@ -81,7 +81,7 @@ class _Policy:
         flip = torch.rand(n, self.slots, generator=g) <= 0.5
         signed = torch.tensor([k in SIGNED for k in range(len(OPS))])[ops]
         mags = torch.where(signed & flip, -mags, mags)
-        resampling = Resampling(_mode(self.interpolation), fill_tuple(self.fill))
+        resampling = Resampling(interpolation_mode(self.interpolation), fill_tuple(self.fill))
         geometric = torch.tensor([k in GEOMETRIC for k in range(len(OPS))])[ops]
         for k in range(self.slots):
             if bool(geometric[:, k].any()):

@@ -32,7 +32,7 @@ from gpufeed.loader.feeds import HostGather, device_feed, host_feed
 from gpufeed.loader.fields import FieldRequest, batch_dict
 from gpufeed.loader.jpeg import PREFETCH, JpegPipelines, default_workers, jpeg_feed, jpeg_pipelines
 from gpufeed.loader.producer import CLOSE_WAIT, Carried, Production
-from gpufeed.loader.settings import Decoding, Output
+from gpufeed.loader.settings import Decoding, Output, resolve_device
 from gpufeed.loader.planner import Planner
 from gpufeed.loader.sampler import ShardedBatchSampler, resolve_rank
 from gpufeed.loader.stats import Stats, stage_range
@@ -41,21 +41,6 @@ from gpufeed.transfer.gather import Gatherer
 from gpufeed.transfer.ring import PinnedRing
 
 log = logging.getLogger(__name__)
-
-
-def _device(device: str | torch.device) -> torch.device:
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError) as e:
-        raise ValueError(f"device {device!r} is not a valid torch device ({e})") from None
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"device {device!r} asked for, but CUDA is not available here (a CPU-only torch or "
-                             "no NVIDIA driver; `gpufeed doctor` says which): pass device=\"cpu\" to run on the CPU")
-        dev = torch.device("cuda", torch.cuda.current_device() if dev.index is None else dev.index)
-    elif dev.type != "cpu":
-        raise ValueError(f"device {device!r}: gpufeed runs on 'cuda' or 'cpu'")
-    return dev
 
 
 # every Loader of this process that may have threads running: closed at the interpreter's exit, before
@@ -175,7 +160,7 @@ class Loader:
         if self.store.mode == "jpeg" and not augment:
             raise ValueError(f"{self.store.path}: a jpeg store holds images of different sizes; give augment ops "
                              "that end in a fixed size, e.g. [RandomResizedCrop(224), Normalize()]")
-        self.device = _device(device)
+        self.device = resolve_device(device)
         self.rank, self.world_size = resolve_rank(rank, world_size)
         self.batch_sampler = ShardedBatchSampler(len(self.store), batch_size, shuffle=shuffle, seed=seed, rank=self.rank,
                                            world_size=self.world_size, drop_last=drop_last, pad=pad)

@@ -37,3 +37,19 @@ class Decoding:
     on_error: str
     batch_size: int
     tuning: Tuning
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """`device` as a torch.device, with the current CUDA device's index; ValueError where it can't be used."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"device {device!r} is not a valid torch device ({e})") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {device!r} asked for, but CUDA is not available here (a CPU-only torch or "
+                             "no NVIDIA driver; `gpufeed doctor` says which): pass device=\"cpu\" to run on the CPU")
+        dev = torch.device("cuda", torch.cuda.current_device() if dev.index is None else dev.index)
+    elif dev.type != "cpu":
+        raise ValueError(f"device {device!r}: gpufeed runs on 'cuda' or 'cpu'")
+    return dev

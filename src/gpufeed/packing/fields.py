@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from gpufeed.packing.sinks import Appended, _write_array
+from gpufeed.packing.sinks import Appended, write_array
 from gpufeed.store import format as fmt
 from gpufeed.store.writer import HashingWriter
 
@@ -261,7 +261,7 @@ class FieldsSink:
                 values = self.numbers[name]
                 whole = all(isinstance(v, int) for v in values)
                 specs[name] = {"kind": "int" if whole else "float"}
-                files[path.name] = _write_array(path, np.asarray(values, dtype="<i8" if whole else "<f8"))
+                files[path.name] = write_array(path, np.asarray(values, dtype="<i8" if whole else "<f8"))
             elif kind == "array":
                 dtype, shape = self.arrays[name]
                 specs[name] = {"kind": "array", "dtype": dtype.str, "shape": list(shape)}

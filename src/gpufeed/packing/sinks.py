@@ -12,7 +12,7 @@ from gpufeed.store import format as fmt
 from gpufeed.store.writer import HashingWriter, file_digest
 
 
-def _write_array(path: Path, values: np.ndarray) -> dict[str, object]:
+def write_array(path: Path, values: np.ndarray) -> dict[str, object]:
     w = HashingWriter(path)
     w.write(np.ascontiguousarray(values))
     return w.close()
@@ -34,7 +34,7 @@ class Appended:
     def finish(self) -> dict[str, dict[str, object]]:
         data_name, offsets_name = self.names
         return {data_name: self.data.close(),
-                offsets_name: _write_array(self.work / offsets_name, np.asarray(self.offsets, dtype="<i8"))}
+                offsets_name: write_array(self.work / offsets_name, np.asarray(self.offsets, dtype="<i8"))}
 
 
 def _sources(work: Path) -> Appended:
@@ -78,7 +78,7 @@ class RawSink:
         self.sources.add(fmt.encode_source(source))
 
     def finish(self) -> dict[str, dict[str, object]]:
-        files = {fmt.LABELS: _write_array(self.work / fmt.LABELS, np.asarray(self.labels, dtype="<i8")),
+        files = {fmt.LABELS: write_array(self.work / fmt.LABELS, np.asarray(self.labels, dtype="<i8")),
                  **self.sources.finish()}
         if self._fd is not None:
             os.close(self._fd)
@@ -131,7 +131,7 @@ class JpegSink:
         w = self.work
         return {
             **self.encoded.finish(),
-            fmt.JPEG_SHAPES: _write_array(w / fmt.JPEG_SHAPES, np.asarray(self.shapes, dtype="<i4")),
-            fmt.LABELS: _write_array(w / fmt.LABELS, np.asarray(self.labels, dtype="<i8")),
+            fmt.JPEG_SHAPES: write_array(w / fmt.JPEG_SHAPES, np.asarray(self.shapes, dtype="<i4")),
+            fmt.LABELS: write_array(w / fmt.LABELS, np.asarray(self.labels, dtype="<i8")),
             **self.sources.finish(),
         }

@@ -13,7 +13,7 @@ import ray.data
 import torch
 
 from gpufeed.augment.pipeline import Augment
-from gpufeed.loader.loader import _device
+from gpufeed.loader.settings import resolve_device
 from gpufeed.loader.stats import Stats, stage_range
 from gpufeed.ray.remote import fixed_size
 from gpufeed.store.reader import as_tensor
@@ -40,7 +40,7 @@ class RayLoader:
                 raise TypeError("size= needs a ray.data.Dataset; fit a DataIterator's dataset before splitting it")
             dataset = fixed_size(dataset, size, image_column=image_column)
         self.dataset, self.batch_size, self.drop_last = dataset, batch_size, drop_last
-        self.device = _device(device)
+        self.device = resolve_device(device)
         self.augment = Augment(augment) if augment is not None else None
         self.dtype = dtype if self.augment is not None else torch.uint8
         self.channels_last, self.seed, self.prefetch = channels_last, seed, max(1, prefetch)
