@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 
@@ -34,6 +35,14 @@ def jpeg_bytes(array: np.ndarray, **kw) -> bytes:
     buf = io.BytesIO()
     Image.fromarray(array).save(buf, format="JPEG", **kw)
     return buf.getvalue()
+
+
+def decoded(data) -> torch.Tensor:
+    """CHW uint8 RGB pixels of the encoded image `data` (bytes, array or tensor) as Pillow decodes them:
+    the reference for gpufeed's CPU decoders (libjpeg-turbo all, so the same pixels)."""
+    raw = data.numpy() if isinstance(data, torch.Tensor) else data
+    rgb = np.asarray(Image.open(io.BytesIO(raw)).convert("RGB"))
+    return torch.from_numpy(rgb.transpose(2, 0, 1).copy())
 
 
 def claiming(jpeg: bytes, height: int, width: int) -> bytes:

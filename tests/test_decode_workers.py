@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import gpufeed
-from conftest import jpeg_bytes, save, smooth
+from conftest import decoded, jpeg_bytes, save, smooth
 from gpufeed.augment import Normalize, RandomResizedCrop
 from gpufeed.decode import Scheduler, protocol
 from gpufeed.decode.base import Encoded, WorkersStopped
@@ -29,7 +29,6 @@ from gpufeed.decode.board import Board
 from gpufeed.decode.jobs import Job
 from gpufeed.loader import tiers
 from gpufeed.store.reader import as_tensor
-from torchvision.io import decode_jpeg as torchvision_decode
 
 CPU = torch.device("cpu")
 
@@ -53,9 +52,9 @@ def _images(part):
             for (h, w), s, o in zip(part.sizes.tolist(), part.strides.tolist(), part.offsets.tolist())]
 
 
-def _same_as_torchvision(got, batch, shapes) -> None:
+def _same_as_pillow(got, batch, shapes) -> None:
     assert np.array_equal(got.sizes, shapes)
-    assert all(torch.equal(image, torchvision_decode(d)) for image, d in zip(_images(got), batch.tensors()))
+    assert all(torch.equal(image, decoded(d)) for image, d in zip(_images(got), batch.tensors()))
 
 
 def _fds() -> int:
@@ -100,7 +99,7 @@ def test_cpu_decoders_leave_hwc_pixels_as_libjpeg_wrote_them(store, pool):
             w = got.sizes[:, 1]
             assert got.strides.tolist() == np.stack([np.ones_like(w), 3 * w, np.full_like(w, 3)], 1).tolist()
             assert np.array_equal(np.diff(got.offsets), (got.sizes[:, 0] * w * 3)[:-1])  # back to back
-            _same_as_torchvision(got, datas, shapes)
+            _same_as_pillow(got, datas, shapes)
     finally:
         threads.close()
 
@@ -117,8 +116,8 @@ def test_jobs_collected_out_of_order_get_their_own_images(store, pool):
     got_b = pool.collect(b, CPU, pin=False)
     busy_b = pool.last_busy
     got_a = pool.collect(a, CPU, pin=False)
-    _same_as_torchvision(got_a, *first)
-    _same_as_torchvision(got_b, *second)
+    _same_as_pillow(got_a, *first)
+    _same_as_pillow(got_b, *second)
     # each collect's decoding seconds are its own job's (the scheduler's CPU rate), not all the pool's
     assert 0 < busy_b < pool.busy_seconds and 0 < pool.last_busy < pool.busy_seconds
     assert busy_b + pool.last_busy == pytest.approx(pool.busy_seconds, rel=1e-5)
@@ -137,7 +136,7 @@ def test_two_pipelines_share_the_pool_at_once(store, pool):
         try:
             for _ in range(5):
                 inputs = _inputs(store, idx)
-                _same_as_torchvision(pool.collect(pool.submit(*inputs), CPU, pin=False), *inputs)
+                _same_as_pillow(pool.collect(pool.submit(*inputs), CPU, pin=False), *inputs)
         except BaseException as e:  # reported by the test's thread
             failures.append(e)
 
@@ -240,7 +239,7 @@ def test_workers_write_only_what_was_asked_back_to_back(store, pool, tmp_path):
         assert part.failed == {} and part.regions[:2].tolist() == asks.regions[:2].tolist()
         assert part.sizes.tolist() == [[20, 33], [27, 46], [20, 30]]  # 40x60 to 30x20: halved
         assert part.base.numel() == int(asks.nbytes(shapes).sum()) == (20 * 33 + 27 * 46 + 20 * 30) * 3
-        whole = [torchvision_decode(batch.tensors()[0]).permute(1, 2, 0), torch.from_numpy(smooth(7, 40, 60))]
+        whole = [decoded(batch.tensors()[0]).permute(1, 2, 0), torch.from_numpy(smooth(7, 40, 60))]
         got = [part.base[o : o + h * w * 3].view(h, w, 3) for o, (h, w) in zip(part.offsets.tolist(),
                                                                               part.sizes.tolist())]
         assert torch.equal(got[0], whole[0][5:25, 7:40]) and torch.equal(got[1], whole[1][3:30, 4:50])
@@ -320,7 +319,7 @@ def test_a_job_given_a_worker_already_known_dead_is_decoded_on_threads(store, mo
         collect.start()
         collect.join(30)
         assert not collect.is_alive(), "a chunk given a dead worker was waited for"
-        _same_as_torchvision(got[0], *inputs)
+        _same_as_pillow(got[0], *inputs)
     finally:
         workers.close()
 
@@ -340,9 +339,9 @@ def test_two_jobs_on_dead_workers_are_decoded_on_threads(store, caplog):
             third = _inputs(store, [1, 2])
             got_c = workers.collect(workers.submit(*third), CPU, pin=False)
         assert caplog.text.count("stopped") == 2 and caplog.text.count("no JPEG decode worker is left") == 1
-        _same_as_torchvision(got_a, *first)
-        _same_as_torchvision(got_b, *second)
-        _same_as_torchvision(got_c, *third)
+        _same_as_pillow(got_a, *first)
+        _same_as_pillow(got_b, *second)
+        _same_as_pillow(got_c, *third)
         # the doctor's rate counts what threads decoded for the dead workers, as `busy_seconds` times it
         assert workers.decoded == 6 + 2 + 2 and workers.rate == pytest.approx(10 / workers.busy_seconds)
     finally:
@@ -502,7 +501,7 @@ def test_a_late_answer_for_rows_now_another_shares_is_ignored(store, pool):
     late["row"], late["count"], late["share"] = a.start, 4, a.share
     pool._answered(late)  # nobody polled since b was submitted: all of b's tickets are pending
     assert b.start in b.pending and len(b.pending) == len(b.sequence)
-    _same_as_torchvision(pool.collect(b, CPU, pin=False), *second)
+    _same_as_pillow(pool.collect(b, CPU, pin=False), *second)
 
 
 def test_a_ticket_read_but_never_taken_is_decoded_on_threads(store, caplog):
@@ -524,7 +523,7 @@ def test_a_ticket_read_but_never_taken_is_decoded_on_threads(store, caplog):
             collect.join(30)
         assert not collect.is_alive(), "a ticket nobody holds was waited for"
         assert "stopped" in caplog.text
-        _same_as_torchvision(got[0], *inputs)
+        _same_as_pillow(got[0], *inputs)
     finally:
         workers.close()
 

@@ -9,12 +9,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from torchvision.io import decode_jpeg
 from torchvision.ops import roi_align
 
 import gpufeed
 from gpufeed.decode.tuning import Tuning
-from conftest import jpeg_bytes, save, smooth
+from conftest import decoded, jpeg_bytes, save, smooth
 from gpufeed.augment import Normalize, RandomHorizontalFlip, RandomResizedCrop
 from gpufeed.decode import choice, cpu, scheduler, shares
 from gpufeed.decode.base import Decoded, Encoded, in_place, into_pixels
@@ -32,7 +31,7 @@ def _jpeg(h: int = 90, w: int = 120) -> torch.Tensor:
 @pytest.mark.parametrize("region", [(0, 0, 8, 8), (13, 27, 71, 101), (40, 3, 90, 120), (1, 1, 89, 119)])
 def test_a_region_is_the_crop_of_the_whole_decode(region):
     data = _jpeg()
-    whole = decode_jpeg(data).permute(1, 2, 0)
+    whole = decoded(data).permute(1, 2, 0)
     pixels, got, _ = cpu.decode_one(data, None, region)
     assert got == region and pixels.is_contiguous()
     assert torch.equal(pixels, whole[region[0] : region[2], region[1] : region[3]])
@@ -45,7 +44,7 @@ def test_a_region_that_cannot_be_decoded_alone_is_decoded_whole(monkeypatch, tmp
     monkeypatch.setattr(cpu, "_region", refuse)
     data = _jpeg()
     pixels, region, _ = cpu.decode_one(data, None, (0, 0, 8, 8))
-    assert region is None and torch.equal(pixels, decode_jpeg(data).permute(1, 2, 0))
+    assert region is None and torch.equal(pixels, decoded(data).permute(1, 2, 0))
     png = torch.frombuffer(bytearray(save(tmp_path / "x.png", smooth(0, 20, 30)).read_bytes()), dtype=torch.uint8)
     pixels, region, _ = cpu.decode_one(png, None, (0, 0, 8, 8))  # not a JPEG at all: Pillow, whole
     assert region is None and pixels.shape == (20, 30, 3)
@@ -297,7 +296,7 @@ def test_the_cpu_rate_leaves_out_the_images_a_gpu_decoder_rejected(monkeypatch):
     batch, shapes, boxes = _four_jpegs()
 
     def rejecting(self, dec, part_batch, part_shapes, stream):  # a GPU decoder refusing its first image
-        images = [decode_jpeg(d) for d in part_batch.tensors()]
+        images = [decoded(d) for d in part_batch.tensors()]
         return in_place(images[1:], {0: "CMYK"}), 0.01
 
     monkeypatch.setattr(scheduler.Scheduler, "_timed", rejecting)

@@ -20,7 +20,7 @@ from gpufeed.decode.base import Encoded, hwc_strides
 from gpufeed.decode.cpu import roi_available, roi_cost
 from gpufeed.decode.shares import crop_regions
 from gpufeed.store.reader import as_tensor
-from gpufeed.synth import make_image_folder
+from gpufeed.synth import encode_jpegs, make_image_folder
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 OPS = [RandomResizedCrop(64, scale=(0.2, 1)), RandomHorizontalFlip(), Normalize()]
@@ -216,11 +216,9 @@ def test_a_folder_read_in_place_on_the_gpu_gives_its_stores_batches(store):
 
 def _encoded(sizes, gen, bad=()):
     """Random-pixel JPEGs of `sizes` as a batch; positions in `bad` are bytes no decoder reads."""
-    from torchvision.io import encode_jpeg
-
     return Encoded.joined([b"\xff\xd8 not a jpeg" if k in bad else
-                           encode_jpeg(torch.randint(0, 256, (3, h, w), dtype=torch.uint8, generator=gen),
-                                       quality=90).numpy() for k, (h, w) in enumerate(sizes)])
+                           encode_jpegs([torch.randint(0, 256, (h, w, 3), dtype=torch.uint8, generator=gen).numpy()],
+                                        quality=90)[0] for k, (h, w) in enumerate(sizes)])
 
 
 @pytest.mark.skipif(not importlib.util.find_spec("nvidia.nvimgcodec"), reason="needs nvImageCodec")

@@ -9,75 +9,85 @@ from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 import numpy as np
 import torch
 from PIL import Image
-from torchvision.io import ImageReadMode, decode_jpeg
 
 from gpufeed.bench.common import Context, Figure, measure
+from gpufeed.decode import cpu, pixels
 from gpufeed.decode.base import Encoded
 from gpufeed.synth import encode_jpegs, natural_images
 
 QUALITIES = (95, 90, 75, 50)
+LIBJPEG = "nvImageCodec CPU (libjpeg-turbo)"
 
 
 def _pil(data: bytes) -> None:
     np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
 
 
-def _torchvision(data: torch.Tensor) -> None:
-    decode_jpeg(data, mode=ImageReadMode.RGB)
+def _libjpeg(data: np.ndarray) -> None:
+    pixels.whole(data)  # what `decode.cpu`'s threads decode whole JPEGs with
 
 
-def _gpu_decoders(ctx: Context) -> dict:
-    """name -> decode(Encoded batch) on the GPU."""
+def _gpu_decoders(ctx: Context) -> tuple[dict, list[str]]:
+    """(name -> decode(Encoded batch) on the GPU, why any is not measured)."""
     if not ctx.cuda:
-        return {}
-    found = {"torchvision decode_jpeg on cuda (batched)": lambda b: decode_jpeg(b.tensors(), mode=ImageReadMode.RGB,
-                                                                                device="cuda")}
+        return {}, []
+    from gpufeed.decode import nvjpeg
     from gpufeed.decode.nvimgcodec import NvImgCodecDecoder  # its nvImageCodec import waits for the constructor
 
+    device = torch.device("cuda", torch.cuda.current_device())
+    found, missing = {}, []
+    try:
+        found["nvJPEG batched (torchvision)"] = nvjpeg.NvJpegDecoder(device).decode
+    except ImportError as e:
+        missing.append(str(e))
     labels = {"hw": "hardware engines (nvImageCodec)", "cuda": "CUDA hybrid (nvImageCodec)"}
     for name, label in labels.items():
         try:
-            found[label] = NvImgCodecDecoder(torch.device("cuda", torch.cuda.current_device()), name).decode
-        except Exception:  # not installed or no engines: the figure's note says so
-            pass
-    return found
+            found[label] = NvImgCodecDecoder(device, name).decode
+        except Exception:  # not installed or no engines
+            missing.append(f"{label}: not installed or unavailable")
+    return found, missing
 
 
 def run(ctx: Context) -> list[Figure]:
     count = 16 if ctx.quick else 64
     images = natural_images(count)
     cores = os.cpu_count() or 1
-    gpu = _gpu_decoders(ctx)
+    gpu, missing = _gpu_decoders(ctx)
+    if not cpu.whole_by_nvimgcodec():
+        missing.append(f"{LIBJPEG}: nvImageCodec not installed or unavailable")
     quality = Figure("decode_quality", "JPEG quality vs file size vs decode time (500×375)",
                      "mean file size (KB), quality 50 → 95", "decode time per image (ms)")
     speed = Figure("decode_throughput", f"JPEG decode throughput (500×375, quality 90, {cores} cores)",
                    "decoder", "images/s", kind="bar")
-    if ctx.cuda and len(gpu) < 3:
-        speed.note = quality.note = "nvImageCodec decoders not measured: not installed or unavailable"
+    speed.note = quality.note = "; ".join(f"not measured: {m}" for m in missing)
     for q in QUALITIES:
         datas = encode_jpegs(images, q)
         batch = Encoded.joined(datas)
-        tensors = batch.tensors()
+        arrays = [np.frombuffer(d, np.uint8) for d in datas]
         kb = float(np.mean([len(d) for d in datas])) / 1e3
         reps = ctx.repeats()
         quality.line("Pillow").add(kb, [s / count * 1e3 for s in measure(lambda: [_pil(d) for d in datas], reps, "cpu")])
-        quality.line("torchvision (libjpeg-turbo)").add(
-            kb, [s / count * 1e3 for s in measure(lambda: [_torchvision(t) for t in tensors], reps, "cpu")])
+        if cpu.whole_by_nvimgcodec():
+            quality.line(LIBJPEG).add(
+                kb, [s / count * 1e3 for s in measure(lambda: [_libjpeg(a) for a in arrays], reps, "cpu")])
         for name, dec in gpu.items():
             quality.line(name).add(kb, [s / count * 1e3 for s in measure(lambda: dec(batch), reps, "cuda")])
         if q == 90:
-            _throughput(speed, datas, batch, gpu, cores, reps)
+            _throughput(speed, datas, arrays, batch, gpu, cores, reps)
     return [quality, speed]
 
 
-def _throughput(fig: Figure, datas: list[bytes], batch: Encoded, gpu: dict, cores: int, reps: int) -> None:
-    n, tensors = len(datas), batch.tensors()
+def _throughput(fig: Figure, datas: list[bytes], arrays: list[np.ndarray], batch: Encoded, gpu: dict, cores: int,
+                reps: int) -> None:
+    n = len(datas)
     one, every = fig.line("one core"), fig.line(f"all {cores} cores")
-    for name, fn, pool_cls in (("Pillow", _pil, ProcessPoolExecutor), ("torchvision (libjpeg-turbo)", _torchvision,
-                                                                          ThreadPoolExecutor)):
-        items = datas if fn is _pil else tensors
+    cpus = [("Pillow", _pil, datas, ProcessPoolExecutor)]
+    if cpu.whole_by_nvimgcodec():
+        cpus.append((LIBJPEG, _libjpeg, arrays, ThreadPoolExecutor))
+    for name, fn, items, pool_cls in cpus:
         one.add(name, [n / s for s in measure(lambda: [fn(d) for d in items], reps, "cpu")])
-        with pool_cls(cores) as pool:  # Pillow holds the GIL: processes; libjpeg-turbo via torch: threads
+        with pool_cls(cores) as pool:  # Pillow holds the GIL: processes; nvImageCodec lets go of it: threads
             every.add(name, [n / s for s in measure(lambda: list(pool.map(fn, items)), reps, "cpu")])
     for name, dec in gpu.items():
         every.add(name, [n / s for s in measure(lambda: dec(batch), reps, "cuda")])

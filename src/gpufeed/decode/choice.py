@@ -52,9 +52,13 @@ def _nvimgcodec(device: torch.device, name: str, cpu_threads: int, room: tuple[i
 def _nvjpeg(device: torch.device):
     """torchvision's nvJPEG decoder, imported only when asked for: torchvision's import brings
     torch._dynamo's, seconds before a first batch that the other decoders make without it."""
-    from gpufeed.decode.nvjpeg import NvJpegDecoder
+    try:
+        from gpufeed.decode.nvjpeg import NvJpegDecoder
 
-    return NvJpegDecoder(device)
+        return NvJpegDecoder(device)
+    except ImportError as e:  # a torchvision without its image codecs (`nvjpeg.problem` says which)
+        warn_once(f"{e}: using the other decoders")
+        return None
 
 
 def check_decoders(names: tuple[str, ...]) -> None:

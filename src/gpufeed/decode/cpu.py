@@ -1,43 +1,37 @@
 """CPU JPEG decoding on a thread pool.
 
-libjpeg-turbo through `torchvision.io.decode_jpeg` releases the GIL, so threads scale;
-Pillow's full decode in threads holds the GIL longer, stalls, and slows the GPU decoders' host-side
-work (docs/benchmarks.md, "Design measurements").
+Whole JPEGs go to nvImageCodec's CPU backend (libjpeg-turbo) where it is installed: it lets go of the
+GIL for the whole decode, so threads scale; Pillow's full decode in threads holds the GIL longer,
+stalls, and slows the GPU decoders' host-side work (docs/benchmarks.md, "Design measurements"), so
+Pillow decodes whole images only without nvImageCodec (the pixels are the same).
 When the planned crop is at least twice the output both ways, Pillow decodes at 1/2, 1/4 or
 1/8 scale in the DCT domain instead (less work for the same output); Pillow is also the
-fallback for anything libjpeg-turbo's RGB path refuses.
+fallback for anything nvImageCodec refuses.
 
 With nvImageCodec installed, a crop can be decoded alone (`region`): its libjpeg-turbo backend stops
 at the crop's last row and converts only the crop's columns. Pixels are those of the whole decode.
 What that saves depends on where the crop lies (`roi_cost`): a crop near the top is cheap, one that
-reaches the bottom costs more than the whole image through torchvision.
+reaches the bottom costs more than the whole image.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib.util
+import io
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+from PIL import Image
 
 from gpufeed.decode import pixels
 from gpufeed.decode.base import Decoded, Encoded, PinnedStaging, Region, nvimgcodec_install, packed
 from gpufeed.decode.protocol import NO_REGION
 from gpufeed.decode.shares import Asks
 from gpufeed.store.reader import as_tensor
-
-
-@functools.cache
-def _io():
-    """torchvision.io, imported when this process first decodes here: torchvision's import brings
-    torch._dynamo's, seconds that a loader whose workers decode never needs."""
-    import torchvision.io
-
-    return torchvision.io
 
 
 @functools.cache
@@ -57,18 +51,39 @@ def roi_problem() -> str | None:
     if not roi_available():
         return f"nvImageCodec is not installed ({nvimgcodec_install()})"
     try:
-        _region(_io().encode_jpeg(torch.zeros((3, 16, 16), dtype=torch.uint8)), (0, 0, 8, 8))
+        _region(torch.from_numpy(_tiny_jpeg()), (0, 0, 8, 8))
     except Exception as e:
         return f"{type(e).__name__}: {e}"
     return None
 
 
+def _tiny_jpeg() -> np.ndarray:
+    buffer = io.BytesIO()
+    Image.new("RGB", (16, 16)).save(buffer, format="JPEG")
+    return np.frombuffer(buffer.getvalue(), np.uint8)
+
+
+@functools.cache
+def whole_by_nvimgcodec() -> bool:
+    """Whether whole JPEGs go to nvImageCodec's CPU backend here: installed, and it decodes a tiny JPEG.
+    Asked once, on the first whole image: an install that can't load costs one failed try, not one
+    per image."""
+    if not roi_available():
+        return False
+    try:
+        pixels.whole(_tiny_jpeg())
+    except Exception:
+        return False
+    return True
+
+
 def roi_cost(shapes: np.ndarray, regions: np.ndarray) -> np.ndarray:
-    """Estimated CPU time of decoding each region alone, relative to torchvision decoding the whole
-    image. The Huffman decode runs down to the region's last row; colour conversion and the copy out
-    cover its area. The weights are a least-squares fit over 256 RandomResizedCrop regions of 500x375
-    q90 JPEGs, one thread (`benchmarks/cpu_roi_probe.py`, two runs on a 2-core dev machine:
-    0.01 + 0.67 y + 0.41 a and -0.01 + 0.66 y + 0.45 a)."""
+    """Estimated CPU time of decoding each region alone, relative to libjpeg-turbo decoding the whole
+    image (torchvision's when this was fitted; nvImageCodec's takes about as long). The Huffman decode
+    runs down to the region's last row; colour conversion and the copy out cover its area. The weights
+    are a least-squares fit over 256 RandomResizedCrop regions of 500x375 q90 JPEGs, one thread
+    (`benchmarks/cpu_roi_probe.py`, two runs on a 2-core dev machine: 0.01 + 0.67 y + 0.41 a and
+    -0.01 + 0.66 y + 0.45 a)."""
     h, w = shapes[:, 0], shapes[:, 1]
     area = (regions[:, 2] - regions[:, 0]) * (regions[:, 3] - regions[:, 1]) / (h * w)
     return 0.66 * regions[:, 2] / h + 0.43 * area
@@ -78,11 +93,16 @@ def _region(data: torch.Tensor, region: Region) -> torch.Tensor:
     return torch.from_numpy(pixels.region(data.numpy(), region))
 
 
+def _whole(data: torch.Tensor) -> torch.Tensor:
+    return torch.from_numpy(pixels.whole(data.numpy()))
+
+
 def _pillow(data: torch.Tensor, reduce_to: tuple[int, int] | None) -> torch.Tensor:
     return as_tensor(pixels.pillow(data.numpy(), reduce_to))  # read-only: Pillow's buffer, read once
 
 
 tries_region = pixels.tries_region
+_JPEG_START = b"\xff\xd8"  # a JPEG's first marker: nvImageCodec decodes JPEGs whole, Pillow anything else
 
 
 def decode_one(data: torch.Tensor, reduce_to: tuple[int, int] | None,
@@ -91,20 +111,17 @@ def decode_one(data: torch.Tensor, reduce_to: tuple[int, int] | None,
     the finish time gives the pool's true rate. A DCT reduction (`reduce_to`) takes precedence over the
     region; a region that can't be decoded alone is decoded whole.
 
-    HWC because libjpeg writes HWC: torchvision's CHW result is a view of it, and making that view
-    contiguous costs a large part of a decode (`benchmarks/cpu_layout_probe.py`); the resize kernel
-    reads either layout."""
+    HWC because libjpeg writes HWC: a CHW copy costs a large part of a decode
+    (`benchmarks/cpu_layout_probe.py`); the resize kernel reads either layout."""
     if tries_region(reduce_to, region):
         try:
             return _region(data, region), region, time.perf_counter()
         except Exception:  # not installed, not a JPEG it reads: the whole image below says what's wrong
             pass
-    if reduce_to is None:
+    if reduce_to is None and bytes(data[:2].numpy()) == _JPEG_START and whole_by_nvimgcodec():
         try:
-            io = _io()
-            pixels_hwc = io.decode_jpeg(data, mode=io.ImageReadMode.RGB).permute(1, 2, 0).contiguous()
-            return pixels_hwc, None, time.perf_counter()
-        except RuntimeError:
+            return _whole(data), None, time.perf_counter()
+        except Exception:  # a JPEG it doesn't read: Pillow below says what's wrong, if anything
             pass
     return _pillow(data, reduce_to), None, time.perf_counter()
 

@@ -1,7 +1,7 @@
 """CPU JPEG decoding to numpy HWC pixels with Pillow and nvImageCodec's CPU backend, without torch.
 
 The decode worker processes use these alone, so they start in a fraction of a second (importing
-torch takes seconds); the loader's own CPU threads use them where torchvision can't decode.
+torch takes seconds); the loader's own CPU threads use them too (`decode.cpu`).
 """
 
 from __future__ import annotations
@@ -50,9 +50,9 @@ def quiet_codecs(when: str):
         log.debug("nvImageCodec %s: %s", when, report)
 
 
-def _region_decoder():
+def _cpu_decoder():
     """(module, this thread's CPU-only nvImageCodec decoder, its parameters: RGB, no EXIF rotation, as
-    torchvision decodes)."""
+    Pillow decodes)."""
     decoder = getattr(_local, "decoder", None)
     if decoder is None:
         nv = nvimgcodec()
@@ -67,12 +67,12 @@ def warm() -> None:
     about a second on a GPU host, which would otherwise count as the first images' decode time (the
     loader measures the workers' pace by it)."""
     with contextlib.suppress(Exception):  # not installed or not loadable: regions fall back to whole images
-        _region_decoder()
+        _cpu_decoder()
 
 
 def region(data: np.ndarray, box: Region) -> np.ndarray:
     """HWC pixels of region `box` of the JPEG `data`, decoded alone; raises if nvImageCodec can't."""
-    nv, decoder, params = _region_decoder()
+    nv, decoder, params = _cpu_decoder()
     image = decoder.decode(nv.CodeStream(data).get_sub_code_stream(region=nv.Region(*box)), params=params)
     if image is None:
         raise RuntimeError("nvImageCodec's CPU decoder refused the region")
@@ -80,6 +80,16 @@ def region(data: np.ndarray, box: Region) -> np.ndarray:
     if pixels.shape != (box[2] - box[0], box[3] - box[1], 3):
         raise RuntimeError(f"region {box} decoded to {tuple(pixels.shape)}")
     return pixels
+
+
+def whole(data: np.ndarray) -> np.ndarray:
+    """HWC RGB pixels of the whole image `data` by nvImageCodec's CPU backend (libjpeg-turbo for a JPEG:
+    Pillow's pixels, faster, and the GIL let go for the whole decode); raises if nvImageCodec can't."""
+    nv, decoder, params = _cpu_decoder()
+    image = decoder.decode(nv.CodeStream(data), params=params)
+    if image is None:
+        raise RuntimeError("nvImageCodec's CPU decoder refused the image")
+    return np.asarray(image)
 
 
 def draft_scale(width, height, reduce_to: np.ndarray) -> np.ndarray:

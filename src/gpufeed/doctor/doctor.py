@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from gpufeed.decode import cpu
+from gpufeed.decode import cpu, nvjpeg
 from gpufeed.decode.base import nvimgcodec_install
 from gpufeed.decode.segment import unavailable
 from gpufeed.doctor import stages
@@ -26,6 +26,24 @@ def _rank_line(device: str) -> str:
         if rank is not None else "this process"
     return (f"{who}: {rank_cores().describe()}; a jpeg Loader starts "
             f"{default_workers(torch.device(device))} CPU decode workers by default")
+
+
+def _jpeg_decoders() -> str:
+    """The JPEG decoders a Loader on this GPU can use, and why any of the GPU ones can't."""
+    found, missing = [], []
+    try:
+        from gpufeed.decode.nvimgcodec import NvImgCodecDecoder
+
+        NvImgCodecDecoder(torch.device("cuda", torch.cuda.current_device()), "hw")
+        found.append("hardware engines (nvImageCodec)")
+    except Exception:
+        missing.append(f"nvImageCodec missing or unsupported; {nvimgcodec_install()}")
+    why_not = nvjpeg.problem()  # torchvision's decoder, deprecated since its 0.29
+    if why_not is None:
+        found.append("nvJPEG")
+    else:
+        missing.append(why_not)
+    return f"jpeg decoders available: {' + '.join(found + ['CPU'])}" + (f" ({'; '.join(missing)})" if missing else "")
 
 
 def _gpufeed_here(t: stages.Timings, device: str) -> list[str]:
@@ -50,14 +68,7 @@ def _gpufeed_here(t: stages.Timings, device: str) -> list[str]:
         free, _ = torch.cuda.mem_get_info()
         lines.append(f"gpufeed would keep a store of up to {free / 2e9:.0f} GB in GPU memory (the gpu tier)")
     if device == "cuda":
-        try:
-            from gpufeed.decode.nvimgcodec import NvImgCodecDecoder
-
-            NvImgCodecDecoder(torch.device("cuda", torch.cuda.current_device()), "hw")
-            lines.append("jpeg decoders available: hardware engines (nvImageCodec) + nvJPEG + CPU")
-        except Exception:
-            lines.append("jpeg decoders available: nvJPEG + CPU (nvImageCodec missing or unsupported; "
-                         f"{nvimgcodec_install()})")
+        lines.append(_jpeg_decoders())
     else:
         lines.append("no CUDA GPU here: gpufeed runs its pipeline on the CPU (no pinning, no GPU decode)")
     why = unavailable()

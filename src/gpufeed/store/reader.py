@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from PIL import Image
 
 from gpufeed.store import format as fmt
 from gpufeed.store.fields import FieldColumn
@@ -190,14 +191,15 @@ class Store:
         return self._fields[name]
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
-        """(uint8 CHW image, label) of sample `i`: a read-only view for raw stores, decoded for jpeg."""
+        """(uint8 CHW image, label) of sample `i`: a read-only view for raw stores, decoded for jpeg (by
+        Pillow, RGB, into a tensor of its own)."""
         i = self._index(i)
         label = int(self._labels[i])
         if self.mode == "raw":
             return as_tensor(self.images[i]).permute(2, 0, 1), label
-        from torchvision.io import ImageReadMode, decode_image
-
-        return decode_image(self.encoded(i), mode=ImageReadMode.RGB), label
+        with Image.open(io.BytesIO(self.encoded(i).numpy())) as img:
+            rgb = np.asarray(img if img.mode == "RGB" else img.convert("RGB"))
+        return torch.from_numpy(rgb.transpose(2, 0, 1).copy()), label
 
     def _index(self, i: int) -> int:
         n = len(self)

@@ -73,7 +73,7 @@ def save_grid(store: Store, out: str | Path, n: int = 16, tile: int = 128, colum
         x, y = (k % columns) * tile, (k // columns) * (tile + 14)
         try:
             image, label = store[i]
-        except (RuntimeError, ValueError, OSError) as e:  # torchvision's decode raises RuntimeError
+        except (RuntimeError, ValueError, OSError) as e:  # Pillow's decode raises OSError
             undecodable[i] = f"{type(e).__name__}: {e}"
             draw.rectangle((x, y, x + tile - 1, y + tile - 1), fill=BLANK)
             draw.text((x + 2, y + tile), f"{i}: undecodable", fill="black")
