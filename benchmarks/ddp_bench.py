@@ -4,16 +4,17 @@ Issue 6's check: with 2 ranks on a 2-GPU host, each GPU's img/s must be >= 90 % 
 single-GPU figure, on the same raw and jpeg stores, and the ranks together must hold about
 one copy of the store in host RAM (page cache / one registered region), not one each.
 
-    PYTHONPATH=src python benchmarks/ddp_bench.py --n 10000 --out ddp.json
+    python benchmarks/ddp_bench.py --n 10000 --out ddp.json
 
 `--train resnet18` instead trains (train_bench's loop, the model in DistributedDataParallel) fed
-by the jpeg store or by one synthetic batch: issue 20's check, per-GPU training img/s with 2 ranks
-against 1.
+by the jpeg store or by one synthetic batch (feeds.py's `jpeg` and `synthetic` rows): issue 20's
+check, per-GPU training img/s with 2 ranks against 1. `--bind yes|both` gives each rank its own
+equal slice of the cores (both: every row bound and not, interleaved).
 
-Each configuration runs as `torchrun --nproc-per-node W benchmarks/ddp_bench.py --worker ...`;
-every rank times whole epochs after a warm-up epoch and reports its img/s and its PSS
-(proportional set size: shared pages are split between the processes mapping them, so the
-ranks' PSS add up to the RAM they use together).
+Each configuration runs as `torchrun --nproc-per-node W benchmarks/ddp_bench.py --worker ...`
+(`--inline`: one rank in this process instead, as `--smoke` does); every rank times whole
+epochs after a warm-up epoch and reports its img/s and its PSS (proportional set size: shared pages
+are split between the processes mapping them, so the ranks' PSS add up to the RAM they use together).
 """
 
 from __future__ import annotations
@@ -24,11 +25,12 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-OPS_DOC = "RandomResizedCrop 224 + flip + normalize -> fp16, batch 256"
+import common
+import feeds
+
 CONFIGS = {  # name: (store, cache, epochs timed)
     "raw-gpu": ("raw", "gpu", 200),  # raw store, gpu tier
     "raw-host": ("raw", "host", 40),  # raw store, host tier
@@ -38,20 +40,8 @@ TRAIN_CONFIGS = {  # `--train`: name: (store, cache or "synthetic", steps timed)
     "synthetic": ("jpeg", "synthetic", 80),  # one batch already on the GPU: the ceiling
     "jpeg": ("jpeg", "auto", 80),  # the jpeg store, the Loader's defaults
 }
-
-
-def _cpu_seconds() -> float:
-    """CPU seconds of this rank and every process under it (its decode workers) so far."""
-    import psutil
-
-    me = psutil.Process()
-    total = sum(me.cpu_times()[:2])
-    for child in me.children(recursive=True):
-        try:
-            total += sum(child.cpu_times()[:2])
-        except psutil.Error:
-            pass
-    return total
+SMOKE = dict(n=40, image="64x48", size=32, batch=4, warmup=1, device="cpu", worlds="1", inline=True,
+             configs=None, epochs_scale=0.01, host_read_gb=0.01, workdir=None)
 
 
 def _rank_facts(loader=None) -> dict:
@@ -72,44 +62,55 @@ def _pss_mb() -> float:
     return float("nan")
 
 
+def _join(a: argparse.Namespace):
+    """Join the process group: torchrun's ranks by its environment; `--inline`, one rank alone."""
+    import torch
+    import torch.distributed as dist
+
+    local = 0 if a.inline else int(os.environ["LOCAL_RANK"])
+    if a.bound:  # this rank (and its decode worker children) on its own slice of the cores
+        cores = sorted(os.sched_getaffinity(0))
+        per = len(cores) // int(os.environ["LOCAL_WORLD_SIZE"])
+        os.sched_setaffinity(0, cores[local * per:(local + 1) * per])
+    cuda = a.device.startswith("cuda")
+    if cuda:
+        torch.cuda.set_device(local)
+    how = {"init_method": f"file://{a.report}.init", "rank": 0, "world_size": 1} if a.inline else {}
+    dist.init_process_group("nccl" if cuda else "gloo", device_id=torch.device("cuda", local) if cuda else None, **how)
+    return local, f"cuda:{local}" if cuda else "cpu"
+
+
 def worker(a: argparse.Namespace) -> None:
     """One rank: load `--epochs` epochs after a warm-up one; write its numbers as JSON."""
     import torch
     import torch.distributed as dist
 
     import gpufeed
-    from gpufeed.augment import Normalize, RandomHorizontalFlip, RandomResizedCrop
-    from gpufeed.bench.common import mapped_mb
+    from gpufeed.bench.common import cpu_seconds, mapped_mb, sync
 
-    local = int(os.environ["LOCAL_RANK"])
-    if a.bound:  # this rank (and its planner/decoder children) on its own slice of the cores
-        cores = sorted(os.sched_getaffinity(0))
-        per = len(cores) // int(os.environ["LOCAL_WORLD_SIZE"])
-        os.sched_setaffinity(0, cores[local * per:(local + 1) * per])
-    torch.cuda.set_device(local)
-    dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+    local, device = _join(a)
     if a.train:
-        return _train(a, local)
-    ops = [RandomResizedCrop(224), RandomHorizontalFlip(), Normalize()]
-    with gpufeed.Loader(a.store, batch_size=256, device="cuda", cache=a.cache, augment=ops) as loader:
+        return _train(a, local, device)
+    recipe = feeds.ops(size=a.size)
+    with gpufeed.Loader(a.store, batch_size=a.batch, device=device, cache=a.cache, augment=recipe) as loader:
         for _ in loader:
             pass
-        torch.cuda.synchronize()
+        sync(device)
         dist.barrier()
-        t0, cpu0 = time.perf_counter(), _cpu_seconds()
+        t0, cpu0 = time.perf_counter(), cpu_seconds()
         epochs = a.epochs * dist.get_world_size()  # as many batches per rank as one rank makes: epochs are shorter
         for _ in range(epochs):
             for _ in loader:
                 pass
-        torch.cuda.synchronize()
+        sync(device)
         seconds = time.perf_counter() - t0
-        cores_used = (_cpu_seconds() - cpu0) / seconds
+        cores_used = (cpu_seconds() - cpu0) / seconds
         dist.barrier()  # every rank has read all it will: a page another rank maps later would count twice
         stats = loader.stats()
         result = {"rank": dist.get_rank(), "world": dist.get_world_size(), "tier": stats["tier"],
                   "img_per_s": epochs * len(loader) * loader.batch_sampler.batch_size / seconds,
                   "batches_per_epoch": len(loader), "pss_mb": _pss_mb(), "store_maps_mb": mapped_mb(a.store),
-                  "gpu_peak_gb": torch.cuda.max_memory_allocated() / 1e9,
+                  "gpu_peak_gb": torch.cuda.max_memory_allocated() / 1e9 if device != "cpu" else None,
                   "decoded_by": stats.get("decoded_by"), "stage_seconds": stats["seconds"],
                   "images_loaded": stats["images"], "cores_used": cores_used, **_rank_facts(loader)}
         dist.barrier()  # every rank measured while the others still ran
@@ -117,50 +118,59 @@ def worker(a: argparse.Namespace) -> None:
     dist.destroy_process_group()
 
 
-def _train(a: argparse.Namespace, local: int) -> None:
-    """One rank of `--train MODEL`: train_bench's loop and feeders (its `jpeg` row: the Loader's
+def _train(a: argparse.Namespace, local: int, device: str) -> None:
+    """One rank of `--train MODEL`: train_bench's loop and feeds (its `jpeg` row: the Loader's
     defaults, each rank its shard; `--cache synthetic`: its `synthetic` row, one batch already on the
-    GPU) with the model in DistributedDataParallel; `--epochs` timed steps after 15."""
+    device) with the model in DistributedDataParallel; `--epochs` timed steps after `--warmup`."""
     import torch
     import torch.distributed as dist
 
-    from gpufeed.bench.common import mapped_mb
+    from gpufeed.bench.common import cpu_seconds, mapped_mb, sync
     from gpufeed.bench.training import training_step
-    from train_bench import feeder  # the sibling benchmark: the same rows as one rank's training
 
     torch.backends.cudnn.benchmark = True
-    step = training_step(a.train, "cuda", 1000,
-                         functools.partial(torch.nn.parallel.DistributedDataParallel, device_ids=[local]))
-    store = Path(a.store)  # train_bench's rows read <work>/jpeg
-    _, batches, stats = feeder("synthetic" if a.cache == "synthetic" else store.name, store.parent, 256)
-    for _ in range(15):
-        step(*next(batches))
-    torch.cuda.synchronize()
+    ddp = functools.partial(torch.nn.parallel.DistributedDataParallel, device_ids=[local] if device != "cpu" else None)
+    step = training_step(a.train, device, 1000, ddp)
+    store = Path(a.store)  # feeds' rows read <work>/jpeg
+    feed = feeds.feed("synthetic" if a.cache == "synthetic" else store.name, store.parent, a.batch, device, a.size)
+    for _ in range(a.warmup):
+        step(*next(feed.batches))
+    sync(device)
     dist.barrier()
-    t0, cpu0 = time.perf_counter(), _cpu_seconds()
+    t0, cpu0 = time.perf_counter(), cpu_seconds()
     for _ in range(a.epochs):
-        loss = step(*next(batches))
+        loss = step(*next(feed.batches))
     loss.item()
-    torch.cuda.synchronize()
+    sync(device)
     seconds = time.perf_counter() - t0
-    cores_used = (_cpu_seconds() - cpu0) / seconds
-    loader = getattr(stats, "__self__", None)  # the jpeg row's Loader (its stats method)
-    free, total = torch.cuda.mem_get_info()
-    result = {"rank": dist.get_rank(), "world": dist.get_world_size(), "img_per_s": a.epochs * 256 / seconds,
+    cores_used = (cpu_seconds() - cpu0) / seconds
+    used = None
+    if device != "cpu":
+        free, total = torch.cuda.mem_get_info()
+        used = (total - free) / 1e9
+    stats = feed.stats()
+    result = {"rank": dist.get_rank(), "world": dist.get_world_size(), "img_per_s": a.epochs * a.batch / seconds,
               "pss_mb": _pss_mb(), "store_maps_mb": mapped_mb(a.store),
-              "decoded_by": stats().get("decoded_by") if stats is not None else None,
-              "gpu_used_gb": (total - free) / 1e9, "cores_used": cores_used, **_rank_facts(loader)}
+              "decoded_by": stats.get("decoded_by") if stats is not None else None,
+              "gpu_used_gb": used, "cores_used": cores_used, **_rank_facts(feed.loader)}
     dist.barrier()
+    feed.close()
     Path(f"{a.report}.rank{result['rank']}.json").write_text(json.dumps(result))
     dist.destroy_process_group()
 
 
-def run(store: Path, cache: str, epochs: int, world: int, work: Path, bind: bool, train: str | None = None) -> dict:
+def run(a: argparse.Namespace, store: Path, cache: str, epochs: int, world: int, work: Path, bind: bool) -> dict:
+    """One configuration at `world` ranks: each rank's figures and their sums."""
     report = work / f"r-{store.name}-{cache}-{world}-{'bound' if bind else 'shared'}"
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={world}", "--master-port=29517",
-           __file__, "--worker", "--store", str(store), "--cache", cache, "--epochs", str(epochs),
-           "--report", str(report), *(["--bound"] if bind else []), *(["--train", train] if train else [])]
-    subprocess.run(cmd, check=True, env={**os.environ, "NCCL_NVLS_ENABLE": "0", "OMP_NUM_THREADS": "1"})
+    args = ["--worker", "--store", str(store), "--cache", cache, "--epochs", str(epochs), "--report", str(report),
+            "--device", a.device, "--batch", str(a.batch), "--size", str(a.size), "--warmup", str(a.warmup),
+            *(["--bound"] if bind else []), *(["--train", a.train] if a.train else [])]
+    if a.inline:
+        worker(parser().parse_args([*args, "--inline"]))
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={world}", "--master-port=29517",
+               __file__, *args]
+        subprocess.run(cmd, check=True, env={**os.environ, "NCCL_NVLS_ENABLE": "0", "OMP_NUM_THREADS": "1"})
     ranks = [json.loads(Path(f"{report}.rank{r}.json").read_text()) for r in range(world)]
     per_gpu = [r["img_per_s"] for r in ranks]
     return {"world": world, "bound": bind, "per_gpu_img_per_s": per_gpu, "mean_per_gpu": sum(per_gpu) / world,
@@ -170,68 +180,74 @@ def run(store: Path, cache: str, epochs: int, world: int, work: Path, bind: bool
             "store_rss_mb_sum": sum(r["store_maps_mb"]["rss"] for r in ranks), "ranks": ranks}
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--n", type=int, default=10000)
+def parser() -> argparse.ArgumentParser:
+    p = common.parser(__doc__)
+    p.add_argument("--n", type=int, default=10000, help="generated images")
+    p.add_argument("--image", default="500x375", help="generated images' WIDTHxHEIGHT (q90 JPEGs)")
+    p.add_argument("--size", type=int, default=224, help="RandomResizedCrop's side")
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--device", default="cuda", help="cuda (NCCL, a GPU per rank) or cpu (gloo)")
     p.add_argument("--worlds", default="1,2", help="rank counts to run (default 1,2)")
     p.add_argument("--configs", default=None, help="which rows (default: all), comma-separated")
     p.add_argument("--repeats", type=int, default=1, help="runs of each rank count, interleaved; medians reported")
     p.add_argument("--epochs-scale", type=float, default=1.0, help="multiply each row's timed epochs")
+    p.add_argument("--warmup", type=int, default=15, help="--train: steps before the timed ones")
     p.add_argument("--bind", choices=("no", "yes", "both"), default="no",
                    help="yes: give each rank its own equal slice of the cores before it imports gpufeed (as "
                         "numactl or a scheduler's cores-per-task do); both: every row bound and not, interleaved")
-    p.add_argument("--workdir", default=None)
-    p.add_argument("--out", default="ddp_bench.json")
+    p.add_argument("--host-read-gb", type=float, default=8.0, help="array size of the host read bandwidth figure")
+    p.add_argument("--workdir", default=None, help="keep the images and stores here (default: a temporary folder)")
     p.add_argument("--train", metavar="MODEL", help="instead of the loader alone, train MODEL (resnet18, ...) "
                    "in DistributedDataParallel: rows jpeg (the Loader's defaults) and synthetic, 80 steps")
+    p.add_argument("--inline", action=argparse.BooleanOptionalAction, default=False,
+                   help="one rank in this process instead of torchrun (--smoke; rank counts over 1 are left out)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--bound", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--store")
-    p.add_argument("--cache", default="auto")
-    p.add_argument("--epochs", type=int, default=5)
-    p.add_argument("--report")
-    a = p.parse_args()
+    p.add_argument("--store", help=argparse.SUPPRESS)
+    p.add_argument("--cache", default="auto", help=argparse.SUPPRESS)
+    p.add_argument("--epochs", type=int, default=5, help=argparse.SUPPRESS)
+    p.add_argument("--report", help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv: list[str] | None = None) -> dict | None:
+    a = common.parse(parser(), argv, SMOKE)
     if a.worker:
         return worker(a)
-
     import torch
 
     import gpufeed
-    from gpufeed.synth import make_image_folder
 
-    work = Path(a.workdir or tempfile.mkdtemp(prefix="gpufeed-ddp-"))
-    if not (work / "images").exists():
-        make_image_folder(work / "images", per_class=a.n // 10, classes=10)
-    stores = {"raw": work / "raw", "jpeg": work / "jpeg"}
-    if not a.train:
-        gpufeed.pack(work / "images", stores["raw"], size=256, progress=False, overwrite=True)
-    gpufeed.pack(work / "images", stores["jpeg"], mode="jpeg", reencode=False, progress=False, overwrite=True)
-    result = {"gpu": torch.cuda.get_device_name(), "gpus": torch.cuda.device_count(), "cpus": os.cpu_count(),
-              "workload": OPS_DOC, "images": a.n,
-              "store_mb": {k: gpufeed.open(v).nbytes / 1e6 for k, v in stores.items() if v.exists()}, "rows": {}}
-    worlds = [int(w) for w in a.worlds.split(",") if int(w) <= torch.cuda.device_count()]
-    configs = TRAIN_CONFIGS if a.train else CONFIGS
-    if not a.train:
-        result["host_read_gb_s"] = host_read_gb_s()
-    binds = {"no": [False], "yes": [True], "both": [False, True]}[a.bind]
-    for name in (a.configs.split(",") if a.configs else configs):
-        kind, cache, epochs = configs[name]
-        epochs = max(1, round(epochs * a.epochs_scale))
-        for bind in binds:
-            repeats = [[run(stores[kind], cache, epochs, w, work, bind and w > 1, a.train) for w in worlds]
-                       for _ in range(a.repeats)]
-            runs = []
-            for k, w in enumerate(worlds):  # the repeat with the median per-GPU rate stands for this rank count
-                tries = sorted((rep[k] for rep in repeats), key=lambda r: r["mean_per_gpu"])
-                median = dict(tries[len(tries) // 2], repeats_per_gpu=[t["mean_per_gpu"] for t in tries])
-                runs.append(median)
-            for r in runs:
-                r["efficiency_vs_1"] = r["mean_per_gpu"] / runs[0]["mean_per_gpu"]
-            result["rows"][f"{name}{'-bound' if bind else ''}"] = runs
-            Path(a.out).write_text(json.dumps(result, indent=1))
-    print(json.dumps({k: v for k, v in result.items() if k != "rows"}))
-    print(table(result))
-    Path(a.out).with_suffix(".md").write_text(table(result) + "\n")
+    with common.workdir(a.workdir, "gpufeed-ddp-") as work:
+        width, height = (int(x) for x in a.image.split("x"))
+        feeds.prepare(work, a.n, (width, height), round(a.size * 8 / 7))
+        stores = {"raw": work / "raw", "jpeg": work / "jpeg"}
+        result = {"workload": f"RandomResizedCrop {a.size} + flip + normalize -> fp16, batch {a.batch}",
+                  "images": a.n, "store_mb": {k: gpufeed.open(v).nbytes / 1e6 for k, v in stores.items()}, "rows": {}}
+        cuda = a.device.startswith("cuda")
+        worlds = [int(w) for w in a.worlds.split(",") if not cuda or int(w) <= torch.cuda.device_count()]
+        worlds = [w for w in worlds if w == 1] if a.inline else worlds
+        configs = TRAIN_CONFIGS if a.train else CONFIGS
+        if not a.train:
+            result["host_read_gb_s"] = host_read_gb_s(a.host_read_gb)
+        names = a.configs.split(",") if a.configs else [n for n, c in configs.items() if cuda or c[1] != "gpu"]
+        for name in names:
+            kind, cache, epochs = configs[name]
+            epochs = max(1, round(epochs * a.epochs_scale))
+            for bind in {"no": [False], "yes": [True], "both": [False, True]}[a.bind]:
+                repeats = [[run(a, stores[kind], cache, epochs, w, work, bind and w > 1) for w in worlds]
+                           for _ in range(a.repeats)]
+                runs = []
+                for k, w in enumerate(worlds):  # the repeat with the median per-GPU rate stands for this rank count
+                    tries = sorted((rep[k] for rep in repeats), key=lambda r: r["mean_per_gpu"])
+                    runs.append(dict(tries[len(tries) // 2], repeats_per_gpu=[t["mean_per_gpu"] for t in tries]))
+                for r in runs:
+                    r["efficiency_vs_1"] = r["mean_per_gpu"] / runs[0]["mean_per_gpu"]
+                result["rows"][f"{name}{'-bound' if bind else ''}"] = runs
+                if a.out:  # what has run so far, should a later row fail
+                    Path(a.out).write_text(json.dumps(result, indent=1))
+        rows = result.pop("rows")
+        return common.write(a, __file__, rows, table(rows), a.device, **result)
 
 
 def host_read_gb_s(gigabytes: float = 8.0, repeats: int = 3) -> float:
@@ -254,22 +270,21 @@ def host_read_gb_s(gigabytes: float = 8.0, repeats: int = 3) -> float:
     return best
 
 
-def table(result: dict) -> str:
-    """The rows as a markdown table: per-GPU rate, of one rank's and of the synthetic row's at the same
-    rank count and binding, cores used and decode workers per rank."""
-    rows = result["rows"]
-    lines = ["| row | ranks | bound | per GPU img/s (repeats) | of 1 rank | of synthetic | CPU cores used per rank "
-             "| decode workers per rank |", "|---|---:|---|---:|---:|---:|---:|---:|"]
+def table(rows: dict) -> str:
+    """Per row and rank count: per-GPU rate (the repeats), of one rank's and of the synthetic row's at
+    the same rank count and binding, cores used and decode workers per rank."""
+    lines = []
     for name, runs in rows.items():
         ceiling = rows.get("synthetic-bound" if name.endswith("-bound") else "synthetic")
         for r in runs:
             ref = next((c for c in ceiling or [] if c["world"] == r["world"]), None)
             of_ceiling = f"{r['mean_per_gpu'] / ref['mean_per_gpu']:.1%}" if ref and ref is not r else "-"
-            lines.append(f"| {name.removesuffix('-bound')} | {r['world']} | {'yes' if r['bound'] else 'no'} "
-                         f"| {r['mean_per_gpu']:,.0f} ({', '.join(f'{x:,.0f}' for x in r['repeats_per_gpu'])}) "
-                         f"| {r['efficiency_vs_1']:.1%} | {of_ceiling} | {', '.join(map(str, r['cores_used']))} "
-                         f"| {', '.join(str(w) for w in r['workers'])} |")
-    return "\n".join(lines)
+            lines.append([name.removesuffix("-bound"), r["world"], "yes" if r["bound"] else "no",
+                          f"{r['mean_per_gpu']:,.0f} ({', '.join(f'{x:,.0f}' for x in r['repeats_per_gpu'])})",
+                          f"{r['efficiency_vs_1']:.1%}", of_ceiling, ", ".join(map(str, r["cores_used"])),
+                          ", ".join(str(w) for w in r["workers"])])
+    return common.table(["row", "ranks", "bound", "per GPU img/s (repeats)", "of 1 rank", "of synthetic",
+                         "CPU cores used per rank", "decode workers per rank"], lines)
 
 
 if __name__ == "__main__":

@@ -4,58 +4,54 @@
 Times: building the header index (cold, no cache file), opening with the cached index, and one
 evaluation pass (Resize(256), CenterCrop(224), Normalize, float16) over the folder, over a jpeg store
 packed from it with its bytes kept (`reencode=False`: the same JPEGs), and through DALI. The rows of
-the passes are interleaved over `--rounds`, so host drift hits each alike; medians are reported.
+the passes are interleaved over `--rounds`, so host drift hits each alike; the table gives median
+(min-max) img/s over the rounds.
 
-    PYTHONPATH=src python benchmarks/folder_bench.py --n 2000 --device cuda --rounds 3
+    python benchmarks/folder_bench.py --n 2000 --device cuda --rounds 3 --out folder.json
 """
 
 from __future__ import annotations
 
-import argparse
-import shutil
-import statistics
-import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-import gpufeed
-from gpufeed.augment import CenterCrop, Normalize, Resize
-from gpufeed.loader import folder
-from gpufeed.synth import make_image_folder
+import common
+import feeds
 
-OPS = [Resize(256), CenterCrop(224), Normalize()]
+SMOKE = dict(n=16, image="64x48", size=32, device="cpu", batch=4, rounds=1, root=None)
 
 
-def gpufeed_pass(path: Path, device: str, batch: int) -> tuple[float, int]:
-    loader = gpufeed.Loader(path, batch_size=batch, device=device, shuffle=False, drop_last=False, augment=OPS)
+def gpufeed_pass(path: Path, device: str, batch: int, size: int) -> tuple[float, int]:
+    import gpufeed
+    from gpufeed.augment import CenterCrop, Normalize, Resize
+    from gpufeed.bench.common import sync
+
+    recipe = [Resize(round(size * 8 / 7)), CenterCrop(size), Normalize()]
+    loader = gpufeed.Loader(path, batch_size=batch, device=device, shuffle=False, drop_last=False, augment=recipe)
     t0 = time.perf_counter()
     count = 0
     for images, _ in loader:
         count += len(images)
-    if device == "cuda":
-        torch.cuda.synchronize()
+    sync(device)
     seconds = time.perf_counter() - t0
     loader.close()
     return seconds, count
 
 
-def dali_pass(path: Path, batch: int, threads: int) -> tuple[float, int] | None:
-    try:
-        from nvidia.dali import fn, pipeline_def, types
-        from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
-    except ImportError:
-        return None
+def dali_pass(path: Path, batch: int, threads: int, size: int) -> tuple[float, int]:
+    """The same evaluation pass through DALI: mixed decoder, resize shorter, crop + normalize."""
+    from nvidia.dali import fn, pipeline_def, types
+    from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
     @pipeline_def(batch_size=batch, num_threads=threads, device_id=0)
     def pipe():
         jpegs, labels = fn.readers.file(file_root=str(path), random_shuffle=False, name="reader")
         images = fn.decoders.image(jpegs, device="mixed", output_type=types.RGB)
-        images = fn.resize(images, resize_shorter=256)
-        images = fn.crop_mirror_normalize(images, crop=(224, 224), dtype=types.FLOAT16, output_layout="CHW",
-                                          mean=[0.485 * 255, 0.456 * 255, 0.406 * 255],
-                                          std=[0.229 * 255, 0.224 * 255, 0.225 * 255])
+        images = fn.resize(images, resize_shorter=round(size * 8 / 7))
+        images = fn.crop_mirror_normalize(images, crop=(size, size), dtype=types.FLOAT16, output_layout="CHW",
+                                          mean=[m * 255 for m in feeds.MEAN], std=[s * 255 for s in feeds.STD])
         return images, labels
 
     p = pipe()
@@ -67,44 +63,44 @@ def dali_pass(path: Path, batch: int, threads: int) -> tuple[float, int] | None:
     return time.perf_counter() - t0, count
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> dict:
+    p = common.parser(__doc__)
     p.add_argument("--n", type=int, default=2000, help="images (4 classes)")
+    p.add_argument("--image", default="500x375", help="generated images' WIDTHxHEIGHT (q90 JPEGs)")
+    p.add_argument("--size", type=int, default=224, help="CenterCrop's side (Resize to size*8/7 first)")
     p.add_argument("--device", default="cuda")
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--root", default=None, help="work folder (default: a temporary one)")
-    a = p.parse_args()
-    root = Path(a.root or tempfile.mkdtemp(prefix="gpufeed-folder-bench-"))
-    images = make_image_folder(root / "images", per_class=a.n // 4, classes=4)
-    t0 = time.perf_counter()
-    folder.FolderStore(images).close()
-    cold = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    folder.FolderStore(images).close()
-    warm = time.perf_counter() - t0
-    gpufeed.pack(images, root / "store", mode="jpeg", reencode=False, progress=False)
-    print(f"{a.n} JPEGs 500x375, device {a.device}: index built in {cold:.2f} s, opened with the cached index "
+    p.add_argument("--root", default=None, help="work folder, kept (default: a temporary one)")
+    a = common.parse(p, argv, SMOKE)
+    import gpufeed
+    from gpufeed.loader import folder
+    from gpufeed.synth import make_image_folder
+
+    with common.workdir(a.root, "gpufeed-folder-bench-") as root:
+        width, height = (int(x) for x in a.image.split("x"))
+        images = make_image_folder(root / "images", per_class=max(1, a.n // 4), classes=4, width=width, height=height)
+        t0 = time.perf_counter()
+        folder.FolderStore(images).close()
+        cold = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        folder.FolderStore(images).close()
+        warm = time.perf_counter() - t0
+        gpufeed.pack(images, root / "store", mode="jpeg", reencode=False, progress=False, overwrite=True)
+        rows = {"gpufeed, folder in place": lambda: gpufeed_pass(images, a.device, a.batch, a.size),
+                "gpufeed, packed store": lambda: gpufeed_pass(root / "store", a.device, a.batch, a.size)}
+        if a.device.startswith("cuda") and feeds.has_dali():
+            rows["DALI readers.file"] = lambda: dali_pass(images, a.batch, max(1, torch.get_num_threads()), a.size)
+        results: dict[str, list[float]] = {name: [] for name in rows}
+        for _ in range(a.rounds):
+            for name, run in rows.items():
+                seconds, count = run()
+                results[name].append(count / seconds)
+    print(f"{a.n} JPEGs {a.image}, device {a.device}: index built in {cold:.2f} s, opened with the cached index "
           f"in {warm:.3f} s")
-    rows = {"gpufeed, folder in place": lambda: gpufeed_pass(images, a.device, a.batch),
-            "gpufeed, packed store": lambda: gpufeed_pass(root / "store", a.device, a.batch)}
-    if a.device == "cuda":
-        rows["DALI readers.file"] = lambda: dali_pass(images, a.batch, max(1, (torch.get_num_threads() or 4)))
-    results: dict[str, list[float]] = {name: [] for name in rows}
-    for _ in range(a.rounds):
-        for name, run in rows.items():
-            out = run()
-            if out is None:
-                results.pop(name, None)
-                continue
-            seconds, count = out
-            results[name].append(count / seconds)
-    print("| reader | img/s (median of rounds) | rounds |\n|---|---:|---|")
-    for name, rates in results.items():
-        if rates:
-            print(f"| {name} | {statistics.median(rates):,.0f} | {', '.join(f'{r:,.0f}' for r in rates)} |")
-    if a.root is None:
-        shutil.rmtree(root, ignore_errors=True)
+    lines = [[name, common.cell(rates), ", ".join(f"{r:,.0f}" for r in rates)] for name, rates in results.items()]
+    markdown = common.table(["reader", "img/s", "rounds"], lines)
+    return common.write(a, __file__, results, markdown, a.device, index_build_s=cold, index_cached_open_s=warm)
 
 
 if __name__ == "__main__":

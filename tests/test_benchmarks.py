@@ -1,0 +1,72 @@
+"""Every benchmark in benchmarks/ runs its `--smoke` on the CPU and leaves its record: a JSON of its
+runs with the command and machine, and the markdown table beside it.
+
+The scripts are loaded from their files and their `main(argv)` called in this process (one torch
+import for all of them), with benchmarks/ on sys.path as it is when a script runs.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+SHARED = ("common", "feeds", "waits")  # the modules the scripts share, imported by their plain names
+SMOKES = {  # script: extra arguments of its smoke (each benchmark once; ddp_bench's two modes)
+    "train_bench": [],
+    "jpeg_bench": [],
+    "loader_bench": [],
+    "ddp_bench": [],
+    "ddp_bench --train": ["--train", "resnet18"],
+    "folder_bench": [],
+    "pack_bench": [],
+    "start_bench": [],
+    "augment_chain_bench": [],
+    "store_open_bench": [],
+}
+
+
+@pytest.fixture
+def bench(monkeypatch):
+    """`bench(name)`: benchmarks/NAME.py as a module, as if run as a script (its siblings importable)."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny tensors: one thread is faster and leaves a core to the loaders' workers
+
+    def load(name: str):
+        spec = importlib.util.spec_from_file_location(f"benchmark_{name}", BENCHMARKS / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    yield load
+    torch.set_num_threads(threads)
+    if torch.distributed.is_initialized():  # a ddp_bench smoke that failed half-way
+        torch.distributed.destroy_process_group()
+    for name in SHARED:
+        sys.modules.pop(name, None)
+
+
+def test_every_benchmark_has_a_smoke():
+    scripts = {p.stem for p in BENCHMARKS.glob("*.py")} - set(SHARED)
+    assert scripts == {name.split()[0] for name in SMOKES}
+
+
+@pytest.mark.parametrize("name", SMOKES)
+def test_smoke(name, bench, tmp_path, capsys):
+    out = tmp_path / "result.json"
+    record = bench(name.split()[0]).main(["--smoke", "--out", str(out), *SMOKES[name]])
+    written = json.loads(out.read_text())
+    assert written["benchmark"] == name.split()[0] and record["command"] == written["command"]
+    assert written["command"].startswith(f"python benchmarks/{name.split()[0]}.py --smoke")
+    assert written["config"]["smoke"] is True
+    assert {"gpu", "cpus", "torch", "commit"} <= set(written["machine"])
+    assert written["runs"], "no run recorded"
+    table = out.with_suffix(".md").read_text()
+    assert written["table"] in table and table.count("\n|") >= 2  # a header, its rule and rows
+    assert written["table"] in capsys.readouterr().out
