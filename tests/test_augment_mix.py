@@ -73,7 +73,7 @@ def test_as_the_loaders_last_op_reproducible_and_resumable(tmp_path):
     assert len(first) == 3 and all(t.shape == (4, 2) and torch.allclose(t.sum(1), torch.ones(4)) for _, t in first)
     assert any(not torch.equal(t, t.round()) for _, t in first)  # soft targets
     again = list(make())
-    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(first, again))
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(first, again, strict=True))
     loader = make()
     it = iter(loader)
     next(it)
@@ -81,7 +81,7 @@ def test_as_the_loaders_last_op_reproducible_and_resumable(tmp_path):
     resumed = make()
     resumed.load_state_dict(state)
     rest = list(resumed)
-    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(first[1:], rest))
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(first[1:], rest, strict=True))
     with pytest.raises(ValueError, match="at most one of MixUp"):
         gpufeed.Loader(tmp_path / "s", batch_size=4, device="cpu",
                        augment=[RandomResizedCrop(16), MixUp(2), CutMix(2)])

@@ -15,18 +15,17 @@ import torch
 import gpufeed
 from conftest import decoded, jpeg_bytes, save, smooth
 from gpufeed.augment import Normalize, RandomResizedCrop
-from gpufeed.decode import Scheduler, protocol
+from gpufeed.decode.pool import protocol
 from gpufeed.decode.base import Encoded, WorkersStopped
-from gpufeed.decode import cpu as cpu_module
-from gpufeed.decode import pixels as pixels_module
-from gpufeed.decode.cpu import CpuDecoder
-from gpufeed.decode import workers as workers_module
-from gpufeed.decode.shares import Asks, Pace
-from gpufeed.decode.steering import Steering
-from gpufeed.decode.workers import DecodeWorkers
-from gpufeed.decode import jobs as jobs_module
-from gpufeed.decode.board import Board
-from gpufeed.decode.jobs import Job
+from gpufeed.decode.codecs import cpu as cpu_module
+from gpufeed.decode.codecs import pixels as pixels_module
+from gpufeed.decode.codecs.cpu import CpuDecoder
+from gpufeed.decode.pool import workers as workers_module
+from gpufeed.decode.asks import Asks
+from gpufeed.decode.pool.workers import DecodeWorkers
+from gpufeed.decode.pool import jobs as jobs_module
+from gpufeed.decode.pool.board import Board
+from gpufeed.decode.pool.jobs import Job
 from gpufeed.loader import tiers
 from gpufeed.store.reader import as_tensor
 
@@ -174,7 +173,7 @@ def test_workers_never_import_torch_or_main(store, pool):
         maps = open(f"/proc/{pid}/maps").read()
         assert "libtorch" not in maps
         cmdline = open(f"/proc/{pid}/cmdline").read().split("\0")
-        assert cmdline[1:3] == ["-m", "gpufeed.decode.worker"]
+        assert cmdline[1:3] == ["-m", "gpufeed.decode.pool.worker"]
 
 
 def test_workers_end_when_the_ticket_pipe_closes(store):
@@ -362,120 +361,6 @@ def test_no_room_for_a_shared_buffer_decodes_on_threads(store, monkeypatch, capl
     loader.close()
     assert "no shared buffer for decoded JPEGs" in caplog.text
     assert all(torch.equal(a, b) for a, b in zip(got, want)) and len(got) == len(want) == 3
-
-
-def test_cpu_share_follows_the_decoders_asked_for():
-    scheduler = Scheduler(CPU, 1, ("nvjpeg",))
-    assert not scheduler.gpu and scheduler.steering.cpu_share  # no GPU here: the CPU decodes everything anyway
-    assert scheduler.shares(10) == [10]
-    scheduler.close()
-    steering = Steering(["nvjpeg"], cpu_share=False)  # as on a GPU
-    steering.rates.update(nvjpeg=1000.0, cpu=1000.0)
-    assert steering.shares(11, 1) == [11, 0]  # the CPU only decodes what the GPU decoder rejects
-    steering.cpu_share = True
-    steering.gpu_rate = 1000.0
-    assert steering.shares(10, 1) == [5, 5]
-
-
-def test_cpu_share_is_set_against_the_gpu_decoders_together():
-    steering = Steering(["hw", "nvjpeg"], cpu_share=True)
-    steering.rates.update(hw=3000.0, nvjpeg=1000.0, cpu=500.0)
-    steering.gpu_rate = 2000.0  # together, slower than their own rates add up to
-    assert steering.shares(100, 1) == [60, 20, 20]
-    steering.gpu_rate = 4000.0
-    assert steering.shares(9, 1) == [6, 2, 1]
-    steering.cpu_share = False
-    assert steering.shares(7, 1) == [5, 2, 0]
-
-
-def test_the_gpu_part_is_steered_by_what_the_loop_and_the_producer_wait_for():
-    """The first batches are split so that the CPU and the GPU decoders finish together; after, the
-    GPU's part goes up while the training loop starves and the producer waits on the CPU more than on
-    the GPU, down otherwise; GPU shares under GPU_MIN_SHARE go to the CPU."""
-    steering = Steering(["hw"], cpu_share=True)
-    steering.rates.update(hw=3000.0, cpu=500.0)
-    steering.gpu_rate = 3000.0
-    assert steering.shares(100, 2) == [75, 25]  # nothing made yet: both finish together
-
-    def steer(starved=0.0, cpu_wait=0.0, gpu_wait=0.0):
-        steering.cpu_wait, steering.gpu_wait = cpu_wait, gpu_wait
-        steering.steer(Pace(starved, 0.02), 2, 100)
-        return steering.gpu_part
-
-    steering.steer(None, 2, 100)  # the first batch: nothing known
-    assert steering.gpu_part is None
-    assert steer() == pytest.approx(0.75)  # then the part that finishes together
-    assert steer(0.015, cpu_wait=0.004, gpu_wait=0.001) == pytest.approx(0.8)  # starved, waiting on the CPU
-    assert steer(0.015, cpu_wait=0.001, gpu_wait=0.004) == pytest.approx(0.75)  # starved, waiting on the GPU
-    assert steer(0.001, cpu_wait=0.004) == pytest.approx(0.7)  # the loop waited a little: less to the GPU
-    for _ in range(9):  # the loop is fed: the CPU takes more and more
-        steer()
-    assert steering.gpu_part == pytest.approx(0.25) and steering.shares(100, 2) == [25, 75]
-    steer()
-    assert steering.shares(100, 2) == [0, 100]  # under GPU_MIN_SHARE: the CPU takes those too
-    for _ in range(30):
-        steer()
-    assert steering.gpu_part == 0.0
-    steering.gpu_part, steering.rates["cpu"] = 0.9, 1.0  # a slow CPU still gets an image per thread,
-    assert steering.shares(100, 2) == [90, 10]
-    steering.gpu_part = 1.0  # so its rate is measured again (a misestimate does not stick)
-    assert steering.shares(100, 2) == [98, 2]
-    steering.rates["cpu"] = 500.0
-    steering.measured("cpu", 10, 0.001)  # rates average images and seconds apart: a short interval counts little
-    steering.measured("cpu", 10, 0.1)
-    assert steering.rates["cpu"] == pytest.approx(10 / (0.7 * 0.001 + 0.3 * 0.1))
-
-
-
-def test_the_gpu_part_is_never_below_what_the_cpu_cannot_decode_in_the_loops_time():
-    """Where the loop's time per batch is known (`Pace.step`), the GPU's part is at least what the CPU
-    cannot decode in it at its measured rate (none under GPU_MIN_SHARE), however little the loop waited
-    (its queue of batches ahead hides a CPU that falls behind), and no more than the part for which both
-    finish together. The loop's time is the median of its last steps, so its warm-up does not count."""
-    steering = Steering(["hw"], cpu_share=True)
-    steering.rates.update(hw=3000.0, cpu=500.0)
-    steering.gpu_rate = 3000.0
-
-    def steer(step, starved=0.0):
-        steering.steer(Pace(starved, 0.02, step), 2, 100)
-        return steering.gpu_part
-
-    assert steer(2.0) == pytest.approx(0.75)  # the first: both finish together (no more than that after)
-    for _ in range(20):  # 2 threads at 500 images/s decode 50 images in 0.05 s: the GPU the other half
-        steer(0.05)
-    assert steering.step == pytest.approx(0.05) and steering.gpu_part == pytest.approx(0.5)
-    assert steering.shares(100, 2) == [50, 50]
-    steering.gpu_wait = 0.004
-    assert steer(0.05, starved=0.015) == pytest.approx(0.5)  # starved, the producer waiting on the GPU
-    steering.cpu_wait = 0.004
-    assert steer(0.05, starved=0.015) == pytest.approx(0.55)  # ... on the CPU: more, as before
-    assert steer(0.05) == pytest.approx(0.5)  # then down to the CPU's limit, not below
-    for _ in range(8):  # a slower loop: 2 threads decode 80 of 100 images in 0.08 s, 20 % is under
-        steer(0.08)  # GPU_MIN_SHARE, so the part falls by GPU_STEP a batch
-    for _ in range(20):
-        steer(0.08)
-    assert steering.gpu_part == 0.0 and steering.shares(100, 2) == [0, 100]
-    for _ in range(8):  # no model: the loop takes batches at once, and both finish together
-        steer(0.0001)
-    assert steering.gpu_part == pytest.approx(0.75)
-    steering.cpu_share = False  # the CPU decodes only what the GPU decoders reject: nothing to steer
-    steering.gpu_part = None
-    steer(0.0001)
-    assert steering.gpu_part is None
-
-
-def test_the_loop_s_own_time_per_batch_reaches_the_steering(store):
-    """`Pace.step`: the seconds the consumer spends between taking a batch and asking for the next
-    ("consumer" in `loader.stats()`), per batch, since the producer's last batch."""
-    loader = gpufeed.Loader(store, batch_size=2, device="cpu", augment=[RandomResizedCrop(8)], num_workers=0,
-                            prefetch=1)  # the producer makes batches while the consumer takes them
-    steering = loader.jpeg.pipelines[0].scheduler.steering
-    for _ in loader:
-        time.sleep(0.03)
-    stats = loader.stats()
-    assert stats["seconds"]["consumer"] >= 0.03 * (len(loader) - 1)
-    assert steering.step is not None and steering.step >= 0.02
-    loader.close()
 
 
 def test_encoded_bytes_tiers_on_cpu(store):

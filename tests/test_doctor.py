@@ -12,7 +12,7 @@ import torch
 
 import gpufeed
 from gpufeed.cli import main
-from gpufeed.decode import cpu
+from gpufeed.decode.codecs import cpu
 from gpufeed.doctor import diagnose
 from gpufeed.doctor import stages
 from gpufeed.synth import make_image_folder

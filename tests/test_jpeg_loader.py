@@ -186,7 +186,7 @@ def test_the_next_batch_is_started_before_this_one_is_finished(jpeg_store, monke
     got = [images for images, _ in loader]
     # the last batch starts the next epoch's first, whose first batches are then made ahead
     assert [name for name, _ in events][:9] == ["start", "start", "finish"] + ["start", "finish"] * 3
-    assert len(got) == len(want) == 4 and all(torch.equal(a, b) for a, b in zip(got, want))
+    assert len(got) == len(want) == 4 and all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
     loader.carried.thread.join()
     events.clear()
     loader.set_epoch(0)  # not the epoch carried into: its batches are dropped
@@ -194,7 +194,7 @@ def test_the_next_batch_is_started_before_this_one_is_finished(jpeg_store, monke
         break
     loader.load_state_dict(loader.state_dict())  # a new iter() would begin the next epoch: resume instead
     got = [images for images, _ in loader]  # the rest of the epoch
-    assert len(got) == 3 and all(torch.equal(a, b) for a, b in zip(got, want[1:]))
+    assert len(got) == 3 and all(torch.equal(a, b) for a, b in zip(got, want[1:], strict=True))
     loader.carried.thread.join()
     # every batch started was finished or dropped, but the one started last (held for the epoch after);
     # the one held when the events were cleared was dropped
@@ -226,18 +226,18 @@ def test_the_next_epochs_first_batches_are_made_as_an_epoch_ends(jpeg_store):
     carried.thread.join()
     assert (carried.epoch, carried.start, carried.count, carried.items.qsize()) == (1, 0, 2, 2)
     fresh.set_epoch(1)
-    assert all(torch.equal(a, b) for (a, _), (b, _) in zip(loader, fresh))  # epoch 1, from the carried ones
+    assert all(torch.equal(a, b) for (a, _), (b, _) in zip(loader, fresh, strict=True))  # epoch 1, from the carried ones
     assert loader.carried is not carried and loader.carried.epoch == 2
     loader.set_epoch(5)
     fresh.set_epoch(5)
-    assert all(torch.equal(a, b) for (a, _), (b, _) in zip(loader, fresh)) and loader.carried.epoch == 6
+    assert all(torch.equal(a, b) for (a, _), (b, _) in zip(loader, fresh, strict=True)) and loader.carried.epoch == 6
     loader.close()
     assert loader.carried is None
     fresh.close()
 
 
 def test_the_engines_buffers_are_made_for_a_batch_of_the_stores_images():
-    from gpufeed.decode import choice
+    from gpufeed.decode.scheduling import choice
 
     photos = np.array([[375, 500], [500, 375]] * 500)  # height, width
     assert choice.decoder_room(photos, 256) == (256, 512, 512)  # (images, width, height), up to 64
@@ -256,7 +256,7 @@ def test_a_jpeg_loader_is_made_without_importing_torchvision(jpeg_store):
     import sys
 
     code = ("import sys, gpufeed\n"
-            "import gpufeed.decode.nvimgcodec, gpufeed.augment.fused, gpufeed.loader.jpeg_batch\n"
+            "import gpufeed.decode.codecs.nvimgcodec, gpufeed.augment.fused, gpufeed.loader.jpeg_batch\n"
             "from gpufeed.augment import RandomResizedCrop\n"
             f"loader = gpufeed.Loader({str(jpeg_store.path)!r}, batch_size=8, device='cpu', augment=[RandomResizedCrop(24)])\n"
             "print(sorted(m for m in ('torchvision', 'torch._dynamo') if m in sys.modules))\n")

@@ -1,4 +1,4 @@
-"""nvImageCodec's C API through ctypes (`gpufeed.decode.nvimgcodec_api`), on its CPU backend: the
+"""nvImageCodec's C API through ctypes (`gpufeed.decode.codecs.nvimgcodec_api`), on its CPU backend: the
 structures as the 0.9 header lays them out (`nvimgcodec_header`), and a batch decoded into one
 buffer as Pillow decodes it, bad images reported and the rest decoded, the handles made again into
 from batch to batch."""
@@ -16,8 +16,8 @@ import pytest
 from PIL import Image
 
 from conftest import claiming
-from gpufeed.decode import nvimgcodec_api as api
-from gpufeed.decode import nvimgcodec_header as header
+from gpufeed.decode.codecs import nvimgcodec_api as api
+from gpufeed.decode.codecs import nvimgcodec_header as header
 from gpufeed.synth import encode_jpegs, natural_images
 
 
@@ -40,7 +40,7 @@ def test_structures_are_laid_out_as_the_header_says():
 @pytest.mark.skipif(not importlib.util.find_spec("nvidia.nvimgcodec"), reason="needs nvImageCodec")
 def test_the_library_opens_with_its_jpeg_extensions_alone_without_its_python_module():
     """Its Python module's import loads every extension (a second of a Loader's start on a GPU host)."""
-    code = ("import sys; from gpufeed.decode import nvimgcodec_api as api; lib, instance = api.open_library(); "
+    code = ("import sys; from gpufeed.decode.codecs import nvimgcodec_api as api; lib, instance = api.open_library(); "
             "print(bool(instance), 'nvidia.nvimgcodec' in sys.modules, len(api._EXTENSIONS))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.stdout.split() == ["True", "False", str(len(api.EXTENSIONS))], done.stderr

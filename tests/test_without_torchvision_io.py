@@ -13,7 +13,7 @@ import torch
 
 import gpufeed
 from conftest import save, smooth
-from gpufeed.decode import cpu, nvjpeg
+from gpufeed.decode.codecs import cpu, nvjpeg
 from gpufeed.doctor import doctor
 
 
@@ -38,7 +38,7 @@ if {hide_nvimgcodec}:
 sys.path.insert(0, {str(Path(__file__).parent)!r})
 import numpy as np, torch, gpufeed
 from conftest import decoded
-from gpufeed.decode import cpu
+from gpufeed.decode.codecs import cpu
 from gpufeed.decode.base import Encoded
 from gpufeed.store.reader import as_tensor
 

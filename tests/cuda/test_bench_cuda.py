@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from gpufeed.bench import run_bench
-from gpufeed.decode import nvjpeg
+from gpufeed.decode.codecs import nvjpeg
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 def _engines() -> bool:
     """nvImageCodec installed and this GPU's JPEG engines usable through it."""
     try:
-        from gpufeed.decode.nvimgcodec import NvImgCodecDecoder
+        from gpufeed.decode.codecs.nvimgcodec import NvImgCodecDecoder
 
         NvImgCodecDecoder(torch.device("cuda", torch.cuda.current_device()), "hw")
         return True

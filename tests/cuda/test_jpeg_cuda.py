@@ -17,8 +17,8 @@ from conftest import claiming
 from gpufeed.augment import Normalize, RandomHorizontalFlip, RandomResizedCrop
 from gpufeed.decode import Scheduler
 from gpufeed.decode.base import Encoded, hwc_strides
-from gpufeed.decode.cpu import roi_available, roi_cost
-from gpufeed.decode.shares import crop_regions
+from gpufeed.decode.codecs.cpu import roi_available, roi_cost
+from gpufeed.decode.asks import crop_regions
 from gpufeed.store.reader import as_tensor
 from gpufeed.synth import encode_jpegs, make_image_folder
 
@@ -44,7 +44,7 @@ def test_gpu_batches_match_cpu_batches_and_use_both_decoders(store):
     assert "nvjpeg" in names and names[-1] == "cpu"
     if importlib.util.find_spec("nvidia.nvimgcodec"):  # the [nvimgcodec] extra brings two more
         assert names == ["hw", "nvjpeg", "cuda", "cpu"], names
-    for (g, gl), (c, cl) in zip(gpu, cpu):
+    for (g, gl), (c, cl) in zip(gpu, cpu, strict=True):
         assert g.is_cuda and g.shape == (32, 3, 64, 64) and torch.equal(gl.cpu(), cl)
         # nvJPEG and libjpeg-turbo differ by rounding; DCT-reduced CPU decodes by a little more
         assert (g.cpu() - c).abs().mean() < 0.05, (g.cpu() - c).abs().mean()
@@ -89,7 +89,7 @@ def test_cpu_workers_feed_the_gpu_from_each_tier(store, cache, caplog):
     assert ("decoders read bitstreams from host memory" in caplog.text) == (cache == "gpu")
     cpu = gpufeed.Loader(store, batch_size=32, device="cpu", augment=OPS, dtype=torch.float32, seed=4)
     for _ in range(2):  # the second epoch reuses the shared buffers
-        for (g, gl), (c, cl) in zip(gpu, cpu):
+        for (g, gl), (c, cl) in zip(gpu, cpu, strict=True):
             assert torch.equal(gl.cpu(), cl) and (g.cpu() - c).abs().mean(dim=(1, 2, 3)).max() < 0.05
     gpu.carried.thread.join()  # and the next epoch's first batches, made as the second ended
     assert gpu.stats()["decoded_by"]["cpu"] == (2 * len(gpu) + gpu.carried.count) * 32
@@ -163,7 +163,7 @@ def test_evaluation_ops_and_two_pipelines_taking_turns_match_the_cpu(store, monk
     cpu = gpufeed.Loader(store, batch_size=32, device="cpu", augment=ops, dtype=torch.float32, shuffle=False,
                          drop_last=False)
     seen = 0
-    for (g, gl), (c, cl) in zip(gpu, cpu):
+    for (g, gl), (c, cl) in zip(gpu, cpu, strict=True):
         assert g.shape == c.shape and torch.equal(gl.cpu(), cl)
         assert (g.cpu() - c).abs().mean() < 0.05
         seen += len(gl)
@@ -176,7 +176,7 @@ def _gpu_matches_cpu(store, ops, seed, tolerance):
     gpu = gpufeed.Loader(store, batch_size=32, device="cuda", augment=ops, dtype=torch.float32, seed=seed,
                          num_workers=4)
     cpu = gpufeed.Loader(store, batch_size=32, device="cpu", augment=ops, dtype=torch.float32, seed=seed)
-    for (g, gl), (c, cl) in zip(gpu, cpu):
+    for (g, gl), (c, cl) in zip(gpu, cpu, strict=True):
         assert g.shape == c.shape and torch.equal(gl.cpu(), cl)
         assert (g.cpu() - c).abs().mean() < tolerance
     gpu.close()
@@ -206,7 +206,7 @@ def test_a_folder_read_in_place_on_the_gpu_gives_its_stores_batches(store):
               fields=("label", "source"))
     in_place, packed = gpufeed.Loader(folder, **kw), gpufeed.Loader(store, **kw)
     assert in_place.tier.name == "files" and len(in_place.store) == len(store)
-    for a, b in zip(in_place, packed):
+    for a, b in zip(in_place, packed, strict=True):
         assert a["source"] == b["source"] and torch.equal(a["label"], b["label"])
         # the batch is shared out between GPU and CPU decoders by their rates: nvJPEG and libjpeg differ a little
         assert (a["image"] - b["image"]).abs().mean() < 0.05
@@ -231,7 +231,7 @@ def test_the_engines_ycbcr_planes_resize_as_their_rgb():
     differ by tens of levels on average."""
     from gpufeed.augment import fused
     from gpufeed.decode.base import YCC420
-    from gpufeed.decode.nvimgcodec import NvImgCodecDecoder
+    from gpufeed.decode.codecs.nvimgcodec import NvImgCodecDecoder
     from gpufeed.synth import encode_jpegs, photos
 
     try:
@@ -263,8 +263,8 @@ def test_nvimgcodec_c_api_decodes_what_its_binding_does(name):
     """The C API's batch (one buffer, images at aligned offsets) has the pixels nvImageCodec's Python
     binding decodes, the same images failed, and the next batch (other sizes) decodes into the
     handles and the buffer of the first as well; a hostile header is refused."""
-    from gpufeed.decode.nvimgcodec import NvImgCodecDecoder
-    from gpufeed.decode.pixels import nvimgcodec
+    from gpufeed.decode.codecs.nvimgcodec import NvImgCodecDecoder
+    from gpufeed.decode.codecs.pixels import nvimgcodec
 
     nv, gen = nvimgcodec(), torch.Generator().manual_seed(1)
     kind = {"hw": nv.BackendKind.HW_GPU_ONLY, "cuda": nv.BackendKind.HYBRID_CPU_GPU}[name]

@@ -11,7 +11,7 @@ import torch
 from PIL import Image
 
 from gpufeed.bench.common import Context, Figure, measure
-from gpufeed.decode import cpu, pixels
+from gpufeed.decode.codecs import cpu, pixels
 from gpufeed.decode.base import Encoded
 from gpufeed.synth import encode_jpegs, natural_images
 
@@ -31,8 +31,8 @@ def _gpu_decoders(ctx: Context) -> tuple[dict, list[str]]:
     """(name -> decode(Encoded batch) on the GPU, why any is not measured)."""
     if not ctx.cuda:
         return {}, []
-    from gpufeed.decode import nvjpeg
-    from gpufeed.decode.nvimgcodec import NvImgCodecDecoder  # its nvImageCodec import waits for the constructor
+    from gpufeed.decode.codecs import nvjpeg
+    from gpufeed.decode.codecs.nvimgcodec import NvImgCodecDecoder  # its nvImageCodec import waits for the constructor
 
     device = torch.device("cuda", torch.cuda.current_device())
     found, missing = {}, []

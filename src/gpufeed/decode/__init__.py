@@ -1,13 +1,22 @@
 """JPEG decoding: hardware engines (nvImageCodec, optional), nvJPEG, CPU threads and CPU worker
-processes, scheduled together. Names are imported on first use: the worker processes import only
-`decode.pixels` and `decode.protocol`, without torch."""
+processes, scheduled together. In layers, each importing only those below it:
+
+- the bottom: `asks` (what a decoder is asked to decode of each image; numpy only), `base` (what
+  decoders take and return: `Encoded`, `Decoded`), `tuning` (the JPEG path's measured settings);
+- `codecs/`: the decoders, each decoding on one device (nvImageCodec's engines and CPU backend,
+  nvJPEG, Pillow, a thread pool of them);
+- `pool/`: the CPU decode worker processes and what crosses to them (job board, pipes, segments);
+- `scheduling/`: how each batch is split between the GPU decoders and the CPU, and steered.
+
+Names are imported on first use: the worker processes import only `asks`, `codecs.pixels` and
+`pool.protocol`, without torch (`tests/test_layout.py` checks both)."""
 
 from __future__ import annotations
 
 import importlib
 
-_EXPORTS = {"CpuDecoder": "gpufeed.decode.cpu", "Decoded": "gpufeed.decode.base",
-            "NvJpegDecoder": "gpufeed.decode.nvjpeg", "Scheduler": "gpufeed.decode.scheduler"}
+_EXPORTS = {"CpuDecoder": "gpufeed.decode.codecs.cpu", "Decoded": "gpufeed.decode.base",
+            "NvJpegDecoder": "gpufeed.decode.codecs.nvjpeg", "Scheduler": "gpufeed.decode.scheduling.scheduler"}
 __all__ = sorted(_EXPORTS)
 
 

@@ -3,7 +3,7 @@ decoded images addressed from one base).
 
 Per-image bookkeeping is numpy arrays, not tensors: every small torch op lets go of the GIL and has
 to win it back from the training thread and the loader's other threads, and numpy does the same work
-in fewer, cheaper calls (docs/benchmarks.md, "Design measurements").
+in fewer, cheaper calls (docs/benchmarks.md, "The producer's cycle").
 """
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from gpufeed.decode.asks import Region
 
 
-Region = tuple[int, int, int, int]  # y0, x0, y1, x1 of a stored image
+
 # a decoded image's element strides (c, y, x) with c = YCC420 say it is a JPEG's YCbCr 4:2:0 planes
 # (Y, then Cb and Cr at half the size rounded up, each row after row), as the GPU's JPEG engines
 # decode it without a colour conversion kernel per image; the resize kernel converts (`augment.fused`)

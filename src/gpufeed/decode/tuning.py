@@ -1,8 +1,9 @@
 """The JPEG path's settings that measurements chose, in one value passed down from the Loader.
 
-Each default is the one a training-loop benchmark picked (docs/benchmarks.md, "Design
-measurements"); `benchmarks/train_bench.py` builds other values (`Tuning(pipelines=2)`) and passes
-them to `gpufeed.Loader(tuning=...)` to compare, so no module global exists for a benchmark to patch.
+Each default is the one a training-loop benchmark picked
+(docs/benchmarks.md, "Design measurements"); the benchmarks build other values from a row's settings (`benchmarks/feeds.py`:
+`jpeg:pipelines=2` is `Tuning(pipelines=2)`) and pass them to `gpufeed.Loader(tuning=...)` to
+compare, so no module global exists for a benchmark to patch.
 """
 
 from __future__ import annotations

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import torch
 
-from gpufeed.decode import cpu, nvjpeg
+from gpufeed.decode.codecs import cpu, nvjpeg
 from gpufeed.decode.base import nvimgcodec_install
-from gpufeed.decode.segment import unavailable
+from gpufeed.decode.pool.segment import unavailable
 from gpufeed.doctor import stages
 from gpufeed.doctor.report import findings, table
 from gpufeed.doctor.versions import report as versions
@@ -32,7 +32,7 @@ def _jpeg_decoders() -> str:
     """The JPEG decoders a Loader on this GPU can use, and why any of the GPU ones can't."""
     found, missing = [], []
     try:
-        from gpufeed.decode.nvimgcodec import NvImgCodecDecoder
+        from gpufeed.decode.codecs.nvimgcodec import NvImgCodecDecoder
 
         NvImgCodecDecoder(torch.device("cuda", torch.cuda.current_device()), "hw")
         found.append("hardware engines (nvImageCodec)")

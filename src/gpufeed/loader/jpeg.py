@@ -16,9 +16,9 @@ from typing import Callable
 
 import torch
 
-from gpufeed.decode.choice import DEFAULT, check_decoders
-from gpufeed.decode.scheduler import summed
-from gpufeed.decode.workers import DecodeWorkers
+from gpufeed.decode.scheduling.choice import DEFAULT, check_decoders
+from gpufeed.decode.scheduling.scheduler import summed
+from gpufeed.decode.pool.workers import DecodeWorkers
 from gpufeed.loader.bytes import ByteSource
 from gpufeed.loader.cores import rank_cores
 from gpufeed.loader.batch import Batch
@@ -34,7 +34,8 @@ log = logging.getLogger(__name__)
 
 
 # the Loader's default `prefetch` for jpeg stores: where the workers only just keep up with a model,
-# their slow spells last a few batches, and a deeper queue rides them out (docs/benchmarks.md)
+# their slow spells last a few batches, and a deeper queue rides them out
+# (docs/benchmarks.md, "Six batches ahead for jpeg stores")
 PREFETCH = 6
 
 

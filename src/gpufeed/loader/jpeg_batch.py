@@ -26,8 +26,9 @@ from gpufeed.augment.params import Params
 from gpufeed.augment.pipeline import fused_kernels
 from gpufeed.decode import Scheduler
 from gpufeed.decode.base import Decoded, Encoded, into_pixels
-from gpufeed.decode.choice import decoder_room
-from gpufeed.decode.shares import Pace, Started
+from gpufeed.decode.scheduling.choice import decoder_room
+from gpufeed.decode.scheduling.shares import Started
+from gpufeed.decode.scheduling.steering import Pace
 from gpufeed.loader.bytes import ByteSource
 from gpufeed.loader.settings import Decoding, Output
 from gpufeed.loader.stats import Reading, Stats, stage_range
@@ -244,7 +245,8 @@ class JpegBatcher:
     def _compile(self, n: int, params: Params) -> None:
         """Run the batch's kernels once on a one-pixel stand-in while the first batch decodes: Triton
         compiles a kernel the first time a machine runs it (seconds), which would otherwise come after
-        that decode, on the first batch's time (docs/benchmarks.md). The output is dropped."""
+        that decode, on the first batch's time (docs/benchmarks.md, "Start-up and GPU memory"). The
+        output is dropped."""
         self._compiled = True
         stand_in = Decoded(torch.zeros(3, dtype=torch.uint8, device=self.output.device), np.zeros(1, np.int64),
                            np.ones((1, 2), np.int64), np.ones((1, 3), np.int64))

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch.profiler import record_function
 
-from gpufeed.decode.shares import Pace
+from gpufeed.decode.scheduling.steering import Pace
 
 
 @contextmanager

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import gpufeed
-from gpufeed.decode import protocol
+from gpufeed.decode.pool import protocol
 
 
 @dataclass
@@ -34,7 +34,7 @@ def start(setup: protocol.WorkerSetup, count: int) -> list[Worker]:
                PYTHONPATH=os.pathsep.join([str(Path(gpufeed.__file__).parent.parent),
                                            os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
     shared = tuple(fd for fd in (setup.board_fd, setup.tickets_fd, setup.done_fd, setup.files_fd) if fd >= 0)
-    return [Worker(subprocess.Popen([sys.executable, "-m", "gpufeed.decode.worker",
+    return [Worker(subprocess.Popen([sys.executable, "-m", "gpufeed.decode.pool.worker",
                                      json.dumps(replace(setup, index=k).__dict__)],
                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, env=env, close_fds=True,
                                     pass_fds=shared))

@@ -2,8 +2,9 @@
 
 Whole JPEGs go to nvImageCodec's CPU backend (libjpeg-turbo) where it is installed: it lets go of the
 GIL for the whole decode, so threads scale; Pillow's full decode in threads holds the GIL longer,
-stalls, and slows the GPU decoders' host-side work (docs/benchmarks.md, "Design measurements"), so
-Pillow decodes whole images only without nvImageCodec (the pixels are the same).
+stalls, and slows the GPU decoders' host-side work
+(docs/benchmarks.md, "Kernels, copies and CPU decoding"), so Pillow decodes whole images only
+without nvImageCodec (the pixels are the same).
 When the planned crop is at least twice the output both ways, Pillow decodes at 1/2, 1/4 or
 1/8 scale in the DCT domain instead (less work for the same output); Pillow is also the
 fallback for anything nvImageCodec refuses.
@@ -27,10 +28,9 @@ import numpy as np
 import torch
 from PIL import Image
 
-from gpufeed.decode import pixels
+from gpufeed.decode.codecs import pixels
 from gpufeed.decode.base import Decoded, Encoded, PinnedStaging, Region, nvimgcodec_install, packed
-from gpufeed.decode.protocol import NO_REGION
-from gpufeed.decode.shares import Asks
+from gpufeed.decode.asks import NO_REGION, Asks, tries_region
 from gpufeed.store.reader import as_tensor
 
 
@@ -82,8 +82,9 @@ def roi_cost(shapes: np.ndarray, regions: np.ndarray) -> np.ndarray:
     image (torchvision's when this was fitted; nvImageCodec's takes about as long). The Huffman decode
     runs down to the region's last row; colour conversion and the copy out cover its area. The weights
     are a least-squares fit over 256 RandomResizedCrop regions of 500x375 q90 JPEGs, one thread
-    (`benchmarks/cpu_roi_probe.py`, two runs on a 2-core dev machine: 0.01 + 0.67 y + 0.41 a and
-    -0.01 + 0.66 y + 0.45 a)."""
+    (two runs on a 2-core dev machine: 0.01 + 0.67 y + 0.41 a and -0.01 + 0.66 y + 0.45 a; by
+    `benchmarks/cpu_roi_probe.py`, retired, at 377858b;
+    docs/benchmarks.md, "Kernels, copies and CPU decoding")."""
     h, w = shapes[:, 0], shapes[:, 1]
     area = (regions[:, 2] - regions[:, 0]) * (regions[:, 3] - regions[:, 1]) / (h * w)
     return 0.66 * regions[:, 2] / h + 0.43 * area
@@ -101,7 +102,6 @@ def _pillow(data: torch.Tensor, reduce_to: tuple[int, int] | None) -> torch.Tens
     return as_tensor(pixels.pillow(data.numpy(), reduce_to))  # read-only: Pillow's buffer, read once
 
 
-tries_region = pixels.tries_region
 _JPEG_START = b"\xff\xd8"  # a JPEG's first marker: nvImageCodec decodes JPEGs whole, Pillow anything else
 
 
@@ -112,7 +112,7 @@ def decode_one(data: torch.Tensor, reduce_to: tuple[int, int] | None,
     region; a region that can't be decoded alone is decoded whole.
 
     HWC because libjpeg writes HWC: a CHW copy costs a large part of a decode
-    (`benchmarks/cpu_layout_probe.py`); the resize kernel reads either layout."""
+    (docs/benchmarks.md, "Kernels, copies and CPU decoding"); the resize kernel reads either layout."""
     if tries_region(reduce_to, region):
         try:
             return _region(data, region), region, time.perf_counter()

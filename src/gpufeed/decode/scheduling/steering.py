@@ -6,10 +6,10 @@ the training loop starves and the producer waits on the CPU, down otherwise; a G
 measured rate, cannot decode in the time the loop spends on each batch (`Steering.beyond_cpu`): the
 loop's waits alone are a late signal, since the loader's queue of batches ahead hides a CPU that
 falls behind until it runs dry, and steered by them alone the part stayed far below that where the
-CPU had few cores (docs/benchmarks.md). Beside a training loop the CPU's workers, in
+CPU had few cores (docs/benchmarks.md, "Steering"). Beside a training loop the CPU's workers, in
 processes of their own, cost the model next to nothing, and the GPU decoders cost it more than a loop
-that waits a little (docs/benchmarks.md): so the CPU decodes all it can and the GPU decoders what it
-can't; alone, the part settles where the two finish together. The GPU decoders split theirs by their
+that waits a little (docs/benchmarks.md, "The workers decode all they can"): so the CPU decodes all
+it can and the GPU decoders what it can't; alone, the part settles where the two finish together. The GPU decoders split theirs by their
 own rates (images/s, exponential averages). The first batches are split so that the CPU and the GPU
 decoders finish together, so they come fast while the workers start. The CPU's rate is per thread
 or worker, and every CPU share holds an image per ready one at least, so a rate measured low
@@ -23,11 +23,22 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gpufeed.decode.choice import START_RATES
-from gpufeed.decode.shares import GpuShares, Pace
+from gpufeed.decode.scheduling.choice import START_RATES
+from gpufeed.decode.scheduling.shares import GpuShares
 from gpufeed.decode.tuning import Tuning
 
 CPU_START_RATE = 300.0  # images/s per thread or worker, until one was measured
+
+
+@dataclass
+class Pace:
+    """The training loop's seconds waiting for batches since the producer's last one, the seconds
+    between the producer's two batches, and the loop's own seconds per batch since then (from taking
+    one to asking for the next: what it spends training; None: it took none)."""
+
+    starved: float
+    interval: float
+    step: float | None = None
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
-"""A CPU JPEG decode worker: its own interpreter (`python -m gpufeed.decode.worker SETUP`), started by
-`gpufeed.decode.workers.DecodeWorkers`.
+"""A CPU JPEG decode worker: its own interpreter (`python -m gpufeed.decode.pool.worker SETUP`), started by
+`gpufeed.decode.pool.workers.DecodeWorkers`.
 
 Started with exec, not fork or multiprocessing: it never imports the user's `__main__` and shares
 no threads or locks with the loader. It has no GPU (CUDA_VISIBLE_DEVICES is empty) and no torch (it
@@ -22,7 +22,8 @@ import time
 
 import numpy as np
 
-from gpufeed.decode import protocol
+from gpufeed.decode.asks import asked
+from gpufeed.decode.pool import protocol
 
 WATCH = 0.25  # seconds between looks at whether the parent is still there
 
@@ -37,7 +38,7 @@ def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the loader's to handle; it stops us
     setup = protocol.WorkerSetup(**json.loads(sys.argv[1]))
     threading.Thread(target=_watch, args=(setup.parent,), daemon=True).start()
-    from gpufeed.decode import pixels
+    from gpufeed.decode.codecs import pixels
 
     data = np.zeros(0, np.uint8)
     if setup.store:
@@ -71,7 +72,7 @@ def _one(row: np.ndarray, data: np.ndarray, files, segments: dict, parent: int, 
         begin, end = int(job["begin"]), int(job["end"])
         encoded = data[begin:end] if job["file"] < 0 else _read(files[int(job["file"])], begin, end)
         out = _segment(segments, int(job["segment_fd"]), int(job["segment_id"]), int(job["segment_size"]), parent)
-        reduce_to, box = protocol.asked(job["reduce_to"].tolist(), job["region"].tolist())
+        reduce_to, box = asked(job["reduce_to"].tolist(), job["region"].tolist())
         image, region, done = codec.decode(encoded, reduce_to, box)
         image, region, cut = codec.as_asked(image, region, reduce_to, box)
         protocol.answer(row, out, image, region, done, cut)

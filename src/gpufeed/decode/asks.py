@@ -1,69 +1,16 @@
-"""A batch between `Scheduler.start` and `Scheduler.finish`, as named types, and the geometry that
-decides what each decoder decodes of it (the region the resize reads, a DCT-reduced size)."""
+"""What a decoder is asked to decode of each image of a batch: a size to DCT-reduce towards, a
+region to decode alone, or the whole image; and the geometry that decides it from the crops the
+resize reads. The bottom of `decode/`: numpy only (decode worker processes import it, without torch).
+"""
 
 from __future__ import annotations
 
-from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
-from gpufeed.decode import pixels
-from gpufeed.decode.base import Decoded, Encoded, Region
-from gpufeed.decode.protocol import NO_REGION, asked
-
-
-@dataclass
-class Pace:
-    """The training loop's seconds waiting for batches since the producer's last one, the seconds
-    between the producer's two batches, and the loop's own seconds per batch since then (from taking
-    one to asking for the next: what it spends training; None: it took none)."""
-
-    starved: float
-    interval: float
-    step: float | None = None
-
-
-@dataclass
-class Started:
-    """A batch whose CPU share the CPU decoder has and whose GPU share is being decoded (`Scheduler.start`);
-    `Scheduler.finish` waits for both."""
-
-    batch: Encoded
-    shapes: np.ndarray  # (N, 2) as the store records them
-    boxes: np.ndarray  # (N, 4) crop boxes x0 y0 x1 y1
-    out_hw: tuple[int, int]
-    order: np.ndarray  # batch positions: each GPU decoder's share in turn, then the CPU's
-    starts: np.ndarray  # where each decoder's share begins in `order`
-    regions: np.ndarray
-    cost: np.ndarray
-    cpu_asks: Asks  # what the CPU decodes of its share (`Scheduler._asks`)
-    cpu_job: Any  # the CPU decoder's handle for `collect`
-    submitted: float  # perf_counter
-    gpu_job: Future | None  # the GPU shares being decoded (`GpuShares`), or None: decoded in `finish`
-
-    @property
-    def cpu_pos(self) -> np.ndarray:
-        return self.order[self.starts[-2] : self.starts[-1]]
-
-
-@dataclass
-class GpuShare:
-    """One GPU decoder's part of a batch."""
-
-    decoder: Any
-    positions: np.ndarray  # batch positions it decoded
-    part: Decoded
-    seconds: float  # its decode call and the wait for its stream
-
-
-@dataclass
-class GpuShares:
-    """What the GPU decoders made of a batch, and the seconds until the last of them was done."""
-
-    shares: list[GpuShare]
-    seconds: float
+Region = tuple[int, int, int, int]  # y0, x0, y1, x1 of a stored image
+NO_REGION = (-1, -1, -1, -1)  # a row's region (asked or decoded): none, the whole image
 
 
 def crop_regions(shapes: np.ndarray, boxes: np.ndarray) -> np.ndarray:
@@ -104,12 +51,12 @@ class Asks:
 
     def nbytes(self, shapes: np.ndarray) -> np.ndarray:
         """Per image of stored `shapes` (N, 2), the bytes of its pixels as asked (HWC uint8): a region's,
-        a DCT-reduced image's (`pixels.draft_scale`), or else the whole image's. A decoder that cannot
+        a DCT-reduced image's (`draft_scale`), or else the whole image's. A decoder that cannot
         decode a region alone cuts it from the whole image, so this is the room a worker may fill."""
         h, w = shapes[:, 0].astype(np.int64), shapes[:, 1].astype(np.int64)
         reduced = self.reduce_to[:, 0] > 0
         if reduced.any():
-            scale = pixels.draft_scale(w[reduced], h[reduced], self.reduce_to[reduced])
+            scale = draft_scale(w[reduced], h[reduced], self.reduce_to[reduced])
             h[reduced], w[reduced] = -(-h[reduced] // scale), -(-w[reduced] // scale)
         alone, r = self.tries_region(), self.regions
         h, w = np.where(alone, r[:, 2] - r[:, 0], h), np.where(alone, r[:, 3] - r[:, 1], w)
@@ -117,9 +64,33 @@ class Asks:
 
     def tries_region(self) -> np.ndarray:
         """Per image, whether its decode tries the region alone (asked, and no DCT reduction, which
-        takes precedence): `pixels.tries_region` for every row at once."""
+        takes precedence): `tries_region` for every row at once."""
         return (self.regions[:, 0] >= 0) & (self.reduce_to[:, 0] == 0)
 
     def each(self) -> list[tuple[tuple[int, int] | None, Region | None]]:
         """Per image, `pixels.decode`'s (reduce_to, region) arguments (for decoders that take images one by one)."""
         return [asked(r, g) for r, g in zip(self.reduce_to.tolist(), self.regions.tolist())]
+
+
+def draft_scale(width, height, reduce_to: np.ndarray) -> np.ndarray:
+    """Per image of `width` x `height`, the scale (1, 2, 4 or 8) that decoding towards `reduce_to`
+    ((..., 2) w, h) divides it by: the largest that leaves it at least that size both ways, as
+    Pillow's `draft` picks libjpeg's DCT scale. The loader reserves room for the pixels by it."""
+    scale = np.minimum(np.asarray(width) // np.maximum(reduce_to[..., 0], 1),
+                       np.asarray(height) // np.maximum(reduce_to[..., 1], 1))
+    return _SCALES[np.clip(scale, 0, 8)]
+
+
+_SCALES = np.array([1, 1, 2, 2, 4, 4, 4, 4, 8])  # by min(w // rw, h // rh), up to 8: the largest of 1, 2, 4, 8 not above it
+
+
+def tries_region(reduce_to: tuple[int, int] | None, box: Region | None) -> bool:
+    """Whether a decode tries `box` alone: one is asked for and no DCT reduction, which takes precedence."""
+    return box is not None and reduce_to is None
+
+
+def asked(reduce_to, region) -> tuple[tuple[int, int] | None, tuple[int, int, int, int] | None]:
+    """A row's request (`reduce_to` (w, h), `region`, as lists of ints, as the board holds them) as
+    `pixels.decode` takes it: None for no DCT reduction, None for the whole image."""
+    w, h = reduce_to
+    return ((w, h) if w else None), (tuple(region) if region[0] >= 0 else None)

@@ -15,7 +15,7 @@ START_RATES = {"hw": 15_000.0, "nvjpeg": 10_000.0, "cuda": 8_000.0}
 KNOWN = ("hw", "nvjpeg", "cuda", "cpu")
 # the default: one GPU decoder (the engines through nvImageCodec where installed, else nvJPEG) and the
 # CPU workers. Two GPU decoders at once decode faster alone but slow the training loop they feed
-# (docs/benchmarks.md, "Training is the judge")
+# (docs/benchmarks.md, "One GPU decoder")
 DEFAULT = ("hw", "nvjpeg", "cpu")
 
 # the engines' decoder makes its buffers for a whole batch of the store's images at once
@@ -38,7 +38,7 @@ def _nvimgcodec(device: torch.device, name: str, cpu_threads: int, room: tuple[i
     """An nvImageCodec decoder (`hw` engines or `cuda` hybrid), or None with the reason logged once."""
     what = {"hw": "the GPU's hardware JPEG engines", "cuda": "nvImageCodec's CUDA decoder"}[name]
     try:
-        from gpufeed.decode.nvimgcodec import NvImgCodecDecoder
+        from gpufeed.decode.codecs.nvimgcodec import NvImgCodecDecoder
 
         return NvImgCodecDecoder(device, name, cpu_threads, room, padding)
     except ImportError:
@@ -53,7 +53,7 @@ def _nvjpeg(device: torch.device):
     """torchvision's nvJPEG decoder, imported only when asked for: torchvision's import brings
     torch._dynamo's, seconds before a first batch that the other decoders make without it."""
     try:
-        from gpufeed.decode.nvjpeg import NvJpegDecoder
+        from gpufeed.decode.codecs.nvjpeg import NvJpegDecoder
 
         return NvJpegDecoder(device)
     except ImportError as e:  # a torchvision without its image codecs (`nvjpeg.problem` says which)

@@ -3,9 +3,9 @@
 nvImageCodec's Python binding lets go of the GIL and takes it back about three times per image (to
 make each code stream, read its header and make its Image). In a training process, each time it
 takes the GIL back it waits for the training thread to let go of it, so a batch's decode call
-lasts many times its own work (docs/benchmarks.md). Here the per-image calls are quick C calls made
-holding the GIL (`ctypes.PyDLL`), and only the batch's decode and the wait for it let go of it
-(`ctypes.CDLL`).
+lasts many times its own work (docs/benchmarks.md, "nvImageCodec through its C API"). Here the
+per-image calls are quick C calls made holding the GIL (`ctypes.PyDLL`), and only the batch's decode
+and the wait for it let go of it (`ctypes.CDLL`).
 
 The structures are those of nvImageCodec 0.9 (`nvimgcodec_header`); `open_library` refuses other
 major.minor versions.
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gpufeed.decode.nvimgcodec_header import (
+from gpufeed.decode.codecs.nvimgcodec_header import (
     BACKENDS, BUFFER_DEVICE, BUFFER_HOST, COLORSPEC_SRGB, COLORSPEC_SYCC, DEVICE_CPU_ONLY, LOAD_HINT_FIXED,
     PROCESSING_SUCCESS, SAMPLEFORMAT_I_RGB, SAMPLING_420, SAMPLING_NONE, T_BACKEND, T_BACKEND_PARAMS,
     T_DECODE_PARAMS, T_DEVICE_ALLOCATOR, T_EXECUTION_PARAMS, T_EXTENSION_DESC, T_IMAGE_INFO,
@@ -36,7 +36,8 @@ EXTENSIONS = ("libnvjpeg_ext.so", "libjpeg_turbo_ext.so")
 # multiple of these many bytes, so that buffers outgrown by larger batches grow in a few large steps:
 # freeing device memory (cuMemFree) waits for the whole GPU, the model's kernels included. (Room for
 # the usual batch from the start, `BatchDecoder`'s `room`, is what kept the engines' decode calls
-# from freeing in the training loop measured: docs/benchmarks.md)
+# from freeing in the training loop measured:
+# docs/benchmarks.md, "The engines' room and nvJPEG's padding")
 
 
 class Library:
@@ -76,8 +77,9 @@ def open_library() -> tuple[Library, int]:
     """The library of the installed `nvidia.nvimgcodec` and an instance of it with its JPEG extensions
     alone (`EXTENSIONS`), kept for the process. Its Python module is not imported: that makes an
     instance with every extension (JPEG 2000, TIFF, OpenCV, ...), which took about half of a GPU
-    Loader's start (docs/benchmarks.md). ImportError where it is not installed."""
-    from gpufeed.decode.pixels import quiet_codecs
+    Loader's start (docs/benchmarks.md, "Start-up and GPU memory"). ImportError where it is not
+    installed."""
+    from gpufeed.decode.codecs.pixels import quiet_codecs
 
     spec = importlib.util.find_spec("nvidia.nvimgcodec")
     if spec is None or spec.origin is None:
@@ -119,7 +121,8 @@ class BatchDecoder:
         `room`: (images, width, height) the engines' decoder (`hw`) makes its buffers for at once.
         nvImageCodec's default, one 1x1 image, left nvJPEG making decoder state and freeing device
         memory in the decode calls of batches that did not fit, which made the training loop beside
-        it slower (docs/benchmarks.md); larger images or batches still decode."""
+        it slower (docs/benchmarks.md, "The engines' room and nvJPEG's padding"); larger images or
+        batches still decode."""
         self.lib, self.instance = open_library()
         self._backend = filled(Backend, T_BACKEND, kind=BACKENDS[backend],
                                params=filled(BackendParams, T_BACKEND_PARAMS, load_hint=1.0,

@@ -4,7 +4,7 @@ Why processes: decode threads in the training process would share its GIL with t
 Why not multiprocessing: a forked worker inherits the loader's threads and locks; a spawned or
 forkserver one imports the user's `__main__` (re-running an unguarded script) and leaves a server
 process behind. Each worker here is a fresh interpreter started with exec (`spawn`,
-`python -m gpufeed.decode.worker`).
+`python -m gpufeed.decode.pool.worker`).
 
 What the training process does per batch is what costs the training loop (each time one of our
 threads wakes or comes back from a system call it takes the GIL back, and the training thread, which
@@ -36,14 +36,14 @@ from collections import Counter
 import numpy as np
 import torch
 
-from gpufeed.decode import protocol, spawn
-from gpufeed.decode.board import Board
-from gpufeed.decode.jobs import Job
-from gpufeed.decode.relay import Relay
+from gpufeed.decode.pool import protocol, spawn
+from gpufeed.decode.pool.board import Board
+from gpufeed.decode.pool.jobs import Job
+from gpufeed.decode.pool.relay import Relay
 from gpufeed.decode.base import Decoded, Encoded, PinnedStaging, WorkersStopped, hwc_strides, in_place, to_device
-from gpufeed.decode.cpu import CpuDecoder
-from gpufeed.decode.segment import Segment, unavailable
-from gpufeed.decode.shares import Asks
+from gpufeed.decode.codecs.cpu import CpuDecoder
+from gpufeed.decode.pool.segment import Segment, unavailable
+from gpufeed.decode.asks import Asks
 
 log = logging.getLogger(__name__)
 

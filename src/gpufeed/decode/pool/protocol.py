@@ -29,6 +29,8 @@ from enum import IntEnum
 
 import numpy as np
 
+from gpufeed.decode.asks import NO_REGION
+
 _HEADER = struct.Struct("<Q")
 MAX_MESSAGE = 1 << 20  # only `Ready` is framed: anything larger is a broken pipe
 ERROR_BYTES = 160  # a failed image's reason, cut to this many bytes of UTF-8
@@ -46,7 +48,6 @@ class Status(IntEnum):
     CUT = 3
 
 
-NO_REGION = (-1, -1, -1, -1)  # a row's region (asked or decoded): none, the whole image
 
 BOARD = np.dtype([
     # the loader's request
@@ -101,13 +102,6 @@ class Ready:
 def board(buffer, rows: int) -> np.ndarray:
     """The job board's rows over `buffer` (a shared map of at least `rows * BOARD.itemsize` bytes)."""
     return np.frombuffer(buffer, dtype=BOARD, count=rows)
-
-
-def asked(reduce_to, region) -> tuple[tuple[int, int] | None, tuple[int, int, int, int] | None]:
-    """A row's request (`reduce_to` (w, h), `region`, as lists of ints, as the board holds them) as
-    `pixels.decode` takes it: None for no DCT reduction, None for the whole image."""
-    w, h = reduce_to
-    return ((w, h) if w else None), (tuple(region) if region[0] >= 0 else None)
 
 
 def decoded(row: np.ndarray, height: int, width: int, region, done: float, cut: bool = False) -> None:

@@ -18,8 +18,9 @@ import time
 import numpy as np
 from PIL import Image
 
+from gpufeed.decode.asks import Region, draft_scale, tries_region
+
 log = logging.getLogger(__name__)
-Region = tuple[int, int, int, int]  # y0, x0, y1, x1 of a stored image
 _local = threading.local()  # a region decoder per thread: nvImageCodec decoders are not shared
 
 
@@ -92,18 +93,6 @@ def whole(data: np.ndarray) -> np.ndarray:
     return np.asarray(image)
 
 
-def draft_scale(width, height, reduce_to: np.ndarray) -> np.ndarray:
-    """Per image of `width` x `height`, the scale (1, 2, 4 or 8) that decoding towards `reduce_to`
-    ((..., 2) w, h) divides it by: the largest that leaves it at least that size both ways, as
-    Pillow's `draft` picks libjpeg's DCT scale. The loader reserves room for the pixels by it."""
-    scale = np.minimum(np.asarray(width) // np.maximum(reduce_to[..., 0], 1),
-                       np.asarray(height) // np.maximum(reduce_to[..., 1], 1))
-    return _SCALES[np.clip(scale, 0, 8)]
-
-
-_SCALES = np.array([1, 1, 2, 2, 4, 4, 4, 4, 8])  # by min(w // rw, h // rh), up to 8: the largest of 1, 2, 4, 8 not above it
-
-
 def pillow(data: np.ndarray, reduce_to: tuple[int, int] | None) -> np.ndarray:
     """HWC RGB pixels (read-only) of any image Pillow reads; with `reduce_to` (w, h), divided by
     `draft_scale` (rounding up): in the DCT where the image is a JPEG that allows it, else by
@@ -137,11 +126,6 @@ def as_asked(image: np.ndarray, region: Region | None, reduce_to: tuple[int, int
         if part is not None:
             return part, box, True
     return image, region, False
-
-
-def tries_region(reduce_to: tuple[int, int] | None, box: Region | None) -> bool:
-    """Whether a decode tries `box` alone: one is asked for and no DCT reduction, which takes precedence."""
-    return box is not None and reduce_to is None
 
 
 def decode(data: np.ndarray, reduce_to: tuple[int, int] | None,

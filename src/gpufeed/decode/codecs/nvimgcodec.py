@@ -5,16 +5,18 @@ to match torch's CUDA; imported only when a loader asks for one):
 - `cuda`: nvJPEG's hybrid decoder, Huffman on nvImageCodec's own CPU threads and the rest on CUDA
   cores. It is the one GPU decoder that leaves the engines free: on Hopper, torchvision's batched
   `decode_jpeg(device="cuda")` (the `nvjpeg` decoder) shares the engines with `hw`
-  (`benchmarks/gpu_decoders_probe.py`).
+  (docs/benchmarks.md, "One GPU decoder").
 
-Region-of-interest decode is slower than whole images on both (`benchmarks/nvimgcodec_probe.py`,
-docs/benchmarks.md), so the loader decodes whole images and crops in its resize kernel.
+Region-of-interest decode is slower than whole images on both
+(docs/benchmarks.md, "Kernels, copies and CPU decoding"), so the loader decodes whole images and
+crops in its resize kernel.
 
 A batch decodes through nvImageCodec's C API (`nvimgcodec_api`) into one device buffer, decoded
 into again once the kernels reading it ran (a fresh buffer per batch, of another size each time,
-left torch's allocator holding more device memory: docs/benchmarks.md). Its Python binding would
-take the GIL back about three times per image, each time waiting for the training thread
-(docs/benchmarks.md); it would also allocate and free device memory for every Image it makes.
+left torch's allocator holding more device memory). Its Python binding would take the GIL back
+about three times per image, each time waiting for the training thread; it would also allocate and
+free device memory for every Image it makes
+(both: docs/benchmarks.md, "nvImageCodec through its C API").
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import numpy as np
 import torch
 
 from gpufeed.decode.base import YCC420, Decoded, Encoded, PinnedStaging, hwc_strides
-from gpufeed.decode.nvimgcodec_api import BatchDecoder
+from gpufeed.decode.codecs.nvimgcodec_api import BatchDecoder
 
 MAX_IMAGE_BYTES = 1 << 30  # a header that claims more (a damaged or hostile file) is refused, not allocated
 
@@ -38,7 +40,8 @@ class NvImgCodecDecoder:
         self.name, self.device = name, device
         self._batches = BatchDecoder(name, device.index or 0, cpu_threads, room, padding)
         # YCbCr 4:2:0 images as their planes, for a consumer whose kernel converts them (`base.YCC420`):
-        # the engines then run no colour conversion or upsampling kernel per image (docs/benchmarks.md)
+        # the engines then run no colour conversion or upsampling kernel per image
+        # (docs/benchmarks.md, "YCbCr planes into the resize kernel")
         self.planar = False
         self.buffers = PinnedStaging(alloc=lambda nbytes: torch.empty(nbytes, dtype=torch.uint8, device=device))
 

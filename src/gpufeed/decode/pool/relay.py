@@ -16,7 +16,7 @@ from typing import Callable
 
 import numpy as np
 
-from gpufeed.decode import protocol, spawn
+from gpufeed.decode.pool import protocol, spawn
 
 
 class Relay:

@@ -9,10 +9,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from gpufeed.decode import pixels, protocol
+from gpufeed.decode.codecs import pixels
+from gpufeed.decode.pool import protocol
 from gpufeed.decode.base import Decoded
-from gpufeed.decode.segment import Segment
-from gpufeed.decode.shares import Asks
+from gpufeed.decode.pool.segment import Segment
+from gpufeed.decode.asks import Asks, asked
 
 ROWS = 1 << 16  # images on the board at once (a few batches' CPU shares); the memfd's pages cost only once used
 
@@ -92,8 +93,8 @@ class Board:
                 continue
             offset, (h, w), region = next(images)
             image = part.base[offset : offset + h * w * 3].numpy().reshape(h, w, 3)
-            asked = protocol.asked(asks.reduce_to[p].tolist(), asks.regions[p].tolist())
-            image, region, cut = pixels.as_asked(image, tuple(region) if region[0] >= 0 else None, *asked)
+            request = asked(asks.reduce_to[p].tolist(), asks.regions[p].tolist())
+            image, region, cut = pixels.as_asked(image, tuple(region) if region[0] >= 0 else None, *request)
             protocol.answer(row, segment.tensor.numpy(), image, region, done, cut)
 
     def owner(self, row: int) -> int:

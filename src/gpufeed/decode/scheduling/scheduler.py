@@ -28,11 +28,12 @@ import numpy as np
 import torch
 
 from gpufeed.decode.base import Decoded, Encoded, WorkersStopped
-from gpufeed.decode.choice import DEFAULT, gpu_decoders, warn_once
-from gpufeed.decode.cpu import CpuDecoder, roi_available, roi_cost
-from gpufeed.decode.protocol import NO_REGION
-from gpufeed.decode.shares import Asks, GpuShare, GpuShares, Pace, Started, crop_regions, reduce_to
-from gpufeed.decode.steering import Measured, Steering
+from gpufeed.decode.scheduling.choice import DEFAULT, gpu_decoders, warn_once
+from gpufeed.decode.codecs.cpu import CpuDecoder, roi_available, roi_cost
+from gpufeed.decode.asks import NO_REGION, Asks, crop_regions, reduce_to
+from gpufeed.decode.scheduling.shares import GpuShare, GpuShares, Started
+from gpufeed.decode.scheduling.steering import Pace
+from gpufeed.decode.scheduling.steering import Measured, Steering
 from gpufeed.decode.tuning import Tuning
 
 

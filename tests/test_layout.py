@@ -1,0 +1,63 @@
+"""The package's layers, checked from the imports in its source: `decode/`'s layers import only those
+below them, no module imports one of a layer above, the decode worker stays free of torch, and no
+private name crosses a package."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import gpufeed
+
+SRC = Path(gpufeed.__file__).parent
+DECODE_LAYERS = {"asks": 0, "base": 0, "tuning": 0, "codecs": 1, "pool": 2, "scheduling": 3}
+
+
+def _imports(path: Path) -> list[tuple[str, list[str]]]:
+    """(module, names) of every `import` and `from ... import` in `path` (function bodies included)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append((node.module, [a.name for a in node.names]))
+        elif isinstance(node, ast.Import):
+            found += [(a.name, []) for a in node.names]
+    return found
+
+
+def _layer(module: str) -> int | None:
+    parts = module.split(".")
+    if parts[:2] != ["gpufeed", "decode"] or len(parts) < 3:
+        return None
+    return DECODE_LAYERS.get(parts[2])
+
+
+def test_decode_layers_import_only_those_below_them():
+    wrong = []
+    for path in (SRC / "decode").rglob("*.py"):
+        mine = _layer("gpufeed." + ".".join(path.relative_to(SRC).with_suffix("").parts))
+        for module, names in _imports(path):
+            targets = [module] + [f"{module}.{n}" for n in names]
+            for target in targets:
+                theirs = _layer(target)
+                if mine is not None and theirs is not None and theirs > mine:
+                    wrong.append(f"{path.relative_to(SRC)} imports {target}")
+    assert not wrong, wrong
+
+
+def test_no_private_name_crosses_a_package():
+    wrong = []
+    for path in SRC.rglob("*.py"):
+        package = path.relative_to(SRC).parts[0]
+        for module, names in _imports(path):
+            if module.startswith("gpufeed.") and module.split(".")[1] != package:
+                wrong += [f"{path.relative_to(SRC)}: {module}.{n}" for n in names if n.startswith("_") and not n.startswith("__")]
+    assert not wrong, wrong
+
+
+def test_the_decode_worker_imports_no_torch():
+    code = ("import sys; import gpufeed.decode.pool.worker, gpufeed.decode.codecs.pixels, gpufeed.decode.asks; "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr

@@ -1,0 +1,172 @@
+"""The scheduler (`decode/scheduling/scheduler.py`): a batch's GPU share decoded on a helper thread while
+the caller goes on, pipelines taking turns on the GPU, dropped batches, and the CPU's measured rate."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import decoded, jpeg_bytes
+from gpufeed.decode.base import Encoded, in_place
+from gpufeed.decode.scheduling import scheduler
+from gpufeed.decode.scheduling.steering import Steering
+from gpufeed.decode.tuning import Tuning
+from gpufeed.synth import natural_images
+
+
+def _jpeg(h: int = 90, w: int = 120) -> torch.Tensor:
+    return torch.frombuffer(bytearray(jpeg_bytes(natural_images(1, h, w)[0], quality=90)), dtype=torch.uint8)
+
+
+def _four_jpegs() -> tuple[Encoded, np.ndarray, np.ndarray]:
+    """A batch of four 90x120 JPEGs, their shapes and whole-image crop boxes."""
+    datas = [_jpeg() for _ in range(4)]
+    batch = Encoded.of(torch.cat(datas), np.cumsum([0] + [len(d) for d in datas]), np.arange(4))
+    return batch, np.array([[90, 120]] * 4), np.array([[0, 0, 120, 90]] * 4, float)
+
+
+def _as_on_a_gpu(s: scheduler.Scheduler) -> scheduler.Scheduler:
+    """`s` as on a GPU: one GPU decoder, `hw` (the test stands in for its calls by patching
+    `Scheduler._timed`), and set rates."""
+    s.gpu, s._streams, s.steering = [SimpleNamespace(name="hw")], {"hw": None}, Steering(["hw"], cpu_share=True)
+    s.steering.rates.update(hw=1000.0, cpu=1000.0)
+    s.steering.gpu_rate = 1000.0
+    return s
+
+
+def _on_the_cpu(s: scheduler.Scheduler, part_batch: Encoded):
+    """What a stand-in GPU decoder returns: `part_batch` decoded by the scheduler's CPU decoder."""
+    return s.cpu.collect(s.cpu.submit(part_batch, None), torch.device("cpu"), False)
+
+
+def test_pipelines_sharing_a_turn_never_decode_on_the_gpu_at_once(monkeypatch):
+    """Two pipelines' schedulers with a shared `gpu_turn`: their GPU decodes take turns (the CPU share
+    and the rest overlap), and without it they do run at once; either way every image is decoded."""
+    import threading
+    import time
+
+    batch, shapes, boxes = _four_jpegs()
+
+    def overlap(turn) -> int:
+        active, most = [0], [0]
+        lock = threading.Lock()
+
+        def fake_gpu(self, dec, part_batch, part_shapes, stream):  # stands in for a GPU decoder's call
+            with lock:
+                active[0] += 1
+                most[0] = max(most[0], active[0])
+            time.sleep(0.05)
+            with lock:
+                active[0] -= 1
+            return _on_the_cpu(self, part_batch), 0.05
+
+        monkeypatch.setattr(scheduler.Scheduler, "_timed", fake_gpu)
+        scheds = [_as_on_a_gpu(scheduler.Scheduler(torch.device("cpu"), 1, gpu_turn=turn)) for _ in range(2)]
+        results = []
+        threads = [threading.Thread(target=lambda s=s: [results.append(s.run(batch, shapes, boxes, (16, 16), False))
+                                                        for _ in range(3)]) for s in scheds]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for s in scheds:
+            s.close()
+        assert len(results) == 6 and all(not failed and sum(len(p) for _, p in parts) == 4 for parts, failed in results)
+        return most[0]
+
+    assert overlap(threading.Lock()) == 1
+    assert overlap(None) == 2
+
+
+def test_a_started_batchs_gpu_share_decodes_on_a_helper_while_the_caller_goes_on(monkeypatch):
+    """`start` returns while the GPU share decodes on the scheduler's helper thread; `finish` waits for
+    it and counts the caller's wait apart from the decode; `drop` waits for a dropped batch's share."""
+    import threading
+
+    batch, shapes, boxes = _four_jpegs()
+    release, threads = threading.Event(), []
+
+    def fake_gpu(self, dec, part_batch, part_shapes, stream):  # stands in for a GPU decoder's call
+        threads.append(threading.current_thread())
+        assert release.wait(10)
+        return _on_the_cpu(self, part_batch), 0.01
+
+    monkeypatch.setattr(scheduler.Scheduler, "_timed", fake_gpu)
+    s = _as_on_a_gpu(scheduler.Scheduler(torch.device("cpu"), 1))
+    started = s.start(batch, shapes, boxes, (16, 16))  # the fake decoder holds: start returned anyway
+    assert started.gpu_job is not None and not started.gpu_job.done()
+    release.set()
+    parts, failed = s.finish(started, pin=False)
+    assert not failed and sorted(np.concatenate([p for _, p in parts]).tolist()) == [0, 1, 2, 3]
+    assert threads and threads[0] is not threading.current_thread()
+    assert s.counts["hw"] == 2 and s.counts["cpu"] == 2
+    assert s.seconds["hw"] == pytest.approx(0.01) and s.seconds["gpu"] > 0 and "gpu_wait" in s.seconds
+    dropped = s.start(batch, shapes, boxes, (16, 16))
+    s.drop(dropped)
+    assert dropped.gpu_job.done()
+    calls, shares = len(threads), s.steering.shares
+    s.steering.shares = lambda n, threads: [0, n]  # the CPU has the whole batch: no helper thread woken
+    empty = s.start(batch, shapes, boxes, (16, 16))
+    parts, failed = s.finish(empty, pin=False)
+    assert empty.gpu_job is None and len(threads) == calls and s.counts["cpu"] == 6
+    assert sorted(parts[-1][1].tolist()) == [0, 1, 2, 3] and not failed
+    s.steering.shares = shares
+    s.tuning = Tuning(gpu_early=False)  # the share decoded in `finish`, on the caller's thread
+    s.steering.rates["cpu"], calls = 1.0, len(threads)  # a slow CPU: the GPU decoder gets all but one image
+    parts, failed = s.finish(s.start(batch, shapes, boxes, (16, 16)), pin=False)
+    assert not failed and len(threads) == calls + 1 and threads[-1] is threading.current_thread()
+    s.close()
+
+
+def test_a_dropped_batchs_failed_gpu_share_is_not_raised(monkeypatch):
+    def broken_gpu(self, dec, part_batch, part_shapes, stream):
+        raise RuntimeError("the GPU decoder failed")
+
+    batch, shapes, boxes = _four_jpegs()
+    monkeypatch.setattr(scheduler.Scheduler, "_timed", broken_gpu)
+    s = _as_on_a_gpu(scheduler.Scheduler(torch.device("cpu"), 1))
+    s.drop(s.start(batch, shapes, boxes, (16, 16)))  # no error: nobody asked for these pixels
+    with pytest.raises(RuntimeError, match="the GPU decoder failed"):  # a batch finished says it
+        s.finish(s.start(batch, shapes, boxes, (16, 16)), pin=False)
+    s.close()
+
+
+def test_the_cpu_rate_is_its_images_over_its_decoding_seconds(monkeypatch):
+    """The CPU's measured rate is per thread (or worker) while it decodes: workers that become ready
+    while a share decodes do not dilute it, nor does the time the share waits to be collected."""
+    batch, shapes, boxes = _four_jpegs()
+    monkeypatch.setattr(scheduler.Scheduler, "_timed", lambda self, dec, part_batch, part_shapes, stream:
+                        (_on_the_cpu(self, part_batch), 0.01))
+    s = _as_on_a_gpu(scheduler.Scheduler(torch.device("cpu"), 2))
+    s.steering.rates["cpu"] = 1e6  # the CPU takes the whole batch
+    started = s.start(batch, shapes, boxes, (16, 16))
+    assert len(started.cpu_pos) == 4
+    s.cpu.threads = 12  # as if ten more workers became ready meanwhile
+    parts, failed = s.finish(started, pin=False)
+    images, seconds = s.steering._spent["cpu"]
+    assert not failed and images == 4 and 0 < seconds == s.cpu.busy_seconds
+    s.close()
+
+
+def test_the_cpu_rate_leaves_out_the_images_a_gpu_decoder_rejected(monkeypatch):
+    """Images a GPU decoder rejects are decoded on the CPU too, in the same batch: their seconds are
+    not the CPU share's, so the CPU's rate is measured on its share's images and seconds alone."""
+    batch, shapes, boxes = _four_jpegs()
+
+    def rejecting(self, dec, part_batch, part_shapes, stream):  # a GPU decoder refusing its first image
+        images = [decoded(d) for d in part_batch.tensors()]
+        return in_place(images[1:], {0: "CMYK"}), 0.01
+
+    monkeypatch.setattr(scheduler.Scheduler, "_timed", rejecting)
+    s = _as_on_a_gpu(scheduler.Scheduler(torch.device("cpu"), 2))
+    started = s.start(batch, shapes, boxes, (16, 16))
+    cpu_share = len(started.cpu_pos)
+    assert 0 < cpu_share < 4  # the GPU decoder has a share of the first batch
+    parts, failed = s.finish(started, pin=False)
+    images, seconds = s.steering._spent["cpu"]
+    assert not failed and s.counts["cpu_fallback"] == 1 and images == cpu_share
+    assert 0 < seconds == s.cpu.last_busy < s.cpu.busy_seconds  # the retry's seconds are left out
+    s.close()
