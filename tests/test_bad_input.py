@@ -141,9 +141,9 @@ def test_tar_links_and_oversized_members_are_listed_as_skipped(tmp_path, monkeyp
     import io
     import tarfile
 
-    from gpufeed.packing import sources
+    from gpufeed.sources import tars
 
-    monkeypatch.setattr(sources, "MAX_FILE_BYTES", 10_000)
+    monkeypatch.setattr(tars, "MAX_FILE_BYTES", 10_000)
     good, big = jpeg_bytes(smooth(0, 20, 20)), os.urandom(20_000)
     with tarfile.open(tmp_path / "shard.tar", "w") as tar:
         for name, data in (("a.jpg", good), ("a.cls", b"1"), ("b.jpg", big)):

@@ -20,7 +20,7 @@ import gpufeed
 from gpufeed.augment import Normalize, RandomResizedCrop
 from gpufeed.loader import folder
 from gpufeed.loader.jpeg import DecodeError
-from gpufeed.packing.sources import SourceError
+from gpufeed.sources import SourceError
 from gpufeed.synth import natural_image
 
 OPS = [RandomResizedCrop(24, scale=(0.3, 1)), Normalize()]

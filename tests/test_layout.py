@@ -61,3 +61,11 @@ def test_the_decode_worker_imports_no_torch():
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr
+
+
+def test_the_read_path_imports_nothing_of_the_write_path():
+    """The Loader reads sources (a folder in place) through `gpufeed.sources`, as packing does; it never
+    imports packing."""
+    wrong = [f"{path.relative_to(SRC)} imports {module}" for path in (SRC / "loader").rglob("*.py")
+             for module, _ in _imports(path) if module.startswith("gpufeed.packing")]
+    assert not wrong, wrong

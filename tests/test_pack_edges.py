@@ -20,7 +20,7 @@ import gpufeed
 from conftest import jpeg_bytes, pixels, save, smooth
 from gpufeed.cli import main
 from gpufeed.packing import packer
-from gpufeed.packing.sources import Item, SourceError
+from gpufeed.sources import Item, SourceError
 
 
 def _members(parts: list[tuple[str, bytes]]) -> bytes:

@@ -201,7 +201,7 @@ def _errors() -> tuple[type[BaseException], ...]:
     """The errors a verb reports as one line: bad input, named by path, never a traceback."""
     from gpufeed.loader.jpeg_batch import DecodeError
     from gpufeed.packing.packer import PackError
-    from gpufeed.packing.sources import SourceError
+    from gpufeed.sources import SourceError
     from gpufeed.store.format import StoreError
 
     return PackError, SourceError, StoreError, DecodeError, ValueError, ImportError, OSError

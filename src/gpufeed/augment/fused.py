@@ -14,7 +14,9 @@ import torch
 import triton
 import triton.language as tl
 
-BLOCK = 512  # output pixels per program: the fastest of 256, 512, 1024 (benchmarks/augment_kernel_bench.py)
+# output pixels per program: the fastest of 256, 512, 1024 (`benchmarks/augment_chain_bench.py --parts
+# kernel`; docs/benchmarks.md, "Kernels, copies and CPU decoding")
+BLOCK = 512
 
 
 @triton.jit

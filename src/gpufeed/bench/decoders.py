@@ -24,7 +24,7 @@ def _pil(data: bytes) -> None:
 
 
 def _libjpeg(data: np.ndarray) -> None:
-    pixels.whole(data)  # what `decode.cpu`'s threads decode whole JPEGs with
+    pixels.whole(data)  # what `decode.codecs.cpu`'s threads decode whole JPEGs with
 
 
 def _gpu_decoders(ctx: Context) -> tuple[dict, list[str]]:

@@ -16,7 +16,6 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from gpufeed.decode.asks import Region
 
 
 

@@ -1,9 +1,9 @@
 """The JPEG path's settings that measurements chose, in one value passed down from the Loader.
 
 Each default is the one a training-loop benchmark picked
-(docs/benchmarks.md, "Design measurements"); the benchmarks build other values from a row's settings (`benchmarks/feeds.py`:
-`jpeg:pipelines=2` is `Tuning(pipelines=2)`) and pass them to `gpufeed.Loader(tuning=...)` to
-compare, so no module global exists for a benchmark to patch.
+(docs/benchmarks.md, "Design measurements"); the benchmarks build other values from a row's
+settings (`benchmarks/feeds.py`: `jpeg:pipelines=2` is `Tuning(pipelines=2)`) and pass them to
+`gpufeed.Loader(tuning=...)` to compare, so no module global exists for a benchmark to patch.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class Tuning:
     # the engines decode YCbCr 4:2:0 images to their planes and the resize kernel converts them,
     # instead of a colour conversion kernel per image beside the model's
     planar: bool = True
-    # steering (`decode.steering`): the GPU decoders' part of a batch moves by `gpu_step` per batch,
+    # steering (`decode.scheduling.steering`): the GPU decoders' part of a batch moves by `gpu_step` per batch,
     # up while the loop waited more than `starved` of the time between batches and the producer waited
     # on the CPU more than on the GPU decoders; a GPU share under `gpu_min` of the batch goes to the
     # CPU too; the CPU's rate is reckoned at `cpu_load` of what was measured; the loop's time per

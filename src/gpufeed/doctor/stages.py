@@ -84,7 +84,7 @@ def decode(data: bytes) -> Image.Image:
 def folder(path: Path, limit: int, device: str) -> Timings:
     from torchvision import transforms
 
-    from gpufeed.packing.sources import Item, open_source
+    from gpufeed.sources import Item, open_source
 
     files = [e.path for e in open_source(path).entries if isinstance(e, Item)][:limit]
     if not files:

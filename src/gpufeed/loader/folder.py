@@ -39,8 +39,8 @@ from PIL import Image
 
 from gpufeed.decode.base import Encoded
 from gpufeed.loader.bytes import WorkerView
-from gpufeed.packing.imaging import plain_jpeg_problem
-from gpufeed.packing.sources import TAR_SUFFIXES, Item, Skip, SourceError, open_source, tar_key, tar_label
+from gpufeed.sources.images import plain_jpeg_problem
+from gpufeed.sources import TAR_SUFFIXES, Item, Skip, SourceError, open_source, tar_key, tar_label
 from gpufeed.store.format import MANIFEST
 
 log = logging.getLogger(__name__)

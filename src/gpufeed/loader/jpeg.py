@@ -117,7 +117,7 @@ def default_workers(device: torch.device) -> int:
 
 def jpeg_pipelines(images: ByteSource, output: Output, decoding: Decoding, counters: Stats) -> JpegPipelines:
     """A jpeg Loader's pipelines (`decoding.tuning.pipelines` on a GPU, one on a CPU), their decoders
-    (`decoding.decoders`, None: `decode.choice.DEFAULT`'s rule), and `decoding.workers` CPU decode
+    (`decoding.decoders`, None: `decode.scheduling.choice.DEFAULT`'s rule), and `decoding.workers` CPU decode
     processes they share (0: CPU decoding on threads of this process, which share its GIL)."""
     if decoding.decoders is not None:
         check_decoders(decoding.decoders)

@@ -2,7 +2,7 @@
 
 The crops are planned from the stored sizes; the scheduler splits the batch between the GPU
 decoders (each one batched call that releases the GIL) and the CPU decode worker processes
-(`decode.workers`, CUDA-free); one resize kernel, reading every decoder's part, writes the finished
+(`decode.pool.workers`, CUDA-free); one resize kernel, reading every decoder's part, writes the finished
 batch on the pipeline's stream. The next batch's CPU share is handed to the workers before this batch's
 GPU share is decoded, so the workers never wait for the producer thread; a folder read in place
 reads the files of the batch after that meanwhile. Samples no decoder can read are replaced by

@@ -24,7 +24,7 @@ import numpy as np
 from PIL import Image
 
 from gpufeed.packing.imaging import DEFAULT_MAX_PIXELS, to_rgb
-from gpufeed.packing.sources import Entry, Item, Skip, Source, SourceError
+from gpufeed.sources import Entry, Item, Skip, Source, SourceError
 
 IMAGE_KEYS = ("image", "img", "jpg", "jpeg", "png", "webp")
 LABEL_KEYS = ("label", "labels", "cls", "target")

@@ -16,6 +16,8 @@ from contextlib import contextmanager
 import numpy as np
 from PIL import Image, ImageOps
 
+from gpufeed.sources.images import plain_jpeg_problem
+
 # Pillow's own hard limit (2 × MAX_IMAGE_PIXELS): images larger than this after JPEG
 # downscaling are skipped unless the caller raises the budget.
 DEFAULT_MAX_PIXELS = 2 * 89_478_485
@@ -117,19 +119,6 @@ def fit_square(img: Image.Image, size: int, fit: str) -> np.ndarray:
         out = Image.new("RGB", (size, size))
         out.paste(img.resize((nw, nh), RESAMPLE), ((size - nw) // 2, (size - nh) // 2))
     return np.asarray(out, dtype=np.uint8)
-
-
-def plain_jpeg_problem(img: Image.Image) -> str | None:
-    """Why the JPEG decoders can't take `img`'s bytes as they are (not a JPEG, progressive, or to be
-    turned by its EXIF orientation), or None: what packing keeps with reencode=False and a Loader
-    reads in place."""
-    if img.format != "JPEG":
-        return f"a {img.format} image, not a JPEG"
-    if img.info.get("progressive") or img.info.get("progression"):
-        return "a progressive JPEG"
-    if img.getexif().get(ImageOps.ExifTags.Base.Orientation, 1) != 1:
-        return "an EXIF-rotated photo (packing turns it upright)"
-    return None
 
 
 def is_plain_jpeg(data: bytes, max_side: int) -> tuple[int, int] | None:

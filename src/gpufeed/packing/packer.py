@@ -23,7 +23,7 @@ from gpufeed.packing.datasets import dataset_source, is_dataset
 from gpufeed.packing.fields import FieldsSink, Geometry
 from gpufeed.packing.sigterm import sigterm_stops
 from gpufeed.packing.sinks import JpegSink, RawSink
-from gpufeed.packing.sources import Item, Skip, open_source
+from gpufeed.sources import Item, Skip, open_source
 from gpufeed.store import format as fmt
 from gpufeed.store.writer import atomic_store_dir
 

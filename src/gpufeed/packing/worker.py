@@ -15,7 +15,7 @@ import numpy as np
 
 from gpufeed.packing import imaging
 from gpufeed.packing.imaging import BadImage
-from gpufeed.packing.sources import MAX_FILE_BYTES, Item
+from gpufeed.sources import MAX_FILE_BYTES, Item
 from gpufeed.store.format import raw_item_bytes
 
 

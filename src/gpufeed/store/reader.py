@@ -57,8 +57,8 @@ class Store:
     The arrays are read-only memory maps: nothing is read until it is used, so a store of
     any size opens without reading its pixels or encoded bytes. Opening range-checks the small
     per-sample arrays (labels, sources; offsets and shapes of a jpeg store), which later steps index
-    memory with: a vectorised pass, milliseconds per million samples (docs/benchmarks.md). Tensors it
-    returns are views: don't write.
+    memory with: a vectorised pass, milliseconds per million samples
+    (docs/benchmarks.md, "Packing and opening a store"). Tensors it returns are views: don't write.
     """
 
     def __init__(self, path: str | Path):

@@ -12,7 +12,8 @@ class Gatherer:
     """Copies `src[idx]` into `out` with `threads` parallel `numpy.take` calls (no Python per sample).
 
     numpy's take releases the GIL and scales with threads on a memory map, where one
-    torch.index_select call is single-threaded (docs/benchmarks.md, "Design measurements").
+    torch.index_select call is single-threaded
+    (docs/benchmarks.md, "Kernels, copies and CPU decoding").
     """
 
     def __init__(self, threads: int):

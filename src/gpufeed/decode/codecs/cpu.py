@@ -29,8 +29,8 @@ import torch
 from PIL import Image
 
 from gpufeed.decode.codecs import pixels
-from gpufeed.decode.base import Decoded, Encoded, PinnedStaging, Region, nvimgcodec_install, packed
-from gpufeed.decode.asks import NO_REGION, Asks, tries_region
+from gpufeed.decode.base import Decoded, Encoded, PinnedStaging, nvimgcodec_install, packed
+from gpufeed.decode.asks import NO_REGION, Asks, Region, tries_region
 from gpufeed.store.reader import as_tensor
 
 

@@ -1,7 +1,7 @@
 """CPU JPEG decoding to numpy HWC pixels with Pillow and nvImageCodec's CPU backend, without torch.
 
 The decode worker processes use these alone, so they start in a fraction of a second (importing
-torch takes seconds); the loader's own CPU threads use them too (`decode.cpu`).
+torch takes seconds); the loader's own CPU threads use them too (`decode.codecs.cpu`).
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ def as_asked(image: np.ndarray, region: Region | None, reduce_to: tuple[int, int
 def decode(data: np.ndarray, reduce_to: tuple[int, int] | None,
            box: Region | None = None) -> tuple[np.ndarray, Region | None, float]:
     """(contiguous HWC pixels, the region they are or None for the whole image, time it finished), as
-    `decode.cpu.decode_one` gives, with Pillow decoding whole images."""
+    `decode.codecs.cpu.decode_one` gives, with Pillow decoding whole images."""
     if tries_region(reduce_to, box):
         try:
             return region(data, box), box, time.perf_counter()

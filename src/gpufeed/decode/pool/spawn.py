@@ -1,4 +1,4 @@
-"""Starting and stopping the CPU decode worker processes (`decode.worker`), as `DecodeWorkers` uses them.
+"""Starting and stopping the CPU decode worker processes (`decode.pool.worker`), as `DecodeWorkers` uses them.
 
 Each worker is a fresh interpreter started with exec (never fork, never multiprocessing): it shares
 no threads or locks with the loader and never imports the user's `__main__`. It sees no GPU and

@@ -64,7 +64,7 @@ def main() -> None:
 
 
 def _one(row: np.ndarray, data: np.ndarray, files, segments: dict, parent: int, codec) -> None:
-    """Decode the image of one board row (a view of length 1) with `codec` (`decode.pixels`) and
+    """Decode the image of one board row (a view of length 1) with `codec` (`decode.codecs.pixels`) and
     complete the row. Its pixels take no more than the room the row reserved: a region asked for
     and refused alone is decoded whole and cut to it (the row says so)."""
     job = row[0]

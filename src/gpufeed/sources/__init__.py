@@ -1,0 +1,40 @@
+"""What a dataset is read from: an image folder, a CSV/JSONL list or tar shards, as `Item`s and `Skip`s.
+
+`gpufeed.pack` packs them; a `Loader` given a folder, list or shards reads them in place
+(`loader.folder`). Neither imports the other: both read this package.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from pathlib import Path
+
+from gpufeed.sources.entries import MAX_FILE_BYTES, Entry, Item, Skip, Source, SourceError
+from gpufeed.sources.folders import IMAGE_EXTS, folder_source
+from gpufeed.sources.lists import list_source
+from gpufeed.sources.tars import TAR_IMAGE_EXTS, TAR_SUFFIXES, tar_key, tar_label, tar_source
+
+__all__ = ["IMAGE_EXTS", "MAX_FILE_BYTES", "TAR_IMAGE_EXTS", "TAR_SUFFIXES", "Entry", "Item", "Skip", "Source",
+           "SourceError", "open_source", "tar_key", "tar_label"]
+
+
+def open_source(source: str | os.PathLike) -> Source:
+    """Recognise `source` and return its entries; raises SourceError if it cannot be used."""
+    text = os.fspath(source)
+    if glob.has_magic(text):
+        shards = sorted(glob.glob(text))
+        if not shards:
+            raise SourceError(f"{text}: no file matches this pattern")
+        return tar_source(text, shards)
+    path = Path(text)
+    if not path.exists():
+        raise SourceError(f"{path}: no such file or directory")
+    if path.is_dir():
+        return folder_source(path)
+    lower = path.name.lower()
+    if lower.endswith(TAR_SUFFIXES):
+        return tar_source(text, [text])
+    if lower.endswith((".csv", ".jsonl")):
+        return list_source(path)
+    raise SourceError(f"{path}: not a folder, .csv/.jsonl list or .tar/.tar.gz/.tgz shard")

@@ -1,0 +1,68 @@
+"""An image folder as a source: an ImageFolder tree (labels follow the sorted class folder names) or a
+flat folder (label -1), walked in sorted order, following links but never looping."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Iterator
+
+from PIL import Image
+
+from gpufeed.sources.entries import Entry, Item, Skip, Source, count_items
+
+IMAGE_EXTS = frozenset(Image.registered_extensions())
+
+
+def _walk(directory: str, seen: set[tuple[int, int]]) -> Iterator[str | Skip]:
+    """Image files under `directory`, sorted, following symlinks but never looping."""
+    try:
+        st = os.stat(directory)
+        entries = sorted(os.scandir(directory), key=lambda e: e.name)
+    except OSError as e:
+        yield Skip(directory, f"unreadable directory: {e.strerror or e}")
+        return
+    if (st.st_dev, st.st_ino) in seen:
+        yield Skip(directory, "symlink loop: directory already visited")
+        return
+    seen.add((st.st_dev, st.st_ino))
+    for e in entries:
+        ext = os.path.splitext(e.name)[1]
+        if e.name.startswith("."):
+            yield Skip(e.path, "hidden file or folder (dotfile)", fatal=False)
+        elif _is_dir(e):
+            yield from _walk(e.path, seen)
+        elif ext.lower() in IMAGE_EXTS:
+            yield e.path  # a broken or looping link fails when read, with the reason
+        else:
+            yield Skip(e.path, f"not an image file (extension {ext or 'none'!r})", fatal=False)
+
+
+def _is_dir(entry: os.DirEntry) -> bool:
+    """Whether `entry` is a directory, following links; a link that cannot resolve is not."""
+    try:
+        return entry.is_dir()
+    except OSError:
+        return False
+
+
+def folder_source(root: Path) -> Source:
+    children = sorted(os.scandir(root), key=lambda e: e.name)
+    class_dirs = [e for e in children if not e.name.startswith(".") and _is_dir(e)]
+    entries: list[Entry] = []
+    seen: set[tuple[int, int]] = set()
+    if not class_dirs:
+        for found in _walk(str(root), seen):
+            entries.append(found if isinstance(found, Skip) else Item(found, -1, path=found))
+        return Source(f"flat folder {root}", [], iter(entries), count_items(entries))
+    seen.add((os.stat(root).st_dev, os.stat(root).st_ino))
+    for e in children:
+        if e.name.startswith("."):
+            entries.append(Skip(e.path, "hidden file or folder (dotfile)", fatal=False))
+        elif not _is_dir(e):
+            entries.append(Skip(e.path, "not inside a class folder (ImageFolder layout)", fatal=False))
+    classes = [d.name for d in class_dirs]
+    for label, d in enumerate(class_dirs):
+        for found in _walk(d.path, seen):
+            entries.append(found if isinstance(found, Skip) else Item(found, label, path=found))
+    return Source(f"image folder {root} ({len(classes)} classes)", classes, iter(entries), count_items(entries))

@@ -1,0 +1,95 @@
+"""A CSV (`path,label,...`) or JSONL (`{"path": ..., "label": ...}`) list of images as a source; labels
+may be integers or class names, and further columns or keys are the samples' fields."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from pathlib import Path
+from typing import Iterator
+
+from gpufeed.sources.cells import array_column, csv_column
+from gpufeed.sources.entries import Entry, Item, Skip, Source, SourceError, count_items, is_int
+
+
+def _list_rows(path: Path) -> Iterator[tuple[int, object, object, dict | None]]:
+    """(row number, path, label, other fields) of each row of a CSV or JSONL list: a JSONL row's
+    other keys, a CSV row's other columns (their text: `_list_source` types each column over all its
+    rows) when a header (path,label,...) names them. A malformed row has no path, and the reason in
+    place of the label. SourceError for a file that is not UTF-8 text or not CSV the csv module reads
+    (a cell over its 128 KiB limit), naming the line, and for a header naming a column twice."""
+    try:
+        # utf-8-sig: the byte-order mark Excel writes is no part of the header
+        with open(path, newline="", encoding="utf-8-sig") as f:
+            if path.suffix.lower() == ".jsonl":
+                yield from _jsonl_rows(f)
+            else:
+                yield from _csv_rows(path, f)
+    except UnicodeDecodeError as e:
+        raise SourceError(f"{path}: not UTF-8 text ({e})") from None
+
+
+def _jsonl_rows(f) -> Iterator[tuple[int, object, object, dict | None]]:
+    for n, line in enumerate(f, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            extra = {k: v for k, v in row.items() if k not in ("path", "label")}
+            yield n, row["path"], row.get("label", -1), extra or None
+        except (ValueError, KeyError, TypeError, AttributeError):
+            yield n, None, "malformed row (need path,label)", None
+
+
+def _csv_rows(path: Path, f) -> Iterator[tuple[int, object, object, dict | None]]:
+    names: list[str] = []
+    reader = csv.reader(f)
+    try:
+        for n, row in enumerate(reader, 1):
+            if n == 1 and [c.strip().lower() for c in row[:2]] == ["path", "label"]:
+                names = [c.strip() for c in row[2:]]
+                header = ["path", "label", *names]
+                twice = next((c for k, c in enumerate(header) if c in header[:k]), None)
+                if twice is not None:
+                    raise SourceError(f"{path}: column {twice!r} is named twice in the header")
+                continue
+            if row:
+                if names and len(row) - 2 != len(names):
+                    yield n, None, f"{len(row)} cells, the header names {len(names) + 2}", None
+                    continue
+                extra = {k: v.strip() for k, v in zip(names, row[2:])}
+                yield n, row[0].strip(), row[1].strip() if len(row) > 1 else -1, extra or None
+    except csv.Error as e:
+        raise SourceError(f"{path}: line {reader.line_num}: unreadable CSV ({e})") from None
+
+
+def _typed_columns(rows: list[tuple[int, object, object, dict | None]], csv_text: bool) -> None:
+    """Give each field of the listed samples its kind, decided over all of them (in place): a CSV
+    column by `csv_column`; a JSONL key in every row whose values are lists of numbers of one shape
+    becomes arrays (`array_column`). A first row's blank cell or a ragged list can't decide alone."""
+    extras = [extra or {} for _, _, _, extra in rows]
+    for name in dict.fromkeys(k for extra in extras for k in extra):
+        if not all(name in extra for extra in extras):
+            continue
+        values = [extra[name] for extra in extras]
+        typed = csv_column(values) if csv_text else array_column(values)
+        for extra, value in zip(extras, typed or values):
+            extra[name] = value
+
+
+def list_source(path: Path) -> Source:
+    rows = list(_list_rows(path))
+    _typed_columns([r for r in rows if r[1]], csv_text=path.suffix.lower() != ".jsonl")
+    raw_labels = [lab for _, p, lab, _ in rows if p]
+    numeric = all(is_int(lab) for lab in raw_labels)
+    classes = [] if numeric else sorted({str(lab) for lab in raw_labels})
+    index = {c: i for i, c in enumerate(classes)}
+    entries: list[Entry] = []
+    for n, p, lab, extra in rows:
+        if not p:
+            entries.append(Skip(f"{path}:{n}", lab or "malformed row (need path,label)"))
+            continue
+        full = str((path.parent / str(p)) if not os.path.isabs(str(p)) else Path(str(p)))
+        entries.append(Item(full, int(lab) if numeric else index[str(lab)], path=full, fields=extra))
+    return Source(f"list {path}", classes, iter(entries), count_items(entries), kind="list")

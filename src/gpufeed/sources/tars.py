@@ -1,0 +1,127 @@
+"""WebDataset-style tar shards as a source: members grouped by key (the name up to the first dot of the
+basename), the image from a `jpg`/`jpeg`/`png`/`webp` member, the label from `cls`, fields from
+`.json`, `.txt` and `.npy`. Read as a stream, never past a member's or the shard's end."""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+from typing import Iterator
+
+from gpufeed.sources.cells import tar_fields
+from gpufeed.sources.entries import MAX_FILE_BYTES, Entry, Item, Skip, Source, is_int
+
+TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz")
+TAR_IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
+
+
+def tar_source(text: str, shards: list[str]) -> Source:
+    return Source(f"{len(shards)} tar shard(s) {text}", [], _tar_entries(shards), None, kind="tar")
+
+
+
+
+def _tar_entries(shards: list[str]) -> Iterator[Entry]:
+    for shard in shards:
+        try:
+            with tarfile.open(shard, mode="r|*") as tar:
+                yield from _tar_samples(shard, tar)
+        except (OSError, tarfile.TarError, EOFError) as e:
+            yield Skip(shard, f"unreadable tar shard (rest of shard lost): {e}")
+
+
+def tar_key(name: str) -> tuple[str, str] | None:
+    """(sample key, lower-case extension) of a tar member, WebDataset's way (the key runs to the first
+    dot of the basename); None for hidden members."""
+    directory, base = os.path.split(name)
+    if base.startswith("."):
+        return None
+    stem, _, ext = base.partition(".")
+    return os.path.join(directory, stem), ext.lower()
+
+
+def tar_label(cls: bytes | None) -> int:
+    """A tar sample's label from its .cls member (-1 without one); ValueError if it is no integer."""
+    if cls is None:
+        return -1
+    text = cls.decode("utf-8", "replace").strip()
+    if not is_int(text):
+        raise ValueError(f"label {text!r} in .cls is not an integer")
+    return int(text)
+
+
+def _tar_samples(shard: str, tar: tarfile.TarFile) -> Iterator[Entry]:
+    """Group consecutive members by WebDataset key (name up to the first dot of the basename). A member
+    whose data the shard does not hold ends the shard there: the sample before it is kept (its members
+    all came before), the member is skipped with the reason, and nothing is read past the file's end."""
+    end = os.path.getsize(shard) if getattr(tar.fileobj, "comptype", None) == "tar" else None
+    key, parts = None, {}
+    for member in tar:
+        named = None if member.isdir() else tar_key(member.name)
+        wanted = named is not None and member.isfile() and member.size <= MAX_FILE_BYTES
+        data, cut = _member_data(tar, member, end, wanted)
+        if cut is not None:
+            if key is not None and (named is None or named[0] != key):
+                yield _tar_sample(shard, key, parts)
+            yield Skip(f"{shard}:{member.name}", cut)
+            return
+        if named is None:
+            continue
+        if not member.isfile():  # links, devices, FIFOs: nothing a sample is read from
+            yield Skip(f"{shard}:{member.name}", "not a regular file in the tar (a link, device or FIFO)")
+            continue
+        if member.size > MAX_FILE_BYTES:
+            yield Skip(f"{shard}:{member.name}", f"{member.size} bytes, more than any image gpufeed packs "
+                                                 f"({MAX_FILE_BYTES})")
+            continue
+        member_key, ext = named
+        if member_key != key and key is not None:
+            yield _tar_sample(shard, key, parts)
+            parts = {}
+        key = member_key
+        parts[ext] = data
+    if key is not None:
+        yield _tar_sample(shard, key, parts)
+
+
+def _member_data(tar: tarfile.TarFile, member: tarfile.TarInfo, end: int | None, wanted: bool
+                 ) -> tuple[bytes | None, str | None]:
+    """(the member's bytes if `wanted`, else None; why the shard ends at this member, else None).
+
+    A plain shard (`end`: its size in bytes) shows a member running past its end from the header
+    alone. In a compressed one the data shows only by reading it, so a member not wanted is read
+    through here in 1 MiB pieces: tarfile's own skip over it would go on reading empty blocks for
+    the whole declared size (1 PiB: forever) and then lose the sample before it."""
+    if not (member.isreg() or member.type not in tarfile.SUPPORTED_TYPES):  # links, dirs: no data
+        return None, None
+    lost = f"unreadable tar shard (rest of shard lost): {member.size} bytes declared"
+    if end is not None and member.offset_data + member.size > end:
+        return None, f"{lost}, past the end of the shard ({end} bytes: truncated or damaged)"
+    if end is not None and not wanted:
+        return None, None  # tarfile skips it within the file
+    try:
+        f, kept = tar.extractfile(member), io.BytesIO()
+        while piece := f.read(1 << 20):  # in pieces: tarfile's read() of a member holds three copies of it
+            if wanted:
+                kept.write(piece)
+        return (kept.getvalue() if wanted else None), None
+    except (OSError, tarfile.TarError, EOFError) as e:
+        return None, f"{lost}, past the end of the shard or through damaged data ({e})"
+
+
+def _tar_sample(shard: str, key: str, parts: dict[str, bytes]) -> Entry:
+    name = f"{shard}:{key}"
+    image = next((parts[e] for e in TAR_IMAGE_EXTS if e in parts), None)
+    if image is None:
+        return Skip(name, f"no image member ({'/'.join(TAR_IMAGE_EXTS)})")
+    label = -1
+    try:
+        label = tar_label(parts.get("cls"))
+    except ValueError as e:
+        return Skip(name, str(e))
+    try:
+        fields = tar_fields(parts)
+    except (ValueError, OSError, EOFError) as e:  # bad JSON, text that is not UTF-8, a .npy numpy refuses
+        return Skip(name, f"unreadable .json, .txt or .npy member: {e}")
+    return Item(name, label, data=image, fields=fields or None)
