@@ -25,7 +25,7 @@ def test_ddp_two_ranks_on_cpu(tmp_path):
     a, b = (set(r["epoch0_indices"]) for r in reports)
     assert not a & b and a | b == set(range(64))  # disjoint shards covering the epoch
     for r in reports:  # both ranks stopped after 6 steps: epoch 1, batch 2, ready to resume there
-        assert r["state"]["epoch"] == 1 and r["state"]["batch"] == 2 and r["state"]["rank"] == r["rank"]
+        assert r["state"]["epoch"] == 1 and r["state"]["batch"] == 2 and r["state"] == reports[0]["state"]
     # host RAM: each rank reads the store through its memory map of the page cache, and the
     # ranks' proportional shares of those pages add up to at most one copy of the store
     assert all(r["store_memory_mb"]["rss"] > 0 for r in reports)

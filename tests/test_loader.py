@@ -165,11 +165,67 @@ def test_load_state_dict_refuses_what_no_loader_of_this_shape_wrote(store):
     good = loader.state_dict()
     for bad, why in [({**good, "batch": -1}, "batch=-1"), ({**good, "epoch": -2}, "epoch=-2"),
                      ({**good, "batch": 99}, "past the"), ({**good, "batch": 1.5}, "not an int"),
-                     ({**good, "rank": 0}, "rank 0's"), ({"epoch": 0}, "not a gpufeed.Loader state_dict")]:
+                     ({**good, "seed": 5}, "seed=5"), ({**good, "world_size": 0}, "world_size=0"),
+                     ({**good, "segments": [[2]]}, "segments="), ({"epoch": 0}, "not a gpufeed.Loader state_dict")]:
         with pytest.raises(ValueError, match=why):
             loader.load_state_dict(bad)
     loader.load_state_dict({**good, "batch": 2})
     assert len(list(loader)) == len(loader) - 2
+
+
+def _ranks(store, world, **kw):
+    return [gpufeed.Loader(store, batch_size=4, device="cpu", rank=r, world_size=world, **kw) for r in range(world)]
+
+
+@pytest.mark.parametrize("before, after", [(2, 3), (3, 2), (2, 1), (1, 4)])
+def test_a_job_resumed_at_another_world_size_covers_exactly_the_rest(store, before, after):
+    """The state is the job's (the same on every rank); at W' it continues with what no rank had yielded,
+    each sample once with pad=False, and then the next epoch whole (issue 48)."""
+    first = _ranks(store, before, shuffle=True, seed=3, drop_last=False, pad=False)
+    seen, states = [], []
+    for loader in first:
+        it = iter(loader)
+        for number in range(3):
+            next(it)
+            seen += loader.plan(0, number)[0].tolist()
+        states.append(loader.state_dict())
+    assert all(s == states[0] for s in states)
+    second = _ranks(store, after, shuffle=True, seed=3, drop_last=False, pad=False)
+    rest = []
+    for loader in second:
+        loader.load_state_dict(states[1 % len(states)])
+        for number, _ in enumerate(loader):
+            rest += loader.plan(0, number)[0].tolist()
+        assert loader.epoch == 1 and loader.state_dict()["segments"] == []
+    assert sorted(seen + rest) == list(range(96))
+    # a second resume in the same epoch, at yet another world size, still covers the rest exactly
+    third = _ranks(store, 2, shuffle=True, seed=3, drop_last=False, pad=False)
+    again = []
+    for loader in third:
+        loader.load_state_dict(states[0])
+        it = iter(loader)
+        next(it)
+        again += loader.plan(0, loader.state_dict()["batch"] - 1)[0].tolist()  # the batch just yielded
+        mid = loader.state_dict()
+    assert mid["segments"] == ([] if before == 2 else [[before, 3]])
+    fourth = _ranks(store, 3, shuffle=True, seed=3, drop_last=False, pad=False)
+    tail = []
+    for loader in fourth:
+        loader.load_state_dict(mid)
+        for number, _ in enumerate(loader):
+            tail += loader.plan(0, number)[0].tolist()
+    assert sorted(seen + again + tail) == list(range(96))
+
+
+def test_a_resume_at_the_same_world_size_replays_the_same_batches(store):
+    loaders = _ranks(store, 2, shuffle=True, seed=5, augment=[RandomResizedCrop(16)])
+    it = iter(loaders[1])
+    next(it)
+    state = loaders[1].state_dict()
+    rest = [images for images, _ in it]
+    resumed = _ranks(store, 2, shuffle=True, seed=5, augment=[RandomResizedCrop(16)])[1]
+    resumed.load_state_dict(state)
+    assert all(torch.equal(a, b) for a, (b, _) in zip(rest, resumed, strict=True))
 
 
 def test_close_returns_once_its_threads_ended_and_a_waiting_consumer_is_told(store):

@@ -7,8 +7,16 @@ importing torch.
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
 from gpufeed._version import __version__
+
+if TYPE_CHECKING:  # what type checkers see of the names imported on first use
+    from gpufeed import augment, nn
+    from gpufeed.loader import Loader
+    from gpufeed.packing import PackError, PackReport, SourceError, pack
+    from gpufeed.store import Store, StoreError, VerifyResult, verify
+    from gpufeed.store import open_store as open
 
 _EXPORTS = {
     "Loader": ("gpufeed.loader", "Loader"),
@@ -24,7 +32,22 @@ _EXPORTS = {
     "pack": ("gpufeed.packing", "pack"),
     "verify": ("gpufeed.store", "verify"),
 }
-__all__ = sorted([*_EXPORTS, "__version__"])
+# spelled out for static tools; tests/test_lint.py checks it is sorted(_EXPORTS + __version__)
+__all__ = [
+    "Loader",
+    "PackError",
+    "PackReport",
+    "SourceError",
+    "Store",
+    "StoreError",
+    "VerifyResult",
+    "__version__",
+    "augment",
+    "nn",
+    "open",
+    "pack",
+    "verify",
+]
 
 
 def __getattr__(name: str):

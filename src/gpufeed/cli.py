@@ -22,20 +22,33 @@ def _pack(a: argparse.Namespace) -> int:
     """Pack; --size with --mode jpeg is a usage error (exit 2), not ignored: a jpeg store keeps each
     image's shape. SIGTERM cleans up as Ctrl-C does and exits 143."""
     if a.mode == "jpeg" and a.size is not None:
-        a.usage_error("--size sets the side of --mode raw's square images; a jpeg store keeps each image's "
-                      "shape: bound its longer side with --max-side")
+        a.usage_error(
+            "--size sets the side of --mode raw's square images; a jpeg store keeps each image's "
+            "shape: bound its longer side with --max-side"
+        )
     from gpufeed.packing import pack
     from gpufeed.packing.sigterm import Terminated
 
     try:
         report = pack(
-            a.source, a.dest, mode=a.mode, size=_SIZE if a.size is None else a.size, fit=a.fit, quality=a.quality,
-            max_side=a.max_side, reencode=not a.no_reencode, workers=a.workers, on_error=a.on_error,
-            overwrite=a.overwrite, max_pixels=a.max_pixels, engine=a.engine, ray_address=a.ray_address,
+            a.source,
+            a.dest,
+            mode=a.mode,
+            size=_SIZE if a.size is None else a.size,
+            fit=a.fit,
+            quality=a.quality,
+            max_side=a.max_side,
+            reencode=not a.no_reencode,
+            workers=a.workers,
+            on_error=a.on_error,
+            overwrite=a.overwrite,
+            max_pixels=a.max_pixels,
+            engine=a.engine,
+            ray_address=a.ray_address,
         )
     except Terminated as e:
         print("gpufeed pack: terminated (SIGTERM); nothing was left half-written", file=sys.stderr)
-        return e.code
+        return e.code  # type: ignore[return-value]  # 143
     print(report.summary())
     return 0
 
@@ -54,8 +67,10 @@ def _inspect(a: argparse.Namespace) -> int:
         print(f"grid of samples written to {path}")
         if undecodable:
             shown = "; ".join(f"{i} ({why})" for i, why in list(undecodable.items())[:3])
-            print(f"{len(undecodable)} sample{'s' if len(undecodable) > 1 else ''} could not be decoded, drawn blank: "
-                  f"{shown}{'; ...' if len(undecodable) > 3 else ''} ('gpufeed verify' checks the store's files)")
+            print(
+                f"{len(undecodable)} sample{'s' if len(undecodable) > 1 else ''} could not be decoded, drawn blank: "
+                f"{shown}{'; ...' if len(undecodable) > 3 else ''} ('gpufeed verify' checks the store's files)"
+            )
     return 0
 
 
@@ -124,42 +139,72 @@ class _Help(argparse.ArgumentDefaultsHelpFormatter):
     def _get_help_string(self, action: argparse.Action) -> str:
         if action.default in (None, False) or action.required:
             return action.help or ""
-        return super()._get_help_string(action)
+        return super()._get_help_string(action)  # type: ignore[return-value]  # a str: argparse makes None ""
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="gpufeed", description="Image datasets onto the GPU at bus speed.",
-                                epilog="'gpufeed VERB --help' explains a verb and its options.")
+    p = argparse.ArgumentParser(
+        prog="gpufeed",
+        description="Image datasets onto the GPU at bus speed.",
+        epilog="'gpufeed VERB --help' explains a verb and its options.",
+    )
     p.add_argument("--version", action="version", version=f"gpufeed {__version__}")
     sub = p.add_subparsers(dest="verb", required=True, metavar="VERB")
 
     def verb(name: str, help: str) -> argparse.ArgumentParser:
-        return sub.add_parser(name, help=help, description=help[0].upper() + help[1:] + ".",
-                              formatter_class=_Help)
+        return sub.add_parser(name, help=help, description=help[0].upper() + help[1:] + ".", formatter_class=_Help)
 
     q = verb("pack", "pack an image folder, CSV/JSONL list or tar shards into a store")
-    q.add_argument("source", help="image folder (one subfolder per class), .csv/.jsonl list (path,label), "
-                                  ".tar/.tar.gz shard or a quoted glob of shards")
+    q.add_argument(
+        "source",
+        help="image folder (one subfolder per class), .csv/.jsonl list (path,label), "
+        ".tar/.tar.gz shard or a quoted glob of shards",
+    )
     q.add_argument("dest", help="store directory to create (written atomically)")
-    q.add_argument("--mode", choices=["raw", "jpeg"], default="raw",
-                   help="raw: fixed-size uint8 pixels (fastest to load); jpeg: encoded bytes (about 4x smaller)")
-    q.add_argument("--size", type=int, default=None,
-                   help=f"raw: side of the square images (default: {_SIZE}; jpeg: use --max-side)")
-    q.add_argument("--fit", choices=["crop", "stretch", "pad"], default="crop",
-                   help="raw: how an image becomes square: centre crop of the shorter side, stretch, "
-                        "or pad the longer side with black")
+    q.add_argument(
+        "--mode",
+        choices=["raw", "jpeg"],
+        default="raw",
+        help="raw: fixed-size uint8 pixels (fastest to load); jpeg: encoded bytes (about 4x smaller)",
+    )
+    q.add_argument(
+        "--size",
+        type=int,
+        default=None,
+        help=f"raw: side of the square images (default: {_SIZE}; jpeg: use --max-side)",
+    )
+    q.add_argument(
+        "--fit",
+        choices=["crop", "stretch", "pad"],
+        default="crop",
+        help="raw: how an image becomes square: centre crop of the shorter side, stretch, "
+        "or pad the longer side with black",
+    )
     q.add_argument("--quality", type=int, default=90, help="jpeg: re-encode quality")
     q.add_argument("--max-side", type=int, default=512, help="jpeg: longest side kept")
     q.add_argument("--no-reencode", action="store_true", help="jpeg: keep baseline RGB JPEGs as they are")
-    q.add_argument("--max-pixels", type=_positive, default=_MAX_PIXELS,
-                   help="skip an image whose header declares more pixels than this, before decoding it")
+    q.add_argument(
+        "--max-pixels",
+        type=_positive,
+        default=_MAX_PIXELS,
+        help="skip an image whose header declares more pixels than this, before decoding it",
+    )
     q.add_argument("--workers", type=int, default=None, help="local processes (default: all cores)")
-    q.add_argument("--engine", choices=["local", "ray"], default="local",
-                   help="ray: pack on a Ray cluster's CPUs (needs gpufeed[ray] on every node)")
-    q.add_argument("--ray-address", default=None,
-                   help="Ray cluster to join (default: RAY_ADDRESS, else a local cluster)")
-    q.add_argument("--on-error", choices=["skip", "raise"], default="skip",
-                   help="skip: list a bad image in the report and go on; raise: stop at the first one")
+    q.add_argument(
+        "--engine",
+        choices=["local", "ray"],
+        default="local",
+        help="ray: pack on a Ray cluster's CPUs (needs gpufeed[ray] on every node)",
+    )
+    q.add_argument(
+        "--ray-address", default=None, help="Ray cluster to join (default: RAY_ADDRESS, else a local cluster)"
+    )
+    q.add_argument(
+        "--on-error",
+        choices=["skip", "raise"],
+        default="skip",
+        help="skip: list a bad image in the report and go on; raise: stop at the first one",
+    )
     q.add_argument("--overwrite", action="store_true", help="replace an existing destination")
     q.set_defaults(run=_pack, usage_error=q.error)
 
@@ -174,8 +219,12 @@ def _parser() -> argparse.ArgumentParser:
     q.set_defaults(run=_verify)
 
     q = verb("bench", "measure transfers, dtype order, decoders, loaders and training on this machine")
-    q.add_argument("experiments", nargs="*", metavar="EXPERIMENT",
-                   help="transfer, dtype, decoders, loaders, training (default: all)")
+    q.add_argument(
+        "experiments",
+        nargs="*",
+        metavar="EXPERIMENT",
+        help="transfer, dtype, decoders, loaders, training (default: all)",
+    )
     q.add_argument("--quick", action="store_true", help="small sizes and few repeats")
     q.add_argument("--out", default="gpufeed-bench", help="folder for results.json, PNGs and summary.md")
     q.add_argument("--device", choices=["cuda", "cpu"], default=None, help="default: cuda if available")
@@ -183,8 +232,12 @@ def _parser() -> argparse.ArgumentParser:
     q.set_defaults(run=_bench)
 
     q = verb("doctor", "time each stage of a data pipeline, name the bottleneck, report versions")
-    q.add_argument("target", nargs="?", help="image folder, gpufeed store, or module:function returning "
-                                             "(images, labels) batches (none: only versions and decoders)")
+    q.add_argument(
+        "target",
+        nargs="?",
+        help="image folder, gpufeed store, or module:function returning "
+        "(images, labels) batches (none: only versions and decoders)",
+    )
     q.add_argument("--device", choices=["cuda", "cpu"], default=None, help="default: cuda if available")
     q.add_argument("--limit", type=_positive, default=256, help="images to time")
     q.add_argument("--trace", metavar="TRACE.json", help="write a torch.profiler Chrome trace")

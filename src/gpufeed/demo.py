@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import shutil
-from functools import partial
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+from typing import TypeVar
 
 from gpufeed.packing import pack
 from gpufeed.store import open_store, verify
 from gpufeed.synth import make_image_folder
 
+T = TypeVar("T")
 
-def _timed(fn) -> tuple[object, float]:
+
+def _timed(fn: Callable[[], T]) -> tuple[T, float]:
     t0 = time.perf_counter()
     out = fn()
     return out, time.perf_counter() - t0
@@ -46,11 +50,17 @@ def run_demo(directory: str | Path = "gpufeed-demo", per_class: int = 64, classe
         store[0]  # warm-up: first use loads the decoder
         _, t_read = _timed(partial(_read_all, store))
         check, t_verify = _timed(partial(verify, store.path))
-        rows.append({
-            "mode": mode, "images": len(store), "MB": store.nbytes / 1e6,
-            "pack img/s": report.images_per_s, "read img/s": len(store) / t_read,
-            "verify": "intact" if check.ok else "DAMAGED", "verify s": t_verify,
-        })
+        rows.append(
+            {
+                "mode": mode,
+                "images": len(store),
+                "MB": store.nbytes / 1e6,
+                "pack img/s": report.images_per_s,
+                "read img/s": len(store) / t_read,
+                "verify": "intact" if check.ok else "DAMAGED",
+                "verify s": t_verify,
+            }
+        )
     step("loading the raw store with gpufeed.Loader")
     loaded = _load(root / "store-raw")
     print(f"\nsample images made in {t_make:.1f} s; stores in {root}/")
@@ -59,9 +69,11 @@ def run_demo(directory: str | Path = "gpufeed-demo", per_class: int = 64, classe
     for r in rows:
         print("  ".join(f"{v:>11.1f}" if isinstance(v, float) else f"{v!s:>11}" for v in r.values()))
     print("read img/s: store[i] one sample at a time on this CPU (decode included for jpeg).")
-    print(f"gpufeed.Loader on {loaded['device']} ({loaded['tier']} tier): {loaded['img/s']:.0f} img/s, "
-          f"batches of {loaded['shape']} {loaded['dtype']} (RandomResizedCrop 224 + flip + normalize, "
-          f"{loaded['epochs']} epochs after a warm-up epoch)")
+    print(
+        f"gpufeed.Loader on {loaded['device']} ({loaded['tier']} tier): {loaded['img/s']:.0f} img/s, "
+        f"batches of {loaded['shape']} {loaded['dtype']} (RandomResizedCrop 224 + flip + normalize, "
+        f"{loaded['epochs']} epochs after a warm-up epoch)"
+    )
     return rows + [loaded]
 
 
@@ -75,16 +87,28 @@ def _load(store_path: Path, epochs: int = 3) -> dict:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     store = open_store(store_path)
     batch = min(32, len(store))
-    loader = Loader(store, batch_size=batch, device=device, dtype=torch.float16,
-                    augment=[RandomResizedCrop(224), RandomHorizontalFlip(), Normalize()])
+    loader = Loader(
+        store,
+        batch_size=batch,
+        device=device,
+        dtype=torch.float16,
+        augment=[RandomResizedCrop(224), RandomHorizontalFlip(), Normalize()],
+    )
     for _batch in loader:
         pass
     t0 = time.perf_counter()
     for _ in range(epochs):
-        for images, _ in loader:
+        for images, _ in loader:  # noqa: B007  the last batch's shape and dtype are reported below
             pass
     if device == "cuda":
         torch.cuda.synchronize()
     rate = epochs * len(loader) * batch / (time.perf_counter() - t0)
-    return {"mode": "loader", "device": device, "tier": loader.tier.name, "img/s": rate,
-            "shape": tuple(images.shape), "dtype": str(images.dtype).replace("torch.", ""), "epochs": epochs}
+    return {
+        "mode": "loader",
+        "device": device,
+        "tier": loader.tier.name,
+        "img/s": rate,
+        "shape": tuple(images.shape),
+        "dtype": str(images.dtype).replace("torch.", ""),
+        "epochs": epochs,
+    }

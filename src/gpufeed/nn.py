@@ -13,9 +13,16 @@ class Normalize(nn.Module):
     `channels` is the dimension holding RGB: 1 for NCHW, -1 for NHWC.
     """
 
-    def __init__(self, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225),
-                 dtype: torch.dtype = torch.float32, channels: int = 1):
+    def __init__(
+        self,
+        mean=(0.485, 0.456, 0.406),
+        std=(0.229, 0.224, 0.225),
+        dtype: torch.dtype = torch.float32,
+        channels: int = 1,
+    ):
         super().__init__()
+        self.scale: torch.Tensor
+        self.shift: torch.Tensor
         shape = [1, 1, 1, 1]
         shape[channels] = 3
         std_t = torch.tensor(std, dtype=torch.float32).view(shape)

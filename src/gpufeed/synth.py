@@ -33,7 +33,7 @@ def natural_image(rng: np.random.Generator, height: int = 375, width: int = 500,
         x0, y0 = rng.integers(0, width), rng.integers(0, height)
         x1, y1 = x0 + rng.integers(10, width // 2), y0 + rng.integers(10, height // 2)
         color = tuple(int(c) for c in rng.integers(0, 256, 3))
-        (draw.ellipse if rng.random() < 0.5 else draw.rectangle)((x0, y0, x1, y1), fill=color)
+        (draw.ellipse if rng.random() < 0.5 else draw.rectangle)((x0, y0, x1, y1), fill=color)  # type: ignore[arg-type]
     return np.asarray(pil)
 
 
@@ -45,8 +45,10 @@ def natural_images(count: int, height: int = 375, width: int = 500, seed: int = 
 
 def photos(sizes: list[tuple[int, int]], seed: int = 0) -> list[np.ndarray]:
     """`natural_images`, one per (height, width) of `sizes`, each resized to its size."""
-    return [np.asarray(Image.fromarray(im).resize((w, h))) for im, (h, w) in
-            zip(natural_images(len(sizes), seed=seed), sizes)]
+    return [
+        np.asarray(Image.fromarray(im).resize((w, h)))
+        for im, (h, w) in zip(natural_images(len(sizes), seed=seed), sizes)
+    ]
 
 
 def encode_jpegs(images: list[np.ndarray], quality: int = 90) -> list[bytes]:
@@ -70,8 +72,11 @@ def make_image_folder(
 ) -> Path:
     """Write an ImageFolder tree of JPEGs (class_000/000000.jpg, ...) and return its root."""
     root = Path(root)
-    jobs = [(root / f"class_{c:03d}", c, start, min(start + 64, per_class), height, width, quality, seed)
-            for c in range(classes) for start in range(0, per_class, 64)]
+    jobs = [
+        (root / f"class_{c:03d}", c, start, min(start + 64, per_class), height, width, quality, seed)
+        for c in range(classes)
+        for start in range(0, per_class, 64)
+    ]
     for c in range(classes):
         (root / f"class_{c:03d}").mkdir(parents=True, exist_ok=True)
     with ProcessPoolExecutor(min(len(jobs), os.cpu_count() or 1)) as pool:

@@ -2,12 +2,29 @@
 
 from gpufeed.augment.affine import RandomAffine, RandomRotation
 from gpufeed.augment.mix import CutMix, MixUp, MixUpOrCutMix
-from gpufeed.augment.ops import (CenterCrop, ColorJitter, Normalize, RandomCrop, RandomHorizontalFlip,
-                                 RandomResizedCrop, RandomVerticalFlip, Resize)
+from gpufeed.augment.ops import (
+    CenterCrop,
+    ColorJitter,
+    Normalize,
+    RandomCrop,
+    RandomHorizontalFlip,
+    RandomResizedCrop,
+    RandomVerticalFlip,
+    Resize,
+)
 from gpufeed.augment.params import Params
 from gpufeed.augment.pipeline import Augment
-from gpufeed.augment.pixel import (GaussianBlur, RandomAdjustSharpness, RandomAutocontrast, RandomEqualize,
-                                   RandomErasing, RandomGrayscale, RandomInvert, RandomPosterize, RandomSolarize)
+from gpufeed.augment.pixel import (
+    GaussianBlur,
+    RandomAdjustSharpness,
+    RandomAutocontrast,
+    RandomEqualize,
+    RandomErasing,
+    RandomGrayscale,
+    RandomInvert,
+    RandomPosterize,
+    RandomSolarize,
+)
 from gpufeed.augment.policies import AutoAugment, RandAugment, TrivialAugmentWide
 
 __all__ = [

@@ -11,8 +11,8 @@ fill, as torchvision's one pass per op would give it.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Sequence
 
 import torch
 import torch.nn.functional as tf
@@ -22,8 +22,16 @@ from gpufeed.augment.colour import constant
 from gpufeed.augment.view import Resampling, View, fill_tuple
 
 
-def inverse_affine(angle: torch.Tensor, tx: torch.Tensor, ty: torch.Tensor, scale: torch.Tensor,
-                   shear_x: torch.Tensor, shear_y: torch.Tensor, cx: torch.Tensor, cy: torch.Tensor) -> torch.Tensor:
+def inverse_affine(
+    angle: torch.Tensor,
+    tx: torch.Tensor,
+    ty: torch.Tensor,
+    scale: torch.Tensor,
+    shear_x: torch.Tensor,
+    shear_y: torch.Tensor,
+    cx: torch.Tensor,
+    cy: torch.Tensor,
+) -> torch.Tensor:
     """(N, 3, 3) float64 matrices from output to input coordinates, both measured from the image centre,
     of torchvision's affine: rotation by `angle`, scale, shears (degrees) about the centre offset
     (cx, cy), then the translation (tx, ty). Every argument is an (N,) float64 tensor."""
@@ -58,6 +66,11 @@ class _Turn:
     """What RandomAffine and RandomRotation share: a per-sample angle drawn first, the centre, the
     warp settings. `_matrix` gives the op's inverse matrix from the angle (and its other draws)."""
 
+    center: Sequence[float] | None
+    interpolation: str
+    fill: float | Sequence[float]
+    _degrees: tuple[float, float]
+
     def _check(self, op: str) -> None:
         """What both take besides the angles: center (x, y), interpolation, fill."""
         if self.center is not None:
@@ -67,16 +80,21 @@ class _Turn:
         checks.fill(self.fill, op)
 
     def __call__(self, view: View, g: torch.Generator) -> View:
-        view.need_one_size()
+        h, w = view.need_one_size()
         angle = _uniform(view.n, self._degrees, g)
         zero = torch.zeros(view.n, dtype=torch.float64)
         if self.center is None:
             cx = cy = zero
         else:
-            cx, cy = zero + float(self.center[0]) - view.width / 2, zero + float(self.center[1]) - view.height / 2
+            cx, cy = zero + float(self.center[0]) - w / 2, zero + float(self.center[1]) - h / 2
         m = self._matrix(view, angle, cx, cy, g)
         resampling = Resampling(interpolation_mode(self.interpolation), fill_tuple(self.fill))
-        return view.then(from_centre(m, view.height, view.width), view.height, view.width, resampling, fills=True)
+        return view.then(from_centre(m, h, w), h, w, resampling, fills=True)
+
+    def _matrix(
+        self, view: View, angle: torch.Tensor, cx: torch.Tensor, cy: torch.Tensor, g: torch.Generator
+    ) -> torch.Tensor:
+        raise NotImplementedError  # each op says
 
 
 def _uniform(n: int, bounds: tuple[float, float], g: torch.Generator) -> torch.Tensor:
@@ -109,14 +127,16 @@ class RandomAffine(_Turn):
             checks.interval(self.scale, op, "scale", low=0, open_low=True, bounds="scale values should be positive")
         self._check(op)
 
-    def _matrix(self, view: View, angle: torch.Tensor, cx: torch.Tensor, cy: torch.Tensor,
-                g: torch.Generator) -> torch.Tensor:
+    def _matrix(
+        self, view: View, angle: torch.Tensor, cx: torch.Tensor, cy: torch.Tensor, g: torch.Generator
+    ) -> torch.Tensor:
         n, zero = view.n, torch.zeros(view.n, dtype=torch.float64)
+        h, w = view.need_one_size()  # (one size: __call__ checked)
         tx = ty = zero
         if self.translate is not None:
-            tx = torch.round(_uniform(n, (-self.translate[0] * view.width, self.translate[0] * view.width), g))
-            ty = torch.round(_uniform(n, (-self.translate[1] * view.height, self.translate[1] * view.height), g))
-        scale = _uniform(n, tuple(self.scale), g) if self.scale is not None else zero + 1
+            tx = torch.round(_uniform(n, (-self.translate[0] * w, self.translate[0] * w), g))
+            ty = torch.round(_uniform(n, (-self.translate[1] * h, self.translate[1] * h), g))
+        scale = _uniform(n, (self.scale[0], self.scale[1]), g) if self.scale is not None else zero + 1
         shears = [_uniform(n, r, g) for r in self._shear] + [zero, zero]
         return inverse_affine(angle, tx, ty, scale, shears[0], shears[1], cx, cy)
 
@@ -138,8 +158,9 @@ class RandomRotation(_Turn):
         self._degrees = checks.angles(self.degrees, "RandomRotation", "degrees")[0]
         self._check("RandomRotation")
 
-    def _matrix(self, view: View, angle: torch.Tensor, cx: torch.Tensor, cy: torch.Tensor,
-                g: torch.Generator) -> torch.Tensor:
+    def _matrix(
+        self, view: View, angle: torch.Tensor, cx: torch.Tensor, cy: torch.Tensor, g: torch.Generator
+    ) -> torch.Tensor:
         zero = torch.zeros(view.n, dtype=torch.float64)
         return inverse_affine(-angle, zero, zero, zero + 1, zero, zero, cx, cy)  # counter-clockwise
 
@@ -228,5 +249,5 @@ def warp(y: torch.Tensor, w: Warp) -> tuple[torch.Tensor, Filled | None]:
     first = 0 if w.resampling.fill is not None else 1  # no fill: the sampler's zero padding, as torchvision
     filled = Filled(math.prod(inside[1:], start=inside[0]), fill, mode)
     if len(inside) > first:
-        out = filled.apply(out, math.prod(inside[first + 1:], start=inside[first]))
+        out = filled.apply(out, math.prod(inside[first + 1 :], start=inside[first]))
     return out, filled if w.refill else None

@@ -8,12 +8,13 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Iterable, Sequence
+from typing import Any, TypeGuard
 
 MAX_SIDE = 2**15
 MAX_PIXELS = 2**28  # 16384²: an image's 3 channels stay within the kernels' int32 offsets
 
 
-def _is_seq(value: object) -> bool:
+def _is_seq(value: object) -> TypeGuard[Sequence[Any]]:
     return isinstance(value, Sequence) and not isinstance(value, (str, bytes))
 
 
@@ -22,7 +23,7 @@ def number(value: object, op: str, name: str) -> float:
     try:
         if isinstance(value, (str, bytes)):
             raise TypeError
-        out = float(value)
+        out = float(value)  # type: ignore[arg-type]  # any object: float() decides, its TypeError is caught
     except (TypeError, ValueError, RuntimeError):
         raise TypeError(f"{op}: {name} should be a number, got {value!r}") from None
     if not math.isfinite(out):
@@ -63,8 +64,9 @@ def size(value: object, op: str, name: str = "size", one_int: bool = False) -> i
         out = _side(value, op, name, value)
     h, w = (out, out) if isinstance(out, int) else out
     if max(h, w) > MAX_SIDE or h * w > MAX_PIXELS:
-        raise ValueError(f"{op}: {name} {h}x{w} is over the bound of {MAX_SIDE} pixels a side and {MAX_PIXELS} "
-                         f"pixels an image")
+        raise ValueError(
+            f"{op}: {name} {h}x{w} is over the bound of {MAX_SIDE} pixels a side and {MAX_PIXELS} pixels an image"
+        )
     return out
 
 
@@ -76,8 +78,15 @@ def _side(v: object, op: str, name: str, whole: object) -> int:
     return int(v)
 
 
-def interval(value: object, op: str, name: str, low: float = -math.inf, high: float = math.inf,
-             open_low: bool = False, bounds: str = "") -> tuple[float, float]:
+def interval(
+    value: object,
+    op: str,
+    name: str,
+    low: float = -math.inf,
+    high: float = math.inf,
+    open_low: bool = False,
+    bounds: str = "",
+) -> tuple[float, float]:
     """A (min, max) pair of finite numbers within low..high (above low with `open_low`); `bounds`
     words the range in the message."""
     if not _is_seq(value) or len(value) != 2:
@@ -121,7 +130,8 @@ def channels(value: object, op: str, name: str) -> tuple[float, float, float]:
         raise TypeError(f"{op}: {name} should be a number or a sequence of numbers, got {value!r}")
     if len(values) not in (1, 3):
         raise ValueError(f"{op}: {name} should be one value or one per channel (3), got {len(values)}: {value!r}")
-    return tuple(values * 3 if len(values) == 1 else values)
+    r, g, b = values * 3 if len(values) == 1 else values
+    return r, g, b
 
 
 def fill(value: object, op: str, name: str = "fill") -> object:
@@ -129,14 +139,21 @@ def fill(value: object, op: str, name: str = "fill") -> object:
     if value is None:
         return None
     if not isinstance(value, (numbers.Number, tuple, list)):
-        raise TypeError(f"{op}: Got inappropriate {name} arg, only Numbers, tuples and lists are allowed, "
-                        f"got {value!r}")
+        raise TypeError(
+            f"{op}: Got inappropriate {name} arg, only Numbers, tuples and lists are allowed, got {value!r}"
+        )
     channels(value, op, name)
     return value
 
 
-def jitter(value: object, op: str, name: str, center: float = 1.0, bound: tuple[float, float] = (0, math.inf),
-           clip_first_on_zero: bool = True) -> tuple[float, float] | None:
+def jitter(
+    value: object,
+    op: str,
+    name: str,
+    center: float = 1.0,
+    bound: tuple[float, float] = (0, math.inf),
+    clip_first_on_zero: bool = True,
+) -> tuple[float, float] | None:
     """torchvision's ColorJitter._check_input: x is (center - x, center + x); None: no change."""
     if isinstance(value, numbers.Real) and not isinstance(value, bool):
         x = number(value, op, name)
@@ -168,10 +185,10 @@ def number_or_pair(value: object, op: str, name: str) -> tuple[float, float]:
 
 def kernel(value: object, op: str) -> tuple[int, int]:
     """GaussianBlur's kernel_size: odd positive ints, one or (x, y)."""
-    ks = list(value) if _is_seq(value) else [value]
-    if len(ks) not in (1, 2):
+    given = list(value) if _is_seq(value) else [value]
+    if len(given) not in (1, 2):
         raise ValueError(f"{op}: Kernel size should be a tuple/list of two integers, got {value!r}")
-    ks = [integer(k, op, "kernel_size") for k in ks]
+    ks = [integer(k, op, "kernel_size") for k in given]
     if any(k <= 0 or k % 2 == 0 for k in ks):
         raise ValueError(f"{op}: Kernel size value should be an odd and positive number, got {value!r}")
     return ks[0], ks[-1]

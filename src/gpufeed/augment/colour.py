@@ -56,13 +56,13 @@ def sharpness(y: torch.Tensor, f: torch.Tensor | float) -> torch.Tensor:
     return (f * y + (1 - f) * degenerate).clamp(0, 255)
 
 
-def posterize(y: torch.Tensor, bits: torch.Tensor) -> torch.Tensor:
+def posterize(y: torch.Tensor, bits: torch.Tensor | float) -> torch.Tensor:
     """Keep the `bits` high bits of each rounded value."""
     step = 2.0 ** (8 - _per_sample(bits, y))
     return torch.floor(y.round() / step) * step
 
 
-def solarize(y: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
+def solarize(y: torch.Tensor, threshold: torch.Tensor | float) -> torch.Tensor:
     return torch.where(y >= _per_sample(threshold, y), 255 - y, y)
 
 

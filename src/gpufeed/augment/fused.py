@@ -22,10 +22,12 @@ BLOCK = 512
 @triton.jit
 def _tap(src, p00, p01, p10, p11, w00, w01, w10, w11, valid):
     """One channel of the four-neighbour blend; 0 outside the image like roi_align."""
-    v = (w00 * tl.load(src + p00, mask=valid, other=0).to(tl.float32)
-         + w01 * tl.load(src + p01, mask=valid, other=0).to(tl.float32)
-         + w10 * tl.load(src + p10, mask=valid, other=0).to(tl.float32)
-         + w11 * tl.load(src + p11, mask=valid, other=0).to(tl.float32))
+    v = (
+        w00 * tl.load(src + p00, mask=valid, other=0).to(tl.float32)
+        + w01 * tl.load(src + p01, mask=valid, other=0).to(tl.float32)
+        + w10 * tl.load(src + p10, mask=valid, other=0).to(tl.float32)
+        + w11 * tl.load(src + p11, mask=valid, other=0).to(tl.float32)
+    )
     return tl.where(valid, v, 0.0)
 
 
@@ -70,8 +72,9 @@ def _bilinear(src, base, y, x, H, W, sy, sx, sc, mask):
 def _plane(src, base, y, x, H, W, valid):
     """Bilinear sample of one contiguous H x W uint8 plane at (y, x)."""
     y0, x0, y1, x1, w00, w01, w10, w11 = _corners(y, x, H, W)
-    return _tap(src, base + y0 * W + x0, base + y0 * W + x1, base + y1 * W + x0, base + y1 * W + x1,
-                w00, w01, w10, w11, valid)
+    return _tap(
+        src, base + y0 * W + x0, base + y0 * W + x1, base + y1 * W + x0, base + y1 * W + x1, w00, w01, w10, w11, valid
+    )
 
 
 @triton.jit
@@ -94,8 +97,9 @@ def _ycc420(src, base, y, x, H, W, mask):
 
 
 @triton.jit
-def _one_sample(src, base, H, W, sy, sx, sc, boxes, flip, scale, shift, out, n, OH, OW,
-                s_n, s_c, s_y, s_x, BLOCK: tl.constexpr):
+def _one_sample(
+    src, base, H, W, sy, sx, sc, boxes, flip, scale, shift, out, n, OH, OW, s_n, s_c, s_y, s_x, BLOCK: tl.constexpr
+):
     """Output pixels of block program_id(1) of sample n: roi_align of its box, flipped, affine, stored."""
     p = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = p < OH * OW
@@ -135,11 +139,28 @@ def _one_sample(src, base, H, W, sy, sx, sc, boxes, flip, scale, shift, out, n, 
 
 
 @triton.jit
-def _resample_kernel(src, index, boxes, flip, scale, shift, out, H, W, OH, OW,
-                     s_n, s_c, s_y, s_x, HAS_INDEX: tl.constexpr, BLOCK: tl.constexpr):
+def _resample_kernel(
+    src,
+    index,
+    boxes,
+    flip,
+    scale,
+    shift,
+    out,
+    H,
+    W,
+    OH,
+    OW,
+    s_n,
+    s_c,
+    s_y,
+    s_x,
+    HAS_INDEX: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     """A uniform NHWC batch; with HAS_INDEX, sample n is row index[n] of the whole store."""
     n = tl.program_id(0)
-    if HAS_INDEX:
+    if HAS_INDEX:  # noqa: SIM108  a constexpr branch: Triton compiles only the taken side
         base = tl.load(index + n).to(tl.int64) * H * W * 3
     else:
         base = n.to(tl.int64) * H * W * 3
@@ -147,8 +168,9 @@ def _resample_kernel(src, index, boxes, flip, scale, shift, out, H, W, OH, OW,
 
 
 @triton.jit
-def _varsize_kernel(src, offsets, sizes, strides, rows, boxes, flip, scale, shift, out, OH, OW,
-                    s_n, s_c, s_y, s_x, BLOCK: tl.constexpr):
+def _varsize_kernel(
+    src, offsets, sizes, strides, rows, boxes, flip, scale, shift, out, OH, OW, s_n, s_c, s_y, s_x, BLOCK: tl.constexpr
+):
     """Images of different sizes and layouts: image i starts at src + offsets[i] (offsets may point
     into other allocations than `src`'s), is sizes[i] = (H, W) with element strides[i] = (c, y, x)
     (c = 0: YCbCr 4:2:0 planes, `decode.base.YCC420`), is cropped by boxes[rows[i]] and written to out[rows[i]]."""
@@ -168,9 +190,17 @@ def _output(n: int, out_hw: tuple[int, int], dtype: torch.dtype, device, channel
     return torch.empty((n, 3, *out_hw), dtype=dtype, device=device, memory_format=fmt)
 
 
-def resample_normalize(images: torch.Tensor, boxes: torch.Tensor, flip: torch.Tensor, out_hw: tuple[int, int],
-                       scale: torch.Tensor, shift: torch.Tensor, dtype: torch.dtype,
-                       channels_last: bool, index: torch.Tensor | None = None) -> torch.Tensor:
+def resample_normalize(
+    images: torch.Tensor,
+    boxes: torch.Tensor,
+    flip: torch.Tensor,
+    out_hw: tuple[int, int],
+    scale: torch.Tensor,
+    shift: torch.Tensor,
+    dtype: torch.dtype,
+    channels_last: bool,
+    index: torch.Tensor | None = None,
+) -> torch.Tensor:
     """`out = resample(images[index])[c] * scale[c] + shift[c]` as `dtype`, NCHW (or channels_last).
 
     With `index`, sample k is read straight from row index[k] of `images` (no gathered copy).
@@ -180,14 +210,35 @@ def resample_normalize(images: torch.Tensor, boxes: torch.Tensor, flip: torch.Te
     out = _output(len(boxes), out_hw, dtype, images.device, channels_last)
     if len(boxes):
         _resample_kernel[(len(boxes), triton.cdiv(out_hw[0] * out_hw[1], BLOCK))](
-            images, boxes if index is None else index, boxes, flip, scale, shift, out, h, w, *out_hw,
-            *out.stride(), HAS_INDEX=index is not None, BLOCK=BLOCK)
+            images,
+            boxes if index is None else index,
+            boxes,
+            flip,
+            scale,
+            shift,
+            out,
+            h,
+            w,
+            *out_hw,
+            *out.stride(),
+            HAS_INDEX=index is not None,
+            BLOCK=BLOCK,
+        )
     return out
 
 
-def resample_packed(src: torch.Tensor, offsets: torch.Tensor, sizes: torch.Tensor, strides: torch.Tensor,
-                    rows: torch.Tensor, boxes: torch.Tensor, flip: torch.Tensor, out: torch.Tensor,
-                    scale: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+def resample_packed(
+    src: torch.Tensor,
+    offsets: torch.Tensor,
+    sizes: torch.Tensor,
+    strides: torch.Tensor,
+    rows: torch.Tensor,
+    boxes: torch.Tensor,
+    flip: torch.Tensor,
+    out: torch.Tensor,
+    scale: torch.Tensor,
+    shift: torch.Tensor,
+) -> torch.Tensor:
     """Like `resample_normalize` for images of different sizes: image i is at element offsets[i]
     from `src`, sizes[i] = (H, W) int32 or int64, strides[i] = (c, y, x) int64 elements; it is cropped by
     boxes[rows[i]] and written to out[rows[i]] (out: (N, 3, OH, OW)). strides[i] = (0, W, 1): YCbCr
@@ -195,5 +246,6 @@ def resample_packed(src: torch.Tensor, offsets: torch.Tensor, sizes: torch.Tenso
     oh, ow = out.shape[2], out.shape[3]
     if len(rows):
         _varsize_kernel[(len(rows), triton.cdiv(oh * ow, BLOCK))](
-            src, offsets, sizes, strides, rows, boxes, flip, scale, shift, out, oh, ow, *out.stride(), BLOCK=BLOCK)
+            src, offsets, sizes, strides, rows, boxes, flip, scale, shift, out, oh, ow, *out.stride(), BLOCK=BLOCK
+        )
     return out

@@ -133,9 +133,32 @@ def _recolour(v, c, op, m, gray, mean, mine, plane, oy, ox, H, W, mask):
 
 
 @triton.jit
-def _colour_kernel(x, out, cols, col, ncols, gsum, ints, H, W, mats, sizes, N, fill, scale, shift,
-                   s_n, s_c, s_y, s_x, FINAL: tl.constexpr, B: tl.constexpr, BILINEAR: tl.constexpr,
-                   FILL_C: tl.constexpr, BLOCK: tl.constexpr):
+def _colour_kernel(
+    x,
+    out,
+    cols,
+    col,
+    ncols,
+    gsum,
+    ints,
+    H,
+    W,
+    mats,
+    sizes,
+    N,
+    fill,
+    scale,
+    shift,
+    s_n,
+    s_c,
+    s_y,
+    s_x,
+    FINAL: tl.constexpr,
+    B: tl.constexpr,
+    BILINEAR: tl.constexpr,
+    FILL_C: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     """One slot's op on every sample; FINAL: then the refill (B > 0: the warp's images), the
     normalisation and the cast into `out`'s dtype and strides."""
     n = tl.program_id(0)
@@ -172,8 +195,17 @@ def _colour_kernel(x, out, cols, col, ncols, gsum, ints, H, W, mats, sizes, N, f
     tl.store(dst + 2 * s_c, b.to(ty), mask=mask)
 
 
-def apply(y: torch.Tensor, pixel: torch.Tensor, first: int, choices: torch.Tensor, w: Warp | None,
-          fill: torch.Tensor, out: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+def apply(
+    y: torch.Tensor,
+    pixel: torch.Tensor,
+    first: int,
+    choices: torch.Tensor,
+    w: Warp | None,
+    fill: torch.Tensor,
+    out: torch.Tensor,
+    scale: torch.Tensor,
+    shift: torch.Tensor,
+) -> torch.Tensor:
     """The policy's colour ops on float NCHW 0..255 `y` (contiguous), then its refill (where `w` filled),
     `* scale[c] + shift[c]` into `out`. The policy's columns of `pixel` (float32 on y's device) start
     at column `first`: (op, magnitude) per slot, then the refill flag; `choices` (N, slots) are the
@@ -205,10 +237,29 @@ def apply(y: torch.Tensor, pixel: torch.Tensor, first: int, choices: torch.Tenso
             if ID["Equalize"] in drawn[k]:
                 _table_kernel[(3 * n,)](pixel, col, ncols, mine, h * wd)
         dst = out if last else torch.empty_like(y)
-        _colour_kernel[grid](y, dst, pixel, col, ncols, gs, mine, h, wd, mats, sizes, n, fill,
-                             scale, shift, *dst.stride(), FINAL=last, B=b if last else 0,
-                             BILINEAR=w is not None and w.resampling.interpolation == "bilinear",
-                             FILL_C=fill.numel(), BLOCK=BLOCK)
+        _colour_kernel[grid](
+            y,
+            dst,
+            pixel,
+            col,
+            ncols,
+            gs,
+            mine,
+            h,
+            wd,
+            mats,
+            sizes,
+            n,
+            fill,
+            scale,
+            shift,
+            *dst.stride(),
+            FINAL=last,
+            B=b if last else 0,
+            BILINEAR=w is not None and w.resampling.interpolation == "bilinear",
+            FILL_C=fill.numel(),
+            BLOCK=BLOCK,
+        )
         y = dst
     return out
 

@@ -100,9 +100,31 @@ def _sample(plane, u, v, H, W, flipped, mask, BILINEAR: tl.constexpr):
 
 
 @triton.jit
-def _warp_kernel(x, out, mats, sizes, vflip, fill, scale, shift, N, H, W, OH, OW, s_n, s_c, s_y, s_x,
-                 B: tl.constexpr, FIRST: tl.constexpr, BILINEAR: tl.constexpr, HAS_VFLIP: tl.constexpr,
-                 FILL_C: tl.constexpr, BLOCK: tl.constexpr):
+def _warp_kernel(
+    x,
+    out,
+    mats,
+    sizes,
+    vflip,
+    fill,
+    scale,
+    shift,
+    N,
+    H,
+    W,
+    OH,
+    OW,
+    s_n,
+    s_c,
+    s_y,
+    s_x,
+    B: tl.constexpr,
+    FIRST: tl.constexpr,
+    BILINEAR: tl.constexpr,
+    HAS_VFLIP: tl.constexpr,
+    FILL_C: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     n = tl.program_id(0)
     p = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = p < OH * OW
@@ -133,8 +155,15 @@ def sizes_of(w: Warp, device: torch.device) -> torch.Tensor:
     return constant(tuple(side for hw in w.sizes for side in hw), device, torch.int32)
 
 
-def warp(y: torch.Tensor, w: Warp, vflip: torch.Tensor | None, fill: torch.Tensor, out: torch.Tensor,
-         scale: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+def warp(
+    y: torch.Tensor,
+    w: Warp,
+    vflip: torch.Tensor | None,
+    fill: torch.Tensor,
+    out: torch.Tensor,
+    scale: torch.Tensor,
+    shift: torch.Tensor,
+) -> torch.Tensor:
     """Warp float NCHW 0..255 `y` (contiguous) into `out` (N, 3, *w.out_hw, any strides and float dtype):
     `out = warped * scale[c] + shift[c]`; `vflip` (N,) turns samples upside down first; `fill` (1 or 3
     values) goes where the ops filled (none when the resampling has no fill and one image is read)."""
@@ -143,8 +172,25 @@ def warp(y: torch.Tensor, w: Warp, vflip: torch.Tensor | None, fill: torch.Tenso
     first = 0 if w.resampling.fill is not None else 1
     if n:
         _warp_kernel[(n, triton.cdiv(oh * ow, BLOCK))](
-            y, out, w.matrices.contiguous(), sizes_of(w, y.device), vflip if vflip is not None else y, fill, scale, shift,
-            n, h, wd, oh, ow, *out.stride(), B=len(w.sizes), FIRST=first,
-            BILINEAR=w.resampling.interpolation == "bilinear", HAS_VFLIP=vflip is not None,
-            FILL_C=fill.numel(), BLOCK=BLOCK)
+            y,
+            out,
+            w.matrices.contiguous(),
+            sizes_of(w, y.device),
+            vflip if vflip is not None else y,
+            fill,
+            scale,
+            shift,
+            n,
+            h,
+            wd,
+            oh,
+            ow,
+            *out.stride(),
+            B=len(w.sizes),
+            FIRST=first,
+            BILINEAR=w.resampling.interpolation == "bilinear",
+            HAS_VFLIP=vflip is not None,
+            FILL_C=fill.numel(),
+            BLOCK=BLOCK,
+        )
     return out

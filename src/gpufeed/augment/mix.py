@@ -22,14 +22,16 @@ def soft_targets(labels: torch.Tensor, num_classes: int, smoothing: float) -> to
     Labels on the CPU are range-checked here; a Loader checks its store's labels once instead (a
     check of GPU labels would wait for the GPU every batch)."""
     if not labels.is_cuda and labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= num_classes):
-        raise ValueError(f"MixUp/CutMix need labels in 0..{num_classes - 1}; the batch has "
-                         f"{int(labels.min())}..{int(labels.max())} (-1: a sample without a label)")
+        raise ValueError(
+            f"MixUp/CutMix need labels in 0..{num_classes - 1}; the batch has "
+            f"{int(labels.min())}..{int(labels.max())} (-1: a sample without a label)"
+        )
     off = smoothing / num_classes
     out = torch.full((len(labels), num_classes), off, device=labels.device)
     return out.scatter_(1, labels.long().view(-1, 1), 1 - smoothing + off)
 
 
-def _check(op: object, alphas: tuple[str, ...]) -> None:
+def _check(op: _Mix, alphas: tuple[str, ...]) -> None:
     """num_classes, the Beta distributions' `alphas` (above 0: at 0 every draw is 0/0), label_smoothing, seed."""
     name = type(op).__name__
     checks.integer(op.num_classes, name, "num_classes", 1, "a positive int")
@@ -48,6 +50,8 @@ def _beta(alpha: float, g: torch.Generator) -> float:
 
 
 class _Mix:
+    num_classes: int
+    label_smoothing: float
     seed: int
 
     def _generator(self, g: torch.Generator | None) -> torch.Generator:
@@ -79,8 +83,9 @@ class _Pair(_Mix):
 class MixUp(_Pair):
     """images = λ x + (1 - λ) x_rolled, targets likewise; λ ~ Beta(alpha, alpha) per batch."""
 
-    def __call__(self, images: torch.Tensor, labels: torch.Tensor,
-                 g: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(
+        self, images: torch.Tensor, labels: torch.Tensor, g: torch.Generator | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         lam = _beta(self.alpha, self._generator(g))
         mixed = images * lam + images.roll(1, 0) * (1 - lam)
         return mixed.to(images.dtype), self._targets(labels, lam)
@@ -91,8 +96,9 @@ class CutMix(_Pair):
     """Paste a box of the rolled batch into each image (area about 1 - λ, λ ~ Beta(alpha, alpha) per
     batch, clipped at the borders as torchvision does); targets mixed by the area pasted."""
 
-    def __call__(self, images: torch.Tensor, labels: torch.Tensor,
-                 g: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(
+        self, images: torch.Tensor, labels: torch.Tensor, g: torch.Generator | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         g = self._generator(g)
         lam = _beta(self.alpha, g)
         h, w = images.shape[-2:]
@@ -120,8 +126,9 @@ class MixUpOrCutMix(_Mix):
         _check(self, ("mixup_alpha", "cutmix_alpha"))
         checks.probability(self.switch_prob, "MixUpOrCutMix", "switch_prob")
 
-    def __call__(self, images: torch.Tensor, labels: torch.Tensor,
-                 g: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(
+        self, images: torch.Tensor, labels: torch.Tensor, g: torch.Generator | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         g = self._generator(g)
         if float(torch.rand(1, generator=g)) < self.switch_prob:
             return CutMix(self.num_classes, self.cutmix_alpha, self.label_smoothing)(images, labels, g)

@@ -8,8 +8,9 @@ Semantics follow torchvision.transforms.v2 (same parameter ranges, same sampling
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
+from typing import cast
 
 import torch
 
@@ -30,8 +31,9 @@ class RandomResizedCrop:
     def __post_init__(self):
         self.size = checks.size(self.size, "RandomResizedCrop")
         checks.interval(self.scale, "RandomResizedCrop", "scale", low=0, bounds="scale values should be non-negative")
-        checks.interval(self.ratio, "RandomResizedCrop", "ratio", low=0, open_low=True,
-                        bounds="ratio values should be positive")
+        checks.interval(
+            self.ratio, "RandomResizedCrop", "ratio", low=0, open_low=True, bounds="ratio values should be positive"
+        )
         checks.integer(self.attempts, "RandomResizedCrop", "attempts", 1, "a positive int")
 
     def __call__(self, view: View, g: torch.Generator) -> View:
@@ -80,6 +82,7 @@ class Resize:
     def __call__(self, view: View, g: torch.Generator) -> View:
         n = view.boxes.shape[0]
         height, width = column(view.height, n), column(view.width, n)
+        out: tuple[int | torch.Tensor, int | torch.Tensor]  # one size, or per sample
         if isinstance(self.size, int) and not view.uniform:
             # images of different sizes (jpeg stores): each gets its own output size, as torchvision
             # gives each image; a later CenterCrop or Resize((h, w)) makes the batch one size again
@@ -89,9 +92,10 @@ class Resize:
             wide = height <= width
             out = (torch.where(wide, side, other).long(), torch.where(wide, other, side).long())
         elif isinstance(self.size, int):
-            short, long_ = sorted((view.height, view.width))
-            other = int(self.size * long_ / short)
-            out = (self.size, other) if view.height <= view.width else (other, self.size)
+            h, w = view.need_one_size()  # (one size: the branch above takes the others)
+            lo, hi = sorted((h, w))
+            other_side = int(self.size * hi / lo)
+            out = (self.size, other_side) if h <= w else (other_side, self.size)
         else:
             out = pair(self.size)
         return view.crop(full(n, 0), full(n, 0), height, width, *out)
@@ -163,16 +167,19 @@ class RandomCrop:
     def __post_init__(self):
         self.size = checks.size(self.size, "RandomCrop")
         if self.padding_mode not in PADDING_MODES:
-            raise ValueError(f"RandomCrop: Padding mode should be either constant, edge, reflect or symmetric, got "
-                             f"{self.padding_mode!r}")
+            raise ValueError(
+                f"RandomCrop: Padding mode should be either constant, edge, reflect or symmetric, got "
+                f"{self.padding_mode!r}"
+            )
         pad = self.padding if isinstance(self.padding, (tuple, list)) else [self.padding or 0]
         if len(pad) not in (1, 2, 4) or not all(isinstance(p, int) and not isinstance(p, bool) for p in pad):
-            raise ValueError(f"RandomCrop: Padding must be an int or a 1, 2, or 4 element of tuple or list, got "
-                             f"{self.padding!r}")
+            raise ValueError(
+                f"RandomCrop: Padding must be an int or a 1, 2, or 4 element of tuple or list, got {self.padding!r}"
+            )
         if min(pad) < 0:
             raise ValueError(f"RandomCrop: padding should be non-negative, got {self.padding!r}")
         checks.fill(self.fill, "RandomCrop")
-        pad = list(pad)
+        pad = cast("list[int]", list(pad))  # checked above: ints
         self._pad = pad * 4 if len(pad) == 1 else (pad * 2 if len(pad) == 2 else pad)  # left, top, right, bottom
 
     def __call__(self, view: View, g: torch.Generator) -> View:
@@ -183,7 +190,12 @@ class RandomCrop:
         width = column(view.width, n) + left_pad + right_pad
         if self.pad_if_needed:
             grow_h, grow_w = (h - height).clamp_min(0), (w - width).clamp_min(0)
-            top_pad, left_pad, height, width = top_pad + grow_h, left_pad + grow_w, height + 2 * grow_h, width + 2 * grow_w
+            top_pad, left_pad, height, width = (
+                top_pad + grow_h,
+                left_pad + grow_w,
+                height + 2 * grow_h,
+                width + 2 * grow_w,
+            )
         if bool((height < h).any() or (width < w).any()):
             raise ValueError(f"RandomCrop({self.size}) is larger than some (padded) images of the batch")
         u = torch.rand(n, 2, dtype=torch.float64, generator=g)
@@ -194,8 +206,10 @@ class RandomCrop:
         if self.padding_mode == "constant":
             return view.then(shift, h, w, Resampling(None, fill_tuple(self.fill)), fills=True)
         if view.bounds:
-            raise ValueError(f"RandomCrop(padding_mode={self.padding_mode!r}) must come before the ops that turn, "
-                             "shear or pad: it extends the image they start from")
+            raise ValueError(
+                f"RandomCrop(padding_mode={self.padding_mode!r}) must come before the ops that turn, "
+                "shear or pad: it extends the image they start from"
+            )
         return view.then(shift, h, w, Resampling(None, None, self.padding_mode), fills=True)
 
 

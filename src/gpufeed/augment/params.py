@@ -42,12 +42,26 @@ class Params:
         """The parameters of samples `rows` (host int64 positions, or a slice), in that order."""
         pick = lambda t: None if t is None else t[rows]  # noqa: E731
         warp = None if self.warp is None else replace(self.warp, matrices=self.warp.matrices[:, rows])
-        return replace(self, boxes=self.boxes[rows], flip=self.flip[rows], pixel=pick(self.pixel),
-                       vflip=pick(self.vflip), warp=warp, choices=pick(self.choices), seeds=pick(self.seeds))
+        return replace(
+            self,
+            boxes=self.boxes[rows],
+            flip=self.flip[rows],
+            pixel=pick(self.pixel),
+            vflip=pick(self.vflip),
+            warp=warp,
+            choices=pick(self.choices),
+            seeds=pick(self.seeds),
+        )
 
     def to(self, device: torch.device | str, non_blocking: bool = False, boxes: bool = True) -> Params:
         """On `device` (the boxes and horizontal flips stay where they are unless `boxes`)."""
         move = lambda t: None if t is None else t.to(device, non_blocking=non_blocking)  # noqa: E731
-        keep = lambda t: move(t) if boxes else t  # noqa: E731
-        return replace(self, boxes=keep(self.boxes), flip=keep(self.flip), pixel=move(self.pixel),
-                       vflip=move(self.vflip), warp=None if self.warp is None else self.warp.to(device, non_blocking))
+        keep = lambda t: t.to(device, non_blocking=non_blocking) if boxes else t  # noqa: E731  (boxes, flip: never None)
+        return replace(
+            self,
+            boxes=keep(self.boxes),
+            flip=keep(self.flip),
+            pixel=move(self.pixel),
+            vflip=move(self.vflip),
+            warp=None if self.warp is None else self.warp.to(device, non_blocking),
+        )

@@ -13,23 +13,39 @@ from __future__ import annotations
 import functools
 import importlib
 import logging
-from typing import Sequence
+from collections.abc import Sequence
+from typing import Any, overload
 
 import torch
 
 from gpufeed.augment.affine import Filled, RandomAffine, RandomRotation, Warp, warp
 from gpufeed.augment.colour import constant
 from gpufeed.augment.mix import BATCH_OPS
+from gpufeed.augment.ops import (
+    CenterCrop,
+    Normalize,
+    RandomCrop,
+    RandomHorizontalFlip,
+    RandomResizedCrop,
+    RandomVerticalFlip,
+    Resize,
+)
 from gpufeed.augment.params import Params
-from gpufeed.augment.ops import (CenterCrop, Normalize, RandomCrop, RandomHorizontalFlip, RandomResizedCrop,
-                                 RandomVerticalFlip, Resize)
 from gpufeed.augment.pixel import AFTER_NORMALIZE, PIXEL_OPS
 from gpufeed.augment.policies import POLICIES
 from gpufeed.augment.view import View, column
 
 log = logging.getLogger(__name__)
-GEOMETRIC = (RandomResizedCrop, Resize, CenterCrop, RandomCrop, RandomHorizontalFlip, RandomVerticalFlip,
-             RandomAffine, RandomRotation)
+GEOMETRIC = (
+    RandomResizedCrop,
+    Resize,
+    CenterCrop,
+    RandomCrop,
+    RandomHorizontalFlip,
+    RandomVerticalFlip,
+    RandomAffine,
+    RandomRotation,
+)
 COLOUR = PIXEL_OPS
 
 
@@ -40,8 +56,14 @@ class Augment:
 
     def __init__(self, ops: Sequence[object]):
         self.ops = list(ops)
-        rank = {cls: 0 for cls in GEOMETRIC} | {cls: 0.5 for cls in POLICIES} | {cls: 1 for cls in COLOUR} | \
-            {Normalize: 2} | {cls: 3 for cls in AFTER_NORMALIZE} | {cls: 4 for cls in BATCH_OPS}
+        rank = (
+            {cls: 0 for cls in GEOMETRIC}
+            | {cls: 0.5 for cls in POLICIES}
+            | {cls: 1 for cls in COLOUR}
+            | {Normalize: 2}
+            | {cls: 3 for cls in AFTER_NORMALIZE}
+            | {cls: 4 for cls in BATCH_OPS}
+        )
         order = []
         for op in self.ops:
             kind = next((r for cls, r in rank.items() if isinstance(op, cls)), None)  # subclasses too
@@ -50,18 +72,23 @@ class Augment:
             elif callable(op) and not isinstance(op, type):  # the user's own op on the batch tensor
                 order.append(3)
             else:
-                raise TypeError(f"{op!r} is not a gpufeed.augment op ({', '.join(c.__name__ for c in rank)}) "
-                                "nor a callable taking and returning the batch tensor")
+                raise TypeError(
+                    f"{op!r} is not a gpufeed.augment op ({', '.join(c.__name__ for c in rank)}) "
+                    "nor a callable taking and returning the batch tensor"
+                )
         if order != sorted(order) or any(order.count(r) > 1 for r in (0.5, 2, 4)):
-            raise ValueError("augment order must be: geometric ops, then at most one policy (RandAugment, "
-                             "TrivialAugmentWide, AutoAugment), then colour and pixel ops, then at most one "
-                             "Normalize, then RandomErasing and your own callables, then at most one of MixUp, "
-                             "CutMix, MixUpOrCutMix")
+            raise ValueError(
+                "augment order must be: geometric ops, then at most one policy (RandAugment, "
+                "TrivialAugmentWide, AutoAugment), then colour and pixel ops, then at most one "
+                "Normalize, then RandomErasing and your own callables, then at most one of MixUp, "
+                "CutMix, MixUpOrCutMix"
+            )
         self.geometric = [op for op in self.ops if isinstance(op, GEOMETRIC)]
-        self.policy = next((op for op, r in zip(self.ops, order) if r == 0.5), None)
-        self.colour = [op for op, r in zip(self.ops, order) if r in (0.5, 1)]
-        self.after = [op for op, r in zip(self.ops, order) if r == 3]
-        self.batch_op = next((op for op, r in zip(self.ops, order) if r == 4), None)  # the Loader applies it
+        # ops of several classes, sorted by `rank`, which a type checker does not follow: typed loosely
+        self.policy: Any = next((op for op, r in zip(self.ops, order) if r == 0.5), None)
+        self.colour: list[Any] = [op for op, r in zip(self.ops, order) if r in (0.5, 1)]
+        self.after: list[Any] = [op for op, r in zip(self.ops, order) if r == 3]
+        self.batch_op: Any = next((op for op, r in zip(self.ops, order) if r == 4), None)  # the Loader applies it
         self.random = self.colour + [op for op in self.after if isinstance(op, AFTER_NORMALIZE)]
         self.normalize = next((op for op in self.ops if isinstance(op, Normalize)), None)
 
@@ -75,10 +102,13 @@ class Augment:
         drawn, choices = {}, None
         if self.policy is not None:
             view, drawn[id(self.policy)], choices = self.policy.sample(view, g)
-        if not view.uniform:
-            raise ValueError("the augment ops leave images of different sizes: end with RandomResizedCrop, "
-                             "Resize((h, w)) or CenterCrop")
-        out_hw = (view.height, view.width)
+        out_h, out_w = view.height, view.width
+        if not (isinstance(out_h, int) and isinstance(out_w, int)):  # not view.uniform
+            raise ValueError(
+                "the augment ops leave images of different sizes: end with RandomResizedCrop, "
+                "Resize((h, w)) or CenterCrop"
+            )
+        out_hw = (out_h, out_w)
         box_hw = view.bounds[0].hw if view.bounds else out_hw
         identity = isinstance(height, int) and box_hw == (height, width) and bool((view.boxes == full).all())
         columns = [drawn[id(op)] if id(op) in drawn else op.draw(n, out_hw, g) for op in self.random]
@@ -86,23 +116,40 @@ class Augment:
         warp = None
         if view.bounds:
             matrices = torch.stack([b.matrix[:, :2] for b in view.bounds]).float()
-            warp = Warp(matrices, [b.hw for b in view.bounds], out_hw, view.resampling, self.policy is not None)
+            resampling = view.resampling  # set: the op that made the first bound passed one, as every such op does
+            warp = Warp(matrices, [b.hw for b in view.bounds], out_hw, resampling, self.policy is not None)  # type: ignore[arg-type]
         vflip = None if view.vflip is None else view.vflip.to(torch.uint8)
         noisy = any(getattr(op, "noise", False) for op in self.after)
         seeds = torch.randint(0, 2**62, (n,), generator=g) if noisy else None
-        return Params(view.boxes.float(), view.flip.to(torch.uint8), box_hw, identity, pixel, bool(view.flip.any()),
-                      vflip, warp, choices, seeds)
+        return Params(
+            view.boxes.float(),
+            view.flip.to(torch.uint8),
+            box_hw,
+            identity,
+            pixel,
+            bool(view.flip.any()),
+            vflip,
+            warp,
+            choices,
+            seeds,
+        )
 
-    def _columns(self, pixel: torch.Tensor | None = None) -> dict[int, torch.Tensor | int]:
+    @overload
+    def _columns(self, pixel: torch.Tensor) -> dict[int, torch.Tensor]: ...
+    @overload
+    def _columns(self, pixel: None = None) -> dict[int, int]: ...
+    def _columns(self, pixel: torch.Tensor | None = None) -> dict[int, torch.Tensor] | dict[int, int]:
         """Each random op's columns of `pixel` by the op's id (without `pixel`: where they start)."""
-        out, at = {}, 0
+        out: dict[int, Any] = {}
+        at = 0
         for op in self.random:
             out[id(op)] = at if pixel is None else pixel[:, at : at + op.width]
             at += op.width
         return out
 
-    def colour_ops(self, y: torch.Tensor, params: Params, filled: Filled | None = None,
-                   ops: list | None = None) -> torch.Tensor:
+    def colour_ops(
+        self, y: torch.Tensor, params: Params, filled: Filled | None = None, ops: list | None = None
+    ) -> torch.Tensor:
         """The policy's and then the other colour and pixel ops (or those of them in `ops`), in order, on
         float NCHW 0..255."""
         columns = self._columns(params.pixel)
@@ -146,8 +193,9 @@ class Augment:
             return False
         return True
 
-    def _finish_in_kernels(self, y: torch.Tensor, params: Params, dtype: torch.dtype,
-                           channels_last: bool) -> torch.Tensor:
+    def _finish_in_kernels(
+        self, y: torch.Tensor, params: Params, dtype: torch.dtype, channels_last: bool
+    ) -> torch.Tensor:
         """The warp (with the vertical flips) and the policy in kernels: one for the warp, one per policy
         slot (plus statistics passes for the ops that need them). The last also normalises and casts
         unless colour ops follow the policy (then float 0..255 for them) or the output is uint8."""
@@ -170,8 +218,9 @@ class Augment:
             y = fused_kernels("fused_warp").warp(y, w, params.vflip, fill, out, scale, shift)
         else:
             if w is not None:
-                y = fused_kernels("fused_warp").warp(y, w, params.vflip, fill, torch.empty((n, 3, *out_hw), device=dev),
-                                              *unit)
+                y = fused_kernels("fused_warp").warp(
+                    y, w, params.vflip, fill, torch.empty((n, 3, *out_hw), device=dev), *unit
+                )
             else:
                 y = flip_rows(y, params.vflip)
             first = self._columns()[id(self.policy)]
@@ -180,8 +229,9 @@ class Augment:
             return y
         return finish(self.colour_ops(y, params, ops=rest), dtype, self.normalize, channels_last)
 
-    def kernel_output(self, params: Params, dtype: torch.dtype, channels_last: bool,
-                      device: torch.device) -> tuple[torch.dtype, bool, torch.Tensor, torch.Tensor]:
+    def kernel_output(
+        self, params: Params, dtype: torch.dtype, channels_last: bool, device: torch.device
+    ) -> tuple[torch.dtype, bool, torch.Tensor, torch.Tensor]:
         """What a resampling kernel writes (dtype, channels_last, per-channel scale and shift from 0..255):
         the finished batch when only flips and the ops after Normalize follow, else float 0..255."""
         if self.colour or params.warp is not None:
@@ -194,16 +244,23 @@ class Augment:
             return self.finish(y, params, dtype, channels_last)
         return self.after_ops(flip_rows(y, params.vflip), params)
 
-    def apply(self, images: torch.Tensor, params: Params, dtype: torch.dtype = torch.float32,
-              channels_last: bool = False, index: torch.Tensor | None = None) -> torch.Tensor:
+    def apply(
+        self,
+        images: torch.Tensor,
+        params: Params,
+        dtype: torch.dtype = torch.float32,
+        channels_last: bool = False,
+        index: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Augment NHWC uint8 `images` (or `images[index]`) on any device to NCHW `dtype`."""
         if dtype == torch.uint8 and self.normalize:
             raise ValueError("Normalize needs a floating output dtype, not uint8")
         if images.is_cuda and dtype != torch.uint8 and fused_kernels() is not None:
             # one Triton kernel for gather + resample + flip (+ normalise + cast when nothing else follows)
             out_dtype, out_last, scale, shift = self.kernel_output(params, dtype, channels_last, images.device)
-            y = fused_kernels().resample_normalize(images, params.boxes, params.flip, params.out_hw, scale, shift,
-                                            out_dtype, out_last, index)
+            y = fused_kernels().resample_normalize(
+                images, params.boxes, params.flip, params.out_hw, scale, shift, out_dtype, out_last, index
+            )
             return self.complete(y, params, dtype, channels_last)
         if index is not None:
             images = images.index_select(0, index)
@@ -232,7 +289,9 @@ def flip_rows(y: torch.Tensor, vflip: torch.Tensor | None) -> torch.Tensor:
     return y.copy_(torch.where(vflip.view(-1, 1, 1, 1).bool(), y.flip(2), y))
 
 
-def _affine(device: torch.device, normalize: Normalize | None, uint8: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def _affine(
+    device: torch.device, normalize: Normalize | None, uint8: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-channel (scale, shift) taking 0..255 to the output scale, made once per device: called for
     every batch, so a lookup in plain Python (small torch ops would each give up the GIL and wait to
     win it back from the training thread).
@@ -242,8 +301,9 @@ def _affine(device: torch.device, normalize: Normalize | None, uint8: bool = Fal
 
 
 @functools.lru_cache(maxsize=64)
-def _affine_on(device: torch.device, mean_std: tuple | None, uint8: bool,
-               unit: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def _affine_on(
+    device: torch.device, mean_std: tuple | None, uint8: bool, unit: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     """`unit`: 0..255 kept as it is (float, for the ops that follow)."""
     if unit:
         scale, shift = torch.ones(3), torch.zeros(3)
@@ -269,9 +329,13 @@ def fused_kernels(module: str = "fused"):
 
 @functools.cache
 def _torch_warp(padding: str, bounds: int) -> None:
-    log.warning("augment: a warp with %s padding (%d images read) runs as torch ops on the GPU, slower than the "
-                "warp kernel (which takes constant padding and up to %d images)", padding, bounds,
-                fused_kernels("fused_warp").MAX_BOUNDS)
+    log.warning(
+        "augment: a warp with %s padding (%d images read) runs as torch ops on the GPU, slower than the "
+        "warp kernel (which takes constant padding and up to %d images)",
+        padding,
+        bounds,
+        fused_kernels("fused_warp").MAX_BOUNDS,
+    )
 
 
 @functools.cache

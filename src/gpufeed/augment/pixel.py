@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 
 from gpufeed.augment import checks, colour
+
 
 def _flag(n: int, p: float, g: torch.Generator) -> torch.Tensor:
     """(n, 1): 1.0 where a sample applies the op (probability p)."""
@@ -33,9 +34,13 @@ class _Coin:
     says what the op makes of the batch; a sample that draws "no" keeps its pixels."""
 
     width = 1
+    p: float
 
     def __post_init__(self):
         checks.probability(self.p, type(self).__name__)
+
+    def change(self, y: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError  # each op says
 
     def draw(self, n: int, hw: tuple[int, int], g: torch.Generator) -> torch.Tensor:
         return _flag(n, self.p, g)
@@ -70,8 +75,9 @@ def shift_hue(y: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
     frac = hue * 6 - sector
     sector = sector.long() % 6
     p, q, t = v * (1 - sat), v * (1 - sat * frac), v * (1 - sat * (1 - frac))
-    options = torch.stack([torch.stack(o, 1) for o in ((v, t, p), (q, v, p), (p, v, t), (p, q, v), (t, p, v),
-                                                       (v, p, q))], 1)  # (N, 6 sectors, 3, H, W)
+    options = torch.stack(
+        [torch.stack(o, 1) for o in ((v, t, p), (q, v, p), (p, v, t), (p, q, v), (t, p, v), (v, p, q))], 1
+    )  # (N, 6 sectors, 3, H, W)
     pick = sector[:, None, None].expand(-1, 1, 3, -1, -1)
     return (options.gather(1, pick).squeeze(1) * 255).clamp_(0, 255)
 
@@ -88,8 +94,9 @@ class ColorJitter:
     hue: float | Sequence[float] = 0.0
 
     def __post_init__(self):
-        self._ranges = [checks.jitter(getattr(self, name), "ColorJitter", name)
-                        for name in ("brightness", "contrast", "saturation")]
+        self._ranges = [
+            checks.jitter(getattr(self, name), "ColorJitter", name) for name in ("brightness", "contrast", "saturation")
+        ]
         self._hue = checks.jitter(self.hue, "ColorJitter", "hue", 0.0, (-0.5, 0.5), False)
 
     @property
@@ -217,8 +224,9 @@ class GaussianBlur:
         self._ks = checks.kernel(self.kernel_size, "GaussianBlur")
         self._sigma = checks.number_or_pair(self.sigma, "GaussianBlur", "sigma")
         if not 0 < self._sigma[0] <= self._sigma[1]:
-            raise ValueError(f"GaussianBlur: sigma values should be positive and of the form (min, max), got "
-                             f"{self.sigma!r}")
+            raise ValueError(
+                f"GaussianBlur: sigma values should be positive and of the form (min, max), got {self.sigma!r}"
+            )
 
     def draw(self, n: int, hw: tuple[int, int], g: torch.Generator) -> torch.Tensor:
         return torch.empty(n, 1).uniform_(*self._sigma, generator=g)
@@ -299,6 +307,15 @@ class RandomErasing:
         return torch.where(inside, value.expand(1, c, 1, 1), y)
 
 
-PIXEL_OPS = (ColorJitter, RandomEqualize, RandomGrayscale, RandomSolarize, RandomPosterize, RandomInvert, RandomAutocontrast,
-             RandomAdjustSharpness, GaussianBlur)
+PIXEL_OPS = (
+    ColorJitter,
+    RandomEqualize,
+    RandomGrayscale,
+    RandomSolarize,
+    RandomPosterize,
+    RandomInvert,
+    RandomAutocontrast,
+    RandomAdjustSharpness,
+    GaussianBlur,
+)
 AFTER_NORMALIZE = (RandomErasing,)

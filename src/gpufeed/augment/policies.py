@@ -10,8 +10,8 @@ as torchvision's order would leave it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 
@@ -19,8 +19,23 @@ from gpufeed.augment import checks, colour
 from gpufeed.augment.affine import Filled, from_centre, interpolation_mode, inverse_affine
 from gpufeed.augment.view import Resampling, View, fill_tuple
 
-OPS = ("Identity", "ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate", "Brightness", "Color", "Contrast",
-       "Sharpness", "Posterize", "Solarize", "AutoContrast", "Equalize", "Invert")
+OPS = (
+    "Identity",
+    "ShearX",
+    "ShearY",
+    "TranslateX",
+    "TranslateY",
+    "Rotate",
+    "Brightness",
+    "Color",
+    "Contrast",
+    "Sharpness",
+    "Posterize",
+    "Solarize",
+    "AutoContrast",
+    "Equalize",
+    "Invert",
+)
 ID = {name: k for k, name in enumerate(OPS)}
 GEOMETRIC = frozenset(range(ID["ShearX"], ID["Rotate"] + 1))
 SIGNED = frozenset(range(ID["ShearX"], ID["Sharpness"] + 1))
@@ -59,6 +74,7 @@ class _Policy:
 
     interpolation: str
     fill: float | Sequence[float] | None
+    slots: int
 
     def _check(self, bins: int | None = None) -> None:
         """The warp settings, and num_magnitude_bins (2 at least: the magnitudes step by 1 / (bins - 1))."""
@@ -72,11 +88,13 @@ class _Policy:
     def width(self) -> int:
         return 2 * self.slots + 1
 
+    def _choose(self, n: int, h: int, w: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError  # each policy says
+
     def sample(self, view: View, g: torch.Generator) -> tuple[View, torch.Tensor, torch.Tensor]:
         """(the view with this policy's geometry composed in, the columns, the op ids (N, slots) int8 for
         the host)."""
-        view.need_one_size()
-        n, h, w = view.n, view.height, view.width
+        (h, w), n = view.need_one_size(), view.n
         ops, mags = self._choose(n, h, w, g)  # (n, slots) int64 and float64
         flip = torch.rand(n, self.slots, generator=g) <= 0.5
         signed = torch.tensor([k in SIGNED for k in range(len(OPS))])[ops]
@@ -85,8 +103,9 @@ class _Policy:
         geometric = torch.tensor([k in GEOMETRIC for k in range(len(OPS))])[ops]
         for k in range(self.slots):
             if bool(geometric[:, k].any()):
-                view = view.then(from_centre(self._matrix(ops[:, k], mags[:, k], h, w), h, w), h, w, resampling,
-                                 fills=True)
+                view = view.then(
+                    from_centre(self._matrix(ops[:, k], mags[:, k], h, w), h, w), h, w, resampling, fills=True
+                )
         recoloured = torch.zeros(n, dtype=torch.bool)
         refill = torch.zeros(n, dtype=torch.bool)
         for k in range(self.slots):
@@ -103,9 +122,16 @@ class _Policy:
         pick = lambda name, value: torch.where(ops == ID[name], value, zero)  # noqa: E731
         shear = torch.rad2deg(torch.atan(m))
         corner = (ops == ID["ShearX"]) | (ops == ID["ShearY"])
-        return inverse_affine(-pick("Rotate", m), pick("TranslateX", torch.trunc(m)), pick("TranslateY", torch.trunc(m)),
-                              zero + 1, pick("ShearX", shear), pick("ShearY", shear),
-                              torch.where(corner, zero - w / 2, zero), torch.where(corner, zero - h / 2, zero))
+        return inverse_affine(
+            -pick("Rotate", m),
+            pick("TranslateX", torch.trunc(m)),
+            pick("TranslateY", torch.trunc(m)),
+            zero + 1,
+            pick("ShearX", shear),
+            pick("ShearY", shear),
+            torch.where(corner, zero - w / 2, zero),
+            torch.where(corner, zero - h / 2, zero),
+        )
 
     def apply(self, y: torch.Tensor, cols: torch.Tensor, ops: torch.Tensor, filled: Filled | None) -> torch.Tensor:
         """The colour ops of every slot on float NCHW 0..255; `ops` (N, slots) on the host, `cols` on y's device."""
@@ -139,8 +165,10 @@ class RandAugment(_Policy):
         checks.integer(self.num_ops, "RandAugment", "num_ops")
         checks.integer(self.magnitude, "RandAugment", "magnitude")
         if self.num_ops < 0 or not 0 <= self.magnitude < self.num_magnitude_bins:
-            raise ValueError(f"RandAugment needs num_ops >= 0 and 0 <= magnitude < num_magnitude_bins, got "
-                             f"{self.num_ops}, {self.magnitude}, {self.num_magnitude_bins}")
+            raise ValueError(
+                f"RandAugment needs num_ops >= 0 and 0 <= magnitude < num_magnitude_bins, got "
+                f"{self.num_ops}, {self.magnitude}, {self.num_magnitude_bins}"
+            )
         self.slots = self.num_ops
 
     def _choose(self, n, h, w, g):
@@ -204,8 +232,9 @@ _POLICY_TEXT = {
 
 
 def _parse(text: str) -> tuple[tuple[tuple[str, float, int | None], ...], ...]:
-    ops = lambda pair: tuple((n, float(p), None if m == "-" else int(m))  # noqa: E731
-                             for n, p, m in (op.split() for op in pair.split(",")))
+    def ops(pair: str) -> tuple[tuple[str, float, int | None], ...]:
+        return tuple((n, float(p), None if m == "-" else int(m)) for n, p, m in (op.split() for op in pair.split(",")))
+
     return tuple(ops(pair) for pair in text.split(";"))
 
 

@@ -7,8 +7,8 @@ composes into per-sample matrices, sampled in one more pass over the box pass's 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Sequence
 
 import torch
 
@@ -36,15 +36,22 @@ class Resampling:
         strict = {r.interpolation for r in (self, other)} == {"bilinear"}
         fills = {f if strict or (f is not None and any(f)) else None for f in (self.fill, other.fill)}
         if len(modes) > 1 or len(fills) > 1:
-            raise ValueError(f"ops that warp the image must agree on interpolation and fill (one warp pass "
-                             f"serves them all): {self} vs {other}")
+            raise ValueError(
+                f"ops that warp the image must agree on interpolation and fill (one warp pass "
+                f"serves them all): {self} vs {other}"
+            )
         lead = self if self.interpolation else other
-        return Resampling(lead.interpolation, lead.fill if lead.interpolation else self.fill or other.fill,
-                          self.padding)
+        return Resampling(
+            lead.interpolation, lead.fill if lead.interpolation else self.fill or other.fill, self.padding
+        )
 
 
 def fill_tuple(fill: float | Sequence[float] | None) -> tuple[float, ...] | None:
-    return None if fill is None else tuple(float(f) for f in (fill if isinstance(fill, (tuple, list)) else [fill]))
+    if fill is None:
+        return None
+    if isinstance(fill, (tuple, list)):
+        return tuple(float(f) for f in fill)
+    return (float(fill),)  # type: ignore[arg-type]  # checks.fill lets only numbers, tuples and lists through
 
 
 @dataclass
@@ -81,8 +88,15 @@ class View:
     def n(self) -> int:
         return self.boxes.shape[0]
 
-    def crop(self, top: torch.Tensor, left: torch.Tensor, h: torch.Tensor, w: torch.Tensor,
-             out_h: int | torch.Tensor, out_w: int | torch.Tensor) -> View:
+    def crop(
+        self,
+        top: torch.Tensor,
+        left: torch.Tensor,
+        h: torch.Tensor,
+        w: torch.Tensor,
+        out_h: int | torch.Tensor,
+        out_w: int | torch.Tensor,
+    ) -> View:
         """Crop rows top..top+h, cols left..left+w of the current view (per sample), output out_h×out_w
         (one size, or per-sample sizes while the samples still differ)."""
         if self.bounds:
@@ -100,12 +114,18 @@ class View:
     def mirror(self, horizontal: torch.Tensor | None, vertical: torch.Tensor | None) -> View:
         """Mirror the samples where `horizontal` (left-right) or `vertical` (upside down) is True."""
         if self.bounds:
+            height, width = self.need_one_size()
             h = torch.zeros(self.n, dtype=torch.bool) if horizontal is None else horizontal
             v = torch.zeros(self.n, dtype=torch.bool) if vertical is None else vertical
             one = torch.ones(self.n, dtype=torch.float64)
-            a = matrices(self.n, sx=torch.where(h, -one, one), sy=torch.where(v, -one, one),
-                          tx=h.double() * self.width, ty=v.double() * self.height)
-            return self.then(a, self.height, self.width)
+            a = matrices(
+                self.n,
+                sx=torch.where(h, -one, one),
+                sy=torch.where(v, -one, one),
+                tx=h.double() * width,
+                ty=v.double() * height,
+            )
+            return self.then(a, height, width)
         out = self
         if horizontal is not None:
             out = replace(out, flip=out.flip ^ horizontal)
@@ -113,22 +133,28 @@ class View:
             out = replace(out, vflip=vertical if out.vflip is None else out.vflip ^ vertical)
         return out
 
-    def need_one_size(self) -> None:
-        if not self.uniform:
-            raise ValueError("rotations, affine ops, padding and policies need images of one size: put "
-                             "RandomResizedCrop, Resize((h, w)) or CenterCrop before them")
+    def need_one_size(self) -> tuple[int, int]:
+        """(height, width), the one size of the samples, or ValueError."""
+        h, w = self.height, self.width
+        if not (isinstance(h, int) and isinstance(w, int)):  # not self.uniform
+            raise ValueError(
+                "rotations, affine ops, padding and policies need images of one size: put "
+                "RandomResizedCrop, Resize((h, w)) or CenterCrop before them"
+            )
+        return h, w
 
-    def then(self, a: torch.Tensor, out_h: int, out_w: int, resampling: Resampling | None = None,
-             fills: bool = False) -> View:
+    def then(
+        self, a: torch.Tensor, out_h: int, out_w: int, resampling: Resampling | None = None, fills: bool = False
+    ) -> View:
         """Compose `a` (N, 3, 3: the new view's coordinates to the current view's, out_h×out_w) into the
         warp; `fills`: points that `a` takes outside the current view get the fill (turns, pads)."""
-        self.need_one_size()
+        hw = self.need_one_size()
         merged = self.resampling
         if resampling is not None:
             merged = resampling if merged is None else merged.merge(resampling)
         bounds = [Bound(b.matrix @ a, b.hw) for b in self.bounds]
         if fills or not bounds:
-            bounds.append(Bound(a, (self.height, self.width)))
+            bounds.append(Bound(a, hw))
         return replace(self, height=out_h, width=out_w, bounds=bounds, resampling=merged)
 
 

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import io
 import os
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 import torch
 from PIL import Image
 
 from gpufeed.bench.common import Context, Figure, measure
-from gpufeed.decode.codecs import cpu, pixels
 from gpufeed.decode.base import Encoded
+from gpufeed.decode.codecs import cpu, pixels
 from gpufeed.synth import encode_jpegs, natural_images
 
 QUALITIES = (95, 90, 75, 50)
@@ -44,7 +46,7 @@ def _gpu_decoders(ctx: Context) -> tuple[dict, list[str]]:
     for name, label in labels.items():
         try:
             found[label] = NvImgCodecDecoder(device, name).decode
-        except Exception:  # not installed or no engines
+        except Exception:  # noqa: BLE001  not installed or no engines
             missing.append(f"{label}: not installed or unavailable")
     return found, missing
 
@@ -56,10 +58,19 @@ def run(ctx: Context) -> list[Figure]:
     gpu, missing = _gpu_decoders(ctx)
     if not cpu.whole_by_nvimgcodec():
         missing.append(f"{LIBJPEG}: nvImageCodec not installed or unavailable")
-    quality = Figure("decode_quality", "JPEG quality vs file size vs decode time (500×375)",
-                     "mean file size (KB), quality 50 → 95", "decode time per image (ms)")
-    speed = Figure("decode_throughput", f"JPEG decode throughput (500×375, quality 90, {cores} cores)",
-                   "decoder", "images/s", kind="bar")
+    quality = Figure(
+        "decode_quality",
+        "JPEG quality vs file size vs decode time (500×375)",
+        "mean file size (KB), quality 50 → 95",
+        "decode time per image (ms)",
+    )
+    speed = Figure(
+        "decode_throughput",
+        f"JPEG decode throughput (500×375, quality 90, {cores} cores)",
+        "decoder",
+        "images/s",
+        kind="bar",
+    )
     speed.note = quality.note = "; ".join(f"not measured: {m}" for m in missing)
     for q in QUALITIES:
         datas = encode_jpegs(images, q)
@@ -67,10 +78,11 @@ def run(ctx: Context) -> list[Figure]:
         arrays = [np.frombuffer(d, np.uint8) for d in datas]
         kb = float(np.mean([len(d) for d in datas])) / 1e3
         reps = ctx.repeats()
-        quality.line("Pillow").add(kb, [s / count * 1e3 for s in measure(lambda: [_pil(d) for d in datas], reps, "cpu")])
+        quality.line("Pillow").add(kb, [s / count * 1e3 for s in measure(lambda: list(map(_pil, datas)), reps, "cpu")])
         if cpu.whole_by_nvimgcodec():
             quality.line(LIBJPEG).add(
-                kb, [s / count * 1e3 for s in measure(lambda: [_libjpeg(a) for a in arrays], reps, "cpu")])
+                kb, [s / count * 1e3 for s in measure(lambda: list(map(_libjpeg, arrays)), reps, "cpu")]
+            )
         for name, dec in gpu.items():
             quality.line(name).add(kb, [s / count * 1e3 for s in measure(lambda: dec(batch), reps, "cuda")])
         if q == 90:
@@ -78,11 +90,14 @@ def run(ctx: Context) -> list[Figure]:
     return [quality, speed]
 
 
-def _throughput(fig: Figure, datas: list[bytes], arrays: list[np.ndarray], batch: Encoded, gpu: dict, cores: int,
-                reps: int) -> None:
+def _throughput(
+    fig: Figure, datas: list[bytes], arrays: list[np.ndarray], batch: Encoded, gpu: dict, cores: int, reps: int
+) -> None:
     n = len(datas)
     one, every = fig.line("one core"), fig.line(f"all {cores} cores")
-    cpus = [("Pillow", _pil, datas, ProcessPoolExecutor)]
+    cpus: list[tuple[str, Callable[[Any], None], list[Any], Callable[[int], Executor]]] = [
+        ("Pillow", _pil, datas, ProcessPoolExecutor)
+    ]
     if cpu.whole_by_nvimgcodec():
         cpus.append((LIBJPEG, _libjpeg, arrays, ThreadPoolExecutor))
     for name, fn, items, pool_cls in cpus:

@@ -20,8 +20,9 @@ def run(ctx: Context) -> list[Figure]:
     batches = [8, 16] if ctx.quick else [8, 16, 32, 64]
     figures = []
     for h, w in shapes:
-        fig = Figure(f"dtype_order_{w}x{h}", f"uint8 images {w}×{h} to fp16 on the GPU", "batch size",
-                     "time per batch (ms)")
+        fig = Figure(
+            f"dtype_order_{w}x{h}", f"uint8 images {w}×{h} to fp16 on the GPU", "batch size", "time per batch (ms)"
+        )
         for b in batches:
             x = torch.randint(0, 256, (b, 3, h, w), dtype=torch.uint8)
             pinned = x.pin_memory()

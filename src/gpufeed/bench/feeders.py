@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterable
 
 import torch
 
@@ -32,9 +32,15 @@ def _torch_loader(root: Path, batch: int, ctx: Context, uint8: bool):
     steps = [transforms.RandomResizedCrop(size(ctx)), transforms.RandomHorizontalFlip()]
     steps += [transforms.PILToTensor()] if uint8 else [transforms.ToTensor(), transforms.Normalize(MEAN, STD)]
     workers = min(8, max(1, (os.cpu_count() or 2) // 2))
-    return torch.utils.data.DataLoader(datasets.ImageFolder(root / "images", transforms.Compose(steps)),
-                                       batch_size=batch, shuffle=True, drop_last=True, num_workers=workers,
-                                       pin_memory=ctx.cuda, persistent_workers=True)
+    return torch.utils.data.DataLoader(
+        datasets.ImageFolder(root / "images", transforms.Compose(steps)),
+        batch_size=batch,
+        shuffle=True,
+        drop_last=True,
+        num_workers=workers,
+        pin_memory=ctx.cuda,
+        persistent_workers=True,
+    )
 
 
 def size(ctx: Context) -> int:
@@ -42,7 +48,7 @@ def size(ctx: Context) -> int:
     return 224 if ctx.cuda else 96
 
 
-def feeders(ctx: Context, root: Path, batch: int) -> dict[str, Callable[[], Iterable]]:
+def feeders(ctx: Context, root: Path, batch: int) -> dict[str, Callable[[], Iterator]]:
     """name -> a function giving one epoch of (images on the device as float, labels)."""
     from gpufeed.augment import Normalize, RandomHorizontalFlip, RandomResizedCrop
     from gpufeed.loader import Loader
@@ -57,8 +63,9 @@ def feeders(ctx: Context, root: Path, batch: int) -> dict[str, Callable[[], Iter
     jpeg = Loader(root / "jpeg", batch_size=batch, device=dev, augment=ops, dtype=torch.float32)
     return {
         "DataLoader(ImageFolder, PIL)": lambda: ((x.to(dev, non_blocking=True), y) for x, y in pil),
-        f"DataLoader uint8 + normalize on {dev}": lambda: (((x.to(dev, non_blocking=True).float() - mean) / std, y)
-                                                          for x, y in u8),
+        f"DataLoader uint8 + normalize on {dev}": lambda: (
+            ((x.to(dev, non_blocking=True).float() - mean) / std, y) for x, y in u8
+        ),
         "gpufeed raw store": lambda: iter(raw),
         "gpufeed jpeg store": lambda: iter(jpeg),
     }

@@ -11,9 +11,13 @@ from gpufeed.bench.feeders import dataset, feeders
 
 def run(ctx: Context) -> list[Figure]:
     root = dataset(ctx)
-    fig = Figure("loaders", f"Loaders end to end on {ctx.device} (RandomResizedCrop + flip + normalize)",
-                 "batch size", "images/s")
-    for batch in ([16, 32] if ctx.quick else [32, 64, 128, 256]):
+    fig = Figure(
+        "loaders",
+        f"Loaders end to end on {ctx.device} (RandomResizedCrop + flip + normalize)",
+        "batch size",
+        "images/s",
+    )
+    for batch in [16, 32] if ctx.quick else [32, 64, 128, 256]:
         feeds = feeders(ctx, root, batch)
         for name, epoch in feeds.items():
             samples = []

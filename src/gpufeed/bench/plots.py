@@ -74,8 +74,12 @@ def plot(out: str | Path) -> list[Path]:
     """Draw every figure of out/results.json and write out/summary.md; returns the PNGs."""
     out = Path(out)
     results = json.loads((out / "results.json").read_text())
-    lines = [f"# gpufeed bench — {results['machine']['summary']}", "",
-             f"Command: `{results['command']}`. Cells: median (min–max) over repeats.", ""]
+    lines = [
+        f"# gpufeed bench — {results['machine']['summary']}",
+        "",
+        f"Command: `{results['command']}`. Cells: median (min–max) over repeats.",
+        "",
+    ]
     pngs = []
     for exp, entry in results["experiments"].items():
         lines += [f"## {exp}", ""]

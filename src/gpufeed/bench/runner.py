@@ -10,6 +10,7 @@ import platform
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -18,18 +19,29 @@ from gpufeed.bench.common import Context, Skipped
 from gpufeed.bench.plots import plot
 
 log = logging.getLogger(__name__)
-EXPERIMENTS = {"transfer": transfer.run, "dtype": dtypes.run, "decoders": decoders.run, "loaders": loaders.run,
-               "training": training.run}
+EXPERIMENTS = {
+    "transfer": transfer.run,
+    "dtype": dtypes.run,
+    "decoders": decoders.run,
+    "loaders": loaders.run,
+    "training": training.run,
+}
 
 
 def machine(device: str) -> dict:
     gpu = torch.cuda.get_device_name() if device == "cuda" else "no GPU"
-    return {"summary": f"{gpu}, {os.cpu_count()} CPU cores, torch {torch.__version__}", "gpu": gpu,
-            "cpus": os.cpu_count(), "torch": torch.__version__, "python": platform.python_version()}
+    return {
+        "summary": f"{gpu}, {os.cpu_count()} CPU cores, torch {torch.__version__}",
+        "gpu": gpu,
+        "cpus": os.cpu_count(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+    }
 
 
-def run_bench(names: list[str] | None = None, out: str | Path = "gpufeed-bench", quick: bool = False,
-              device: str | None = None) -> dict:
+def run_bench(
+    names: list[str] | None = None, out: str | Path = "gpufeed-bench", quick: bool = False, device: str | None = None
+) -> dict:
     """Run the named experiments (all by default), merge them into out/results.json, plot them."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
@@ -46,12 +58,13 @@ def run_bench(names: list[str] | None = None, out: str | Path = "gpufeed-bench",
     for name in names or list(EXPERIMENTS):
         log.info("bench %s (%s%s) ...", name, device, ", quick" if quick else "")
         t0 = time.perf_counter()
+        entry: dict[str, Any]
         try:
             entry = {"figures": [f.as_dict() for f in EXPERIMENTS[name](ctx)]}
         except Skipped as e:
             entry = {"skipped": str(e)}
             log.info("  skipped: %s", e)
-        except Exception as e:  # one broken experiment must not lose the others' results
+        except Exception as e:  # noqa: BLE001  one broken experiment must not lose the others' results
             entry = {"failed": f"{type(e).__name__}: {e}"}
             log.error("  %s FAILED: %s", name, entry["failed"])
         finally:

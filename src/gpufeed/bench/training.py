@@ -23,8 +23,9 @@ def training_step(model: str, device: str, classes: int, wrap=None):
 
     def step(images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         with torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
-            loss = torch.nn.functional.cross_entropy(net(images.contiguous(memory_format=torch.channels_last)),
-                                                     labels.to(device).clamp(0, classes - 1))
+            loss = torch.nn.functional.cross_entropy(
+                net(images.contiguous(memory_format=torch.channels_last)), labels.to(device).clamp(0, classes - 1)
+            )
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -38,10 +39,20 @@ def run(ctx: Context) -> list[Figure]:
     batch = 16 if ctx.quick else 128
     steps = 4 if ctx.quick else 30
     step = training_step("resnet18", ctx.device, 8)
-    busy = Figure("training", f"ResNet-18 training step fed by each loader ({ctx.device}, batch {batch})",
-                  "loader", "share of step time (%)", kind="bar")
-    rate = Figure("training_rate", f"ResNet-18 training throughput by loader ({ctx.device}, batch {batch})",
-                  "loader", "images/s", kind="bar")
+    busy = Figure(
+        "training",
+        f"ResNet-18 training step fed by each loader ({ctx.device}, batch {batch})",
+        "loader",
+        "share of step time (%)",
+        kind="bar",
+    )
+    rate = Figure(
+        "training_rate",
+        f"ResNet-18 training throughput by loader ({ctx.device}, batch {batch})",
+        "loader",
+        "images/s",
+        kind="bar",
+    )
     for name, epoch in feeders(ctx, root, batch).items():
         waits, computes = [], []
         for _ in range(ctx.repeats()):
@@ -65,6 +76,7 @@ def run(ctx: Context) -> list[Figure]:
         totals = [w + c for w, c in zip(waits, computes)]
         busy.line("data wait").add(name, [100 * w / t for w, t in zip(waits, totals)])
         busy.line("model step (GPU busy)" if ctx.cuda else "model step").add(
-            name, [100 * c / t for c, t in zip(computes, totals)])
+            name, [100 * c / t for c, t in zip(computes, totals)]
+        )
         rate.line("images/s").add(name, [(steps - 1) * batch / t for t in totals])
     return [busy, rate]

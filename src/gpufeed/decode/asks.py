@@ -76,12 +76,15 @@ def draft_scale(width, height, reduce_to: np.ndarray) -> np.ndarray:
     """Per image of `width` x `height`, the scale (1, 2, 4 or 8) that decoding towards `reduce_to`
     ((..., 2) w, h) divides it by: the largest that leaves it at least that size both ways, as
     Pillow's `draft` picks libjpeg's DCT scale. The loader reserves room for the pixels by it."""
-    scale = np.minimum(np.asarray(width) // np.maximum(reduce_to[..., 0], 1),
-                       np.asarray(height) // np.maximum(reduce_to[..., 1], 1))
+    scale = np.minimum(
+        np.asarray(width) // np.maximum(reduce_to[..., 0], 1), np.asarray(height) // np.maximum(reduce_to[..., 1], 1)
+    )
     return _SCALES[np.clip(scale, 0, 8)]
 
 
-_SCALES = np.array([1, 1, 2, 2, 4, 4, 4, 4, 8])  # by min(w // rw, h // rh), up to 8: the largest of 1, 2, 4, 8 not above it
+_SCALES = np.array(
+    [1, 1, 2, 2, 4, 4, 4, 4, 8]
+)  # by min(w // rw, h // rh), up to 8: the largest of 1, 2, 4, 8 not above it
 
 
 def tries_region(reduce_to: tuple[int, int] | None, box: Region | None) -> bool:

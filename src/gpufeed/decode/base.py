@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
-
-
-
 
 # a decoded image's element strides (c, y, x) with c = YCC420 say it is a JPEG's YCbCr 4:2:0 planes
 # (Y, then Cb and Cr at half the size rounded up, each row after row), as the GPU's JPEG engines
@@ -61,8 +59,14 @@ class Encoded:
     def take(self, positions) -> Encoded:
         """The images at `positions` (anything numpy indexes with)."""
         pick = lambda a: None if a is None else a[positions]  # noqa: E731
-        return Encoded(self.data, self.array, self.begins[positions], self.ends[positions], pick(self.file_index),
-                       pick(self.file_begins))
+        return Encoded(
+            self.data,
+            self.array,
+            self.begins[positions],
+            self.ends[positions],
+            pick(self.file_index),
+            pick(self.file_begins),
+        )
 
     def tensors(self) -> list[torch.Tensor]:
         return [self.data[a:b] for a, b in zip(self.begins.tolist(), self.ends.tolist())]
@@ -114,14 +118,23 @@ def in_place(images: list[torch.Tensor], failed: dict[int, str], shapes: np.ndar
     image through `map` instead of a Python loop over their sizes and strides. Any other image
     (another size than the store records, a view) is read from the tensors themselves."""
     if not images:
-        return Decoded(torch.empty(0, dtype=torch.uint8), np.zeros(0, np.int64), np.zeros((0, 2), np.int64),
-                       np.zeros((0, 3), np.int64), [], failed)
+        return Decoded(
+            torch.empty(0, dtype=torch.uint8),
+            np.zeros(0, np.int64),
+            np.zeros((0, 2), np.int64),
+            np.zeros((0, 3), np.int64),
+            [],
+            failed,
+        )
     offsets = np.fromiter(map(torch.Tensor.data_ptr, images), np.int64, len(images))
     if shapes is not None:
         sizes = shapes[_kept(len(shapes), failed)]
         numels = np.fromiter(map(torch.Tensor.numel, images), np.int64, len(images))
-        if len(sizes) == len(images) and np.array_equal(numels, 3 * sizes[:, 0] * sizes[:, 1]) and all(
-                map(torch.Tensor.is_contiguous, images)):
+        if (
+            len(sizes) == len(images)
+            and np.array_equal(numels, 3 * sizes[:, 0] * sizes[:, 1])
+            and all(map(torch.Tensor.is_contiguous, images))
+        ):
             sizes = sizes.astype(np.int64)
             strides = np.stack([sizes[:, 0] * sizes[:, 1], sizes[:, 1], np.ones_like(sizes[:, 1])], 1)
             return Decoded(images[0], offsets - offsets[0], sizes, strides, images, failed)
@@ -181,7 +194,7 @@ def into_pixels(boxes: np.ndarray, shapes: np.ndarray, part: Decoded) -> np.ndar
     spans[:, 2:] = shapes
     alone = part.alone()
     if alone.any():
-        spans[alone] = part.regions[alone]
+        spans[alone] = part.regions[alone]  # type: ignore[index]  # some alone: regions given
     ratio = part.sizes / (spans[:, 2:] - spans[:, :2])  # decoded pixels per stored pixel: (y, x)
     return (boxes - spans[:, [1, 0, 1, 0]]) * ratio[:, [1, 0, 1, 0]]
 
@@ -192,8 +205,9 @@ def hwc_strides(sizes: np.ndarray) -> np.ndarray:
     return np.stack([np.ones_like(w), 3 * w, np.full_like(w, 3)], 1)
 
 
-def to_device(host: torch.Tensor, end: int, device: torch.device, staging: PinnedStaging, buf,
-              pin: bool) -> tuple[torch.Tensor, Callable | None]:
+def to_device(
+    host: torch.Tensor, end: int, device: torch.device, staging: PinnedStaging, buf, pin: bool
+) -> tuple[torch.Tensor, Callable | None]:
     """`host[:end]` (decoded pixels in `buf`, one of `staging`'s buffers) where kernels on `device` read
     them, and the `on_done` that hands `buf` back. On a GPU with `pin`, one asynchronous copy on the
     current stream from page-locked memory: the copy engine moves the pixels, so the kernels that read
@@ -207,8 +221,14 @@ def to_device(host: torch.Tensor, end: int, device: torch.device, staging: Pinne
     return out, None
 
 
-def packed(images: list[torch.Tensor], failed: dict[int, str], device: torch.device,
-           staging: PinnedStaging, regions: np.ndarray | None = None, pin: bool = True) -> Decoded:
+def packed(
+    images: list[torch.Tensor],
+    failed: dict[int, str],
+    device: torch.device,
+    staging: PinnedStaging,
+    regions: np.ndarray | None = None,
+    pin: bool = True,
+) -> Decoded:
     """Put contiguous HWC host images (of `regions`, see `Decoded`) back to back in one of `staging`'s
     buffers, then where kernels on `device` read them (`to_device`)."""
     sizes = np.array([t.shape[:2] for t in images], np.int64).reshape(-1, 2)

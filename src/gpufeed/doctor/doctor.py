@@ -7,8 +7,8 @@ from pathlib import Path
 
 import torch
 
-from gpufeed.decode.codecs import cpu, nvjpeg
 from gpufeed.decode.base import nvimgcodec_install
+from gpufeed.decode.codecs import cpu, nvjpeg
 from gpufeed.decode.pool.segment import unavailable
 from gpufeed.doctor import stages
 from gpufeed.doctor.report import findings, table
@@ -22,10 +22,15 @@ def _rank_line(device: str) -> str:
     from gpufeed.loader.jpeg import default_workers
 
     rank = os.environ.get("RANK")
-    who = f"rank {rank} of {os.environ.get('WORLD_SIZE', '?')} (local {os.environ.get('LOCAL_RANK', '?')})" \
-        if rank is not None else "this process"
-    return (f"{who}: {rank_cores().describe()}; a jpeg Loader starts "
-            f"{default_workers(torch.device(device))} CPU decode workers by default")
+    who = (
+        f"rank {rank} of {os.environ.get('WORLD_SIZE', '?')} (local {os.environ.get('LOCAL_RANK', '?')})"
+        if rank is not None
+        else "this process"
+    )
+    return (
+        f"{who}: {rank_cores().describe()}; a jpeg Loader starts "
+        f"{default_workers(torch.device(device))} CPU decode workers by default"
+    )
 
 
 def _jpeg_decoders() -> str:
@@ -36,7 +41,7 @@ def _jpeg_decoders() -> str:
 
         NvImgCodecDecoder(torch.device("cuda", torch.cuda.current_device()), "hw")
         found.append("hardware engines (nvImageCodec)")
-    except Exception:
+    except Exception:  # noqa: BLE001  any failure: said as missing
         missing.append(f"nvImageCodec missing or unsupported; {nvimgcodec_install()}")
     why_not = nvjpeg.problem()  # torchvision's decoder, deprecated since its 0.29
     if why_not is None:
@@ -51,19 +56,26 @@ def _gpufeed_here(t: stages.Timings, device: str) -> list[str]:
     lines.append(_rank_line(device))
     if t.facts.get("skipped"):
         shown = "; ".join(f"{k}: {v}" for k, v in list(t.facts["skipped"].items())[:3])
-        lines.append(f"skipped {len(t.facts['skipped'])} file(s) that are not readable images ({shown}"
-                     f"{'; ...' if len(t.facts['skipped']) > 3 else ''})")
+        lines.append(
+            f"skipped {len(t.facts['skipped'])} file(s) that are not readable images ({shown}"
+            f"{'; ...' if len(t.facts['skipped']) > 3 else ''})"
+        )
     if "tier" in t.facts:
         lines.append(f"gpufeed tier: {t.facts['tier']} ({t.facts['tier_reason']})")
     if t.facts.get("decoders"):
         lines.append(f"gpufeed decoders: {' + '.join(t.facts['decoders'])} (decoded: {t.facts['decoded_by']})")
     if t.facts.get("cpu_workers"):
         workers, rate = t.facts["cpu_workers"], t.facts["cpu_worker_rate"]
-        lines.append(f"gpufeed CPU decode: {workers} worker processes at {rate:,.0f} img/s each while decoding, "
-                     f"about {workers * rate:,.0f} img/s together on this rank's cores"
-                     + ("; a model that trains faster waits for them (the GPU decoders take only what they "
-                        "can't: beside a model they cost it more), and a raw store needs no decoding"
-                        if device == "cuda" else ""))
+        lines.append(
+            f"gpufeed CPU decode: {workers} worker processes at {rate:,.0f} img/s each while decoding, "
+            f"about {workers * rate:,.0f} img/s together on this rank's cores"
+            + (
+                "; a model that trains faster waits for them (the GPU decoders take only what they "
+                "can't: beside a model they cost it more), and a raw store needs no decoding"
+                if device == "cuda"
+                else ""
+            )
+        )
     if device == "cuda" and "tier" not in t.facts:
         free, _ = torch.cuda.mem_get_info()
         lines.append(f"gpufeed would keep a store of up to {free / 2e9:.0f} GB in GPU memory (the gpu tier)")
@@ -72,8 +84,11 @@ def _gpufeed_here(t: stages.Timings, device: str) -> list[str]:
     else:
         lines.append("no CUDA GPU here: gpufeed runs its pipeline on the CPU (no pinning, no GPU decode)")
     why = unavailable()
-    lines.append("CPU JPEG decode: in worker processes" if why is None else
-                 f"CPU JPEG decode: on threads, which share the GIL with the training loop (slower): {why}")
+    lines.append(
+        "CPU JPEG decode: in worker processes"
+        if why is None
+        else f"CPU JPEG decode: on threads, which share the GIL with the training loop (slower): {why}"
+    )
     problem, regions = cpu.roi_problem(), "CPU JPEG decode of crop regions alone"
     if problem is None:
         lines.append(f"{regions}: available (nvImageCodec's CPU backend)")
@@ -84,8 +99,7 @@ def _gpufeed_here(t: stages.Timings, device: str) -> list[str]:
     return lines
 
 
-def diagnose(target: str | None, device: str | None = None, limit: int = 256,
-             trace: str | Path | None = None) -> dict:
+def diagnose(target: str | None, device: str | None = None, limit: int = 256, trace: str | Path | None = None) -> dict:
     """Profile `target` (image folder, gpufeed store or module:function) and return the report.
 
     Without a target, only the environment: versions, mismatches, and what gpufeed would use here.
@@ -116,8 +130,15 @@ def diagnose(target: str | None, device: str | None = None, limit: int = 256,
     steal, total = (b - a for a, b in zip(steal0, stages.host_steal()))
     if total > 0:
         timings.facts["host_steal_share"] = steal / total
-    report = {"target": target, "kind": timings.kind, "device": device, "images": timings.images,
-              "seconds_per_1000": timings.per_1000(), "facts": timings.facts,
-              "findings": findings(timings, device == "cuda", torch.cuda.is_available()), "table": table(timings),
-              "gpufeed": _gpufeed_here(timings, device)}
+    report = {
+        "target": target,
+        "kind": timings.kind,
+        "device": device,
+        "images": timings.images,
+        "seconds_per_1000": timings.per_1000(),
+        "facts": timings.facts,
+        "findings": findings(timings, device == "cuda", torch.cuda.is_available()),
+        "table": table(timings),
+        "gpufeed": _gpufeed_here(timings, device),
+    }
     return report

@@ -8,8 +8,12 @@ MODEL = "model step (ResNet-18)"
 STEAL = 0.02  # the host's CPU time a hypervisor gave to others (steal) from which the doctor says so
 WORTH = 0.2  # a stage's share from which the doctor says what to do about it
 WAITED = 0.3  # the share of the wall time the loop waited for batches from which the doctor says what for
-SUBJECT = {"transform": "transforms are", "read bytes": "reading files is", "augment": "augmentation on the CPU is",
-           "produce batch (your iterable)": "your iterable takes"}
+SUBJECT = {
+    "transform": "transforms are",
+    "read bytes": "reading files is",
+    "augment": "augmentation on the CPU is",
+    "produce batch (your iterable)": "your iterable takes",
+}
 
 
 def _stages(per: dict[str, float]) -> dict[str, float]:
@@ -37,10 +41,13 @@ def _advice(stage: str, t: Timings, gpu: bool, cuda: bool) -> str | None:
     this machine has one); None: nothing to do about it."""
     if stage == "decode":
         return "pack to a raw store (gpufeed pack SRC DEST --mode raw), whose images need no decoding" + (
-            ", or to a jpeg store decoded on the GPU (--mode jpeg)" if gpu and t.kind == "image folder" else "")
+            ", or to a jpeg store decoded on the GPU (--mode jpeg)" if gpu and t.kind == "image folder" else ""
+        )
     if stage == "resize":
-        return ("pack to a raw store at the training size (gpufeed pack SRC DEST --mode raw --size N), which needs "
-                "neither decode nor resize, or to a jpeg store with a smaller --max-side (fewer pixels)")
+        return (
+            "pack to a raw store at the training size (gpufeed pack SRC DEST --mode raw --size N), which needs "
+            "neither decode nor resize, or to a jpeg store with a smaller --max-side (fewer pixels)"
+        )
     if stage == "transform":
         return f"augment whole batches {'on the GPU' if gpu else 'at once'} (gpufeed.augment in gpufeed.Loader)"
     if stage == "read bytes":
@@ -48,11 +55,16 @@ def _advice(stage: str, t: Timings, gpu: bool, cuda: bool) -> str | None:
     if stage in ("read", "gather"):
         return "use a host or gpu tier (cache=)" if t.facts.get("tier") == "disk" else None  # memory's own speed
     if stage == "produce batch (your iterable)":
-        return (f"the {'GPU' if gpu else 'model'} waits for data; pack the dataset (gpufeed pack) and load it "
-                "with gpufeed.Loader")
+        return (
+            f"the {'GPU' if gpu else 'model'} waits for data; pack the dataset (gpufeed pack) and load it "
+            "with gpufeed.Loader"
+        )
     if stage == "augment":  # on the CPU ("augment (launch)" on a GPU: the launches only)
-        return ("on the CUDA device (--device cuda) the same ops run as one GPU kernel per batch" if cuda else
-                "fewer or cheaper ops cost less on this CPU")
+        return (
+            "on the CUDA device (--device cuda) the same ops run as one GPU kernel per batch"
+            if cuda
+            else "fewer or cheaper ops cost less on this CPU"
+        )
     return None
 
 
@@ -71,8 +83,10 @@ def findings(t: Timings, gpu: bool, cuda: bool | None = None) -> list[str]:
     top = bottleneck(per)
     out = []
     if MODEL in per and sum(data.values()) > per[MODEL]:
-        out.append(f"the data pipeline needs {sum(data.values()) / per[MODEL]:.1f}x the model step's time on one "
-                   "core: the model will wait for data unless loading is that many times parallel or cheaper")
+        out.append(
+            f"the data pipeline needs {sum(data.values()) / per[MODEL]:.1f}x the model step's time on one "
+            "core: the model will wait for data unless loading is that many times parallel or cheaper"
+        )
     if top is not None and share[top] >= WORTH:
         out += _stage_finding(top, share[top], basis, t, gpu, cuda)
     if WALL not in per:  # stages one after another: each slow one adds to the same time
@@ -81,22 +95,30 @@ def findings(t: Timings, gpu: bool, cuda: bool | None = None) -> list[str]:
                 out += _stage_finding(stage, share[stage], basis, t, gpu, cuda)
     elif share.get(WAIT, 0.0) >= WAITED and top is not None:
         if top in LOOP:  # the loader's stages are each faster than the loop, yet it waits: batches come unevenly
-            out.append(f"the consumer waited for data {share[WAIT]:.0%} of the wall time though no stage of the "
-                       f"loader is slower than the loop's {top}: more prefetch (gpufeed.Loader(prefetch=N)) evens out "
-                       "the batches")
+            out.append(
+                f"the consumer waited for data {share[WAIT]:.0%} of the wall time though no stage of the "
+                f"loader is slower than the loop's {top}: more prefetch (gpufeed.Loader(prefetch=N)) evens out "
+                "the batches"
+            )
         else:
-            out.append(f"the consumer waited for data {share[WAIT]:.0%} of the wall time, for the loader's {top}, "
-                       "the slowest stage: making it cheaper is what helps")
+            out.append(
+                f"the consumer waited for data {share[WAIT]:.0%} of the wall time, for the loader's {top}, "
+                "the slowest stage: making it cheaper is what helps"
+            )
     if t.facts.get("host_steal_share", 0.0) >= STEAL:
-        out.append(f"the hypervisor gave {t.facts['host_steal_share']:.0%} of this host's CPU time to others while "
-                   "this ran (steal): what was measured here, and a training loop fed from a jpeg store, slow "
-                   "down with it; compare runs made while it was low")
+        out.append(
+            f"the hypervisor gave {t.facts['host_steal_share']:.0%} of this host's CPU time to others while "
+            "this ran (steal): what was measured here, and a training loop fed from a jpeg store, slow "
+            "down with it; compare runs made while it was low"
+        )
     if gpu and t.facts.get("dtype") == "float32" and "host-to-device" in per:
-        out.append("float32 over the bus: send uint8 (4x fewer bytes) and convert/normalize on the GPU "
-                   "(gpufeed.nn.Normalize)")
+        out.append(
+            "float32 over the bus: send uint8 (4x fewer bytes) and convert/normalize on the GPU (gpufeed.nn.Normalize)"
+        )
     if gpu and t.facts.get("pinned") is False and "host-to-device" in per:
-        out.append("copies are pageable: pin memory (pin_memory=True) so copies run at full PCIe speed and "
-                   "overlap compute")
+        out.append(
+            "copies are pageable: pin memory (pin_memory=True) so copies run at full PCIe speed and overlap compute"
+        )
     return out
 
 
@@ -114,6 +136,8 @@ def table(t: Timings) -> str:
         lines.append(f"{MODEL + ', for scale':<{width}}  {per[MODEL]:12.3f}")
     if WALL in per:
         lines.append(f"{WALL:<{width}}  {per[WALL]:12.3f}  ({1000 / max(per[WALL], 1e-9):,.0f} img/s)")
-        lines.append("% of wall: the loader's stages run on its threads beside your loop, so stages overlap and "
-                     "need not add up to 100 %")
+        lines.append(
+            "% of wall: the loader's stages run on its threads beside your loop, so stages overlap and "
+            "need not add up to 100 %"
+        )
     return "\n".join(lines)

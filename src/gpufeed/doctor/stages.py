@@ -21,6 +21,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from PIL import Image
@@ -46,7 +47,7 @@ class Timings:
     kind: str
     images: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
-    facts: dict[str, object] = field(default_factory=dict)
+    facts: dict[str, Any] = field(default_factory=dict)
 
     def per_1000(self) -> dict[str, float]:
         return {k: v * 1000 / max(self.images, 1) for k, v in self.seconds.items()}
@@ -86,11 +87,18 @@ def folder(path: Path, limit: int, device: str) -> Timings:
 
     from gpufeed.sources import Item, open_source
 
-    files = [e.path for e in open_source(path).entries if isinstance(e, Item)][:limit]
+    # (a folder's items have paths)
+    files: list[str] = [e.path for e in open_source(path).entries if isinstance(e, Item)][:limit]  # type: ignore[assignment]
     if not files:
         raise ValueError(f"{path}: no image files found")
-    tf = transforms.Compose([transforms.RandomResizedCrop(224), transforms.RandomHorizontalFlip(),
-                             transforms.ToTensor(), transforms.Normalize(MEAN, STD)])
+    tf = transforms.Compose(
+        [
+            transforms.RandomResizedCrop(224),
+            transforms.RandomHorizontalFlip(),
+            transforms.ToTensor(),
+            transforms.Normalize(MEAN, STD),
+        ]
+    )
     t, cuda = Timings("image folder", len(files)), device == "cuda"
     skipped: dict[str, str] = {}  # what `gpufeed pack` would skip too: unreadable files, non-images
     with stage(t, "read bytes", False):
@@ -102,13 +110,17 @@ def folder(path: Path, limit: int, device: str) -> Timings:
     if not images:
         first = next(iter(skipped.items()))
         raise ValueError(f"{path}: none of {len(files)} files could be read as an image (e.g. {first[0]}: {first[1]})")
-    t.images, datas = len(images), [d for f, d in datas.items() if f not in skipped]
+    t.images, read = len(images), [d for f, d in datas.items() if f not in skipped]
     with stage(t, "transform", False):
         tensors = [tf(im) for im in images]
     with stage(t, "collate", False):
         batches = [torch.stack(tensors[k : k + 64]) for k in range(0, len(tensors), 64)]
-    t.facts.update(dtype="float32", pinned=False, mean_kb=sum(map(len, datas)) / len(datas) / 1e3,
-                   mean_pixels=sum(im.size[0] * im.size[1] for im in images) / len(images))
+    t.facts.update(
+        dtype="float32",
+        pinned=False,
+        mean_kb=sum(map(len, read)) / len(read) / 1e3,
+        mean_pixels=sum(im.size[0] * im.size[1] for im in images) / len(images),
+    )
     if cuda:
         with stage(t, "host-to-device", True):
             batches = [b.to(device) for b in batches]
@@ -120,7 +132,7 @@ def _attempt(skipped: dict[str, str], name, fn, *args):
     """`fn(*args)`, or None with the reason recorded under `name` in `skipped`."""
     try:
         return fn(*args)
-    except Exception as e:  # OSError (a symlink loop, a FIFO gone), Pillow's UnidentifiedImageError, ...
+    except Exception as e:  # noqa: BLE001  OSError (a symlink loop, a FIFO gone), Pillow's UnidentifiedImageError, ...
         skipped[str(name)] = f"{type(e).__name__}: {e}"
         return None
 
@@ -131,7 +143,8 @@ def model_step(t: Timings, batches: list[torch.Tensor], device: str) -> None:
 
     model = resnet18(num_classes=10).to(device)
     run = lambda b: torch.nn.functional.cross_entropy(  # noqa: E731
-        model(b.to(device).float()), torch.zeros(len(b), dtype=torch.int64, device=device)).backward()
+        model(b.to(device).float()), torch.zeros(len(b), dtype=torch.int64, device=device)
+    ).backward()
     with torch.autocast(device, dtype=torch.bfloat16):
         run(batches[0][:2])  # warm-up: kernels, allocator
         with stage(t, "model step (ResNet-18)", device == "cuda"):
@@ -142,12 +155,16 @@ def model_step(t: Timings, batches: list[torch.Tensor], device: str) -> None:
 def store(path: Path, batches: int, device: str) -> Timings:
     from gpufeed.augment import Normalize, RandomHorizontalFlip, RandomResizedCrop
     from gpufeed.loader import Loader
-
     from gpufeed.store import open_store
 
     opened = open_store(path)
-    loader = Loader(opened, batch_size=min(64, len(opened)), device=device, shuffle=True,
-                    augment=[RandomResizedCrop(224), RandomHorizontalFlip(), Normalize(MEAN, STD)])
+    loader = Loader(
+        opened,
+        batch_size=min(64, len(opened)),
+        device=device,
+        shuffle=True,
+        augment=[RandomResizedCrop(224), RandomHorizontalFlip(), Normalize(MEAN, STD)],
+    )
     t = Timings(f"gpufeed {loader.store.mode} store", 0)
     t0 = time.perf_counter()
     with record_function("doctor.gpufeed loader"):
@@ -158,14 +175,25 @@ def store(path: Path, batches: int, device: str) -> Timings:
         if device == "cuda":
             torch.cuda.synchronize()
     stats = loader.stats()
-    names = {"gather": "gather", "h2d_issue": "host-to-device (issue)", "wait": "waiting for data",
-             "consumer": "between batches (the consumer's own time)",
-             "augment": "augment (launch)" if device == "cuda" else "augment",
-             "resize.copies": PARTS[0], "queue_full": QUEUE_FULL, "hand_over": "hand-over"}
+    names = {
+        "gather": "gather",
+        "h2d_issue": "host-to-device (issue)",
+        "wait": "waiting for data",
+        "consumer": "between batches (the consumer's own time)",
+        "augment": "augment (launch)" if device == "cuda" else "augment",
+        "resize.copies": PARTS[0],
+        "queue_full": QUEUE_FULL,
+        "hand_over": "hand-over",
+    }
     t.seconds = {names.get(k, k): v for k, v in stats["seconds"].items()}
     t.seconds[WALL] = time.perf_counter() - t0
-    t.facts.update(tier=loader.tier.name, tier_reason=loader.tier.reason, decoders=stats.get("decoders"),
-                   decoded_by=stats.get("decoded_by"), mode=loader.store.mode)
+    t.facts.update(
+        tier=loader.tier.name,
+        tier_reason=loader.tier.reason,
+        decoders=stats.get("decoders"),
+        decoded_by=stats.get("decoded_by"),
+        mode=loader.store.mode,
+    )
     # the CPU workers' pace: what a jpeg store can feed without the GPU decoders (every image they decoded
     # over their seconds: the images of batches collected alone would leave out the next batch's, decoded)
     workers = loader.jpeg.workers if loader.jpeg is not None else None
@@ -198,8 +226,10 @@ def _factory(spec: str):
     except ModuleNotFoundError as e:
         if e.name is None or not (module == e.name or module.startswith(e.name + ".")):
             raise ValueError(f"{spec}: cannot load it ({e}); {USAGE}") from None  # one of the module's imports
-        raise ValueError(f"{spec}: {e}: not in the current folder ({os.getcwd()}) nor on sys.path; run doctor from "
-                         "the folder that holds it, or add that folder to PYTHONPATH") from None
+        raise ValueError(
+            f"{spec}: {e}: not in the current folder ({os.getcwd()}) nor on sys.path; run doctor from "
+            "the folder that holds it, or add that folder to PYTHONPATH"
+        ) from None
     except (ImportError, AttributeError) as e:
         raise ValueError(f"{spec}: cannot load it ({e}); {USAGE}") from None
     if not callable(factory):
@@ -240,8 +270,9 @@ def _time_iterable(spec: str, batches: int, device: str) -> Timings:
                 break
         images = _images(spec, item)
         t.images += len(images)
-        t.facts.update(dtype=str(images.dtype).replace("torch.", ""), pinned=images.is_pinned(),
-                       on_device=images.device.type)
+        t.facts.update(
+            dtype=str(images.dtype).replace("torch.", ""), pinned=images.is_pinned(), on_device=images.device.type
+        )
         if cuda and images.device.type == "cpu":
             with stage(t, "host-to-device", True):
                 images.to(device, non_blocking=True)

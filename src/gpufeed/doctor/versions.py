@@ -63,6 +63,8 @@ def collect() -> Stack:
     """The stack of this environment, read from package metadata and the driver (no CUDA init)."""
     import gpufeed
 
+    torch_version: str | None
+    torch_cuda: str | None
     try:
         import torch
 
@@ -71,8 +73,17 @@ def collect() -> Stack:
         torch_version = torch_cuda = None
     driver, driver_cuda = _driver()
     wheels = {d: v for d in (*NVIMGCODEC.values(), *NVJPEG.values()) if (v := _version(d))}
-    return Stack(gpufeed.__version__, platform.python_version(), torch_version, torch_cuda,
-                 _version("torchvision"), driver, driver_cuda, wheels, _version("triton"))
+    return Stack(
+        gpufeed.__version__,
+        platform.python_version(),
+        torch_version,
+        torch_cuda,
+        _version("torchvision"),
+        driver,
+        driver_cuda,
+        wheels,
+        _version("triton"),
+    )
 
 
 def _major(version: str | None) -> int | None:
@@ -84,30 +95,38 @@ def problems(s: Stack) -> list[str]:
     out = []
     cuda, driver_cuda = _major(s.torch_cuda), _major(s.driver_cuda)
     if s.driver and s.torch and cuda is None:
-        out.append(f"torch {s.torch} is a CPU-only build on a machine with an NVIDIA driver: install a CUDA "
-                   "build (the command for your CUDA is at https://pytorch.org/get-started/locally/)")
+        out.append(
+            f"torch {s.torch} is a CPU-only build on a machine with an NVIDIA driver: install a CUDA "
+            "build (the command for your CUDA is at https://pytorch.org/get-started/locally/)"
+        )
     if cuda and driver_cuda and cuda > driver_cuda:  # within a major version, CUDA's minor-version compatibility holds
-        out.append(f"torch is built for CUDA {s.torch_cuda} but the driver ({s.driver}) supports CUDA up to "
-                   f"{s.driver_cuda}: upgrade the driver, or install torch for CUDA {driver_cuda} "
-                   f"(pip install torch torchvision --index-url https://download.pytorch.org/whl/cu{driver_cuda}X, "
-                   "X the minor version pytorch.org lists)")
+        out.append(
+            f"torch is built for CUDA {s.torch_cuda} but the driver ({s.driver}) supports CUDA up to "
+            f"{s.driver_cuda}: upgrade the driver, or install torch for CUDA {driver_cuda} "
+            f"(pip install torch torchvision --index-url https://download.pytorch.org/whl/cu{driver_cuda}X, "
+            "X the minor version pytorch.org lists)"
+        )
     if cuda and s.driver and s.triton is None:
-        out.append("Triton is not installed, so GPU augmentation runs as several torch kernels per op instead of "
-                   "one kernel per pass (slower): pip install triton")
+        out.append(
+            "Triton is not installed, so GPU augmentation runs as several torch kernels per op instead of "
+            "one kernel per pass (slower): pip install triton"
+        )
     if cuda not in NVIMGCODEC or not s.driver:  # no driver: no GPU whose JPEG engines the wheels would serve
         return out
     install = nvimgcodec_install(s.torch_cuda)
     wrong = [d for c, d in NVIMGCODEC.items() if c != cuda and d in s.wheels]
     wrong += [d for c, d in NVJPEG.items() if c != cuda and d in s.wheels and NVJPEG[cuda] not in s.wheels]
     if wrong:
-        out.append(f"{', '.join(wrong)} installed but torch is built for CUDA {s.torch_cuda}, so the hardware "
-                   f"JPEG engines go unused: pip uninstall -y {' '.join(wrong)} && {install}")
+        out.append(
+            f"{', '.join(wrong)} installed but torch is built for CUDA {s.torch_cuda}, so the hardware "
+            f"JPEG engines go unused: pip uninstall -y {' '.join(wrong)} && {install}"
+        )
     elif NVIMGCODEC[cuda] not in s.wheels:
-        out.append(f"nvImageCodec is not installed, so the GPU's hardware JPEG engines (A100, H100, H200) go "
-                   f"unused: {install}")
+        out.append(
+            f"nvImageCodec is not installed, so the GPU's hardware JPEG engines (A100, H100, H200) go unused: {install}"
+        )
     elif NVIMGCODEC[cuda] in s.wheels and NVJPEG[cuda] not in s.wheels:
-        out.append(f"{NVIMGCODEC[cuda]} is installed without {NVJPEG[cuda]}, which its JPEG decoders need: "
-                   f"{install}")
+        out.append(f"{NVIMGCODEC[cuda]} is installed without {NVJPEG[cuda]}, which its JPEG decoders need: {install}")
     return out
 
 
@@ -117,6 +136,8 @@ def report(s: Stack | None = None) -> list[str]:
     torch = f"torch {s.torch} (CUDA {s.torch_cuda})" if s.torch_cuda else f"torch {s.torch or 'missing'} (CPU only)"
     driver = f"NVIDIA driver {s.driver} (CUDA up to {s.driver_cuda or '?'})" if s.driver else "no NVIDIA driver"
     wheels = ", ".join(f"{d} {v}" for d, v in s.wheels.items()) or "no nvImageCodec/nvJPEG wheels"
-    lines = [f"versions: gpufeed {s.gpufeed}, Python {s.python}, {torch}, torchvision {s.torchvision or 'missing'}, "
-             f"{driver}, {wheels}, Triton {s.triton or 'missing'}"]
+    lines = [
+        f"versions: gpufeed {s.gpufeed}, Python {s.python}, {torch}, torchvision {s.torchvision or 'missing'}, "
+        f"{driver}, {wheels}, Triton {s.triton or 'missing'}"
+    ]
     return lines + [f"fix: {p}" for p in problems(s)]

@@ -1,26 +1,30 @@
 """Where a jpeg Loader's encoded bytes come from: the seam between the JPEG pipeline and storage.
 
 The pipeline (`jpeg_batch.JpegBatcher`) and its CPU decode workers ask a `ByteSource` for each
-batch's bytes and never look at what is behind it. Two sources exist:
+batch's bytes and never look at what is behind it. Three sources exist:
 
 - `PackedBytes`: a packed jpeg store, whose `data.bin` is memory-mapped (and page-locked on a GPU,
   the host tier): a batch is a view, nothing is read; the workers map the same file.
 - `loader.folder.FolderStore`: JPEGs read where they are (a folder, a list, tar shards): each batch
   is read from its files on threads, a batch ahead; the workers read their share themselves.
-
-A remote store's local cache will be a third: it implements the same few calls.
+- `ShardBytes`: a sharded store's (on this disk, or a remote store's shards in its local cache):
+  each batch copied from its shards' memory maps, a batch ahead; the workers read the shard files.
 """
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Protocol
 
 import numpy as np
 import torch
 
 from gpufeed.decode.base import Encoded
+from gpufeed.store import format as fmt
 
 
 @dataclass(frozen=True)
@@ -82,3 +86,91 @@ class PackedBytes:
 
     def for_workers(self) -> WorkerView:
         return WorkerView(data=self.store.data)
+
+
+class ShardBytes:
+    """A sharded jpeg store's bytes (on this disk, or in a remote store's cache): each batch's images
+    copied from their shards' memory maps into one buffer, on threads, a batch ahead (`reads_ahead`);
+    the decode workers read their share from the shard files themselves. A remote store's shards are
+    downloaded when a batch needs them (if the fetch-ahead has not), and held in its cache until no
+    batch of the last few reads them."""
+
+    reads_ahead = True
+    # reads (batches) a shard stays held after its last use: a pipeline reads batch k + 2 while it makes
+    # batch k, and a batch made is decoded (its pixels on the device): 4 covers those in flight
+    HELD_FOR = 4
+
+    def __init__(self, store, threads: int = 8):
+        self.store, self.path = store, store.path
+        self.shapes = np.asarray(store.shapes).view(np.ndarray)
+        self._cache = getattr(store, "cache", None)  # a remote store's ShardCache
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="gpufeed-shardread")
+        self._held: dict[int, int] = {}  # shard -> the read that last used it
+        self._reads = 0
+        self._lock = threading.Lock()
+
+    @property
+    def labels(self) -> torch.Tensor:
+        return self.store.labels
+
+    def __len__(self) -> int:
+        return len(self.store)
+
+    def source(self, i: int) -> str:
+        return self.store.source(i)
+
+    def files(self) -> list[str]:
+        """Every shard's data file, by shard number (where it is, or will be, on this disk)."""
+        return [str(self.store.shard_path(k) / fmt.JPEG_DATA) for k in range(len(self.store.starts) - 1)]
+
+    def for_workers(self) -> WorkerView:
+        return WorkerView(files=self.files())
+
+    def read_later(self, indices: np.ndarray) -> Callable[[], Encoded]:
+        shards, local = self.store.locate(indices)
+        self._use(np.unique(shards).tolist())
+        maps = {k: self.store.shard(k) for k in np.unique(shards).tolist()}
+        begins_in_file = np.array([maps[k].offsets[j] for k, j in zip(shards.tolist(), local.tolist())], np.int64)
+        sizes = np.array([maps[k].offsets[j + 1] for k, j in zip(shards.tolist(), local.tolist())], np.int64)
+        sizes -= begins_in_file
+        ends = np.cumsum(sizes)
+        begins = ends - sizes
+        buffer = np.empty(int(ends[-1]) if len(ends) else 0, np.uint8)
+
+        def copy(k: int) -> None:
+            at = np.flatnonzero(shards == k)
+            data = maps[k].data
+            for p in at.tolist():
+                buffer[begins[p] : ends[p]] = data[begins_in_file[p] : begins_in_file[p] + sizes[p]]
+
+        jobs = [self._pool.submit(copy, k) for k in maps]
+
+        def done() -> Encoded:
+            for job in jobs:
+                job.result()
+            return Encoded(torch.from_numpy(buffer), buffer, begins, ends, shards.astype(np.int64), begins_in_file)
+
+        return done
+
+    def _use(self, shards: list[int]) -> None:
+        """Hold `shards` in a remote store's cache (downloaded if needed), and let go of those no batch
+        of the last `HELD_FOR` reads used; tell the fetch-ahead where the reading is."""
+        if self._cache is None:
+            return
+        with self._lock:
+            self._reads += 1
+            for k in shards:
+                if k not in self._held:
+                    self._cache.use(k)
+                self._held[k] = self._reads
+            for k in [k for k, last in self._held.items() if self._reads - last > self.HELD_FOR]:
+                del self._held[k]
+                self._cache.release(k)
+        self._cache.moved_on(shards[0]) if shards else None
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+        with self._lock:
+            for k in list(self._held):
+                self._cache.release(k)  # type: ignore[union-attr]  # (held: with a cache)
+            self._held.clear()

@@ -35,11 +35,15 @@ class RankCores:
 
     def describe(self) -> str:
         """One line for logs and `gpufeed doctor`."""
-        parts = [f"{self.affinity} CPUs in its affinity" + (f", shared by {self.sharing} local ranks"
-                                                             if self.sharing > 1 else "")]
+        parts = [
+            f"{self.affinity} CPUs in its affinity"
+            + (f", shared by {self.sharing} local ranks" if self.sharing > 1 else "")
+        ]
         if self.quota is not None:
-            parts.append(f"a cgroup CPU quota of {self.quota:g} CPUs" + (f" for {self.quota_sharing} local ranks"
-                                                                        if self.quota_sharing > 1 else ""))
+            parts.append(
+                f"a cgroup CPU quota of {self.quota:g} CPUs"
+                + (f" for {self.quota_sharing} local ranks" if self.quota_sharing > 1 else "")
+            )
         return f"{self.usable} cores for this rank ({'; '.join(parts)})"
 
 
@@ -103,9 +107,9 @@ def _quota_at(folder: Path) -> float | None:
     except (OSError, ValueError):
         pass
     try:
-        quota = int((folder / "cpu.cfs_quota_us").read_text())
-        period = int((folder / "cpu.cfs_period_us").read_text())
-        return None if quota <= 0 else quota / period
+        quota_us = int((folder / "cpu.cfs_quota_us").read_text())
+        period_us = int((folder / "cpu.cfs_period_us").read_text())
+        return None if quota_us <= 0 else quota_us / period_us
     except (OSError, ValueError):
         return None
 

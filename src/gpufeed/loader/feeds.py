@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import torch
 
@@ -27,8 +27,9 @@ from gpufeed.transfer.gather import Gatherer
 from gpufeed.transfer.ring import PinnedRing, hand_over
 
 
-def device_feed(plan: EpochPlan, start: int, tier: Tier, stream: torch.cuda.Stream, prefetch: int, counters: Stats,
-                fused: bool) -> Iterator[Batch]:
+def device_feed(
+    plan: EpochPlan, start: int, tier: Tier, stream: torch.cuda.Stream, prefetch: int, counters: Stats, fused: bool
+) -> Iterator[Batch]:
     """Batches of the gpu/host tiers, all device work queued asynchronously on `stream`."""
     with torch.cuda.stream(stream):
         on_device = plan.to(tier.images.device)
@@ -106,7 +107,7 @@ def gather_copy(how: HostGather, idx: torch.Tensor, params, counters: Stats) -> 
     with torch.cuda.stream(how.stream):
         images = images.to(how.device, non_blocking=True)
         labels = labels.to(how.device, non_blocking=True)
-        event = how.stream.record_event()
+        event = how.stream.record_event()  # type: ignore[union-attr]  # a GPU's: with the ring
     ring.release(k, event)
     counters.add("h2d_issue", time.perf_counter() - t1, images.numel())
     return Made(Batch(images, labels, params, samples=idx), event)

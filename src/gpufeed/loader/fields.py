@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
 
+from gpufeed.augment.boxes import padded, transform_boxes
 from gpufeed.augment.params import Params
 from gpufeed.loader.stats import Stats
-
-from gpufeed.augment.boxes import padded, transform_boxes
 from gpufeed.store.format import StoreError
 
 log = logging.getLogger(__name__)
@@ -29,9 +29,15 @@ class FieldRequest:
     on_error: str
 
 
-def batch_dict(request: FieldRequest, images: torch.Tensor, labels: torch.Tensor, samples, counters: Stats,
-               geometry: Callable[[], tuple[np.ndarray, Params | None]]) -> dict:
-    """"image", then each field of `request`: "label" (or mixed targets), "source" (a list), "boxes"
+def batch_dict(
+    request: FieldRequest,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    samples,
+    counters: Stats,
+    geometry: Callable[[], tuple[torch.Tensor, Params | None]],
+) -> dict:
+    """Keys: "image", then each field of `request`: "label" (or mixed targets), "source" (a list), "boxes"
     (moved with the images; plus "boxes_count"), the store's other fields (numbers and arrays as
     tensors on the device, text, bytes and JSON as lists). `geometry()`: the batch's planned sample
     indices and augment parameters, which the boxes follow."""
@@ -47,8 +53,11 @@ def batch_dict(request: FieldRequest, images: torch.Tensor, labels: torch.Tensor
             out["boxes"], out["boxes_count"] = padded(_boxes(store, idx, *geometry()), request.device)
         elif name != "image":
             column = store.column(name)
-            out[name] = torch.from_numpy(np.ascontiguousarray(column.rows(idx))).to(
-                request.device, non_blocking=True) if column.fixed else _values(request, column, idx, counters)
+            out[name] = (
+                torch.from_numpy(np.ascontiguousarray(column.rows(idx))).to(request.device, non_blocking=True)
+                if column.fixed
+                else _values(request, column, idx, counters)
+            )
     return out
 
 
@@ -71,14 +80,14 @@ def _values(request: FieldRequest, column, samples: np.ndarray, counters: Stats)
     return out
 
 
-def _boxes(store, samples: np.ndarray, planned: torch.Tensor, params: Params | None) -> list[np.ndarray]:
+def _boxes(store, samples: np.ndarray, plan_indices: torch.Tensor, params: Params | None) -> list[np.ndarray]:
     """The boxes of the loader's current batch through the geometry their images went through. A
     sample that replaced an undecodable one took that position's image (a copy of another position,
     or the same crop moved onto it), so it takes that geometry too."""
     stored = store.column("boxes").rows(samples)
     if params is None:  # no augment ops
         return stored
-    planned = planned.numpy()
+    planned = plan_indices.numpy()
     first = {int(s): q for q, s in reversed(list(enumerate(planned)))}
     rows = torch.tensor([p if s == planned[p] else first.get(int(s), p) for p, s in enumerate(samples)])
     params = params.take(rows)

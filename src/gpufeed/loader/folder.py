@@ -28,9 +28,9 @@ import os
 import stat as stat_module
 import tarfile
 import tempfile
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable
 from pathlib import Path
 
 import numpy as np
@@ -39,8 +39,8 @@ from PIL import Image
 
 from gpufeed.decode.base import Encoded
 from gpufeed.loader.bytes import WorkerView
-from gpufeed.sources.images import plain_jpeg_problem
 from gpufeed.sources import TAR_SUFFIXES, Item, Skip, SourceError, open_source, tar_key, tar_label
+from gpufeed.sources.images import plain_jpeg_problem
 from gpufeed.store.format import MANIFEST
 
 log = logging.getLogger(__name__)
@@ -84,8 +84,9 @@ class FolderStore:
 
     def __init__(self, source: str | os.PathLike, threads: int | None = None):
         self.path = Path(os.fspath(source))
-        self._pool = ThreadPoolExecutor(threads or min(16, 4 * (os.cpu_count() or 1)),
-                                        thread_name_prefix="gpufeed-folder")
+        self._pool = ThreadPoolExecutor(
+            threads or min(16, 4 * (os.cpu_count() or 1)), thread_name_prefix="gpufeed-folder"
+        )
         listed, self.classes, skipped = _list(os.fspath(source))
         cache_path = _cache_path(self.path)
         cached = _load(cache_path)
@@ -97,12 +98,20 @@ class FolderStore:
         if fresh:
             _save(cache_path, {key: cached[key] for key in keys})
         kept = [k for k, key in enumerate(keys) if isinstance(cached[key], list)]
-        self.skipped = skipped + [{"path": listed[k].name, "reason": cached[keys[k]]}
-                                  for k in range(len(listed)) if not isinstance(cached[keys[k]], list)]
+        self.skipped = skipped + [
+            {"path": listed[k].name, "reason": cached[keys[k]]}
+            for k in range(len(listed))
+            if not isinstance(cached[keys[k]], list)
+        ]
         if self.skipped:
             shown = "; ".join(f"{s['path']}: {s['reason']}" for s in self.skipped[:3])
-            log.warning("gpufeed: %s: %d file(s) not read in place (%s%s); `gpufeed pack` it to read every image",
-                        self.path, len(self.skipped), shown, " ..." if len(self.skipped) > 3 else "")
+            log.warning(
+                "gpufeed: %s: %d file(s) not read in place (%s%s); `gpufeed pack` it to read every image",
+                self.path,
+                len(self.skipped),
+                shown,
+                " ..." if len(self.skipped) > 3 else "",
+            )
         if not kept:
             raise SourceError(f"{self.path}: no JPEG this loader can read in place (and not a gpufeed store)")
         self._names = [listed[k].name for k in kept]
@@ -111,8 +120,8 @@ class FolderStore:
         self._files = np.array(files, dtype=object)
         self._file_of = np.array([where[listed[k].file] for k in kept], np.int64)
         self._begins = np.array([listed[k].begin for k in kept], np.int64)
-        found = np.array([cached[keys[k]] for k in kept], np.int64).reshape(-1, 3)
-        self.shapes, self._sizes = found[:, :2], found[:, 2].copy()
+        headers = np.array([cached[keys[k]] for k in kept], np.int64).reshape(-1, 3)
+        self.shapes, self._sizes = headers[:, :2], headers[:, 2].copy()
         self._labels = np.array([listed[k].label for k in kept], np.int64)
 
     @property
@@ -159,7 +168,8 @@ class FolderStore:
         at = self._begins[indices]
 
         def one(k: int) -> None:
-            view = memoryview(buffer)[int(begins[k]) : int(ends[k])]
+            # (numpy's stubs give an ndarray the buffer protocol from Python 3.12 on)
+            view = memoryview(buffer)[int(begins[k]) : int(ends[k])]  # type: ignore[arg-type]
             try:
                 fd = _open_regular(files[k])
                 try:
@@ -222,7 +232,9 @@ def _list_tars(shards: list[str]) -> tuple[list[_Listed], list[str], list[dict]]
                         skipped.append({"path": name, "reason": "no .jpg member"})
                         continue
                     try:
-                        label = tar_label(tar.extractfile(parts["cls"]).read() if "cls" in parts else None)
+                        # a regular file's member (extractfile gives None for others)
+                        cls = tar.extractfile(parts["cls"]).read() if "cls" in parts else None  # type: ignore[union-attr]
+                        label = tar_label(cls)
                     except ValueError as e:  # as packing skips it
                         skipped.append({"path": name, "reason": str(e)})
                         continue
@@ -252,8 +264,7 @@ def _fits(entry: list[int] | str | None, x: _Listed, stat: str) -> bool:
         return False
     h, w, size = entry
     expected = x.size if x.size >= 0 else int(stat.split(":")[0])
-    return (size == expected and 1 <= h <= JPEG_MAX_SIDE and 1 <= w <= JPEG_MAX_SIDE
-            and h * w <= PIXELS_PER_BYTE * size)
+    return size == expected and 1 <= h <= JPEG_MAX_SIDE and 1 <= w <= JPEG_MAX_SIDE and h * w <= PIXELS_PER_BYTE * size
 
 
 def _open_regular(path: str) -> int:
@@ -310,8 +321,11 @@ def _load(path: Path) -> dict:
     try:
         data = json.loads(path.read_text())
         entries = data["entries"] if data.get("version") == INDEX_VERSION else {}
-        return {key: v for key, v in entries.items() if isinstance(v, str) or (
-            isinstance(v, list) and len(v) == 3 and all(type(x) is int and x >= 0 for x in v))}
+        return {
+            key: v
+            for key, v in entries.items()
+            if isinstance(v, str) or (isinstance(v, list) and len(v) == 3 and all(type(x) is int and x >= 0 for x in v))
+        }
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return {}
 

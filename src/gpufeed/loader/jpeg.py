@@ -12,19 +12,20 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
+from gpufeed.augment.params import Params
+from gpufeed.decode.pool.workers import DecodeWorkers
 from gpufeed.decode.scheduling.choice import DEFAULT, check_decoders
 from gpufeed.decode.scheduling.scheduler import summed
-from gpufeed.decode.pool.workers import DecodeWorkers
+from gpufeed.loader.batch import Batch
 from gpufeed.loader.bytes import ByteSource
 from gpufeed.loader.cores import rank_cores
-from gpufeed.loader.batch import Batch
-from gpufeed.loader.producer import Carried, Made, NextEpoch, Production, threaded
 from gpufeed.loader.jpeg_batch import DecodeError, JpegBatcher, Upcoming
 from gpufeed.loader.plan import EpochPlan
+from gpufeed.loader.producer import Carried, Made, NextEpoch, Production, threaded
 from gpufeed.loader.settings import Decoding, Output
 from gpufeed.loader.stats import Stats
 
@@ -64,8 +65,15 @@ class JpegPipelines:
             self.workers.close()
 
 
-def jpeg_feed(pipelines: list[JpegBatcher], production: Production, plan: EpochPlan, start: int, epoch: int = 0,
-              next_plan: Callable[[], EpochPlan] | None = None, carried: Carried | None = None):
+def jpeg_feed(
+    pipelines: list[JpegBatcher],
+    production: Production,
+    plan: EpochPlan,
+    start: int,
+    epoch: int = 0,
+    next_plan: Callable[[], EpochPlan] | None = None,
+    carried: Carried | None = None,
+):
     """Batches `start`.. of a jpeg store's epoch `plan`, batch k made by pipeline k % pipelines on its
     own thread, `production.prefetch` ahead of the consumer; each pipeline is told its next two
     batches (it starts decoding the first early, and reads a folder's files of the second). With one
@@ -77,7 +85,7 @@ def jpeg_feed(pipelines: list[JpegBatcher], production: Production, plan: EpochP
 
     def plan_of(which: int) -> EpochPlan:
         if which not in plans:
-            plans[which] = next_plan()
+            plans[which] = next_plan()  # type: ignore[misc]  # the next epoch's: asked for only with next_plan
         return plans[which]
 
     def later(which: int, number: int) -> list[tuple[int, int]]:
@@ -87,10 +95,14 @@ def jpeg_feed(pipelines: list[JpegBatcher], production: Production, plan: EpochP
             return [(w, n) for w, n in keys if w == which and n < length]
         return [(w + n // length, n % length) for w, n in keys if w + n // length <= 1]
 
+    def batch(which: int, number: int) -> tuple[torch.Tensor, Params]:
+        idx, params = plan_of(which).batch(number)
+        return idx, params  # type: ignore[return-value]  # a jpeg store's Loader has augment ops: Params
+
     def make(which: int, number: int, k: int) -> Made:
         batcher = pipelines[k]
-        idx, params = plan_of(which).batch(number)
-        ahead = tuple(Upcoming(*plan_of(w).batch(n)) for w, n in later(which, number))
+        idx, params = batch(which, number)
+        ahead = tuple(Upcoming(*batch(w, n)) for w, n in later(which, number))
         if batcher.stream is None:
             images, labels, samples = batcher.make(idx, params, ahead)
             return Made(Batch(images, labels, None, final=True, samples=samples), None)
@@ -100,8 +112,9 @@ def jpeg_feed(pipelines: list[JpegBatcher], production: Production, plan: EpochP
         return Made(Batch(images, labels, None, final=True, samples=samples), event)
 
     carry = NextEpoch(epoch + 1, functools.partial(make, 1)) if next_plan is not None and step == 1 else None
-    return threaded(production, functools.partial(make, 0), range(start, length), length, workers=step, carry=carry,
-                    carried=carried)
+    return threaded(
+        production, functools.partial(make, 0), range(start, length), length, workers=step, carry=carry, carried=carried
+    )
 
 
 def default_workers(device: torch.device) -> int:
@@ -128,14 +141,17 @@ def jpeg_pipelines(images: ByteSource, output: Output, decoding: Decoding, count
             view = images.for_workers()
             pool = DecodeWorkers(view.data, workers, device, files=view.files, tickets=tuning.tickets)
         except (RuntimeError, OSError) as e:
-            log.warning("gpufeed.Loader: CPU JPEG decode in worker processes unavailable (%s); decoding on "
-                        "threads, which share the GIL with the training loop (slower)", e)
+            log.warning(
+                "gpufeed.Loader: CPU JPEG decode in worker processes unavailable (%s); decoding on "
+                "threads, which share the GIL with the training loop (slower)",
+                e,
+            )
     count = tuning.pipelines if output.cuda else 1
     threads = max(1, workers // count)  # each pipeline's decode threads, where there are no workers
     turn = threading.Lock() if count > 1 and tuning.turns else None
-    jpeg = JpegPipelines([JpegBatcher(images, output, decoding, counters, threads, pool, turn) for _ in range(count)],
-                         pool)
+    jpeg = JpegPipelines(
+        [JpegBatcher(images, output, decoding, counters, threads, pool, turn) for _ in range(count)], pool
+    )
     where = f"{pool.size} worker processes" if pool is not None else f"{threads} threads per pipeline"
-    log.info("gpufeed.Loader: jpeg decoders %s, %d pipeline(s), CPU decode in %s", " + ".join(jpeg.names), count,
-             where)
+    log.info("gpufeed.Loader: jpeg decoders %s, %d pipeline(s), CPU decode in %s", " + ".join(jpeg.names), count, where)
     return jpeg

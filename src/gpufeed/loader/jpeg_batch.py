@@ -16,14 +16,14 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Callable
 
 import numpy as np
 import torch
 
 from gpufeed.augment.params import Params
-from gpufeed.augment.pipeline import fused_kernels
+from gpufeed.augment.pipeline import Augment, fused_kernels
 from gpufeed.decode import Scheduler
 from gpufeed.decode.base import Decoded, Encoded, into_pixels
 from gpufeed.decode.scheduling.choice import decoder_room
@@ -35,7 +35,6 @@ from gpufeed.loader.stats import Reading, Stats, stage_range
 from gpufeed.transfer.ring import hand_over
 
 log = logging.getLogger(__name__)
-
 
 
 class DecodeError(RuntimeError):
@@ -61,8 +60,16 @@ class Upcoming:
 class JpegBatcher:
     """Turns (indices, params) into a finished (images, labels) batch on the loader's device."""
 
-    def __init__(self, images: ByteSource, output: Output, decoding: Decoding, counters: Stats, threads: int,
-                 cpu=None, gpu_turn: threading.Lock | None = None):
+    def __init__(
+        self,
+        images: ByteSource,
+        output: Output,
+        decoding: Decoding,
+        counters: Stats,
+        threads: int,
+        cpu=None,
+        gpu_turn: threading.Lock | None = None,
+    ):
         """`images`: where the bytes come from; `threads`: CPU decode threads where `cpu` (the shared worker
         processes) is None; `gpu_turn`: a lock the pipelines' GPU decodes take turns with."""
         self.images, self.output, self.counters = images, output, counters
@@ -88,8 +95,9 @@ class JpegBatcher:
         self._compiled = not (self.fused and tuning.compile_ahead)  # the batch kernels compiled once, during a decode
         log.debug("gpufeed.Loader: jpeg decoders %s", " + ".join(self.scheduler.names))
 
-    def make(self, idx: torch.Tensor, params: Params, ahead: tuple[Upcoming, ...] = ()
-             ) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+    def make(
+        self, idx: torch.Tensor, params: Params, ahead: tuple[Upcoming, ...] = ()
+    ) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
         """(images, labels, the store index of each sample: a failed one's replacement's). `ahead`: this
         pipeline's next batches: the first is started now (its CPU share decoded while this batch is
         finished), the files of the second (a folder read in place) read meanwhile."""
@@ -97,8 +105,14 @@ class JpegBatcher:
         with stage_range("gpufeed.decode+resize", self.stream is not None):
             return self._make(idx, params, ahead, pace)
 
-    def _make(self, idx: torch.Tensor, params: Params, ahead: tuple[Upcoming, ...] = (), pace: Pace | None = None,
-              replacing: bool = False) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+    def _make(
+        self,
+        idx: torch.Tensor,
+        params: Params,
+        ahead: tuple[Upcoming, ...] = (),
+        pace: Pace | None = None,
+        replacing: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
         """Host-side bookkeeping is numpy: see `gpufeed.decode.base` for why. `replacing`: this batch stands
         in for one none of whose samples decoded; if none of its own does either, DecodeError (the caller
         tries the next samples), never another replacement within it."""
@@ -173,8 +187,9 @@ class JpegBatcher:
                 return read
         return self.images.read_later(i)()
 
-    def _replaced(self, idx: torch.Tensor, params: Params, tries: int = 8
-                  ) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+    def _replaced(
+        self, idx: torch.Tensor, params: Params, tries: int = 8
+    ) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
         """A batch none of whose samples decoded (`on_error="skip"`): made of the samples that follow
         them in the store instead, each with its own label and the same crop relative to its size,
         trying up to `tries` steps further. Deterministic, so a resumed run makes the same batch."""
@@ -187,8 +202,10 @@ class JpegBatcher:
                 return self._make(other, moved, replacing=True)
             except DecodeError:  # those failed too: one step further
                 continue
-        raise DecodeError(f"{self.images.path}: samples {idx.tolist()} and the {tries} after each cannot be "
-                          "decoded: the store looks damaged (gpufeed verify names the files)")
+        raise DecodeError(
+            f"{self.images.path}: samples {idx.tolist()} and the {tries} after each cannot be "
+            "decoded: the store looks damaged (gpufeed verify names the files)"
+        )
 
     def _failed(self, idx: torch.Tensor, failed: dict[int, str]) -> None:
         first = min(failed)
@@ -199,25 +216,35 @@ class JpegBatcher:
         self.counters.note(f"{len(failed)} undecodable sample(s) replaced, e.g. {where} ({why})")
         if not self._warned.is_set():
             self._warned.set()
-            log.warning("%s cannot be decoded (%s); replaced by another sample (of its batch, or "
-                        "the ones after it if the whole batch failed) "
-                        "(further ones are counted in loader.stats())", where, why)
+            log.warning(
+                "%s cannot be decoded (%s); replaced by another sample (of its batch, or "
+                "the ones after it if the whole batch failed) "
+                "(further ones are counted in loader.stats())",
+                where,
+                why,
+            )
 
     def _gpu(self, parts, boxes: np.ndarray, labels: np.ndarray, params: Params) -> tuple[torch.Tensor, torch.Tensor]:
         """One resize kernel for the whole batch, whichever decoder made each image (the kernel reads
         each at its offset from the first part's buffer, into another buffer as well); the per-image
         table, the boxes, the flips and the labels go to the device in two copies (plus the augment
         parameters), on their own stream."""
-        out, aug = self.output, self.output.augment
+        out = self.output
+        aug: Augment = self.output.augment  # type: ignore[assignment]  # a jpeg store's Loader has augment ops
         dev = out.device
         out_dtype, out_last, scale, shift = aug.kernel_output(params, out.dtype, out.channels_last, dev)
         fmt = torch.channels_last if out_last else torch.contiguous_format
         batch = torch.empty((len(boxes), 3, *params.out_hw), dtype=out_dtype, device=dev, memory_format=fmt)
         parts = [(part, positions) for part, positions in parts if len(positions)]
         src = parts[0][0].base if parts else None  # every image's offset is from here, into its own part's buffer
-        flat = [_joined([part.offsets + (part.base.data_ptr() - src.data_ptr()) for part, _ in parts]),
-                _joined([part.sizes.ravel() for part, _ in parts]), _joined([part.strides.ravel() for part, _ in parts]),
-                _joined([positions for _, positions in parts]), labels]
+        src_ptr = src.data_ptr() if src is not None else 0
+        flat = [
+            _joined([part.offsets + (part.base.data_ptr() - src_ptr) for part, _ in parts]),
+            _joined([part.sizes.ravel() for part, _ in parts]),
+            _joined([part.strides.ravel() for part, _ in parts]),
+            _joined([positions for _, positions in parts]),
+            labels,
+        ]
         table, at = _table(flat)
         floats = np.concatenate([boxes.ravel(), params.flip.numpy()]).astype(np.float32)
         t0 = time.perf_counter()
@@ -225,7 +252,7 @@ class JpegBatcher:
             table_d = torch.from_numpy(table).to(dev, non_blocking=True)
             floats_d = torch.from_numpy(floats).to(dev, non_blocking=True)
             on_device = params.to(dev, non_blocking=True, boxes=False)  # the boxes and flips went in `floats`
-            copied = self._tables.record_event()
+            copied = self._tables.record_event()  # type: ignore[union-attr]  # a GPU's: _gpu runs on one
         hand_over(copied, table_d, floats_d, *(t for t in on_device.tensors() if t.is_cuda))
         self.counters.add("resize.copies", time.perf_counter() - t0)  # a part of "resize"
         boxes_d, flip_d = floats_d[: boxes.size], floats_d[boxes.size :]
@@ -248,8 +275,12 @@ class JpegBatcher:
         that decode, on the first batch's time (docs/benchmarks.md, "Start-up and GPU memory"). The
         output is dropped."""
         self._compiled = True
-        stand_in = Decoded(torch.zeros(3, dtype=torch.uint8, device=self.output.device), np.zeros(1, np.int64),
-                           np.ones((1, 2), np.int64), np.ones((1, 3), np.int64))
+        stand_in = Decoded(
+            torch.zeros(3, dtype=torch.uint8, device=self.output.device),
+            np.zeros(1, np.int64),
+            np.ones((1, 2), np.int64),
+            np.ones((1, 3), np.int64),
+        )
         self._gpu([(stand_in, np.zeros(1, np.int64))], params.boxes.numpy().copy(), np.zeros(n, np.int64), params)
 
     def _cpu(self, parts, boxes: np.ndarray, params: Params, n: int) -> torch.Tensor:
@@ -263,10 +294,17 @@ class JpegBatcher:
         filler = next(im for im in images if im is not None)
         images = [filler if im is None else im for im in images]
         top_h, top_w = max(im.shape[0] for im in images), max(im.shape[1] for im in images)
-        batch = torch.from_numpy(np.stack([np.pad(im.numpy(), ((0, top_h - im.shape[0]), (0, top_w - im.shape[1]),
-                                                               (0, 0)), mode="edge") for im in images]))
+        batch = torch.from_numpy(
+            np.stack(
+                [
+                    np.pad(im.numpy(), ((0, top_h - im.shape[0]), (0, top_w - im.shape[1]), (0, 0)), mode="edge")
+                    for im in images
+                ]
+            )
+        )
         padded = replace(params, boxes=torch.from_numpy(boxes), identity=False)
-        return self.output.augment.apply(batch, padded, self.output.dtype, self.output.channels_last)
+        augment = self.output.augment  # a jpeg store's Loader has augment ops
+        return augment.apply(batch, padded, self.output.dtype, self.output.channels_last)  # type: ignore[union-attr]
 
     def close(self) -> None:
         """Stop this pipeline's decoders (the shared CPU workers are `JpegPipelines`' to stop)."""
@@ -293,8 +331,8 @@ def _table(columns: list[np.ndarray]) -> tuple[np.ndarray, list[int]]:
 
 
 def _from(images: ByteSource, i: int) -> str:
-    """"; <its source>" where the source knows it (a store packed by gpufeed 0.1 does not)."""
+    """The suffix "; <its source>" where the source knows it (a store packed by gpufeed 0.1 does not)."""
     try:
         return f"; {images.source(i)}"
-    except Exception:  # noqa: BLE001 - only the message loses it
+    except Exception:  # noqa: BLE001  only the message loses it
         return ""

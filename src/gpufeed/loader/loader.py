@@ -16,8 +16,8 @@ import logging
 import os
 import time
 import weakref
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Iterator, Sequence
 
 import numpy as np
 import torch
@@ -25,18 +25,22 @@ import torch
 from gpufeed.augment.pipeline import Augment
 from gpufeed.decode.tuning import Tuning
 from gpufeed.loader import tiers
-from gpufeed.loader.folder import FolderStore, is_folder_source
 from gpufeed.loader.batch import Batch
-from gpufeed.loader.bytes import PackedBytes
+from gpufeed.loader.bytes import ByteSource, PackedBytes, ShardBytes
+from gpufeed.loader.cores import local_ranks
 from gpufeed.loader.feeds import HostGather, device_feed, host_feed
 from gpufeed.loader.fields import FieldRequest, batch_dict
+from gpufeed.loader.folder import FolderStore, is_folder_source
 from gpufeed.loader.jpeg import PREFETCH, JpegPipelines, default_workers, jpeg_feed, jpeg_pipelines
-from gpufeed.loader.producer import CLOSE_WAIT, Carried, Production
-from gpufeed.loader.settings import Decoding, Output, resolve_device
 from gpufeed.loader.planner import Planner
-from gpufeed.loader.sampler import ShardedBatchSampler, resolve_rank
+from gpufeed.loader.producer import CLOSE_WAIT, Carried, Production
+from gpufeed.loader.sampler import Segment, ShardedBatchSampler, Shards, resolve_rank
+from gpufeed.loader.settings import Decoding, Output, resolve_device
 from gpufeed.loader.stats import Stats, stage_range
-from gpufeed.store.reader import Store
+from gpufeed.store.locations import is_url
+from gpufeed.store.reader import Store, open_store
+from gpufeed.store.remote import RemoteStore
+from gpufeed.store.sharded import ShardedStore
 from gpufeed.transfer.gather import Gatherer
 from gpufeed.transfer.ring import PinnedRing
 
@@ -55,6 +59,47 @@ def _close_all() -> None:
             loader.close()
 
 
+def _open(store, cache_dir, cache_limit, storage_options) -> Store | ShardedStore | FolderStore:
+    """The store a Loader reads: a store object as given; a URL as a `RemoteStore` (read through its
+    cache); a folder, list or tar shards to read in place; else a store on this disk (sharded or not)."""
+    remote = {
+        k: v
+        for k, v in (("cache_dir", cache_dir), ("cache_limit", cache_limit), ("storage_options", storage_options))
+        if v is not None
+    }
+    if isinstance(store, (Store, ShardedStore, FolderStore)):
+        if remote and not isinstance(store, RemoteStore):
+            raise ValueError(f"{store.path}: {sorted(remote)} are for a store in a bucket (a URL)")
+        return store
+    if is_url(store):
+        return RemoteStore(str(store), **remote)
+    if remote:
+        raise ValueError(f"{store}: {sorted(remote)} are for a store in a bucket (a URL)")
+    return FolderStore(store) if is_folder_source(store) else open_store(store)
+
+
+def _window(store: ShardedStore, asked: int | None) -> int | None:
+    """Shards a window of the shard-aware order takes (None: a full shuffle). Asked for, or for a store
+    read through a bounded cache: as many as two windows of this machine's ranks hold in it (one read,
+    one fetched ahead); a raw store's cache must hold it whole."""
+    if asked is not None:
+        if not isinstance(asked, int) or isinstance(asked, bool) or asked < 1:
+            raise ValueError(f"shuffle_window must be a number of shards, 1 or more, got {asked!r}")
+        return asked
+    limit = store.cache.limit if isinstance(store, RemoteStore) else None
+    if limit is None:
+        return None
+    if store.mode == "raw" and limit < store.nbytes:
+        raise ValueError(
+            f"{store.path}: a raw store is read through its cache only whole: cache_limit {limit} bytes "
+            f"holds less than its {store.nbytes}; raise it, or pack the data as a jpeg store"
+        )
+    biggest = max(s["bytes"] for s in store.manifest.shards)
+    # the batches in flight hold the shards of up to three windows a rank (the one read, the one before
+    # it, the next one read ahead), and a fourth is fetched ahead; a shard spare for the next download
+    return max(1, (limit // (local_ranks() * biggest) - 1) // 4)
+
+
 def _workers(num_workers: int | None, device: torch.device) -> int:
     """The CPU decode worker processes asked for (None: `jpeg.default_workers`), checked."""
     workers = default_workers(device) if num_workers is None else num_workers
@@ -67,6 +112,8 @@ def _check_augment(augment: Augment, path: object, sizes: tuple[int, int] | torc
     """Refuse an op list that can't yield one batch shape from this store, when the Loader is built
     rather than at the first batch: drawn once on the store's extreme image sizes (smallest and largest
     side, widest and tallest)."""
+    height: int | torch.Tensor
+    width: int | torch.Tensor
     if isinstance(sizes, torch.Tensor):
         if not len(sizes):
             return
@@ -85,7 +132,9 @@ class Loader:
     """Iterate `(images, labels)` batches of a gpufeed store on `device`, as a DataLoader would.
 
     Args:
-        store: a `Store` or the path of one (raw or jpeg); or, to read JPEGs in place without packing
+        store: a `Store` or the path of one (raw or jpeg, sharded or not); the URL of a sharded store in
+            a bucket (`s3://`, `gs://`, `az://`, `https://`, any fsspec URL), read through a local cache
+            (`cache_dir`, `cache_limit`, `storage_options`); or, to read JPEGs in place without packing
             (an inference or evaluation pass), a folder (ImageFolder or flat), a CSV/JSONL list or
             uncompressed tar shards (see `loader.folder`).
         batch_size: samples per batch on this rank.
@@ -127,6 +176,13 @@ class Loader:
             resume and the replacement of undecodable samples. "boxes" (a store's boxes field) go
             through the same crops, flips and warps as the images: a zero-padded (N, M, 4) tensor,
             and "boxes_count" (N,).
+        cache_dir, cache_limit, storage_options: a store in a bucket: the local folder its shards are
+            cached in (default under ~/.cache/gpufeed/stores; the ranks of a machine may share one), the
+            most bytes kept there (an int or "200GB"; None: no limit), and fsspec's options for the URL
+            (credentials, endpoint). With a limit the epoch's order is shard-aware (`shuffle_window`).
+        shuffle_window: a sharded store: shards whose samples are shuffled together, windows of the
+            shards taken in a seeded random order (None: a full shuffle; with a `cache_limit`, what two
+            windows of this machine's ranks hold in it). Part of the order: a resumed job keeps it.
         tuning: jpeg: the JPEG path's measured settings (`gpufeed.decode.tuning.Tuning`), for
             benchmarks that compare others; the default is what measurements chose.
 
@@ -139,17 +195,35 @@ class Loader:
     # regions over PCIe, which moves fewer bytes than gathering whole rows first
     FUSED_GATHER = ("gpu", "host")
 
-    def __init__(self, store: Store | str | Path, batch_size: int = 256, device: str | torch.device = "cuda",
-                 shuffle: bool = True, seed: int = 0, drop_last: bool = True, augment: Sequence | None = None,
-                 dtype: torch.dtype = torch.float16, channels_last: bool = False, cache: str = "auto",
-                 rank: int | None = None, world_size: int | None = None, prefetch: int | None = None,
-                 gather_threads: int | None = None, on_error: str = "skip", num_workers: int | None = None,
-                 decoders: tuple[str, ...] | None = None, restart: bool = False, pad: bool = True,
-                 fields: Sequence[str] | None = None, tuning: Tuning | None = None):
-        if isinstance(store, (Store, FolderStore)):
-            self.store = store
-        else:
-            self.store = FolderStore(store) if is_folder_source(store) else Store(store)
+    def __init__(
+        self,
+        store: Store | ShardedStore | str | Path,
+        batch_size: int = 256,
+        device: str | torch.device = "cuda",
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = True,
+        augment: Sequence | None = None,
+        dtype: torch.dtype = torch.float16,
+        channels_last: bool = False,
+        cache: str = "auto",
+        rank: int | None = None,
+        world_size: int | None = None,
+        prefetch: int | None = None,
+        gather_threads: int | None = None,
+        on_error: str = "skip",
+        num_workers: int | None = None,
+        decoders: tuple[str, ...] | None = None,
+        restart: bool = False,
+        pad: bool = True,
+        fields: Sequence[str] | None = None,
+        tuning: Tuning | None = None,
+        cache_dir: str | Path | None = None,
+        cache_limit: int | str | None = None,
+        storage_options: dict | None = None,
+        shuffle_window: int | None = None,
+    ):
+        self.store = _open(store, cache_dir, cache_limit, storage_options)
         self.fields = tuple(fields) if fields is not None else None
         for name in self.fields or ():
             if name not in ("label", "source", "image"):
@@ -158,12 +232,29 @@ class Loader:
                 except KeyError as e:
                     raise ValueError(e.args[0]) from None
         if self.store.mode == "jpeg" and not augment:
-            raise ValueError(f"{self.store.path}: a jpeg store holds images of different sizes; give augment ops "
-                             "that end in a fixed size, e.g. [RandomResizedCrop(224), Normalize()]")
+            raise ValueError(
+                f"{self.store.path}: a jpeg store holds images of different sizes; give augment ops "
+                "that end in a fixed size, e.g. [RandomResizedCrop(224), Normalize()]"
+            )
         self.device = resolve_device(device)
         self.rank, self.world_size = resolve_rank(rank, world_size)
-        self.batch_sampler = ShardedBatchSampler(len(self.store), batch_size, shuffle=shuffle, seed=seed, rank=self.rank,
-                                           world_size=self.world_size, drop_last=drop_last, pad=pad)
+        sharded = isinstance(self.store, ShardedStore)
+        shards = (
+            Shards(self.store.starts, _window(self.store, shuffle_window))
+            if isinstance(self.store, ShardedStore)
+            else None
+        )
+        self.batch_sampler = ShardedBatchSampler(
+            len(self.store),
+            batch_size,
+            shuffle=shuffle,
+            seed=seed,
+            rank=self.rank,
+            world_size=self.world_size,
+            drop_last=drop_last,
+            pad=pad,
+            shards=shards,
+        )
         self.augment = Augment(augment) if augment is not None else None
         shape = self.store.image_shape
         sizes = torch.from_numpy(np.array(self.store.shapes)) if shape is None else (shape[0], shape[1])
@@ -172,11 +263,14 @@ class Loader:
             mixer = self.augment.batch_op
             labels = self.store.labels
             if mixer is not None and len(labels) and (int(labels.min()) < 0 or int(labels.max()) >= mixer.num_classes):
-                raise ValueError(f"{self.store.path}: {type(mixer).__name__}(num_classes={mixer.num_classes}) needs "
-                                 f"labels in 0..{mixer.num_classes - 1}; the store's are "
-                                 f"{int(labels.min())}..{int(labels.max())} (-1: unlabelled)")
-        self.output = Output(self.device, self.augment, dtype if self.augment is not None else torch.uint8,
-                             channels_last)
+                raise ValueError(
+                    f"{self.store.path}: {type(mixer).__name__}(num_classes={mixer.num_classes}) needs "
+                    f"labels in 0..{mixer.num_classes - 1}; the store's are "
+                    f"{int(labels.min())}..{int(labels.max())} (-1: unlabelled)"
+                )
+        self.output = Output(
+            self.device, self.augment, dtype if self.augment is not None else torch.uint8, channels_last
+        )
         prefetch = prefetch if prefetch is not None else PREFETCH if self.store.mode == "jpeg" else 3
         self.seed = seed
         if on_error not in ("skip", "raise"):
@@ -184,13 +278,26 @@ class Loader:
         self.on_error = on_error
         self.tuning = tuning or Tuning()
         folder = isinstance(self.store, FolderStore)
-        self.tier = tiers.in_place(self.store.labels) if folder else tiers.materialize(self.store, self.device, cache)
+        self.tier = (
+            tiers.in_place(self.store.labels)
+            if isinstance(self.store, FolderStore)
+            else tiers.materialize(self.store, self.device, cache)
+        )
         log.info("gpufeed.Loader: tier %s (%s)", self.tier.name, self.tier.reason)
         self.counters = Stats(self.tier.name)
         self._production = Production(max(1, prefetch), self.counters)
         self.jpeg: JpegPipelines | None = None
+        self._images: ByteSource | None = None
         if self.store.mode == "jpeg":
-            images = self.store if folder else PackedBytes(self.store, self.tier.images)
+            # (self.store: here a FolderStore, itself the ByteSource)
+            images: ByteSource = (
+                self.store  # type: ignore[assignment]
+                if folder
+                else ShardBytes(self.store)
+                if sharded
+                else PackedBytes(self.store, self.tier.images)
+            )
+            self._images = images
             decoding = Decoding(decoders, _workers(num_workers, self.device), on_error, batch_size, self.tuning)
             self.jpeg = jpeg_pipelines(images, self.output, decoding, self.counters)
         self._pid = os.getpid()
@@ -243,7 +350,9 @@ class Loader:
         if not finished and not producers.join(CLOSE_WAIT):
             log.warning("gpufeed.Loader.close: a producer thread did not end within %.0f s", 2 * CLOSE_WAIT)
         self.gather.close()
-        if isinstance(self.store, FolderStore):
+        if isinstance(self._images, ShardBytes):
+            self._images.close()
+        if isinstance(self.store, (FolderStore, RemoteStore)):
             self.store.close()
         self._planner.close()
         _LIVE.discard(self)
@@ -257,33 +366,76 @@ class Loader:
     def set_epoch(self, epoch: int) -> None:
         """Start `epoch` from its first batch at the next iteration."""
         self.epoch, self._batch = epoch, 0
+        self._resume(epoch, ())
 
     def state_dict(self) -> dict:
-        """Where the loader is: the next iteration resumes right after the last batch yielded."""
-        return {"epoch": self.epoch, "batch": self._batch, "seed": self.seed, "rank": self.rank,
-                "world_size": self.world_size, "batch_size": self.batch_sampler.batch_size, "samples": len(self.store)}
+        """Where the job is, the same on every rank: the next iteration resumes right after the last
+        batch yielded, at this world size or another (`load_state_dict`)."""
+        segments = self.batch_sampler.segments(self.epoch)
+        return {
+            "epoch": self.epoch,
+            "batch": self._batch,
+            "world_size": self.world_size,
+            "segments": [[seg.world, seg.batches] for seg in segments],
+            "seed": self.seed,
+            "batch_size": self.batch_sampler.batch_size,
+            "samples": len(self.store),
+            "order": self._order_key(),
+        }
 
     def load_state_dict(self, state: dict) -> None:
-        """Resume where `state` (from `state_dict()`) was: the next `iter()` yields the batch after
-        the last one yielded then. Raises ValueError if the seed, world size, batch size or store
-        size differ (the batches would not be the same)."""
+        """Resume where `state` (from any rank's `state_dict()`, at any world size) was: the next `iter()`
+        yields what no rank had yielded of that epoch. At the same world size that is the same batches
+        as before; at another, the rest of the epoch's global order cut into this world's spans (each
+        remaining sample once with `pad=False`). Raises ValueError if the seed, batch size, store size
+        or order settings differ (the order would not be the same)."""
         mine = self.state_dict()
-        if not isinstance(state, dict) or any(key not in state for key in mine):
+        if not isinstance(state, dict) or any(
+            key not in state for key in ("epoch", "batch", "world_size", "seed", "batch_size", "samples")
+        ):
             raise ValueError(f"not a gpufeed.Loader state_dict (it needs the keys {sorted(mine)})")
-        for key in ("seed", "world_size", "batch_size", "samples"):
-            if state[key] != mine[key]:
+        for key in ("seed", "batch_size", "samples", "order"):
+            if state.get(key, mine[key]) != mine[key]:
                 raise ValueError(f"state_dict has {key}={state[key]}, this loader has {mine[key]}")
-        if state.get("rank", self.rank) != self.rank:
-            raise ValueError(f"state_dict is rank {state['rank']}'s, this loader is rank {self.rank}'s: load each "
-                             "rank's own state")
-        epoch, batch = state.get("epoch"), state.get("batch")
-        for key, value in (("epoch", epoch), ("batch", batch)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ValueError(f"state_dict has {key}={value!r}: not an int of 0 or more")
-        if batch > len(self):
-            raise ValueError(f"state_dict has batch={batch}, past the {len(self)} batches of an epoch")
+        for key in ("epoch", "batch", "world_size"):
+            value = state[key]
+            if not isinstance(value, int) or isinstance(value, bool) or value < (1 if key == "world_size" else 0):
+                raise ValueError(
+                    f"state_dict has {key}={value!r}: not an int of {1 if key == 'world_size' else 0} or more"
+                )
+        try:
+            segments = tuple(Segment(int(w), int(b)) for w, b in state.get("segments", []))
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"state_dict has segments={state.get('segments')!r}: not [[world, batches], ...]"
+            ) from None
+        epoch, batch = state["epoch"], state["batch"]
+        if state["world_size"] != self.world_size and batch:  # what every rank yielded there is an earlier part now
+            segments, batch = (*segments, Segment(state["world_size"], batch)), 0
+        self._resume(epoch, segments)
+        if batch > self.batch_sampler.length(epoch):
+            raise ValueError(
+                f"state_dict has batch={batch}, past the {self.batch_sampler.length(epoch)} batches of its epoch"
+            )
         self.epoch, self._batch = epoch, batch
         self._resuming = True
+
+    def _resume(self, epoch: int, segments: tuple[Segment, ...]) -> None:
+        """Plan `epoch` as what `segments` left of it; plans and batches made for it otherwise are dropped."""
+        if self.batch_sampler.segments(epoch) != segments:
+            self.batch_sampler.resume(epoch, segments)
+            self._planner.forget(epoch)
+            self._production.drop_carried()
+
+    def _order_key(self) -> list:
+        """The settings the global order depends on besides the seed: a state from another order is refused."""
+        shards = self.batch_sampler.shards
+        return [
+            self.batch_sampler.shuffle,
+            self.batch_sampler.drop_last,
+            self.batch_sampler.pad,
+            None if shards is None else shards.window,
+        ]
 
     def stats(self) -> dict:
         """Per-stage times (among them the consumer's: "wait" for batches, and "consumer" between taking
@@ -321,25 +473,32 @@ class Loader:
         `set_epoch(e)`, epoch e begins."""
         self._check_usable()
         epoch, start = self.epoch, self._batch
-        if not self._resuming and 0 < start < len(self):  # the last pass was left early
+        length = self.batch_sampler.length(epoch)
+        if not self._resuming and 0 < start < length:  # the last pass was left early
             epoch, start = (epoch, 0) if self.restart else (epoch + 1, 0)
         self._resuming = False
-        if start >= len(self):
+        if start >= self.batch_sampler.length(epoch):
             epoch, start = epoch + 1, 0
+        if self.restart and start == 0:
+            self._resume(epoch, ())  # a fresh pass is the whole epoch
         self.epoch, self._batch = epoch, start
         return self._pass(epoch, start)
 
     def _pass(self, epoch: int, start: int) -> Iterator[tuple[torch.Tensor, torch.Tensor] | dict]:
-        if isinstance(self.store, Store):  # a file cut short under the memory map would end us in SIGBUS
+        if isinstance(self.store, (Store, ShardedStore)):  # a file cut short under its memory map: SIGBUS
             self.store.check_unchanged()
         plan = self._planner.get(epoch)
+        if isinstance(self.store, RemoteStore):  # fetch this rank's shards ahead, in the order it reads them
+            shards, _ = self.store.locate(plan.indices[plan.starts[start] :].numpy())
+            self.store.cache.follow(shards[np.r_[True, shards[1:] != shards[:-1]]].tolist() if len(shards) else [])
         carried = self._production.take_carried(epoch, start)
         if self.jpeg is not None:
             next_plan = functools.partial(self._planner.peek, epoch + 1) if self.tuning.carry else None
             batches = jpeg_feed(self.jpeg.pipelines, self._production, plan, start, epoch, next_plan, carried)
         elif self.tier.gathers_on_device:
             fused = self.augment is not None and self.tier.name in self.FUSED_GATHER
-            batches = device_feed(plan, start, self.tier, self.copy_stream, self.prefetch, self.counters, fused)
+            # (a tier that gathers on the device: a CUDA device, which has a copy stream)
+            batches = device_feed(plan, start, self.tier, self.copy_stream, self.prefetch, self.counters, fused)  # type: ignore[arg-type]
         else:
             batches = host_feed(plan, start, self._host_gather(), self._production)
         try:
@@ -353,16 +512,20 @@ class Loader:
                 yield out
         finally:
             batches.close()
-        if self._batch >= len(self):
+        if self._batch >= len(plan):
             self.epoch, self._batch = epoch + 1, 0
 
     def _check_usable(self) -> None:
         if os.getpid() != self._pid:
-            raise RuntimeError("this gpufeed.Loader was made in another process (before a fork): its threads, "
-                               "decode workers and CUDA state stay there; make a new Loader in this process")
+            raise RuntimeError(
+                "this gpufeed.Loader was made in another process (before a fork): its threads, "
+                "decode workers and CUDA state stay there; make a new Loader in this process"
+            )
         if self._closed:
-            raise RuntimeError("this gpufeed.Loader was closed: its threads and decode workers are stopped; make a "
-                               "new Loader (with `state_dict()`/`load_state_dict()` to go on where it was)")
+            raise RuntimeError(
+                "this gpufeed.Loader was closed: its threads and decode workers are stopped; make a "
+                "new Loader (with `state_dict()`/`load_state_dict()` to go on where it was)"
+            )
 
     def _finish(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor] | dict:
         t0 = time.perf_counter()
@@ -371,14 +534,16 @@ class Loader:
         self.counters.add("augment", time.perf_counter() - t0)
         if self._fields is None:
             return out
-        return batch_dict(self._fields, *out, batch.samples, self.counters,
-                          functools.partial(self.plan, self.epoch, self._batch))
+        return batch_dict(
+            self._fields, *out, batch.samples, self.counters, functools.partial(self.plan, self.epoch, self._batch)
+        )
 
     def _augment(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         if batch.final:
             images = batch.images
         elif self.augment is not None:
-            images = self.augment.apply(batch.images, batch.params, self.dtype, self.channels_last, batch.index)
+            # (a batch not final, with augment ops: its params were planned)
+            images = self.augment.apply(batch.images, batch.params, self.dtype, self.channels_last, batch.index)  # type: ignore[arg-type]
         else:
             fmt = torch.channels_last if self.channels_last else torch.contiguous_format
             images = batch.images.permute(0, 3, 1, 2).contiguous(memory_format=fmt)

@@ -41,8 +41,13 @@ class EpochPlan:
         return replace(self, indices=self.indices.to(device, non_blocking=True), params=params)
 
 
-def plan_epoch(sampler: ShardedBatchSampler, augment: Augment | None, seed: int, epoch: int,
-               image_hw: tuple[int, int] | torch.Tensor) -> EpochPlan:
+def plan_epoch(
+    sampler: ShardedBatchSampler,
+    augment: Augment | None,
+    seed: int,
+    epoch: int,
+    image_hw: tuple[int, int] | torch.Tensor,
+) -> EpochPlan:
     """The plan of `epoch` for the sampler's rank; `image_hw` is one (H, W) or a (samples, 2) tensor."""
     batches = sampler.batches(epoch)
     starts = [0]

@@ -25,16 +25,21 @@ class _Ahead:
     def _run(self, fn, epoch: int) -> None:
         try:
             self._plan = fn(epoch)
-        except BaseException as e:  # raised where the plan is asked for
+        except BaseException as e:  # noqa: BLE001  raised where the plan is asked for
             self._error = e
         finally:
             self._done.set()
+
+    def result_or_none(self) -> EpochPlan | None:
+        """The plan once it is made, or None if making it failed."""
+        self._done.wait()
+        return self._plan
 
     def result(self) -> EpochPlan:
         self._done.wait()
         if self._error is not None:
             raise self._error
-        return self._plan
+        return self._plan  # type: ignore[return-value]  # made: no error
 
 
 class Planner:
@@ -62,5 +67,13 @@ class Planner:
         sampler, augment, seed, sizes = self._args
         return plan_epoch(sampler, augment, seed, epoch, sizes)
 
+    def forget(self, epoch: int) -> None:
+        """Drop what was planned of `epoch` (its sampler now plans it otherwise: a resume)."""
+        ahead = self._ahead.pop(epoch, None)
+        if ahead is not None:
+            ahead.result_or_none()
+
     def close(self) -> None:
+        for ahead in self._ahead.values():
+            ahead.result_or_none()  # a planner thread still inside torch would abort the interpreter's exit
         self._ahead.clear()

@@ -18,8 +18,8 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Union
 
 import torch
 
@@ -58,7 +58,7 @@ class Left:
     """The producer was stopped (the loader was closed) before it made the batches still awaited."""
 
 
-Item = Union[Made, Failed, Left]
+Item = Made | Failed | Left
 Make = Callable[[int, int], Made]  # make(batch number, producer number)
 
 
@@ -151,8 +151,15 @@ class _Task:
     after: Carried | None = None
 
 
-def threaded(production: Production, make: Make, numbers: range, epoch_length: int, workers: int = 1,
-             carry: NextEpoch | None = None, carried: Carried | None = None) -> Iterator[Batch]:
+def threaded(
+    production: Production,
+    make: Make,
+    numbers: range,
+    epoch_length: int,
+    workers: int = 1,
+    carry: NextEpoch | None = None,
+    carried: Carried | None = None,
+) -> Iterator[Batch]:
     """Run `make(number, worker)` for each batch number on `workers` producer threads (batch k on
     thread k % workers), `prefetch` ahead, yielding in order; errors raised there are raised here;
     breaking out stops the threads. `carried`: batches made ahead for the first of `numbers` (taken
@@ -164,15 +171,27 @@ def threaded(production: Production, make: Make, numbers: range, epoch_length: i
     prefetch = production.prefetch
     queues: list[queue.Queue] = [queue.Queue(prefetch) for _ in range(workers)]
     stop = threading.Event()
-    after = None
+    after: Carried | None = None
+    make_next: Make | None = None
     if carry is not None and workers == 1:
         count = min(prefetch, epoch_length)
         after = Carried(carry.epoch, 0, count, queue.Queue(count), threading.current_thread(), stop)
-    tasks = [_Task(make, w, numbers[w::workers], queues[w], stop, production.counters,
-                   before=carried.thread if carried is not None else None,
-                   make_next=carry.make if after is not None else None, after=after) for w in range(workers)]
-    threads = [threading.Thread(target=_produce, args=(task,), daemon=True, name="gpufeed-producer")
-               for task in tasks]
+        make_next = carry.make
+    tasks = [
+        _Task(
+            make,
+            w,
+            numbers[w::workers],
+            queues[w],
+            stop,
+            production.counters,
+            before=carried.thread if carried is not None else None,
+            make_next=make_next,
+            after=after,
+        )
+        for w in range(workers)
+    ]
+    threads = [threading.Thread(target=_produce, args=(task,), daemon=True, name="gpufeed-producer") for task in tasks]
     if after is not None:
         after.thread = threads[0]
     for t in threads:
@@ -212,8 +231,9 @@ class _Consumer:
             t1 = time.perf_counter()
             self.counters.add("wait", t1 - t0)
             if isinstance(item, Left):
-                raise Stopped("this gpufeed.Loader was closed while it was iterated: its threads and decode "
-                              "workers are stopped")
+                raise Stopped(
+                    "this gpufeed.Loader was closed while it was iterated: its threads and decode workers are stopped"
+                )
             if isinstance(item, Failed):
                 raise item.error
             hand_over(item.event, item.batch.images, item.batch.labels)
@@ -254,8 +274,9 @@ def _produce(task: _Task) -> None:
             for number in range(task.after.count):
                 if task.stop.is_set():
                     return _leave(out)
-                out.put(task.make_next(number, task.worker))  # room for all of them: never blocks
-    except BaseException as e:  # handed to the consumer, raised there
+                # room for all of them: never blocks (make_next: set with `after`)
+                out.put(task.make_next(number, task.worker))  # type: ignore[misc]
+    except BaseException as e:  # noqa: BLE001  handed to the consumer, raised there
         _put(out, Failed(e), task.stop)
 
 

@@ -1,18 +1,27 @@
-"""Which samples go in which batch: a seeded permutation per epoch, cut into equal rank shards.
+"""Which samples go in which batch: one global order per epoch, cut into equal contiguous rank spans.
 
-Same semantics as `DistributedSampler` + a batching `DataLoader`: every rank computes the
-same permutation from (seed, epoch), takes every `world_size`-th index from `rank`, and
-cuts its shard into batches. With `drop_last` the uneven tail is dropped (each index at
-most once per epoch); without it, the shards are padded by wrapping around so all ranks
-still get the same number of batches, and the last batch may be short. `pad=False` (with
-`drop_last=False`, for evaluation) leaves the shards unpadded: every index exactly once over
-all ranks, and the first `n % world_size` ranks have one sample more.
+The epoch's **global order** is a pure function of (seed, epoch): a seeded permutation of the store
+(or, for a store in shards read through a bounded cache, a shard-aware one: the shards permuted,
+taken `window` at a time, the samples of each window permuted together), the same whatever the
+world size. Each rank takes one contiguous, equal **span** of it and cuts it into batches: with
+`drop_last` the uneven tail is dropped (each sample at most once per epoch); without it the spans
+are padded by wrapping around so all ranks get the same number of batches (DistributedSampler's
+way), or with `pad=False` (evaluation) left unpadded: every sample exactly once over all ranks, the
+first spans one sample longer.
+
+**Resuming at another world size.** A job's position in an epoch is global: every rank has yielded
+as many batches. A job stopped after `batches` batches at world size W and resumed at W' continues
+with what no rank consumed (the first `batches` batches of each of the W spans), in global order, cut
+into W' spans: each remaining sample once (with `pad=False`). `Segment`s record such earlier parts
+of an epoch; a resume at the same world size needs none (the same spans, from the next batch).
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 
@@ -32,11 +41,40 @@ def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
     return rank, world_size
 
 
-class ShardedBatchSampler:
-    """Index batches for one rank; `batches(epoch)` is a pure function of its arguments."""
+@dataclass(frozen=True)
+class Segment:
+    """A part of an epoch already consumed: `batches` batches on each of `world` ranks."""
 
-    def __init__(self, n: int, batch_size: int, *, shuffle: bool, seed: int, rank: int,
-                 world_size: int, drop_last: bool, pad: bool = True):
+    world: int
+    batches: int
+
+
+@dataclass(frozen=True)
+class Shards:
+    """How a store's samples lie in its shards (`starts[k]`: the first sample of shard k, then the
+    count), and how many shards a window of the shard-aware order takes (None: all, a full shuffle)."""
+
+    starts: np.ndarray
+    window: int | None = None
+
+
+class ShardedBatchSampler:
+    """Index batches for one rank; `batches(epoch)` is a pure function of its arguments (and of the
+    `Segment`s an epoch was resumed after, `resume`)."""
+
+    def __init__(
+        self,
+        n: int,
+        batch_size: int,
+        *,
+        shuffle: bool,
+        seed: int,
+        rank: int,
+        world_size: int,
+        drop_last: bool,
+        pad: bool = True,
+        shards: Shards | None = None,
+    ):
         if batch_size < 1:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         if n == 0:
@@ -44,12 +82,9 @@ class ShardedBatchSampler:
         self.n, self.batch_size, self.shuffle, self.seed = n, batch_size, shuffle, seed
         self.rank, self.world_size, self.drop_last = rank, world_size, drop_last
         self.pad = pad or drop_last
-        if drop_last:
-            self.shard_size = n // world_size
-        elif pad:
-            self.shard_size = -(-n // world_size)
-        else:
-            self.shard_size = len(range(rank, n, world_size))
+        self.shards = shards
+        self.resumed: tuple[int, tuple[Segment, ...]] | None = None  # (epoch, the segments it continues after)
+        self.shard_size = self._span_sizes(n, world_size)[rank]
         if drop_last and self.shard_size < batch_size:
             raise ValueError(
                 f"batch_size {batch_size} is larger than this rank's shard ({self.shard_size} of {n} "
@@ -57,28 +92,79 @@ class ShardedBatchSampler:
             )
 
     def __len__(self) -> int:
+        """Batches per epoch on this rank (in an epoch resumed at another world size, of its rest)."""
+        return self._count(self.shard_size)
+
+    def length(self, epoch: int) -> int:
+        """Batches of `epoch` on this rank: its span's, or of the rest after the segments it was resumed after."""
+        segments = self.segments(epoch)
+        if not segments:
+            return len(self)
+        return self._count(self._span_sizes(len(self._remaining(epoch, segments)), self.world_size)[self.rank])
+
+    def _count(self, size: int) -> int:
         if self.drop_last:
-            return self.shard_size // self.batch_size
-        if not self.shard_size:  # more ranks than samples, unpadded: nothing for this rank
-            return 0
-        return -(-self.shard_size // self.batch_size)
+            return size // self.batch_size
+        return -(-size // self.batch_size) if size else 0
+
+    def resume(self, epoch: int, segments: tuple[Segment, ...]) -> None:
+        """Plan `epoch` as the rest after `segments` (none: the whole epoch)."""
+        self.resumed = (epoch, tuple(segments)) if segments else None
+
+    def segments(self, epoch: int) -> tuple[Segment, ...]:
+        return self.resumed[1] if self.resumed is not None and self.resumed[0] == epoch else ()
+
+    def order(self, epoch: int) -> torch.Tensor:
+        """The epoch's global order: every sample once, a pure function of (seed, epoch)."""
+        if not self.shuffle:
+            return torch.arange(self.n)
+        g = torch.Generator().manual_seed(self.seed + epoch * 1_000_003)
+        if self.shards is None or self.shards.window is None or self.shards.window >= len(self.shards.starts) - 1:
+            return torch.randperm(self.n, generator=g)
+        starts = torch.from_numpy(np.asarray(self.shards.starts, np.int64))
+        pieces = []
+        shards = torch.randperm(len(starts) - 1, generator=g)
+        for w in range(0, len(shards), self.shards.window):
+            # (torch.arange takes 0-d tensors; its stubs want numbers)
+            window = torch.cat([torch.arange(starts[k], starts[k + 1]) for k in shards[w : w + self.shards.window]])  # type: ignore[call-overload]
+            pieces.append(window[torch.randperm(len(window), generator=g)])
+        return torch.cat(pieces)
+
+    def _span_sizes(self, m: int, w: int) -> list[int]:
+        """The sizes of `w` ranks' spans of `m` samples."""
+        if self.drop_last:
+            return [m // w] * w
+        if self.pad:
+            return [-(-m // w)] * w
+        return [m // w + (r < m % w) for r in range(w)]
+
+    def _spans(self, sequence: torch.Tensor, world: int) -> list[torch.Tensor]:
+        """`sequence` cut into `world` contiguous spans (padded by wrapping where they pad)."""
+        sizes = self._span_sizes(len(sequence), world)
+        total = sum(sizes)
+        if total > len(sequence) and len(sequence):  # wrapped as often as it takes: more ranks than samples
+            sequence = sequence.repeat(-(-total // len(sequence)))
+        bounds = np.cumsum([0] + sizes)
+        return [sequence[bounds[r] : bounds[r + 1]] for r in range(world)]
+
+    def _remaining(self, epoch: int, segments: tuple[Segment, ...]) -> torch.Tensor:
+        """The global order of `epoch` without what the `segments` consumed, in order."""
+        sequence = self.order(epoch)
+        for seg in segments:
+            consumed = torch.cat([s[: seg.batches * self.batch_size] for s in self._spans(sequence, seg.world)])
+            left = torch.ones(self.n, dtype=torch.bool)
+            left[consumed] = False
+            sequence = sequence[left[sequence]]
+        return sequence
 
     def shard(self, epoch: int) -> torch.Tensor:
-        """This rank's indices for `epoch`, in visiting order."""
-        if self.shuffle:
-            g = torch.Generator().manual_seed(self.seed + epoch * 1_000_003)
-            order = torch.randperm(self.n, generator=g)
-        else:
-            order = torch.arange(self.n)
-        if not self.pad:
-            return order[self.rank :: self.world_size]
-        total = self.shard_size * self.world_size
-        if total > self.n:  # wrapped as often as it takes: more ranks than samples wrap more than once
-            order = order.repeat(-(-total // self.n))
-        return order[:total][self.rank :: self.world_size]
+        """This rank's indices for `epoch`, in visiting order (its span, or its span of the rest)."""
+        segments = self.segments(epoch)
+        sequence = self._remaining(epoch, segments) if segments else self.order(epoch)
+        return self._spans(sequence, self.world_size)[self.rank]
 
     def batches(self, epoch: int, start: int = 0) -> list[torch.Tensor]:
         """Index tensors of this rank's batches in `epoch`, from batch number `start` on."""
         shard = self.shard(epoch)
-        count = len(self)
+        count = self._count(len(shard))
         return [shard[b * self.batch_size : (b + 1) * self.batch_size] for b in range(start, count)]

@@ -47,8 +47,10 @@ def resolve_device(device: str | torch.device) -> torch.device:
         raise ValueError(f"device {device!r} is not a valid torch device ({e})") from None
     if dev.type == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError(f"device {device!r} asked for, but CUDA is not available here (a CPU-only torch or "
-                             "no NVIDIA driver; `gpufeed doctor` says which): pass device=\"cpu\" to run on the CPU")
+            raise ValueError(
+                f"device {device!r} asked for, but CUDA is not available here (a CPU-only torch or "
+                'no NVIDIA driver; `gpufeed doctor` says which): pass device="cpu" to run on the CPU'
+            )
         dev = torch.device("cuda", torch.cuda.current_device() if dev.index is None else dev.index)
     elif dev.type != "cpu":
         raise ValueError(f"device {device!r}: gpufeed runs on 'cuda' or 'cpu'")

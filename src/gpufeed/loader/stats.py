@@ -70,8 +70,12 @@ class Stats:
         its waits for batches ("wait"), the seconds between the two calls, its own seconds per batch
         ("consumer"; its seconds and count read together, so they always cover the same batches)."""
         with self._lock:
-            now = Reading(time.perf_counter(), self._seconds.get("wait", 0.0), self._seconds.get("consumer", 0.0),
-                          self._calls.get("consumer", 0))
+            now = Reading(
+                time.perf_counter(),
+                self._seconds.get("wait", 0.0),
+                self._seconds.get("consumer", 0.0),
+                self._calls.get("consumer", 0),
+            )
         if last is None:
             return None, now
         taken = now.taken - last.taken

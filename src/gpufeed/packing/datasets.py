@@ -18,7 +18,8 @@ from __future__ import annotations
 import io
 import numbers
 import os
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 from PIL import Image
@@ -41,8 +42,13 @@ def dataset_source(dataset: Any, max_pixels: int = DEFAULT_MAX_PIXELS) -> Source
         total = len(dataset)
     except TypeError as e:
         raise SourceError(f"{type(dataset).__name__}: has no length ({e})") from None
-    return Source(f"dataset {type(dataset).__name__} ({total} samples)", _classes(dataset),
-                  _entries(dataset, total, max_pixels), total, kind="dataset")
+    return Source(
+        f"dataset {type(dataset).__name__} ({total} samples)",
+        _classes(dataset),
+        _entries(dataset, total, max_pixels),
+        total,
+        kind="dataset",
+    )
 
 
 def _classes(dataset: Any) -> list[str]:
@@ -63,7 +69,7 @@ def _entries(dataset: Any, total: int, max_pixels: int) -> Iterator[Entry]:
         where = f"{name}[{i}]"
         try:
             sample = dataset[i]
-        except Exception as e:  # the dataset's own error: a missing file, a corrupt image, ...
+        except Exception as e:  # noqa: BLE001  the dataset's own error: a missing file, a corrupt image, ...
             yield Skip(where, f"the dataset raised {type(e).__name__}: {e}")
             continue
         try:

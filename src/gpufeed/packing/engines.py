@@ -16,6 +16,7 @@ import threading
 import time
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 log = logging.getLogger(__name__)
 ENGINES = ("local", "ray")
@@ -39,13 +40,13 @@ def _threads() -> int:
         return 1
 
 
-class _SpawnWithoutMain(multiprocessing.get_context("spawn").Process):
+class _SpawnWithoutMain(multiprocessing.get_context("spawn").Process):  # type: ignore[misc]  # (a run-time base)
     """A spawned worker that does not import the caller's `__main__` (spawn would: a script without a
     main guard would run again in every worker). The packing workers need nothing from it."""
 
     def start(self) -> None:
         main = sys.modules["__main__"]
-        saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if k in main.__dict__}
+        saved: dict[str, Any] = {k: main.__dict__[k] for k in ("__file__", "__spec__") if k in main.__dict__}
         main.__dict__.pop("__file__", None)
         main.__spec__ = None  # spawn reads both to decide what to import in the child
         try:
@@ -55,7 +56,7 @@ class _SpawnWithoutMain(multiprocessing.get_context("spawn").Process):
             main.__dict__.update(saved)
 
 
-class _SpawnWithoutMainContext(type(multiprocessing.get_context("spawn"))):
+class _SpawnWithoutMainContext(type(multiprocessing.get_context("spawn"))):  # type: ignore[misc]  # (as above)
     Process = _SpawnWithoutMain
 
 

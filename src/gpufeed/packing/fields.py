@@ -38,7 +38,7 @@ class Geometry:
 
     def move(self, boxes: np.ndarray) -> np.ndarray:
         """xyxy boxes in the source's pixels to the stored image's, clipped, the empty ones dropped."""
-        (h0, w0), (h, w) = self.source_hw, self.stored_hw
+        (h0, w0), (h, w) = self.source_hw, self.stored_hw  # type: ignore[misc]  # known for a packed image
         sx, sy, ox, oy = w / w0, h / h0, 0.0, 0.0
         if self.mode == "raw" and self.fit == "crop":
             side = min(w0, h0)
@@ -97,8 +97,9 @@ def classify(value: Any) -> tuple[str, Any]:
     try:
         json.dumps(value, allow_nan=False)
     except (TypeError, ValueError) as e:
-        raise ValueError(f"a {type(value).__name__}, which is neither a number, string, bytes, array nor JSON "
-                         f"({e})") from None
+        raise ValueError(
+            f"a {type(value).__name__}, which is neither a number, string, bytes, array nor JSON ({e})"
+        ) from None
     return "json", value
 
 
@@ -114,8 +115,9 @@ class FieldsSink:
         self.writers: dict[str, Any] = {}
         self.count = 0
 
-    def check(self, fields: dict[str, Any] | None, geometry: Geometry | None = None
-              ) -> tuple[str | None, dict[str, tuple[str, Any]]]:
+    def check(
+        self, fields: dict[str, Any] | None, geometry: Geometry | None = None
+    ) -> tuple[str | None, dict[str, tuple[str, Any]]]:
         """(the reason this sample cannot be added, or None; its classified values, boxes moved by
         `geometry` into the stored image's frame)."""
         fields = fields or {}
@@ -137,17 +139,21 @@ class FieldsSink:
         missing = [n for n, kind in self.kinds.items() if n not in values and kind not in fmt.VARIABLE_KINDS]
         extra = [n for n, (kind, _) in values.items() if n not in self.kinds and kind not in fmt.VARIABLE_KINDS]
         if missing or extra:
-            return ("its fields differ from the first sample's (numbers and arrays must be in every sample; text, "
-                    "bytes and JSON may be missing): " + ", ".join(
-                        [f"no {n!r}" for n in missing] + [f"an extra {n!r}" for n in extra])), {}
+            return (
+                "its fields differ from the first sample's (numbers and arrays must be in every sample; text, "
+                "bytes and JSON may be missing): "
+                + ", ".join([f"no {n!r}" for n in missing] + [f"an extra {n!r}" for n in extra])
+            ), {}
         for name, (kind, value) in values.items():
             known = self.kinds.get(name, kind)
             if kind != known:
                 return f"field {name!r} is a {kind}, the first sample's is a {known}", {}
             if kind == "array" and (value.dtype, value.shape) != self.arrays[name]:
                 dtype, shape = self.arrays[name]
-                return (f"field {name!r} is a {value.dtype} array of shape {value.shape}, the first sample's is "
-                        f"{dtype} of shape {shape}"), {}
+                return (
+                    f"field {name!r} is a {value.dtype} array of shape {value.shape}, the first sample's is "
+                    f"{dtype} of shape {shape}"
+                ), {}
         return None, values
 
     def add(self, values: dict[str, tuple[str, Any]]) -> None:
@@ -169,15 +175,18 @@ class FieldsSink:
             elif kind == "boxes":
                 self.writers[name].add(np.ascontiguousarray(value, dtype="<f4").tobytes())
             else:
-                data = value.encode("utf-8") if kind == "str" else (
-                    json.dumps(value, allow_nan=False).encode("utf-8") if kind == "json" else value)
+                data = (
+                    value.encode("utf-8")
+                    if kind == "str"
+                    else (json.dumps(value, allow_nan=False).encode("utf-8") if kind == "json" else value)
+                )
                 self.writers[name].add(data)
         self.count += 1
 
     def _start(self, name: str, kind: str, value: Any) -> None:
         """A field's first value: its writer, with an empty value for each sample before (text, bytes
         and JSON only: `check` refuses numbers and arrays that start late)."""
-        self.kinds[name] = kind
+        self.kinds[name] = kind  # type: ignore[index]  # set by `check` before the first add
         files = fmt.field_files(name, {"kind": "str" if kind in fmt.VARIABLE_KINDS else "int"})
         if kind == "number":
             self.numbers[name] = []
@@ -191,7 +200,8 @@ class FieldsSink:
 
     def finish(self) -> tuple[dict[str, dict], dict[str, dict[str, Any]]]:
         """(manifest entries of the data files, the manifest's field specs)."""
-        files, specs = {}, {}
+        files: dict[str, dict] = {}
+        specs: dict[str, dict[str, Any]] = {}
         for name, kind in (self.kinds or {}).items():
             path = self.work / fmt.field_files(name, {"kind": "int"})[0]
             if kind == "number":

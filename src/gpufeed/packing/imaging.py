@@ -78,12 +78,13 @@ def decode(data: bytes, mode: str, size: int, fit: str, max_side: int, max_pixel
     return decode_sized(data, mode, size, fit, max_side, max_pixels)[0]
 
 
-def decode_sized(data: bytes, mode: str, size: int, fit: str, max_side: int, max_pixels: int
-                 ) -> tuple[Image.Image, tuple[int, int]]:
+def decode_sized(
+    data: bytes, mode: str, size: int, fit: str, max_side: int, max_pixels: int
+) -> tuple[Image.Image, tuple[int, int]]:
     """`decode`, and the (h, w) of the full image upright (before any DCT downscaling): the frame
     a sample's boxes are given in."""
     try:
-        img = Image.open(io.BytesIO(data))
+        img: Image.Image = Image.open(io.BytesIO(data))
         w, h = img.size
         if w * h > max_pixels:  # the header's size, before anything is allocated or decoded
             raise BadImage(
@@ -127,7 +128,7 @@ def is_plain_jpeg(data: bytes, max_side: int) -> tuple[int, int] | None:
         img = Image.open(io.BytesIO(data))
         ok = img.mode == "RGB" and max(img.size) <= max_side and plain_jpeg_problem(img) is None
         return (img.size[1], img.size[0]) if ok else None
-    except Exception:
+    except Exception:  # noqa: BLE001  any failure: not kept as is (re-encoded)
         return None
 
 

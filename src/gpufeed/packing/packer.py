@@ -7,24 +7,26 @@ import logging
 import os
 import time
 from collections import deque
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from functools import partial
 from pathlib import Path
-from typing import Iterator, Sequence
 
 from tqdm import tqdm
 
 from gpufeed._version import __version__
 from gpufeed.packing import engines, worker
-from gpufeed.packing.imaging import DEFAULT_MAX_PIXELS
 from gpufeed.packing.datasets import dataset_source, is_dataset
 from gpufeed.packing.fields import FieldsSink, Geometry
+from gpufeed.packing.imaging import DEFAULT_MAX_PIXELS
 from gpufeed.packing.sigterm import sigterm_stops
 from gpufeed.packing.sinks import JpegSink, RawSink
+from gpufeed.packing.upload import pack_to_url
 from gpufeed.sources import Item, Skip, open_source
 from gpufeed.store import format as fmt
+from gpufeed.store.locations import is_url, parse_size
 from gpufeed.store.writer import atomic_store_dir
 
 log = logging.getLogger(__name__)
@@ -101,11 +103,15 @@ def _check_places(source, dest: str | os.PathLike) -> None:
     for path in sorted(glob.glob(text)) if glob.has_magic(text) else [text]:
         real = os.path.realpath(path)
         if os.path.isdir(real) and os.path.commonpath([out, real]) == real:
-            raise ValueError(f"{dest}: the destination is inside the source folder {path}; packing would "
-                             "read a store there as images (choose a destination outside the source)")
+            raise ValueError(
+                f"{dest}: the destination is inside the source folder {path}; packing would "
+                "read a store there as images (choose a destination outside the source)"
+            )
         if os.path.commonpath([out, real]) == out:
-            raise ValueError(f"{path}: the source is inside the destination {dest}, which packing replaces "
-                             "(choose a destination outside the source)")
+            raise ValueError(
+                f"{path}: the source is inside the destination {dest}, which packing replaces "
+                "(choose a destination outside the source)"
+            )
 
 
 def _chunks(entries: Iterator, sink, raw_path: str | None, on_skip) -> Iterator[worker.Chunk]:
@@ -181,6 +187,9 @@ def pack(
     progress: bool = True,
     engine: str = "local",
     ray_address: str | None = None,
+    shard_size: int | str | None = None,
+    storage_options: dict | None = None,
+    _on_shard: Callable[[str, Path], None] | None = None,
 ) -> PackReport:
     """Pack `source` into a store at `dest`, on all cores; the store appears only once complete.
 
@@ -202,6 +211,12 @@ def pack(
         progress: show a progress bar.
         engine, ray_address: "ray" packs on the Ray cluster at `ray_address` (the store is the
             same as a local pack's).
+        shard_size: write a sharded store (format version 4): shards of about this many bytes (an
+            int or "256MB"), each a self-contained unit a Loader downloads, verifies and caches. A
+            URL `dest` (`s3://...`, any fsspec URL; `storage_options` are fsspec's) is always
+            sharded (default "256MB"): the store is packed in a local scratch folder (TMPDIR), each
+            shard uploaded as it is finished and the manifest last, so a reader never sees a half
+            store.
 
     Returns:
         A `PackReport`: count, skipped files with reasons, seconds, workers, bytes.
@@ -213,10 +228,33 @@ def pack(
             nothing is left at or beside `dest`.
         ValueError: a bad argument; `dest` inside a source folder, or a source inside `dest`.
     """
+    if is_url(dest):
+        return pack_to_url(
+            source,
+            str(dest),
+            overwrite=overwrite,
+            shard_size=shard_size,
+            storage_options=storage_options,
+            mode=mode,
+            size=size,
+            fit=fit,
+            quality=quality,
+            max_side=max_side,
+            reencode=reencode,
+            workers=workers,
+            on_error=on_error,
+            max_pixels=max_pixels,
+            progress=progress,
+            engine=engine,
+            ray_address=ray_address,
+        )
+    if storage_options is not None:
+        raise ValueError(f"{dest}: storage_options are for a destination in a bucket (a URL)")
+    shard_bytes = parse_size(shard_size, "shard_size")
     _check_args(mode, size, fit, quality, max_side, on_error, engine)
     _check_places(source, dest)
     settings = worker.Settings(mode, size, fit, quality, max_side, reencode, max_pixels)
-    src = dataset_source(source, max_pixels) if is_dataset(source) else open_source(source)
+    src = dataset_source(source, max_pixels) if is_dataset(source) else open_source(source)  # type: ignore[arg-type]
     skipped: list[dict[str, str]] = []
 
     def on_skip(s: Skip) -> bool:
@@ -231,9 +269,14 @@ def pack(
         fields = FieldsSink(work)
         run = engines.start(engine, workers or os.cpu_count() or 1, ray_address)
         executor, workers = run.executor, run.workers
-        raw_path = str(sink.path) if mode == "raw" and run.local_disk else None
-        bar = tqdm(total=src.total, unit="img", desc="pack", disable=None if progress else True,  # None: on a tty only
-                   smoothing=0.1)
+        raw_path = str(sink.path) if mode == "raw" and run.local_disk else None  # type: ignore[union-attr]  # RawSink
+        bar = tqdm(
+            total=src.total,
+            unit="img",
+            desc="pack",
+            disable=None if progress else True,  # None: on a tty only
+            smoothing=0.1,
+        )
         try:
             chunks = _chunks(src.entries, sink, raw_path, on_skip)
             for chunk, results in _bounded(executor, partial(worker.process, s=settings), chunks, 4 * workers):
@@ -272,15 +315,46 @@ def pack(
             skipped=skipped,
             fields=field_specs,
             settings={
-                "source": src.description if src.kind == "dataset" else os.fspath(source), "size": size, "fit": fit, "quality": quality,
-                "max_side": max_side, "reencode": reencode, "max_pixels": max_pixels, "engine": engine,
+                "source": src.description if src.kind == "dataset" else os.fspath(source),  # type: ignore[arg-type]
+                "size": size,
+                "fit": fit,
+                "quality": quality,
+                "max_side": max_side,
+                "reencode": reencode,
+                "max_pixels": max_pixels,
+                "engine": engine,
             },
             gpufeed_version=__version__,
             created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         ).write(work)
+        if shard_bytes is not None:  # the same samples, in shards (the report's bytes: the data's, as before)
+            shard_in_place(work, shard_bytes, _on_shard)
     stop.check()  # SIGTERM came as the store was being committed: it is complete, and the process ends
     seconds = time.perf_counter() - t0
-    report = PackReport(Path(dest), mode, sink.count, skipped, seconds, workers,
-                        sum(f["bytes"] for f in files.values()))
+    stored = sum(f["bytes"] for f in files.values())  # type: ignore[misc]  # a file entry's "bytes": an int
+    report = PackReport(Path(dest), mode, sink.count, skipped, seconds, workers, stored)
     log.debug("%s", report.summary())
     return report
+
+
+def shard_in_place(work: Path, shard_size: int, on_shard: Callable[[str, Path], None] | None = None) -> fmt.Manifest:
+    """Turn the packed (version 3) store in `work` into a sharded one (version 4) in the same folder:
+    the shards are written beside it, then its data files replaced by the shards and the top files,
+    the manifest last."""
+    from gpufeed.store.reader import Store  # the readers import torch: packing's workers must not
+    from gpufeed.store.sharded import write_sharded
+
+    staging = work / ".sharding"
+    staging.mkdir()
+    source = Store(work)
+    top = write_sharded(source, staging, shard_size, on_shard)
+    del source  # its memory maps: the files they map are removed next
+    for entry in os.scandir(work):
+        if entry.name != staging.name:
+            os.remove(entry.path)
+    for entry in os.scandir(staging):
+        if entry.name != fmt.MANIFEST:
+            os.replace(entry.path, work / entry.name)
+    os.replace(staging / fmt.MANIFEST, work / fmt.MANIFEST)
+    staging.rmdir()
+    return top

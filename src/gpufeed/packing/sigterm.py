@@ -11,9 +11,9 @@ from __future__ import annotations
 import os
 import signal
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
 from types import CodeType
-from typing import Iterator
 
 
 class Terminated(SystemExit):
@@ -60,8 +60,10 @@ def sigterm_stops(within: CodeType) -> Iterator[SigtermStop]:
     fires). A forked worker inherits the handler: in it, the signal takes its default action.
     `within`: the code of the function packing, up to which the stack is checked."""
     stop = SigtermStop(within)
-    if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    ):
         yield stop
         return
     owner = os.getpid()

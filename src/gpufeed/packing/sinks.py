@@ -33,8 +33,10 @@ class Appended:
 
     def finish(self) -> dict[str, dict[str, object]]:
         data_name, offsets_name = self.names
-        return {data_name: self.data.close(),
-                offsets_name: write_array(self.work / offsets_name, np.asarray(self.offsets, dtype="<i8"))}
+        return {
+            data_name: self.data.close(),
+            offsets_name: write_array(self.work / offsets_name, np.asarray(self.offsets, dtype="<i8")),
+        }
 
 
 def _sources(work: Path) -> Appended:
@@ -67,19 +69,21 @@ class RawSink:
         os.truncate(self.path, self.slots * self.item)
         return start
 
-    def add(self, slot: int, label: int, pixels: np.ndarray | None, hw: tuple[int, int] | None,
-            source: str) -> None:
+    def add(self, slot: int, label: int, pixels: np.ndarray | None, hw: tuple[int, int] | None, source: str) -> None:
         if pixels is not None:
             if self._fd is None:
                 self._fd = os.open(self.path, os.O_RDWR)
-            os.pwrite(self._fd, memoryview(pixels).cast("B"), slot * self.item)
+            # (numpy's stubs give an ndarray the buffer protocol from Python 3.12 on)
+            os.pwrite(self._fd, memoryview(pixels).cast("B"), slot * self.item)  # type: ignore[arg-type]
         self.kept.append(slot)
         self.labels.append(label)
         self.sources.add(fmt.encode_source(source))
 
     def finish(self) -> dict[str, dict[str, object]]:
-        files = {fmt.LABELS: write_array(self.work / fmt.LABELS, np.asarray(self.labels, dtype="<i8")),
-                 **self.sources.finish()}
+        files = {
+            fmt.LABELS: write_array(self.work / fmt.LABELS, np.asarray(self.labels, dtype="<i8")),
+            **self.sources.finish(),
+        }
         if self._fd is not None:
             os.close(self._fd)
         if list(self.kept) != list(range(self.slots)):
@@ -122,8 +126,9 @@ class JpegSink:
         return 0
 
     def add(self, slot: int, label: int, encoded: bytes | None, hw: tuple[int, int] | None, source: str) -> None:
-        self.encoded.add(encoded)
-        self.shapes.extend(hw)
+        # (a jpeg sink is given every kept image's bytes and size: None is the raw sink's)
+        self.encoded.add(encoded)  # type: ignore[arg-type]
+        self.shapes.extend(hw)  # type: ignore[arg-type]
         self.labels.append(label)
         self.sources.add(fmt.encode_source(source))
 

@@ -53,7 +53,8 @@ def _read(item: Item) -> bytes:
     if item.data is not None:
         return item.data
     try:
-        fd = os.open(item.path, os.O_RDONLY | os.O_NONBLOCK)  # opening a FIFO must not wait for a writer
+        # opening a FIFO must not wait for a writer (an item without data has a path)
+        fd = os.open(item.path, os.O_RDONLY | os.O_NONBLOCK)  # type: ignore[arg-type]
         try:
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode):
@@ -89,7 +90,10 @@ def process(chunk: Chunk, s: Settings) -> list[Packed]:
     if s.mode == "raw" and chunk.raw_path is not None:
         item_bytes = raw_item_bytes(s.size)
         out = np.memmap(
-            chunk.raw_path, dtype=np.uint8, mode="r+", offset=chunk.start * item_bytes,
+            chunk.raw_path,
+            dtype=np.uint8,
+            mode="r+",
+            offset=chunk.start * item_bytes,
             shape=(len(chunk.items), s.size, s.size, 3),
         )
     results: list[Packed] = []

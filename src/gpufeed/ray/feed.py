@@ -6,7 +6,8 @@ augmented on the device by the same kernels as `gpufeed.Loader`, so the output i
 from __future__ import annotations
 
 import time
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import ray.data
@@ -30,11 +31,22 @@ class RayLoader:
     batches are formed (Ray's `local_shuffle_buffer_size`); 0 keeps the dataset's order.
     """
 
-    def __init__(self, dataset: ray.data.Dataset | ray.data.DataIterator, batch_size: int = 256,
-                 device: str | torch.device = "cuda", size: int | None = 256, augment: Sequence | None = None,
-                 dtype: torch.dtype = torch.float16, channels_last: bool = False, seed: int = 0,
-                 shuffle_buffer: int = 0, drop_last: bool = True, prefetch: int = 4,
-                 image_column: str = "image", label_column: str = "label"):
+    def __init__(
+        self,
+        dataset: ray.data.Dataset | ray.data.DataIterator,
+        batch_size: int = 256,
+        device: str | torch.device = "cuda",
+        size: int | None = 256,
+        augment: Sequence | None = None,
+        dtype: torch.dtype = torch.float16,
+        channels_last: bool = False,
+        seed: int = 0,
+        shuffle_buffer: int = 0,
+        drop_last: bool = True,
+        prefetch: int = 4,
+        image_column: str = "image",
+        label_column: str = "label",
+    ):
         if size is not None:
             if not isinstance(dataset, ray.data.Dataset):
                 raise TypeError("size= needs a ray.data.Dataset; fit a DataIterator's dataset before splitting it")
@@ -61,10 +73,20 @@ class RayLoader:
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         epoch, self.epoch = self.epoch, self.epoch + 1
         g = torch.Generator().manual_seed(hash((self.seed, epoch)) & (2**63 - 1))
-        shuffle = {"local_shuffle_buffer_size": self.shuffle_buffer, "local_shuffle_seed": self.seed + epoch} \
-            if self.shuffle_buffer else {}
-        batches = iter(self.dataset.iter_batches(batch_size=self.batch_size, batch_format="numpy",
-                                                 prefetch_batches=self.prefetch, drop_last=self.drop_last, **shuffle))
+        shuffle: dict[str, Any] = (
+            {"local_shuffle_buffer_size": self.shuffle_buffer, "local_shuffle_seed": self.seed + epoch}
+            if self.shuffle_buffer
+            else {}
+        )
+        batches = iter(
+            self.dataset.iter_batches(
+                batch_size=self.batch_size,
+                batch_format="numpy",
+                prefetch_batches=self.prefetch,
+                drop_last=self.drop_last,
+                **shuffle,
+            )
+        )
         while True:
             t0 = time.perf_counter()
             batch = next(batches, None)
@@ -78,11 +100,14 @@ class RayLoader:
         image_column, label_column = self.columns
         images = np.ascontiguousarray(batch[image_column])
         if images.dtype != np.uint8 or images.ndim != 4 or images.shape[3] != 3:
-            raise ValueError(f"column {image_column!r} must hold N×H×W×3 uint8 images of one size, got "
-                             f"{images.dtype} {images.shape}: pass size= to fit them on the Ray workers")
+            raise ValueError(
+                f"column {image_column!r} must hold N×H×W×3 uint8 images of one size, got "
+                f"{images.dtype} {images.shape}: pass size= to fit them on the Ray workers"
+            )
         n = len(images)
-        labels = np.asarray(batch[label_column], dtype=np.int64) if label_column in batch \
-            else np.full(n, -1, dtype=np.int64)
+        labels = (
+            np.asarray(batch[label_column], dtype=np.int64) if label_column in batch else np.full(n, -1, dtype=np.int64)
+        )
         if self.copy_stream is None:
             return as_tensor(images), torch.from_numpy(labels)
         with stage_range("gpufeed.gather+h2d", True):

@@ -18,8 +18,9 @@ from gpufeed.packing import imaging
 log = logging.getLogger(__name__)
 
 
-def read_store(path: str | os.PathLike, rows_per_block: int = 1024, rank: int | None = None,
-               world_size: int | None = None) -> ray.data.Dataset:
+def read_store(
+    path: str | os.PathLike, rows_per_block: int = 1024, rank: int | None = None, world_size: int | None = None
+) -> ray.data.Dataset:
     """A Ray Dataset of this rank's samples of a gpufeed store (rank::world_size), rows
     {"image", "label"} (in store order where Ray Data preserves order).
 
@@ -36,7 +37,8 @@ def read_store(path: str | os.PathLike, rows_per_block: int = 1024, rank: int | 
     mine = np.arange(rank, len(open_store(path)), world_size)
     blocks = max(1, -(-len(mine) // rows_per_block))
     ids = ray.data.from_numpy(mine).repartition(blocks)
-    return ids.map_batches(_store_rows, fn_kwargs={"path": path}, batch_format="numpy")
+    # (ray's annotation wants a function of the batch alone; fn_kwargs gives the rest)
+    return ids.map_batches(_store_rows, fn_kwargs={"path": path}, batch_format="numpy")  # type: ignore[arg-type]
 
 
 def _store_rows(batch: dict[str, np.ndarray], path: str) -> dict[str, np.ndarray]:
@@ -49,12 +51,17 @@ def _store_rows(batch: dict[str, np.ndarray], path: str) -> dict[str, np.ndarray
         return {"image": np.take(store.images, idx, axis=0), "label": labels}
     encoded = np.empty(len(idx), dtype=object)
     for k, i in enumerate(idx):
-        encoded[k] = bytes(store.data[store.offsets[i]:store.offsets[i + 1]])
+        encoded[k] = bytes(store.data[store.offsets[i] : store.offsets[i + 1]])
     return {"image": encoded, "label": labels}
 
 
-def fixed_size(dataset: ray.data.Dataset, size: int, fit: str = "crop", image_column: str = "image",
-               max_pixels: int = imaging.DEFAULT_MAX_PIXELS) -> ray.data.Dataset:
+def fixed_size(
+    dataset: ray.data.Dataset,
+    size: int,
+    fit: str = "crop",
+    image_column: str = "image",
+    max_pixels: int = imaging.DEFAULT_MAX_PIXELS,
+) -> ray.data.Dataset:
     """`dataset` with every image as size×size×3 uint8, made on the Ray workers.
 
     Images may be decoded arrays (`ray.data.read_images`) or encoded bytes (`read_store` of a
@@ -62,11 +69,16 @@ def fixed_size(dataset: ray.data.Dataset, size: int, fit: str = "crop", image_co
     exactly as `gpufeed.pack` does, so a batch matches a raw store packed with the same size
     and fit. Images that cannot be decoded are dropped, each with a warning naming its row.
     """
-    return dataset.map_batches(_fit_batch, batch_format="numpy",
-                               fn_kwargs={"size": size, "fit": fit, "column": image_column, "max_pixels": max_pixels})
+    return dataset.map_batches(
+        _fit_batch,  # type: ignore[arg-type]  # (a function of the batch and fn_kwargs)
+        batch_format="numpy",
+        fn_kwargs={"size": size, "fit": fit, "column": image_column, "max_pixels": max_pixels},
+    )
 
 
-def _fit_batch(batch: dict[str, np.ndarray], size: int, fit: str, column: str, max_pixels: int) -> dict[str, np.ndarray]:
+def _fit_batch(
+    batch: dict[str, np.ndarray], size: int, fit: str, column: str, max_pixels: int
+) -> dict[str, np.ndarray]:
     images = batch[column]
     if isinstance(images, np.ndarray) and images.dtype == np.uint8 and images.shape[1:] == (size, size, 3):
         return batch

@@ -15,8 +15,20 @@ from gpufeed.sources.folders import IMAGE_EXTS, folder_source
 from gpufeed.sources.lists import list_source
 from gpufeed.sources.tars import TAR_IMAGE_EXTS, TAR_SUFFIXES, tar_key, tar_label, tar_source
 
-__all__ = ["IMAGE_EXTS", "MAX_FILE_BYTES", "TAR_IMAGE_EXTS", "TAR_SUFFIXES", "Entry", "Item", "Skip", "Source",
-           "SourceError", "open_source", "tar_key", "tar_label"]
+__all__ = [
+    "IMAGE_EXTS",
+    "MAX_FILE_BYTES",
+    "TAR_IMAGE_EXTS",
+    "TAR_SUFFIXES",
+    "Entry",
+    "Item",
+    "Skip",
+    "Source",
+    "SourceError",
+    "open_source",
+    "tar_key",
+    "tar_label",
+]
 
 
 def open_source(source: str | os.PathLike) -> Source:

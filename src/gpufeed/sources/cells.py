@@ -9,10 +9,30 @@ from typing import Any
 
 import numpy as np
 
-
 # the cells pandas reads as missing (its default na_values): a number column's gaps, stored as NaN
-MISSING = frozenset(["", "#N/A", "#N/A N/A", "#NA", "-1.#IND", "-1.#QNAN", "-NaN", "-nan", "1.#IND", "1.#QNAN",
-                     "<NA>", "N/A", "NA", "NULL", "NaN", "None", "n/a", "nan", "null"])
+MISSING = frozenset(
+    [
+        "",
+        "#N/A",
+        "#N/A N/A",
+        "#NA",
+        "-1.#IND",
+        "-1.#QNAN",
+        "-NaN",
+        "-nan",
+        "1.#IND",
+        "1.#QNAN",
+        "<NA>",
+        "N/A",
+        "NA",
+        "NULL",
+        "NaN",
+        "None",
+        "n/a",
+        "nan",
+        "null",
+    ]
+)
 
 
 def csv_column(cells: list[str]) -> list[Any]:
@@ -46,7 +66,7 @@ def array_column(values: list[Any]) -> list[np.ndarray] | None:
     or CSV list become an array field, as a `.npy` member or a dataset's array does; else None."""
     if not values or not all(isinstance(v, list) for v in values):
         return None
-    arrays = []
+    arrays: list[np.ndarray] = []
     for v in values:
         try:
             a = np.array(v)

@@ -3,8 +3,8 @@ other fields) and `Skip`s (something left out, and why), in a deterministic orde
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator, Union
 
 # the largest file or tar member pack reads: above the images datasets hold, and a bound on what one
 # bad path or tar member can make a process hold (the sizes a header declares are checked against
@@ -36,7 +36,7 @@ class Skip:
     fatal: bool = True  # False for things that are simply not images (dotfiles, .txt)
 
 
-Entry = Union[Item, Skip]
+Entry = Item | Skip
 
 
 @dataclass

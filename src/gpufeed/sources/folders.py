@@ -4,8 +4,8 @@ flat folder (label -1), walked in sorted order, following links but never loopin
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from PIL import Image
 
@@ -26,16 +26,16 @@ def _walk(directory: str, seen: set[tuple[int, int]]) -> Iterator[str | Skip]:
         yield Skip(directory, "symlink loop: directory already visited")
         return
     seen.add((st.st_dev, st.st_ino))
-    for e in entries:
-        ext = os.path.splitext(e.name)[1]
-        if e.name.startswith("."):
-            yield Skip(e.path, "hidden file or folder (dotfile)", fatal=False)
-        elif _is_dir(e):
-            yield from _walk(e.path, seen)
+    for entry in entries:
+        ext = os.path.splitext(entry.name)[1]
+        if entry.name.startswith("."):
+            yield Skip(entry.path, "hidden file or folder (dotfile)", fatal=False)
+        elif _is_dir(entry):
+            yield from _walk(entry.path, seen)
         elif ext.lower() in IMAGE_EXTS:
-            yield e.path  # a broken or looping link fails when read, with the reason
+            yield entry.path  # a broken or looping link fails when read, with the reason
         else:
-            yield Skip(e.path, f"not an image file (extension {ext or 'none'!r})", fatal=False)
+            yield Skip(entry.path, f"not an image file (extension {ext or 'none'!r})", fatal=False)
 
 
 def _is_dir(entry: os.DirEntry) -> bool:

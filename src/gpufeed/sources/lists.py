@@ -6,8 +6,8 @@ from __future__ import annotations
 import csv
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from gpufeed.sources.cells import array_column, csv_column
 from gpufeed.sources.entries import Entry, Item, Skip, Source, SourceError, count_items, is_int
@@ -88,8 +88,9 @@ def list_source(path: Path) -> Source:
     entries: list[Entry] = []
     for n, p, lab, extra in rows:
         if not p:
-            entries.append(Skip(f"{path}:{n}", lab or "malformed row (need path,label)"))
+            # the reason _list_rows gave (a row with an empty path: its label)
+            entries.append(Skip(f"{path}:{n}", lab or "malformed row (need path,label)"))  # type: ignore[arg-type]
             continue
         full = str((path.parent / str(p)) if not os.path.isabs(str(p)) else Path(str(p)))
-        entries.append(Item(full, int(lab) if numeric else index[str(lab)], path=full, fields=extra))
+        entries.append(Item(full, int(str(lab)) if numeric else index[str(lab)], path=full, fields=extra))
     return Source(f"list {path}", classes, iter(entries), count_items(entries), kind="list")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import io
 import os
 import tarfile
-from typing import Iterator
+from collections.abc import Iterator
 
 from gpufeed.sources.cells import tar_fields
 from gpufeed.sources.entries import MAX_FILE_BYTES, Entry, Item, Skip, Source, is_int
@@ -18,8 +18,6 @@ TAR_IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
 
 def tar_source(text: str, shards: list[str]) -> Source:
     return Source(f"{len(shards)} tar shard(s) {text}", [], _tar_entries(shards), None, kind="tar")
-
-
 
 
 def _tar_entries(shards: list[str]) -> Iterator[Entry]:
@@ -56,7 +54,8 @@ def _tar_samples(shard: str, tar: tarfile.TarFile) -> Iterator[Entry]:
     whose data the shard does not hold ends the shard there: the sample before it is kept (its members
     all came before), the member is skipped with the reason, and nothing is read past the file's end."""
     end = os.path.getsize(shard) if getattr(tar.fileobj, "comptype", None) == "tar" else None
-    key, parts = None, {}
+    key: str | None = None
+    parts: dict[str, bytes] = {}
     for member in tar:
         named = None if member.isdir() else tar_key(member.name)
         wanted = named is not None and member.isfile() and member.size <= MAX_FILE_BYTES
@@ -72,21 +71,23 @@ def _tar_samples(shard: str, tar: tarfile.TarFile) -> Iterator[Entry]:
             yield Skip(f"{shard}:{member.name}", "not a regular file in the tar (a link, device or FIFO)")
             continue
         if member.size > MAX_FILE_BYTES:
-            yield Skip(f"{shard}:{member.name}", f"{member.size} bytes, more than any image gpufeed packs "
-                                                 f"({MAX_FILE_BYTES})")
+            yield Skip(
+                f"{shard}:{member.name}", f"{member.size} bytes, more than any image gpufeed packs ({MAX_FILE_BYTES})"
+            )
             continue
         member_key, ext = named
         if member_key != key and key is not None:
             yield _tar_sample(shard, key, parts)
             parts = {}
         key = member_key
-        parts[ext] = data
+        parts[ext] = data  # type: ignore[assignment]  # bytes: a wanted regular file, read whole (else `cut`)
     if key is not None:
         yield _tar_sample(shard, key, parts)
 
 
-def _member_data(tar: tarfile.TarFile, member: tarfile.TarInfo, end: int | None, wanted: bool
-                 ) -> tuple[bytes | None, str | None]:
+def _member_data(
+    tar: tarfile.TarFile, member: tarfile.TarInfo, end: int | None, wanted: bool
+) -> tuple[bytes | None, str | None]:
     """(the member's bytes if `wanted`, else None; why the shard ends at this member, else None).
 
     A plain shard (`end`: its size in bytes) shows a member running past its end from the header
@@ -102,7 +103,9 @@ def _member_data(tar: tarfile.TarFile, member: tarfile.TarInfo, end: int | None,
         return None, None  # tarfile skips it within the file
     try:
         f, kept = tar.extractfile(member), io.BytesIO()
-        while piece := f.read(1 << 20):  # in pieces: tarfile's read() of a member holds three copies of it
+        # in pieces: tarfile's read() of a member holds three copies of it (f: a regular file, or of a
+        # type tarfile reads as one)
+        while piece := f.read(1 << 20):  # type: ignore[union-attr]
             if wanted:
                 kept.write(piece)
         return (kept.getvalue() if wanted else None), None

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -16,8 +17,15 @@ class FieldColumn:
     """One field of every sample: fixed-size kinds as one (N, *shape) memory map, variable-length ones
     as bytes plus offsets (checked in order and inside the data at open)."""
 
-    def __init__(self, name: str, spec: dict[str, Any], mapped: Callable[[str, tuple[int, ...]], np.ndarray],
-                 directory: Path, count: int, data_bytes: int):
+    def __init__(
+        self,
+        name: str,
+        spec: dict[str, Any],
+        mapped: Callable[[str, tuple[int, ...]], np.ndarray],
+        directory: Path,
+        count: int,
+        data_bytes: int,
+    ):
         self.name, self.spec, self.kind = name, spec, spec["kind"]
         files = fmt.field_files(name, spec)
         self.path = directory / files[0]
@@ -29,8 +37,10 @@ class FieldColumn:
             if self.kind == "boxes":
                 bad |= ends % 16 != 0  # whole rows of four float32
             if bad.any():
-                raise StoreError(f"{directory / files[1]}: entry {int(np.argmax(bad))} is out of order, past the "
-                                 f"end of {files[0]} or not a whole row (damaged store)")
+                raise StoreError(
+                    f"{directory / files[1]}: entry {int(np.argmax(bad))} is out of order, past the "
+                    f"end of {files[0]} or not a whole row (damaged store)"
+                )
         else:
             self.values = mapped(files[0], (count, *fmt.field_shape(spec)))
 
@@ -70,8 +80,10 @@ class FieldColumn:
             raise self._damaged(i, f"not JSON ({e})") from None
 
     def _damaged(self, i: int, why: str) -> StoreError:
-        return StoreError(f"{self.path}: field {self.name!r} of sample {i}: {why} (damaged store; gpufeed "
-                          "verify names the damaged files)")
+        return StoreError(
+            f"{self.path}: field {self.name!r} of sample {i}: {why} (damaged store; gpufeed "
+            "verify names the damaged files)"
+        )
 
     def rows(self, indices: np.ndarray) -> np.ndarray | list:
         """The values of `indices`: one array (N, *shape) for fixed-size kinds, else a list."""

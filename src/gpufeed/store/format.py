@@ -1,4 +1,4 @@
-"""The gpufeed store format, version 3: the one place that says what is on disk.
+"""The gpufeed store format, versions 3 and 4: the one place that says what is on disk.
 
 A store is a directory::
 
@@ -25,6 +25,17 @@ byte size and digest so a damaged store is detected. The digest (CHECKSUM) is th
 the concatenated SHA-256 digests of the file's consecutive 64 MiB blocks, so it is computed
 on all cores and in one streaming pass alike. Everything else asks this module.
 
+A version 4 store is **sharded**: its samples lie in self-contained shards, each a version 3 store
+of its own (a directory with its manifest and data files), so a shard is one unit to download,
+verify and cache. At the top::
+
+    manifest.json     as above, with "shards": [{"name": "shards/00000", "count": samples,
+                      "bytes": the shard's bytes, "digest": SHA-256 of its manifest.json}, ...],
+                      in sample order; a shard's manifest holds the digests of its data files
+    labels.i64        int64[N]            every sample's label (to plan without the shards)
+    shapes.i32        int32[N, 2]         jpeg mode: every image's (height, width), the same
+    shards/NNNNN/     the shards
+
 Version 1 stores (gpufeed 0.1, without the sources files) still open; they cannot say where a
 sample came from. Version 2 stores (gpufeed 0.2) hold no fields.
 """
@@ -34,15 +45,19 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import stat
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 
 FORMAT_NAME = "gpufeed-store"
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4  # the newest this gpufeed reads; a store is written as 3, or 4 when sharded
+UNSHARDED_VERSION = 3
+SHARDED_SINCE = 4  # the format version whose stores lie in shards
+SHARDS = "shards"  # the folder of a sharded store's shards
 SOURCES_SINCE = 2  # the format version that added sources.bin and sources.i64
 FIELDS_SINCE = 3  # the format version that added per-sample fields
 MANIFEST = "manifest.json"
@@ -59,7 +74,7 @@ JPEG_SHAPES = "shapes.i32"
 SOURCES = "sources.bin"
 SOURCE_OFFSETS = "sources.i64"
 
-DTYPES = {
+DTYPES: dict[str, np.dtype] = {
     LABELS: np.dtype("<i8"),
     RAW_IMAGES: np.dtype("u1"),
     JPEG_DATA: np.dtype("u1"),
@@ -123,18 +138,27 @@ def file_dtype(name: str, fields: dict[str, dict[str, Any]]) -> np.dtype:
     """The dtype of any data file of a store with these fields."""
     if name in DTYPES:
         return DTYPES[name]
-    field_name, ext = name[len("field."):].rsplit(".", 1)
+    field_name, ext = name[len("field.") :].rsplit(".", 1)
     return np.dtype("<i8") if ext == "i64" else field_dtype(fields[field_name])
 
 
-def data_files(mode: str, version: int = FORMAT_VERSION, fields: dict[str, dict[str, Any]] | None = None
-               ) -> tuple[str, ...]:
-    """Names of the data files a store of `mode`, format `version` and `fields` holds."""
+def data_files(
+    mode: str, version: int = UNSHARDED_VERSION, fields: dict[str, dict[str, Any]] | None = None
+) -> tuple[str, ...]:
+    """Names of the data files a store of `mode`, format `version` and `fields` holds (a sharded store:
+    those at its top, beside its shards)."""
+    if version >= SHARDED_SINCE:
+        return (LABELS, JPEG_SHAPES) if mode == "jpeg" else (LABELS,)
     sources = (SOURCES, SOURCE_OFFSETS) if version >= SOURCES_SINCE else ()
     extra = tuple(f for name, spec in (fields or {}).items() for f in field_files(name, spec))
     if mode == "raw":
         return (RAW_IMAGES, LABELS, *sources, *extra)
     return (JPEG_DATA, JPEG_OFFSETS, JPEG_SHAPES, LABELS, *sources, *extra)
+
+
+def shard_name(k: int) -> str:
+    """The relative path of a sharded store's shard number `k`."""
+    return f"{SHARDS}/{k:05d}"
 
 
 def encode_source(name: str) -> bytes:
@@ -163,13 +187,14 @@ class Manifest:
     skipped: list[dict[str, str]] = field(default_factory=list)  # {"path", "reason"}
     settings: dict[str, Any] = field(default_factory=dict)
     fields: dict[str, dict[str, Any]] = field(default_factory=dict)  # per-sample fields (version 3)
+    shards: list[dict[str, Any]] = field(default_factory=list)  # version 4: {"name", "count", "bytes", "digest"}
     gpufeed_version: str = ""
     created: str = ""
     checksum: str = CHECKSUM
     layout: str = "HWC"
     dtype: str = "uint8"
     format: str = FORMAT_NAME
-    version: int = FORMAT_VERSION
+    version: int = UNSHARDED_VERSION
 
     def write(self, directory: Path) -> None:
         """Write manifest.json into `directory` (flushed to disk)."""
@@ -221,7 +246,15 @@ class Manifest:
         if not _is_int(self.count) or self.count < 0:
             raise StoreError(f"{path}: bad sample count {self.count!r}")
         if self.fields and self.version < FIELDS_SINCE:
-            raise StoreError(f"{path}: store format version {self.version} holds no fields, yet the manifest lists some")
+            raise StoreError(
+                f"{path}: store format version {self.version} holds no fields, yet the manifest lists some"
+            )
+        if self.version >= SHARDED_SINCE:
+            self._validate_shards(path)
+        elif self.shards:
+            raise StoreError(
+                f"{path}: store format version {self.version} is not sharded, yet the manifest lists shards"
+            )
         expected = data_files(self.mode, self.version, self.fields)
         missing = [n for n in expected if n not in self.files]
         if missing:
@@ -229,18 +262,46 @@ class Manifest:
         foreign = sorted(set(self.files) - set(expected))
         if foreign:  # e.g. "../x": verify would hash files outside the store
             raise StoreError(f"{path}: manifest lists files a {self.mode} store does not hold: {foreign}")
-        if self.mode == "raw" and not (self.image_shape[0] == self.image_shape[1] and self.image_shape[2] == 3):
+        shape = self.image_shape  # a list of 3 ints in a raw store (checked by `_check_types`)
+        if self.mode == "raw" and not (shape[0] == shape[1] and shape[2] == 3):  # type: ignore[index]
             raise StoreError(f"{path}: a raw store's image_shape is [S, S, 3], got {self.image_shape}")
-        for name, expected in self.expected_bytes().items():
-            if expected is not None and self.files[name]["bytes"] != expected:
+        for name, size in self.expected_bytes().items():
+            if size is not None and self.files[name]["bytes"] != size:
                 raise StoreError(
                     f"{path}: {name} recorded as {self.files[name]['bytes']} bytes, "
-                    f"expected {expected} for {self.count} samples"
+                    f"expected {size} for {self.count} samples"
                 )
+
+    def _validate_shards(self, path: Path) -> None:
+        """A sharded manifest's shards: named shards/NNNNN in order (no path leads elsewhere), counts that
+        add up to the store's, sizes and digests of the right types."""
+        if not isinstance(self.shards, list) or not self.shards:
+            raise StoreError(f"{path}: a sharded store's manifest lists no shards")
+        for k, shard in enumerate(self.shards):
+            if not (
+                isinstance(shard, dict)
+                and set(shard) == {"name", "count", "bytes", "digest"}
+                and shard["name"] == shard_name(k)
+                and _is_int(shard["count"])
+                and shard["count"] >= 0
+                and _is_int(shard["bytes"])
+                and shard["bytes"] >= 0
+                and isinstance(shard["digest"], str)
+                and re.fullmatch(r"[0-9a-f]{64}", shard["digest"])
+            ):
+                raise StoreError(
+                    f"{path}: manifest field shards[{k}] is {shard!r}, not "
+                    f'{{"name": "{shard_name(k)}", "count": int, "bytes": int, "digest": sha256 hex}}'
+                )
+        total = sum(shard["count"] for shard in self.shards)
+        if total != self.count:
+            raise StoreError(f"{path}: the shards hold {total} samples, the manifest says {self.count}")
 
     def expected_bytes(self) -> dict[str, int | None]:
         """Size each data file must have, or None where only the manifest knows (jpeg data)."""
         n = self.count
+        if self.version >= SHARDED_SINCE:
+            return {LABELS: n * 8, **({JPEG_SHAPES: n * 8} if self.mode == "jpeg" else {})}
         sources = {SOURCES: None, SOURCE_OFFSETS: (n + 1) * 8} if self.version >= SOURCES_SINCE else {}
         for name, spec in self.fields.items():
             files = field_files(name, spec)
@@ -249,12 +310,12 @@ class Manifest:
             else:
                 sources[files[0]] = n * field_dtype(spec).itemsize * int(np.prod(field_shape(spec), dtype=np.int64))
         if self.mode == "raw":
-            side = self.image_shape[0]
+            side = self.image_shape[0]  # type: ignore[index]  # (raw: [S, S, 3])
             return {RAW_IMAGES: n * raw_item_bytes(side), LABELS: n * 8, **sources}
         return {JPEG_DATA: None, JPEG_OFFSETS: (n + 1) * 8, JPEG_SHAPES: n * 8, LABELS: n * 8, **sources}
 
 
-def _is_int(value) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -268,8 +329,9 @@ def _check_types(m: Manifest, path: Path) -> None:
     if not isinstance(m.mode, str):
         raise bad("mode", m.mode)
     shape = m.image_shape
-    if m.mode == "raw" and not (isinstance(shape, list) and len(shape) == 3
-                                and all(_is_int(x) and x > 0 for x in shape)):
+    if m.mode == "raw" and not (
+        isinstance(shape, list) and len(shape) == 3 and all(_is_int(x) and x > 0 for x in shape)
+    ):
         raise bad("image_shape", shape)
     if m.mode != "raw" and shape is not None:
         raise bad("image_shape", shape)
@@ -278,8 +340,12 @@ def _check_types(m: Manifest, path: Path) -> None:
     if not isinstance(m.files, dict):
         raise bad("files", m.files)
     for name, entry in m.files.items():
-        if not (isinstance(entry, dict) and _is_int(entry.get("bytes")) and entry["bytes"] >= 0
-                and isinstance(entry.get("digest"), str)):
+        if not (
+            isinstance(entry, dict)
+            and _is_int(entry.get("bytes"))
+            and entry["bytes"] >= 0
+            and isinstance(entry.get("digest"), str)
+        ):
             raise bad(f"files[{name!r}]", entry)
     if not isinstance(m.skipped, list) or not all(isinstance(x, dict) for x in m.skipped):
         raise bad("skipped", m.skipped)
@@ -305,13 +371,23 @@ def valid_field(name: object, spec: object) -> bool:
     if spec["kind"] != "array":
         return set(spec) == {"kind"}
     shape = spec.get("shape")
-    return (set(spec) == {"kind", "dtype", "shape"} and spec.get("dtype") in ARRAY_DTYPES and isinstance(shape, list)
-            and len(shape) <= 8 and all(_is_int(x) and 0 < x <= 1 << 24 for x in shape))
+    return (
+        set(spec) == {"kind", "dtype", "shape"}
+        and spec.get("dtype") in ARRAY_DTYPES
+        and isinstance(shape, list)
+        and len(shape) <= 8
+        and all(_is_int(x) and 0 < x <= 1 << 24 for x in shape)
+    )
 
 
-_EXPECTED = {"mode": "a string", "image_shape": "[S, S, 3] for raw stores and null for jpeg stores",
-             "classes": "a list of strings", "files": "an object of {\"bytes\": int >= 0, \"digest\": str}",
-             "skipped": "a list of objects", "settings": "an object",
-             "fields": "an object of {name: {\"kind\": int|float|array|str|bytes|json, arrays also \"dtype\" "
-                       "and \"shape\"}} with identifier names other than image, label and source, and "
-                       "{\"boxes\": {\"kind\": \"boxes\"}}"}
+_EXPECTED = {
+    "mode": "a string",
+    "image_shape": "[S, S, 3] for raw stores and null for jpeg stores",
+    "classes": "a list of strings",
+    "files": 'an object of {"bytes": int >= 0, "digest": str}',
+    "skipped": "a list of objects",
+    "settings": "an object",
+    "fields": 'an object of {name: {"kind": int|float|array|str|bytes|json, arrays also "dtype" '
+    'and "shape"}} with identifier names other than image, label and source, and '
+    '{"boxes": {"kind": "boxes"}}',
+}

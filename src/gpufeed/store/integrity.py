@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpufeed.store.format import Manifest, StoreError, open_own
+from gpufeed.store.format import MANIFEST, Manifest, StoreError, open_own
+from gpufeed.store.sharded import manifest_digest
 from gpufeed.store.writer import fd_digest
 
 
@@ -35,6 +36,26 @@ def verify(path: str | Path) -> VerifyResult:
     """
     path = Path(path)
     manifest = Manifest.read(path)
+    damaged = _files(path, manifest)
+    checked = sorted(manifest.files)
+    for shard in manifest.shards:  # a sharded store: every shard, its manifest and its files
+        name = shard["name"]
+        checked.append(f"{name}/{MANIFEST}")
+        try:
+            if manifest_digest(path / name / MANIFEST) != shard["digest"]:
+                damaged[f"{name}/{MANIFEST}"] = "checksum mismatch (not the shard the store's manifest recorded)"
+                continue
+            inner = Manifest.read(path / name)
+        except (OSError, StoreError) as e:
+            damaged[f"{name}/{MANIFEST}"] = f"missing or unreadable ({type(e).__name__})"
+            continue
+        damaged |= {f"{name}/{file}": why for file, why in _files(path / name, inner).items()}
+        checked += [f"{name}/{file}" for file in sorted(inner.files)]
+    return VerifyResult(path, checked, damaged)
+
+
+def _files(path: Path, manifest: Manifest) -> dict[str, str]:
+    """The data files of the store (or shard) at `path` whose size or digest differ, with why."""
     damaged: dict[str, str] = {}
     for name, entry in manifest.files.items():
         try:
@@ -50,4 +71,4 @@ def verify(path: str | Path) -> VerifyResult:
             damaged[name] = f"{got['bytes']} bytes, manifest says {entry['bytes']}"
         elif got["digest"] != entry["digest"]:
             damaged[name] = "checksum mismatch (contents changed since packing)"
-    return VerifyResult(path, sorted(manifest.files), damaged)
+    return damaged

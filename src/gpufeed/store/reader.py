@@ -16,10 +16,20 @@ from gpufeed.store.fields import FieldColumn
 from gpufeed.store.format import Manifest, StoreError
 
 
-def _map(directory: Path, manifest: Manifest, name: str, shape: tuple[int, ...]) -> np.ndarray:
+def map_checked(
+    directory: Path, manifest: Manifest, name: str, shape: tuple[int, ...], mapped: dict[str, np.ndarray] | None = None
+) -> np.ndarray:
     """Memory-map one data file read-only (private writable maps of huge files exhaust commit), the
     file opened once (`fmt.open_own`: no symbolic link, FIFO or device) and its size checked on
-    that descriptor, so what is checked is what is mapped."""
+    that descriptor, so what is checked is what is mapped. `mapped`: where the map is kept by name
+    (for `Store.check_unchanged`)."""
+    array = _map(directory, manifest, name, shape)
+    if mapped is not None:
+        mapped[name] = array
+    return array
+
+
+def _map(directory: Path, manifest: Manifest, name: str, shape: tuple[int, ...]) -> np.ndarray:
     path = directory / name
     try:
         fd = fmt.open_own(path)
@@ -64,11 +74,16 @@ class Store:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.manifest = Manifest.read(self.path)
+        if self.manifest.version >= fmt.SHARDED_SINCE:
+            raise StoreError(
+                f"{self.path}: a sharded store (format version {self.manifest.version}): open it with "
+                "gpufeed.open, which reads its shards"
+            )
         self._mapped: dict[str, np.ndarray] = {}  # data file name -> its memory map (`check_unchanged`)
         m = self.manifest
         self._labels = self._open(fmt.LABELS, (m.count,))
         if m.mode == "raw":
-            side = m.image_shape[0]
+            side = m.image_shape[0]  # type: ignore[index]  # (raw: [S, S, 3])
             self.images = self._open(fmt.RAW_IMAGES, (m.count, side, side, 3))
         else:
             self.data = self._open(fmt.JPEG_DATA, (m.files[fmt.JPEG_DATA]["bytes"],))
@@ -80,25 +95,34 @@ class Store:
                     f"!= {self.data.shape[0]} bytes of {fmt.JPEG_DATA} (damaged store)"
                 )
             if int(self.offsets[0]) != 0:
-                raise StoreError(f"{self.path / fmt.JPEG_OFFSETS}: entry 0 is {int(self.offsets[0])}, not 0 (damaged store)")
-            _check_entries(self.path / fmt.JPEG_OFFSETS, np.diff(self.offsets, prepend=0) < 0,
-                           "is smaller than the one before")
-            _check_entries(self.path / fmt.JPEG_SHAPES, (self.shapes <= 0).any(axis=1), "is not a positive size")
+                raise StoreError(
+                    f"{self.path / fmt.JPEG_OFFSETS}: entry 0 is {int(self.offsets[0])}, not 0 (damaged store)"
+                )
+            _check_entries(
+                self.path / fmt.JPEG_OFFSETS, np.diff(self.offsets, prepend=0) < 0, "is smaller than the one before"
+            )
+            not_positive = (self.shapes <= 0).any(axis=1)  # (an array: numpy's stubs allow a scalar)
+            _check_entries(self.path / fmt.JPEG_SHAPES, not_positive, "is not a positive size")  # type: ignore[arg-type]
         self._sources = self._source_offsets = None
         if m.version >= fmt.SOURCES_SINCE:
             self._sources = self._open(fmt.SOURCES, (m.files[fmt.SOURCES]["bytes"],))
             self._source_offsets = self._open(fmt.SOURCE_OFFSETS, (m.count + 1,))
             ends = self._source_offsets
-            _check_entries(self.path / fmt.SOURCE_OFFSETS,
-                           (np.diff(ends, prepend=0) < 0) | (ends > self._sources.shape[0]),
-                           "is out of order or past the end of " + fmt.SOURCES)
+            _check_entries(
+                self.path / fmt.SOURCE_OFFSETS,
+                (np.diff(ends, prepend=0) < 0) | (ends > self._sources.shape[0]),
+                "is out of order or past the end of " + fmt.SOURCES,
+            )
         self._fields = {
-            name: FieldColumn(name, spec, self._open, self.path, m.count,
-                              m.files[fmt.field_files(name, spec)[0]]["bytes"])
-            for name, spec in m.fields.items()}
+            name: FieldColumn(
+                name, spec, self._open, self.path, m.count, m.files[fmt.field_files(name, spec)[0]]["bytes"]
+            )
+            for name, spec in m.fields.items()
+        }
         bad = (self._labels < -1) | (self._labels >= len(m.classes)) if m.classes else self._labels < -1
-        _check_entries(self.path / fmt.LABELS, bad, f"is not -1 or a class of {len(m.classes)}" if m.classes
-                       else "is below -1")
+        _check_entries(
+            self.path / fmt.LABELS, bad, f"is not -1 or a class of {len(m.classes)}" if m.classes else "is below -1"
+        )
 
     def _open(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
         self._mapped[name] = array = _map(self.path, self.manifest, name, shape)
@@ -115,13 +139,15 @@ class Store:
             mm = getattr(array, "_mmap", None)  # None for an empty file, which maps nothing
             now, then = (mm.size(), array.nbytes) if mm is not None else (0, 0)
             if now != then:
-                raise StoreError(f"{self.path / name}: {now} bytes now, {then} when opened: changed while "
-                                 "read (a store must not change while it is read; pack to a new path and "
-                                 "swap it in)")
+                raise StoreError(
+                    f"{self.path / name}: {now} bytes now, {then} when opened: changed while "
+                    "read (a store must not change while it is read; pack to a new path and "
+                    "swap it in)"
+                )
 
     @property
     def mode(self) -> str:
-        """"raw" (fixed-size pixels) or "jpeg" (encoded bytes)."""
+        """The kind: "raw" (fixed-size pixels) or "jpeg" (encoded bytes)."""
         return self.manifest.mode
 
     @property
@@ -138,7 +164,7 @@ class Store:
     def image_shape(self) -> tuple[int, int, int] | None:
         """(H, W, 3) of every raw sample; None for jpeg stores, whose sizes vary."""
         shape = self.manifest.image_shape
-        return tuple(shape) if shape else None
+        return tuple(shape) if shape else None  # type: ignore[return-value]  # (raw: [S, S, 3])
 
     @property
     def nbytes(self) -> int:
@@ -160,11 +186,14 @@ class Store:
     def source(self, i: int) -> str:
         """Where sample `i` came from: the file's path as packed, or `shard.tar:key` for a tar member."""
         if self._sources is None:
-            raise StoreError(f"{self.path}: packed by gpufeed {self.manifest.gpufeed_version or '< 0.2'} "
-                             f"(store format v{self.manifest.version}), which did not record sources; "
-                             "pack it again to have them")
+            raise StoreError(
+                f"{self.path}: packed by gpufeed {self.manifest.gpufeed_version or '< 0.2'} "
+                f"(store format v{self.manifest.version}), which did not record sources; "
+                "pack it again to have them"
+            )
         i = self._index(i)
-        start, end = int(self._source_offsets[i]), int(self._source_offsets[i + 1])
+        offsets = self._source_offsets  # (opened with the sources)
+        start, end = int(offsets[i]), int(offsets[i + 1])  # type: ignore[index]
         return fmt.decode_source(bytes(self._sources[start:end]))
 
     @property
@@ -197,7 +226,8 @@ class Store:
         label = int(self._labels[i])
         if self.mode == "raw":
             return as_tensor(self.images[i]).permute(2, 0, 1), label
-        with Image.open(io.BytesIO(self.encoded(i).numpy())) as img:
+        # (numpy's stubs give an ndarray the buffer protocol from Python 3.12 on)
+        with Image.open(io.BytesIO(self.encoded(i).numpy())) as img:  # type: ignore[arg-type]
             rgb = np.asarray(img if img.mode == "RGB" else img.convert("RGB"))
         return torch.from_numpy(rgb.transpose(2, 0, 1).copy()), label
 
@@ -211,11 +241,27 @@ class Store:
         return f"Store({str(self.path)!r}, mode={self.mode!r}, count={len(self)})"
 
 
-def open_store(path: str | Path) -> Store:
+def open_store(path: str | Path, **remote):
     """Open the store at `path` (exported as `gpufeed.open`): read and check its manifest, memory-map
-    its data files and range-check its per-sample arrays. Nothing else is read.
+    its data files and range-check its per-sample arrays. Nothing else is read. A sharded store
+    (format version 4) opens as a `ShardedStore`, its shards when first used; a URL (`s3://`, `gs://`,
+    any fsspec protocol) as a `RemoteStore`, reading its manifest, labels and sizes (`remote`:
+    `cache_dir`, `cache_limit`, `storage_options`, see `gpufeed.store.remote`).
 
     Raises:
         StoreError: not a store, damaged (the file and entry named), or a newer format version.
     """
+    from gpufeed.store.locations import is_url
+
+    if is_url(path):
+        from gpufeed.store.remote import RemoteStore
+
+        return RemoteStore(str(path), **remote)
+    if remote:
+        raise ValueError(f"{path}: {sorted(remote)} are for stores in a bucket (a URL)")
+    manifest = Manifest.read(Path(path))
+    if manifest.version >= fmt.SHARDED_SINCE:
+        from gpufeed.store.sharded import ShardedStore
+
+        return ShardedStore(path, manifest)
     return Store(path)

@@ -23,10 +23,15 @@ def describe(store: Store) -> str:
         shape = "x".join(map(str, store.image_shape)) + " uint8 (HWC)"
     else:
         hw = store.shapes
-        shape = (f"JPEG, {int(hw[:, 0].min())}-{int(hw[:, 0].max())} x "
-                 f"{int(hw[:, 1].min())}-{int(hw[:, 1].max())} px" if len(store) else "JPEG")
+        shape = (
+            f"JPEG, {int(hw[:, 0].min())}-{int(hw[:, 0].max())} x {int(hw[:, 1].min())}-{int(hw[:, 1].max())} px"
+            if len(store)
+            else "JPEG"
+        )
     # labels of a store with classes are checked to be below len(classes) when it opens
-    counts = torch.bincount(store.labels[store.labels >= 0], minlength=len(m.classes)) if m.classes else []
+    counts: torch.Tensor | list[int] = (
+        torch.bincount(store.labels[store.labels >= 0], minlength=len(m.classes)) if m.classes else []
+    )
     classes = ", ".join(f"{c} ({int(n)})" for c, n in zip(m.classes[:8], counts))
     if len(m.classes) > 8:
         classes += f", ... ({len(m.classes)} in all)"
@@ -58,8 +63,9 @@ def list_skipped(store: Store, limit: int | None = 20) -> str:
 BLANK = (224, 224, 224)  # the tile of a sample that could not be decoded
 
 
-def save_grid(store: Store, out: str | Path, n: int = 16, tile: int = 128, columns: int = 8
-              ) -> tuple[Path, dict[int, str]]:
+def save_grid(
+    store: Store, out: str | Path, n: int = 16, tile: int = 128, columns: int = 8
+) -> tuple[Path, dict[int, str]]:
     """Write a PNG grid of `n` samples spread evenly over the store, captioned with labels. Returns the
     PNG's path and the samples that could not be decoded (index: why), drawn as blank tiles: a jpeg
     store whose bytes were damaged after packing (`verify` names the file)."""

@@ -13,12 +13,14 @@ import hashlib
 import os
 import shutil
 import uuid
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import BinaryIO
 
 from gpufeed.store.format import CHECKSUM_BLOCK, MANIFEST, StoreError
+
 
 class TreeHasher:
     """Streaming form of the store digest: SHA-256 over the SHA-256 of each 64 MiB block."""
@@ -48,7 +50,7 @@ class HashingWriter:
 
     def __init__(self, path: Path):
         self.path = path
-        self._f: BinaryIO = open(path, "wb")
+        self._f: BinaryIO = open(path, "wb")  # noqa: SIM115  held open across writes; close() closes it
         self._hash = TreeHasher()
         self.bytes = 0
 
@@ -109,7 +111,9 @@ def exclusive(dest: Path) -> Iterator[None]:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise StoreError(f"{dest}: another gpufeed pack is writing this destination now ({path} is locked)") from None
+            raise StoreError(
+                f"{dest}: another gpufeed pack is writing this destination now ({path} is locked)"
+            ) from None
         try:
             current = os.stat(path).st_ino == os.fstat(fd).st_ino
         except FileNotFoundError:
@@ -125,7 +129,7 @@ def exclusive(dest: Path) -> Iterator[None]:
 
 
 @contextmanager
-def atomic_store_dir(dest: str | Path, overwrite: bool = False) -> Iterator[Path]:
+def atomic_store_dir(dest: str | os.PathLike, overwrite: bool = False) -> Iterator[Path]:
     """Yield a scratch directory; on success it replaces `dest`, on any failure it is removed. One pack
     at a time per destination (`exclusive`)."""
     dest = Path(dest).absolute()

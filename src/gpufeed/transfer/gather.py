@@ -21,6 +21,12 @@ class Gatherer:
         self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="gpufeed-gather") if self.threads > 1 else None
 
     def __call__(self, src: torch.Tensor, idx: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """`src[idx]` into `out`; `src` may also be rows in several arrays that gather themselves (a
+        `take_rows(idx, out)` method, e.g. a sharded store's)."""
+        take_rows = getattr(src, "take_rows", None)
+        if take_rows is not None:
+            take_rows(idx.numpy(), out.numpy())
+            return out
         s, i, o = src.numpy(), idx.numpy(), out.numpy()
         if self._pool is None or len(i) < 2 * self.threads:
             np.take(s, i, 0, o, "clip")

@@ -40,8 +40,9 @@ class PinnedRing:
         """Index of the next slot, once the last copy out of it has finished."""
         k = self._next
         self._next = (k + 1) % len(self.images)
-        if self._events[k] is not None:
-            self._events[k].synchronize()
+        event = self._events[k]
+        if event is not None:
+            event.synchronize()
             self._events[k] = None
         return k
 

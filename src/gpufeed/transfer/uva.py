@@ -16,7 +16,11 @@ class _DeviceArray:
 
     def __init__(self, ptr: int, shape: tuple[int, ...]):
         self.__cuda_array_interface__ = {
-            "shape": shape, "typestr": "|u1", "data": (ptr, False), "version": 3, "strides": None,
+            "shape": shape,
+            "typestr": "|u1",
+            "data": (ptr, False),
+            "version": 3,
+            "strides": None,
         }
 
 

@@ -28,9 +28,9 @@ import numpy as np
 import torch
 from PIL import Image
 
-from gpufeed.decode.codecs import pixels
-from gpufeed.decode.base import Decoded, Encoded, PinnedStaging, nvimgcodec_install, packed
 from gpufeed.decode.asks import NO_REGION, Asks, Region, tries_region
+from gpufeed.decode.base import Decoded, Encoded, PinnedStaging, nvimgcodec_install, packed
+from gpufeed.decode.codecs import pixels
 from gpufeed.store.reader import as_tensor
 
 
@@ -52,7 +52,7 @@ def roi_problem() -> str | None:
         return f"nvImageCodec is not installed ({nvimgcodec_install()})"
     try:
         _region(torch.from_numpy(_tiny_jpeg()), (0, 0, 8, 8))
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001  any failure is the answer
         return f"{type(e).__name__}: {e}"
     return None
 
@@ -72,7 +72,7 @@ def whole_by_nvimgcodec() -> bool:
         return False
     try:
         pixels.whole(_tiny_jpeg())
-    except Exception:
+    except Exception:  # noqa: BLE001  any failure: Pillow decodes whole JPEGs instead
         return False
     return True
 
@@ -105,8 +105,9 @@ def _pillow(data: torch.Tensor, reduce_to: tuple[int, int] | None) -> torch.Tens
 _JPEG_START = b"\xff\xd8"  # a JPEG's first marker: nvImageCodec decodes JPEGs whole, Pillow anything else
 
 
-def decode_one(data: torch.Tensor, reduce_to: tuple[int, int] | None,
-               region: Region | None = None) -> tuple[torch.Tensor, Region | None, float]:
+def decode_one(
+    data: torch.Tensor, reduce_to: tuple[int, int] | None, region: Region | None = None
+) -> tuple[torch.Tensor, Region | None, float]:
     """(contiguous HWC pixels, the `region` they are or None for the whole image, time it finished):
     the finish time gives the pool's true rate. A DCT reduction (`reduce_to`) takes precedence over the
     region; a region that can't be decoded alone is decoded whole.
@@ -115,13 +116,13 @@ def decode_one(data: torch.Tensor, reduce_to: tuple[int, int] | None,
     (docs/benchmarks.md, "Kernels, copies and CPU decoding"); the resize kernel reads either layout."""
     if tries_region(reduce_to, region):
         try:
-            return _region(data, region), region, time.perf_counter()
-        except Exception:  # not installed, not a JPEG it reads: the whole image below says what's wrong
+            return _region(data, region), region, time.perf_counter()  # type: ignore[arg-type]  # a box: tries_region
+        except Exception:  # noqa: BLE001  not installed, not a JPEG it reads: the whole image below says what's wrong
             pass
     if reduce_to is None and bytes(data[:2].numpy()) == _JPEG_START and whole_by_nvimgcodec():
         try:
             return _whole(data), None, time.perf_counter()
-        except Exception:  # a JPEG it doesn't read: Pillow below says what's wrong, if anything
+        except Exception:  # noqa: BLE001  a JPEG it doesn't read: Pillow below says what's wrong, if anything
             pass
     return _pillow(data, reduce_to), None, time.perf_counter()
 
@@ -163,7 +164,7 @@ class CpuDecoder:
         try:
             pixels, region, finished = decode_one(data, reduce_to, region)
             return _Done(pixels, region, finished, finished - began)
-        except Exception as e:  # any decoder error marks this image, never the batch
+        except Exception as e:  # noqa: BLE001  any decoder error marks this image, never the batch
             finished = time.perf_counter()
             return _Done(None, None, finished, finished - began, f"{type(e).__name__}: {e}")
 

@@ -33,8 +33,14 @@ MAX_IMAGE_BYTES = 1 << 30  # a header that claims more (a damaged or hostile fil
 class NvImgCodecDecoder:
     """Batched decode with one nvImageCodec backend; images it refuses are reported as failed."""
 
-    def __init__(self, device: torch.device, name: str = "hw", cpu_threads: int = 4,
-                 room: tuple[int, int, int] | None = None, padding: int = 32 << 20):
+    def __init__(
+        self,
+        device: torch.device,
+        name: str = "hw",
+        cpu_threads: int = 4,
+        room: tuple[int, int, int] | None = None,
+        padding: int = 32 << 20,
+    ):
         """`room`: the batches the decoder makes its buffers for at once; `padding`: what nvJPEG rounds
         its allocations up to (`BatchDecoder`)."""
         self.name, self.device = name, device
@@ -61,10 +67,21 @@ class NvImgCodecDecoder:
         failed = {}
         for k in np.flatnonzero(~done).tolist():  # rare: a loop is fine
             h, w = sizes[k].tolist()
-            failed[k] = (f"its header claims {h}x{w} pixels, over the {MAX_IMAGE_BYTES >> 20} MiB gpufeed decodes"
-                         if big[k] else f"nvImageCodec ({self.name}) could not read its header" if not ok[k] else
-                         f"nvImageCodec ({self.name}) refused it")
+            failed[k] = (
+                f"its header claims {h}x{w} pixels, over the {MAX_IMAGE_BYTES >> 20} MiB gpufeed decodes"
+                if big[k]
+                else f"nvImageCodec ({self.name}) could not read its header"
+                if not ok[k]
+                else f"nvImageCodec ({self.name}) refused it"
+            )
         strides = hwc_strides(sizes)
         strides[planar, 0], strides[planar, 1], strides[planar, 2] = YCC420, sizes[planar, 1], 1
-        return Decoded(out, offsets[done], sizes[done], strides[done], [out], failed,
-                       on_done=lambda event: self.buffers.give_back(out, event))
+        return Decoded(
+            out,
+            offsets[done],
+            sizes[done],
+            strides[done],
+            [out],
+            failed,
+            on_done=lambda event: self.buffers.give_back(out, event),
+        )

@@ -21,12 +21,42 @@ from pathlib import Path
 import numpy as np
 
 from gpufeed.decode.codecs.nvimgcodec_header import (
-    BACKENDS, BUFFER_DEVICE, BUFFER_HOST, COLORSPEC_SRGB, COLORSPEC_SYCC, DEVICE_CPU_ONLY, LOAD_HINT_FIXED,
-    PROCESSING_SUCCESS, SAMPLEFORMAT_I_RGB, SAMPLING_420, SAMPLING_NONE, T_BACKEND, T_BACKEND_PARAMS,
-    T_DECODE_PARAMS, T_DEVICE_ALLOCATOR, T_EXECUTION_PARAMS, T_EXTENSION_DESC, T_IMAGE_INFO,
-    T_INSTANCE_CREATE_INFO, T_PINNED_ALLOCATOR, T_PROPERTIES, UINT8, Backend, BackendParams, DecodeParams,
-    DeviceAllocator, ExecutionParams, ExtensionDesc, ImageInfo, InstanceCreateInfo, PinnedAllocator, PlaneInfo,
-    Properties, field_offset, filled)
+    BACKENDS,
+    BUFFER_DEVICE,
+    BUFFER_HOST,
+    COLORSPEC_SRGB,
+    COLORSPEC_SYCC,
+    DEVICE_CPU_ONLY,
+    LOAD_HINT_FIXED,
+    PROCESSING_SUCCESS,
+    SAMPLEFORMAT_I_RGB,
+    SAMPLING_420,
+    SAMPLING_NONE,
+    T_BACKEND,
+    T_BACKEND_PARAMS,
+    T_DECODE_PARAMS,
+    T_DEVICE_ALLOCATOR,
+    T_EXECUTION_PARAMS,
+    T_EXTENSION_DESC,
+    T_IMAGE_INFO,
+    T_INSTANCE_CREATE_INFO,
+    T_PINNED_ALLOCATOR,
+    T_PROPERTIES,
+    UINT8,
+    Backend,
+    BackendParams,
+    DecodeParams,
+    DeviceAllocator,
+    ExecutionParams,
+    ExtensionDesc,
+    ImageInfo,
+    InstanceCreateInfo,
+    PinnedAllocator,
+    PlaneInfo,
+    Properties,
+    field_offset,
+    filled,
+)
 
 SUPPORTED = ("0.9.",)  # nvImageCodec versions whose structures these are
 # the extensions an instance loads: nvJPEG's (the `hw` and `cuda` backends) and libjpeg-turbo's (`cpu`)
@@ -105,7 +135,7 @@ def open_library() -> tuple[Library, int]:
         with quiet_codecs(f"loading {name}"):  # a missing library of its own (nvJPEG) is said at its decoder
             check(module.nvimgcodecExtensionModuleEntry(C.byref(desc)), f"describing {name}")
             check(lib.fast.nvimgcodecExtensionCreate(instance, C.byref(extension), C.byref(desc)), f"loading {name}")
-    return lib, instance.value
+    return lib, instance.value  # type: ignore[return-value]  # made: InstanceCreate succeeded
 
 
 class BatchDecoder:
@@ -115,8 +145,14 @@ class BatchDecoder:
 
     ALIGN = 256  # every image starts this many bytes apart at least, as an allocation of its own would
 
-    def __init__(self, backend: str, device_id: int, cpu_threads: int, room: tuple[int, int, int] | None = None,
-                 padding: int = 32 << 20):
+    def __init__(
+        self,
+        backend: str,
+        device_id: int,
+        cpu_threads: int,
+        room: tuple[int, int, int] | None = None,
+        padding: int = 32 << 20,
+    ):
         """`padding`: nvJPEG's allocations, device and page-locked, are rounded up to this many bytes.
         `room`: (images, width, height) the engines' decoder (`hw`) makes its buffers for at once.
         nvImageCodec's default, one 1x1 image, left nvJPEG making decoder state and freeing device
@@ -124,24 +160,39 @@ class BatchDecoder:
         it slower (docs/benchmarks.md, "The engines' room and nvJPEG's padding"); larger images or
         batches still decode."""
         self.lib, self.instance = open_library()
-        self._backend = filled(Backend, T_BACKEND, kind=BACKENDS[backend],
-                               params=filled(BackendParams, T_BACKEND_PARAMS, load_hint=1.0,
-                                             load_hint_policy=LOAD_HINT_FIXED))
+        self._backend = filled(
+            Backend,
+            T_BACKEND,
+            kind=BACKENDS[backend],
+            params=filled(BackendParams, T_BACKEND_PARAMS, load_hint=1.0, load_hint_policy=LOAD_HINT_FIXED),
+        )
         # no allocator functions: nvJPEG's own, with the padding
-        self._allocators = (filled(DeviceAllocator, T_DEVICE_ALLOCATOR, device_mem_padding=padding),
-                            filled(PinnedAllocator, T_PINNED_ALLOCATOR, pinned_mem_padding=padding))
-        params = filled(ExecutionParams, T_EXECUTION_PARAMS, max_num_cpu_threads=cpu_threads,
-                        device_id=DEVICE_CPU_ONLY if backend == "cpu" else device_id, num_backends=1,
-                        backends=C.pointer(self._backend), device_allocator=C.addressof(self._allocators[0]),
-                        pinned_allocator=C.addressof(self._allocators[1]))
+        self._allocators = (
+            filled(DeviceAllocator, T_DEVICE_ALLOCATOR, device_mem_padding=padding),
+            filled(PinnedAllocator, T_PINNED_ALLOCATOR, pinned_mem_padding=padding),
+        )
+        params = filled(
+            ExecutionParams,
+            T_EXECUTION_PARAMS,
+            max_num_cpu_threads=cpu_threads,
+            device_id=DEVICE_CPU_ONLY if backend == "cpu" else device_id,
+            num_backends=1,
+            backends=C.pointer(self._backend),
+            device_allocator=C.addressof(self._allocators[0]),
+            pinned_allocator=C.addressof(self._allocators[1]),
+        )
         handle = C.c_void_p()
         # no decoding options: the binding's default (fancy upsampling, as libjpeg and Pillow decode)
         options = ""
         if backend == "hw" and room:
-            options = " ".join(f"nvjpeg_hw_decoder:preallocate_{key}={int(value)}" for key, value in
-                               zip(("batch_size", "width_hint", "height_hint"), room))
-        check(self.lib.fast.nvimgcodecDecoderCreate(self.instance, C.byref(handle), C.byref(params), options.encode()),
-              f"creating the {backend} decoder")
+            options = " ".join(
+                f"nvjpeg_hw_decoder:preallocate_{key}={int(value)}"
+                for key, value in zip(("batch_size", "width_hint", "height_hint"), room)
+            )
+        check(
+            self.lib.fast.nvimgcodecDecoderCreate(self.instance, C.byref(handle), C.byref(params), options.encode()),
+            f"creating the {backend} decoder",
+        )
         self.handle = handle.value
         self.host = backend == "cpu"
         self._params = filled(DecodeParams, T_DECODE_PARAMS, apply_exif_orientation=0)
@@ -154,41 +205,50 @@ class BatchDecoder:
         if len(self._streams) < n:
             grown = max(n, 2 * len(self._streams))
             streams, images = (C.c_void_p * grown)(), (C.c_void_p * grown)()
-            streams[: len(self._streams)] = self._streams[:]
-            images[: len(self._images)] = self._images[:]
+            # (typeshed reads a c_void_p array's slice as list[int | None], and writes one as a list of c_void_p too)
+            streams[: len(self._streams)] = self._streams[:]  # type: ignore[assignment]
+            images[: len(self._images)] = self._images[:]  # type: ignore[assignment]
             self._streams, self._images, self._infos = streams, images, (ImageInfo * grown)()
 
     def _column(self, path: str, dtype, n: int, plane: int = 0) -> np.ndarray:
         """Field `path` of the first `n` image infos (of plane `plane` for `plane_info.*`), as a numpy
         view (written in place)."""
         at = field_offset(ImageInfo, path) + plane * C.sizeof(PlaneInfo)
-        return np.ndarray((n,), dtype, np.frombuffer(self._infos, np.uint8), at, (C.sizeof(ImageInfo),))
+        infos = np.frombuffer(self._infos, np.uint8)  # type: ignore[call-overload]  # (ctypes: a buffer)
+        return np.ndarray((n,), dtype, infos, at, (C.sizeof(ImageInfo),))
 
     def read(self, data: np.ndarray, begins: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Parse the headers of images `data[begins[k]:ends[k]]`: (sizes (N, 2) height, width; ok (N,) bool).
         `data` must stay where it is until `decode` returns."""
         n, fast = len(begins), self.lib.fast
         self._room(n)
-        infos = np.frombuffer(self._infos, np.uint8).reshape(-1, C.sizeof(ImageInfo))
+        infos = np.frombuffer(self._infos, np.uint8).reshape(-1, C.sizeof(ImageInfo))  # type: ignore[call-overload]
         infos[:n] = np.frombuffer(self._template, np.uint8)
         base, size, slots = data.ctypes.data, C.sizeof(ImageInfo), C.addressof(self._streams)
-        create, info, streams, instance = (fast.nvimgcodecCodeStreamCreateFromHostMem,
-                                           fast.nvimgcodecCodeStreamGetImageInfo, self._streams, self.instance)
+        create, info, streams, instance = (
+            fast.nvimgcodecCodeStreamCreateFromHostMem,
+            fast.nvimgcodecCodeStreamGetImageInfo,
+            self._streams,
+            self.instance,
+        )
         at = C.addressof(self._infos)
         ok = np.zeros(n, bool)
         for k, (b, e) in enumerate(zip(begins.tolist(), ends.tolist())):
             if create(instance, slots + 8 * k, base + b, e - b, None) == 0:
                 ok[k] = info(streams[k], at + k * size) == 0
-        sizes = np.stack([self._column("plane_info.height", np.uint32, n),
-                          self._column("plane_info.width", np.uint32, n)], 1).astype(np.int64)
+        sizes = np.stack(
+            [self._column("plane_info.height", np.uint32, n), self._column("plane_info.width", np.uint32, n)], 1
+        ).astype(np.int64)
         return sizes, ok & (sizes > 0).all(1)
 
     def ycc420(self, n: int) -> np.ndarray:
         """After `read`: per image, whether it is YCbCr with 4:2:0 chroma (most photos), which
         `decode(planar=...)` can give as its planes."""
-        return ((self._column("color_spec", np.int32, n) == COLORSPEC_SYCC)
-                & (self._column("chroma_subsampling", np.int32, n) == SAMPLING_420)
-                & (self._column("num_planes", np.uint32, n) == 3))
+        return (
+            (self._column("color_spec", np.int32, n) == COLORSPEC_SYCC)
+            & (self._column("chroma_subsampling", np.int32, n) == SAMPLING_420)
+            & (self._column("num_planes", np.uint32, n) == 3)
+        )
 
     @staticmethod
     def nbytes(sizes: np.ndarray, planar: np.ndarray) -> np.ndarray:
@@ -202,8 +262,15 @@ class BatchDecoder:
         offsets = np.cumsum(padded) - padded
         return offsets, int(padded.sum())
 
-    def decode(self, sizes: np.ndarray, ok: np.ndarray, out: int, offsets: np.ndarray, stream: int,
-               planar: np.ndarray | None = None) -> np.ndarray:
+    def decode(
+        self,
+        sizes: np.ndarray,
+        ok: np.ndarray,
+        out: int,
+        offsets: np.ndarray,
+        stream: int,
+        planar: np.ndarray | None = None,
+    ) -> np.ndarray:
         """Decode the images `read` parsed (those `ok`) into the buffer at address `out`, image k at
         `offsets[k]`, in stream order on CUDA stream `stream`; returns per image whether it decoded.
         Images `planar` (YCbCr 4:2:0, `ycc420`) come as their Y plane and then their Cb and Cr planes at
@@ -220,10 +287,15 @@ class BatchDecoder:
             self._column("plane_info.width", np.uint32, n, p)[planar] = half[planar, 1]
             self._column("plane_info.row_stride", np.uint64, n, p)[planar] = half[planar, 1]
         self._column("plane_info.row_stride", np.uint64, n)[:] = np.where(planar, 1, 3) * sizes[:, 1]
-        for path, dtype, value in (("color_spec", np.int32, COLORSPEC_SRGB), ("chroma_subsampling", np.int32, SAMPLING_NONE),
-                                   ("sample_format", np.int32, SAMPLEFORMAT_I_RGB), ("num_planes", np.uint32, 1),
-                                   ("plane_info.num_channels", np.uint32, 3), ("plane_info.sample_type", np.int32, UINT8),
-                                   ("plane_info.precision", np.uint8, 0)):
+        for path, dtype, value in (
+            ("color_spec", np.int32, COLORSPEC_SRGB),
+            ("chroma_subsampling", np.int32, SAMPLING_NONE),
+            ("sample_format", np.int32, SAMPLEFORMAT_I_RGB),
+            ("num_planes", np.uint32, 1),
+            ("plane_info.num_channels", np.uint32, 3),
+            ("plane_info.sample_type", np.int32, UINT8),
+            ("plane_info.precision", np.uint8, 0),
+        ):
             self._column(path, dtype, n)[rgb] = value
         self._column("buffer", np.uint64, n)[:] = out + offsets
         self._column("buffer_kind", np.int32, n)[:] = BUFFER_HOST if self.host else BUFFER_DEVICE
@@ -239,22 +311,30 @@ class BatchDecoder:
         streams = (C.c_void_p * len(keep))(*[self._streams[k] for k in keep.tolist()])
         images = (C.c_void_p * len(keep))(*[self._images[k] for k in keep.tolist()])
         future = C.c_void_p()
-        check(self.lib.slow.nvimgcodecDecoderDecode(self.handle, streams, images, len(keep), C.byref(self._params),
-                                                    C.byref(future)), "decoding")
+        check(
+            self.lib.slow.nvimgcodecDecoderDecode(
+                self.handle, streams, images, len(keep), C.byref(self._params), C.byref(future)
+            ),
+            "decoding",
+        )
         try:
             self.lib.slow.nvimgcodecFutureWaitForAll(future)
             status, count = (C.c_uint32 * len(keep))(), C.c_size_t(len(keep))
             check(fast.nvimgcodecFutureGetProcessingStatus(future, status, C.byref(count)), "reading the statuses")
         finally:
             fast.nvimgcodecFutureDestroy(future)
-        decoded[keep] = np.frombuffer(status, np.uint32) == PROCESSING_SUCCESS
+        # (a ctypes array has the buffer protocol; numpy's stubs take one from Python 3.12 on)
+        decoded[keep] = np.frombuffer(status, np.uint32) == PROCESSING_SUCCESS  # type: ignore[call-overload]
         return decoded
 
     def __del__(self):
         fast = getattr(getattr(self, "lib", None), "fast", None)
         if fast is None:
             return
-        for handles, destroy in ((self._streams, fast.nvimgcodecCodeStreamDestroy), (self._images, fast.nvimgcodecImageDestroy)):
+        for handles, destroy in (
+            (self._streams, fast.nvimgcodecCodeStreamDestroy),
+            (self._images, fast.nvimgcodecImageDestroy),
+        ):
             for h in handles:
                 if h:
                     destroy(h)

@@ -23,37 +23,96 @@ class _Head(C.Structure):
     _fields_ = [("struct_type", C.c_int), ("struct_size", C.c_size_t), ("struct_next", C.c_void_p)]
 
 
-def _struct(name: str, fields: list) -> type:
+def _struct(name: str, fields: list) -> type[C.Structure]:
     return type(name, (C.Structure,), {"_fields_": _Head._fields_ + fields})
 
 
 Orientation = _struct("Orientation", [("rotated", C.c_int), ("flip_x", C.c_int), ("flip_y", C.c_int)])
-PlaneInfo = _struct("PlaneInfo", [("width", C.c_uint32), ("height", C.c_uint32), ("row_stride", C.c_size_t),
-                                  ("num_channels", C.c_uint32), ("sample_type", C.c_int), ("precision", C.c_uint8)])
-ImageInfo = _struct("ImageInfo", [
-    ("codec_name", C.c_char * NAME_SIZE), ("color_spec", C.c_int), ("chroma_subsampling", C.c_int),
-    ("sample_format", C.c_int), ("orientation", Orientation), ("num_planes", C.c_uint32),
-    ("plane_info", PlaneInfo * MAX_PLANES), ("buffer", C.c_void_p), ("buffer_kind", C.c_int),
-    ("cuda_stream", C.c_void_p)])
-DeviceAllocator = _struct("DeviceAllocator", [("device_malloc", C.c_void_p), ("device_free", C.c_void_p),
-                                               ("device_ctx", C.c_void_p), ("device_mem_padding", C.c_size_t)])
-PinnedAllocator = _struct("PinnedAllocator", [("pinned_malloc", C.c_void_p), ("pinned_free", C.c_void_p),
-                                               ("pinned_ctx", C.c_void_p), ("pinned_mem_padding", C.c_size_t)])
+PlaneInfo = _struct(
+    "PlaneInfo",
+    [
+        ("width", C.c_uint32),
+        ("height", C.c_uint32),
+        ("row_stride", C.c_size_t),
+        ("num_channels", C.c_uint32),
+        ("sample_type", C.c_int),
+        ("precision", C.c_uint8),
+    ],
+)
+ImageInfo = _struct(
+    "ImageInfo",
+    [
+        ("codec_name", C.c_char * NAME_SIZE),
+        ("color_spec", C.c_int),
+        ("chroma_subsampling", C.c_int),
+        ("sample_format", C.c_int),
+        ("orientation", Orientation),
+        ("num_planes", C.c_uint32),
+        ("plane_info", PlaneInfo * MAX_PLANES),
+        ("buffer", C.c_void_p),
+        ("buffer_kind", C.c_int),
+        ("cuda_stream", C.c_void_p),
+    ],
+)
+DeviceAllocator = _struct(
+    "DeviceAllocator",
+    [
+        ("device_malloc", C.c_void_p),
+        ("device_free", C.c_void_p),
+        ("device_ctx", C.c_void_p),
+        ("device_mem_padding", C.c_size_t),
+    ],
+)
+PinnedAllocator = _struct(
+    "PinnedAllocator",
+    [
+        ("pinned_malloc", C.c_void_p),
+        ("pinned_free", C.c_void_p),
+        ("pinned_ctx", C.c_void_p),
+        ("pinned_mem_padding", C.c_size_t),
+    ],
+)
 BackendParams = _struct("BackendParams", [("load_hint", C.c_float), ("load_hint_policy", C.c_int)])
 Backend = _struct("Backend", [("kind", C.c_int), ("params", BackendParams)])
 DecodeParams = _struct("DecodeParams", [("apply_exif_orientation", C.c_int)])
-ExecutionParams = _struct("ExecutionParams", [
-    ("device_allocator", C.c_void_p), ("pinned_allocator", C.c_void_p), ("max_num_cpu_threads", C.c_int),
-    ("executor", C.c_void_p), ("device_id", C.c_int), ("pre_init", C.c_int), ("skip_pre_sync", C.c_int),
-    ("num_backends", C.c_int), ("backends", C.POINTER(Backend))])
+ExecutionParams = _struct(
+    "ExecutionParams",
+    [
+        ("device_allocator", C.c_void_p),
+        ("pinned_allocator", C.c_void_p),
+        ("max_num_cpu_threads", C.c_int),
+        ("executor", C.c_void_p),
+        ("device_id", C.c_int),
+        ("pre_init", C.c_int),
+        ("skip_pre_sync", C.c_int),
+        ("num_backends", C.c_int),
+        ("backends", C.POINTER(Backend)),
+    ],
+)
 Properties = _struct("Properties", [("version", C.c_uint32), ("cudart_version", C.c_uint32)])
-ExtensionDesc = _struct("ExtensionDesc", [("instance", C.c_void_p), ("id", C.c_char_p), ("version", C.c_uint32),
-                                          ("ext_api_version", C.c_uint32), ("create", C.c_void_p),
-                                          ("destroy", C.c_void_p)])
-InstanceCreateInfo = _struct("InstanceCreateInfo", [
-    ("load_builtin_modules", C.c_int), ("load_extension_modules", C.c_int), ("extension_modules_path", C.c_char_p),
-    ("create_debug_messenger", C.c_int), ("debug_messenger_desc", C.c_void_p), ("message_severity", C.c_uint32),
-    ("message_category", C.c_uint32)])
+ExtensionDesc = _struct(
+    "ExtensionDesc",
+    [
+        ("instance", C.c_void_p),
+        ("id", C.c_char_p),
+        ("version", C.c_uint32),
+        ("ext_api_version", C.c_uint32),
+        ("create", C.c_void_p),
+        ("destroy", C.c_void_p),
+    ],
+)
+InstanceCreateInfo = _struct(
+    "InstanceCreateInfo",
+    [
+        ("load_builtin_modules", C.c_int),
+        ("load_extension_modules", C.c_int),
+        ("extension_modules_path", C.c_char_p),
+        ("create_debug_messenger", C.c_int),
+        ("debug_messenger_desc", C.c_void_p),
+        ("message_severity", C.c_uint32),
+        ("message_category", C.c_uint32),
+    ],
+)
 
 
 def filled(cls, struct_type: int, **values):

@@ -27,8 +27,10 @@ def _torchvision_decode_jpeg():
             which = f"torchvision {version('torchvision')} has no torchvision.io.decode_jpeg ({e})"
         except PackageNotFoundError:
             which = "torchvision is not installed"
-        raise ImportError(f"nvJPEG through torchvision is unavailable: {which}; nvImageCodec's GPU decoders "
-                          f"replace it ({nvimgcodec_install()})") from e
+        raise ImportError(
+            f"nvJPEG through torchvision is unavailable: {which}; nvImageCodec's GPU decoders "
+            f"replace it ({nvimgcodec_install()})"
+        ) from e
     return decode_jpeg, ImageReadMode.RGB
 
 

@@ -57,9 +57,15 @@ def _cpu_decoder():
     decoder = getattr(_local, "decoder", None)
     if decoder is None:
         nv = nvimgcodec()
-        decoder = _local.decoder = (nv, nv.Decoder(device_id=nv.NVIMGCODEC_DEVICE_CPU_ONLY, max_num_cpu_threads=1,
-                                                   backends=[nv.Backend(nv.BackendKind.CPU_ONLY)]),
-                                    nv.DecodeParams(apply_exif_orientation=False, color_spec=nv.ColorSpec.SRGB))
+        decoder = _local.decoder = (
+            nv,
+            nv.Decoder(
+                device_id=nv.NVIMGCODEC_DEVICE_CPU_ONLY,
+                max_num_cpu_threads=1,
+                backends=[nv.Backend(nv.BackendKind.CPU_ONLY)],
+            ),
+            nv.DecodeParams(apply_exif_orientation=False, color_spec=nv.ColorSpec.SRGB),
+        )
     return decoder
 
 
@@ -97,7 +103,8 @@ def pillow(data: np.ndarray, reduce_to: tuple[int, int] | None) -> np.ndarray:
     """HWC RGB pixels (read-only) of any image Pillow reads; with `reduce_to` (w, h), divided by
     `draft_scale` (rounding up): in the DCT where the image is a JPEG that allows it, else by
     averaging (`Image.reduce`), so the size is what the loader reserved room for."""
-    img = Image.open(io.BytesIO(data))
+    # (numpy's stubs give an ndarray the buffer protocol from Python 3.12 on)
+    img: Image.Image = Image.open(io.BytesIO(data))  # type: ignore[arg-type]
     if reduce_to is not None:
         scale = int(draft_scale(img.width, img.height, np.array(reduce_to)))
         planned = (-(-img.width // scale), -(-img.height // scale))
@@ -117,24 +124,26 @@ def cut(pixels: np.ndarray, box: Region) -> np.ndarray | None:
     return np.ascontiguousarray(pixels[y0:y1, x0:x1])
 
 
-def as_asked(image: np.ndarray, region: Region | None, reduce_to: tuple[int, int] | None,
-             box: Region | None) -> tuple[np.ndarray, Region | None, bool]:
+def as_asked(
+    image: np.ndarray, region: Region | None, reduce_to: tuple[int, int] | None, box: Region | None
+) -> tuple[np.ndarray, Region | None, bool]:
     """A decode's (HWC pixels, region) as the loader reserved room for them: a region asked for and
     refused alone (decoded whole) is cut to it. Also whether it was cut."""
     if tries_region(reduce_to, box) and region is None:
-        part = cut(image, box)
+        part = cut(image, box)  # type: ignore[arg-type]  # a box: tries_region
         if part is not None:
             return part, box, True
     return image, region, False
 
 
-def decode(data: np.ndarray, reduce_to: tuple[int, int] | None,
-           box: Region | None = None) -> tuple[np.ndarray, Region | None, float]:
+def decode(
+    data: np.ndarray, reduce_to: tuple[int, int] | None, box: Region | None = None
+) -> tuple[np.ndarray, Region | None, float]:
     """(contiguous HWC pixels, the region they are or None for the whole image, time it finished), as
     `decode.codecs.cpu.decode_one` gives, with Pillow decoding whole images."""
     if tries_region(reduce_to, box):
         try:
-            return region(data, box), box, time.perf_counter()
-        except Exception:  # not installed, not a JPEG it reads: the whole image below says what's wrong
+            return region(data, box), box, time.perf_counter()  # type: ignore[arg-type]  # a box: tries_region
+        except Exception:  # noqa: BLE001  not installed, not a JPEG it reads: the whole image below says what's wrong
             pass
     return pillow(data, reduce_to), None, time.perf_counter()

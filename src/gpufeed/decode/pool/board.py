@@ -9,11 +9,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from gpufeed.decode.asks import Asks, asked
+from gpufeed.decode.base import Decoded
 from gpufeed.decode.codecs import pixels
 from gpufeed.decode.pool import protocol
-from gpufeed.decode.base import Decoded
 from gpufeed.decode.pool.segment import Segment
-from gpufeed.decode.asks import Asks, asked
 
 ROWS = 1 << 16  # images on the board at once (a few batches' CPU shares); the memfd's pages cost only once used
 
@@ -77,15 +77,24 @@ class Board:
         sizes = np.stack([rows["height"][kept], rows["width"][kept]], 1).astype(np.int64)
         regions = rows["decoded_region"][kept].astype(np.int64)
         last = float(rows["done"][kept].max()) if len(kept) else 0.0
-        return Results(kept=kept, sizes=sizes, regions=regions, offsets=rows["at"][kept], failed=failed,
-                       last_done=last, cut=int(cut.sum()))
+        return Results(
+            kept=kept,
+            sizes=sizes,
+            regions=regions,
+            offsets=rows["at"][kept],
+            failed=failed,
+            last_done=last,
+            cut=int(cut.sum()),
+        )
 
-    def answer(self, start: int, positions: list[int], part: Decoded, asks: Asks, segment: Segment,
-               done: float) -> None:
+    def answer(
+        self, start: int, positions: list[int], part: Decoded, asks: Asks, segment: Segment, done: float
+    ) -> None:
         """Complete rows `start + positions` with `part`, their images as a thread decoder made them
         (on the CPU, in order, finished at `done`), as a worker would: pixels into `segment`, a region
         asked for and decoded whole cut to it."""
-        images = iter(zip(part.offsets.tolist(), part.sizes.tolist(), part.regions.tolist()))
+        # a thread decoder's parts carry their regions (codecs.cpu)
+        images = iter(zip(part.offsets.tolist(), part.sizes.tolist(), part.regions.tolist()))  # type: ignore[union-attr]
         for k, p in enumerate(positions):
             row = self.rows[start + p : start + p + 1]
             if k in part.failed:

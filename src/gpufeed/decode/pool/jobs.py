@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gpufeed.decode.asks import Asks
 from gpufeed.decode.base import Encoded
 from gpufeed.decode.pool.board import Board
 from gpufeed.decode.pool.segment import Segment
-from gpufeed.decode.asks import Asks
 
 UNCLAIMED_GRACE = 0.05  # seconds a ticket may be read yet untaken before its reader counts as dead
 

@@ -36,7 +36,6 @@ MAX_MESSAGE = 1 << 20  # only `Ready` is framed: anything larger is a broken pip
 ERROR_BYTES = 160  # a failed image's reason, cut to this many bytes of UTF-8
 
 
-
 class Status(IntEnum):
     """A board row's state: the loader posts it PENDING; the worker that takes its ticket leaves it
     DECODED, CUT (decoded whole and cut to the region asked: the region alone was refused, slower) or
@@ -48,30 +47,38 @@ class Status(IntEnum):
     CUT = 3
 
 
-
-BOARD = np.dtype([
-    # the loader's request
-    ("begin", "<i8"), ("end", "<i8"),  # bytes of the store (or of file `file`, a folder read in place)
-    ("file", "<i8"),  # index into the file table, or -1
-    ("at", "<i8"), ("capacity", "<i8"),  # where its pixels go in the segment, and the bytes reserved: as asked
-    ("segment_fd", "<i4"), ("segment_id", "<i4"), ("segment_size", "<i8"),  # the segment, as /proc/PID/fd/FD
-    ("reduce_to", "<i4", (2,)),  # (w, h) to DCT-reduce towards; (0, 0): no reduction
-    ("region", "<i4", (4,)),  # (y0, x0, y1, x1) to decode alone; all -1: the whole image
-    # the worker's answer
-    ("worker", "<i4"),  # the worker that took the row's ticket (-1 until one did)
-    ("status", "<i4"),  # a `Status`
-    ("height", "<i4"), ("width", "<i4"),  # as written (HWC uint8)
-    ("decoded_region", "<i4", (4,)),  # the region the pixels are; all -1: the whole image, maybe DCT-reduced
-    ("done", "<f8"),  # the worker's perf_counter when it finished the image (CLOCK_MONOTONIC: one clock)
-    ("error", f"S{ERROR_BYTES}"),
-], align=True)
+BOARD = np.dtype(
+    [
+        # the loader's request
+        ("begin", "<i8"),
+        ("end", "<i8"),  # bytes of the store (or of file `file`, a folder read in place)
+        ("file", "<i8"),  # index into the file table, or -1
+        ("at", "<i8"),
+        ("capacity", "<i8"),  # where its pixels go in the segment, and the bytes reserved: as asked
+        ("segment_fd", "<i4"),
+        ("segment_id", "<i4"),
+        ("segment_size", "<i8"),  # the segment, as /proc/PID/fd/FD
+        ("reduce_to", "<i4", (2,)),  # (w, h) to DCT-reduce towards; (0, 0): no reduction
+        ("region", "<i4", (4,)),  # (y0, x0, y1, x1) to decode alone; all -1: the whole image
+        # the worker's answer
+        ("worker", "<i4"),  # the worker that took the row's ticket (-1 until one did)
+        ("status", "<i4"),  # a `Status`
+        ("height", "<i4"),
+        ("width", "<i4"),  # as written (HWC uint8)
+        ("decoded_region", "<i4", (4,)),  # the region the pixels are; all -1: the whole image, maybe DCT-reduced
+        ("done", "<f8"),  # the worker's perf_counter when it finished the image (CLOCK_MONOTONIC: one clock)
+        ("error", f"S{ERROR_BYTES}"),
+    ],
+    align=True,
+)
 
 # board rows [row, row + count) of the loader's share number `share` (mod 2**32)
 TICKET = np.dtype([("row", "<u4"), ("count", "<u4"), ("share", "<u4"), ("spare", "<u4")])
 # a ticket finished by worker `worker` in `wall` seconds, `cpu` of them on a CPU (`share` as it came:
 # a late answer to a ticket whose rows went on to another share is told apart)
-DONE = np.dtype([("row", "<u4"), ("count", "<u4"), ("share", "<u4"), ("worker", "<i4"), ("wall", "<f4"),
-                 ("cpu", "<f4")])
+DONE = np.dtype(
+    [("row", "<u4"), ("count", "<u4"), ("share", "<u4"), ("worker", "<i4"), ("wall", "<f4"), ("cpu", "<f4")]
+)
 MAX_TICKETS_PER_WRITE = 4096 // TICKET.itemsize  # one write of at most PIPE_BUF is never split
 
 
@@ -145,7 +152,7 @@ class FileTable:
     def __init__(self, buffer):
         count = int(np.frombuffer(buffer, np.int64, 1)[0])
         self._ends = np.frombuffer(buffer, np.int64, count + 1, offset=8)
-        self._names = memoryview(buffer)[8 * (count + 2):]
+        self._names = memoryview(buffer)[8 * (count + 2) :]
 
     def __getitem__(self, k: int) -> str:
         return os.fsdecode(bytes(self._names[int(self._ends[k]) : int(self._ends[k + 1])]))
@@ -156,7 +163,7 @@ def write(fd: int, message) -> None:
     data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
     view = memoryview(_HEADER.pack(len(data)) + data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 def read(fd: int):

@@ -12,7 +12,7 @@ import subprocess
 import termios
 import threading
 import weakref
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -35,10 +35,9 @@ class Relay:
             raise
         finally:
             os.close(done_w)  # the workers hold it now
-        self.stop = weakref.finalize(self, _stop, self.workers, self._tickets_w, [self._tickets_r, self._done_r],
-                                     keep)
+        self.stop = weakref.finalize(self, _stop, self.workers, self._tickets_w, [self._tickets_r, self._done_r], keep)
         # each worker's stdout until it ends, by file descriptor (asked for once: `_poll` runs per done record)
-        self._outs = {w.proc.stdout.fileno(): k for k, w in enumerate(self.workers)}
+        self._outs = {w.proc.stdout.fileno(): k for k, w in enumerate(self.workers)}  # type: ignore[union-attr]  # PIPE
         self.written = 0  # tickets written so far
         self._unread = b""
         self._lock = threading.Lock()  # one thread polls at a time
@@ -76,7 +75,8 @@ class Relay:
         """Tickets still in the pipe (None once it is closed)."""
         count = np.zeros(1, np.int32)
         try:
-            fcntl.ioctl(self._tickets_r, termios.FIONREAD, count)
+            # (numpy's stubs give an ndarray the buffer protocol from Python 3.12 on)
+            fcntl.ioctl(self._tickets_r, termios.FIONREAD, count)  # type: ignore[call-overload]
         except OSError:
             return None
         return int(count[0]) // protocol.TICKET.itemsize

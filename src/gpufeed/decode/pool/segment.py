@@ -47,7 +47,7 @@ class Segment:
         return self.nbytes
 
     def close(self) -> None:
-        self.tensor = self._registration = None
+        self.tensor = self._registration = None  # type: ignore[assignment]  # closed: not read again
         try:
             self._map.close()
         except BufferError:  # a view is still alive somewhere: the map goes with it

@@ -30,15 +30,28 @@ class Worker:
 def start(setup: protocol.WorkerSetup, count: int) -> list[Worker]:
     """`count` workers on `setup` (numbered 0..count-1), started now (each says `protocol.Ready` once
     it decodes); they inherit the board, the pipes' worker ends and the file table, nothing else."""
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join([str(Path(gpufeed.__file__).parent.parent),
-                                           os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+    env = dict(
+        os.environ,
+        CUDA_VISIBLE_DEVICES="",
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=os.pathsep.join(
+            [str(Path(gpufeed.__file__).parent.parent), os.environ.get("PYTHONPATH", "")]
+        ).rstrip(os.pathsep),
+    )
     shared = tuple(fd for fd in (setup.board_fd, setup.tickets_fd, setup.done_fd, setup.files_fd) if fd >= 0)
-    return [Worker(subprocess.Popen([sys.executable, "-m", "gpufeed.decode.pool.worker",
-                                     json.dumps(replace(setup, index=k).__dict__)],
-                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, env=env, close_fds=True,
-                                    pass_fds=shared))
-            for k in range(count)]
+    return [
+        Worker(
+            subprocess.Popen(
+                [sys.executable, "-m", "gpufeed.decode.pool.worker", json.dumps(replace(setup, index=k).__dict__)],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                env=env,
+                close_fds=True,
+                pass_fds=shared,
+            )
+        )
+        for k in range(count)
+    ]
 
 
 def stop(workers: list[Worker], tickets: int) -> None:
@@ -50,7 +63,7 @@ def stop(workers: list[Worker], tickets: int) -> None:
         pass
     for w in workers:
         try:
-            w.proc.stdout.close()
+            w.proc.stdout.close()  # type: ignore[union-attr]  # started with stdout=PIPE
         except OSError:
             pass
     deadline = time.monotonic() + 2.0

@@ -58,8 +58,9 @@ def main() -> None:
         wall, cpu = time.perf_counter(), time.process_time()
         for r in range(first, first + count):
             _one(rows[r : r + 1], data, files, segments, setup.parent, pixels)
-        done = np.array([(first, count, share, setup.index, time.perf_counter() - wall, time.process_time() - cpu)],
-                        protocol.DONE)
+        done = np.array(
+            [(first, count, share, setup.index, time.perf_counter() - wall, time.process_time() - cpu)], protocol.DONE
+        )
         os.write(setup.done_fd, done.tobytes())
 
 
@@ -76,7 +77,7 @@ def _one(row: np.ndarray, data: np.ndarray, files, segments: dict, parent: int, 
         image, region, done = codec.decode(encoded, reduce_to, box)
         image, region, cut = codec.as_asked(image, region, reduce_to, box)
         protocol.answer(row, out, image, region, done, cut)
-    except Exception as e:  # any decoder error marks this image, never the ticket
+    except Exception as e:  # noqa: BLE001  any decoder error marks this image, never the ticket
         protocol.failed(row, f"{type(e).__name__}: {e}")
 
 

@@ -36,14 +36,14 @@ from collections import Counter
 import numpy as np
 import torch
 
+from gpufeed.decode.asks import Asks
+from gpufeed.decode.base import Decoded, Encoded, PinnedStaging, WorkersStopped, hwc_strides, in_place, to_device
+from gpufeed.decode.codecs.cpu import CpuDecoder
 from gpufeed.decode.pool import protocol, spawn
 from gpufeed.decode.pool.board import Board
 from gpufeed.decode.pool.jobs import Job
 from gpufeed.decode.pool.relay import Relay
-from gpufeed.decode.base import Decoded, Encoded, PinnedStaging, WorkersStopped, hwc_strides, in_place, to_device
-from gpufeed.decode.codecs.cpu import CpuDecoder
 from gpufeed.decode.pool.segment import Segment, unavailable
-from gpufeed.decode.asks import Asks
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +58,14 @@ class DecodeWorkers:
 
     name = "cpu"
 
-    def __init__(self, data: np.memmap | None, workers: int, device: torch.device = torch.device("cpu"),
-                 files=None, tickets: int = 2):
+    def __init__(
+        self,
+        data: np.memmap | None,
+        workers: int,
+        device: torch.device = torch.device("cpu"),
+        files=None,
+        tickets: int = 2,
+    ):
         self.tickets = tickets  # per ready worker in each share (`Tuning.tickets`): taken as they come free
         why = unavailable()
         if why:
@@ -70,9 +76,19 @@ class DecodeWorkers:
         self._board = Board(files=files)
         self._base, self._nbytes = (0, 0) if data is None else (data.ctypes.data, data.nbytes)
         store = ("", 0) if data is None else (str(data.filename), int(data.offset))
-        setup = protocol.WorkerSetup(store=store[0], offset=store[1], nbytes=self._nbytes, parent=os.getpid(), index=0,
-                                     board_fd=self._board.fd, board_rows=self._board.size, tickets_fd=-1, done_fd=-1,
-                                     files_fd=self._board.files_fd, files_size=self._board.files_size)
+        setup = protocol.WorkerSetup(
+            store=store[0],
+            offset=store[1],
+            nbytes=self._nbytes,
+            parent=os.getpid(),
+            index=0,
+            board_fd=self._board.fd,
+            board_rows=self._board.size,
+            tickets_fd=-1,
+            done_fd=-1,
+            files_fd=self._board.files_fd,
+            files_size=self._board.files_size,
+        )
         self._relay = Relay(setup, workers, [self._board])
         self._staging = PinnedStaging(alloc=self._segment)  # the pixels' segments
         self._jobs: dict[int, Job] = {}  # by first row
@@ -89,7 +105,8 @@ class DecodeWorkers:
         """A new shared segment for the pixels of CPU shares (page-locked on a GPU: counted, as it takes a while)."""
         t0 = time.perf_counter()
         made = Segment(nbytes, self.device)
-        self.busy.update(segments_made=1, segments_seconds=time.perf_counter() - t0)
+        # (seconds are floats, which a Counter adds too; typeshed's Counter counts ints)
+        self.busy.update(segments_made=1, segments_seconds=time.perf_counter() - t0)  # type: ignore[call-overload]
         return made
 
     @property
@@ -160,11 +177,13 @@ class DecodeWorkers:
         except (RuntimeError, OSError) as e:  # no memory to share or page-lock
             self._say(f"no shared buffer for decoded JPEGs ({e})")
             return self._fallback().submit(batch, shapes, asks)
+        files: np.ndarray | int
         if batch.file_index is None:
             begins, ends = self._ranges(batch)
             files = -1
-        else:  # read in place: the worker reads the file
-            begins, ends, files = batch.file_begins, batch.file_begins + (batch.ends - batch.begins), batch.file_index
+        else:  # read in place: the worker reads the file (file_begins: given with file_index)
+            begins, files = batch.file_begins, batch.file_index  # type: ignore[assignment]
+            ends = begins + (batch.ends - batch.begins)
         size = math.ceil(n / (self.tickets * len(live)))
         with self._lock:
             start = self._board.room(n, [(j.start, j.start + j.n) for j in self._jobs.values()])
@@ -177,9 +196,20 @@ class DecodeWorkers:
             tickets = np.empty(len(firsts), protocol.TICKET)
             share = next(self._shares) % (1 << 32)
             tickets["row"], tickets["count"], tickets["share"], tickets["spare"] = (
-                firsts, np.minimum(size, start + n - firsts), share, 0)
-            job = Job(start=start, share=share, segment=segment, batch=batch, asks=asks, sequence={},
-                      pending=dict(zip(firsts.tolist(), tickets["count"].tolist())))
+                firsts,
+                np.minimum(size, start + n - firsts),
+                share,
+                0,
+            )
+            job = Job(
+                start=start,
+                share=share,
+                segment=segment,
+                batch=batch,
+                asks=asks,
+                sequence={},
+                pending=dict(zip(firsts.tolist(), tickets["count"].tolist())),
+            )
             self._jobs[start] = job
             self._tickets.update(dict.fromkeys(job.pending, job))
             first = self._relay.send(tickets)
@@ -210,8 +240,17 @@ class DecodeWorkers:
         self._local.last_done, self._local.last_busy = got.last_done, job.busy
         end = int(got.offsets[-1] + got.sizes[-1].prod() * 3) if len(got.kept) else 0
         base, on_done = to_device(job.segment.tensor, end, device, self._staging, job.segment, pin)
-        return Decoded(base, got.offsets, got.sizes, hwc_strides(got.sizes), [], got.failed, on_done=on_done,
-                       regions=got.regions, cut=got.cut)
+        return Decoded(
+            base,
+            got.offsets,
+            got.sizes,
+            hwc_strides(got.sizes),
+            [],
+            got.failed,
+            on_done=on_done,
+            regions=got.regions,
+            cut=got.cut,
+        )
 
     def _ranges(self, batch: Encoded) -> tuple[np.ndarray, np.ndarray]:
         """Where `batch`'s images (views of the store's bytes) start and end in the store."""
@@ -239,7 +278,8 @@ class DecodeWorkers:
 
     def _answered(self, records: np.ndarray) -> None:
         """Done records: their tickets are answered."""
-        self.busy.update(workers_wall=float(records["wall"].sum()), workers_cpu=float(records["cpu"].sum()))
+        wall, cpu = float(records["wall"].sum()), float(records["cpu"].sum())
+        self.busy.update(workers_wall=wall, workers_cpu=cpu)  # type: ignore[call-overload]  # (floats: as above)
         self.decoded += int(records["count"].sum())
         with self._lock:
             answers = zip(records["row"].tolist(), records["share"].tolist(), records["wall"].tolist())
@@ -255,8 +295,10 @@ class DecodeWorkers:
         worker = self._workers[k]
         if worker.dead is None and self._stop.alive:
             left = sum(w.dead is None for w in self._workers) - 1
-            self._say(f"JPEG decode worker {worker.proc.pid} stopped ({why}); {left} of "
-                      f"{len(self._workers)} workers remain, its images are decoded on threads")
+            self._say(
+                f"JPEG decode worker {worker.proc.pid} stopped ({why}); {left} of "
+                f"{len(self._workers)} workers remain, its images are decoded on threads"
+            )
 
     def _recover(self) -> None:
         """Decode on threads the tickets no living worker will answer (`Job.lost`)."""
@@ -276,8 +318,9 @@ class DecodeWorkers:
         """Decode a lost ticket's rows on threads, into the segment, and complete the rows."""
         positions = list(range(first - job.start, first - job.start + count))
         threads = self._fallback()
-        part = threads.collect(threads.submit(job.batch.take(positions), None, job.asks.take(positions)),
-                               torch.device("cpu"), False)
+        part = threads.collect(
+            threads.submit(job.batch.take(positions), None, job.asks.take(positions)), torch.device("cpu"), False
+        )
         job.busy += threads.last_busy
         self.decoded += count
         self._board.answer(job.start, positions, part, job.asks, job.segment, threads.last_done)
@@ -307,4 +350,3 @@ class DecodeWorkers:
             threads.close()
         for segment in self._staging.drain():
             segment.close()
-

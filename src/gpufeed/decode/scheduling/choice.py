@@ -33,8 +33,9 @@ def warn_once(message: str) -> None:
         log.warning(message)
 
 
-def _nvimgcodec(device: torch.device, name: str, cpu_threads: int, room: tuple[int, int, int] | None = None,
-                padding: int = 32 << 20):
+def _nvimgcodec(
+    device: torch.device, name: str, cpu_threads: int, room: tuple[int, int, int] | None = None, padding: int = 32 << 20
+):
     """An nvImageCodec decoder (`hw` engines or `cuda` hybrid), or None with the reason logged once."""
     what = {"hw": "the GPU's hardware JPEG engines", "cuda": "nvImageCodec's CUDA decoder"}[name]
     try:
@@ -43,9 +44,11 @@ def _nvimgcodec(device: torch.device, name: str, cpu_threads: int, room: tuple[i
         return NvImgCodecDecoder(device, name, cpu_threads, room, padding)
     except ImportError:
         warn_once(f"nvImageCodec is not installed ({nvimgcodec_install()}): {what} stay(s) unused")
-    except Exception as e:  # no engines on this GPU, driver too old, a wheel for another CUDA, ...
-        warn_once(f"{what} unavailable ({e}): using the other decoders; `gpufeed doctor` checks the versions "
-                   "of the driver, torch and nvImageCodec and names the fix")
+    except Exception as e:  # noqa: BLE001  no engines on this GPU, driver too old, a wheel for another CUDA, ...
+        warn_once(
+            f"{what} unavailable ({e}): using the other decoders; `gpufeed doctor` checks the versions "
+            "of the driver, torch and nvImageCodec and names the fix"
+        )
     return None
 
 
@@ -68,8 +71,13 @@ def check_decoders(names: tuple[str, ...]) -> None:
         raise ValueError(f"unknown decoders {sorted(unknown)}: choose from {', '.join(KNOWN)}")
 
 
-def gpu_decoders(device: torch.device, use: tuple[str, ...] | None, cpu_threads: int,
-                 room: tuple[int, int, int] | None = None, padding: int = 32 << 20) -> list:
+def gpu_decoders(
+    device: torch.device,
+    use: tuple[str, ...] | None,
+    cpu_threads: int,
+    room: tuple[int, int, int] | None = None,
+    padding: int = 32 << 20,
+) -> list:
     """The GPU decoders of `use` that can be made on `device` (none on a CPU); `use` None: the first of
     `DEFAULT`'s that can be made (the others are never built). `cpu_threads`: nvImageCodec's host threads;
     `room`: (images, width, height) of the batches the engines' decoder makes its buffers for;
@@ -79,8 +87,7 @@ def gpu_decoders(device: torch.device, use: tuple[str, ...] | None, cpu_threads:
     check_decoders(use)
     made = []
     for name in [name for name in KNOWN[:-1] if name in use] if device.type == "cuda" else []:
-        decoder = _nvjpeg(device) if name == "nvjpeg" else _nvimgcodec(device, name, max(2, cpu_threads), room,
-                                                                           padding)
+        decoder = _nvjpeg(device) if name == "nvjpeg" else _nvimgcodec(device, name, max(2, cpu_threads), room, padding)
         if decoder is not None:
             made.append(decoder)
             if first_only:

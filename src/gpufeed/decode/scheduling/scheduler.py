@@ -23,17 +23,17 @@ import threading
 import time
 from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 import torch
 
-from gpufeed.decode.base import Decoded, Encoded, WorkersStopped
-from gpufeed.decode.scheduling.choice import DEFAULT, gpu_decoders, warn_once
-from gpufeed.decode.codecs.cpu import CpuDecoder, roi_available, roi_cost
 from gpufeed.decode.asks import NO_REGION, Asks, crop_regions, reduce_to
+from gpufeed.decode.base import Decoded, Encoded, WorkersStopped
+from gpufeed.decode.codecs.cpu import CpuDecoder, roi_available, roi_cost
+from gpufeed.decode.scheduling.choice import DEFAULT, gpu_decoders, warn_once
 from gpufeed.decode.scheduling.shares import GpuShare, GpuShares, Started
-from gpufeed.decode.scheduling.steering import Pace
-from gpufeed.decode.scheduling.steering import Measured, Steering
+from gpufeed.decode.scheduling.steering import Measured, Pace, Steering
 from gpufeed.decode.tuning import Tuning
 
 
@@ -41,9 +41,16 @@ class Scheduler:
     """Decoders for one pipeline: on a GPU those of `use` that can be made here, and a CPU decoder
     (`cpu`, e.g. `DecodeWorkers`; else `cpu_threads` threads)."""
 
-    def __init__(self, device: torch.device, cpu_threads: int, use: tuple[str, ...] | None = None, cpu=None,
-                 gpu_turn: threading.Lock | None = None, room: tuple[int, int, int] | None = None,
-                 tuning: Tuning = Tuning()):
+    def __init__(
+        self,
+        device: torch.device,
+        cpu_threads: int,
+        use: tuple[str, ...] | None = None,
+        cpu=None,
+        gpu_turn: threading.Lock | None = None,
+        room: tuple[int, int, int] | None = None,
+        tuning: Tuning = Tuning(),
+    ):
         """`use` None: the default, `DEFAULT` (one GPU decoder, the first of it that can be made here, and the CPU).
         `gpu_turn`: a lock shared by pipelines so that their GPU decodes take turns (the CPU shares,
         resizes and Python of one pipeline then overlap another's GPU decode, never two decodes).
@@ -66,7 +73,8 @@ class Scheduler:
         # caller's wait for them in `finish`, "cpu" the CPU part's work after that; each decoder's own
         # time (the GPU decoders' calls, "cpu_threads" until the last CPU image from when the CPU could
         # begin the share, "cpu_submitted_to_done" from when it was handed over)
-        self.seconds: Counter = Counter()
+        # a Counter of seconds, floats (typeshed's Counter counts ints)
+        self.seconds: dict[str, float] = Counter()  # type: ignore[assignment]
         helpers = len(self.gpu) - 1  # every GPU decoder but the last decodes on a helper thread
         self._helper = ThreadPoolExecutor(helpers, thread_name_prefix="gpufeed-gpudecode") if helpers > 0 else None
         self._early: ThreadPoolExecutor | None = None  # decodes started batches' GPU shares (`Tuning.gpu_early`)
@@ -82,13 +90,15 @@ class Scheduler:
         `threads` default: the CPU's ready now)."""
         return self.steering.shares(n, self.cpu.threads if threads is None else threads)
 
-    def run(self, batch: Encoded, shapes: np.ndarray, boxes: np.ndarray, out_hw: tuple[int, int],
-            pin: bool) -> tuple[list[tuple[Decoded, np.ndarray]], dict[int, str]]:
+    def run(
+        self, batch: Encoded, shapes: np.ndarray, boxes: np.ndarray, out_hw: tuple[int, int], pin: bool
+    ) -> tuple[list[tuple[Decoded, np.ndarray]], dict[int, str]]:
         """Decode a batch now: `finish(start(...))`."""
         return self.finish(self.start(batch, shapes, boxes, out_hw), pin)
 
-    def start(self, batch: Encoded, shapes: np.ndarray, boxes: np.ndarray, out_hw: tuple[int, int],
-              pace: Pace | None = None) -> Started:
+    def start(
+        self, batch: Encoded, shapes: np.ndarray, boxes: np.ndarray, out_hw: tuple[int, int], pace: Pace | None = None
+    ) -> Started:
         """Split a batch (`shapes` (N, 2) as the store records them, crop `boxes` (N, 4) x0 y0 x1 y1) and
         hand the CPU its share and (`Tuning.gpu_early`) the helper thread the GPU decoders', which they decode
         while the caller goes on. `pace`: what the caller and its consumer waited for since the last
@@ -110,8 +120,20 @@ class Scheduler:
         if self.gpu and self.tuning.gpu_early and starts[-2] > 0:
             self._early = self._early or ThreadPoolExecutor(1, thread_name_prefix="gpufeed-gpushare")
             gpu_job = self._early.submit(self._decode_gpu, batch, shapes, order, starts)
-        return Started(batch=batch, shapes=shapes, boxes=boxes, out_hw=out_hw, order=order, starts=starts,
-                       regions=regions, cost=cost, cpu_asks=asks, cpu_job=job, submitted=submitted, gpu_job=gpu_job)
+        return Started(
+            batch=batch,
+            shapes=shapes,
+            boxes=boxes,
+            out_hw=out_hw,
+            order=order,
+            starts=starts,
+            regions=regions,
+            cost=cost,
+            cpu_asks=asks,
+            cpu_job=job,
+            submitted=submitted,
+            gpu_job=gpu_job,
+        )
 
     def finish(self, started: Started, pin: bool) -> tuple[list[tuple[Decoded, np.ndarray]], dict[int, str]]:
         """Wait for the GPU decoders' shares of a started batch (decode them now if they were not started)
@@ -136,10 +158,22 @@ class Scheduler:
         self._decoded_whole(started.cpu_asks, cpu_part, len(cpu_pos))
         parts.append((cpu_part, cpu_pos[cpu_part.kept(len(cpu_pos))]))
         failed.update({int(cpu_pos[i]): why for i, why in cpu_part.failed.items()})
-        self._account(Measured(gpu=gpu, gpu_wait=t_cpu - t0, retried=len(retry), cpu_images=len(cpu_pos),
-                               cpu_failed=len(cpu_part.failed), cpu_wait=cpu_wait, cpu_busy=self.cpu.last_busy,
-                               cpu_done=self.cpu.last_done, submitted=started.submitted, failed=len(failed),
-                               cpu_seconds=time.perf_counter() - t_cpu, gpu_images=int(started.starts[-2])))
+        self._account(
+            Measured(
+                gpu=gpu,
+                gpu_wait=t_cpu - t0,
+                retried=len(retry),
+                cpu_images=len(cpu_pos),
+                cpu_failed=len(cpu_part.failed),
+                cpu_wait=cpu_wait,
+                cpu_busy=self.cpu.last_busy,
+                cpu_done=self.cpu.last_done,
+                submitted=started.submitted,
+                failed=len(failed),
+                cpu_seconds=time.perf_counter() - t_cpu,
+                gpu_images=int(started.starts[-2]),
+            )
+        )
         return parts, failed
 
     def _gpu_shares(self, started: Started) -> GpuShares:
@@ -154,8 +188,9 @@ class Scheduler:
         """Images a GPU decoder rejected, decoded by the CPU decoder now: (the part, their positions)."""
         again = np.array(positions)
         asks = self._asks(again, started.shapes, started.boxes, started.out_hw, started.regions, started.cost)
-        extra = self.cpu.collect(self.cpu.submit(started.batch.take(again), started.shapes[again], asks),
-                                 self.device, pin)
+        extra = self.cpu.collect(
+            self.cpu.submit(started.batch.take(again), started.shapes[again], asks), self.device, pin
+        )
         self._decoded_whole(asks, extra, len(again))
         return extra, again
 
@@ -190,11 +225,17 @@ class Scheduler:
     def snapshot(self) -> dict:
         """Images decoded, rates and seconds so far, as plain dicts: what `summed` adds up over pipelines."""
         rates = self.steering.rates | {"cpu": self.steering.rates["cpu"] * max(1, self.cpu.threads)}
-        return {"counts": dict(self.counts), "rates": rates,
-                "seconds": dict(self.seconds)}
+        return {"counts": dict(self.counts), "rates": rates, "seconds": dict(self.seconds)}
 
-    def _asks(self, pos: np.ndarray, shapes: np.ndarray, boxes: np.ndarray, out_hw: tuple[int, int],
-              regions: np.ndarray, cost: np.ndarray) -> Asks:
+    def _asks(
+        self,
+        pos: np.ndarray,
+        shapes: np.ndarray,
+        boxes: np.ndarray,
+        out_hw: tuple[int, int],
+        regions: np.ndarray,
+        cost: np.ndarray,
+    ) -> Asks:
         """What the CPU decodes of the images at `pos` (see `decode_one`): a region alone where that is
         cheaper than the whole image."""
         alone = (cost[pos] < 1) if self.roi else np.zeros(len(pos), bool)
@@ -207,9 +248,11 @@ class Scheduler:
         whole = asked - int(part.alone().sum()) + part.cut
         if whole > 0:
             self.counts["cpu_whole"] += whole
-            warn_once("the CPU decodes whole images where it was to decode crop regions alone (slower): "
-                       "nvImageCodec's CPU decoder refused them (`gpufeed doctor` says why); counted in "
-                       "loader.stats()['decoded_by']['cpu_whole']")
+            warn_once(
+                "the CPU decodes whole images where it was to decode crop regions alone (slower): "
+                "nvImageCodec's CPU decoder refused them (`gpufeed doctor` says why); counted in "
+                "loader.stats()['decoded_by']['cpu_whole']"
+            )
 
     def _decode_gpu(self, batch: Encoded, shapes: np.ndarray, order: np.ndarray, starts: np.ndarray) -> GpuShares:
         """Decode every GPU decoder's share of a batch (at once, taking the pipelines' GPU turn)."""
@@ -223,7 +266,7 @@ class Scheduler:
     def _gpu_decodes(self, batch: Encoded, shapes: np.ndarray, order: np.ndarray, starts: np.ndarray) -> list:
         """Start each GPU decoder on its share: [(decoder, batch positions, (part, seconds) or a future)];
         all but the last decode on helper threads, so they run at once."""
-        jobs = []
+        jobs: list[tuple[Any, np.ndarray, Future | tuple[Decoded, float]]] = []
         for i, dec in enumerate(self.gpu):
             pos = np.sort(order[starts[i] : starts[i + 1]])
             if not len(pos):
@@ -252,6 +295,9 @@ class Scheduler:
 
 def summed(names: list[str], snapshots: list[dict]) -> dict:
     """`loader.stats()`'s decoder entries from the pipelines' `Scheduler.snapshot()`s."""
-    return {"decoders": names, "decoded_by": dict(sum((Counter(s["counts"]) for s in snapshots), Counter())),
-            "decoder_rates": {name: sum(s["rates"].get(name, 0.0) for s in snapshots) for name in names},
-            "decode_seconds": dict(sum((Counter(s["seconds"]) for s in snapshots), Counter()))}
+    return {
+        "decoders": names,
+        "decoded_by": dict(sum((Counter(s["counts"]) for s in snapshots), Counter())),
+        "decoder_rates": {name: sum(s["rates"].get(name, 0.0) for s in snapshots) for name in names},
+        "decode_seconds": dict(sum((Counter(s["seconds"]) for s in snapshots), Counter())),
+    }

@@ -51,5 +51,3 @@ class GpuShares:
 
     shares: list[GpuShare]
     seconds: float
-
-

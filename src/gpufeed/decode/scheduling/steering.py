@@ -9,11 +9,11 @@ falls behind until it runs dry, and steered by them alone the part stayed far be
 CPU had few cores (docs/benchmarks.md, "Steering"). Beside a training loop the CPU's workers, in
 processes of their own, cost the model next to nothing, and the GPU decoders cost it more than a loop
 that waits a little (docs/benchmarks.md, "The workers decode all they can"): so the CPU decodes all
-it can and the GPU decoders what it can't; alone, the part settles where the two finish together. The GPU decoders split theirs by their
-own rates (images/s, exponential averages). The first batches are split so that the CPU and the GPU
-decoders finish together, so they come fast while the workers start. The CPU's rate is per thread
-or worker, and every CPU share holds an image per ready one at least, so a rate measured low
-(workers starting, a stall) is measured again.
+it can and the GPU decoders what it can't; alone, the part settles where the two finish together.
+The GPU decoders split theirs by their own rates (images/s, exponential averages). The first batches
+are split so that the CPU and the GPU decoders finish together, so they come fast while the workers
+start. The CPU's rate is per thread or worker, and every CPU share holds an image per ready one at
+least, so a rate measured low (workers starting, a stall) is measured again.
 """
 
 from __future__ import annotations
@@ -122,7 +122,8 @@ class Steering:
         """The part of a batch of `n` the CPU's `threads` cannot decode, at their measured rate, in the
         training loop's own time per batch (`step`): none under `Tuning.gpu_min`, and no more than the
         part for which the CPU and the GPU decoders finish together."""
-        need = 1.0 - self.tuning.cpu_load * self.rates["cpu"] * threads * self.step / n
+        # (`step` is known: `observe` asks only then)
+        need = 1.0 - self.tuning.cpu_load * self.rates["cpu"] * threads * self.step / n  # type: ignore[operator]
         return 0.0 if need < self.tuning.gpu_min else min(need, self.together(threads))
 
     def observe(self, m: Measured) -> None:
@@ -142,7 +143,9 @@ class Steering:
         and divided, so one short interval does not inflate the rate as an average of ratios would."""
         if images and seconds > 0:
             spent = self._spent.get(name)
-            spent = (images, seconds) if spent is None else (0.7 * spent[0] + 0.3 * images, 0.7 * spent[1] + 0.3 * seconds)
+            spent = (
+                (images, seconds) if spent is None else (0.7 * spent[0] + 0.3 * images, 0.7 * spent[1] + 0.3 * seconds)
+            )
             self._spent[name] = spent
             self.rates[name] = spent[0] / spent[1]
 

@@ -1,0 +1,70 @@
+"""Packing into a bucket: a sharded store packed in a local scratch folder, each shard uploaded as it is
+finished, then the top files, the manifest last (a reader never sees a half store: no manifest, no
+store). An existing store there is replaced only with `overwrite`: its manifest is removed first
+(readers then find no store rather than a mixed one), and its shards past the new ones after."""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from gpufeed.store import format as fmt
+from gpufeed.store.format import StoreError
+
+log = logging.getLogger(__name__)
+DEFAULT_SHARD_SIZE = "256MB"
+
+
+def pack_to_url(source, url: str, *, overwrite: bool, shard_size, storage_options: dict | None, **settings: Any):
+    """`gpufeed.pack` with a URL destination (see its docstring): the same store, sharded, in the bucket."""
+    from gpufeed.packing.packer import pack
+    from gpufeed.store.remote import filesystem, retried, shown
+
+    url = url.rstrip("/")
+    fs, root = filesystem(url, storage_options)
+    root = root.rstrip("/")
+    where = shown(url)
+    if retried(f"{where}/{fmt.MANIFEST}", lambda: fs.exists(f"{root}/{fmt.MANIFEST}")):
+        if not overwrite:
+            raise StoreError(f"{where}: destination exists (a gpufeed store); pass overwrite=True to replace it")
+        retried(f"{where}/{fmt.MANIFEST}", lambda: fs.rm_file(f"{root}/{fmt.MANIFEST}"))
+
+    def upload(name: str, folder: Path) -> None:
+        for path in sorted(folder.iterdir()):
+            retried(f"{where}/{name}/{path.name}", lambda: fs.put_file(str(path), f"{root}/{name}/{path.name}"))  # noqa: B023  retried() calls it at once
+
+    with tempfile.TemporaryDirectory(prefix="gpufeed-pack-") as scratch:
+        local = Path(scratch) / "store"
+        report = pack(source, local, shard_size=shard_size or DEFAULT_SHARD_SIZE, _on_shard=upload, **settings)
+        manifest = fmt.Manifest.read(local)
+        for name in manifest.files:
+            retried(f"{where}/{name}", lambda: fs.put_file(str(local / name), f"{root}/{name}"))  # noqa: B023  retried() calls it at once
+        retried(f"{where}/{fmt.MANIFEST}", lambda: fs.put_file(str(local / fmt.MANIFEST), f"{root}/{fmt.MANIFEST}"))
+    _remove_stale_shards(fs, root, len(manifest.shards), where)
+    report.dest = url  # type: ignore[assignment]  # a URL: the store is in the bucket
+    return report
+
+
+def _remove_stale_shards(fs, root: str, count: int, where: str) -> None:
+    """Shards of a store this one replaced, past its own count (nothing reads them: the manifest names
+    the new ones)."""
+    try:
+        listed = fs.ls(f"{root}/{fmt.SHARDS}", detail=False)
+    except FileNotFoundError:
+        return
+    keep = {fmt.shard_name(k).split("/")[-1] for k in range(count)}
+    for entry in listed:
+        name = str(entry).rstrip("/").rsplit("/", 1)[-1]
+        if name not in keep:
+            try:
+                fs.rm(f"{root}/{fmt.SHARDS}/{name}", recursive=True)
+            except OSError as e:
+                log.warning(
+                    "gpufeed pack: could not remove %s/%s/%s, left from the store it replaced (%s)",
+                    where,
+                    fmt.SHARDS,
+                    name,
+                    type(e).__name__,
+                )

@@ -1,0 +1,437 @@
+"""Sharded stores in a bucket (any fsspec URL: `s3://`, `gs://`, `az://`, `https://`, `file://`), read
+through a bounded local cache.
+
+Opening reads three small files (the manifest, the labels and the jpeg sizes) into the cache folder;
+a shard is downloaded when first needed or ahead of the epoch plan (`ShardCache.follow`), its
+manifest checked against the digest the top manifest recorded and each of its files against the
+digests in its manifest, then kept until the cache needs room. Every rank of a machine may share
+one cache folder: a shard is downloaded once (an exclusive lock per shard while it is fetched), and
+a shard in use by any of them (a shared lock) is not evicted. A restarted job finds its verified
+shards there. Transient errors are retried with backoff; a shard that keeps failing or whose
+digest differs is named in one StoreError; a full cache disk is a StoreError saying so.
+
+URLs are shown without credentials (`shown`), and `storage_options` are never logged.
+
+What runs where: the caller's threads download on demand (`ensure`); one `gpufeed-fetch` pool of a
+few threads downloads ahead of the plan (`follow`), never past `cache_limit`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import logging
+import os
+import re
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from gpufeed.store import format as fmt
+from gpufeed.store.format import Manifest, StoreError
+from gpufeed.store.locations import parse_size, shown
+from gpufeed.store.sharded import ShardedStore, manifest_digest, open_shard
+from gpufeed.store.writer import file_digest
+
+log = logging.getLogger(__name__)
+
+RETRIES = 5  # tries of each download before the shard is named in an error
+BACKOFF = 0.5  # seconds before the second try, doubling
+FETCH_THREADS = 4  # downloads ahead of the plan at once, per process
+WAIT_FOR_ROOM = 120.0  # seconds a download waits for the machine's ranks to let go of shards in a full cache
+VERIFIED = ".verified"  # in a shard's cache folder: its digest, written once every file checked
+
+
+def default_cache_dir(url: str) -> Path:
+    home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpufeed" / "stores"
+    return home / hashlib.sha1(shown(url).encode()).hexdigest()[:16]
+
+
+def filesystem(url: str, storage_options: dict | None):
+    """(fsspec filesystem, path in it) for `url`."""
+    try:
+        import fsspec
+    except ImportError:
+        raise ImportError(
+            "stores in a bucket need fsspec (pip install fsspec, and s3fs, gcsfs or adlfs for S3, GCS or Azure)"
+        ) from None
+    if re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*://[^/@]*@", url):
+        raise ValueError(
+            f"{shown(url)}: credentials in a URL are not used (nor shown): give them in "
+            "storage_options, or as the filesystem reads them (environment, config files)"
+        )
+    try:
+        return fsspec.core.url_to_fs(url, **(storage_options or {}))
+    except (ImportError, ValueError) as e:
+        raise ImportError(f"{shown(url)}: no fsspec filesystem for it ({e}; e.g. pip install s3fs for s3://)") from None
+
+
+def retried(what: str, call: Callable[[], Any], retries: int = RETRIES) -> Any:
+    """`call()`, tried again after a transient error (with backoff); the last error is raised as a
+    StoreError naming `what`. A missing object is not transient."""
+    error: Exception
+    for attempt in range(retries):
+        try:
+            return call()
+        except FileNotFoundError:
+            raise StoreError(f"{what}: not found") from None
+        except StoreError:
+            raise
+        except OSError as e:
+            if e.errno == errno.ENOSPC:
+                raise StoreError(
+                    f"{what}: the cache disk is full ({e.strerror}): free space or set a smaller cache_limit"
+                ) from None
+            error = e
+        except Exception as e:  # noqa: BLE001 - a filesystem library's own errors (botocore, aiohttp, ...)
+            error = e
+        if attempt + 1 < retries:
+            time.sleep(BACKOFF * 2**attempt)
+    raise StoreError(f"{what}: failed {retries} times, last: {type(error).__name__}: {_scrubbed(error)}") from None
+
+
+def _scrubbed(error: BaseException) -> str:
+    """An error's message without URL credentials."""
+    return re.sub(r"([a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s]*@", r"\1", str(error))[:300]
+
+
+class ShardCache:
+    """A local folder holding some of a remote sharded store's shards, at most `limit` bytes of them."""
+
+    def __init__(self, fs, root: str, manifest: Manifest, folder: Path, limit: int | None, url: str):
+        self.fs, self.root, self.manifest, self.folder, self.limit, self.url = fs, root, manifest, folder, limit, url
+        (folder / fmt.SHARDS).mkdir(parents=True, exist_ok=True)
+        (folder / "locks").mkdir(exist_ok=True)
+        (folder / "reserved").mkdir(exist_ok=True)
+        self._lock = threading.Lock()
+        self._in_use: dict[int, tuple[int, int]] = {}  # shard -> (our uses, fd holding its shared lock)
+        self._pool: ThreadPoolExecutor | None = None
+        self._ahead: dict[int, Future] = {}
+        self.downloaded = 0  # bytes this process downloaded
+        self.fetched = 0  # shards this process downloaded
+        biggest = max((s["bytes"] for s in manifest.shards), default=0)
+        if limit is not None and limit < biggest:
+            raise StoreError(
+                f"{shown(url)}: cache_limit {limit} bytes is smaller than its largest shard ({biggest} bytes): raise it"
+            )
+
+    def path(self, k: int) -> Path:
+        return self.folder / self.manifest.shards[k]["name"]
+
+    def present(self, k: int) -> bool:
+        marker = self.path(k) / VERIFIED
+        try:
+            return marker.read_text() == self.manifest.shards[k]["digest"]
+        except OSError:
+            return False
+
+    def ensure(self, k: int) -> Path:
+        """Shard `k` in the cache, verified (downloaded now if it is not), and marked recently used."""
+        path = self._ensure(k, wait=True)
+        assert path is not None  # waiting, it is there or an error says why
+        return path
+
+    def _ensure(self, k: int, wait: bool) -> Path | None:
+        """`ensure`; without `wait`, None where the cache has no room for it now (nothing is evicted that
+        a rank holds)."""
+        if self.present(k):
+            os.utime(self.path(k) / VERIFIED)
+            return self.path(k)
+        with self._exclusive(k):  # one process of the machine downloads it; the others wait, then find it
+            if not self.present(k):
+                reservation = self._make_room(self.manifest.shards[k]["bytes"], k, wait)
+                if reservation is None:
+                    return None
+                try:
+                    self._download(k)
+                finally:
+                    reservation.unlink(missing_ok=True)
+        return self.path(k)
+
+    def use(self, k: int) -> Path:
+        """Shard `k` in the cache and held there (`hold`) until `release(k)`: downloaded first if needed
+        (and again, should another process have evicted it between the download and the hold)."""
+        while True:
+            path = self.ensure(k)
+            self.hold(k)
+            if self.present(k):
+                return path
+            self.release(k)
+
+    def hold(self, k: int) -> None:
+        """Keep shard `k` from eviction (by any process) until `release(k)`: its images are being read.
+        Take it with `use` (a hold blocks this process's own download of the shard)."""
+        with self._lock:
+            uses, fd = self._in_use.get(k, (0, -1))
+            if fd < 0:
+                fd = os.open(self._lock_path(k), os.O_RDWR | os.O_CREAT, 0o644)
+                fcntl.flock(fd, fcntl.LOCK_SH)
+            self._in_use[k] = (uses + 1, fd)
+
+    def release(self, k: int) -> None:
+        with self._lock:
+            uses, fd = self._in_use.get(k, (0, -1))
+            if uses <= 1:
+                self._in_use.pop(k, None)
+                if fd >= 0:
+                    os.close(fd)
+            else:
+                self._in_use[k] = (uses - 1, fd)
+
+    def follow(self, shards: Sequence[int]) -> None:
+        """Download `shards` (in the order a rank will read them) ahead, on the fetch pool, as far as the
+        cache's limit allows beside the shards in use; anything asked before is no longer wanted."""
+        with self._lock:
+            self._pool = self._pool or ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="gpufeed-fetch")
+            self._wanted = list(dict.fromkeys(shards))
+            self._ahead = {k: f for k, f in self._ahead.items() if not f.done()}
+        self._top_up()
+
+    def _top_up(self) -> None:
+        """Start downloads of the next wanted shards that fit (the next one always: it is needed soon)."""
+        with self._lock:
+            budget = self.limit if self.limit is not None else float("inf")
+            planned = 0
+            for rank, k in enumerate(getattr(self, "_wanted", [])):
+                size = self.manifest.shards[k]["bytes"]
+                if rank and planned + size > budget / 2:  # half the cache ahead: the other half is being read
+                    break
+                planned += size
+                if k not in self._ahead and not self.present(k):
+                    self._ahead[k] = self._pool.submit(self._fetch_ahead, k)  # type: ignore[union-attr]  # (follow made it)
+
+    def _fetch_ahead(self, k: int) -> None:
+        try:
+            self._ensure(k, wait=False)
+        except StoreError as e:  # said when the shard is needed (ensure raises there)
+            log.debug("gpufeed: fetching %s ahead failed: %s", self.manifest.shards[k]["name"], e)
+        self._top_up()
+
+    def moved_on(self, k: int) -> None:
+        """The rank has begun shard `k` of what it follows: what came before is no longer wanted ahead."""
+        with self._lock:
+            wanted = getattr(self, "_wanted", [])
+            if k in wanted:
+                self._wanted = wanted[wanted.index(k) :]
+        self._top_up()
+
+    def used(self) -> int:
+        """Bytes of verified shards in the cache folder (every process's)."""
+        return sum(self.manifest.shards[k]["bytes"] for k in range(len(self.manifest.shards)) if self.present(k))
+
+    def _make_room(self, size: int, k: int, wait: bool) -> Path | None:
+        """Reserve `size` bytes for shard `k`'s download, evicting least recently used shards that no
+        process holds until they fit beside the shards present and the downloads reserved (by every
+        process of the machine: under one lock, each reservation a file naming its process); the
+        reservation file, which the caller removes once the shard is in place. Without `wait`, None
+        where nothing can be evicted now."""
+        if self.limit is None:
+            return self.folder / "locks" / "unlimited"  # nothing to reserve; unlinking it is harmless
+        deadline = time.monotonic() + WAIT_FOR_ROOM
+        while True:
+            with self._exclusive_path(self.folder / "locks" / "space.lock"):
+                present = [j for j in range(len(self.manifest.shards)) if j != k and self.present(j)]
+                reserved = self._reserved()
+                used = sum(self.manifest.shards[j]["bytes"] for j in present) + sum(reserved.values())
+                present.sort(key=lambda j: (self.path(j) / VERIFIED).stat().st_mtime)
+                for j in present:
+                    if used + size <= self.limit:
+                        break
+                    if self._evict(j):
+                        used -= self.manifest.shards[j]["bytes"]
+                if used + size <= self.limit:
+                    reservation = self.folder / "reserved" / f"{k:05d}.{os.getpid()}.{threading.get_ident()}"
+                    reservation.write_text(str(size))
+                    return reservation
+                with self._lock:
+                    ours = not reserved and all(j in self._in_use for j in present)  # nobody else will let go
+            if not wait:
+                return None
+            if ours or time.monotonic() > deadline:
+                raise StoreError(
+                    f"{shown(self.url)}: cache_limit {self.limit} bytes holds only the shards in use "
+                    f"({used} bytes) and not the next ({size}); raise it"
+                )
+            time.sleep(0.05)
+
+    def _reserved(self) -> dict[Path, int]:
+        """The downloads under way on this machine (reservations of living processes), and their sizes."""
+        out = {}
+        for path in (self.folder / "reserved").iterdir():
+            try:
+                pid = int(path.name.split(".")[1])
+                os.kill(pid, 0)
+                out[path] = int(path.read_text() or 0)
+            except (ValueError, IndexError, OSError):  # a process that died mid-download: its room is free
+                path.unlink(missing_ok=True)
+        return out
+
+    def _evict(self, k: int) -> bool:
+        """Remove shard `k` from the cache unless a process holds it; whether it was removed."""
+        with self._lock:
+            if k in self._in_use:
+                return False
+        fd = os.open(self._lock_path(k), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        try:
+            (self.path(k) / VERIFIED).unlink(missing_ok=True)  # not present from here on
+            shutil.rmtree(self.path(k), ignore_errors=True)
+            return True
+        finally:
+            os.close(fd)
+
+    def _lock_path(self, k: int) -> Path:
+        return self.folder / "locks" / f"{k:05d}.lock"
+
+    def _exclusive(self, k: int) -> contextlib.AbstractContextManager[None]:
+        return self._exclusive_path(self._lock_path(k))
+
+    @staticmethod
+    @contextlib.contextmanager
+    def _exclusive_path(path: Path) -> Iterator[None]:
+        """An exclusive lock on `path` (any process of the machine) while the block runs."""
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+    def _download(self, k: int) -> None:
+        """Shard `k` into a temporary folder beside its place, every file checked, then moved into place."""
+        entry = self.manifest.shards[k]
+        remote = f"{self.root}/{entry['name']}"
+        what = f"{shown(self.url)}/{entry['name']}"
+        final = self.path(k)
+        temp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
+        try:
+            retried(
+                what + "/" + fmt.MANIFEST,
+                lambda: self._get(f"{remote}/{fmt.MANIFEST}", temp / fmt.MANIFEST, entry["digest"], sha256=True),
+            )
+            shard = Manifest.read(temp)
+            for name, meta in shard.files.items():
+                retried(f"{what}/{name}", lambda: self._get(f"{remote}/{name}", temp / name, meta, sha256=False))  # noqa: B023  retried() calls it at once
+            shutil.rmtree(final, ignore_errors=True)
+            os.replace(temp, final)
+            (final / VERIFIED).write_text(entry["digest"])
+            self.downloaded += entry["bytes"]
+            self.fetched += 1
+        finally:
+            shutil.rmtree(temp, ignore_errors=True)
+
+    def _get(self, remote: str, local: Path, expected: Any, sha256: bool) -> None:
+        """Download one file and check it: `expected` is its SHA-256 hex (`sha256`) or its manifest entry."""
+        with self.fs.open(remote, "rb") as src, open(local, "wb") as dst:
+            shutil.copyfileobj(src, dst, 8 << 20)
+        if sha256:
+            ok = manifest_digest(local) == expected
+        else:
+            ok = file_digest(local) == {"bytes": expected["bytes"], "digest": expected["digest"]}
+        if not ok:
+            shard_file = "/".join(remote.rsplit("/", 3)[-3:])  # shards/NNNNN/FILE
+            raise StoreError(
+                f"{shown(self.url)}/{shard_file}: not what the store's manifest recorded (its digest differs: "
+                "damaged in the bucket or in transfer); it is not used"
+            )
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+        with self._lock:
+            for _, fd in self._in_use.values():
+                os.close(fd)
+            self._in_use.clear()
+
+
+class RemoteStore(ShardedStore):
+    """A sharded store at an fsspec URL, read through a `ShardCache` in `cache_dir` (default under
+    ~/.cache/gpufeed/stores) of at most `cache_limit` bytes (an int or "200GB"; None: no limit)."""
+
+    def __init__(
+        self,
+        url: str,
+        cache_dir: str | Path | None = None,
+        cache_limit: int | str | None = None,
+        storage_options: dict | None = None,
+    ):
+        self.url = url.rstrip("/")
+        self.fs, root = filesystem(self.url, storage_options)
+        root = root.rstrip("/")
+        folder = Path(cache_dir) if cache_dir is not None else default_cache_dir(self.url)
+        folder.mkdir(parents=True, exist_ok=True)
+        head = folder / "top"
+        head.mkdir(exist_ok=True)
+        where = shown(self.url)
+        raw = retried(f"{where}/{fmt.MANIFEST}", lambda: self.fs.cat_file(f"{root}/{fmt.MANIFEST}"))
+        _atomic_write(head / fmt.MANIFEST, raw)
+        try:
+            manifest = Manifest.read(head)
+        except StoreError as e:
+            raise StoreError(str(e).replace(str(head), where)) from None
+        if manifest.version < fmt.SHARDED_SINCE:
+            raise StoreError(
+                f"{where}: a store in a bucket must be sharded (pack it with shard_size=..., e.g. "
+                '"256MB"): its shards are what the cache downloads'
+            )
+        for name, meta in manifest.files.items():
+            local = head / name
+            if not (local.exists() and file_digest(local) == {"bytes": meta["bytes"], "digest": meta["digest"]}):
+                retried(f"{where}/{name}", lambda: _fetch_checked(self.fs, f"{root}/{name}", local, meta, where))  # noqa: B023  retried() calls it at once
+        super().__init__(head, manifest)
+        self.path = Where(where)  # type: ignore[assignment]  # what messages name: the URL (without credentials), not the cache
+        self._head = head
+        self.cache = ShardCache(self.fs, root, manifest, folder, parse_size(cache_limit, "cache_limit"), self.url)
+
+    def shard_path(self, k: int) -> Path:
+        return self.cache.path(k)
+
+    def shard(self, k: int):
+        """Shard `k`, downloaded into the cache first if it is not there."""
+        if k not in self._shards or not self.cache.present(k):
+            self._shards[k] = open_shard(self.cache.ensure(k), self.manifest, k)
+        return self._shards[k]
+
+    def close(self) -> None:
+        self.cache.close()
+
+    def __repr__(self) -> str:
+        return f"RemoteStore({self.url_shown!r}, mode={self.mode!r}, count={len(self)}, shards={len(self.starts) - 1})"
+
+    @property
+    def url_shown(self) -> str:
+        return shown(self.url)
+
+
+def _fetch_checked(fs, remote: str, local: Path, meta: dict, where: str) -> None:
+    temp = local.with_name(local.name + ".part")
+    with fs.open(remote, "rb") as src, open(temp, "wb") as dst:
+        shutil.copyfileobj(src, dst, 8 << 20)
+    if file_digest(temp) != {"bytes": meta["bytes"], "digest": meta["digest"]}:
+        temp.unlink(missing_ok=True)
+        raise StoreError(f"{where}/{local.name}: not what the store's manifest recorded (its digest differs)")
+    os.replace(temp, local)
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    temp = path.with_name(path.name + ".part")
+    temp.write_bytes(data)
+    os.replace(temp, path)
+
+
+class Where(str):
+    """A remote store's name in messages (its URL without credentials), joined with `/` as a path is."""
+
+    def __truediv__(self, other: object) -> Where:
+        return Where(f"{self}/{other}")

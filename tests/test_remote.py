@@ -1,0 +1,245 @@
+"""Stores in a bucket, against a real S3 API server on 127.0.0.1 (moto's server mode, started here),
+talked to over HTTP through fsspec and s3fs: pack into it, load through a bounded cache, every sample
+once per epoch on any number of ranks, damaged shards and flaky servers, resume at another world size."""
+
+from __future__ import annotations
+
+import http.server
+import logging
+import shutil
+import socketserver
+import threading
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import gpufeed
+from conftest import save, smooth
+from gpufeed.augment import Normalize, RandomResizedCrop
+from gpufeed.store import StoreError
+
+pytest.importorskip("s3fs")
+moto_server = pytest.importorskip("moto.server")
+
+KEY, SECRET = "AKIAGPUFEEDTEST", "supersecret-do-not-log"
+OPS = [RandomResizedCrop(24), Normalize()]
+
+
+@pytest.fixture(scope="module")
+def server():
+    patch = pytest.MonkeyPatch()
+    patch.setenv("AWS_DEFAULT_REGION", "us-east-1")  # the server's region: a bucket is made without a location
+    s = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    s.start()
+    host, port = s.get_host_and_port()
+    yield f"http://{host}:{port}"
+    s.stop()
+    patch.undo()
+
+
+def _options(endpoint: str) -> dict:
+    return {"client_kwargs": {"endpoint_url": endpoint}, "key": KEY, "secret": SECRET}
+
+
+@pytest.fixture(scope="module")
+def bucket(server, tmp_path_factory):
+    """A bucket holding a sharded jpeg store of 40 images (5 shards), and the same store packed locally."""
+    import s3fs
+
+    root = tmp_path_factory.mktemp("remote")
+    for i in range(40):
+        save(root / "src" / f"c{i % 3}" / f"{i:03d}.jpg", smooth(i, 30 + i % 7, 40), quality=90)
+    fs = s3fs.S3FileSystem(**_options(server))
+    fs.mkdir("bucket")
+    gpufeed.pack(root / "src", "s3://bucket/train", mode="jpeg", workers=1, progress=False, shard_size="3KB",
+                 storage_options=_options(server))
+    gpufeed.pack(root / "src", root / "flat", mode="jpeg", workers=1, progress=False)
+    return {"fs": fs, "options": _options(server), "flat": root / "flat", "src": root / "src", "root": root}
+
+
+def _loader(bucket, tmp_path, **kw):
+    kw = {"batch_size": 4, "device": "cpu", "augment": OPS, "seed": 1, "num_workers": 1,
+          "cache_dir": tmp_path / "cache", "storage_options": bucket["options"], **kw}
+    return gpufeed.Loader("s3://bucket/train", **kw)
+
+
+def test_a_store_packed_into_a_bucket_loads_the_batches_of_the_same_store_on_disk(bucket, tmp_path):
+    shards = bucket["fs"].ls("bucket/train/shards")
+    assert len(shards) >= 4 and bucket["fs"].exists("bucket/train/manifest.json")
+    remote = _loader(bucket, tmp_path)
+    local = gpufeed.Loader(bucket["flat"], batch_size=4, device="cpu", augment=OPS, seed=1, num_workers=1)
+    got = [(x, y) for x, y in remote]
+    want = [(x, y) for x, y in local]
+    assert len(got) == len(want) == 10
+    assert all(torch.equal(a, c) and torch.equal(b, d) for (a, b), (c, d) in zip(got, want, strict=True))
+    store = gpufeed.open("s3://bucket/train", cache_dir=tmp_path / "cache", storage_options=bucket["options"])
+    assert len(store) == 40 and store.source(3) == gpufeed.open(bucket["flat"]).source(3)
+    # a restarted job finds the verified shards in its cache: nothing is downloaded again
+    again = _loader(bucket, tmp_path)
+    assert len(list(again)) == 10 and again.store.cache.fetched == 0
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_every_sample_once_an_epoch_through_a_small_cache_on_any_number_of_ranks(bucket, tmp_path, world):
+    """Each rank's cache holds nine of the store's shards: the order goes window by window, shards are
+    evicted and fetched again, the cache stays under its limit, and every sample comes once an epoch."""
+    manifest = gpufeed.open("s3://bucket/train", cache_dir=tmp_path / "peek", storage_options=bucket["options"]).manifest
+    shards, biggest = len(manifest.shards), max(s["bytes"] for s in manifest.shards)
+    assert shards >= 10
+    limit = 9 * biggest
+    loaders = [_loader(bucket, tmp_path, rank=r, world_size=world, drop_last=False, pad=False, cache_limit=limit,
+                       cache_dir=tmp_path / f"cache{r}") for r in range(world)]
+    assert loaders[0].batch_sampler.shards.window == 2
+    for epoch in range(2):
+        seen = []
+        for loader in loaders:
+            for number, _ in enumerate(loader):
+                seen += loader.plan(epoch, number)[0].tolist()
+                assert loader.store.cache.used() <= limit
+        assert sorted(seen) == list(range(40)), epoch
+    if world == 1:
+        assert loaders[0].store.cache.fetched > shards  # evicted in the first epoch, fetched again in the second
+
+
+def test_ranks_sharing_a_cache_folder_download_each_shard_once(bucket, tmp_path, monkeypatch):
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    loaders = [_loader(bucket, tmp_path, rank=r, world_size=2, drop_last=False, pad=False) for r in range(2)]
+    iterators = [iter(x) for x in loaders]
+    for batches in zip(*iterators):  # the ranks take turns, as ranks running at once would
+        pass
+    shards = len(loaders[0].store.manifest.shards)
+    assert sum(x.store.cache.fetched for x in loaders) == shards
+
+
+def test_a_job_resumed_at_another_world_size_reads_exactly_the_rest_from_the_bucket(bucket, tmp_path):
+    first = [_loader(bucket, tmp_path, rank=r, world_size=2, drop_last=False, pad=False) for r in range(2)]
+    seen = []
+    for loader in first:
+        it = iter(loader)
+        for number in range(2):
+            next(it)
+            seen += loader.plan(0, number)[0].tolist()
+    state = first[0].state_dict()
+    assert state == first[1].state_dict()
+    rest = []
+    for r in range(3):
+        loader = _loader(bucket, tmp_path, rank=r, world_size=3, drop_last=False, pad=False)
+        loader.load_state_dict(state)
+        for number, _ in enumerate(loader):
+            rest += loader.plan(0, number)[0].tolist()
+    assert sorted(seen + rest) == list(range(40))
+
+
+def test_a_shard_damaged_in_the_bucket_is_named_and_never_used(bucket, tmp_path):
+    fs = bucket["fs"]
+    fs.copy("bucket/train", "bucket/damaged", recursive=True)
+    name = "bucket/damaged/shards/00002/data.bin"
+    data = bytearray(fs.cat_file(name))
+    data[len(data) // 2] ^= 0xFF
+    fs.pipe_file(name, bytes(data))
+    loader = gpufeed.Loader("s3://bucket/damaged", batch_size=4, device="cpu", augment=OPS, shuffle=False,
+                            num_workers=1, cache_dir=tmp_path / "cache", storage_options=bucket["options"])
+    with pytest.raises(StoreError, match=r"s3://bucket/damaged/shards/00002.*digest differs"):
+        list(loader)
+    assert not (tmp_path / "cache" / "shards" / "00002").exists()  # nothing unverified is kept
+
+
+class _Flaky(http.server.BaseHTTPRequestHandler):
+    """A proxy in front of the S3 server that answers every third request for a shard's file with a 503."""
+
+    upstream = ""
+    count = 0
+    failed = 0
+
+    def _forward(self):
+        type(self).count += 1
+        if "/shards/" in self.path and type(self).count % 3 == 0:
+            type(self).failed += 1
+            self.send_response(503)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0)) or None
+        request = urllib.request.Request(self.upstream + self.path, data=body, method=self.command,
+                                         headers={k: v for k, v in self.headers.items() if k.lower() != "host"})
+        try:
+            with urllib.request.urlopen(request) as answer:
+                status, headers, payload = answer.status, answer.getheaders(), answer.read()
+        except urllib.error.HTTPError as e:
+            status, headers, payload = e.code, e.headers.items(), e.read()
+        self.send_response(status)
+        for k, v in headers:
+            if k.lower() not in ("transfer-encoding", "connection", "content-length"):
+                self.send_header(k, v)
+        length = dict((k.lower(), v) for k, v in headers).get("content-length", "0")
+        self.send_header("Content-Length", length if self.command == "HEAD" else str(len(payload)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(payload)
+
+
+    do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _forward
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_server_that_fails_requests_now_and_then_is_survived(bucket, server, tmp_path):
+    _Flaky.upstream, _Flaky.count, _Flaky.failed = server, 0, 0
+    proxy = socketserver.ThreadingTCPServer(("127.0.0.1", 0), _Flaky)
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    try:
+        options = _options(f"http://127.0.0.1:{proxy.server_address[1]}")
+        options["config_kwargs"] = {"retries": {"max_attempts": 1}}  # the client gives up: gpufeed's retries decide
+        loader = gpufeed.Loader("s3://bucket/train", batch_size=4, device="cpu", augment=OPS, seed=1, num_workers=1,
+                                cache_dir=tmp_path / "cache", storage_options=options)
+        assert len(list(loader)) == 10 and _Flaky.failed > 0
+    finally:
+        proxy.shutdown()
+
+
+def test_credentials_never_appear_in_errors_or_logs(bucket, tmp_path, caplog):
+    with pytest.raises(ValueError) as error:  # in a URL they are refused, and not repeated
+        gpufeed.Loader(f"s3://{KEY}:{SECRET}@bucket/train", batch_size=4, device="cpu", augment=OPS,
+                       cache_dir=tmp_path / "c")
+    assert SECRET not in str(error.value) and "s3://bucket/train" in str(error.value)
+    with caplog.at_level(logging.DEBUG, logger="gpufeed"), pytest.raises(StoreError) as error:
+        gpufeed.Loader("s3://bucket/missing?X-Amz-Signature=abc", batch_size=4, device="cpu", augment=OPS,
+                       cache_dir=tmp_path / "c", storage_options=bucket["options"])
+    assert "bucket/missing" in str(error.value) and "abc" not in str(error.value)
+    assert SECRET not in str(error.value) and KEY not in str(error.value) and SECRET not in caplog.text
+
+
+def test_packing_over_a_store_in_a_bucket_needs_overwrite_and_leaves_no_stale_shard(bucket, tmp_path):
+    options = bucket["options"]
+    gpufeed.pack(bucket["src"], "s3://bucket/again", mode="jpeg", workers=1, progress=False, shard_size="3KB",
+                 storage_options=options)
+    many = len(bucket["fs"].ls("bucket/again/shards"))
+    with pytest.raises(StoreError, match="destination exists"):
+        gpufeed.pack(bucket["src"], "s3://bucket/again", mode="jpeg", workers=1, progress=False,
+                     storage_options=options)
+    gpufeed.pack(bucket["src"], "s3://bucket/again", mode="jpeg", workers=1, progress=False, shard_size="40KB",
+                 storage_options=options, overwrite=True)
+    assert len(bucket["fs"].ls("bucket/again/shards")) < many
+    store = gpufeed.open("s3://bucket/again", cache_dir=tmp_path / "c", storage_options=options)
+    assert len(store) == 40 and np.array_equal(store.labels.numpy(), gpufeed.open(bucket["flat"]).labels.numpy())
+
+
+def test_a_sharded_store_on_disk_loads_the_batches_of_the_unsharded_one(bucket, tmp_path):
+    for mode in ("jpeg", "raw"):
+        flat = gpufeed.pack(bucket["src"], tmp_path / f"{mode}-flat", mode=mode, size=32, workers=1, progress=False)
+        gpufeed.pack(bucket["src"], tmp_path / f"{mode}-sharded", mode=mode, size=32, workers=1, progress=False,
+                     shard_size="10KB")
+        sharded = gpufeed.open(tmp_path / f"{mode}-sharded")
+        assert len(sharded.manifest.shards) > 2 and len(sharded) == flat.count
+        assert gpufeed.verify(tmp_path / f"{mode}-sharded").ok
+        a = [x for x, _ in gpufeed.Loader(tmp_path / f"{mode}-flat", batch_size=8, device="cpu", augment=OPS,
+                                          num_workers=1)]
+        b = [x for x, _ in gpufeed.Loader(sharded, batch_size=8, device="cpu", augment=OPS, num_workers=1)]
+        assert len(a) == len(b) == 5 and all(torch.equal(x, y) for x, y in zip(a, b, strict=True)), mode
+    shutil.rmtree(tmp_path / "jpeg-sharded" / "shards" / "00001")
+    result = gpufeed.verify(tmp_path / "jpeg-sharded")
+    assert not result.ok and "shards/00001/manifest.json" in result.damaged
