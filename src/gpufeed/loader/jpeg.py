@@ -147,7 +147,7 @@ def jpeg_pipelines(images: ByteSource, output: Output, decoding: Decoding, count
                 e,
             )
     count = tuning.pipelines if output.cuda else 1
-    threads = max(1, workers // count)  # each pipeline's decode threads, where there are no workers
+    threads = decoding.cpu_threads if output.cuda else max(1, workers)  # one pipeline on a CPU device
     turn = threading.Lock() if count > 1 and tuning.turns else None
     jpeg = JpegPipelines(
         [JpegBatcher(images, output, decoding, counters, threads, pool, turn) for _ in range(count)], pool

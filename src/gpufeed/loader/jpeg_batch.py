@@ -77,7 +77,9 @@ class JpegBatcher:
         device = output.device
         self._shapes = images.shapes.astype(np.int64)
         room = decoder_room(self._shapes, decoding.batch_size, tuning.prealloc) if output.cuda else None
-        self.scheduler = Scheduler(device, threads, decoding.decoders, cpu, gpu_turn, room, tuning)
+        self.scheduler = Scheduler(
+            device, threads, decoding.decoders, cpu, gpu_turn, room, tuning, decoding.host_threads
+        )
         self.fused = output.cuda and fused_kernels() is not None
         for dec in self.scheduler.gpu:  # the resize kernel converts the engines' YCbCr planes itself
             if dec.name == "hw":

@@ -30,13 +30,26 @@ class Output:
 class Decoding:
     """How a jpeg store's batches are decoded: the decoders (None: the default), the CPU decode
     worker processes (0: threads of this process instead), what an undecodable sample becomes
-    (`on_error`), the batch size the GPU decoders make room for, and the measured settings."""
+    (`on_error`), the batch size the GPU decoders make room for, and the measured settings.
+
+    The one user number `num_workers` sizes three things, each named here once: `workers` (the
+    processes), `cpu_threads` (each pipeline's CPU decode threads where there are no processes, or for
+    what they can't take: the same cores, split among the pipelines) and `host_threads` (nvImageCodec's
+    host threads for its GPU decoders' parsing, at least two)."""
 
     decoders: tuple[str, ...] | None
     workers: int
     on_error: str
     batch_size: int
     tuning: Tuning
+
+    @property
+    def cpu_threads(self) -> int:
+        return max(1, self.workers // self.tuning.pipelines)
+
+    @property
+    def host_threads(self) -> int:
+        return max(2, self.cpu_threads)
 
 
 def resolve_device(device: str | torch.device) -> torch.device:

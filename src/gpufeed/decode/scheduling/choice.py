@@ -74,12 +74,12 @@ def check_decoders(names: tuple[str, ...]) -> None:
 def gpu_decoders(
     device: torch.device,
     use: tuple[str, ...] | None,
-    cpu_threads: int,
+    host_threads: int,
     room: tuple[int, int, int] | None = None,
     padding: int = 32 << 20,
 ) -> list:
     """The GPU decoders of `use` that can be made on `device` (none on a CPU); `use` None: the first of
-    `DEFAULT`'s that can be made (the others are never built). `cpu_threads`: nvImageCodec's host threads;
+    `DEFAULT`'s that can be made (the others are never built). `host_threads`: nvImageCodec's host threads;
     `room`: (images, width, height) of the batches the engines' decoder makes its buffers for;
     `padding`: what nvJPEG rounds its allocations up to, in bytes."""
     first_only = use is None
@@ -87,7 +87,7 @@ def gpu_decoders(
     check_decoders(use)
     made = []
     for name in [name for name in KNOWN[:-1] if name in use] if device.type == "cuda" else []:
-        decoder = _nvjpeg(device) if name == "nvjpeg" else _nvimgcodec(device, name, max(2, cpu_threads), room, padding)
+        decoder = _nvjpeg(device) if name == "nvjpeg" else _nvimgcodec(device, name, host_threads, room, padding)
         if decoder is not None:
             made.append(decoder)
             if first_only:

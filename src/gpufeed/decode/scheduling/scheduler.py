@@ -50,8 +50,11 @@ class Scheduler:
         gpu_turn: threading.Lock | None = None,
         room: tuple[int, int, int] | None = None,
         tuning: Tuning = Tuning(),
+        host_threads: int | None = None,
     ):
-        """`use` None: the default, `DEFAULT` (one GPU decoder, the first of it that can be made here, and the CPU).
+        """`cpu_threads`: the CPU decoder's threads where `cpu` is None (and for what it can't take);
+        `host_threads`: nvImageCodec's host threads (default: `cpu_threads`, at least two).
+        `use` None: the default, `DEFAULT` (one GPU decoder, the first of it that can be made here, and the CPU).
         `gpu_turn`: a lock shared by pipelines so that their GPU decodes take turns (the CPU shares,
         resizes and Python of one pipeline then overlap another's GPU decode, never two decodes).
         `room`: (images, width, height) of the batches the GPU decoders make their buffers for.
@@ -62,7 +65,7 @@ class Scheduler:
         # always there, the fallback for what GPU decoders reject: `cpu` (worker processes) or threads
         self.cpu = cpu or CpuDecoder(cpu_threads)
         self._own_cpu = cpu is None
-        self.gpu = gpu_decoders(device, use, cpu_threads, room, tuning.nv_padding_mb << 20)
+        self.gpu = gpu_decoders(device, use, host_threads or max(2, cpu_threads), room, tuning.nv_padding_mb << 20)
         # else the CPU decodes only what GPU decoders reject
         cpu_share = "cpu" in (DEFAULT if use is None else use) or not self.gpu
         self.steering = Steering([d.name for d in self.gpu], cpu_share, tuning)
