@@ -94,6 +94,10 @@ class Decoded:
     # (or None for every image): the whole image, maybe DCT-reduced
     regions: np.ndarray | None = None
     cut: int = 0  # images decoded whole, then cut to the region asked (the region alone was refused)
+    # a CPU decoder's: the seconds its threads or workers spent decoding these images, summed (its own
+    # rate's measure, not what else it decoded meanwhile), and when the last of them finished
+    busy: float = 0.0
+    done_at: float = 0.0
 
     def kept(self, count: int) -> np.ndarray:
         """Positions (0..count-1) of the images that were decoded, in order."""

@@ -147,8 +147,6 @@ class CpuDecoder:
     def __init__(self, threads: int):
         self.threads = max(1, threads)
         self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="gpufeed-decode")
-        self.last_done = 0.0  # when the last image of the last `collect` finished decoding
-        self.last_busy = 0.0  # the threads' seconds decoding the images of the last `collect`, summed
         self.busy_seconds = 0.0  # the threads' seconds decoding the images collected, summed
         self._staging: PinnedStaging | None = None  # used from the one thread that calls `collect`
 
@@ -170,22 +168,25 @@ class CpuDecoder:
 
     def collect(self, futures, device: torch.device, pin: bool) -> Decoded:
         """Wait for `submit`'s futures and put the images (HWC) back to back where `device` reads them
-        (see `decode.base.to_device`)."""
+        (see `decode.base.to_device`), with their decoding seconds and finish time (`Decoded.busy`,
+        `done_at`)."""
         images, regions, failed = [], [], {}
-        self.last_done = self.last_busy = 0.0
+        done_at = busy = 0.0
         for k, f in enumerate(futures):
             done = f.result()
-            self.last_busy += done.seconds
+            busy += done.seconds
             if done.error:
                 failed[k] = done.error
                 continue
             images.append(done.pixels)
             regions.append(done.region or NO_REGION)
-            self.last_done = max(self.last_done, done.finished)
-        self.busy_seconds += self.last_busy
+            done_at = max(done_at, done.finished)
+        self.busy_seconds += busy
         if self._staging is None:  # page-locked only where a GPU reads it
             self._staging = PinnedStaging(pin=device.type == "cuda")
-        return packed(images, failed, device, self._staging, np.array(regions, np.int64).reshape(-1, 4), pin)
+        part = packed(images, failed, device, self._staging, np.array(regions, np.int64).reshape(-1, 4), pin)
+        part.busy, part.done_at = busy, done_at
+        return part
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)

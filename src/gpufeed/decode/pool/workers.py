@@ -95,7 +95,7 @@ class DecodeWorkers:
         self._tickets: dict[int, Job] = {}  # every pending ticket's first row -> its job
         self._shares = itertools.count()
         self._lock = threading.RLock()  # the jobs, the workers' states, the ticket pipe
-        self._local = threading.local()  # per pipeline thread: its thread decoder, its last finish time
+        self._local = threading.local()  # per pipeline thread: its thread decoder
         self._thread_decoders: list[CpuDecoder] = []
         self._said: set[str] = set()
         self.busy: Counter = Counter()  # the workers' seconds: wall, and CPU (below wall: starved of cores)
@@ -138,17 +138,6 @@ class DecodeWorkers:
         `busy_seconds` (0 before the first)."""
         busy = self.busy_seconds
         return self.decoded / busy if busy else 0.0
-
-    @property
-    def last_done(self) -> float:
-        """When the last image of this thread's last `collect` finished decoding (a perf_counter)."""
-        return getattr(self._local, "last_done", 0.0)
-
-    @property
-    def last_busy(self) -> float:
-        """The seconds spent decoding the images of this thread's last `collect`, summed: its share's
-        own, not what else the pool decoded meanwhile (another pipeline's shares, retries)."""
-        return getattr(self._local, "last_busy", 0.0)
 
     def wait_ready(self, timeout: float = 60.0) -> bool:
         """Wait until every worker is ready (or dead); whether all of them are ready."""
@@ -224,7 +213,6 @@ class DecodeWorkers:
             threads = self._fallback()
             part = threads.collect(job, device, pin)
             self.decoded += len(job)
-            self._local.last_done, self._local.last_busy = threads.last_done, threads.last_busy
             return part
         while job.pending and not job.stopped:
             self._poll(0.1)
@@ -237,7 +225,6 @@ class DecodeWorkers:
         if job.stopped:
             raise WorkersStopped(STOPPED)
         got = self._board.results(job.start, job.n)
-        self._local.last_done, self._local.last_busy = got.last_done, job.busy
         end = int(got.offsets[-1] + got.sizes[-1].prod() * 3) if len(got.kept) else 0
         base, on_done = to_device(job.segment.tensor, end, device, self._staging, job.segment, pin)
         return Decoded(
@@ -250,6 +237,8 @@ class DecodeWorkers:
             on_done=on_done,
             regions=got.regions,
             cut=got.cut,
+            busy=job.busy,
+            done_at=got.last_done,
         )
 
     def _ranges(self, batch: Encoded) -> tuple[np.ndarray, np.ndarray]:
@@ -321,9 +310,9 @@ class DecodeWorkers:
         part = threads.collect(
             threads.submit(job.batch.take(positions), None, job.asks.take(positions)), torch.device("cpu"), False
         )
-        job.busy += threads.last_busy
+        job.busy += part.busy
         self.decoded += count
-        self._board.answer(job.start, positions, part, job.asks, job.segment, threads.last_done)
+        self._board.answer(job.start, positions, part, job.asks, job.segment, part.done_at)
 
     def _fallback(self) -> CpuDecoder:
         """This thread's decoder on threads (a thread decoder serves one caller at a time)."""

@@ -8,7 +8,7 @@ batch, not the sum of the GPU decode, the wait for the CPU and the resize.
 
 The shares follow `steering.Steering`: beside a training loop the CPU decodes all it can and the
 GPU decoders what it can't. The CPU's rate is measured on every share: its images over the seconds
-the threads or worker processes spent decoding them (`last_busy`). Images a GPU decoder
+the threads or worker processes spent decoding them (`Decoded.busy`). Images a GPU decoder
 rejects (CMYK, some progressive files) are decoded on the CPU instead.
 
 Where the CPU can decode a crop alone (`cpu.roi_available`), its share is the batch's cheapest crops
@@ -169,8 +169,8 @@ class Scheduler:
                 cpu_images=len(cpu_pos),
                 cpu_failed=len(cpu_part.failed),
                 cpu_wait=cpu_wait,
-                cpu_busy=self.cpu.last_busy,
-                cpu_done=self.cpu.last_done,
+                cpu_busy=cpu_part.busy,
+                cpu_done=cpu_part.done_at,
                 submitted=started.submitted,
                 failed=len(failed),
                 cpu_seconds=time.perf_counter() - t_cpu,
