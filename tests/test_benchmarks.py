@@ -28,6 +28,7 @@ SMOKES = {  # script: extra arguments of its smoke (each benchmark once; ddp_ben
     "start_bench": [],
     "augment_chain_bench": [],
     "store_open_bench": [],
+    "shuffle_bench": [],
 }
 
 

@@ -84,15 +84,16 @@ def test_a_store_packed_into_a_bucket_loads_the_batches_of_the_same_store_on_dis
 
 @pytest.mark.parametrize("world", [1, 2, 3])
 def test_every_sample_once_an_epoch_through_a_small_cache_on_any_number_of_ranks(bucket, tmp_path, world):
-    """Each rank's cache holds nine of the store's shards: the order goes window by window, shards are
-    evicted and fetched again, the cache stays under its limit, and every sample comes once an epoch."""
+    """Each rank's cache holds nine of the store's shards: the order spreads each shard's samples over
+    two shards' places, shards are evicted and fetched again, the cache stays under its limit, and
+    every sample comes once an epoch."""
     manifest = gpufeed.open("s3://bucket/train", cache_dir=tmp_path / "peek", storage_options=bucket["options"]).manifest
     shards, biggest = len(manifest.shards), max(s["bytes"] for s in manifest.shards)
     assert shards >= 10
     limit = 9 * biggest
     loaders = [_loader(bucket, tmp_path, rank=r, world_size=world, drop_last=False, pad=False, cache_limit=limit,
                        cache_dir=tmp_path / f"cache{r}") for r in range(world)]
-    assert loaders[0].batch_sampler.shards.window == 2
+    assert loaders[0].batch_sampler.shards.window == 2  # 9, less 2 fetched ahead and 5 the batches in flight read
     for epoch in range(2):
         seen = []
         for loader in loaders:

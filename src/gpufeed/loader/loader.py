@@ -78,10 +78,11 @@ def _open(store, cache_dir, cache_limit, storage_options) -> Store | ShardedStor
     return FolderStore(store) if is_folder_source(store) else open_store(store)
 
 
-def _window(store: ShardedStore, asked: int | None) -> int | None:
-    """Shards a window of the shard-aware order takes (None: a full shuffle). Asked for, or for a store
-    read through a bounded cache: as many as two windows of this machine's ranks hold in it (one read,
-    one fetched ahead); a raw store's cache must hold it whole."""
+def _window(store: ShardedStore, asked: int | None, batch_size: int) -> int | None:
+    """Over how many shards the shard-aware order spreads each shard's samples (None: a full shuffle).
+    Asked for, or for a store read through a bounded cache: as many as this machine's ranks each have
+    room for in it, less two fetched ahead and those the batches in flight read beyond them (the
+    shards of `ShardBytes.HELD_FOR` batches, and one); a raw store's cache must hold it whole."""
     if asked is not None:
         if not isinstance(asked, int) or isinstance(asked, bool) or asked < 1:
             raise ValueError(f"shuffle_window must be a number of shards, 1 or more, got {asked!r}")
@@ -95,9 +96,8 @@ def _window(store: ShardedStore, asked: int | None) -> int | None:
             f"holds less than its {store.nbytes}; raise it, or pack the data as a jpeg store"
         )
     biggest = max(s["bytes"] for s in store.manifest.shards)
-    # the batches in flight hold the shards of up to three windows a rank (the one read, the one before
-    # it, the next one read ahead), and a fourth is fetched ahead; a shard spare for the next download
-    return max(1, (limit // (local_ranks() * biggest) - 1) // 4)
+    held = -(-ShardBytes.HELD_FOR * batch_size * len(store.manifest.shards) // len(store)) + 1
+    return max(1, limit // (local_ranks() * biggest) - 2 - held)
 
 
 def _workers(num_workers: int | None, device: torch.device) -> int:
@@ -180,9 +180,10 @@ class Loader:
             cached in (default under ~/.cache/gpufeed/stores; the ranks of a machine may share one), the
             most bytes kept there (an int or "200GB"; None: no limit), and fsspec's options for the URL
             (credentials, endpoint). With a limit the epoch's order is shard-aware (`shuffle_window`).
-        shuffle_window: a sharded store: shards whose samples are shuffled together, windows of the
-            shards taken in a seeded random order (None: a full shuffle; with a `cache_limit`, what two
-            windows of this machine's ranks hold in it). Part of the order: a resumed job keeps it.
+        shuffle_window: a sharded store: the shards taken in a seeded random order, each one's samples
+            spread at random over the places of this many shards (None: a full shuffle; with a
+            `cache_limit`, about as many as the cache holds for each of this machine's ranks, less
+            three). Part of the order: a resumed job keeps it.
         tuning: jpeg: the JPEG path's measured settings (`gpufeed.decode.tuning.Tuning`), for
             benchmarks that compare others; the default is what measurements chose.
 
@@ -240,7 +241,7 @@ class Loader:
         self.rank, self.world_size = resolve_rank(rank, world_size)
         sharded = isinstance(self.store, ShardedStore)
         shards = (
-            Shards(self.store.starts, _window(self.store, shuffle_window))
+            Shards(self.store.starts, _window(self.store, shuffle_window, batch_size))
             if isinstance(self.store, ShardedStore)
             else None
         )

@@ -1,13 +1,14 @@
 """Which samples go in which batch: one global order per epoch, cut into equal contiguous rank spans.
 
 The epoch's **global order** is a pure function of (seed, epoch): a seeded permutation of the store
-(or, for a store in shards read through a bounded cache, a shard-aware one: the shards permuted,
-taken `window` at a time, the samples of each window permuted together), the same whatever the
-world size. Each rank takes one contiguous, equal **span** of it and cuts it into batches: with
-`drop_last` the uneven tail is dropped (each sample at most once per epoch); without it the spans
-are padded by wrapping around so all ranks get the same number of batches (DistributedSampler's
-way), or with `pad=False` (evaluation) left unpadded: every sample exactly once over all ranks, the
-first spans one sample longer.
+(or, for a store in shards read through a bounded cache, a shard-aware one: the shards permuted, and
+each shard's samples spread at random over the places of `window` shards from its own, so that
+about `window` shards are being read at any point), the same whatever the world size. Each rank
+takes one contiguous, equal **span** of it and cuts it into batches: with `drop_last` the uneven
+tail is dropped (each sample at most once per epoch); without it the spans are padded by wrapping
+around so all ranks get the same number of batches (DistributedSampler's way), or with `pad=False`
+(evaluation) left unpadded: every sample exactly once over all ranks, the first spans one sample
+longer. A span of a shard-aware order reads about 1/world of the store's shards.
 
 **Resuming at another world size.** A job's position in an epoch is global: every rank has yielded
 as many batches. A job stopped after `batches` batches at world size W and resumed at W' continues
@@ -52,7 +53,8 @@ class Segment:
 @dataclass(frozen=True)
 class Shards:
     """How a store's samples lie in its shards (`starts[k]`: the first sample of shard k, then the
-    count), and how many shards a window of the shard-aware order takes (None: all, a full shuffle)."""
+    count), and over how many shards' places the shard-aware order spreads each shard's samples (None:
+    all, a full shuffle)."""
 
     starts: np.ndarray
     window: int | None = None
@@ -121,14 +123,16 @@ class ShardedBatchSampler:
         g = torch.Generator().manual_seed(self.seed + epoch * 1_000_003)
         if self.shards is None or self.shards.window is None or self.shards.window >= len(self.shards.starts) - 1:
             return torch.randperm(self.n, generator=g)
-        starts = torch.from_numpy(np.asarray(self.shards.starts, np.int64))
-        pieces = []
-        shards = torch.randperm(len(starts) - 1, generator=g)
-        for w in range(0, len(shards), self.shards.window):
-            # (torch.arange takes 0-d tensors; its stubs want numbers)
-            window = torch.cat([torch.arange(starts[k], starts[k + 1]) for k in shards[w : w + self.shards.window]])  # type: ignore[call-overload]
-            pieces.append(window[torch.randperm(len(window), generator=g)])
-        return torch.cat(pieces)
+        # the shards in a seeded random order; each shard's samples spread at random over `window` shards'
+        # places from its own: at any point of the epoch about `window` shards are being read, and a cache
+        # of that many (and a few to fetch ahead) holds what the order needs
+        starts = np.asarray(self.shards.starts, np.int64)
+        sizes = np.diff(starts)
+        place = torch.empty(len(sizes), dtype=torch.float64)
+        place[torch.randperm(len(sizes), generator=g)] = torch.arange(len(sizes), dtype=torch.float64)
+        keys = torch.repeat_interleave(place, torch.from_numpy(sizes))
+        keys += torch.rand(self.n, generator=g, dtype=torch.float64) * self.shards.window
+        return torch.argsort(keys)
 
     def _span_sizes(self, m: int, w: int) -> list[int]:
         """The sizes of `w` ranks' spans of `m` samples."""
