@@ -30,11 +30,34 @@ def python_blocks(text: str) -> list[str]:
     return re.findall(r"^```python\n(.*?)^```", text, flags=re.S | re.M)
 
 
-def test_readme_python_blocks_run(tmp_path, monkeypatch):
+BUCKET = {  # the bucket example, against a local S3 API server (moto's, started here)
+    'creds = {"key": "...", "secret": "..."}': 'creds = {"key": "k", "secret": "s", "client_kwargs": {"endpoint_url": ENDPOINT}}',
+    'shard_size="256MB"': 'shard_size="4KB"',
+    'cache_dir="/local/nvme/gpufeed"': 'cache_dir="cache"',
+    'cache_limit="200GB"': 'cache_limit="1GB"',
+}
+
+
+@pytest.fixture
+def s3(monkeypatch):
+    """An S3 API server on 127.0.0.1 with an empty bucket "bucket"; its endpoint."""
+    server = pytest.importorskip("moto.server")
+    s3fs = pytest.importorskip("s3fs")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    s = server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    s.start()
+    host, port = s.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    s3fs.S3FileSystem(key="k", secret="s", client_kwargs={"endpoint_url": endpoint}).mkdir("bucket")
+    yield endpoint
+    s.stop()
+
+
+def test_readme_python_blocks_run(tmp_path, monkeypatch, s3):
     text = README.read_text()
-    for old in SMALLER:
-        assert old in text, f"the README no longer contains {old!r}: update SMALLER"
-        text = text.replace(old, SMALLER[old])
+    for old, new in {**SMALLER, **BUCKET}.items():
+        assert old in text, f"the README no longer contains {old!r}: update SMALLER or BUCKET"
+        text = text.replace(old, new.replace("ENDPOINT", repr(s3)))
     blocks = python_blocks(text)
     assert len(blocks) >= 4
     sizes = [(40, 48), (56, 40), (48, 48), (37, 60)]
@@ -56,7 +79,8 @@ def test_readme_python_blocks_run(tmp_path, monkeypatch):
     assert namespace["store"].source(0).endswith("data/train/ant/0.jpg")
     one_pass = namespace["one_pass"]  # the val folder read in place
     assert len(one_pass.store) == 6 and sum(len(y) for _, y in one_pass) == 6
-    for name in ("loader", "val", "one_pass"):
+    assert namespace["remote"].store.cache.fetched >= 1 and len(namespace["remote"].store) == 12
+    for name in ("loader", "val", "one_pass", "remote"):
         namespace[name].close()
 
 
