@@ -48,7 +48,11 @@ def s3(monkeypatch):
     s.start()
     host, port = s.get_host_and_port()
     endpoint = f"http://{host}:{port}"
-    s3fs.S3FileSystem(key="k", secret="s", client_kwargs={"endpoint_url": endpoint}).mkdir("bucket")
+    fs = s3fs.S3FileSystem(key="k", secret="s", client_kwargs={"endpoint_url": endpoint})
+    if fs.exists("bucket/stores/train/manifest.json"):  # moto keeps one state per process
+        fs.rm("bucket/stores/train", recursive=True)
+    elif not fs.exists("bucket"):
+        fs.mkdir("bucket")
     yield endpoint
     s.stop()
 

@@ -53,7 +53,8 @@ def bucket(server, tmp_path_factory):
     for i in range(40):
         save(root / "src" / f"c{i % 3}" / f"{i:03d}.jpg", smooth(i, 30 + i % 7, 40), quality=90)
     fs = s3fs.S3FileSystem(**_options(server))
-    fs.mkdir("bucket")
+    if not fs.exists("bucket"):  # moto keeps one state per process: another test module may have made it
+        fs.mkdir("bucket")
     gpufeed.pack(root / "src", "s3://bucket/train", mode="jpeg", workers=1, progress=False, shard_size="3KB",
                  storage_options=_options(server))
     gpufeed.pack(root / "src", root / "flat", mode="jpeg", workers=1, progress=False)
@@ -244,3 +245,65 @@ def test_a_sharded_store_on_disk_loads_the_batches_of_the_unsharded_one(bucket, 
     shutil.rmtree(tmp_path / "jpeg-sharded" / "shards" / "00001")
     result = gpufeed.verify(tmp_path / "jpeg-sharded")
     assert not result.ok and "shards/00001/manifest.json" in result.damaged
+
+
+def test_pack_sources_in_a_bucket_tar_shards_and_lists(bucket, tmp_path):
+    """Tar shards (a glob) and a CSV list whose paths are relative to it, read from the bucket, pack
+    the same store as the same files on this disk."""
+    import tarfile
+
+    fs, options, src = bucket["fs"], bucket["options"], bucket["src"]
+    files = sorted(src.rglob("*.jpg"))[:12]
+    rows = ["path,label,score"] + [f"images/{f.parent.name}/{f.name},{f.parent.name},{k / 10}" for k, f in enumerate(files)]
+    (tmp_path / "list.csv").write_text("\n".join(rows) + "\n")
+    fs.put_file(str(tmp_path / "list.csv"), "bucket/lists/list.csv")
+    for f in files:
+        fs.put_file(str(f), f"bucket/lists/images/{f.parent.name}/{f.name}")
+    for shard in range(2):
+        with tarfile.open(tmp_path / f"s{shard}.tar", "w") as tar:
+            for k, f in enumerate(files[shard * 6 : shard * 6 + 6]):
+                tar.add(f, arcname=f"{k:03d}.jpg")
+                info = tarfile.TarInfo(f"{k:03d}.cls")
+                info.size = 1
+                tar.addfile(info, __import__("io").BytesIO(str(shard).encode()))
+        fs.put_file(str(tmp_path / f"s{shard}.tar"), f"bucket/tars/s{shard}.tar")
+    listed = gpufeed.pack("s3://bucket/lists/list.csv", tmp_path / "from-list", mode="jpeg", workers=1, progress=False,
+                          storage_options=options)
+    assert listed.count == 12 and not listed.skipped
+    local_rows = ["path,label,score"] + [f"{f},{f.parent.name},{k / 10}" for k, f in enumerate(files)]
+    (tmp_path / "local.csv").write_text("\n".join(local_rows) + "\n")
+    gpufeed.pack(tmp_path / "local.csv", tmp_path / "local", mode="jpeg", workers=1, progress=False)
+    a, b = gpufeed.open(tmp_path / "from-list"), gpufeed.open(tmp_path / "local")
+    assert a.classes == b.classes and torch.equal(a.labels, b.labels)
+    assert all(torch.equal(a[i][0], b[i][0]) and a.field("score", i) == b.field("score", i) for i in range(12))
+    assert a.source(0) == "s3://bucket/lists/" + rows[1].split(",")[0]
+    shards = gpufeed.pack("s3://bucket/tars/s*.tar", tmp_path / "from-tars", mode="jpeg", workers=1, progress=False,
+                          storage_options=options)
+    assert shards.count == 12 and gpufeed.open(tmp_path / "from-tars").labels.tolist() == [0] * 6 + [1] * 6
+
+
+def test_a_program_reading_a_bucket_exits_without_close(bucket, tmp_path):
+    """Its fetch-ahead threads never wait on a shard a rank holds (they did, and the interpreter's exit
+    waited for them for ever)."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    script = tmp_path / "reader.py"
+    script.write_text(textwrap.dedent(f"""
+        import gpufeed
+        from gpufeed.augment import RandomResizedCrop
+        loader = gpufeed.Loader("s3://bucket/train", batch_size=4, device="cpu", augment=[RandomResizedCrop(24)],
+                                num_workers=1, cache_dir={str(tmp_path / "cache")!r}, cache_limit=60000,
+                                storage_options={bucket["options"]!r})
+        for k, _ in enumerate(loader):
+            if k == 3:
+                break
+        it = iter(loader)
+        next(it)
+    """))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(gpufeed.__file__).parent.parent),
+                                                       os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]

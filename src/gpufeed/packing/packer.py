@@ -96,7 +96,7 @@ def _check_places(source, dest: str | os.PathLike) -> None:
     """Refuse a destination inside a source folder (packing again would read the old store, or the
     scratch folder of this pack, as images and a class) and a source inside the destination
     (replacing the destination would delete it). Links are followed."""
-    if is_dataset(source):
+    if is_dataset(source) or is_url(source):  # a source in a bucket: never inside a folder of this disk
         return
     text = os.fspath(source)
     out = os.path.realpath(dest)
@@ -248,13 +248,13 @@ def pack(
             engine=engine,
             ray_address=ray_address,
         )
-    if storage_options is not None:
-        raise ValueError(f"{dest}: storage_options are for a destination in a bucket (a URL)")
+    if storage_options is not None and not is_url(source):
+        raise ValueError(f"{dest}: storage_options are for a source or destination in a bucket (a URL)")
     shard_bytes = parse_size(shard_size, "shard_size")
     _check_args(mode, size, fit, quality, max_side, on_error, engine)
     _check_places(source, dest)
     settings = worker.Settings(mode, size, fit, quality, max_side, reencode, max_pixels)
-    src = dataset_source(source, max_pixels) if is_dataset(source) else open_source(source)  # type: ignore[arg-type]
+    src = dataset_source(source, max_pixels) if is_dataset(source) else open_source(source, storage_options)  # type: ignore[arg-type]
     skipped: list[dict[str, str]] = []
 
     def on_skip(s: Skip) -> bool:

@@ -20,7 +20,8 @@ DEFAULT_SHARD_SIZE = "256MB"
 def pack_to_url(source, url: str, *, overwrite: bool, shard_size, storage_options: dict | None, **settings: Any):
     """`gpufeed.pack` with a URL destination (see its docstring): the same store, sharded, in the bucket."""
     from gpufeed.packing.packer import pack
-    from gpufeed.store.remote import filesystem, retried, shown
+    from gpufeed.store.locations import filesystem, shown
+    from gpufeed.store.remote import retried
 
     url = url.rstrip("/")
     fs, root = filesystem(url, storage_options)

@@ -14,6 +14,7 @@ from gpufeed.sources.entries import MAX_FILE_BYTES, Entry, Item, Skip, Source, S
 from gpufeed.sources.folders import IMAGE_EXTS, folder_source
 from gpufeed.sources.lists import list_source
 from gpufeed.sources.tars import TAR_IMAGE_EXTS, TAR_SUFFIXES, tar_key, tar_label, tar_source
+from gpufeed.store.locations import is_url
 
 __all__ = [
     "IMAGE_EXTS",
@@ -31,9 +32,15 @@ __all__ = [
 ]
 
 
-def open_source(source: str | os.PathLike) -> Source:
-    """Recognise `source` and return its entries; raises SourceError if it cannot be used."""
+def open_source(source: str | os.PathLike, storage_options: dict | None = None) -> Source:
+    """Recognise `source` and return its entries; raises SourceError if it cannot be used. A URL (tar
+    shards or a list in a bucket, any fsspec URL; `storage_options` are fsspec's) is read through
+    fsspec (`sources.remote`)."""
     text = os.fspath(source)
+    if is_url(text):
+        from gpufeed.sources.remote import remote_source  # fsspec only where it is asked for
+
+        return remote_source(text, storage_options)
     if glob.has_magic(text):
         shards = sorted(glob.glob(text))
         if not shards:

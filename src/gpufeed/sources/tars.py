@@ -23,8 +23,9 @@ def tar_source(text: str, shards: list[str]) -> Source:
 def _tar_entries(shards: list[str]) -> Iterator[Entry]:
     for shard in shards:
         try:
+            size = os.path.getsize(shard)
             with tarfile.open(shard, mode="r|*") as tar:
-                yield from _tar_samples(shard, tar)
+                yield from _tar_samples(shard, tar, size)
         except (OSError, tarfile.TarError, EOFError) as e:
             yield Skip(shard, f"unreadable tar shard (rest of shard lost): {e}")
 
@@ -49,11 +50,12 @@ def tar_label(cls: bytes | None) -> int:
     return int(text)
 
 
-def _tar_samples(shard: str, tar: tarfile.TarFile) -> Iterator[Entry]:
+def _tar_samples(shard: str, tar: tarfile.TarFile, size: int | None) -> Iterator[Entry]:
     """Group consecutive members by WebDataset key (name up to the first dot of the basename). A member
     whose data the shard does not hold ends the shard there: the sample before it is kept (its members
-    all came before), the member is skipped with the reason, and nothing is read past the file's end."""
-    end = os.path.getsize(shard) if getattr(tar.fileobj, "comptype", None) == "tar" else None
+    all came before), the member is skipped with the reason, and nothing is read past the file's end
+    (`size`: the shard file's bytes, which bound an uncompressed shard's members)."""
+    end = size if getattr(tar.fileobj, "comptype", None) == "tar" else None
     key: str | None = None
     parts: dict[str, bytes] = {}
     for member in tar:

@@ -53,3 +53,23 @@ def parse_size(size: int | str | None, what: str = "size") -> int | None:
     if value <= 0:
         raise ValueError(f"{what} must be positive, got {size!r}")
     return value
+
+
+def filesystem(url: str, storage_options: dict | None):
+    """(fsspec filesystem, path in it) for `url`. A URL that holds credentials is refused (they would be
+    shown wherever the URL is): they go in `storage_options`, or where the filesystem reads them."""
+    try:
+        import fsspec
+    except ImportError:
+        raise ImportError(
+            "stores in a bucket need fsspec (pip install fsspec, and s3fs, gcsfs or adlfs for S3, GCS or Azure)"
+        ) from None
+    if re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*://[^/@]*@", url):
+        raise ValueError(
+            f"{shown(url)}: credentials in a URL are not used (nor shown): give them in "
+            "storage_options, or as the filesystem reads them (environment, config files)"
+        )
+    try:
+        return fsspec.core.url_to_fs(url, **(storage_options or {}))
+    except (ImportError, ValueError) as e:
+        raise ImportError(f"{shown(url)}: no fsspec filesystem for it ({e}; e.g. pip install s3fs for s3://)") from None

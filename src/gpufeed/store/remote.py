@@ -36,7 +36,7 @@ from typing import Any
 
 from gpufeed.store import format as fmt
 from gpufeed.store.format import Manifest, StoreError
-from gpufeed.store.locations import parse_size, shown
+from gpufeed.store.locations import filesystem, parse_size, shown
 from gpufeed.store.sharded import ShardedStore, manifest_digest, open_shard
 from gpufeed.store.writer import file_digest
 
@@ -52,25 +52,6 @@ VERIFIED = ".verified"  # in a shard's cache folder: its digest, written once ev
 def default_cache_dir(url: str) -> Path:
     home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpufeed" / "stores"
     return home / hashlib.sha1(shown(url).encode()).hexdigest()[:16]
-
-
-def filesystem(url: str, storage_options: dict | None):
-    """(fsspec filesystem, path in it) for `url`."""
-    try:
-        import fsspec
-    except ImportError:
-        raise ImportError(
-            "stores in a bucket need fsspec (pip install fsspec, and s3fs, gcsfs or adlfs for S3, GCS or Azure)"
-        ) from None
-    if re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*://[^/@]*@", url):
-        raise ValueError(
-            f"{shown(url)}: credentials in a URL are not used (nor shown): give them in "
-            "storage_options, or as the filesystem reads them (environment, config files)"
-        )
-    try:
-        return fsspec.core.url_to_fs(url, **(storage_options or {}))
-    except (ImportError, ValueError) as e:
-        raise ImportError(f"{shown(url)}: no fsspec filesystem for it ({e}; e.g. pip install s3fs for s3://)") from None
 
 
 def retried(what: str, call: Callable[[], Any], retries: int = RETRIES) -> Any:
@@ -141,11 +122,24 @@ class ShardCache:
     def _ensure(self, k: int, wait: bool) -> Path | None:
         """`ensure`; without `wait`, None where the cache has no room for it now (nothing is evicted that
         a rank holds)."""
-        if self.present(k):
-            os.utime(self.path(k) / VERIFIED)
-            return self.path(k)
-        with self._exclusive(k):  # one process of the machine downloads it; the others wait, then find it
-            if not self.present(k):
+        while True:
+            if self.present(k):
+                os.utime(self.path(k) / VERIFIED)
+                return self.path(k)
+            # one process (or thread) of the machine downloads it; the others find it there after. Never
+            # blocked on the lock: a rank that holds the shard (a shared lock) keeps it as long as it reads
+            fd = os.open(self._lock_path(k), os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                if not wait:  # being downloaded, or read: nothing to fetch ahead
+                    return None
+                time.sleep(0.02)
+                continue
+            try:
+                if self.present(k):
+                    continue
                 reservation = self._make_room(self.manifest.shards[k]["bytes"], k, wait)
                 if reservation is None:
                     return None
@@ -153,7 +147,8 @@ class ShardCache:
                     self._download(k)
                 finally:
                     reservation.unlink(missing_ok=True)
-        return self.path(k)
+            finally:
+                os.close(fd)  # releases the lock
 
     def use(self, k: int) -> Path:
         """Shard `k` in the cache and held there (`hold`) until `release(k)`: downloaded first if needed
@@ -293,9 +288,6 @@ class ShardCache:
 
     def _lock_path(self, k: int) -> Path:
         return self.folder / "locks" / f"{k:05d}.lock"
-
-    def _exclusive(self, k: int) -> contextlib.AbstractContextManager[None]:
-        return self._exclusive_path(self._lock_path(k))
 
     @staticmethod
     @contextlib.contextmanager
