@@ -10,6 +10,8 @@ import pytest
 import torch
 from PIL import Image
 
+from gpufeed.synth import natural_image
+
 
 def pixels(index: int, h: int = 24, w: int = 32) -> np.ndarray:
     """HWC uint8 image whose every pixel depends on `index`, so mix-ups are caught."""
@@ -69,3 +71,30 @@ def _own_cache(tmp_path_factory, monkeypatch):
     """gpufeed's caches (a folder's index read in place) go to a folder of the test run, not the
     user's ~/.cache."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.getbasetemp() / "xdg-cache"))
+
+
+def mixed_folder(root: Path) -> Path:
+    """A folder of every kind packing reads (each listed first as what the decoders can't read as it is),
+    plus a file that is no image and a JPEG cut short after its header."""
+    rng = np.random.default_rng(1)
+    for k in range(6):
+        path = root / f"c{k % 2}" / f"{k:02d}.jpg"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(natural_image(rng, 30 + k, 40, k)).save(path, quality=90)
+    pixels = natural_image(rng, 32, 40, 0)
+    Image.fromarray(pixels).save(root / "c0" / "png.png")
+    Image.fromarray(pixels).save(root / "c0" / "webp.webp", quality=90)
+    Image.fromarray(pixels).save(root / "c0" / "prog.jpg", progressive=True)
+    Image.fromarray(pixels).convert("CMYK").save(root / "c0" / "cmyk.jpg")
+    Image.fromarray(pixels).convert("L").save(root / "c1" / "gray.jpg")
+    Image.fromarray((pixels[:, :, 0].astype(np.uint16) * 257)).save(root / "c1" / "deep.png")  # 16-bit
+    Image.fromarray(pixels).convert("P").save(root / "c1" / "palette.png", transparency=0)
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    Image.fromarray(pixels).save(root / "c1" / "turned.jpg", exif=exif)
+    Image.fromarray(pixels).save(root / "c1" / "icc.jpg", icc_profile=bytes(300_000))  # header past the first read
+    (root / "c1" / "broken.jpg").write_bytes(b"not a jpeg")
+    whole = io.BytesIO()
+    Image.fromarray(natural_image(rng, 64, 64, 1)).save(whole, format="JPEG", quality=90)
+    (root / "c0" / "cut.jpg").write_bytes(whole.getvalue()[:700])
+    return root

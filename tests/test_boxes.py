@@ -113,13 +113,22 @@ def test_a_replaced_samples_boxes_are_those_of_the_image_it_got(tmp_path):
     rng = np.random.default_rng(6)
     data = [{"image": natural_image(rng, S, S + k, k), "boxes": boxes_of(k), "id": k} for k in range(8)]
     gpufeed.pack(data, tmp_path / "s", mode="jpeg", progress=False, workers=1)
+    gpufeed.pack(data, tmp_path / "whole", mode="jpeg", progress=False, workers=1)
     store = gpufeed.open(tmp_path / "s")
     start, end = int(store.offsets[5]), int(store.offsets[6])
     with open(store.path / "data.bin", "r+b") as f:
         f.seek(start)
         f.write(b"\0" * (end - start))
-    loader = gpufeed.Loader(store, batch_size=8, device="cpu", augment=[RandomResizedCrop(24)], shuffle=False,
-                            fields=("boxes", "id"))
+    make = lambda s, **kw: gpufeed.Loader(s, batch_size=8, device="cpu", augment=[RandomResizedCrop(24)],  # noqa: E731
+                                          fields=("boxes", "id"), **kw)
+    # evaluation: sample 5 left out, every other one with its own image and boxes
+    evaluated, whole = next(iter(make(store, shuffle=False))), next(iter(make(tmp_path / "whole", shuffle=False)))
+    ids = whole["id"].tolist()
+    assert sorted(evaluated["id"].tolist()) == [0, 1, 2, 3, 4, 6, 7]
+    for j, i in enumerate(evaluated["id"].tolist()):
+        assert torch.equal(evaluated["image"][j], whole["image"][ids.index(i)])
+        assert torch.equal(evaluated["boxes"][j], whole["boxes"][ids.index(i)])
+    loader = make(store)  # training: sample 5 replaced
     batch = next(iter(loader))
     planned = loader.plan(0, 0)[0].tolist()
     k = planned.index(5)

@@ -15,6 +15,7 @@ from PIL import Image
 
 import gpufeed
 from gpufeed.augment import Normalize, RandomResizedCrop
+from gpufeed.loader.jpeg import DecodeError
 from gpufeed.packing.packer import PackError
 from gpufeed.store.format import Manifest, StoreError
 from gpufeed.store.summary import describe
@@ -87,11 +88,37 @@ def test_an_undecodable_samples_replacement_brings_its_own_fields(tmp_path):
     with open(store.path / "data.bin", "r+b") as f:
         f.seek(start)
         f.write(b"\0" * (end - start))
-    loader = gpufeed.Loader(store, batch_size=8, device="cpu", augment=OPS, shuffle=False, fields=("id", "label"))
-    batch = next(iter(loader))
-    k = int(loader.plan(0, 0)[0].tolist().index(7))
+    loader = gpufeed.Loader(store, batch_size=8, device="cpu", augment=OPS, fields=("id", "label"))  # training
+    number = next(n for n in range(2) if 7 in loader.plan(0, n)[0].tolist())
+    batch = list(loader)[number]
+    k = int(loader.plan(0, number)[0].tolist().index(7))
     assert int(batch["id"][k]) != 7 and torch.equal(batch["image"][k], batch["image"][batch["id"].tolist().index(
         int(batch["id"][k]))]) and int(batch["label"][k]) == int(batch["id"][k]) % 3
+    assert loader.skipped == []  # replaced, not left out
+
+
+@pytest.mark.parametrize("evaluation", [{"shuffle": False}, {"drop_last": False}, {"pad": False}])
+def test_an_evaluation_pass_leaves_an_undecodable_sample_out_and_names_it(tmp_path, evaluation):
+    gpufeed.pack(samples(16), tmp_path / "s", mode="jpeg", progress=False, workers=1)
+    store = gpufeed.open(tmp_path / "s")
+    for broken in (7, 12, 13, 14, 15):  # 7 alone in its batch; 12..15 a whole batch of four
+        start, end = int(store.offsets[broken]), int(store.offsets[broken + 1])
+        with open(store.path / "data.bin", "r+b") as f:
+            f.seek(start)
+            f.write(b"\0" * (end - start))
+    loader = gpufeed.Loader(store, batch_size=4, device="cpu", augment=OPS, fields=("id", "label", "source"),
+                            seed=1, **evaluation)
+    batches = list(loader)
+    ids = [i for b in batches for i in b["id"].tolist()]
+    assert sorted(ids) == [i for i in range(16) if i not in (7, 12, 13, 14, 15)]  # each once, none replaced
+    assert all(len(b["image"]) == len(b["label"]) == len(b["id"]) == len(b["source"]) > 0 for b in batches)
+    assert all(int(label) == i % 3 for b in batches for i, label in zip(b["id"].tolist(), b["label"]))
+    assert sorted(s.sample for s in loader.skipped) == [7, 12, 13, 14, 15]
+    assert all(s.reason and s.source == store.source(s.sample) for s in loader.skipped)
+    assert loader.state_dict()["epoch"] == 1  # the empty batch was passed, the epoch finished
+    raising = gpufeed.Loader(store, batch_size=4, device="cpu", augment=OPS, on_error="raise", **evaluation)
+    with pytest.raises(DecodeError, match="sample 7|sample 1[2-5]"):
+        list(raising)
 
 
 def test_csv_columns_and_jsonl_keys(tmp_path):

@@ -4,12 +4,16 @@ what can't be read in place is skipped with its reason; the header index is cach
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
 import logging
 import os
 import shutil
+import subprocess
+import sys
 import tarfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,6 +25,7 @@ from gpufeed.augment import Normalize, RandomResizedCrop
 from gpufeed.loader import folder
 from gpufeed.loader.jpeg import DecodeError
 from gpufeed.sources import SourceError
+from conftest import mixed_folder
 from gpufeed.synth import natural_image
 
 OPS = [RandomResizedCrop(24, scale=(0.3, 1)), Normalize()]
@@ -106,8 +111,16 @@ def test_tar_shards_and_lists_are_read_in_place(tmp_path):
             info = tarfile.TarInfo(f"x.{ext}")
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
-    with pytest.raises(SourceError, match="no JPEG"):
+    with pytest.raises(SourceError, match="no image"):
         make(tmp_path / "bad.tar")
+    with tarfile.open(tmp_path / "png.tar", "w") as tar:  # a PNG member: re-encoded, served
+        buf = io.BytesIO()
+        Image.fromarray(natural_image(np.random.default_rng(0), 30, 34, 0)).save(buf, format="PNG")
+        info = tarfile.TarInfo("p.png")
+        info.size = len(buf.getvalue())
+        tar.addfile(info, io.BytesIO(buf.getvalue()))
+    png = gpufeed.Loader(tmp_path / "png.tar", batch_size=4, device="cpu", augment=OPS, num_workers=0, drop_last=False)
+    assert png.store.reencoded == 1 and next(iter(png))[0].shape[0] == 1
     skipped = folder._list_tars([str(tmp_path / "bad.tar")])[2]
     assert skipped == [{"path": f"{tmp_path / 'bad.tar'}:x", "reason": "label 'cat' in .cls is not an integer"}]
     (tmp_path / "list.csv").write_text("".join(f"img/c{k % 2}/{k:02d}.jpg,{k % 2}\n" for k in range(8)))
@@ -119,36 +132,62 @@ def test_tar_shards_and_lists_are_read_in_place(tmp_path):
         make(tmp_path / "s.tar.gz")
 
 
-def test_what_the_decoders_cannot_read_in_place_is_skipped_with_its_reason(tmp_path, caplog):
-    root = _jpegs(tmp_path / "img", n=8)
-    rng = np.random.default_rng(1)
-    pixels = natural_image(rng, 32, 32, 0)
-    Image.fromarray(pixels).save(root / "c0" / "png.png")
-    Image.fromarray(pixels).save(root / "c0" / "prog.jpg", progressive=True)
-    Image.fromarray(pixels).convert("CMYK").save(root / "c0" / "cmyk.jpg")
-    exif = Image.Exif()
-    exif[0x0112] = 6
-    Image.fromarray(pixels).save(root / "c0" / "turned.jpg", exif=exif)
-    (root / "c1" / "broken.jpg").write_bytes(b"not a jpeg")
-    Image.fromarray(pixels).save(root / "c1" / "icc.jpg", icc_profile=bytes(300_000))  # header past the first read
+@pytest.mark.parametrize("workers", [0, 2])
+def test_every_image_packing_reads_is_served_in_place_with_the_stores_pixels_each_once(tmp_path, workers, caplog):
+    """Formerly PNG, WebP, progressive, CMYK, gray, 16-bit and turned images were dropped after one
+    warning (41 of 61 files served), and a truncated file was replaced by another sample: counted twice."""
+    root = mixed_folder(tmp_path / "img")
+    gpufeed.pack(root, tmp_path / "store", mode="jpeg", reencode=False, max_side=4096, progress=False, workers=1)
+    make = lambda path: gpufeed.Loader(path, batch_size=4, device="cpu", augment=OPS, num_workers=workers,  # noqa: E731
+                                       seed=3, shuffle=False, fields=("label", "source"))
     with caplog.at_level(logging.WARNING, logger="gpufeed"):
-        loader = gpufeed.Loader(root, batch_size=4, device="cpu", augment=OPS, num_workers=0)
-    reasons = {os.path.basename(s["path"]): s["reason"] for s in loader.store.skipped}
-    assert len(loader.store) == 9 and set(reasons) == {"png.png", "prog.jpg", "cmyk.jpg", "turned.jpg", "broken.jpg"}
-    assert "not a JPEG" in reasons["png.png"] and "progressive" in reasons["prog.jpg"]
-    assert "CMYK" in reasons["cmyk.jpg"] and "EXIF" in reasons["turned.jpg"] and "unreadable" in reasons["broken.jpg"]
-    assert "5 file(s) not read in place" in caplog.text and "gpufeed pack" in caplog.text
-    assert sum(len(y) for _, y in loader) == 8 and loader.stats()["decoded_by"].get("failed", 0) == 0
+        in_place, packed = make(root), make(tmp_path / "store")
+    assert in_place.store.reencoded == 8 and "8 image(s)" in caplog.text and "1 file(s) not read" in caplog.text
+    assert [(os.path.basename(s["path"]), "not an image" in s["reason"]) for s in in_place.store.skipped] == [
+        ("broken.jpg", True)]
+    assert len(in_place.store) == len(packed.store) == 16
+    _same_batches(in_place, packed)
+    sources = [s for b in make(root) for s in b["source"]]
+    files = sorted(str(p) for p in root.rglob("*") if p.name not in ("broken.jpg", "cut.jpg"))
+    files = [f for f in files if os.path.isfile(f)]
+    assert sorted(sources) == files  # each once; the cut file left out, not replaced
+    again = make(root)
+    list(again)
+    assert [(os.path.basename(s.source), s.sample) for s in again.skipped] == [
+        ("cut.jpg", again.store._names.index(str(root / "c0" / "cut.jpg")))]
+    for loader in (in_place, packed, again):
+        loader.close()
     (tmp_path / "empty").mkdir()
-    with pytest.raises(SourceError, match="no JPEG"):
+    with pytest.raises(SourceError, match="no image"):
         gpufeed.Loader(tmp_path / "empty", batch_size=4, device="cpu", augment=OPS)
+
+
+def test_reencoded_images_are_made_once_and_follow_their_files(tmp_path, monkeypatch):
+    root = mixed_folder(tmp_path / "img")
+    made = folder.FolderStore(root)
+    copies = sorted(made.upright.glob("*.jpg"))
+    assert len(copies) == made.reencoded == 8
+    made.close()
+    calls = []
+    real = folder._reencode
+    monkeypatch.setattr(folder, "_reencode", lambda data, to: calls.append(to) or real(data, to))
+    folder.FolderStore(root).close()
+    assert calls == []  # reused
+    copies[0].write_bytes(b"x")  # a copy damaged or cut short: made again
+    folder.FolderStore(root).close()
+    assert calls == [copies[0]] and copies[0].stat().st_size > 1
+    calls.clear()
+    (root / "c0" / "png.png").unlink()
+    left = folder.FolderStore(root)
+    assert calls == [] and len(list(left.upright.glob("*.jpg"))) == 7  # the copy of a file gone is removed
+    left.close()
 
 
 def test_the_index_is_cached_and_refreshed_for_changed_files(tmp_path, monkeypatch):
     root = _jpegs(tmp_path / "img", n=8)
     calls = []
-    real = folder._header
-    monkeypatch.setattr(folder, "_header", lambda x: calls.append(x.name) or real(x))
+    real = folder._index
+    monkeypatch.setattr(folder, "_index", lambda x, made: calls.append(x.name) or real(x, made))
     folder.FolderStore(root).close()
     assert len(calls) == 8 and folder._cache_path(root).is_file()
     calls.clear()
@@ -237,10 +276,40 @@ def test_a_fifo_named_like_a_jpeg_is_skipped_not_waited_for(tmp_path):
 
 def test_a_file_gone_after_indexing_is_replaced_or_raises(tmp_path):
     root = _jpegs(tmp_path / "img", n=8)
-    loader = gpufeed.Loader(root, batch_size=4, device="cpu", augment=OPS, num_workers=0, shuffle=False)
+    loader = gpufeed.Loader(root, batch_size=4, device="cpu", augment=OPS, num_workers=0)
+    evaluating = gpufeed.Loader(root, batch_size=4, device="cpu", augment=OPS, num_workers=0, shuffle=False)
     (root / "c1" / "03.jpg").write_bytes(b"")
     assert sum(len(y) for _, y in loader) == 8 and loader.stats()["decoded_by"]["failed"] == 1
+    assert sum(len(y) for _, y in evaluating) == 7 and [s.source for s in evaluating.skipped] == [
+        str(root / "c1" / "03.jpg")]
     strict = gpufeed.Loader(root, batch_size=4, device="cpu", augment=OPS, num_workers=0, on_error="raise")
     (root / "c1" / "05.jpg").unlink()
     with pytest.raises(DecodeError, match="05.jpg"):
         list(strict)
+
+
+def test_the_decoder_librarys_own_messages_are_not_printed(tmp_path):
+    """With nvImageCodec installed its own ANSI-coloured "[ERROR] ... Premature end of JPEG data" lines
+    came twice on stderr beside gpufeed's one warning."""
+    if importlib.util.find_spec("nvidia.nvimgcodec") is None:
+        pytest.skip("nvImageCodec is not installed")
+    root = _jpegs(tmp_path / "img", n=6)
+    whole = io.BytesIO()
+    Image.fromarray(natural_image(np.random.default_rng(0), 64, 64, 1)).save(whole, format="JPEG", quality=90)
+    (root / "c0" / "cut.jpg").write_bytes(whole.getvalue()[:700])
+    (root / "c1" / "garbage.jpg").write_bytes(whole.getvalue()[:300] + bytes(400))
+    script = (
+        "import gpufeed\nfrom gpufeed.augment import Normalize, RandomResizedCrop\n"
+        f"loader = gpufeed.Loader({str(root)!r}, batch_size=4, device='cpu', drop_last=False, num_workers=0,"
+        " augment=[RandomResizedCrop(24), Normalize()])\n"
+        "print(sum(len(y) for _, y in loader), len(loader.skipped))\n"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(gpufeed.__file__).parents[1]),
+                                                        os.environ.get("PYTHONPATH", "")]))
+    env.pop("PYNVIMGCODEC_VERBOSITY", None)
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120,
+                         cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["6", "2"]
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "cannot be decoded" in lines[0], out.stderr

@@ -81,14 +81,17 @@ def test_corrupt_sample_is_replaced_or_raises(jpeg_store, tmp_path, caplog):
     shutil.copytree(jpeg_store.path, tmp_path / "s")
     store = gpufeed.open(tmp_path / "s")
     _damage(store, 7)
-    loader = gpufeed.Loader(store, batch_size=8, device="cpu", augment=OPS, shuffle=False)
+    loader = gpufeed.Loader(store, batch_size=8, device="cpu", augment=OPS)  # training: batches kept full
     with caplog.at_level(logging.WARNING, logger="gpufeed"):
         batches = list(loader)
     assert len(batches) == 6 and all(len(y) == 8 for _, y in batches)
     assert "sample 7 cannot be decoded" in caplog.text
     assert any("undecodable" in n for n in loader.stats()["notes"])
     assert loader.stats()["decoded_by"]["failed"] == 1  # the damaged sample, once in the epoch
-    assert torch.equal(batches[0][0][7], batches[0][0][0])  # the last of batch 0 became a copy of another
+    number = next(n for n in range(6) if 7 in loader.plan(0, n)[0].tolist())
+    k = loader.plan(0, number)[0].tolist().index(7)
+    images = batches[number][0]
+    assert any(torch.equal(images[k], images[j]) for j in range(8) if j != k)  # became a copy of another
     strict = gpufeed.Loader(store, batch_size=8, device="cpu", augment=OPS, shuffle=False, on_error="raise")
     with pytest.raises(DecodeError, match="sample 7 cannot be decoded"):
         list(strict)
@@ -148,19 +151,21 @@ def test_a_batch_of_only_undecodable_samples_is_replaced_in_skip_mode(jpeg_store
 
     shutil.copytree(jpeg_store.path, tmp_path / "s")
     store = gpufeed.open(tmp_path / "s")
-    for sample in range(batch_size):
+    make = lambda **kw: gpufeed.Loader(store, batch_size=batch_size, device="cpu", augment=OPS, seed=1, **kw)  # noqa: E731
+    first = make().plan(0, 0)[0]  # training (batches kept full): batch 0's samples, all damaged
+    for sample in first.tolist():
         _damage(store, sample)
-    loader = gpufeed.Loader(store, batch_size=batch_size, device="cpu", augment=OPS, shuffle=False)
+    loader = make()
     with caplog.at_level(logging.WARNING, logger="gpufeed"):
         batches = list(loader)
     assert len(batches) == len(store) // batch_size and all(len(y) == batch_size for _, y in batches)
-    assert "sample 0 cannot be decoded" in caplog.text
-    assert batches[0][1].tolist() == store.labels[batch_size : 2 * batch_size].tolist()  # the next samples, own labels
-    again = gpufeed.Loader(store, batch_size=batch_size, device="cpu", augment=OPS, shuffle=False)
-    assert torch.equal(next(iter(again))[0], batches[0][0])  # deterministic
-    strict = gpufeed.Loader(store, batch_size=batch_size, device="cpu", augment=OPS, shuffle=False, on_error="raise")
-    with pytest.raises(DecodeError, match="sample 0 cannot be decoded"):
-        list(strict)
+    assert f"sample {int(first[0])} cannot be decoded" in caplog.text
+    after = (first + 1) % len(store)  # the samples after them, with their own labels
+    assert not set(after.tolist()) & set(first.tolist())
+    assert batches[0][1].tolist() == store.labels[after].tolist()
+    assert torch.equal(next(iter(make()))[0], batches[0][0])  # deterministic
+    with pytest.raises(DecodeError, match=f"sample {int(first[0])} cannot be decoded"):
+        list(make(on_error="raise"))
 
 
 def test_the_next_batch_is_started_before_this_one_is_finished(jpeg_store, monkeypatch):
@@ -332,6 +337,8 @@ def test_a_store_none_of_whose_samples_decodes_is_one_clear_error(jpeg_store, tm
     store = gpufeed.open(tmp_path / "s")
     for sample in range(len(store)):
         _damage(store, sample)
-    loader = gpufeed.Loader(store, batch_size=4, device="cpu", augment=OPS, shuffle=False, num_workers=0)
+    loader = gpufeed.Loader(store, batch_size=4, device="cpu", augment=OPS, num_workers=0)
     with pytest.raises(DecodeError, match="the store looks damaged"):
         next(iter(loader))
+    evaluation = gpufeed.Loader(store, batch_size=4, device="cpu", augment=OPS, num_workers=0, shuffle=False)
+    assert list(evaluation) == [] and len(evaluation.skipped) == len(store)  # each left out, each named

@@ -2,7 +2,8 @@
 tier) or a JPEG decode split between GPU and CPU decoders, then the batched augment kernel.
 docs/architecture.md draws both paths."""
 
+from gpufeed.loader.batch import Skipped
 from gpufeed.loader.loader import Loader
 from gpufeed.loader.sampler import ShardedBatchSampler, resolve_rank
 
-__all__ = ["Loader", "ShardedBatchSampler", "resolve_rank"]
+__all__ = ["Loader", "ShardedBatchSampler", "Skipped", "resolve_rank"]

@@ -10,6 +10,16 @@ import torch
 from gpufeed.augment.params import Params
 
 
+@dataclass(frozen=True)
+class Skipped:
+    """A sample an evaluation pass left out because no decoder could read it: its store index, where it
+    came from (a path, or `shard.tar:key`; "" where the store doesn't know) and why."""
+
+    sample: int
+    source: str
+    reason: str
+
+
 @dataclass
 class Batch:
     """What the consumer turns into (images, labels): pixels are `images`, or `images[index]` (a
@@ -21,3 +31,4 @@ class Batch:
     index: torch.Tensor | None = None
     final: bool = False
     samples: torch.Tensor | np.ndarray | None = None  # host: the store index of each sample, for fields
+    skipped: tuple[Skipped, ...] = ()  # evaluation: the samples of this batch left out (undecodable)

@@ -1,4 +1,4 @@
-"""Read JPEGs where they are, without packing: `Loader("folder/")` for a one-off inference or
+"""Read images where they are, without packing: `Loader("folder/")` for a one-off inference or
 evaluation pass.
 
 The source is what `gpufeed.pack` takes (an ImageFolder tree or a flat folder, a CSV/JSONL list),
@@ -11,10 +11,12 @@ fit that file (its byte count, sides a JPEG can have, pixels its bytes can hold)
 is read again. Each batch's bytes are then read into one buffer on threads and go
 to the same decoders as a jpeg store's (decode workers read their share from the files themselves).
 
-Served are the images those decoders read as they read a store's: baseline JPEGs, RGB or gray,
-without an EXIF rotation. Anything else (PNG, progressive or CMYK JPEGs, turned photos) is
-skipped with its reason, said once in a warning: packing decodes any image, turns it upright and
-re-encodes it.
+Every image packing reads is served, with the pixels a jpeg store packed from the folder with its
+JPEGs' bytes kept (`reencode=False`, a `max_side` above the largest) gives: an upright RGB baseline
+JPEG is read as it is; anything else (PNG, WebP, progressive, CMYK or gray JPEGs, 16-bit images,
+photos with an EXIF rotation) is re-encoded once, as packing re-encodes it (`sources.images.
+upright_jpeg`), into a folder beside the index, and read from there; later opens reuse it. A file
+no decoder can read is reported by path (`store.skipped`, one warning).
 """
 
 from __future__ import annotations
@@ -39,18 +41,29 @@ from PIL import Image
 
 from gpufeed.decode.base import Encoded
 from gpufeed.loader.bytes import WorkerView
-from gpufeed.sources import TAR_SUFFIXES, Item, Skip, SourceError, open_source, tar_key, tar_label
-from gpufeed.sources.images import plain_jpeg_problem
+from gpufeed.sources import (
+    MAX_FILE_BYTES,
+    TAR_IMAGE_EXTS,
+    TAR_SUFFIXES,
+    Item,
+    Skip,
+    SourceError,
+    open_source,
+    tar_key,
+    tar_label,
+)
+from gpufeed.sources.images import DEFAULT_MAX_PIXELS, JPEG_QUALITY, BadImage, kept_as_is, upright_jpeg
 from gpufeed.store.format import MANIFEST
 
 log = logging.getLogger(__name__)
-INDEX_VERSION = 2
+# an entry: [height, width, bytes] of an image read as it is, [height, width, bytes, 1] of one re-encoded
+# into the folder beside the index, or the reason an image can't be read
+INDEX_VERSION = 3
 JPEG_MAX_SIDE = 65535  # a JPEG frame header's limit
 # the fewest bytes a baseline JPEG of this many pixels can take is above pixels / 256 (each 8x8 block
 # costs at least two bits); an entry claiming more pixels than that for its bytes is read again
 PIXELS_PER_BYTE = 256
 HEADER_BYTES = 1 << 18  # enough for a JPEG's markers up to its frame header, EXIF thumbnails included
-JPEG_EXTS = (".jpg", ".jpeg")
 
 
 @dataclass
@@ -89,15 +102,31 @@ class FolderStore:
         )
         listed, self.classes, skipped = _list(os.fspath(source))
         cache_path = _cache_path(self.path)
+        self.upright = cache_path.with_suffix(".upright")  # the images re-encoded, as packing would
         cached = _load(cache_path)
         stats = {f: _stat(f) for f in {x.file for x in listed}}
         keys = [f"{x.name}|{stats[x.file]}" for x in listed]
-        fresh = [k for k, key in enumerate(keys) if not _fits(cached.get(key), listed[k], stats[listed[k].file])]
-        for k, found in zip(fresh, self._pool.map(lambda k: _header(listed[k]), fresh)):
+        made = [self.upright / _upright_name(key) for key in keys]
+        fresh = [
+            k for k, key in enumerate(keys) if not _fits(cached.get(key), listed[k], stats[listed[k].file], made[k])
+        ]
+        for k, found in zip(fresh, self._pool.map(lambda k: _index(listed[k], made[k]), fresh)):
             cached[keys[k]] = found
-        if fresh:
+        if fresh or len(cached) != len(keys):  # new entries, or ones of files gone
             _save(cache_path, {key: cached[key] for key in keys})
+            _prune(self.upright, {made[k].name for k, key in enumerate(keys) if _reencoded(cached[key])})
         kept = [k for k, key in enumerate(keys) if isinstance(cached[key], list)]
+        self.reencoded = sum(_reencoded(cached[keys[k]]) for k in kept)
+        newly = sum(_reencoded(cached[keys[k]]) for k in fresh)
+        if newly:
+            log.warning(
+                "gpufeed: %s: %d image(s) the JPEG decoders can't read as they are (PNG, WebP, progressive, "
+                "CMYK or gray JPEGs, EXIF-rotated photos) re-encoded once into %s, as `gpufeed pack` would; "
+                "later opens reuse them",
+                self.path,
+                newly,
+                self.upright,
+            )
         self.skipped = skipped + [
             {"path": listed[k].name, "reason": cached[keys[k]]}
             for k in range(len(listed))
@@ -106,21 +135,22 @@ class FolderStore:
         if self.skipped:
             shown = "; ".join(f"{s['path']}: {s['reason']}" for s in self.skipped[:3])
             log.warning(
-                "gpufeed: %s: %d file(s) not read in place (%s%s); `gpufeed pack` it to read every image",
+                "gpufeed: %s: %d file(s) not read (%s%s); `loader.store.skipped` lists them",
                 self.path,
                 len(self.skipped),
                 shown,
                 " ..." if len(self.skipped) > 3 else "",
             )
         if not kept:
-            raise SourceError(f"{self.path}: no JPEG this loader can read in place (and not a gpufeed store)")
+            raise SourceError(f"{self.path}: no image this loader can read (and not a gpufeed store)")
         self._names = [listed[k].name for k in kept]
-        files = sorted({listed[k].file for k in kept})
+        where_read = [str(made[k]) if _reencoded(cached[keys[k]]) else listed[k].file for k in kept]
+        files = sorted(set(where_read))
         where = {f: n for n, f in enumerate(files)}
         self._files = np.array(files, dtype=object)
-        self._file_of = np.array([where[listed[k].file] for k in kept], np.int64)
-        self._begins = np.array([listed[k].begin for k in kept], np.int64)
-        headers = np.array([cached[keys[k]] for k in kept], np.int64).reshape(-1, 3)
+        self._file_of = np.array([where[f] for f in where_read], np.int64)
+        self._begins = np.array([0 if _reencoded(cached[keys[k]]) else listed[k].begin for k in kept], np.int64)
+        headers = np.array([cached[keys[k]][:3] for k in kept], np.int64).reshape(-1, 3)
         self.shapes, self._sizes = headers[:, :2], headers[:, 2].copy()
         self._labels = np.array([listed[k].label for k in kept], np.int64)
 
@@ -154,7 +184,8 @@ class FolderStore:
     def read(self, indices: np.ndarray) -> Encoded:
         """The bytes of images `indices` back to back in one buffer, read on threads, with each image's
         file and where it starts there (for decode workers). An image whose file can't be read is left
-        empty (its decoder then fails and the loader replaces it, as for a damaged store)."""
+        empty: its decoder then fails, and the loader replaces it (training) or leaves it out and names
+        it (evaluation), as for a damaged store."""
         return self.read_later(indices)()
 
     def read_later(self, indices: np.ndarray) -> Callable[[], Encoded]:
@@ -226,10 +257,10 @@ def _list_tars(shards: list[str]) -> tuple[list[_Listed], list[str], list[dict]]
                     if named is not None:
                         members.setdefault(named[0], {})[named[1]] = m
                 for key, parts in members.items():
-                    image = next((parts[e] for e in ("jpg", "jpeg") if e in parts), None)
+                    image = next((parts[e] for e in TAR_IMAGE_EXTS if e in parts), None)
                     name = f"{shard}:{key}"
                     if image is None:
-                        skipped.append({"path": name, "reason": "no .jpg member"})
+                        skipped.append({"path": name, "reason": f"no image member ({', '.join(TAR_IMAGE_EXTS)})"})
                         continue
                     try:
                         # a regular file's member (extractfile gives None for others)
@@ -254,16 +285,31 @@ def _stat(path: str) -> str:
         return "missing"
 
 
-def _fits(entry: list[int] | str | None, x: _Listed, stat: str) -> bool:
+def _reencoded(entry: list[int] | str) -> bool:
+    return isinstance(entry, list) and len(entry) == 4
+
+
+def _upright_name(key: str) -> str:
+    """The file an image re-encoded is kept in, named by its index key (its name and file's stat)."""
+    return hashlib.sha1(key.encode()).hexdigest()[:24] + ".jpg"
+
+
+def _fits(entry: list[int] | str | None, x: _Listed, stat: str, made: Path) -> bool:
     """Whether a cached entry can stand for `x` without reading its header again: a reason it was not
-    served, or [height, width, bytes] with the bytes the file (or tar member) has, sides a JPEG can
-    have, and no more pixels than those bytes can encode."""
+    served, or [height, width, bytes] with the bytes the file (or tar member) has (or the re-encoded
+    copy `made` has), sides a JPEG can have, and no more pixels than those bytes can encode."""
     if isinstance(entry, str):
         return True
     if not isinstance(entry, list) or stat == "missing":
         return False
-    h, w, size = entry
-    expected = x.size if x.size >= 0 else int(stat.split(":")[0])
+    h, w, size = entry[:3]
+    if _reencoded(entry):
+        try:
+            expected = os.stat(made).st_size
+        except OSError:
+            return False
+    else:
+        expected = x.size if x.size >= 0 else int(stat.split(":")[0])
     return size == expected and 1 <= h <= JPEG_MAX_SIDE and 1 <= w <= JPEG_MAX_SIDE and h * w <= PIXELS_PER_BYTE * size
 
 
@@ -281,13 +327,14 @@ def _open_regular(path: str) -> int:
         raise
 
 
-def _header(x: _Listed) -> list[int] | str:
-    """[height, width, bytes] of a JPEG the decoders read as they read a store's, else why not."""
-    if not x.file.lower().endswith(JPEG_EXTS) and x.size < 0:
-        return "not a JPEG file (.jpg, .jpeg)"
+def _index(x: _Listed, made: Path) -> list[int] | str:
+    """`x`'s index entry: [height, width, bytes] of an upright RGB baseline JPEG, read as it is; else
+    [height, width, bytes, 1] once it is re-encoded into `made`; else why it can't be read."""
     try:
         with open(_open_regular(x.file), "rb") as f:
             size = x.size if x.size >= 0 else os.fstat(f.fileno()).st_size
+            if size > MAX_FILE_BYTES:
+                return f"{size} bytes, more than any image gpufeed reads ({MAX_FILE_BYTES})"
             f.seek(x.begin)
             head = f.read(min(size, HEADER_BYTES))
             try:
@@ -296,16 +343,50 @@ def _header(x: _Listed) -> list[int] | str:
                 if size <= HEADER_BYTES:
                     raise
                 f.seek(x.begin)  # markers (an ICC profile, XMP) longer than the head: read it all
-                img = Image.open(io.BytesIO(f.read(size)))
-        problem = plain_jpeg_problem(img)
-        if problem is not None:
-            return problem
-        if img.mode not in ("RGB", "L"):
-            return f"a {img.mode} JPEG (RGB or gray are read in place)"
-        w, h = img.size
-        return [h, w, size]
+                head = f.read(size)
+                img = Image.open(io.BytesIO(head))
+            w, h = img.size
+            if kept_as_is(img, JPEG_MAX_SIDE):
+                return [h, w, size]
+            if len(head) < size:
+                f.seek(x.begin)
+                head = f.read(size)
+        return _reencode(head, made)
+    except Image.UnidentifiedImageError:
+        return "not an image Pillow can identify"
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
         return f"unreadable: {e}"
+
+
+def _reencode(data: bytes, made: Path) -> list[int] | str:
+    """Re-encode an image as `gpufeed pack` does (upright, RGB, baseline, its default quality) into
+    `made`, written whole or not at all; its entry, or why not."""
+    try:
+        encoded, (h, w), _ = upright_jpeg(data, JPEG_QUALITY, JPEG_MAX_SIDE, DEFAULT_MAX_PIXELS)
+    except BadImage as e:
+        return str(e)
+    written = None
+    try:
+        made.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=made.parent, prefix=".gpufeed-", suffix=".part", delete=False) as f:
+            written = f.name
+            f.write(encoded)
+        os.replace(written, made)
+    except OSError as e:
+        if written is not None:
+            Path(written).unlink(missing_ok=True)
+        return f"needs re-encoding (not an upright RGB baseline JPEG), and {made.parent} can't be written ({e})"
+    return [h, w, len(encoded), 1]
+
+
+def _prune(folder: Path, kept: set[str]) -> None:
+    """Remove the re-encoded images no entry names any more (their file changed or went)."""
+    try:
+        gone = [p for p in folder.glob("*.jpg") if p.name not in kept]
+    except OSError:
+        return
+    for p in gone:
+        p.unlink(missing_ok=True)
 
 
 def _cache_path(source: Path) -> Path:
@@ -317,14 +398,21 @@ def _cache_path(source: Path) -> Path:
 
 def _load(path: Path) -> dict:
     """The cached entries that have an entry's form (a reason, or [height, width, bytes] of
-    non-negative ints); anything else in the file is read again from the image, not trusted."""
+    non-negative ints, with a 1 after them if re-encoded); anything else in the file is read again
+    from the image, not trusted."""
     try:
         data = json.loads(path.read_text())
         entries = data["entries"] if data.get("version") == INDEX_VERSION else {}
         return {
             key: v
             for key, v in entries.items()
-            if isinstance(v, str) or (isinstance(v, list) and len(v) == 3 and all(type(x) is int and x >= 0 for x in v))
+            if isinstance(v, str)
+            or (
+                isinstance(v, list)
+                and len(v) in (3, 4)
+                and all(type(x) is int and x >= 0 for x in v)
+                and v[3:] in ([], [1])
+            )
         }
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return {}

@@ -20,7 +20,6 @@ from gpufeed.augment.params import Params
 from gpufeed.decode.pool.workers import DecodeWorkers
 from gpufeed.decode.scheduling.choice import DEFAULT, check_decoders
 from gpufeed.decode.scheduling.scheduler import summed
-from gpufeed.loader.batch import Batch
 from gpufeed.loader.bytes import ByteSource
 from gpufeed.loader.cores import rank_cores
 from gpufeed.loader.jpeg_batch import DecodeError, JpegBatcher, Upcoming
@@ -104,12 +103,11 @@ def jpeg_feed(
         idx, params = batch(which, number)
         ahead = tuple(Upcoming(*batch(w, n)) for w, n in later(which, number))
         if batcher.stream is None:
-            images, labels, samples = batcher.make(idx, params, ahead)
-            return Made(Batch(images, labels, None, final=True, samples=samples), None)
+            return Made(batcher.make(idx, params, ahead), None)
         with torch.cuda.stream(batcher.stream):
-            images, labels, samples = batcher.make(idx, params, ahead)
+            made = batcher.make(idx, params, ahead)
             event = batcher.stream.record_event()
-        return Made(Batch(images, labels, None, final=True, samples=samples), event)
+        return Made(made, event)
 
     carry = NextEpoch(epoch + 1, functools.partial(make, 1)) if next_plan is not None and step == 1 else None
     return threaded(

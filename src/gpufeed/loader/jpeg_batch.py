@@ -29,6 +29,7 @@ from gpufeed.decode.base import Decoded, Encoded, into_pixels
 from gpufeed.decode.scheduling.choice import decoder_room
 from gpufeed.decode.scheduling.shares import Started
 from gpufeed.decode.scheduling.steering import Pace
+from gpufeed.loader.batch import Batch, Skipped
 from gpufeed.loader.bytes import ByteSource
 from gpufeed.loader.settings import Decoding, Output
 from gpufeed.loader.stats import Reading, Stats, stage_range
@@ -73,7 +74,7 @@ class JpegBatcher:
         """`images`: where the bytes come from; `threads`: CPU decode threads where `cpu` (the shared worker
         processes) is None; `gpu_turn`: a lock the pipelines' GPU decodes take turns with."""
         self.images, self.output, self.counters = images, output, counters
-        self.on_error, tuning = decoding.on_error, decoding.tuning
+        self.on_error, self.exact, tuning = decoding.on_error, decoding.exact, decoding.tuning
         device = output.device
         self._shapes = images.shapes.astype(np.int64)
         room = decoder_room(self._shapes, decoding.batch_size, tuning.prealloc) if output.cuda else None
@@ -97,10 +98,9 @@ class JpegBatcher:
         self._compiled = not (self.fused and tuning.compile_ahead)  # the batch kernels compiled once, during a decode
         log.debug("gpufeed.Loader: jpeg decoders %s", " + ".join(self.scheduler.names))
 
-    def make(
-        self, idx: torch.Tensor, params: Params, ahead: tuple[Upcoming, ...] = ()
-    ) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
-        """(images, labels, the store index of each sample: a failed one's replacement's). `ahead`: this
+    def make(self, idx: torch.Tensor, params: Params, ahead: tuple[Upcoming, ...] = ()) -> Batch:
+        """The finished batch, with the store index of each sample (a failed one's replacement's; in an
+        evaluation pass failed ones are left out instead, and named in `skipped`). `ahead`: this
         pipeline's next batches: the first is started now (its CPU share decoded while this batch is
         finished), the files of the second (a folder read in place) read meanwhile."""
         pace, self._read = self.counters.since(self._read)
@@ -114,7 +114,7 @@ class JpegBatcher:
         ahead: tuple[Upcoming, ...] = (),
         pace: Pace | None = None,
         replacing: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+    ) -> Batch:
         """Host-side bookkeeping is numpy: see `gpufeed.decode.base` for why. `replacing`: this batch stands
         in for one none of whose samples decoded; if none of its own does either, DecodeError (the caller
         tries the next samples), never another replacement within it."""
@@ -134,13 +134,18 @@ class JpegBatcher:
         t2 = time.perf_counter()
         self.counters.add("decode", t2 - t1)
         shapes, boxes, labels = started.shapes, started.boxes, self._labels[i]
+        if failed and self.exact:
+            self._failed(idx, failed)  # raises under on_error="raise"
+        if failed and len(failed) == len(i) and self.exact:
+            return self._empty(i, failed, params)
         if failed and len(failed) == len(i) and self.on_error == "skip":
             if replacing:
                 raise DecodeError(f"none of samples {i.tolist()} decodes")
             self._failed(idx, failed)
             return self._replaced(idx, params)
         if failed:
-            self._failed(idx, failed)
+            if not self.exact:
+                self._failed(idx, failed)
             good = [p for p in range(len(i)) if p not in failed]
             copies = {p: next((g for g in good if g > p), good[0]) for p in failed}
             labels[list(copies)] = labels[list(copies.values())]
@@ -154,10 +159,30 @@ class JpegBatcher:
         else:
             images, labels = self._cpu(parts, boxes, params, len(i)), torch.from_numpy(labels)
         self.counters.add("resize", time.perf_counter() - t2)
+        if failed and self.exact:  # each sample at most once: the failed ones are left out
+            kept = torch.tensor(good, device=images.device)
+            return Batch(
+                images.index_select(0, kept),
+                labels.index_select(0, kept.to(labels.device)),
+                None,
+                final=True,
+                samples=i[good],
+                skipped=self._skipped(i, failed),
+            )
         if failed:  # keep batches full: a failed sample becomes a copy of the next good one
             for p, src in copies.items():
                 images[p] = images[src]
-        return images, labels, samples
+        return Batch(images, labels, None, final=True, samples=samples)
+
+    def _skipped(self, i: np.ndarray, failed: dict[int, str]) -> tuple[Skipped, ...]:
+        return tuple(Skipped(int(i[p]), _source(self.images, int(i[p])), failed[p]) for p in sorted(failed))
+
+    def _empty(self, i: np.ndarray, failed: dict[int, str], params: Params) -> Batch:
+        """An evaluation batch none of whose samples decoded: no images, all of them reported."""
+        dev = self.output.device
+        images = torch.empty((0, 3, *params.out_hw), dtype=self.output.dtype, device=dev)
+        labels = torch.empty(0, dtype=torch.int64, device=dev if self.fused else "cpu")
+        return Batch(images, labels, None, final=True, samples=i[:0], skipped=self._skipped(i, failed))
 
     def _started(self, i: np.ndarray, params: Params) -> Started:
         """Batch `i`, started: by the call that made the batch before it, or now."""
@@ -189,9 +214,7 @@ class JpegBatcher:
                 return read
         return self.images.read_later(i)()
 
-    def _replaced(
-        self, idx: torch.Tensor, params: Params, tries: int = 8
-    ) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+    def _replaced(self, idx: torch.Tensor, params: Params, tries: int = 8) -> Batch:
         """A batch none of whose samples decoded (`on_error="skip"`): made of the samples that follow
         them in the store instead, each with its own label and the same crop relative to its size,
         trying up to `tries` steps further. Deterministic, so a resumed run makes the same batch."""
@@ -215,15 +238,18 @@ class JpegBatcher:
         why = f"{failed[first]}{_from(self.images, int(idx[first]))}"
         if self.on_error == "raise":
             raise DecodeError(f"{where} cannot be decoded ({why})")
-        self.counters.note(f"{len(failed)} undecodable sample(s) replaced, e.g. {where} ({why})")
+        done = "left out (evaluation: loader.skipped names them)" if self.exact else "replaced"
+        self.counters.note(f"{len(failed)} undecodable sample(s) {done}, e.g. {where} ({why})")
         if not self._warned.is_set():
             self._warned.set()
             log.warning(
-                "%s cannot be decoded (%s); replaced by another sample (of its batch, or "
-                "the ones after it if the whole batch failed) "
-                "(further ones are counted in loader.stats())",
+                "%s cannot be decoded (%s); %s (further ones are counted in loader.stats())",
                 where,
                 why,
+                "left out of its batch: an evaluation pass counts each sample at most once "
+                "(loader.skipped names every one)"
+                if self.exact
+                else "replaced by another sample (of its batch, or the ones after it if the whole batch failed)",
             )
 
     def _gpu(self, parts, boxes: np.ndarray, labels: np.ndarray, params: Params) -> tuple[torch.Tensor, torch.Tensor]:
@@ -332,9 +358,15 @@ def _table(columns: list[np.ndarray]) -> tuple[np.ndarray, list[int]]:
     return table, at[:-1]
 
 
-def _from(images: ByteSource, i: int) -> str:
-    """The suffix "; <its source>" where the source knows it (a store packed by gpufeed 0.1 does not)."""
+def _source(images: ByteSource, i: int) -> str:
+    """Where sample `i` came from, or "" where the source doesn't know (a store packed by gpufeed 0.1)."""
     try:
-        return f"; {images.source(i)}"
-    except Exception:  # noqa: BLE001  only the message loses it
+        return images.source(i)
+    except Exception:  # noqa: BLE001  only the report loses it
         return ""
+
+
+def _from(images: ByteSource, i: int) -> str:
+    """The suffix "; <its source>" where the source knows it."""
+    where = _source(images, i)
+    return f"; {where}" if where else ""

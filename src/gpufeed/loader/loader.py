@@ -25,7 +25,7 @@ import torch
 from gpufeed.augment.pipeline import Augment
 from gpufeed.decode.tuning import Tuning
 from gpufeed.loader import tiers
-from gpufeed.loader.batch import Batch
+from gpufeed.loader.batch import Batch, Skipped
 from gpufeed.loader.bytes import ByteSource, PackedBytes, ShardBytes
 from gpufeed.loader.cores import local_ranks
 from gpufeed.loader.feeds import HostGather, device_feed, host_feed
@@ -134,7 +134,7 @@ class Loader:
     Args:
         store: a `Store` or the path of one (raw or jpeg, sharded or not); the URL of a sharded store in
             a bucket (`s3://`, `gs://`, `az://`, `https://`, any fsspec URL), read through a local cache
-            (`cache_dir`, `cache_limit`, `storage_options`); or, to read JPEGs in place without packing
+            (`cache_dir`, `cache_limit`, `storage_options`); or, to read images in place without packing
             (an inference or evaluation pass), a folder (ImageFolder or flat), a CSV/JSONL list or
             uncompressed tar shards (see `loader.folder`).
         batch_size: samples per batch on this rank.
@@ -154,9 +154,12 @@ class Loader:
         prefetch: batches made ahead of the consumer, at most (default 3; jpeg: 6, and also the next
             epoch's first ones, made as an epoch ends and dropped if another epoch is iterated).
         gather_threads: disk tier: CPU threads gathering rows (default min(8, cores)).
-        on_error: jpeg: "skip" replaces an undecodable sample (warned once, counted), "raise" raises
-            `DecodeError` naming it. Any store: a damaged text or JSON field value is None under
-            "skip" (warned once) and raises `StoreError` under "raise".
+        on_error: jpeg: "skip" replaces an undecodable sample by another of its batch when training
+            (warned once, counted), and in an evaluation pass (`shuffle`, `drop_last` or `pad` False)
+            leaves it out of its batch, so each sample counts at most once, and names it in
+            `loader.skipped` (`Skipped`: sample, source, reason); "raise" raises `DecodeError` naming
+            it. Any store: a damaged text or JSON field value is None under "skip" (warned once) and
+            raises `StoreError` under "raise".
         num_workers: jpeg: CPU decode worker processes (default with a GPU: this rank's cores but two,
             or but an eighth of them if more; on CPU all of them; 0 decodes on threads of this
             process). With a GPU they decode all they can, the GPU decoders what they can't.
@@ -256,6 +259,9 @@ class Loader:
             pad=pad,
             shards=shards,
         )
+        # an evaluation pass: each sample at most once, an undecodable one left out and named in `skipped`
+        self.evaluation = not (shuffle and drop_last and pad)
+        self.skipped: list[Skipped] = []
         self.augment = Augment(augment) if augment is not None else None
         shape = self.store.image_shape
         sizes = torch.from_numpy(np.array(self.store.shapes)) if shape is None else (shape[0], shape[1])
@@ -299,7 +305,9 @@ class Loader:
                 else PackedBytes(self.store, self.tier.images)
             )
             self._images = images
-            decoding = Decoding(decoders, _workers(num_workers, self.device), on_error, batch_size, self.tuning)
+            decoding = Decoding(
+                decoders, _workers(num_workers, self.device), on_error, batch_size, self.tuning, exact=self.evaluation
+            )
             self.jpeg = jpeg_pipelines(images, self.output, decoding, self.counters)
         self._pid = os.getpid()
         self._closed = False
@@ -508,6 +516,10 @@ class Loader:
                 batch = next(batches, None)
                 if batch is None:
                     break
+                self.skipped += batch.skipped
+                if batch.skipped and not len(batch.labels):  # evaluation: none of its samples decoded
+                    self._batch += 1
+                    continue
                 out = self._finish(batch)
                 self._batch += 1
                 yield out

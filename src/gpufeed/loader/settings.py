@@ -30,7 +30,9 @@ class Output:
 class Decoding:
     """How a jpeg store's batches are decoded: the decoders (None: the default), the CPU decode
     worker processes (0: threads of this process instead), what an undecodable sample becomes
-    (`on_error`), the batch size the GPU decoders make room for, and the measured settings.
+    (`on_error`), the batch size the GPU decoders make room for, the measured settings, and whether
+    the pass is an evaluation (`exact`): each sample at most once, an undecodable one left out of its
+    batch and reported rather than replaced by another.
 
     The one user number `num_workers` sizes three things, each named here once: `workers` (the
     processes), `cpu_threads` (each pipeline's CPU decode threads where there are no processes, or for
@@ -42,6 +44,7 @@ class Decoding:
     on_error: str
     batch_size: int
     tuning: Tuning
+    exact: bool = False
 
     @property
     def cpu_threads(self) -> int:

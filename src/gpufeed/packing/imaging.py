@@ -10,35 +10,16 @@ from __future__ import annotations
 
 import io
 import math
-import warnings
-from contextlib import contextmanager
 
 import numpy as np
-from PIL import Image, ImageOps
+from PIL import Image
 
-from gpufeed.sources.images import plain_jpeg_problem
-
-# Pillow's own hard limit (2 × MAX_IMAGE_PIXELS): images larger than this after JPEG
-# downscaling are skipped unless the caller raises the budget.
-DEFAULT_MAX_PIXELS = 2 * 89_478_485
-RESAMPLE = Image.Resampling.BICUBIC
-
-
-class BadImage(Exception):
-    """An input that cannot become a sample; the message is the reason."""
-
-
-@contextmanager
-def own_bomb_guard():
-    """Disable Pillow's global guard for the duration; `decode` enforces its own budget."""
-    saved = Image.MAX_IMAGE_PIXELS
-    Image.MAX_IMAGE_PIXELS = None
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            yield
-    finally:
-        Image.MAX_IMAGE_PIXELS = saved
+from gpufeed.sources.images import DEFAULT_MAX_PIXELS as DEFAULT_MAX_PIXELS
+from gpufeed.sources.images import RESAMPLE, kept_as_is, upright_rgb
+from gpufeed.sources.images import BadImage as BadImage
+from gpufeed.sources.images import encode_jpeg as encode_jpeg
+from gpufeed.sources.images import own_bomb_guard as own_bomb_guard
+from gpufeed.sources.images import to_rgb as to_rgb
 
 
 def _draft_request(w: int, h: int, scale: float) -> tuple[int, int]:
@@ -56,23 +37,6 @@ def target_scale(w: int, h: int, mode: str, size: int, fit: str, max_side: int) 
     return size / min(w, h)  # stretch: each side must stay >= size
 
 
-def to_rgb(img: Image.Image) -> Image.Image:
-    """RGB view of any mode: alpha composited on white, 16-bit scaled, palette/CMYK converted."""
-    if img.mode == "RGB":
-        return img
-    if img.mode in ("I;16", "I;16B", "I;16L", "I;16N", "I", "F"):
-        arr = np.asarray(img, dtype=np.float64)
-        top = 65535.0 if img.mode != "F" and arr.max(initial=0) > 255 else 255.0
-        arr = np.clip(arr * (255.0 / top), 0, 255).round().astype(np.uint8)
-        return Image.fromarray(arr).convert("RGB")
-    has_alpha = img.mode in ("RGBA", "LA", "PA", "RGBa", "La") or "transparency" in img.info
-    if has_alpha:
-        rgba = img.convert("RGBA")
-        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-        return Image.alpha_composite(white, rgba).convert("RGB")
-    return img.convert("RGB")
-
-
 def decode(data: bytes, mode: str, size: int, fit: str, max_side: int, max_pixels: int) -> Image.Image:
     """Decode `data` to an upright RGB image, downscaled in the DCT domain where possible."""
     return decode_sized(data, mode, size, fit, max_side, max_pixels)[0]
@@ -83,26 +47,7 @@ def decode_sized(
 ) -> tuple[Image.Image, tuple[int, int]]:
     """`decode`, and the (h, w) of the full image upright (before any DCT downscaling): the frame
     a sample's boxes are given in."""
-    try:
-        img: Image.Image = Image.open(io.BytesIO(data))
-        w, h = img.size
-        if w * h > max_pixels:  # the header's size, before anything is allocated or decoded
-            raise BadImage(
-                f"{w}x{h} image ({img.format}) exceeds max_pixels={max_pixels} "
-                "(decompression-bomb guard; raise max_pixels to pack it)"
-            )
-        turned = img.getexif().get(ImageOps.ExifTags.Base.Orientation, 1) in (5, 6, 7, 8)
-        scale = target_scale(w, h, mode, size, fit, max_side)
-        if scale < 1 and img.format == "JPEG":
-            img.draft(None, _draft_request(w, h, scale))
-        img = ImageOps.exif_transpose(img)
-        return to_rgb(img), ((w, h) if turned else (h, w))
-    except BadImage:
-        raise
-    except Image.UnidentifiedImageError:
-        raise BadImage("not an image Pillow can identify") from None
-    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
-        raise BadImage(f"cannot decode: {e}") from None
+    return upright_rgb(data, max_pixels, lambda w, h: target_scale(w, h, mode, size, fit, max_side))
 
 
 def fit_square(img: Image.Image, size: int, fit: str) -> np.ndarray:
@@ -126,18 +71,6 @@ def is_plain_jpeg(data: bytes, max_side: int) -> tuple[int, int] | None:
     """(h, w) if `data` is an upright RGB baseline JPEG within max_side (kept as is), else None."""
     try:
         img = Image.open(io.BytesIO(data))
-        ok = img.mode == "RGB" and max(img.size) <= max_side and plain_jpeg_problem(img) is None
-        return (img.size[1], img.size[0]) if ok else None
+        return (img.size[1], img.size[0]) if kept_as_is(img, max_side) else None
     except Exception:  # noqa: BLE001  any failure: not kept as is (re-encoded)
         return None
-
-
-def encode_jpeg(img: Image.Image, quality: int, max_side: int) -> tuple[bytes, tuple[int, int]]:
-    """Baseline RGB JPEG of `img`, its longer side at most `max_side`; returns (bytes, (h, w))."""
-    w, h = img.size
-    if max(w, h) > max_side:
-        scale = max_side / max(w, h)
-        img = img.resize((max(1, round(w * scale)), max(1, round(h * scale))), RESAMPLE)
-    buf = io.BytesIO()
-    img.save(buf, format="JPEG", quality=quality)
-    return buf.getvalue(), (img.size[1], img.size[0])

@@ -25,6 +25,7 @@ from gpufeed.packing.sigterm import sigterm_stops
 from gpufeed.packing.sinks import JpegSink, RawSink
 from gpufeed.packing.upload import pack_to_url
 from gpufeed.sources import Item, Skip, open_source
+from gpufeed.sources.images import JPEG_QUALITY
 from gpufeed.store import format as fmt
 from gpufeed.store.locations import is_url, parse_size
 from gpufeed.store.writer import atomic_store_dir
@@ -177,7 +178,7 @@ def pack(
     mode: str = "raw",
     size: int = 256,
     fit: str = "crop",
-    quality: int = 90,
+    quality: int = JPEG_QUALITY,
     max_side: int = 512,
     reencode: bool = True,
     workers: int | None = None,

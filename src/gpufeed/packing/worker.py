@@ -16,6 +16,7 @@ import numpy as np
 from gpufeed.packing import imaging
 from gpufeed.packing.imaging import BadImage
 from gpufeed.sources import MAX_FILE_BYTES, Item
+from gpufeed.sources.images import upright_jpeg
 from gpufeed.store.format import raw_item_bytes
 
 
@@ -79,8 +80,7 @@ def _jpeg(data: bytes, s: Settings) -> Packed:
         kept = imaging.is_plain_jpeg(data, s.max_side)
         if kept is not None:
             return Packed(payload=data, hw=kept, source_hw=kept)
-    img, source_hw = imaging.decode_sized(data, "jpeg", s.size, s.fit, s.max_side, s.max_pixels)
-    encoded, hw = imaging.encode_jpeg(img, s.quality, s.max_side)
+    encoded, hw, source_hw = upright_jpeg(data, s.quality, s.max_side, s.max_pixels)  # as a folder read in place
     return Packed(payload=encoded, hw=hw, source_hw=source_hw)
 
 

@@ -1,8 +1,28 @@
-"""What an image file is, as the JPEG decoders need to know before they read its bytes as they are."""
+"""What an image file is, as the JPEG decoders need to know before they read its bytes as they are, and
+how any image becomes the upright RGB baseline JPEG they read: what `gpufeed pack` stores and what a
+folder read in place serves of the images it can't serve as they are (the same function, so the same
+pixels)."""
 
 from __future__ import annotations
 
+import io
+import math
+import warnings
+from collections.abc import Callable
+from contextlib import contextmanager
+
+import numpy as np
 from PIL import Image, ImageOps
+
+# Pillow's own hard limit (2 × MAX_IMAGE_PIXELS): images larger than this after JPEG
+# downscaling are skipped unless the caller raises the budget.
+DEFAULT_MAX_PIXELS = 2 * 89_478_485
+RESAMPLE = Image.Resampling.BICUBIC
+JPEG_QUALITY = 90  # what `gpufeed pack` re-encodes at by default, and a folder read in place always
+
+
+class BadImage(Exception):
+    """An input that cannot become a sample; the message is the reason."""
 
 
 def plain_jpeg_problem(img: Image.Image) -> str | None:
@@ -16,3 +36,90 @@ def plain_jpeg_problem(img: Image.Image) -> str | None:
     if img.getexif().get(ImageOps.ExifTags.Base.Orientation, 1) != 1:
         return "an EXIF-rotated photo (packing turns it upright)"
     return None
+
+
+def kept_as_is(img: Image.Image, max_side: int) -> bool:
+    """Whether an opened image's bytes are stored (and served in place) as they are: an upright RGB
+    baseline JPEG within `max_side`. Anything else is re-encoded by `upright_jpeg`."""
+    return img.mode == "RGB" and max(img.size) <= max_side and plain_jpeg_problem(img) is None
+
+
+@contextmanager
+def own_bomb_guard():
+    """Disable Pillow's global guard for the duration; `upright_rgb` enforces its own budget."""
+    saved = Image.MAX_IMAGE_PIXELS
+    Image.MAX_IMAGE_PIXELS = None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            yield
+    finally:
+        Image.MAX_IMAGE_PIXELS = saved
+
+
+def to_rgb(img: Image.Image) -> Image.Image:
+    """RGB view of any mode: alpha composited on white, 16-bit scaled, palette/CMYK converted."""
+    if img.mode == "RGB":
+        return img
+    if img.mode in ("I;16", "I;16B", "I;16L", "I;16N", "I", "F"):
+        arr = np.asarray(img, dtype=np.float64)
+        top = 65535.0 if img.mode != "F" and arr.max(initial=0) > 255 else 255.0
+        arr = np.clip(arr * (255.0 / top), 0, 255).round().astype(np.uint8)
+        return Image.fromarray(arr).convert("RGB")
+    has_alpha = img.mode in ("RGBA", "LA", "PA", "RGBa", "La") or "transparency" in img.info
+    if has_alpha:
+        rgba = img.convert("RGBA")
+        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(white, rgba).convert("RGB")
+    return img.convert("RGB")
+
+
+def upright_rgb(
+    data: bytes, max_pixels: int, scale_for: Callable[[int, int], float] | None = None
+) -> tuple[Image.Image, tuple[int, int]]:
+    """`data` decoded to an upright RGB image, and the (h, w) of the full image upright (before any DCT
+    downscaling: the frame a sample's boxes are given in). `scale_for(w, h)`: how far a JPEG may be
+    downscaled in the DCT domain (below 1: `draft`), so huge photos never need full-size memory. The
+    header's pixel count is checked against `max_pixels` before anything is decoded (call it inside
+    `own_bomb_guard`, which lifts Pillow's global guard this replaces)."""
+    try:
+        img: Image.Image = Image.open(io.BytesIO(data))
+        w, h = img.size
+        if w * h > max_pixels:  # the header's size, before anything is allocated or decoded
+            raise BadImage(
+                f"{w}x{h} image ({img.format}) exceeds max_pixels={max_pixels} "
+                "(decompression-bomb guard; raise max_pixels to pack it)"
+            )
+        turned = img.getexif().get(ImageOps.ExifTags.Base.Orientation, 1) in (5, 6, 7, 8)
+        scale = scale_for(w, h) if scale_for is not None else 1.0
+        if scale < 1 and img.format == "JPEG":
+            img.draft(None, (max(1, math.ceil(w * scale)), max(1, math.ceil(h * scale))))
+        img = ImageOps.exif_transpose(img)
+        return to_rgb(img), ((w, h) if turned else (h, w))
+    except BadImage:
+        raise
+    except Image.UnidentifiedImageError:
+        raise BadImage("not an image Pillow can identify") from None
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
+        raise BadImage(f"cannot decode: {e}") from None
+
+
+def encode_jpeg(img: Image.Image, quality: int, max_side: int) -> tuple[bytes, tuple[int, int]]:
+    """Baseline RGB JPEG of `img`, its longer side at most `max_side`; returns (bytes, (h, w))."""
+    w, h = img.size
+    if max(w, h) > max_side:
+        scale = max_side / max(w, h)
+        img = img.resize((max(1, round(w * scale)), max(1, round(h * scale))), RESAMPLE)
+    buf = io.BytesIO()
+    img.save(buf, format="JPEG", quality=quality)
+    return buf.getvalue(), (img.size[1], img.size[0])
+
+
+def upright_jpeg(
+    data: bytes, quality: int, max_side: int, max_pixels: int
+) -> tuple[bytes, tuple[int, int], tuple[int, int]]:
+    """Any image Pillow reads as an upright RGB baseline JPEG of longer side at most `max_side`: (its
+    bytes, its (h, w), the source's (h, w) upright). Raises `BadImage` with the reason."""
+    img, source_hw = upright_rgb(data, max_pixels, lambda w, h: min(1.0, max_side / max(w, h)))
+    encoded, hw = encode_jpeg(img, quality, max_side)
+    return encoded, hw, source_hw

@@ -122,7 +122,13 @@ def open_library() -> tuple[Library, int]:
     version = f"{v // 1000}.{v % 1000 // 100}.{v % 100}"
     if not version.startswith(SUPPORTED):
         raise RuntimeError(f"nvImageCodec {version}: gpufeed's C calls are for {' or '.join(SUPPORTED)}x")
-    info = filled(InstanceCreateInfo, T_INSTANCE_CREATE_INFO, load_builtin_modules=1, load_extension_modules=0)
+    info = filled(
+        InstanceCreateInfo,
+        T_INSTANCE_CREATE_INFO,
+        load_builtin_modules=1,
+        load_extension_modules=0,
+        create_debug_messenger=0,
+    )  # no log on stderr: a failure is said by gpufeed
     instance = C.c_void_p()
     check(lib.fast.nvimgcodecInstanceCreate(C.byref(instance), C.byref(info)), "creating an instance")
     for name in EXTENSIONS:

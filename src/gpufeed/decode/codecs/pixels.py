@@ -26,7 +26,10 @@ _local = threading.local()  # a region decoder per thread: nvImageCodec decoders
 
 @functools.cache
 def nvimgcodec():
-    """The `nvidia.nvimgcodec` module (ImportError without the extra)."""
+    """The `nvidia.nvimgcodec` module (ImportError without the extra). Its own log (ANSI-coloured
+    "[ERROR] ... Premature end of JPEG data" lines on stderr for each image it can't read) is off unless
+    the user set `PYNVIMGCODEC_VERBOSITY`: a failed image is reported once, by gpufeed, with its path."""
+    os.environ.setdefault("PYNVIMGCODEC_VERBOSITY", "0")
     with quiet_codecs("on import"):
         from nvidia import nvimgcodec as module
     return module
