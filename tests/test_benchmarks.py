@@ -42,6 +42,7 @@ def bench(monkeypatch):
     def load(name: str):
         spec = importlib.util.spec_from_file_location(f"benchmark_{name}", BENCHMARKS / f"{name}.py")
         module = importlib.util.module_from_spec(spec)
+        monkeypatch.setitem(sys.modules, spec.name, module)  # as a script's __main__ is: dataclasses look it up
         spec.loader.exec_module(module)
         return module
 
