@@ -171,3 +171,40 @@ def test_the_cpu_rate_leaves_out_the_images_a_gpu_decoder_rejected(monkeypatch):
     cpu_part = parts[-1][0]  # the CPU's share, collected last
     assert 0 < seconds == cpu_part.busy < s.cpu.busy_seconds  # the retry's seconds are left out
     s.close()
+
+
+def test_gpu_decoders_that_open_late_join_the_next_batch_and_the_cpu_decodes_meanwhile(monkeypatch):
+    """The GPU decoders open on a thread of their own (`Tuning.open_ahead`, on a GPU): until they are
+    open the CPU decodes whole batches and they are not named; the first batch after they open is
+    split with them; a scheduler whose CPU may take no shares waits for them instead."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    batch, shapes, boxes = _four_jpegs()
+    monkeypatch.setattr(scheduler.Scheduler, "_timed", lambda self, dec, b, sh, st: (_on_the_cpu(self, b), 0.01))
+    gate = threading.Event()
+
+    def opening(s: scheduler.Scheduler, pool: ThreadPoolExecutor) -> scheduler.Scheduler:
+        s._opening = pool.submit(lambda: [SimpleNamespace(name="hw")] if gate.wait(10) else [])
+        return s
+
+    with ThreadPoolExecutor(1) as pool:
+        s = opening(scheduler.Scheduler(torch.device("cpu"), 1), pool)
+        parts, failed = s.run(batch, shapes, boxes, (16, 16), False)
+        assert not failed and s.counts["cpu"] == 4 and not s.counts["hw"]
+        assert s.opening and s.names == ["cpu"] and not s.opened(timeout=0.01)
+        gate.set()
+        assert s.opened(10) and not s.opening and s.names == ["hw", "cpu"]
+        s.steering.rates.update(hw=1000.0, cpu=1000.0)
+        s.steering.gpu_rate = 1000.0
+        parts, failed = s.run(batch, shapes, boxes, (16, 16), False)
+        assert not failed and s.counts["hw"] == 2 and s.counts["cpu"] == 6
+        s.close()
+    gate.clear()
+    with ThreadPoolExecutor(1) as pool:
+        s = opening(scheduler.Scheduler(torch.device("cpu"), 1), pool)
+        s.steering.cpu_share = False  # as `decoders=("hw",)` on a GPU: the CPU decodes only what they reject
+        threading.Timer(0.2, gate.set).start()
+        parts, failed = s.run(batch, shapes, boxes, (16, 16), False)  # waits for the GPU decoder
+        assert gate.is_set() and not failed and s.counts["hw"] == 4 and not s.counts["cpu"]
+        s.close()

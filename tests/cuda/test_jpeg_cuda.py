@@ -38,7 +38,7 @@ def test_gpu_batches_match_cpu_batches_and_use_both_decoders(store):
     # enough CPU workers that the CPU's rate earns it a share of every batch
     gpu = gpufeed.Loader(store, batch_size=32, device="cuda", augment=OPS, dtype=torch.float32, seed=3,
                          num_workers=8, decoders=("hw", "nvjpeg", "cuda", "cpu"))
-    assert gpu.jpeg.workers.wait_ready(60)
+    assert gpu.jpeg.workers.wait_ready(60) and gpu.jpeg.opened(60)
     cpu = gpufeed.Loader(store, batch_size=32, device="cpu", augment=OPS, dtype=torch.float32, seed=3)
     names = gpu.stats()["decoders"]
     assert "nvjpeg" in names and names[-1] == "cpu"
@@ -59,15 +59,38 @@ def test_corrupt_sample_replaced_on_gpu(store, tmp_path, caplog):
     with open(tmp_path / "s" / "data.bin", "r+b") as f:
         f.seek(start + 20)
         f.write(b"\xff" * (end - start - 40))
-    loader = gpufeed.Loader(damaged, batch_size=32, device="cuda", augment=OPS, shuffle=False)
+    # training (shuffled, whole batches): replaced; an evaluation pass leaves it out (test_jpeg_loader.py)
+    loader = gpufeed.Loader(damaged, batch_size=32, device="cuda", augment=OPS, shuffle=True)
     with caplog.at_level(logging.WARNING, logger="gpufeed"):
         batches = [(x.cpu(), y.cpu()) for x, y in loader]
-    assert all(len(y) == 32 for _, y in batches)
+    assert len(batches) == len(damaged) // 32 and all(len(y) == 32 for _, y in batches)
     assert "sample 3 cannot be decoded" in caplog.text
+
+
+def test_the_gpu_decoders_open_while_the_cpu_decodes_the_first_batches(store):
+    """The GPU decoders are made, and decode once, on a thread of their own (`Tuning.open_ahead`): the
+    constructor does not wait for them, the CPU decodes until they are open, then they take shares;
+    the batches are those of a loader that opened them in its constructor."""
+    from gpufeed.decode.tuning import Tuning
+
+    kw = dict(batch_size=32, device="cuda", augment=OPS, dtype=torch.float32, seed=6, num_workers=3)
+    ahead, made = gpufeed.Loader(store, **kw), gpufeed.Loader(store, **kw, tuning=Tuning(open_ahead=False))
+    assert len(made.stats()["decoders"]) == 2  # made in the constructor
+    first = [(x.cpu(), y.cpu()) for x, y in ahead]
+    assert ahead.jpeg.opened(60) and ahead.stats()["decoders"] == made.stats()["decoders"]
+    for _ in range(2):
+        for _ in ahead:
+            pass
+    assert ahead.stats()["decoded_by"].get(made.stats()["decoders"][0], 0) > 0
+    for (a, al), (m, ml) in zip(first, made, strict=True):
+        assert torch.equal(al, ml.cpu()) and (a - m.cpu()).abs().mean() < 0.05
+    ahead.close()
+    made.close()
 
 
 def test_memory_flat_over_epochs(store):
     loader = gpufeed.Loader(store, batch_size=32, device="cuda", augment=OPS)
+    assert loader.jpeg.opened(60)  # its buffers are made in the first pass, not while a later one starts
     for _ in loader:
         pass
     torch.cuda.synchronize()
@@ -102,7 +125,7 @@ def test_one_cuda_context_and_workers_without_one(store):
     if shutil.which("nvidia-smi") is None:
         pytest.skip("no nvidia-smi to list the GPU's processes")
     with gpufeed.Loader(store, batch_size=32, device="cuda", augment=OPS, num_workers=3) as gpu:
-        assert gpu.jpeg.workers.wait_ready(60)
+        assert gpu.jpeg.workers.wait_ready(60) and gpu.jpeg.opened(60)
         for _ in gpu:
             pass
         assert len(gpu.stats()["decoders"]) == 2  # the default: one GPU decoder and the CPU
@@ -131,6 +154,7 @@ def test_decode_workers_leave_the_gpu_alone(store):
 def test_the_cpu_share_is_the_cheapest_crops(store):
     sched = Scheduler(torch.device("cuda"), 2, ("nvjpeg", "cpu"))
     try:
+        assert sched.opened(60)
         sched.steering.rates = {"nvjpeg": 3000.0, "cpu": 500.0}  # per CPU thread, of 2
         sched.steering.gpu_rate = 3000.0  # a quarter of every batch for the CPU
         idx = np.arange(32)

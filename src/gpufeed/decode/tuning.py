@@ -51,6 +51,9 @@ class Tuning:
     nv_padding_mb: int = 32
     # the engines' decoder makes its buffers for a whole batch of the store's images at once
     prealloc: bool = True
+    # the GPU decoders are made, and decode once, on a thread of their own while the CPU decodes the
+    # first batches (False: in the constructor, and the first GPU share waits for their first decode)
+    open_ahead: bool = True
 
     @classmethod
     def names(cls) -> tuple[str, ...]:

@@ -17,6 +17,7 @@ from collections.abc import Callable
 import torch
 
 from gpufeed.augment.params import Params
+from gpufeed.augment.pipeline import warm_kernels
 from gpufeed.decode.pool.workers import DecodeWorkers
 from gpufeed.decode.scheduling.choice import DEFAULT, check_decoders
 from gpufeed.decode.scheduling.scheduler import summed
@@ -47,7 +48,13 @@ class JpegPipelines:
 
     @property
     def names(self) -> list[str]:
+        """The decoders in use: the GPU decoders open so far, then the CPU."""
         return self.pipelines[0].scheduler.names
+
+    def opened(self, timeout: float | None = None) -> bool:
+        """Wait until every pipeline's GPU decoders are open (at most `timeout` seconds each): they open on a
+        thread of their own while the CPU decodes the first batches (`Tuning.open_ahead`); whether they are."""
+        return all(p.scheduler.opened(timeout) for p in self.pipelines)
 
     def stats(self) -> dict:
         """`loader.stats()`'s decoder entries: counts, rates and seconds summed over the pipelines, and
@@ -132,6 +139,8 @@ def jpeg_pipelines(images: ByteSource, output: Output, decoding: Decoding, count
     processes they share (0: CPU decoding on threads of this process, which share its GIL)."""
     if decoding.decoders is not None:
         check_decoders(decoding.decoders)
+    if output.cuda and output.augment is not None:
+        warm_kernels()  # while the workers and GPU decoders start
     workers, tuning, device = decoding.workers, decoding.tuning, output.device
     pool = None
     if workers and ("cpu" in (decoding.decoders or DEFAULT) or not output.cuda) and len(images):
@@ -151,5 +160,12 @@ def jpeg_pipelines(images: ByteSource, output: Output, decoding: Decoding, count
         [JpegBatcher(images, output, decoding, counters, threads, pool, turn) for _ in range(count)], pool
     )
     where = f"{pool.size} worker processes" if pool is not None else f"{threads} threads per pipeline"
-    log.info("gpufeed.Loader: jpeg decoders %s, %d pipeline(s), CPU decode in %s", " + ".join(jpeg.names), count, where)
+    opening = " (the GPU decoders opening)" if jpeg.pipelines[0].scheduler.opening else ""
+    log.info(
+        "gpufeed.Loader: jpeg decoders %s%s, %d pipeline(s), CPU decode in %s",
+        " + ".join(jpeg.names),
+        opening,
+        count,
+        where,
+    )
     return jpeg

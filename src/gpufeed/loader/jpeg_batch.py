@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from gpufeed.augment.params import Params
-from gpufeed.augment.pipeline import Augment, fused_kernels
+from gpufeed.augment.pipeline import Augment, fused_kernels, kernels_warm
 from gpufeed.decode import Scheduler
 from gpufeed.decode.base import Decoded, Encoded, into_pixels
 from gpufeed.decode.scheduling.choice import decoder_room
@@ -78,13 +78,18 @@ class JpegBatcher:
         device = output.device
         self._shapes = images.shapes.astype(np.int64)
         room = decoder_room(self._shapes, decoding.batch_size, tuning.prealloc) if output.cuda else None
-        self.scheduler = Scheduler(
-            device, threads, decoding.decoders, cpu, gpu_turn, room, tuning, decoding.host_threads
-        )
         self.fused = output.cuda and fused_kernels() is not None
-        for dec in self.scheduler.gpu:  # the resize kernel converts the engines' YCbCr planes itself
-            if dec.name == "hw":
-                dec.planar = self.fused and tuning.planar
+        self.scheduler = Scheduler(
+            device,
+            threads,
+            decoding.decoders,
+            cpu,
+            gpu_turn,
+            room,
+            tuning,
+            decoding.host_threads,
+            planar=self.fused and tuning.planar,  # the resize kernel converts the engines' YCbCr planes itself
+        )
         self.stream = torch.cuda.Stream(device, priority=tuning.priority) if output.cuda else None
         # the per-batch tables go up on a stream of their own: a copy from pageable memory first waits
         # for all the work queued on its stream, and on `stream` that is the batch's decodes and copies
@@ -303,6 +308,7 @@ class JpegBatcher:
         that decode, on the first batch's time (docs/benchmarks.md, "Start-up and GPU memory"). The
         output is dropped."""
         self._compiled = True
+        kernels_warm()
         stand_in = Decoded(
             torch.zeros(3, dtype=torch.uint8, device=self.output.device),
             np.zeros(1, np.int64),

@@ -16,6 +16,7 @@ from __future__ import annotations
 import ctypes as C
 import functools
 import importlib.util
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -100,10 +101,21 @@ def check(status: int, what: str) -> None:
 
 
 _EXTENSIONS: list = []
+# the instance's and decoders' making and destroying, one at a time: they let go of the GIL (a
+# decoder opens on a thread while others decode, `Tuning.open_ahead`), and one loader's decoder may
+# be destroyed while another's is made. Re-entrant: a decoder's `__del__` may run in a thread that
+# holds it, when the collector runs there
+LIFECYCLE = threading.RLock()
+
+
+def open_library() -> tuple[Library, int]:
+    """`_open_library`, once for the process (whichever thread asks first)."""
+    with LIFECYCLE:
+        return _open_library()
 
 
 @functools.cache
-def open_library() -> tuple[Library, int]:
+def _open_library() -> tuple[Library, int]:
     """The library of the installed `nvidia.nvimgcodec` and an instance of it with its JPEG extensions
     alone (`EXTENSIONS`), kept for the process. Its Python module is not imported: that makes an
     instance with every extension (JPEG 2000, TIFF, OpenCV, ...), which took about half of a GPU
@@ -130,7 +142,9 @@ def open_library() -> tuple[Library, int]:
         create_debug_messenger=0,
     )  # no log on stderr: a failure is said by gpufeed
     instance = C.c_void_p()
-    check(lib.fast.nvimgcodecInstanceCreate(C.byref(instance), C.byref(info)), "creating an instance")
+    # made once a process, on a thread while batches decode elsewhere (`Tuning.open_ahead`): the
+    # calls that load and set up codecs (a second in all) let go of the GIL
+    check(lib.slow.nvimgcodecInstanceCreate(C.byref(instance), C.byref(info)), "creating an instance")
     for name in EXTENSIONS:
         found = sorted((home / "extensions").glob(name + "*"))
         if not found:
@@ -140,7 +154,7 @@ def open_library() -> tuple[Library, int]:
         _EXTENSIONS.append((module, desc, extension))  # kept for the process, as the instance is
         with quiet_codecs(f"loading {name}"):  # a missing library of its own (nvJPEG) is said at its decoder
             check(module.nvimgcodecExtensionModuleEntry(C.byref(desc)), f"describing {name}")
-            check(lib.fast.nvimgcodecExtensionCreate(instance, C.byref(extension), C.byref(desc)), f"loading {name}")
+            check(lib.slow.nvimgcodecExtensionCreate(instance, C.byref(extension), C.byref(desc)), f"loading {name}")
     return lib, instance.value  # type: ignore[return-value]  # made: InstanceCreate succeeded
 
 
@@ -195,10 +209,11 @@ class BatchDecoder:
                 f"nvjpeg_hw_decoder:preallocate_{key}={int(value)}"
                 for key, value in zip(("batch_size", "width_hint", "height_hint"), room)
             )
-        check(
-            self.lib.fast.nvimgcodecDecoderCreate(self.instance, C.byref(handle), C.byref(params), options.encode()),
-            f"creating the {backend} decoder",
-        )
+        with LIFECYCLE:
+            status = self.lib.slow.nvimgcodecDecoderCreate(
+                self.instance, C.byref(handle), C.byref(params), options.encode()
+            )
+        check(status, f"creating the {backend} decoder")
         self.handle = handle.value
         self.host = backend == "cpu"
         self._params = filled(DecodeParams, T_DECODE_PARAMS, apply_exif_orientation=0)
@@ -344,4 +359,5 @@ class BatchDecoder:
             for h in handles:
                 if h:
                     destroy(h)
-        fast.nvimgcodecDecoderDestroy(self.handle)
+        with LIFECYCLE:
+            self.lib.slow.nvimgcodecDecoderDestroy(self.handle)  # tears the engines' state down: a part of a second

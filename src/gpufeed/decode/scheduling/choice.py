@@ -3,6 +3,7 @@ GPU ones (each that can't be made here is said once, with the reason and the fix
 
 from __future__ import annotations
 
+import io
 import logging
 
 import numpy as np
@@ -77,22 +78,51 @@ def gpu_decoders(
     host_threads: int,
     room: tuple[int, int, int] | None = None,
     padding: int = 32 << 20,
+    warm: bool = False,
 ) -> list:
     """The GPU decoders of `use` that can be made on `device` (none on a CPU); `use` None: the first of
     `DEFAULT`'s that can be made (the others are never built). `host_threads`: nvImageCodec's host threads;
     `room`: (images, width, height) of the batches the engines' decoder makes its buffers for;
-    `padding`: what nvJPEG rounds its allocations up to, in bytes."""
+    `padding`: what nvJPEG rounds its allocations up to, in bytes; `warm`: each decodes one small
+    image before it is returned (`warmed`)."""
     first_only = use is None
     use = DEFAULT if use is None else use
     check_decoders(use)
     made = []
     for name in [name for name in KNOWN[:-1] if name in use] if device.type == "cuda" else []:
         decoder = _nvjpeg(device) if name == "nvjpeg" else _nvimgcodec(device, name, host_threads, room, padding)
-        if decoder is not None:
+        if decoder is not None and (not warm or warmed(decoder, device)):
             made.append(decoder)
             if first_only:
                 break
     return made
+
+
+def warmed(decoder, device: torch.device) -> bool:
+    """Decode one small JPEG with `decoder`, so that what its first decode sets up (the engines: 0.6 s
+    in a fresh process on an H100, docs/benchmarks.md "Start-up") is not on a batch's time. False,
+    with the reason said once, where it fails: the decoder is not used."""
+    from PIL import Image
+
+    from gpufeed.decode.base import Encoded
+
+    buf = io.BytesIO()
+    Image.new("RGB", (64, 64), (120, 90, 60)).save(buf, format="JPEG", quality=90)
+    tiny = buf.getvalue()
+    try:
+        stream = torch.cuda.Stream(device)
+        with torch.cuda.stream(stream):
+            part = decoder.decode(Encoded.joined([tiny]), np.array([[64, 64]]))
+        stream.synchronize()
+    except Exception as e:  # noqa: BLE001  a decoder that was made but cannot decode here (a driver, a wheel)
+        warn_once(f"the {decoder.name} JPEG decoder failed its first decode ({e}): using the other decoders")
+        return False
+    if part.on_done is not None:
+        part.on_done(None)
+    if part.failed:
+        warn_once(f"the {decoder.name} JPEG decoder could not decode a plain JPEG ({part.failed[0]}): using the others")
+        return False
+    return True
 
 
 def decoder_room(shapes: np.ndarray, batch_size: int, prealloc: bool = True) -> tuple[int, int, int] | None:

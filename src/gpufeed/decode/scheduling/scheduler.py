@@ -19,6 +19,7 @@ them every image costs the same.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import time
 from collections import Counter
@@ -51,6 +52,7 @@ class Scheduler:
         room: tuple[int, int, int] | None = None,
         tuning: Tuning = Tuning(),
         host_threads: int | None = None,
+        planar: bool = False,
     ):
         """`cpu_threads`: the CPU decoder's threads where `cpu` is None (and for what it can't take);
         `host_threads`: nvImageCodec's host threads (default: `cpu_threads`, at least two).
@@ -58,17 +60,35 @@ class Scheduler:
         `gpu_turn`: a lock shared by pipelines so that their GPU decodes take turns (the CPU shares,
         resizes and Python of one pipeline then overlap another's GPU decode, never two decodes).
         `room`: (images, width, height) of the batches the GPU decoders make their buffers for.
-        `tuning`: the JPEG path's measured settings (stream priority, early GPU shares, steering)."""
-        self.tuning = tuning
+        `tuning`: the JPEG path's measured settings (stream priority, early GPU shares, steering).
+        `planar`: the engines decode YCbCr 4:2:0 photos to their planes (`base.YCC420`), for a consumer
+        whose kernel converts them."""
+        self.tuning, self._planar = tuning, planar
         self._gpu_turn = gpu_turn or contextlib.nullcontext()
         self.device = device
         # always there, the fallback for what GPU decoders reject: `cpu` (worker processes) or threads
         self.cpu = cpu or CpuDecoder(cpu_threads)
         self._own_cpu = cpu is None
-        self.gpu = gpu_decoders(device, use, host_threads or max(2, cpu_threads), room, tuning.nv_padding_mb << 20)
         # else the CPU decodes only what GPU decoders reject
-        cpu_share = "cpu" in (DEFAULT if use is None else use) or not self.gpu
-        self.steering = Steering([d.name for d in self.gpu], cpu_share, tuning)
+        cpu_share = "cpu" in (DEFAULT if use is None else use) or device.type != "cuda"
+        self.steering = Steering([], cpu_share, tuning)
+        self.gpu: list = []  # the GPU decoders, once open (`_use`)
+        self._streams: dict[str, torch.cuda.Stream | None] = {}
+        self._helper: ThreadPoolExecutor | None = None
+        make = functools.partial(
+            gpu_decoders, device, use, host_threads or max(2, cpu_threads), room, tuning.nv_padding_mb << 20
+        )
+        # made on a thread of its own (`Tuning.open_ahead`): the GPU decoders take 1-2 s to make and
+        # decode once in a fresh process, the CPU workers 0.3 s to start (docs/benchmarks.md,
+        # "Start-up"), so the first batches come from the CPU while they open
+        self._opening: Future | None = None
+        self._open_lock = threading.Lock()
+        if device.type == "cuda" and tuning.open_ahead:
+            opener = ThreadPoolExecutor(1, thread_name_prefix="gpufeed-gpuopen")
+            self._opening = opener.submit(make, warm=True)
+            opener.shutdown(wait=False)  # its one thread ends with the job
+        else:
+            self._use(make())
         self.roi = roi_available()  # the workers, if processes, run in this interpreter's environment
         self._cpu_free = 0.0  # when the CPU decoder finished its last share (a perf_counter)
         self.counts: Counter = Counter()
@@ -78,14 +98,53 @@ class Scheduler:
         # begin the share, "cpu_submitted_to_done" from when it was handed over)
         # a Counter of seconds, floats (typeshed's Counter counts ints)
         self.seconds: dict[str, float] = Counter()  # type: ignore[assignment]
-        helpers = len(self.gpu) - 1  # every GPU decoder but the last decodes on a helper thread
-        self._helper = ThreadPoolExecutor(helpers, thread_name_prefix="gpufeed-gpudecode") if helpers > 0 else None
         self._early: ThreadPoolExecutor | None = None  # decodes started batches' GPU shares (`Tuning.gpu_early`)
+
+    def _use(self, decoders: list) -> None:
+        """Decode with the GPU decoders `decoders` from the next batch on."""
+        helpers = len(decoders) - 1  # every GPU decoder but the last decodes on a helper thread
+        self._helper = ThreadPoolExecutor(helpers, thread_name_prefix="gpufeed-gpudecode") if helpers > 0 else None
         # a stream per GPU decoder so they overlap; the host waits on it, so results are complete
-        self._streams = {d.name: torch.cuda.Stream(device, priority=tuning.priority) for d in self.gpu}
+        cuda = self.device.type == "cuda"
+        self._streams = {
+            d.name: torch.cuda.Stream(self.device, priority=self.tuning.priority) if cuda else None for d in decoders
+        }
+        for dec in decoders:
+            if dec.name == "hw":
+                dec.planar = self._planar
+        self.gpu = decoders
+        self.steering.use_gpu([d.name for d in decoders])
+
+    def _settle(self, wait: bool = False, timeout: float | None = None) -> bool:
+        """Take the GPU decoders into use once they are open (`wait`: wait for them, at most `timeout`
+        seconds); whether they are."""
+        with self._open_lock:  # the producer's thread, and a caller of `opened`
+            opening = self._opening
+            if opening is None:
+                return True
+            if not (wait or opening.done()):
+                return False
+            try:
+                decoders = opening.result(timeout)
+            except TimeoutError:
+                return False
+            self._opening = None
+            self._use(decoders)
+            return True
+
+    def opened(self, timeout: float | None = None) -> bool:
+        """Wait until the GPU decoders are open (they open on a thread while the CPU decodes the first
+        batches; at most `timeout` seconds); whether they are."""
+        return self._settle(wait=True, timeout=timeout)
+
+    @property
+    def opening(self) -> bool:
+        """Whether GPU decoders are still being made (the CPU decodes meanwhile)."""
+        return not self._settle()
 
     @property
     def names(self) -> list[str]:
+        """The decoders in use: the GPU decoders open so far, then the CPU."""
         return [d.name for d in self.gpu] + [self.cpu.name]
 
     def shares(self, n: int, threads: int | None = None) -> list[int]:
@@ -106,6 +165,8 @@ class Scheduler:
         hand the CPU its share and (`Tuning.gpu_early`) the helper thread the GPU decoders', which they decode
         while the caller goes on. `pace`: what the caller and its consumer waited for since the last
         batch (None: nothing known yet)."""
+        # the GPU decoders join as they open; waited for where the CPU may not decode a share
+        self._settle(wait=not self.steering.cpu_share)
         threads = self.cpu.threads  # read once: workers become ready while batches are made
         self.steering.steer(pace, threads, len(batch))
         shares = self.shares(len(batch), threads)
@@ -122,7 +183,7 @@ class Scheduler:
         # share is empty (beside a model the workers often decode it all): each wake-up takes the GIL
         if self.gpu and self.tuning.gpu_early and starts[-2] > 0:
             self._early = self._early or ThreadPoolExecutor(1, thread_name_prefix="gpufeed-gpushare")
-            gpu_job = self._early.submit(self._decode_gpu, batch, shapes, order, starts)
+            gpu_job = self._early.submit(self._decode_gpu, batch, shapes, order, starts, self.gpu)
         return Started(
             batch=batch,
             shapes=shapes,
@@ -136,6 +197,7 @@ class Scheduler:
             cpu_job=job,
             submitted=submitted,
             gpu_job=gpu_job,
+            gpu=self.gpu,
         )
 
     def finish(self, started: Started, pin: bool) -> tuple[list[tuple[Decoded, np.ndarray]], dict[int, str]]:
@@ -184,7 +246,7 @@ class Scheduler:
         if started.gpu_job is not None:
             return started.gpu_job.result()
         if started.starts[-2] > 0:
-            return self._decode_gpu(started.batch, started.shapes, started.order, started.starts)
+            return self._decode_gpu(started.batch, started.shapes, started.order, started.starts, started.gpu)
         return GpuShares(shares=[], seconds=0.0)  # the CPU has the whole batch
 
     def _on_the_cpu(self, positions: list[int], started: Started, pin: bool) -> tuple[Decoded, np.ndarray]:
@@ -257,25 +319,30 @@ class Scheduler:
                 "loader.stats()['decoded_by']['cpu_whole']"
             )
 
-    def _decode_gpu(self, batch: Encoded, shapes: np.ndarray, order: np.ndarray, starts: np.ndarray) -> GpuShares:
-        """Decode every GPU decoder's share of a batch (at once, taking the pipelines' GPU turn)."""
+    def _decode_gpu(
+        self, batch: Encoded, shapes: np.ndarray, order: np.ndarray, starts: np.ndarray, decoders: list
+    ) -> GpuShares:
+        """Decode every GPU decoder's share of a batch (`decoders`: those in use when it started; at
+        once, taking the pipelines' GPU turn)."""
         t0 = time.perf_counter()
         with self._gpu_turn:
-            jobs = self._gpu_decodes(batch, shapes, order, starts)
+            jobs = self._gpu_decodes(batch, shapes, order, starts, decoders)
             done = [(dec, pos, job.result() if isinstance(job, Future) else job) for dec, pos, job in jobs]
         shares = [GpuShare(decoder=dec, positions=pos, part=part, seconds=sec) for dec, pos, (part, sec) in done]
         return GpuShares(shares=shares, seconds=time.perf_counter() - t0)
 
-    def _gpu_decodes(self, batch: Encoded, shapes: np.ndarray, order: np.ndarray, starts: np.ndarray) -> list:
+    def _gpu_decodes(
+        self, batch: Encoded, shapes: np.ndarray, order: np.ndarray, starts: np.ndarray, decoders: list
+    ) -> list:
         """Start each GPU decoder on its share: [(decoder, batch positions, (part, seconds) or a future)];
         all but the last decode on helper threads, so they run at once."""
         jobs: list[tuple[Any, np.ndarray, Future | tuple[Decoded, float]]] = []
-        for i, dec in enumerate(self.gpu):
+        for i, dec in enumerate(decoders):
             pos = np.sort(order[starts[i] : starts[i + 1]])
             if not len(pos):
                 continue
             stream = self._streams[dec.name]
-            if self._helper is not None and i < len(self.gpu) - 1:
+            if self._helper is not None and i < len(decoders) - 1:
                 jobs.append((dec, pos, self._helper.submit(self._timed, dec, batch.take(pos), shapes[pos], stream)))
             else:
                 jobs.append((dec, pos, self._timed(dec, batch.take(pos), shapes[pos], stream)))
@@ -289,6 +356,10 @@ class Scheduler:
         return part, time.perf_counter() - t0
 
     def close(self) -> None:
+        if self._opening is not None:  # its thread ends when the decoders are made; they are let go
+            if not self._opening.cancel():
+                self._opening.exception()  # waits for it
+            self._opening = None
         if self._own_cpu:  # a shared CPU decoder (the worker processes) is its owner's to stop
             self.cpu.close()
         for pool in (self._early, self._helper):  # the early pool first: its jobs use the helpers

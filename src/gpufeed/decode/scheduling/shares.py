@@ -29,6 +29,7 @@ class Started:
     cpu_job: Any  # the CPU decoder's handle for `collect`
     submitted: float  # perf_counter
     gpu_job: Future | None  # the GPU shares being decoded (`GpuShares`), or None: decoded in `finish`
+    gpu: list  # the GPU decoders in use when it started, whose shares `starts` gives
 
     @property
     def cpu_pos(self) -> np.ndarray:

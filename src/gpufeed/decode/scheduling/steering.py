@@ -64,19 +64,26 @@ class Steering:
     the CPU decodes only what the GPU decoders reject."""
 
     def __init__(self, gpu: list[str], cpu_share: bool, tuning: Tuning = Tuning()):
-        self.gpu, self.cpu_share, self.tuning = gpu, cpu_share, tuning
-        self.rates = {name: START_RATES[name] for name in gpu} | {"cpu": CPU_START_RATE}
+        self.cpu_share, self.tuning = cpu_share, tuning
+        self.rates = {"cpu": CPU_START_RATE}
         self._spent: dict[str, tuple[float, float]] = {}  # per decoder: averaged images and seconds
+        self.use_gpu(gpu)
+        self.cpu_wait = self.gpu_wait = 0.0  # the producer's waits for the CPU's and GPU's shares since `steer`
+        self.step: float | None = None  # the training loop's own seconds per batch (`Pace.step`), once known
+        self._steps: deque[float] = deque(maxlen=tuning.steer_steps)
+
+    def use_gpu(self, gpu: list[str]) -> None:
+        """Steer for GPU decoders named `gpu` from the next batch on (they open after the first
+        batches: `Scheduler`), split at first so that they and the CPU finish together."""
+        self.gpu = gpu
+        self.rates = {name: START_RATES[name] for name in gpu} | {"cpu": self.rates["cpu"]}
         # the GPU decoders together: images per second of a batch until the last of them is done.
         # Below the sum of their own rates (starting them, handing results back); the CPU's share is
         # set against it, so the CPU finishes with the GPU rather than with the GPU decoders' calls
         self.gpu_rate = sum(self.rates[name] for name in gpu)
-        # the GPU decoders' part of each batch; None until a batch was made, when the shares are set so
-        # that the CPU and the GPU decoders finish together
+        # the GPU decoders' part of each batch; None until a batch was made with them, when the shares
+        # are set so that the CPU and the GPU decoders finish together
         self.gpu_part: float | None = None
-        self.cpu_wait = self.gpu_wait = 0.0  # the producer's waits for the CPU's and GPU's shares since `steer`
-        self.step: float | None = None  # the training loop's own seconds per batch (`Pace.step`), once known
-        self._steps: deque[float] = deque(maxlen=tuning.steer_steps)
 
     def shares(self, n: int, threads: int) -> list[int]:
         """Images per decoder (GPU decoders in order, then the CPU) for a batch of `n`: the GPU decoders
