@@ -42,6 +42,7 @@ class Pass:
     first: float
     total: float
     images: int
+    decoded_by: dict | None = None  # gpufeed's: images per decoder (the GPU decoders join once open)
 
     @property
     def rate(self) -> float:
@@ -69,7 +70,11 @@ def gpufeed_passes(path: Path, device: str, batch: int, size: int, passes: int =
                 first = time.perf_counter() - t0
             count += len(images)
         sync(device)
-        out.append(Pass(construct, first or 0.0, time.perf_counter() - t0, count))
+        total = time.perf_counter() - t0
+        decoded = dict(loader.stats().get("decoded_by", {}))
+        if out:  # the loader's counts are since its start: this pass's alone
+            decoded = {k: v - sum(p.decoded_by.get(k, 0) for p in out) for k, v in decoded.items()}  # type: ignore[union-attr]
+        out.append(Pass(construct, first or 0.0, total, count, decoded))
     loader.close()
     return out
 

@@ -97,24 +97,28 @@ class FolderStore:
 
     def __init__(self, source: str | os.PathLike, threads: int | None = None):
         self.path = Path(os.fspath(source))
-        self._pool = ThreadPoolExecutor(
-            threads or min(16, 4 * (os.cpu_count() or 1)), thread_name_prefix="gpufeed-folder"
-        )
+        self._threads = threads or min(16, 4 * (os.cpu_count() or 1))
+        self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="gpufeed-folder")
         listed, self.classes, skipped = _list(os.fspath(source))
         cache_path = _cache_path(self.path)
         self.upright = cache_path.with_suffix(".upright")  # the images re-encoded, as packing would
         cached = _load(cache_path)
         stats = {f: _stat(f) for f in {x.file for x in listed}}
         keys = [f"{x.name}|{stats[x.file]}" for x in listed]
-        made = [self.upright / _upright_name(key) for key in keys]
+        upright = os.fspath(self.upright)
+
+        def made(k: int) -> str:
+            """Where image k is kept re-encoded (named by its key: asked for those alone, a hash each)."""
+            return os.path.join(upright, _upright_name(keys[k]))
+
         fresh = [
-            k for k, key in enumerate(keys) if not _fits(cached.get(key), listed[k], stats[listed[k].file], made[k])
+            k for k, key in enumerate(keys) if not _fits(cached.get(key), listed[k], stats[listed[k].file], made, k)
         ]
-        for k, found in zip(fresh, self._pool.map(lambda k: _index(listed[k], made[k]), fresh)):
+        for k, found in zip(fresh, self._pool.map(lambda k: _index(listed[k], Path(made(k))), fresh)):
             cached[keys[k]] = found
         if fresh or len(cached) != len(keys):  # new entries, or ones of files gone
             _save(cache_path, {key: cached[key] for key in keys})
-            _prune(self.upright, {made[k].name for k, key in enumerate(keys) if _reencoded(cached[key])})
+            _prune(self.upright, {_upright_name(key) for key in keys if _reencoded(cached[key])})
         kept = [k for k, key in enumerate(keys) if isinstance(cached[key], list)]
         self.reencoded = sum(_reencoded(cached[keys[k]]) for k in kept)
         newly = sum(_reencoded(cached[keys[k]]) for k in fresh)
@@ -144,7 +148,7 @@ class FolderStore:
         if not kept:
             raise SourceError(f"{self.path}: no image this loader can read (and not a gpufeed store)")
         self._names = [listed[k].name for k in kept]
-        where_read = [str(made[k]) if _reencoded(cached[keys[k]]) else listed[k].file for k in kept]
+        where_read = [made(k) if _reencoded(cached[keys[k]]) else listed[k].file for k in kept]
         files = sorted(set(where_read))
         where = {f: n for n, f in enumerate(files)}
         self._files = np.array(files, dtype=object)
@@ -198,21 +202,29 @@ class FolderStore:
         files = self._files[file_index]
         at = self._begins[indices]
 
-        def one(k: int) -> None:
-            # (numpy's stubs give an ndarray the buffer protocol from Python 3.12 on)
-            view = memoryview(buffer)[int(begins[k]) : int(ends[k])]  # type: ignore[arg-type]
-            try:
-                fd = _open_regular(files[k])
+        def some(ks: range) -> None:
+            for k in ks:
+                # (numpy's stubs give an ndarray the buffer protocol from Python 3.12 on)
+                view = memoryview(buffer)[int(begins[k]) : int(ends[k])]  # type: ignore[arg-type]
                 try:
-                    got = os.preadv(fd, [view], int(at[k]))
-                finally:
-                    os.close(fd)
-            except OSError:
-                got = 0
-            if got < len(view):
-                view[:] = b"\0" * len(view)  # changed since indexed: undecodable, replaced
+                    # never blocks: a FIFO put in a file's place fails (no seek), a device gives at
+                    # most the bytes asked for; either is then undecodable, as a damaged file
+                    fd = os.open(files[k], os.O_RDONLY | os.O_NONBLOCK)
+                    try:
+                        got = os.preadv(fd, [view], int(at[k]))
+                    finally:
+                        os.close(fd)
+                except OSError:
+                    got = 0
+                if got < len(view):
+                    view[:] = b"\0" * len(view)  # changed since indexed: undecodable, replaced
 
-        pending = [self._pool.submit(one, k) for k in range(len(indices))]
+        # a run of files per thread, not a task per file: each task's hand-over takes the GIL from the
+        # training thread, and per file that made a folder's pass half as fast as its packed store's
+        # (docs/benchmarks.md, "Reading a folder in place")
+        n, runs = len(indices), self._threads
+        step = max(1, -(-n // runs))
+        pending = [self._pool.submit(some, range(a, min(a + step, n))) for a in range(0, n, step)]
 
         def done() -> Encoded:
             for job in pending:
@@ -294,10 +306,11 @@ def _upright_name(key: str) -> str:
     return hashlib.sha1(key.encode()).hexdigest()[:24] + ".jpg"
 
 
-def _fits(entry: list[int] | str | None, x: _Listed, stat: str, made: Path) -> bool:
-    """Whether a cached entry can stand for `x` without reading its header again: a reason it was not
-    served, or [height, width, bytes] with the bytes the file (or tar member) has (or the re-encoded
-    copy `made` has), sides a JPEG can have, and no more pixels than those bytes can encode."""
+def _fits(entry: list[int] | str | None, x: _Listed, stat: str, made: Callable[[int], str], k: int) -> bool:
+    """Whether a cached entry can stand for `x` (image `k`) without reading its header again: a reason
+    it was not served, or [height, width, bytes] with the bytes the file (or tar member) has (or its
+    re-encoded copy, at `made(k)`, has), sides a JPEG can have, and no more pixels than those bytes
+    can encode."""
     if isinstance(entry, str):
         return True
     if not isinstance(entry, list) or stat == "missing":
@@ -305,7 +318,7 @@ def _fits(entry: list[int] | str | None, x: _Listed, stat: str, made: Path) -> b
     h, w, size = entry[:3]
     if _reencoded(entry):
         try:
-            expected = os.stat(made).st_size
+            expected = os.stat(made(k)).st_size
         except OSError:
             return False
     else:
