@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import importlib
 import logging
-import threading
 from collections.abc import Sequence
 from typing import Any, overload
 
@@ -326,33 +325,6 @@ def fused_kernels(module: str = "fused"):
     except ImportError as e:
         _no_triton(str(e))
         return None
-
-
-_warming: list[threading.Thread] = []  # `warm_kernels`' thread, once started
-_warm_lock = threading.Lock()
-
-
-def warm_kernels() -> None:
-    """Start Triton's once-a-process work on a thread, as a GPU loader starts: before it looks up any
-    kernel in its cache it hashes its own sources and library into every key (0.4 s on an H100's
-    host), on the first batch's time otherwise (docs/benchmarks.md, "Start-up"). `kernels_warm`
-    waits for it. Nothing without a GPU or where Triton has no such step."""
-    with _warm_lock:
-        if _warming or not torch.cuda.is_available():
-            return
-        try:
-            from triton.runtime.cache import triton_key
-        except ImportError:
-            return
-        _warming.append(threading.Thread(target=triton_key, name="gpufeed-triton-key"))
-        _warming[0].start()
-
-
-def kernels_warm() -> None:
-    """Wait for `warm_kernels`' thread, if one was started: a kernel compiled meanwhile would hash the
-    same files again, at once with it, both taking the GIL in turns."""
-    for thread in _warming:
-        thread.join()
 
 
 @functools.cache

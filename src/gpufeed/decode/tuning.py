@@ -52,8 +52,12 @@ class Tuning:
     # the engines' decoder makes its buffers for a whole batch of the store's images at once
     prealloc: bool = True
     # the GPU decoders are made, and decode once, on a thread of their own while the CPU decodes the
-    # first batches (False: in the constructor, and the first GPU share waits for their first decode)
-    open_ahead: bool = True
+    # first batches (False: in the constructor, and the first GPU share waits for their first decode).
+    # Off until it is proven: on an H100 it brought a fresh process's first batch from 1.0 to 0.6 s,
+    # but in two of about ten runs of the CUDA tests with it (and with decoders made and destroyed
+    # without the GIL) a test process crashed, cause not found (docs/benchmarks.md, "Start-up and
+    # GPU memory")
+    open_ahead: bool = False
 
     @classmethod
     def names(cls) -> tuple[str, ...]:

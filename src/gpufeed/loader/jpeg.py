@@ -17,7 +17,6 @@ from collections.abc import Callable
 import torch
 
 from gpufeed.augment.params import Params
-from gpufeed.augment.pipeline import warm_kernels
 from gpufeed.decode.pool.workers import DecodeWorkers
 from gpufeed.decode.scheduling.choice import DEFAULT, check_decoders
 from gpufeed.decode.scheduling.scheduler import summed
@@ -139,8 +138,6 @@ def jpeg_pipelines(images: ByteSource, output: Output, decoding: Decoding, count
     processes they share (0: CPU decoding on threads of this process, which share its GIL)."""
     if decoding.decoders is not None:
         check_decoders(decoding.decoders)
-    if output.cuda and output.augment is not None:
-        warm_kernels()  # while the workers and GPU decoders start
     workers, tuning, device = decoding.workers, decoding.tuning, output.device
     pool = None
     if workers and ("cpu" in (decoding.decoders or DEFAULT) or not output.cuda) and len(images):

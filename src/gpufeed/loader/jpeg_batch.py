@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from gpufeed.augment.params import Params
-from gpufeed.augment.pipeline import Augment, fused_kernels, kernels_warm
+from gpufeed.augment.pipeline import Augment, fused_kernels
 from gpufeed.decode import Scheduler
 from gpufeed.decode.base import Decoded, Encoded, into_pixels
 from gpufeed.decode.scheduling.choice import decoder_room
@@ -308,7 +308,6 @@ class JpegBatcher:
         that decode, on the first batch's time (docs/benchmarks.md, "Start-up and GPU memory"). The
         output is dropped."""
         self._compiled = True
-        kernels_warm()
         stand_in = Decoded(
             torch.zeros(3, dtype=torch.uint8, device=self.output.device),
             np.zeros(1, np.int64),

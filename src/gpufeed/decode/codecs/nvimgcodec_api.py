@@ -101,11 +101,9 @@ def check(status: int, what: str) -> None:
 
 
 _EXTENSIONS: list = []
-# the instance's and decoders' making and destroying, one at a time: they let go of the GIL (a
-# decoder opens on a thread while others decode, `Tuning.open_ahead`), and one loader's decoder may
-# be destroyed while another's is made. Re-entrant: a decoder's `__del__` may run in a thread that
-# holds it, when the collector runs there
-LIFECYCLE = threading.RLock()
+# the library opened once, whichever thread asks first (the decoders open on a thread of their own,
+# `Tuning.open_ahead`, one per pipeline)
+LIFECYCLE = threading.Lock()
 
 
 def open_library() -> tuple[Library, int]:
@@ -143,7 +141,10 @@ def _open_library() -> tuple[Library, int]:
     )  # no log on stderr: a failure is said by gpufeed
     instance = C.c_void_p()
     # made once a process, on a thread while batches decode elsewhere (`Tuning.open_ahead`): the
-    # calls that load and set up codecs (a second in all) let go of the GIL
+    # calls that load and set up codecs (a second in all) let go of the GIL; no decoder exists yet.
+    # (Making and destroying decoders keep it, as they always did: with it let go the CUDA tests
+    # crashed in two runs of about ten, a lock around both did not stop that, and one around the
+    # first decode as well hung them)
     check(lib.slow.nvimgcodecInstanceCreate(C.byref(instance), C.byref(info)), "creating an instance")
     for name in EXTENSIONS:
         found = sorted((home / "extensions").glob(name + "*"))
@@ -209,11 +210,10 @@ class BatchDecoder:
                 f"nvjpeg_hw_decoder:preallocate_{key}={int(value)}"
                 for key, value in zip(("batch_size", "width_hint", "height_hint"), room)
             )
-        with LIFECYCLE:
-            status = self.lib.slow.nvimgcodecDecoderCreate(
-                self.instance, C.byref(handle), C.byref(params), options.encode()
-            )
-        check(status, f"creating the {backend} decoder")
+        check(
+            self.lib.fast.nvimgcodecDecoderCreate(self.instance, C.byref(handle), C.byref(params), options.encode()),
+            f"creating the {backend} decoder",
+        )
         self.handle = handle.value
         self.host = backend == "cpu"
         self._params = filled(DecodeParams, T_DECODE_PARAMS, apply_exif_orientation=0)
@@ -359,5 +359,4 @@ class BatchDecoder:
             for h in handles:
                 if h:
                     destroy(h)
-        with LIFECYCLE:
-            self.lib.slow.nvimgcodecDecoderDestroy(self.handle)  # tears the engines' state down: a part of a second
+        fast.nvimgcodecDecoderDestroy(self.handle)

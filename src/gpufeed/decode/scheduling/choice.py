@@ -100,8 +100,8 @@ def gpu_decoders(
 
 def warmed(decoder, device: torch.device) -> bool:
     """Decode one small JPEG with `decoder`, so that what its first decode sets up (the engines: 0.6 s
-    in a fresh process on an H100, docs/benchmarks.md "Start-up") is not on a batch's time. False,
-    with the reason said once, where it fails: the decoder is not used."""
+    in a fresh process on an H100, docs/benchmarks.md "Start-up and GPU memory") is not on a batch's
+    time. False, with the reason said once, where it fails: the decoder is not used."""
     from PIL import Image
 
     from gpufeed.decode.base import Encoded

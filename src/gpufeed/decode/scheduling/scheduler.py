@@ -80,7 +80,7 @@ class Scheduler:
         )
         # made on a thread of its own (`Tuning.open_ahead`): the GPU decoders take 1-2 s to make and
         # decode once in a fresh process, the CPU workers 0.3 s to start (docs/benchmarks.md,
-        # "Start-up"), so the first batches come from the CPU while they open
+        # "Start-up and GPU memory"), so the first batches come from the CPU while they open
         self._opening: Future | None = None
         self._open_lock = threading.Lock()
         if device.type == "cuda" and tuning.open_ahead:
