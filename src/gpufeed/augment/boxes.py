@@ -18,6 +18,14 @@ from gpufeed.augment.params import Params
 def transform_boxes(boxes: list[np.ndarray], params: Params, min_size: float = 1.0) -> list[np.ndarray]:
     """Each sample's (k, 4) float boxes through `params` (a batch's parameters, on the host), all of
     the batch's boxes at once."""
+    return transform_boxes_kept(boxes, params, min_size)[0]
+
+
+def transform_boxes_kept(
+    boxes: list[np.ndarray], params: Params, min_size: float = 1.0
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """`transform_boxes`, and per sample which of its boxes were kept (a bool mask each): what a
+    sample's other per-instance values (its keypoints) keep too."""
     counts = np.array([len(b) for b in boxes], np.int64)
     owner = np.repeat(np.arange(len(boxes)), counts)
     b = np.concatenate([np.asarray(x, np.float64).reshape(-1, 4) for x in boxes]) if counts.sum() else np.zeros((0, 4))
@@ -42,7 +50,7 @@ def transform_boxes(boxes: list[np.ndarray], params: Params, min_size: float = 1
         b = np.clip(np.concatenate([moved.min(1), moved.max(1)], 1), 0, [final_w, final_h, final_w, final_h])
     keep = (b[:, 2] - b[:, 0] >= min_size) & (b[:, 3] - b[:, 1] >= min_size)
     kept = np.bincount(owner[keep], minlength=len(boxes))
-    return np.split(b[keep].astype(np.float32), np.cumsum(kept)[:-1])
+    return np.split(b[keep].astype(np.float32), np.cumsum(kept)[:-1]), np.split(keep, np.cumsum(counts)[:-1])
 
 
 def padded(boxes: list[np.ndarray], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

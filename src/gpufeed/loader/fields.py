@@ -10,7 +10,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from gpufeed.augment.boxes import padded, transform_boxes
+from gpufeed.augment.boxes import padded, transform_boxes_kept
+from gpufeed.augment.keypoints import padded_keypoints, transform_keypoints
 from gpufeed.augment.params import Params
 from gpufeed.loader.stats import Stats
 from gpufeed.store.format import StoreError
@@ -27,6 +28,7 @@ class FieldRequest:
     store: Any  # a Store (or a folder read in place: label and source only)
     device: torch.device
     on_error: str
+    keypoint_flip: np.ndarray | None = None  # the point each keypoint becomes when mirrored (`augment.keypoints`)
 
 
 def batch_dict(
@@ -38,20 +40,37 @@ def batch_dict(
     geometry: Callable[[], tuple[torch.Tensor, Params | None]],
 ) -> dict:
     """Keys: "image", then each field of `request`: "label" (or mixed targets), "source" (a list), "boxes"
-    (moved with the images; plus "boxes_count"), the store's other fields (numbers and arrays as
-    tensors on the device, text, bytes and JSON as lists). `geometry()`: the batch's planned sample
-    indices and augment parameters, which the boxes follow."""
+    (moved with the images; plus "boxes_count"), "keypoints" (moved with them too, (N, M, K, 3); plus
+    "keypoints_count"; where boxes are asked for as well and a sample has as many of each, the
+    instances whose boxes are dropped are dropped from its keypoints), the store's other fields
+    (numbers and arrays as tensors on the device, text, bytes and JSON as lists). `geometry()`: the
+    batch's planned sample indices and augment parameters, which the boxes and keypoints follow."""
     idx = samples.cpu().numpy() if isinstance(samples, torch.Tensor) else np.asarray(samples)
     out: dict = {"image": images}
     store = request.store
+    params = _params(store, idx, *geometry()) if {"boxes", "keypoints"} & set(request.names) else None
+    kept: list[np.ndarray] | None = None  # per sample, the boxes kept
+    if "boxes" in request.names:
+        boxes = store.column("boxes").rows(idx)
+        if params is not None:
+            boxes, kept = transform_boxes_kept(boxes, params)
+        out["boxes"], out["boxes_count"] = padded(boxes, request.device)
     for name in request.names:
         if name == "label":
             out[name] = labels
         elif name == "source":
             out[name] = [store.source(int(i)) for i in idx]
-        elif name == "boxes":
-            out["boxes"], out["boxes_count"] = padded(_boxes(store, idx, *geometry()), request.device)
-        elif name != "image":
+        elif name == "keypoints":
+            column = store.column("keypoints")
+            points = column.rows(idx)
+            if params is not None:
+                points = transform_keypoints(points, params, request.keypoint_flip)
+            if kept is not None:
+                points = [p[m] if len(p) == len(m) else p for p, m in zip(points, kept, strict=True)]
+            values, counts = padded_keypoints(points, column.spec["points"])
+            out["keypoints"] = torch.from_numpy(values).to(request.device)
+            out["keypoints_count"] = torch.from_numpy(counts).to(request.device)
+        elif name not in ("image", "boxes"):
             column = store.column(name)
             out[name] = (
                 torch.from_numpy(np.ascontiguousarray(column.rows(idx))).to(request.device, non_blocking=True)
@@ -80,13 +99,12 @@ def _values(request: FieldRequest, column, samples: np.ndarray, counters: Stats)
     return out
 
 
-def _boxes(store, samples: np.ndarray, plan_indices: torch.Tensor, params: Params | None) -> list[np.ndarray]:
-    """The boxes of the loader's current batch through the geometry their images went through. A
+def _params(store, samples: np.ndarray, plan_indices: torch.Tensor, params: Params | None) -> Params | None:
+    """The geometry each image of the loader's current batch went through (None: no augment ops). A
     sample that replaced an undecodable one took that position's image (a copy of another position,
     or the same crop moved onto it), so it takes that geometry too."""
-    stored = store.column("boxes").rows(samples)
-    if params is None:  # no augment ops
-        return stored
+    if params is None:
+        return None
     planned = plan_indices.numpy()
     first = {int(s): q for q, s in reversed(list(enumerate(planned)))}
     rows = torch.tensor([p if s == planned[p] else first.get(int(s), p) for p, s in enumerate(samples)])
@@ -96,4 +114,4 @@ def _boxes(store, samples: np.ndarray, plan_indices: torch.Tensor, params: Param
         shapes = torch.from_numpy(np.asarray(store.shapes))
         scale = (shapes[samples[moved]] / shapes[planned[moved]]).flip(1).repeat(1, 2)
         params.boxes[moved] = (params.boxes[moved] * scale).to(params.boxes.dtype)
-    return transform_boxes(stored, params)
+    return params

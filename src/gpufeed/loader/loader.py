@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from gpufeed.augment.keypoints import check_flip_index
 from gpufeed.augment.pipeline import Augment
 from gpufeed.decode.tuning import Tuning
 from gpufeed.loader import tiers
@@ -178,7 +179,11 @@ class Loader:
             bytes and JSON values as lists. They follow the samples through shuffling, sharding,
             resume and the replacement of undecodable samples. "boxes" (a store's boxes field) go
             through the same crops, flips and warps as the images: a zero-padded (N, M, 4) tensor,
-            and "boxes_count" (N,).
+            and "boxes_count" (N,). "keypoints" too: (N, M, K, 3) x, y, visibility (0 once a point
+            leaves the image) and "keypoints_count" (`augment.keypoints` says how they move).
+        keypoint_flip: with "keypoints": the point each of an instance's K keypoints becomes when the
+            image is mirrored (COCO's persons: [0, 2, 1, 4, 3, ...], left and right swapped); None:
+            points keep their places.
         cache_dir, cache_limit, storage_options: a store in a bucket: the local folder its shards are
             cached in (default under ~/.cache/gpufeed/stores; the ranks of a machine may share one), the
             most bytes kept there (an int or "200GB"; None: no limit), and fsspec's options for the URL
@@ -226,9 +231,12 @@ class Loader:
         cache_limit: int | str | None = None,
         storage_options: dict | None = None,
         shuffle_window: int | None = None,
+        keypoint_flip: Sequence[int] | None = None,
     ):
         self.store = _open(store, cache_dir, cache_limit, storage_options)
         self.fields = tuple(fields) if fields is not None else None
+        if keypoint_flip is not None and "keypoints" not in (self.fields or ()):
+            raise ValueError(f"{self.store.path}: keypoint_flip is for fields=(..., 'keypoints', ...)")
         for name in self.fields or ():
             if name not in ("label", "source", "image"):
                 try:
@@ -318,7 +326,14 @@ class Loader:
         self.restart, self._resuming = restart, False
         self._host: HostGather | None = None  # the disk tier's gather, its pinned ring made at the first pass
         self._planner = Planner(self.batch_sampler, self.augment, seed, sizes)
-        self._fields = None if self.fields is None else FieldRequest(self.fields, self.store, self.device, on_error)
+        flip = (
+            check_flip_index(keypoint_flip, self.store.fields["keypoints"]["points"], str(self.store.path))
+            if keypoint_flip is not None
+            else None
+        )
+        self._fields = (
+            None if self.fields is None else FieldRequest(self.fields, self.store, self.device, on_error, flip)
+        )
 
     @property
     def dtype(self) -> torch.dtype:

@@ -36,20 +36,35 @@ class Geometry:
     fit: str = "crop"
     mode: str = "raw"
 
-    def move(self, boxes: np.ndarray) -> np.ndarray:
-        """xyxy boxes in the source's pixels to the stored image's, clipped, the empty ones dropped."""
+    def _affine(self) -> tuple[float, float, float, float]:
+        """(sx, sy, ox, oy): a source pixel (x, y) is at (x * sx + ox, y * sy + oy) in the stored image."""
         (h0, w0), (h, w) = self.source_hw, self.stored_hw  # type: ignore[misc]  # known for a packed image
-        sx, sy, ox, oy = w / w0, h / h0, 0.0, 0.0
         if self.mode == "raw" and self.fit == "crop":
             side = min(w0, h0)
-            sx = sy = w / side
-            ox, oy = -(w0 - side) / 2 * sx, -(h0 - side) / 2 * sy
-        elif self.mode == "raw" and self.fit == "pad":
+            return w / side, w / side, -(w0 - side) / 2 * w / side, -(h0 - side) / 2 * w / side
+        if self.mode == "raw" and self.fit == "pad":
             scale = w / max(w0, h0)
             nw, nh = max(1, round(w0 * scale)), max(1, round(h0 * scale))
-            sx, sy, ox, oy = nw / w0, nh / h0, (w - nw) // 2, (h - nh) // 2
+            return nw / w0, nh / h0, (w - nw) // 2, (h - nh) // 2
+        return w / w0, h / h0, 0.0, 0.0
+
+    def move(self, boxes: np.ndarray) -> np.ndarray:
+        """xyxy boxes in the source's pixels to the stored image's, clipped, the empty ones dropped."""
+        h, w = self.stored_hw  # type: ignore[misc]  # known for a packed image
+        sx, sy, ox, oy = self._affine()
         out = np.clip(boxes * [sx, sy, sx, sy] + [ox, oy, ox, oy], 0, [w, h, w, h]).astype(np.float32)
         return out[(out[:, 2] > out[:, 0]) & (out[:, 3] > out[:, 1])]
+
+    def move_points(self, points: np.ndarray) -> np.ndarray:
+        """(k, K, 3) keypoints in the source's pixels to the stored image's, as `move` moves boxes; a
+        point the stored image does not hold (cropped away) becomes not visible (0). No instance
+        is dropped: they stay in step with the sample's other per-instance values."""
+        h, w = self.stored_hw  # type: ignore[misc]  # known for a packed image
+        sx, sy, ox, oy = self._affine()
+        out = points.astype(np.float64) * [sx, sy, 1.0] + [ox, oy, 0.0]
+        outside = (out[..., 0] < 0) | (out[..., 0] >= w) | (out[..., 1] < 0) | (out[..., 1] >= h)
+        out[..., 2] = np.where(outside, 0, out[..., 2])
+        return out.astype(np.float32)
 
 
 def as_boxes(value: Any) -> np.ndarray:
@@ -67,6 +82,31 @@ def as_boxes(value: Any) -> np.ndarray:
     if boxes.ndim != 2 or boxes.shape[1] != 4 or not np.isfinite(boxes).all():
         raise ValueError(f"boxes of shape {boxes.shape}; expected (k, 4) finite x1, y1, x2, y2")
     return boxes
+
+
+def as_keypoints(value: Any) -> np.ndarray:
+    """A sample's keypoints as (k, K, 3) float: per instance K points of x, y, visibility (0 not
+    labelled, 1 labelled but hidden, 2 visible). From (k, K, 3), (k, K, 2) (all visible, as
+    torchvision's KeyPoints), or COCO's flat (k, 3K) rows [x1, y1, v1, x2, ...]; a list, an array or
+    a tensor."""
+    if hasattr(value, "detach"):
+        value = value.detach().cpu().numpy()
+    try:
+        points = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"keypoints that are not numbers ({e})") from None
+    if points.ndim == 2 and points.shape[1] % 3 == 0 and points.shape[1]:  # COCO's rows
+        points = points.reshape(len(points), -1, 3)
+    if points.ndim == 3 and points.shape[2] == 2:
+        points = np.concatenate([points, np.full(points.shape[:2] + (1,), 2.0)], axis=2)
+    if points.ndim != 3 or points.shape[2] != 3 or not 0 < points.shape[1] <= fmt.MAX_KEYPOINTS:
+        raise ValueError(
+            f"keypoints of shape {points.shape}; expected (instances, points, 3) x, y, visibility, "
+            f"(instances, points, 2) or COCO's (instances, 3 * points), with 1 to {fmt.MAX_KEYPOINTS} points"
+        )
+    if not np.isfinite(points).all() or not np.isin(points[..., 2], (0, 1, 2)).all():
+        raise ValueError("keypoints with a coordinate that is not finite or a visibility other than 0, 1 or 2")
+    return points
 
 
 def classify(value: Any) -> tuple[str, Any]:
@@ -111,6 +151,7 @@ class FieldsSink:
         self.work = work
         self.kinds: dict[str, str] | None = None  # name -> kind, fixed by the first sample added
         self.arrays: dict[str, tuple[np.dtype, tuple[int, ...]]] = {}
+        self.points: dict[str, int] = {}  # keypoints per instance, fixed by the first sample with any
         self.numbers: dict[str, list] = {}
         self.writers: dict[str, Any] = {}
         self.count = 0
@@ -130,6 +171,10 @@ class FieldsSink:
                 if name == fmt.BOXES:
                     boxes = as_boxes(value)
                     values[name] = ("boxes", geometry.move(boxes) if geometry is not None else boxes.astype(np.float32))
+                elif name == fmt.KEYPOINTS:
+                    points = as_keypoints(value)
+                    moved = geometry.move_points(points) if geometry is not None else points.astype(np.float32)
+                    values[name] = ("keypoints", moved)
                 else:
                     values[name] = classify(value)
             except ValueError as e:
@@ -148,6 +193,10 @@ class FieldsSink:
             known = self.kinds.get(name, kind)
             if kind != known:
                 return f"field {name!r} is a {kind}, the first sample's is a {known}", {}
+            if kind == "keypoints" and self.points.get(name, value.shape[1]) != value.shape[1]:
+                return (
+                    f"field {name!r} has {value.shape[1]} points per instance, the first sample's {self.points[name]}"
+                ), {}
             if kind == "array" and (value.dtype, value.shape) != self.arrays[name]:
                 dtype, shape = self.arrays[name]
                 return (
@@ -172,7 +221,7 @@ class FieldsSink:
                 self.numbers[name].append(value)
             elif kind == "array":
                 self.writers[name].write(value)
-            elif kind == "boxes":
+            elif kind in ("boxes", "keypoints"):
                 self.writers[name].add(np.ascontiguousarray(value, dtype="<f4").tobytes())
             else:
                 data = (
@@ -194,6 +243,8 @@ class FieldsSink:
             self.arrays[name] = (value.dtype, value.shape)
             self.writers[name] = HashingWriter(self.work / files[0])
         else:
+            if kind == "keypoints":
+                self.points[name] = value.shape[1]
             self.writers[name] = Appended(self.work, *files)
             for _ in range(self.count):
                 self.writers[name].add(b"")
@@ -214,6 +265,6 @@ class FieldsSink:
                 specs[name] = {"kind": "array", "dtype": dtype.str, "shape": list(shape)}
                 files[path.name] = self.writers[name].close()
             else:
-                specs[name] = {"kind": kind}
+                specs[name] = {"kind": kind, "points": self.points[name]} if kind == "keypoints" else {"kind": kind}
                 files |= self.writers[name].finish()
         return files, specs

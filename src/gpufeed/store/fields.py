@@ -36,6 +36,8 @@ class FieldColumn:
             bad = (np.diff(ends, prepend=0) < 0) | (ends > data_bytes)
             if self.kind == "boxes":
                 bad |= ends % 16 != 0  # whole rows of four float32
+            elif self.kind == "keypoints":
+                bad |= ends % (12 * spec["points"]) != 0  # whole instances of points of three float32
             if bad.any():
                 raise StoreError(
                     f"{directory / files[1]}: entry {int(np.argmax(bad))} is out of order, past the "
@@ -49,8 +51,8 @@ class FieldColumn:
         return self.kind not in fmt.VARIABLE_KINDS
 
     def value(self, i: int) -> Any:
-        """Sample i's value: a number, a numpy array (a copy; boxes: (k, 4) float32), str, bytes, or the
-        parsed JSON (None for a sample that had no value).
+        """Sample i's value: a number, a numpy array (a copy; boxes: (k, 4) float32; keypoints: (k,
+        points, 3) float32), str, bytes, or the parsed JSON (None for a sample that had no value).
 
         Raises:
             StoreError: a text or JSON value that is not UTF-8 or not JSON (its bytes were damaged
@@ -62,6 +64,8 @@ class FieldColumn:
         raw = bytes(self.data[int(self.offsets[i]) : int(self.offsets[i + 1])])
         if self.kind == "boxes":
             return np.frombuffer(raw, dtype="<f4").reshape(-1, 4).copy()
+        if self.kind == "keypoints":
+            return np.frombuffer(raw, dtype="<f4").reshape(-1, self.spec["points"], 3).copy()
         if self.kind == "bytes":
             return raw
         try:

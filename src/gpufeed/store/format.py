@@ -11,8 +11,10 @@ A store is a directory::
     field.NAME.bin    per-sample values of the field NAME (the manifest's "fields" says its kind):
                         int: int64[N]; float: float64[N]; array: DTYPE[N, *SHAPE];
                         str, bytes, json: UTF-8 / raw / JSON text back to back, with
-                        boxes (the field "boxes"): float32 [x1, y1, x2, y2] rows back to back, with
-    field.NAME.i64    int64[N + 1]        byte offsets, as sources.i64 (str, bytes, json, boxes only)
+                        boxes (the field "boxes"): float32 [x1, y1, x2, y2] rows back to back;
+                        keypoints (the field "keypoints"): float32 [x, y, visibility] for each of
+                        the spec's "points" per instance, instances back to back; with
+    field.NAME.i64    int64[N + 1]        byte offsets, as sources.i64 (variable kinds only)
     raw mode:
       images.u8       uint8[N, S, S, 3]   HWC pixels, sample i is one contiguous slice
     jpeg mode:
@@ -87,9 +89,14 @@ DTYPES: dict[str, np.dtype] = {
 
 # per-sample fields: a name (an identifier, none of RESERVED) -> {"kind": one of FIELD_KINDS, and for
 # arrays "dtype": one of ARRAY_DTYPES and "shape": [positive ints]}
-FIELD_KINDS = ("int", "float", "array", "str", "bytes", "json", "boxes")
-VARIABLE_KINDS = ("str", "bytes", "json", "boxes")
+FIELD_KINDS = ("int", "float", "array", "str", "bytes", "json", "boxes", "keypoints")
+VARIABLE_KINDS = ("str", "bytes", "json", "boxes", "keypoints")
 BOXES = "boxes"  # the field whose values are boxes (xyxy pixels of the stored image, any count per sample)
+# the field whose values are keypoints: per instance (any count per sample) the spec's "points" of
+# [x, y, visibility], x and y in the stored image's pixels, visibility 0 (not labelled or not in
+# the image), 1 (labelled, hidden) or 2 (visible), as COCO's
+KEYPOINTS = "keypoints"
+MAX_KEYPOINTS = 1024  # points per instance a manifest may declare
 RESERVED = ("image", "label", "source")
 ARRAY_DTYPES = ("|b1", "|i1", "|u1", "<i2", "<u2", "<i4", "<u4", "<i8", "<u8", "<f2", "<f4", "<f8")
 _SCALAR_DTYPES = {"int": "<i8", "float": "<f8"}
@@ -366,8 +373,11 @@ def valid_field(name: object, spec: object) -> bool:
     """Whether a manifest's field entry is one this format defines (it names files and dtypes: untrusted)."""
     if not valid_field_name(name) or not isinstance(spec, dict) or spec.get("kind") not in FIELD_KINDS:
         return False
-    if (name == BOXES) != (spec["kind"] == "boxes"):
+    if (name == BOXES) != (spec["kind"] == "boxes") or (name == KEYPOINTS) != (spec["kind"] == "keypoints"):
         return False
+    if spec["kind"] == "keypoints":
+        points = spec.get("points")
+        return set(spec) == {"kind", "points"} and _is_int(points) and 0 < points <= MAX_KEYPOINTS
     if spec["kind"] != "array":
         return set(spec) == {"kind"}
     shape = spec.get("shape")
@@ -389,5 +399,5 @@ _EXPECTED = {
     "settings": "an object",
     "fields": 'an object of {name: {"kind": int|float|array|str|bytes|json, arrays also "dtype" '
     'and "shape"}} with identifier names other than image, label and source, and '
-    '{"boxes": {"kind": "boxes"}}',
+    '{"boxes": {"kind": "boxes"}}, {"keypoints": {"kind": "keypoints", "points": 1..1024}}',
 }
