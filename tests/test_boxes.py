@@ -136,3 +136,23 @@ def test_a_replaced_samples_boxes_are_those_of_the_image_it_got(tmp_path):
     twin = planned.index(got)
     assert got != 5 and torch.equal(batch["image"][k], batch["image"][twin])
     assert torch.equal(batch["boxes"][k], batch["boxes"][twin]) and batch["boxes_count"][k] == batch["boxes_count"][twin]
+
+
+def test_boxes_kept_names_each_yielded_boxs_stored_index(store):
+    """A sample's other per-instance values are picked with "boxes_kept": it names, for each box
+    yielded, which of the sample's stored boxes it is (the ones under a pixel are left out)."""
+    ops = [RandomResizedCrop(12, scale=(0.1, 0.3)), RandomHorizontalFlip()]  # small crops: many boxes cut away
+    loader = gpufeed.Loader(store, batch_size=8, device="cpu", augment=ops, seed=5, fields=("boxes", "id"))
+    dropped = 0
+    for number, batch in enumerate(loader):
+        _, params = loader.plan(0, number)
+        for k, i in enumerate(batch["id"].tolist()):
+            stored = store.field("boxes", i)
+            count = int(batch["boxes_count"][k])
+            kept = batch["boxes_kept"][k, :count].tolist()
+            assert batch["boxes_kept"][k, count:].eq(-1).all()
+            for m, j in enumerate(kept):  # box m is stored box j moved alone
+                alone = reference(stored[j : j + 1], params, k)
+                assert len(alone) == 1 and torch.allclose(batch["boxes"][k, m], alone[0], atol=1e-3), (i, m, j)
+            dropped += len(stored) - count
+    assert dropped > 0

@@ -45,6 +45,7 @@ def _pack(a: argparse.Namespace) -> int:
             max_pixels=a.max_pixels,
             engine=a.engine,
             ray_address=a.ray_address,
+            images=a.images,
         )
     except Terminated as e:
         print("gpufeed pack: terminated (SIGTERM); nothing was left half-written", file=sys.stderr)
@@ -154,11 +155,11 @@ def _parser() -> argparse.ArgumentParser:
     def verb(name: str, help: str) -> argparse.ArgumentParser:
         return sub.add_parser(name, help=help, description=help[0].upper() + help[1:] + ".", formatter_class=_Help)
 
-    q = verb("pack", "pack an image folder, CSV/JSONL list or tar shards into a store")
+    q = verb("pack", "pack an image folder, CSV/JSONL list, COCO annotations or tar shards into a store")
     q.add_argument(
         "source",
-        help="image folder (one subfolder per class), .csv/.jsonl list (path,label), "
-        ".tar/.tar.gz shard or a quoted glob of shards",
+        help="image folder (one subfolder per class), .csv/.jsonl list (path,label), COCO annotation "
+        ".json (with --images), .tar/.tar.gz shard or a quoted glob of shards",
     )
     q.add_argument("dest", help="store directory to create (written atomically)")
     q.add_argument(
@@ -206,6 +207,7 @@ def _parser() -> argparse.ArgumentParser:
         help="skip: list a bad image in the report and go on; raise: stop at the first one",
     )
     q.add_argument("--overwrite", action="store_true", help="replace an existing destination")
+    q.add_argument("--images", default=None, help="a COCO annotation file's folder of images")
     q.set_defaults(run=_pack, usage_error=q.error)
 
     q = verb("inspect", "summarise a store and list its skipped files; --grid writes a PNG of samples")

@@ -39,12 +39,14 @@ def batch_dict(
     counters: Stats,
     geometry: Callable[[], tuple[torch.Tensor, Params | None]],
 ) -> dict:
-    """Keys: "image", then each field of `request`: "label" (or mixed targets), "source" (a list), "boxes"
-    (moved with the images; plus "boxes_count"), "keypoints" (moved with them too, (N, M, K, 3); plus
-    "keypoints_count"; where boxes are asked for as well and a sample has as many of each, the
-    instances whose boxes are dropped are dropped from its keypoints), the store's other fields
-    (numbers and arrays as tensors on the device, text, bytes and JSON as lists). `geometry()`: the
-    batch's planned sample indices and augment parameters, which the boxes and keypoints follow."""
+    """Keys: "image", then each field of `request`: "label" (or mixed targets), "source" (a list),
+    "boxes" (moved with the images; plus "boxes_count", and "boxes_kept": (N, M) the stored index of
+    each box yielded, -1 after the count, to pick a sample's other per-instance values), "keypoints"
+    (moved with them too, (N, M, K, 3); plus "keypoints_count"; where boxes are asked for as well
+    and a sample has as many of each, the instances whose boxes are dropped are dropped from its
+    keypoints), the store's other fields (numbers and arrays as tensors on the device, text, bytes
+    and JSON as lists). `geometry()`: the batch's planned sample indices and augment parameters,
+    which the boxes and keypoints follow."""
     idx = samples.cpu().numpy() if isinstance(samples, torch.Tensor) else np.asarray(samples)
     out: dict = {"image": images}
     store = request.store
@@ -55,6 +57,11 @@ def batch_dict(
         if params is not None:
             boxes, kept = transform_boxes_kept(boxes, params)
         out["boxes"], out["boxes_count"] = padded(boxes, request.device)
+        which = [np.flatnonzero(m) for m in kept] if kept is not None else [np.arange(len(b)) for b in boxes]
+        index = np.full((len(which), int(out["boxes"].shape[1])), -1, np.int64)
+        for k, w in enumerate(which):
+            index[k, : len(w)] = w
+        out["boxes_kept"] = torch.from_numpy(index).to(request.device)
     for name in request.names:
         if name == "label":
             out[name] = labels

@@ -179,8 +179,11 @@ class Loader:
             bytes and JSON values as lists. They follow the samples through shuffling, sharding,
             resume and the replacement of undecodable samples. "boxes" (a store's boxes field) go
             through the same crops, flips and warps as the images: a zero-padded (N, M, 4) tensor,
-            and "boxes_count" (N,). "keypoints" too: (N, M, K, 3) x, y, visibility (0 once a point
-            leaves the image) and "keypoints_count" (`augment.keypoints` says how they move).
+            "boxes_count" (N,), and "boxes_kept" (N, M), each box's index among the sample's stored
+            boxes (-1 after the count): those under a pixel are dropped, and a sample's other
+            per-instance values (COCO's "category", "iscrowd") are picked with it. "keypoints" too:
+            (N, M, K, 3) x, y, visibility (0 once a point leaves the image) and "keypoints_count"
+            (`augment.keypoints` says how they move).
         keypoint_flip: with "keypoints": the point each of an instance's K keypoints becomes when the
             image is mirrored (COCO's persons: [0, 2, 1, 4, 3, ...], left and right swapped); None:
             points keep their places.

@@ -190,16 +190,19 @@ def pack(
     ray_address: str | None = None,
     shard_size: int | str | None = None,
     storage_options: dict | None = None,
+    images: str | os.PathLike | None = None,
     _on_shard: Callable[[str, Path], None] | None = None,
 ) -> PackReport:
     """Pack `source` into a store at `dest`, on all cores; the store appears only once complete.
 
     Args:
         source: an ImageFolder tree, a flat folder, a .csv (path,label) or .jsonl list, a tar shard
-            or a glob of shards, or a dataset: any object with len() and [i] giving (image, label),
-            a dict with "image" and "label", or an image (see `packing.datasets`). A CSV's further
-            header columns, a JSONL row's further keys, a tar sample's .json/.txt/.npy members and a
-            dataset dict's further keys become per-sample fields (see `packing.fields`).
+            or a glob of shards, a COCO annotation file (.json, with `images`: its boxes, category
+            ids, iscrowd, keypoints and image id become fields; see `sources.coco`), or a dataset:
+            any object with len() and [i] giving (image, label), a dict with "image" and "label", or
+            an image (see `packing.datasets`). A CSV's further header columns, a JSONL row's further
+            keys, a tar sample's .json/.txt/.npy members and a dataset dict's further keys become
+            per-sample fields (see `packing.fields`).
         dest: the store directory to create. One pack at a time may write it.
         mode: "raw" (size x size uint8 pixels) or "jpeg" (encoded bytes).
         size, fit: raw: the side, and "crop", "stretch" or "pad" to make an image square.
@@ -218,6 +221,7 @@ def pack(
             sharded (default "256MB"): the store is packed in a local scratch folder (TMPDIR), each
             shard uploaded as it is finished and the manifest last, so a reader never sees a half
             store.
+        images: a COCO annotation file's folder of images (their "file_name"s are in it).
 
     Returns:
         A `PackReport`: count, skipped files with reasons, seconds, workers, bytes.
@@ -248,6 +252,7 @@ def pack(
             progress=progress,
             engine=engine,
             ray_address=ray_address,
+            images=images,
         )
     if storage_options is not None and not is_url(source):
         raise ValueError(f"{dest}: storage_options are for a source or destination in a bucket (a URL)")
@@ -255,7 +260,9 @@ def pack(
     _check_args(mode, size, fit, quality, max_side, on_error, engine)
     _check_places(source, dest)
     settings = worker.Settings(mode, size, fit, quality, max_side, reencode, max_pixels)
-    src = dataset_source(source, max_pixels) if is_dataset(source) else open_source(source, storage_options)  # type: ignore[arg-type]
+    src = (
+        dataset_source(source, max_pixels) if is_dataset(source) else open_source(source, storage_options, images)  # type: ignore[arg-type]
+    )
     skipped: list[dict[str, str]] = []
 
     def on_skip(s: Skip) -> bool:

@@ -10,6 +10,7 @@ import glob
 import os
 from pathlib import Path
 
+from gpufeed.sources.coco import coco_source, is_coco
 from gpufeed.sources.entries import MAX_FILE_BYTES, Entry, Item, Skip, Source, SourceError
 from gpufeed.sources.folders import IMAGE_EXTS, folder_source
 from gpufeed.sources.lists import list_source
@@ -32,10 +33,12 @@ __all__ = [
 ]
 
 
-def open_source(source: str | os.PathLike, storage_options: dict | None = None) -> Source:
+def open_source(
+    source: str | os.PathLike, storage_options: dict | None = None, images: str | os.PathLike | None = None
+) -> Source:
     """Recognise `source` and return its entries; raises SourceError if it cannot be used. A URL (tar
     shards or a list in a bucket, any fsspec URL; `storage_options` are fsspec's) is read through
-    fsspec (`sources.remote`)."""
+    fsspec (`sources.remote`). A COCO annotation file (.json) reads its images from `images`."""
     text = os.fspath(source)
     if is_url(text):
         from gpufeed.sources.remote import remote_source  # fsspec only where it is asked for
@@ -56,4 +59,6 @@ def open_source(source: str | os.PathLike, storage_options: dict | None = None) 
         return tar_source(text, [text])
     if lower.endswith((".csv", ".jsonl")):
         return list_source(path)
-    raise SourceError(f"{path}: not a folder, .csv/.jsonl list or .tar/.tar.gz/.tgz shard")
+    if is_coco(path):
+        return coco_source(path, images)
+    raise SourceError(f"{path}: not a folder, .csv/.jsonl list, COCO .json or .tar/.tar.gz/.tgz shard")

@@ -1,0 +1,115 @@
+"""A COCO annotation file (instances or person_keypoints) with its folder of images, as a source.
+
+Each image of the file's "images" is a sample, read from the `images` folder by its "file_name",
+with its annotations as per-sample fields, in one order per image: "boxes" (xyxy pixels, clipped
+to the image; an annotation whose box is empty there is left out, as detectron2 leaves it out),
+"category" (a JSON list of category ids), "iscrowd" (a JSON list of 0 and 1), "keypoints" where
+the file has them (K points of x, y, visibility per annotation), and "image_id". Labels are -1
+(a detection sample has no one class); `classes` names the categories by id order. Instance masks
+(polygons, RLE) are not read yet.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gpufeed.sources.entries import MAX_FILE_BYTES, Entry, Item, Skip, Source, SourceError
+
+
+def is_coco(path: Path) -> bool:
+    """Whether `path` is named like an annotation file (a .json file)."""
+    return path.suffix.lower() == ".json"
+
+
+def _load(path: Path) -> dict:
+    if path.stat().st_size > MAX_FILE_BYTES:
+        raise SourceError(f"{path}: over {MAX_FILE_BYTES >> 20} MiB, more than an annotation file this reads")
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except UnicodeDecodeError as e:
+        raise SourceError(f"{path}: not UTF-8 text ({e})") from None
+    except RecursionError:
+        raise SourceError(f"{path}: not JSON (nested too deeply)") from None
+    except ValueError as e:
+        raise SourceError(f"{path}: not JSON ({e})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("images"), list):
+        raise SourceError(f'{path}: not a COCO annotation file (no "images" list)')
+    for key in ("annotations", "categories"):
+        if not isinstance(data.get(key, []), list):
+            raise SourceError(f'{path}: not a COCO annotation file ("{key}" is not a list)')
+    return data
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _box(ann: dict, w: float, h: float) -> list[float] | None:
+    """An annotation's xywh box as xyxy clipped to the image; None if empty there or malformed."""
+    box = ann.get("bbox")
+    if not (isinstance(box, list) and len(box) == 4 and all(_number(v) for v in box)):
+        return None
+    x0, y0 = max(0.0, float(box[0])), max(0.0, float(box[1]))
+    x1, y1 = min(w, float(box[0]) + float(box[2])), min(h, float(box[1]) + float(box[3]))
+    return [x0, y0, x1, y1] if x1 > x0 and y1 > y0 else None
+
+
+def coco_source(path: Path, images: str | os.PathLike | None) -> Source:
+    """The samples of the annotation file `path`, their images in the folder `images`."""
+    if images is None:
+        raise SourceError(f"{path}: a COCO annotation file needs its images folder: pack(..., images='train2017/')")
+    root = Path(images)
+    if not root.is_dir():
+        raise SourceError(f"{root}: no such folder (the images of {path})")
+    data = _load(path)
+    categories = [c for c in data.get("categories", []) if isinstance(c, dict) and isinstance(c.get("id"), int)]
+    classes = [str(c.get("name", c["id"])) for c in sorted(categories, key=lambda c: c["id"])]
+    by_image: dict[Any, list[dict]] = {}
+    for ann in data.get("annotations", []):
+        if isinstance(ann, dict):
+            by_image.setdefault(ann.get("image_id"), []).append(ann)
+    points = next(
+        (len(a["keypoints"]) // 3 for a in data.get("annotations", []) if isinstance(a, dict) and "keypoints" in a),
+        0,
+    )
+    entries: list[Entry] = [_entry(image, root, by_image, points) for image in data["images"]]
+    total = sum(isinstance(e, Item) for e in entries)
+    return Source(f"COCO annotations {path} ({total} images)", classes, iter(entries), total, kind="list")
+
+
+def _entry(image: Any, root: Path, by_image: dict, points: int) -> Entry:
+    """One image's sample, or why it is skipped."""
+    if not isinstance(image, dict) or not isinstance(image.get("file_name"), str):
+        return Skip(str(image)[:200], 'an "images" entry without a file_name')
+    name = image["file_name"]
+    file = root / name
+    if Path(name).is_absolute() or ".." in Path(name).parts:
+        return Skip(name, "a file_name outside the images folder")
+    sides: tuple[Any, ...] = (image.get("width"), image.get("height"))
+    if not all(_number(v) and v > 0 for v in sides):
+        return Skip(str(file), "no width and height in its images entry")
+    w, h = (float(v) for v in sides)
+    boxes, category, crowd, keypoints = [], [], [], []
+    for ann in by_image.get(image.get("id"), []):
+        box = _box(ann, w, h)
+        if box is None:
+            continue
+        if points:
+            kp = ann.get("keypoints")
+            if not (isinstance(kp, list) and len(kp) == 3 * points and all(_number(v) for v in kp)):
+                return Skip(str(file), f"an annotation without {points} keypoints (x, y, visibility)")
+            keypoints.append([kp[3 * j : 3 * j + 3] for j in range(points)])
+        boxes.append(box)
+        category.append(ann.get("category_id"))
+        crowd.append(1 if ann.get("iscrowd") else 0)
+    fields: dict[str, Any] = {"boxes": boxes, "category": category, "iscrowd": crowd, "image_id": image.get("id")}
+    if points:  # an array, so that an image without annotations says its points per instance too
+        fields["keypoints"] = np.asarray(keypoints, np.float64).reshape(-1, points, 3)
+    return Item(str(file), -1, path=str(file), fields=fields)

@@ -1,0 +1,109 @@
+"""COCO annotation files as a pack source: boxes, category ids, iscrowd, keypoints and the image id
+per image, moved with the packed image; bad files and entries named."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import gpufeed
+from conftest import save, smooth
+from gpufeed.augment import RandomResizedCrop
+from gpufeed.sources import SourceError
+
+
+def coco(root, keypoints: bool = False) -> dict:
+    """Four images (one without annotations, one missing) and their annotations."""
+    sizes = {1: (40, 60), 2: (50, 50), 3: (30, 80), 4: (40, 40)}  # id: (height, width)
+    for i, (h, w) in sizes.items():
+        if i != 4:  # image 4 is listed but missing
+            save(root / "images" / f"{i:04d}.jpg", smooth(i, h, w))
+    images = [{"id": i, "file_name": f"{i:04d}.jpg", "height": h, "width": w} for i, (h, w) in sizes.items()]
+    images.append({"id": 5, "file_name": "../escape.jpg", "height": 10, "width": 10})
+    anns = [
+        {"id": 1, "image_id": 1, "category_id": 3, "bbox": [10, 5, 20, 10], "iscrowd": 0},
+        {"id": 2, "image_id": 1, "category_id": 1, "bbox": [50, 30, 30, 30], "iscrowd": 1},  # clipped to 60x40
+        {"id": 3, "image_id": 1, "category_id": 1, "bbox": [5, 5, 0, 4], "iscrowd": 0},  # empty: left out
+        {"id": 4, "image_id": 3, "category_id": 3, "bbox": [0, 0, 80, 30], "iscrowd": 0},
+    ]
+    if keypoints:
+        for a in anns:
+            x, y = a["bbox"][:2]
+            a["keypoints"] = [x + 1, y + 1, 2, x + 2, y + 1, 1]
+    data = {"images": images, "annotations": anns, "categories": [{"id": 3, "name": "dog"}, {"id": 1, "name": "cat"}]}
+    (root / "ann.json").write_text(json.dumps(data))
+    return data
+
+
+def test_an_instances_file_packs_each_image_with_its_annotations(tmp_path):
+    coco(tmp_path)
+    report = gpufeed.pack(tmp_path / "ann.json", tmp_path / "s", images=tmp_path / "images", mode="jpeg",
+                          max_side=40, progress=False, workers=1)  # images halved or so: boxes move with them
+    store = gpufeed.open(tmp_path / "s")
+    assert store.classes == ["cat", "dog"] and len(store) == 3
+    reasons = sorted(s["reason"] for s in report.skipped)
+    assert any("outside the images folder" in r for r in reasons) and any("0004.jpg" in s["path"] for s in report.skipped)
+    by_id = {store.field("image_id", i): i for i in range(len(store))}
+    one = by_id[1]
+    assert store.field("category", one) == [3, 1] and store.field("iscrowd", one) == [0, 1]
+    scale = 40 / 60  # 60x40 stored as 40 wide
+    assert np.allclose(store.field("boxes", one), np.array([[10, 5, 30, 15], [50, 30, 60, 40]]) * scale, atol=0.5)
+    assert store.field("category", by_id[2]) == [] and len(store.field("boxes", by_id[2])) == 0
+    assert int(store.labels[one]) == -1
+
+
+def test_a_keypoints_file_packs_them_and_a_loader_moves_them(tmp_path):
+    coco(tmp_path, keypoints=True)
+    gpufeed.pack(tmp_path / "ann.json", tmp_path / "s", images=tmp_path / "images", mode="jpeg",
+                 reencode=False, progress=False, workers=1)
+    store = gpufeed.open(tmp_path / "s")
+    assert store.fields["keypoints"] == {"kind": "keypoints", "points": 2}
+    one = next(i for i in range(len(store)) if store.field("image_id", i) == 1)
+    assert store.field("keypoints", one).tolist() == [[[11, 6, 2], [12, 6, 1]], [[51, 31, 2], [52, 31, 1]]]
+    empty = next(i for i in range(len(store)) if store.field("image_id", i) == 2)
+    assert store.field("keypoints", empty).shape == (0, 2, 3)
+    loader = gpufeed.Loader(store, batch_size=3, device="cpu", augment=[RandomResizedCrop(32)],
+                            fields=("boxes", "keypoints", "category", "image_id"), drop_last=False,
+                            keypoint_flip=[1, 0])
+    for batch in loader:
+        for k, i in enumerate(batch["image_id"].tolist()):
+            count = int(batch["boxes_count"][k])
+            assert int(batch["keypoints_count"][k]) == count
+            kept = batch["boxes_kept"][k, :count].tolist()
+            stored = next(j for j in range(len(store)) if store.field("image_id", j) == i)
+            categories = [batch["category"][k][j] for j in kept]  # a sample's per-instance values, picked
+            assert categories == [store.field("category", stored)[j] for j in kept]
+            assert sorted(kept) == kept and all(0 <= j < len(store.field("boxes", stored)) for j in kept)
+
+
+@pytest.mark.parametrize("content, why", [
+    ("{not json", "not JSON"),
+    ('{"annotations": []}', 'no "images" list'),
+    ('{"images": [], "annotations": {}}', '"annotations" is not a list'),
+    ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+])
+def test_a_file_that_is_not_coco_is_refused_by_name(tmp_path, content, why):
+    (tmp_path / "images").mkdir()
+    (tmp_path / "ann.json").write_text(content)
+    with pytest.raises(SourceError, match=why) as e:
+        gpufeed.pack(tmp_path / "ann.json", tmp_path / "s", images=tmp_path / "images", progress=False, workers=1)
+    assert "ann.json" in str(e.value)
+
+
+def test_an_annotation_file_needs_its_images_folder(tmp_path):
+    coco(tmp_path)
+    with pytest.raises(SourceError, match="needs its images folder"):
+        gpufeed.pack(tmp_path / "ann.json", tmp_path / "s", progress=False, workers=1)
+    with pytest.raises(SourceError, match="no such folder"):
+        gpufeed.pack(tmp_path / "ann.json", tmp_path / "s", images=tmp_path / "nowhere", progress=False, workers=1)
+
+
+def test_the_cli_packs_an_annotation_file_with_its_images(tmp_path, capsys):
+    from gpufeed.cli import main
+
+    coco(tmp_path)
+    assert main(["pack", str(tmp_path / "ann.json"), str(tmp_path / "s"), "--images", str(tmp_path / "images"),
+                 "--mode", "jpeg", "--workers", "1"]) == 0
+    assert len(gpufeed.open(tmp_path / "s")) == 3
