@@ -35,7 +35,7 @@ class Context:
         return self.device == "cuda"
 
     def repeats(self) -> int:
-        return 3 if self.quick else 7
+        return 2 if self.quick else 7
 
 
 @dataclass
