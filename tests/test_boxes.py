@@ -99,7 +99,8 @@ def test_packing_moves_boxes_into_the_stored_frame(tmp_path):
             {"image": natural_image(rng, 40, 60, 1), "boxes": []}]
     gpufeed.pack(data, tmp_path / "crop", size=20, fit="crop", progress=False, workers=1)
     crop = gpufeed.open(tmp_path / "crop")  # 60x40 -> centre 40x40 from x=10 -> 20x20
-    assert crop.field("boxes", 0).tolist() == [[0.0, 2.5, 5.0, 15.0]]  # the second box lay outside the crop
+    # the second box lay outside the crop: kept, empty, in step with the sample's other per-instance values
+    assert crop.field("boxes", 0).tolist() == [[0.0, 2.5, 5.0, 15.0], [0.0, 0.0, 0.0, 2.5]]
     assert crop.field("boxes", 1).shape == (0, 4)
     gpufeed.pack(data, tmp_path / "jpeg", mode="jpeg", max_side=30, progress=False, workers=1)
     jpeg = gpufeed.open(tmp_path / "jpeg")  # 60x40 -> 30x20

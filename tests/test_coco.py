@@ -61,7 +61,8 @@ def test_a_keypoints_file_packs_them_and_a_loader_moves_them(tmp_path):
     store = gpufeed.open(tmp_path / "s")
     assert store.fields["keypoints"] == {"kind": "keypoints", "points": 2}
     one = next(i for i in range(len(store)) if store.field("image_id", i) == 1)
-    assert store.field("keypoints", one).tolist() == [[[11, 6, 2], [12, 6, 1]], [[51, 31, 2], [52, 31, 1]]]
+    # pixel indices + 0.5, as detectron2 reads them: continuous pixels, as the boxes
+    assert store.field("keypoints", one).tolist() == [[[11.5, 6.5, 2], [12.5, 6.5, 1]], [[51.5, 31.5, 2], [52.5, 31.5, 1]]]
     empty = next(i for i in range(len(store)) if store.field("image_id", i) == 2)
     assert store.field("keypoints", empty).shape == (0, 2, 3)
     loader = gpufeed.Loader(store, batch_size=3, device="cpu", augment=[RandomResizedCrop(32)],
@@ -107,3 +108,45 @@ def test_the_cli_packs_an_annotation_file_with_its_images(tmp_path, capsys):
     assert main(["pack", str(tmp_path / "ann.json"), str(tmp_path / "s"), "--images", str(tmp_path / "images"),
                  "--mode", "jpeg", "--workers", "1"]) == 0
     assert len(gpufeed.open(tmp_path / "s")) == 3
+
+
+def test_raw_packing_keeps_every_instance_in_step(tmp_path):
+    """Centre-cropped to a square, image 1 loses its second box's area: the box stays (empty), so the
+    sample's boxes, categories and keypoints still line up; a loader then drops it and says so."""
+    coco(tmp_path, keypoints=True)
+    gpufeed.pack(tmp_path / "ann.json", tmp_path / "s", images=tmp_path / "images", size=32, progress=False, workers=1)
+    store = gpufeed.open(tmp_path / "s")
+    one = next(i for i in range(len(store)) if store.field("image_id", i) == 1)
+    assert len(store.field("boxes", one)) == len(store.field("category", one)) == len(store.field("keypoints", one)) == 2
+    loader = gpufeed.Loader(store, batch_size=3, device="cpu", augment=[RandomResizedCrop(32, scale=(1, 1), ratio=(1, 1))],
+                            fields=("boxes", "keypoints", "category", "image_id"), shuffle=False, drop_last=False)
+    batch = next(iter(loader))
+    k = batch["image_id"].tolist().index(1)
+    assert int(batch["boxes_count"][k]) == int(batch["keypoints_count"][k]) == 1
+    assert [batch["category"][k][j] for j in batch["boxes_kept"][k, :1].tolist()] == [3]
+
+
+def test_hostile_entries_are_skipped_or_refused_by_name(tmp_path):
+    data = coco(tmp_path, keypoints=True)
+    data["images"] += [{"id": [7], "file_name": "0001.jpg", "height": 40, "width": 60},
+                       {"id": 8, "file_name": "0001.jpg", "height": 10**400, "width": 60},
+                       {"id": 9, "file_name": "nul\u0000.jpg", "height": 40, "width": 60}]
+    data["annotations"] += [{"id": 9, "image_id": {"x": 1}, "bbox": [0, 0, 5, 5]},
+                            {"id": 10, "image_id": 2, "category_id": 1, "bbox": [1e400, 0, 5, 5]},
+                            {"id": 11, "image_id": 3, "category_id": 1, "bbox": [0, 0, 5, 5], "keypoints": None}]
+    (tmp_path / "ann.json").write_text(json.dumps(data).replace("Infinity", "1" + "0" * 400))
+    report = gpufeed.pack(tmp_path / "ann.json", tmp_path / "s", images=tmp_path / "images", mode="jpeg",
+                          progress=False, workers=1)
+    reasons = " ".join(s["reason"] for s in report.skipped)
+    assert "id is not a number or string" in reasons and "no width and height" in reasons and "NUL" in reasons
+    assert "without 2 keypoints" in reasons  # image 3's annotation without them
+    assert len(gpufeed.open(tmp_path / "s")) == 2
+
+
+def test_the_images_folder_inside_the_destination_is_refused(tmp_path):
+    coco(tmp_path / "data")
+    (tmp_path / "data" / "ann.json").rename(tmp_path / "ann.json")
+    with pytest.raises(ValueError, match="inside the destination"):
+        gpufeed.pack(tmp_path / "ann.json", tmp_path / "data", images=tmp_path / "data" / "images",
+                     overwrite=True, progress=False, workers=1)
+    assert (tmp_path / "data" / "images" / "0001.jpg").exists()

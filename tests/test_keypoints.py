@@ -63,10 +63,12 @@ def reference(stored: np.ndarray, params, k: int, rotate: float | None = None) -
         xy[..., 0] = params.out_hw[1] - xy[..., 0]
         xy, v = xy[:, FLIP], v[:, FLIP]
     if rotate is not None:
+        h, w = params.out_hw  # cropped away before the rotation: it moves only the fill around them
+        v = np.where((xy[..., 0] < 0) | (xy[..., 0] > w) | (xy[..., 1] < 0) | (xy[..., 1] > h), 0, v)
         moved = F.rotate(tv_tensors.KeyPoints(torch.from_numpy(xy), canvas_size=tuple(params.out_hw)), rotate, IM.NEAREST)
         xy = moved.as_subclass(torch.Tensor).numpy()
     h, w = params.final_hw
-    outside = (xy[..., 0] < 0) | (xy[..., 0] >= w) | (xy[..., 1] < 0) | (xy[..., 1] >= h)
+    outside = (xy[..., 0] < 0) | (xy[..., 0] > w) | (xy[..., 1] < 0) | (xy[..., 1] > h)  # edges inclusive
     return np.concatenate([xy, np.where(outside, 0, v)[..., None]], 2)
 
 
@@ -200,3 +202,31 @@ def test_a_sharded_store_keeps_its_keypoints(store, tmp_path):
     assert len(sharded.manifest.shards) > 1 and sharded.fields["keypoints"] == {"kind": "keypoints", "points": K}
     for i in range(12):
         assert np.array_equal(sharded.field("keypoints", i), store.field("keypoints", i))
+
+
+def test_a_point_cropped_away_stays_invisible_through_a_rotation_and_one_on_the_edge_is_kept(tmp_path):
+    rng = np.random.default_rng(6)
+    points = [[[27.0, 16.0, 2], [8.0, 16.0, 2], [16.0, 16.0, 2]]]  # the first outside the center 16x16
+    data = [{"image": natural_image(rng, S, S, 0), "label": 0, "keypoints": points}]
+    gpufeed.pack(data, tmp_path / "s", size=S, progress=False, workers=1)
+    loader = gpufeed.Loader(tmp_path / "s", batch_size=1, device="cpu", shuffle=False, fields=("keypoints",),
+                            augment=[CenterCrop(16), RandomRotation((45, 45))])
+    got = next(iter(loader))["keypoints"][0, 0]
+    assert got[0, 2] == 0 and got[2, 2] == 2  # rotated back inside the frame, still not there
+    mirrored = gpufeed.Loader(tmp_path / "s", batch_size=1, device="cpu", shuffle=False, fields=("keypoints",),
+                              augment=[CenterCrop(16), RandomHorizontalFlip(p=1.0)])
+    got = next(iter(mirrored))["keypoints"][0, 0]
+    assert got[1].tolist() == [16.0, 8.0, 2] and got[0, 2] == 0  # x = 0 of the crop mirrored onto its edge
+
+
+def test_a_sample_without_instances_and_a_sharded_loader(tmp_path):
+    rng = np.random.default_rng(7)
+    data = [{"image": natural_image(rng, S, S, k), "label": 0, "keypoints": points_of(k) if k % 3 else []}
+            for k in range(12)]
+    report = gpufeed.pack(data, tmp_path / "s", size=S, progress=False, workers=1, shard_size="4KB")
+    assert not report.skipped
+    store = gpufeed.open(tmp_path / "s")
+    assert len(store.manifest.shards) > 1 and store.field("keypoints", 0).shape == (0, K, 3)
+    loader = gpufeed.Loader(store, batch_size=4, device="cpu", augment=[RandomResizedCrop(16)], fields=("keypoints",))
+    counts = [int(c) for batch in loader for c in batch["keypoints_count"]]
+    assert sorted(counts) == sorted(len(points_of(k)) if k % 3 else 0 for k in range(12))

@@ -25,7 +25,11 @@ def check_flip_index(flip_index: Sequence[int] | None, points: int, where: str) 
     if flip_index is None:
         return None
     order = np.asarray(flip_index)
-    if order.shape != (points,) or not np.array_equal(np.sort(order), np.arange(points)):
+    if (
+        order.dtype.kind not in "iu"
+        or order.shape != (points,)
+        or not np.array_equal(np.sort(order), np.arange(points))
+    ):
         raise ValueError(
             f"{where}: keypoint_flip must order the {points} keypoints of an instance (a permutation of "
             f"0..{points - 1}: the point each one becomes when mirrored), got {list(flip_index)}"
@@ -55,6 +59,9 @@ def transform_keypoints(
     if params.vflip is not None:
         rows = params.vflip.numpy().astype(bool)[owner]
         p[rows, :, 1] = out_h - p[rows, :, 1]
+    # cropped away: the warp below only moves the fill around them. Inclusive of the far edges: a point
+    # on x = 0 is mirrored onto x = W
+    outside = (p[..., 0] < 0) | (p[..., 0] > out_w) | (p[..., 1] < 0) | (p[..., 1] > out_h)
     final_h, final_w = out_h, out_w
     if params.warp is not None:  # through the inverse of the warp (output pixels -> the box pass's)
         m = params.warp.matrices[0].double().numpy()
@@ -62,7 +69,7 @@ def transform_keypoints(
         inverse = np.linalg.inv(full)[owner]
         p[..., :2] = np.einsum("kij,kpj->kpi", inverse[:, :2, :2], p[..., :2]) + inverse[:, None, :2, 2]
         final_h, final_w = params.final_hw
-    outside = (p[..., 0] < 0) | (p[..., 0] >= final_w) | (p[..., 1] < 0) | (p[..., 1] >= final_h)
+    outside |= (p[..., 0] < 0) | (p[..., 0] > final_w) | (p[..., 1] < 0) | (p[..., 1] > final_h)
     p[..., 2] = np.where(outside, 0, p[..., 2])
     return np.split(p.astype(np.float32), np.cumsum(counts)[:-1])
 

@@ -74,7 +74,7 @@ def batch_dict(
                 points = transform_keypoints(points, params, request.keypoint_flip)
             if kept is not None:
                 points = [p[m] if len(p) == len(m) else p for p, m in zip(points, kept, strict=True)]
-            values, counts = padded_keypoints(points, column.spec["points"])
+            values, counts = padded_keypoints(points, store.fields["keypoints"]["points"])
             out["keypoints"] = torch.from_numpy(values).to(request.device)
             out["keypoints_count"] = torch.from_numpy(counts).to(request.device)
         elif name not in ("image", "boxes"):

@@ -49,11 +49,12 @@ class Geometry:
         return w / w0, h / h0, 0.0, 0.0
 
     def move(self, boxes: np.ndarray) -> np.ndarray:
-        """xyxy boxes in the source's pixels to the stored image's, clipped, the empty ones dropped."""
+        """xyxy boxes in the source's pixels to the stored image's, clipped. One cropped away is kept,
+        empty: a sample's boxes stay in step with its other per-instance values (a loader drops the
+        ones under a pixel and says which it kept, `boxes_kept`)."""
         h, w = self.stored_hw  # type: ignore[misc]  # known for a packed image
         sx, sy, ox, oy = self._affine()
-        out = np.clip(boxes * [sx, sy, sx, sy] + [ox, oy, ox, oy], 0, [w, h, w, h]).astype(np.float32)
-        return out[(out[:, 2] > out[:, 0]) & (out[:, 3] > out[:, 1])]
+        return np.clip(boxes * [sx, sy, sx, sy] + [ox, oy, ox, oy], 0, [w, h, w, h]).astype(np.float32)
 
     def move_points(self, points: np.ndarray) -> np.ndarray:
         """(k, K, 3) keypoints in the source's pixels to the stored image's, as `move` moves boxes; a
@@ -62,7 +63,7 @@ class Geometry:
         h, w = self.stored_hw  # type: ignore[misc]  # known for a packed image
         sx, sy, ox, oy = self._affine()
         out = points.astype(np.float64) * [sx, sy, 1.0] + [ox, oy, 0.0]
-        outside = (out[..., 0] < 0) | (out[..., 0] >= w) | (out[..., 1] < 0) | (out[..., 1] >= h)
+        outside = (out[..., 0] < 0) | (out[..., 0] > w) | (out[..., 1] < 0) | (out[..., 1] > h)
         out[..., 2] = np.where(outside, 0, out[..., 2])
         return out.astype(np.float32)
 
@@ -95,6 +96,8 @@ def as_keypoints(value: Any) -> np.ndarray:
         points = np.asarray(value, dtype=np.float64)
     except (TypeError, ValueError) as e:
         raise ValueError(f"keypoints that are not numbers ({e})") from None
+    if points.size == 0 and points.ndim <= 2:  # no instance, in the list or COCO's form: K unknown here
+        return np.zeros((0, 0, 3))
     if points.ndim == 2 and points.shape[1] % 3 == 0 and points.shape[1]:  # COCO's rows
         points = points.reshape(len(points), -1, 3)
     if points.ndim == 3 and points.shape[2] == 2:
@@ -173,6 +176,8 @@ class FieldsSink:
                     values[name] = ("boxes", geometry.move(boxes) if geometry is not None else boxes.astype(np.float32))
                 elif name == fmt.KEYPOINTS:
                     points = as_keypoints(value)
+                    if not points.shape[1]:  # no instance, points per instance not said: as if missing
+                        continue
                     moved = geometry.move_points(points) if geometry is not None else points.astype(np.float32)
                     values[name] = ("keypoints", moved)
                 else:

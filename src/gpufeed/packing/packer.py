@@ -259,6 +259,8 @@ def pack(
     shard_bytes = parse_size(shard_size, "shard_size")
     _check_args(mode, size, fit, quality, max_side, on_error, engine)
     _check_places(source, dest)
+    if images is not None:
+        _check_places(images, dest)  # a COCO file's images: never inside the destination it replaces
     settings = worker.Settings(mode, size, fit, quality, max_side, reencode, max_pixels)
     src = (
         dataset_source(source, max_pixels) if is_dataset(source) else open_source(source, storage_options, images)  # type: ignore[arg-type]

@@ -5,8 +5,10 @@ with its annotations as per-sample fields, in one order per image: "boxes" (xyxy
 to the image; an annotation whose box is empty there is left out, as detectron2 leaves it out),
 "category" (a JSON list of category ids), "iscrowd" (a JSON list of 0 and 1), "keypoints" where
 the file has them (K points of x, y, visibility per annotation), and "image_id". Labels are -1
-(a detection sample has no one class); `classes` names the categories by id order. Instance masks
-(polygons, RLE) are not read yet.
+(a detection sample has no one class); `classes` names the categories by id order. COCO's
+keypoints are pixel indices: a labelled one gets 0.5 added, as detectron2 adds it, so that it is
+where boxes are (continuous pixels) and mirrors onto its own pixel. Instance masks (polygons, RLE)
+are not read yet.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from gpufeed.sources.entries import MAX_FILE_BYTES, Entry, Item, Skip, Source, SourceError
+from gpufeed.sources.entries import Entry, Item, Skip, Source, SourceError
+
+MAX_ANNOTATION_BYTES = 4 << 30  # COCO's instances_train2017.json is 448 MB
 
 
 def is_coco(path: Path) -> bool:
@@ -28,8 +32,8 @@ def is_coco(path: Path) -> bool:
 
 
 def _load(path: Path) -> dict:
-    if path.stat().st_size > MAX_FILE_BYTES:
-        raise SourceError(f"{path}: over {MAX_FILE_BYTES >> 20} MiB, more than an annotation file this reads")
+    if path.stat().st_size > MAX_ANNOTATION_BYTES:
+        raise SourceError(f"{path}: over {MAX_ANNOTATION_BYTES >> 30} GiB, more than an annotation file this reads")
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
@@ -48,7 +52,15 @@ def _load(path: Path) -> dict:
 
 
 def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    """A finite int or float (not a bool, not an int too large for a float)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return abs(value) < 2**53 if isinstance(value, int) else math.isfinite(value)
+
+
+def _id(value: Any) -> bool:
+    """An id COCO's entries can be matched by: an int or a string."""
+    return isinstance(value, (int, str)) and not isinstance(value, bool)
 
 
 def _box(ann: dict, w: float, h: float) -> list[float] | None:
@@ -73,10 +85,14 @@ def coco_source(path: Path, images: str | os.PathLike | None) -> Source:
     classes = [str(c.get("name", c["id"])) for c in sorted(categories, key=lambda c: c["id"])]
     by_image: dict[Any, list[dict]] = {}
     for ann in data.get("annotations", []):
-        if isinstance(ann, dict):
-            by_image.setdefault(ann.get("image_id"), []).append(ann)
+        if isinstance(ann, dict) and _id(ann.get("image_id")):
+            by_image.setdefault(ann["image_id"], []).append(ann)
     points = next(
-        (len(a["keypoints"]) // 3 for a in data.get("annotations", []) if isinstance(a, dict) and "keypoints" in a),
+        (
+            len(a["keypoints"]) // 3
+            for a in data.get("annotations", [])
+            if isinstance(a, dict) and isinstance(a.get("keypoints"), list) and a["keypoints"]
+        ),
         0,
     )
     entries: list[Entry] = [_entry(image, root, by_image, points) for image in data["images"]]
@@ -89,9 +105,13 @@ def _entry(image: Any, root: Path, by_image: dict, points: int) -> Entry:
     if not isinstance(image, dict) or not isinstance(image.get("file_name"), str):
         return Skip(str(image)[:200], 'an "images" entry without a file_name')
     name = image["file_name"]
+    if "\0" in name:
+        return Skip(repr(name), "a file_name with a NUL character")
     file = root / name
     if Path(name).is_absolute() or ".." in Path(name).parts:
         return Skip(name, "a file_name outside the images folder")
+    if not _id(image.get("id")):
+        return Skip(str(file), "an images entry whose id is not a number or string")
     sides: tuple[Any, ...] = (image.get("width"), image.get("height"))
     if not all(_number(v) and v > 0 for v in sides):
         return Skip(str(file), "no width and height in its images entry")
@@ -105,7 +125,10 @@ def _entry(image: Any, root: Path, by_image: dict, points: int) -> Entry:
             kp = ann.get("keypoints")
             if not (isinstance(kp, list) and len(kp) == 3 * points and all(_number(v) for v in kp)):
                 return Skip(str(file), f"an annotation without {points} keypoints (x, y, visibility)")
-            keypoints.append([kp[3 * j : 3 * j + 3] for j in range(points)])
+            # pixel indices to continuous pixels, for the labelled ones
+            keypoints.append(
+                [[x + 0.5, y + 0.5, v] if v else [x, y, v] for x, y, v in zip(kp[::3], kp[1::3], kp[2::3])]
+            )
         boxes.append(box)
         category.append(ann.get("category_id"))
         crowd.append(1 if ann.get("iscrowd") else 0)

@@ -23,6 +23,7 @@ import functools
 import threading
 import time
 from collections import Counter
+from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -82,7 +83,7 @@ class Scheduler:
         # decode once in a fresh process, the CPU workers 0.3 s to start (docs/benchmarks.md,
         # "Start-up and GPU memory"), so the first batches come from the CPU while they open
         self._opening: Future | None = None
-        self._open_lock = threading.Lock()
+        self._open_lock = threading.RLock()  # `start` holds it while `_settle` takes it
         if device.type == "cuda" and tuning.open_ahead:
             opener = ThreadPoolExecutor(1, thread_name_prefix="gpufeed-gpuopen")
             self._opening = opener.submit(make, warm=True)
@@ -112,24 +113,24 @@ class Scheduler:
         for dec in decoders:
             if dec.name == "hw":
                 dec.planar = self._planar
-        self.gpu = decoders
         self.steering.use_gpu([d.name for d in decoders])
+        self.gpu = decoders
 
     def _settle(self, wait: bool = False, timeout: float | None = None) -> bool:
         """Take the GPU decoders into use once they are open (`wait`: wait for them, at most `timeout`
         seconds); whether they are."""
+        opening = self._opening
+        if opening is None:
+            return True
+        if wait:  # outside the lock: the producer goes on meanwhile
+            futures.wait([opening], timeout)
         with self._open_lock:  # the producer's thread, and a caller of `opened`
-            opening = self._opening
-            if opening is None:
-                return True
-            if not (wait or opening.done()):
-                return False
-            try:
-                decoders = opening.result(timeout)
-            except TimeoutError:
+            if self._opening is not opening:  # taken up meanwhile
+                return self._opening is None
+            if not opening.done():
                 return False
             self._opening = None
-            self._use(decoders)
+            self._use(opening.result())
             return True
 
     def opened(self, timeout: float | None = None) -> bool:
@@ -166,10 +167,14 @@ class Scheduler:
         while the caller goes on. `pace`: what the caller and its consumer waited for since the last
         batch (None: nothing known yet)."""
         # the GPU decoders join as they open; waited for where the CPU may not decode a share
-        self._settle(wait=not self.steering.cpu_share)
-        threads = self.cpu.threads  # read once: workers become ready while batches are made
-        self.steering.steer(pace, threads, len(batch))
-        shares = self.shares(len(batch), threads)
+        if not self.steering.cpu_share:
+            self._settle(wait=True)
+        with self._open_lock:  # the decoders in use and the shares split for them, together
+            self._settle()
+            decoders = self.gpu
+            threads = self.cpu.threads  # read once: workers become ready while batches are made
+            self.steering.steer(pace, threads, len(batch))
+            shares = self.shares(len(batch), threads)
         starts = np.cumsum([0] + shares)
         regions = crop_regions(shapes, boxes)
         cost = roi_cost(shapes, regions)
@@ -181,9 +186,9 @@ class Scheduler:
         gpu_job = None
         # one thread: batches' GPU shares are decoded one after another. Not woken for a batch whose GPU
         # share is empty (beside a model the workers often decode it all): each wake-up takes the GIL
-        if self.gpu and self.tuning.gpu_early and starts[-2] > 0:
+        if decoders and self.tuning.gpu_early and starts[-2] > 0:
             self._early = self._early or ThreadPoolExecutor(1, thread_name_prefix="gpufeed-gpushare")
-            gpu_job = self._early.submit(self._decode_gpu, batch, shapes, order, starts, self.gpu)
+            gpu_job = self._early.submit(self._decode_gpu, batch, shapes, order, starts, decoders)
         return Started(
             batch=batch,
             shapes=shapes,
@@ -197,7 +202,7 @@ class Scheduler:
             cpu_job=job,
             submitted=submitted,
             gpu_job=gpu_job,
-            gpu=self.gpu,
+            gpu=decoders,
         )
 
     def finish(self, started: Started, pin: bool) -> tuple[list[tuple[Decoded, np.ndarray]], dict[int, str]]:

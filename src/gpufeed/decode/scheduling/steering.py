@@ -75,7 +75,6 @@ class Steering:
     def use_gpu(self, gpu: list[str]) -> None:
         """Steer for GPU decoders named `gpu` from the next batch on (they open after the first
         batches: `Scheduler`), split at first so that they and the CPU finish together."""
-        self.gpu = gpu
         self.rates = {name: START_RATES[name] for name in gpu} | {"cpu": self.rates["cpu"]}
         # the GPU decoders together: images per second of a batch until the last of them is done.
         # Below the sum of their own rates (starting them, handing results back); the CPU's share is
@@ -84,6 +83,7 @@ class Steering:
         # the GPU decoders' part of each batch; None until a batch was made with them, when the shares
         # are set so that the CPU and the GPU decoders finish together
         self.gpu_part: float | None = None
+        self.gpu = gpu  # last: what `shares` reads first
 
     def shares(self, n: int, threads: int) -> list[int]:
         """Images per decoder (GPU decoders in order, then the CPU) for a batch of `n`: the GPU decoders
