@@ -61,7 +61,46 @@ def as_tensor(array: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(array)
 
 
-class Store:
+class Described:
+    """What a store's manifest and labels say, for a store packed in one piece (`Store`) and one in
+    shards (`store.sharded.ShardedStore`) alike: they set `manifest` and `_labels`."""
+
+    manifest: fmt.Manifest
+    _labels: np.ndarray
+
+    def __len__(self) -> int:
+        """Samples in the store."""
+        return self.manifest.count
+
+    @property
+    def mode(self) -> str:
+        """The kind: "raw" (fixed-size pixels) or "jpeg" (encoded bytes)."""
+        return self.manifest.mode
+
+    @property
+    def classes(self) -> list[str]:
+        """Class names; label i is classes[i] (empty for an unlabelled store)."""
+        return list(self.manifest.classes)
+
+    @property
+    def labels(self) -> torch.Tensor:
+        """int64 labels of all samples (a view of the memory map)."""
+        return as_tensor(self._labels)
+
+    @property
+    def image_shape(self) -> tuple[int, int, int] | None:
+        """(H, W, 3) of every raw sample; None for jpeg stores, whose sizes vary."""
+        shape = self.manifest.image_shape
+        return tuple(shape) if shape else None  # type: ignore[return-value]  # (raw: [S, S, 3])
+
+    @property
+    def fields(self) -> dict[str, dict]:
+        """The per-sample fields besides image, label and source: name -> {"kind", and for arrays
+        "dtype" and "shape"}."""
+        return {name: dict(spec) for name, spec in self.manifest.fields.items()}
+
+
+class Store(Described):
     """A packed dataset: `len(store)`, `store[i] -> (CHW uint8 tensor, label)`.
 
     The arrays are read-only memory maps: nothing is read until it is used, so a store of
@@ -146,34 +185,9 @@ class Store:
                 )
 
     @property
-    def mode(self) -> str:
-        """The kind: "raw" (fixed-size pixels) or "jpeg" (encoded bytes)."""
-        return self.manifest.mode
-
-    @property
-    def classes(self) -> list[str]:
-        """Class names; label i is classes[i] (empty for an unlabelled store)."""
-        return list(self.manifest.classes)
-
-    @property
-    def labels(self) -> torch.Tensor:
-        """int64 labels of all samples (a view of the memory map)."""
-        return as_tensor(self._labels)
-
-    @property
-    def image_shape(self) -> tuple[int, int, int] | None:
-        """(H, W, 3) of every raw sample; None for jpeg stores, whose sizes vary."""
-        shape = self.manifest.image_shape
-        return tuple(shape) if shape else None  # type: ignore[return-value]  # (raw: [S, S, 3])
-
-    @property
     def nbytes(self) -> int:
         """Size of the data files on disk."""
         return sum(f["bytes"] for f in self.manifest.files.values())
-
-    def __len__(self) -> int:
-        """Samples in the store."""
-        return self.manifest.count
 
     def encoded(self, i: int) -> torch.Tensor:
         """The stored JPEG bytes of sample `i` (jpeg stores only), as a uint8 tensor."""
@@ -195,12 +209,6 @@ class Store:
         offsets = self._source_offsets  # (opened with the sources)
         start, end = int(offsets[i]), int(offsets[i + 1])  # type: ignore[index]
         return fmt.decode_source(bytes(self._sources[start:end]))
-
-    @property
-    def fields(self) -> dict[str, dict]:
-        """The per-sample fields besides image, label and source: name -> {"kind", and for arrays
-        "dtype" and "shape"}."""
-        return {name: dict(spec) for name, spec in self.manifest.fields.items()}
 
     def field(self, name: str, i: int):
         """Sample `i`'s value of field `name`: an int, float, numpy array, str, bytes or parsed JSON

@@ -21,7 +21,7 @@ import torch
 
 from gpufeed.store import format as fmt
 from gpufeed.store.format import Manifest, StoreError
-from gpufeed.store.reader import Store, as_tensor, map_checked
+from gpufeed.store.reader import Described, Store, map_checked
 from gpufeed.store.writer import file_digest
 
 
@@ -123,7 +123,7 @@ def _write_shard(source: Store, a: int, b: int, folder: Path) -> Manifest:
     return shard
 
 
-class ShardedStore:
+class ShardedStore(Described):
     """A sharded store on this machine's disk, read as one store: `len`, `store[i]`, labels, classes,
     sources and fields across its shards (each opened, and its manifest's digest checked, when first
     used). `shard(k)` is shard k as a `Store`; `starts` the first sample of each shard, then the count."""
@@ -171,32 +171,8 @@ class ShardedStore:
             shard.check_unchanged()
 
     @property
-    def mode(self) -> str:
-        return self.manifest.mode
-
-    @property
-    def classes(self) -> list[str]:
-        return list(self.manifest.classes)
-
-    @property
-    def labels(self) -> torch.Tensor:
-        return as_tensor(self._labels)
-
-    @property
-    def image_shape(self) -> tuple[int, int, int] | None:
-        shape = self.manifest.image_shape
-        return tuple(shape) if shape else None  # type: ignore[return-value]  # (raw: [S, S, 3])
-
-    @property
     def nbytes(self) -> int:
         return sum(s["bytes"] for s in self.manifest.shards)
-
-    @property
-    def fields(self) -> dict[str, dict]:
-        return {name: dict(spec) for name, spec in self.manifest.fields.items()}
-
-    def __len__(self) -> int:
-        return self.manifest.count
 
     def _where(self, i: int) -> tuple[Store, int]:
         n = len(self)
