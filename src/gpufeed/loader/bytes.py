@@ -18,7 +18,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -59,16 +59,10 @@ class ByteSource(Protocol):
         """What the CPU decode worker processes read from."""
 
 
-class PackedBytes:
-    """A packed jpeg store's bytes, as the tier keeps them (`data`: the memory map, page-locked or not)."""
+class OfAStore:
+    """A store's labels, length and sources, for the byte sources of a packed or sharded store (`store`)."""
 
-    reads_ahead = False
-
-    def __init__(self, store, data: torch.Tensor):
-        self.store, self._data = store, data
-        self.path = store.path
-        self.shapes = np.asarray(store.shapes).view(np.ndarray)
-        self._offsets = np.asarray(store.offsets).view(np.ndarray)
+    store: Any
 
     @property
     def labels(self) -> torch.Tensor:
@@ -80,6 +74,18 @@ class PackedBytes:
     def source(self, i: int) -> str:
         return self.store.source(i)
 
+
+class PackedBytes(OfAStore):
+    """A packed jpeg store's bytes, as the tier keeps them (`data`: the memory map, page-locked or not)."""
+
+    reads_ahead = False
+
+    def __init__(self, store, data: torch.Tensor):
+        self.store, self._data = store, data
+        self.path = store.path
+        self.shapes = np.asarray(store.shapes).view(np.ndarray)
+        self._offsets = np.asarray(store.offsets).view(np.ndarray)
+
     def read_later(self, indices: np.ndarray) -> Callable[[], Encoded]:
         batch = Encoded.of(self._data, self._offsets, indices)
         return lambda: batch
@@ -88,7 +94,7 @@ class PackedBytes:
         return WorkerView(data=self.store.data)
 
 
-class ShardBytes:
+class ShardBytes(OfAStore):
     """A sharded jpeg store's bytes (on this disk, or in a remote store's cache): each batch's images
     copied from their shards' memory maps into one buffer, on threads, a batch ahead (`reads_ahead`);
     the decode workers read their share from the shard files themselves. A remote store's shards are
@@ -108,16 +114,6 @@ class ShardBytes:
         self._held: dict[int, int] = {}  # shard -> the read that last used it
         self._reads = 0
         self._lock = threading.Lock()
-
-    @property
-    def labels(self) -> torch.Tensor:
-        return self.store.labels
-
-    def __len__(self) -> int:
-        return len(self.store)
-
-    def source(self, i: int) -> str:
-        return self.store.source(i)
 
     def files(self) -> list[str]:
         """Every shard's data file, by shard number (where it is, or will be, on this disk)."""
