@@ -15,6 +15,13 @@ import torch
 from gpufeed.augment.params import Params
 
 
+def warp_inverse(params: Params) -> np.ndarray:
+    """(N, 3, 3) per sample: the box pass's output pixels to the warp's output (the inverse of its
+    matrices, which map output pixels to the box pass's output); `params.warp` is set."""
+    m = params.warp.matrices[0].double().numpy()  # type: ignore[union-attr]  # (N, 2, 3)
+    return np.linalg.inv(np.concatenate([m, np.broadcast_to([[[0.0, 0.0, 1.0]]], (len(m), 1, 3))], 1))
+
+
 def transform_boxes(boxes: list[np.ndarray], params: Params, min_size: float = 1.0) -> list[np.ndarray]:
     """Each sample's (k, 4) float boxes through `params` (a batch's parameters, on the host), all of
     the batch's boxes at once."""
@@ -41,9 +48,7 @@ def transform_boxes_kept(
         b[rows] = np.where(mirrored, size - b[rows][:, order], b[rows][:, order])
     b = np.clip(b, 0, [out_w, out_h, out_w, out_h])
     if params.warp is not None:  # the corners through the inverse of the warp, then their enclosing box
-        m = params.warp.matrices[0].double().numpy()  # (N, 2, 3): output pixels -> box pass output
-        full = np.concatenate([m, np.broadcast_to([[[0.0, 0.0, 1.0]]], (len(m), 1, 3))], 1)
-        inverse = np.linalg.inv(full)[owner]
+        inverse = warp_inverse(params)[owner]
         corners = b[:, [[0, 1], [2, 1], [0, 3], [2, 3]]]  # (K, 4 corners, 2)
         moved = np.einsum("kij,kcj->kci", inverse[:, :2, :2], corners) + inverse[:, None, :2, 2]
         final_h, final_w = params.final_hw
@@ -53,12 +58,15 @@ def transform_boxes_kept(
     return np.split(b[keep].astype(np.float32), np.cumsum(kept)[:-1]), np.split(keep, np.cumsum(counts)[:-1])
 
 
-def padded(boxes: list[np.ndarray], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(N, M, 4) float32 boxes, zero after each sample's count, and the counts (N,) int64, on `device`."""
-    counts = np.array([len(b) for b in boxes], dtype=np.int64)
-    out = np.zeros((len(boxes), int(counts.max(initial=0)), 4), dtype=np.float32)
-    rows = np.repeat(np.arange(len(boxes)), counts)
+def padded(
+    values: list[np.ndarray], device: torch.device, rest: tuple[int, ...] = (4,), fill: float = 0, dtype=np.float32
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each sample's (k, *rest) values in one (N, M, *rest) tensor, `fill` after each sample's count
+    (boxes: float32 zeros), and the counts (N,) int64, on `device`."""
+    counts = np.array([len(v) for v in values], dtype=np.int64)
+    out = np.full((len(values), int(counts.max(initial=0)), *rest), fill, dtype=dtype)
+    rows = np.repeat(np.arange(len(values)), counts)
     slots = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
     if len(rows):
-        out[rows, slots] = np.concatenate(boxes)
+        out[rows, slots] = np.concatenate([np.asarray(v).reshape(-1, *rest) for v in values])
     return torch.from_numpy(out).to(device), torch.from_numpy(counts).to(device)

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from gpufeed.augment.boxes import warp_inverse
 from gpufeed.augment.params import Params
 
 
@@ -64,20 +65,9 @@ def transform_keypoints(
     outside = (p[..., 0] < 0) | (p[..., 0] > out_w) | (p[..., 1] < 0) | (p[..., 1] > out_h)
     final_h, final_w = out_h, out_w
     if params.warp is not None:  # through the inverse of the warp (output pixels -> the box pass's)
-        m = params.warp.matrices[0].double().numpy()
-        full = np.concatenate([m, np.broadcast_to([[[0.0, 0.0, 1.0]]], (len(m), 1, 3))], 1)
-        inverse = np.linalg.inv(full)[owner]
+        inverse = warp_inverse(params)[owner]
         p[..., :2] = np.einsum("kij,kpj->kpi", inverse[:, :2, :2], p[..., :2]) + inverse[:, None, :2, 2]
         final_h, final_w = params.final_hw
     outside |= (p[..., 0] < 0) | (p[..., 0] > final_w) | (p[..., 1] < 0) | (p[..., 1] > final_h)
     p[..., 2] = np.where(outside, 0, p[..., 2])
     return np.split(p.astype(np.float32), np.cumsum(counts)[:-1])
-
-
-def padded_keypoints(points: list[np.ndarray], width: int) -> tuple[np.ndarray, np.ndarray]:
-    """(N, M, K, 3) float32 keypoints, zero after each sample's count, and the counts (N,) int64."""
-    counts = np.array([len(p) for p in points], dtype=np.int64)
-    out = np.zeros((len(points), int(counts.max(initial=0)), width, 3), dtype=np.float32)
-    for k, p in enumerate(points):
-        out[k, : len(p)] = p
-    return out, counts

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from gpufeed.augment.boxes import padded, transform_boxes_kept
-from gpufeed.augment.keypoints import padded_keypoints, transform_keypoints
+from gpufeed.augment.keypoints import transform_keypoints
 from gpufeed.augment.params import Params
 from gpufeed.loader.stats import Stats
 from gpufeed.store.format import StoreError
@@ -58,10 +58,7 @@ def batch_dict(
             boxes, kept = transform_boxes_kept(boxes, params)
         out["boxes"], out["boxes_count"] = padded(boxes, request.device)
         which = [np.flatnonzero(m) for m in kept] if kept is not None else [np.arange(len(b)) for b in boxes]
-        index = np.full((len(which), int(out["boxes"].shape[1])), -1, np.int64)
-        for k, w in enumerate(which):
-            index[k, : len(w)] = w
-        out["boxes_kept"] = torch.from_numpy(index).to(request.device)
+        out["boxes_kept"] = padded(which, request.device, (), fill=-1, dtype=np.int64)[0]
     for name in request.names:
         if name == "label":
             out[name] = labels
@@ -74,9 +71,8 @@ def batch_dict(
                 points = transform_keypoints(points, params, request.keypoint_flip)
             if kept is not None:
                 points = [p[m] if len(p) == len(m) else p for p, m in zip(points, kept, strict=True)]
-            values, counts = padded_keypoints(points, store.fields["keypoints"]["points"])
-            out["keypoints"] = torch.from_numpy(values).to(request.device)
-            out["keypoints_count"] = torch.from_numpy(counts).to(request.device)
+            rest = (store.fields["keypoints"]["points"], 3)
+            out["keypoints"], out["keypoints_count"] = padded(points, request.device, rest)
         elif name not in ("image", "boxes"):
             column = store.column(name)
             out[name] = (
