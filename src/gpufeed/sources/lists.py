@@ -6,7 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from gpufeed.sources.cells import array_column, csv_column
@@ -78,13 +78,21 @@ def _typed_columns(rows: list[tuple[int, object, object, dict | None]], csv_text
             extra[name] = value
 
 
+def list_labels(rows: list[tuple[int, object, object, dict | None]]) -> tuple[list[str], Callable[[object], int]]:
+    """A list's classes and each row's label as an int: integers as they are (no classes), else class
+    names, numbered in sorted order."""
+    raw_labels = [lab for _, p, lab, _ in rows if p]
+    if all(is_int(lab) for lab in raw_labels):
+        return [], lambda lab: int(str(lab))
+    classes = sorted({str(lab) for lab in raw_labels})
+    index = {c: i for i, c in enumerate(classes)}
+    return classes, lambda lab: index[str(lab)]
+
+
 def list_source(path: Path) -> Source:
     rows = list(_list_rows(path))
     _typed_columns([r for r in rows if r[1]], csv_text=path.suffix.lower() != ".jsonl")
-    raw_labels = [lab for _, p, lab, _ in rows if p]
-    numeric = all(is_int(lab) for lab in raw_labels)
-    classes = [] if numeric else sorted({str(lab) for lab in raw_labels})
-    index = {c: i for i, c in enumerate(classes)}
+    classes, label_of = list_labels(rows)
     entries: list[Entry] = []
     for n, p, lab, extra in rows:
         if not p:
@@ -92,5 +100,5 @@ def list_source(path: Path) -> Source:
             entries.append(Skip(f"{path}:{n}", lab or "malformed row (need path,label)"))  # type: ignore[arg-type]
             continue
         full = str((path.parent / str(p)) if not os.path.isabs(str(p)) else Path(str(p)))
-        entries.append(Item(full, int(str(lab)) if numeric else index[str(lab)], path=full, fields=extra))
+        entries.append(Item(full, label_of(lab), path=full, fields=extra))
     return Source(f"list {path}", classes, iter(entries), count_items(entries), kind="list")

@@ -11,8 +11,8 @@ import os
 import tarfile
 from collections.abc import Iterator
 
-from gpufeed.sources.entries import Entry, Item, Skip, Source, SourceError, count_items, is_int
-from gpufeed.sources.lists import _csv_rows, _jsonl_rows, _typed_columns
+from gpufeed.sources.entries import Entry, Item, Skip, Source, SourceError, count_items
+from gpufeed.sources.lists import _csv_rows, _jsonl_rows, _typed_columns, list_labels
 from gpufeed.sources.tars import TAR_SUFFIXES, _tar_samples
 from gpufeed.store.locations import filesystem, is_url, shown
 
@@ -63,10 +63,7 @@ def _list(fs, protocol: str, path: str, where: str) -> Source:
     f = io.StringIO(text, newline="")
     rows = list(_jsonl_rows(f) if jsonl else _csv_rows(where, f))  # type: ignore[arg-type]
     _typed_columns([r for r in rows if r[1]], csv_text=not jsonl)
-    labels = [lab for _, p, lab, _ in rows if p]
-    numeric = all(is_int(lab) for lab in labels)
-    classes = [] if numeric else sorted({str(lab) for lab in labels})
-    index = {c: i for i, c in enumerate(classes)}
+    classes, label_of = list_labels(rows)
     folder = f"{protocol}://{path.rsplit('/', 1)[0]}" if "/" in path else f"{protocol}://"
     entries: list[Entry] = []
     urls: list[str | None] = []  # per entry, where its bytes are fetched from (None: nothing to fetch)
@@ -77,8 +74,7 @@ def _list(fs, protocol: str, path: str, where: str) -> Source:
             continue
         text_path = str(p)
         full = text_path if is_url(text_path) or os.path.isabs(text_path) else f"{folder}/{text_path}"
-        label = int(str(lab)) if numeric else index[str(lab)]
-        entries.append(Item(shown(full), label, path=None if is_url(full) else full, fields=extra))
+        entries.append(Item(shown(full), label_of(lab), path=None if is_url(full) else full, fields=extra))
         urls.append(full if is_url(full) else None)
     return Source(f"list {where}", classes, _fetched(fs, entries, urls), count_items(entries), "list")
 
