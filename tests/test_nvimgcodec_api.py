@@ -69,3 +69,14 @@ def test_a_batch_decodes_into_one_buffer_as_pillow_decodes_it():
             want = np.asarray(Image.open(io.BytesIO(blobs[take[k]])).convert("RGB"))
             got = out[offsets[k]: offsets[k] + h * w * 3].reshape(h, w, 3)
             assert got.shape == want.shape and np.abs(got.astype(int) - want).mean() < 2, k
+
+
+def test_jpegs_cut_short_are_told_apart_from_whole_ones_for_the_gpu_decoders():
+    """The GPU's decoders fill a cut file with gray and call it decoded, where Pillow refuses it: such
+    files go to the CPU (`Encoded.cut_short`), so a file gets one verdict whichever decoder drew it."""
+    from gpufeed.decode.base import EOI_WINDOW, Encoded
+
+    j = encode_jpegs(natural_images(1))[0]
+    blobs = [j, j[: len(j) // 2], j + b"\0" * 7, j + b"x" * (EOI_WINDOW + 1), b"", b"\xff\xd9", j[:-1]]
+    assert Encoded.joined(blobs).cut_short().tolist() == [False, True, False, True, True, True, True]
+    assert Encoded.joined([]).cut_short().tolist() == []

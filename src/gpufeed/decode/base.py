@@ -22,6 +22,10 @@ import torch
 # decode it without a colour conversion kernel per image; the resize kernel converts (`augment.fused`)
 YCC420 = 0
 
+# how far from a JPEG's last byte its end-of-image marker may sit for the GPU's decoders to take it
+# (`Encoded.cut_short`); cameras pad a few bytes at most, and a file with more still decodes on the CPU
+EOI_WINDOW = 4096
+
 
 class WorkersStopped(RuntimeError):
     """A CPU share's decode workers were stopped before they answered: the loader was closed, or
@@ -67,6 +71,22 @@ class Encoded:
             pick(self.file_index),
             pick(self.file_begins),
         )
+
+    def cut_short(self) -> np.ndarray:
+        """Per image, whether it lacks a JPEG end-of-image marker (FF D9) in its last `EOI_WINDOW`
+        bytes: a file cut short, or one with much data after its end. The GPU's decoders fill a cut
+        file's missing rows with gray and report success, where the CPU's (Pillow) refuses it, so such
+        images go to the CPU: the same file gets the same verdict whichever decoder its batch share
+        drew. (Entropy-coded data never holds FF D9: FF there is always followed by 00 or a restart
+        marker.)"""
+        a, cut = self.array, self.ends - self.begins < 4
+        whole = np.flatnonzero(~cut)
+        last = self.ends[whole] - 2
+        cut[whole] = (a[last] != 0xFF) | (a[last + 1] != 0xD9)
+        for k in whole[cut[whole]].tolist():  # bytes after the marker: rare
+            b, e = int(self.begins[k]), int(self.ends[k])
+            cut[k] = b"\xff\xd9" not in a[max(b, e - EOI_WINDOW) : e].tobytes()
+        return cut
 
     def tensors(self) -> list[torch.Tensor]:
         return [self.data[a:b] for a, b in zip(self.begins.tolist(), self.ends.tolist())]

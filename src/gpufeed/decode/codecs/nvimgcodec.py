@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from gpufeed.decode.base import YCC420, Decoded, Encoded, PinnedStaging, hwc_strides
+from gpufeed.decode.base import EOI_WINDOW, YCC420, Decoded, Encoded, PinnedStaging, hwc_strides
 from gpufeed.decode.codecs.nvimgcodec_api import BatchDecoder
 
 MAX_IMAGE_BYTES = 1 << 30  # a header that claims more (a damaged or hostile file) is refused, not allocated
@@ -58,7 +58,8 @@ class NvImgCodecDecoder:
         native = self._batches
         sizes, ok = native.read(batch.array, batch.begins, batch.ends)
         big = sizes[:, 0] * sizes[:, 1] * 3 > MAX_IMAGE_BYTES
-        ok &= ~big
+        cut = batch.cut_short()
+        ok &= ~big & ~cut
         planar = native.ycc420(len(sizes)) & ok if self.planar else np.zeros(len(sizes), bool)
         offsets, total = native.layout(np.where(ok, native.nbytes(sizes, planar), 0))
         out = self.buffers.take(max(total, 1))
@@ -70,6 +71,8 @@ class NvImgCodecDecoder:
             failed[k] = (
                 f"its header claims {h}x{w} pixels, over the {MAX_IMAGE_BYTES >> 20} MiB gpufeed decodes"
                 if big[k]
+                else f"no JPEG end marker in its last {EOI_WINDOW} bytes (cut short?): left to the CPU"
+                if cut[k]
                 else f"nvImageCodec ({self.name}) could not read its header"
                 if not ok[k]
                 else f"nvImageCodec ({self.name}) refused it"
