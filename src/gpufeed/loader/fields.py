@@ -12,9 +12,10 @@ import torch
 
 from gpufeed.augment.boxes import padded, transform_boxes_kept
 from gpufeed.augment.keypoints import transform_keypoints
+from gpufeed.augment.masks import DTYPES, transform_masks
 from gpufeed.augment.params import Params
 from gpufeed.loader.stats import Stats
-from gpufeed.store.format import StoreError
+from gpufeed.store.format import MaskRuns, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +30,7 @@ class FieldRequest:
     device: torch.device
     on_error: str
     keypoint_flip: np.ndarray | None = None  # the point each keypoint becomes when mirrored (`augment.keypoints`)
+    mask_fill: int = 0  # a label map's value where its image takes a fill (`augment.masks`)
 
 
 def batch_dict(
@@ -44,13 +46,15 @@ def batch_dict(
     each box yielded, -1 after the count, to pick a sample's other per-instance values), "keypoints"
     (moved with them too, (N, M, K, 3); plus "keypoints_count"; where boxes are asked for as well
     and a sample has as many of each, the instances whose boxes are dropped are dropped from its
-    keypoints), the store's other fields (numbers and arrays as tensors on the device, text, bytes
+    keypoints), "masks" (moved with them too, nearest: instance masks (N, M, H, W) uint8 with
+    "masks_count", dropped with their boxes as keypoints are, or label maps (N, H, W)), the store's
+    other fields (numbers and arrays as tensors on the device, text, bytes
     and JSON as lists). `geometry()`: the batch's planned sample indices and augment parameters,
     which the boxes and keypoints follow."""
     idx = samples.cpu().numpy() if isinstance(samples, torch.Tensor) else np.asarray(samples)
     out: dict = {"image": images}
     store = request.store
-    params = _params(store, idx, *geometry()) if {"boxes", "keypoints"} & set(request.names) else None
+    params = _params(store, idx, *geometry()) if {"boxes", "keypoints", "masks"} & set(request.names) else None
     kept: list[np.ndarray] | None = None  # per sample, the boxes kept
     if "boxes" in request.names:
         boxes = store.column("boxes").rows(idx)
@@ -73,6 +77,10 @@ def batch_dict(
                 points = [p[m] if len(p) == len(m) else p for p, m in zip(points, kept, strict=True)]
             rest = (store.fields["keypoints"]["points"], 3)
             out["keypoints"], out["keypoints_count"] = padded(points, request.device, rest)
+        elif name == "masks":
+            out["masks"], counts = _masks(request, idx, params, kept)
+            if store.fields["masks"]["instances"]:
+                out["masks_count"] = counts
         elif name not in ("image", "boxes"):
             column = store.column(name)
             out[name] = (
@@ -81,6 +89,31 @@ def batch_dict(
                 else _values(request, column, idx, counters)
             )
     return out
+
+
+def _masks(
+    request: FieldRequest, samples: np.ndarray, params: Params | None, kept: list[np.ndarray] | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch's masks through its geometry (`augment.masks`); instance masks whose boxes a loader
+    dropped are dropped too, as keypoints are. A sample stored without masks has no instance (or,
+    for label maps, the fill everywhere). A damaged value raises StoreError naming it."""
+    store, spec = request.store, request.store.fields["masks"]
+    column = store.column("masks")
+    runs = []
+    for k, i in enumerate(samples.tolist()):
+        r = column.runs(i)
+        if r is None:
+            h, w = store.shapes[i] if store.mode == "jpeg" else store.image_shape[:2]
+            fill, none = request.mask_fill, np.zeros(0, np.int32)
+            r = (
+                MaskRuns(int(h), int(w), none, none, none)
+                if spec["instances"]
+                else MaskRuns(int(h), int(w), np.array([1]), np.array([h * w], np.int32), np.array([fill], np.int32))
+            )
+        if kept is not None and spec["instances"] and len(r) == len(kept[k]):
+            r = r.planes(kept[k])
+        runs.append(r)
+    return transform_masks(runs, params, request.device, spec["instances"], DTYPES[spec["dtype"]], request.mask_fill)
 
 
 def _values(request: FieldRequest, column, samples: np.ndarray, counters: Stats) -> list:

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from gpufeed.augment.keypoints import check_flip_index
+from gpufeed.augment.masks import DTYPES as MASK_DTYPES
 from gpufeed.augment.pipeline import Augment
 from gpufeed.decode.tuning import Tuning
 from gpufeed.loader import tiers
@@ -183,10 +184,15 @@ class Loader:
             boxes (-1 after the count): those under a pixel are dropped, and a sample's other
             per-instance values (COCO's "category", "iscrowd") are picked with it. "keypoints" too:
             (N, M, K, 3) x, y, visibility (0 once a point leaves the image) and "keypoints_count"
-            (`augment.keypoints` says how they move).
+            (`augment.keypoints` says how they move). "masks" too, nearest (`augment.masks`): instance
+            masks as an (N, M, H, W) uint8 tensor with "masks_count", dropped with their boxes as
+            keypoints are, or label maps (N, H, W) of the stored dtype.
         keypoint_flip: with "keypoints": the point each of an instance's K keypoints becomes when the
             image is mirrored (COCO's persons: [0, 2, 1, 4, 3, ...], left and right swapped); None:
             points keep their places.
+        mask_fill: with "masks" that are label maps: the value where the image takes a fill
+            (outside the stored image, a warp's corners): e.g. 255, an ignore index. Instance masks
+            are 0 there.
         cache_dir, cache_limit, storage_options: a store in a bucket: the local folder its shards are
             cached in (default under ~/.cache/gpufeed/stores; the ranks of a machine may share one), the
             most bytes kept there (an int or "200GB"; None: no limit), and fsspec's options for the URL
@@ -235,11 +241,14 @@ class Loader:
         storage_options: dict | None = None,
         shuffle_window: int | None = None,
         keypoint_flip: Sequence[int] | None = None,
+        mask_fill: int = 0,
     ):
         self.store = _open(store, cache_dir, cache_limit, storage_options)
         self.fields = tuple(fields) if fields is not None else None
         if keypoint_flip is not None and "keypoints" not in (self.fields or ()):
             raise ValueError(f"{self.store.path}: keypoint_flip is for fields=(..., 'keypoints', ...)")
+        if mask_fill != 0 and "masks" not in (self.fields or ()):
+            raise ValueError(f"{self.store.path}: mask_fill is for fields=(..., 'masks', ...)")
         for name in self.fields or ():
             if name not in ("label", "source", "image"):
                 try:
@@ -334,8 +343,18 @@ class Loader:
             if keypoint_flip is not None
             else None
         )
+        if "masks" in (self.fields or ()):
+            spec = self.store.fields["masks"]
+            info = torch.iinfo(MASK_DTYPES[spec["dtype"]])
+            if isinstance(mask_fill, bool) or not isinstance(mask_fill, int) or not info.min <= mask_fill <= info.max:
+                raise ValueError(
+                    f"{self.store.path}: mask_fill={mask_fill!r} is not an int a {spec['dtype']} label map holds "
+                    f"({info.min}..{info.max})"
+                )
         self._fields = (
-            None if self.fields is None else FieldRequest(self.fields, self.store, self.device, on_error, flip)
+            None
+            if self.fields is None
+            else FieldRequest(self.fields, self.store, self.device, on_error, flip, mask_fill)
         )
 
     @property

@@ -67,6 +67,56 @@ class Geometry:
         out[..., 2] = np.where(outside, 0, out[..., 2])
         return out.astype(np.float32)
 
+    def move_masks(self, planes: np.ndarray) -> np.ndarray:
+        """(k, h, w) masks of the source image (its upright size) to the stored image's pixels, each
+        stored pixel taking the source pixel under its centre (nearest); 0 where packing padded."""
+        h, w = self.stored_hw  # type: ignore[misc]  # known for a packed image
+        if (h, w) == planes.shape[1:] and self._affine() == (1.0, 1.0, 0.0, 0.0):
+            return planes
+        sx, sy, ox, oy = self._affine()
+        xs = np.floor((np.arange(w) + 0.5 - ox) / sx).astype(np.int64)
+        ys = np.floor((np.arange(h) + 0.5 - oy) / sy).astype(np.int64)
+        h0, w0 = planes.shape[1:]
+        inside = ((ys >= 0) & (ys < h0))[:, None] & ((xs >= 0) & (xs < w0))[None, :]
+        out = planes[:, ys.clip(0, h0 - 1)][:, :, xs.clip(0, w0 - 1)]
+        return np.where(inside, out, 0).astype(planes.dtype)
+
+
+def as_masks(value: Any) -> tuple[bool, np.ndarray]:
+    """A sample's masks as (instances, (k, h, w) array): a label map (h, w) of integers (semantic,
+    k = 1), or instance masks (k, h, w) of 0 and 1 (bool or integers), from an array, a tensor,
+    torchvision's Mask or a list of (h, w) masks; `[]`: no instance."""
+    if hasattr(value, "detach"):
+        value = value.detach().cpu().numpy()
+    if isinstance(value, (list, tuple)):
+        if not value:
+            return True, np.zeros((0, 0, 0), np.uint8)
+        value = [v.detach().cpu().numpy() if hasattr(v, "detach") else v for v in value]
+    try:
+        masks = np.asarray(value)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"masks that are not one array ({e})") from None
+    if masks.dtype.kind not in "biu" or masks.ndim not in (2, 3) or 0 in masks.shape[-2:]:
+        raise ValueError(
+            f"masks of {masks.dtype} and shape {masks.shape}; expected an integer label map (h, w) or "
+            "instance masks (instances, h, w) of 0 and 1"
+        )
+    if masks.ndim == 3:
+        if masks.size and not np.isin(masks, (0, 1)).all():
+            raise ValueError("instance masks (instances, h, w) with values other than 0 and 1")
+        return True, masks.astype(np.uint8)
+    return False, masks[None]
+
+
+def _mask_dtype(planes: np.ndarray) -> str:
+    """The smallest of the format's mask dtypes that holds a label map's values; ValueError if none."""
+    lo, hi = (int(planes.min()), int(planes.max())) if planes.size else (0, 0)
+    for dtype in fmt.MASK_DTYPES:
+        info = np.iinfo(np.dtype(dtype))
+        if info.min <= lo and hi <= info.max and (dtype != "|i1" or planes.dtype.kind == "i"):
+            return dtype
+    raise ValueError(f"a label map with values {lo}..{hi}, outside int32")
+
 
 def as_boxes(value: Any) -> np.ndarray:
     """A sample's boxes as (k, 4) float: xyxy, from a list of lists, an array, a tensor or torchvision's
@@ -155,6 +205,7 @@ class FieldsSink:
         self.kinds: dict[str, str] | None = None  # name -> kind, fixed by the first sample added
         self.arrays: dict[str, tuple[np.dtype, tuple[int, ...]]] = {}
         self.points: dict[str, int] = {}  # keypoints per instance, fixed by the first sample with any
+        self.masks: dict[str, tuple[bool, str]] = {}  # (instance masks, dtype), fixed by the first sample
         self.numbers: dict[str, list] = {}
         self.writers: dict[str, Any] = {}
         self.count = 0
@@ -168,7 +219,7 @@ class FieldsSink:
         bad = [n for n in fields if not fmt.valid_field_name(n)]
         if bad:
             return (f"field name {bad[0]!r} is not an identifier, or is one of {fmt.RESERVED}"), {}
-        values = {}
+        values: dict[str, tuple[str, Any]] = {}
         for name, value in fields.items():
             try:
                 if name == fmt.BOXES:
@@ -180,6 +231,8 @@ class FieldsSink:
                         continue
                     moved = geometry.move_points(points) if geometry is not None else points.astype(np.float32)
                     values[name] = ("keypoints", moved)
+                elif name == fmt.MASKS:
+                    values[name] = ("masks", self._masks(value, geometry))
                 else:
                     values[name] = classify(value)
             except ValueError as e:
@@ -198,6 +251,14 @@ class FieldsSink:
             known = self.kinds.get(name, kind)
             if kind != known:
                 return f"field {name!r} is a {kind}, the first sample's is a {known}", {}
+            if kind == "masks" and name in self.masks:
+                instances, stored = self.masks[name]
+                if instances != value[0]:
+                    first, this = ("instance masks", "a label map") if instances else ("a label map", "instance masks")
+                    return f"field {name!r} is {this}, the first sample's is {first}", {}
+                info, planes = np.iinfo(np.dtype(stored)), value[1]
+                if not instances and planes.size and (planes.min() < info.min or planes.max() > info.max):
+                    return f"field {name!r} has label values that do not fit the first sample's {stored}", {}
             if kind == "keypoints" and self.points.get(name, value.shape[1]) != value.shape[1]:
                 return (
                     f"field {name!r} has {value.shape[1]} points per instance, the first sample's {self.points[name]}"
@@ -226,6 +287,8 @@ class FieldsSink:
                 self.numbers[name].append(value)
             elif kind == "array":
                 self.writers[name].write(value)
+            elif kind == "masks":
+                self.writers[name].add(fmt.encode_masks(value[1]))
             elif kind in ("boxes", "keypoints"):
                 self.writers[name].add(np.ascontiguousarray(value, dtype="<f4").tobytes())
             else:
@@ -236,6 +299,21 @@ class FieldsSink:
                 )
                 self.writers[name].add(data)
         self.count += 1
+
+    @staticmethod
+    def _masks(value: Any, geometry: Geometry | None) -> tuple[bool, np.ndarray]:
+        """A sample's masks checked against its image's full size and moved into the stored image's frame."""
+        if callable(value):  # drawn now, not when the source was read (a COCO file's `CocoMasks`)
+            value = value()
+        instances, planes = as_masks(value)
+        if geometry is None or geometry.source_hw is None:
+            return instances, planes
+        if not len(planes) and instances:
+            return instances, np.zeros((0, *geometry.stored_hw), np.uint8)  # type: ignore[misc]
+        if planes.shape[1:] != tuple(geometry.source_hw):
+            h, w = geometry.source_hw
+            raise ValueError(f"masks of {planes.shape[1]}x{planes.shape[2]} pixels for an image of {h}x{w}")
+        return instances, geometry.move_masks(planes)
 
     def _start(self, name: str, kind: str, value: Any) -> None:
         """A field's first value: its writer, with an empty value for each sample before (text, bytes
@@ -250,6 +328,8 @@ class FieldsSink:
         else:
             if kind == "keypoints":
                 self.points[name] = value.shape[1]
+            if kind == "masks":
+                self.masks[name] = (value[0], "|u1" if value[0] else _mask_dtype(value[1]))
             self.writers[name] = Appended(self.work, *files)
             for _ in range(self.count):
                 self.writers[name].add(b"")
@@ -270,6 +350,10 @@ class FieldsSink:
                 specs[name] = {"kind": "array", "dtype": dtype.str, "shape": list(shape)}
                 files[path.name] = self.writers[name].close()
             else:
-                specs[name] = {"kind": kind, "points": self.points[name]} if kind == "keypoints" else {"kind": kind}
+                specs[name] = {"kind": kind}
+                if kind == "keypoints":
+                    specs[name]["points"] = self.points[name]
+                if kind == "masks":
+                    specs[name] |= {"instances": self.masks[name][0], "dtype": self.masks[name][1]}
                 files |= self.writers[name].finish()
         return files, specs

@@ -7,8 +7,9 @@ to the image; an annotation whose box is empty there is left out, as detectron2 
 the file has them (K points of x, y, visibility per annotation), and "image_id". Labels are -1
 (a detection sample has no one class); `classes` names the categories by id order. COCO's
 keypoints are pixel indices: a labelled one gets 0.5 added, as detectron2 adds it, so that it is
-where boxes are (continuous pixels) and mirrors onto its own pixel. Instance masks (polygons, RLE)
-are not read yet.
+where boxes are (continuous pixels) and mirrors onto its own pixel. "masks" where the file has
+segmentations: one 0/1 mask per kept annotation, from its polygons or run-length mask
+(`sources.coco_masks`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from gpufeed.sources.coco_masks import CocoMasks
 from gpufeed.sources.entries import Entry, Item, Skip, Source, SourceError
 
 MAX_ANNOTATION_BYTES = 4 << 30  # COCO's instances_train2017.json is 448 MB
@@ -95,12 +97,13 @@ def coco_source(path: Path, images: str | os.PathLike | None) -> Source:
         ),
         0,
     )
-    entries: list[Entry] = [_entry(image, root, by_image, points) for image in data["images"]]
+    masks = any(isinstance(a, dict) and "segmentation" in a for a in data.get("annotations", []))
+    entries: list[Entry] = [_entry(image, root, by_image, points, masks) for image in data["images"]]
     total = sum(isinstance(e, Item) for e in entries)
     return Source(f"COCO annotations {path} ({total} images)", classes, iter(entries), total, kind="list")
 
 
-def _entry(image: Any, root: Path, by_image: dict, points: int) -> Entry:
+def _entry(image: Any, root: Path, by_image: dict, points: int, masks: bool) -> Entry:
     """One image's sample, or why it is skipped."""
     if not isinstance(image, dict) or not isinstance(image.get("file_name"), str):
         return Skip(str(image)[:200], 'an "images" entry without a file_name')
@@ -116,7 +119,7 @@ def _entry(image: Any, root: Path, by_image: dict, points: int) -> Entry:
     if not all(_number(v) and v > 0 for v in sides):
         return Skip(str(file), "no width and height in its images entry")
     w, h = (float(v) for v in sides)
-    boxes, category, crowd, keypoints = [], [], [], []
+    boxes, category, crowd, keypoints, segmentations = [], [], [], [], []
     for ann in by_image.get(image.get("id"), []):
         box = _box(ann, w, h)
         if box is None:
@@ -130,9 +133,12 @@ def _entry(image: Any, root: Path, by_image: dict, points: int) -> Entry:
                 [[x + 0.5, y + 0.5, v] if v else [x, y, v] for x, y, v in zip(kp[::3], kp[1::3], kp[2::3])]
             )
         boxes.append(box)
+        segmentations.append(ann.get("segmentation"))
         category.append(ann.get("category_id"))
         crowd.append(1 if ann.get("iscrowd") else 0)
     fields: dict[str, Any] = {"boxes": boxes, "category": category, "iscrowd": crowd, "image_id": image.get("id")}
     if points:  # an array, so that an image without annotations says its points per instance too
         fields["keypoints"] = np.asarray(keypoints, np.float64).reshape(-1, points, 3)
+    if masks:  # drawn when packing takes the sample (`sources.coco_masks`)
+        fields["masks"] = CocoMasks(tuple(segmentations), int(h), int(w))
     return Item(str(file), -1, path=str(file), fields=fields)

@@ -38,6 +38,8 @@ class FieldColumn:
                 bad |= ends % 16 != 0  # whole rows of four float32
             elif self.kind == "keypoints":
                 bad |= ends % (12 * spec["points"]) != 0  # whole instances of points of three float32
+            elif self.kind == "masks":
+                bad |= ends % 4 != 0  # int32 words
             if bad.any():
                 raise StoreError(
                     f"{directory / files[1]}: entry {int(np.argmax(bad))} is out of order, past the "
@@ -52,7 +54,8 @@ class FieldColumn:
 
     def value(self, i: int) -> Any:
         """Sample i's value: a number, a numpy array (a copy; boxes: (k, 4) float32; keypoints: (k,
-        points, 3) float32), str, bytes, or the parsed JSON (None for a sample that had no value).
+        points, 3) float32; masks: a label map (h, w) or instance masks (k, h, w) uint8), str, bytes,
+        or the parsed JSON (None for a sample that had no value).
 
         Raises:
             StoreError: a text or JSON value that is not UTF-8 or not JSON (its bytes were damaged
@@ -66,6 +69,12 @@ class FieldColumn:
             return np.frombuffer(raw, dtype="<f4").reshape(-1, 4).copy()
         if self.kind == "keypoints":
             return np.frombuffer(raw, dtype="<f4").reshape(-1, self.spec["points"], 3).copy()
+        if self.kind == "masks":
+            runs = self.runs(i)
+            if runs is None:
+                return None
+            planes = runs.decode().astype(self.spec["dtype"])
+            return planes if self.spec["instances"] else planes[0]
         if self.kind == "bytes":
             return raw
         try:
@@ -82,6 +91,11 @@ class FieldColumn:
             raise self._damaged(i, "not JSON (nested too deeply)") from None
         except ValueError as e:
             raise self._damaged(i, f"not JSON ({e})") from None
+
+    def runs(self, i: int) -> fmt.MaskRuns | None:
+        """A masks field's sample i as stored (None: the sample had none), checked (StoreError)."""
+        raw = bytes(self.data[int(self.offsets[i]) : int(self.offsets[i + 1])])
+        return fmt.parse_masks(raw, f"{self.path}: field {self.name!r} of sample {i}") if raw else None
 
     def _damaged(self, i: int, why: str) -> StoreError:
         return StoreError(

@@ -13,7 +13,8 @@ A store is a directory::
                         str, bytes, json: UTF-8 / raw / JSON text back to back, with
                         boxes (the field "boxes"): float32 [x1, y1, x2, y2] rows back to back;
                         keypoints (the field "keypoints"): float32 [x, y, visibility] for each of
-                        the spec's "points" per instance, instances back to back; with
+                        the spec's "points" per instance, instances back to back;
+                        masks (the field "masks"): per sample, run-length coded planes (below); with
     field.NAME.i64    int64[N + 1]        byte offsets, as sources.i64 (variable kinds only)
     raw mode:
       images.u8       uint8[N, S, S, 3]   HWC pixels, sample i is one contiguous slice
@@ -21,6 +22,15 @@ A store is a directory::
       data.bin        uint8[...]          encoded JPEG bytes, back to back
       offsets.i64     int64[N + 1]        sample i is data.bin[offsets[i]:offsets[i + 1]]
       shapes.i32      int32[N, 2]         (height, width) of each encoded image
+
+A sample's masks are k planes of the stored image's h x w pixels: one label map (k = 1, the spec's
+"instances" false) or one 0/1 mask per instance (instances true, any k, in step with the sample's
+boxes). Each plane, read row after row, is cut into runs of equal values. The value is int32
+[k, h, w, runs of plane 0, ..., runs of plane k-1, then every run's end (the index of the pixel
+after it, increasing within a plane, a plane's last one h * w), then every run's value]. Run-length
+coding, not PNG: a loader resamples a mask straight from its runs on the device (a binary search per
+output pixel, `augment.masks`), so nothing is decoded on the CPU or at the stored size, and COCO's
+own masks are runs already.
 
 Every data file is little-endian, headerless and memory-mappable; the manifest records its
 byte size and digest so a damaged store is detected. The digest (CHECKSUM) is the SHA-256 of
@@ -89,14 +99,20 @@ DTYPES: dict[str, np.dtype] = {
 
 # per-sample fields: a name (an identifier, none of RESERVED) -> {"kind": one of FIELD_KINDS, and for
 # arrays "dtype": one of ARRAY_DTYPES and "shape": [positive ints]}
-FIELD_KINDS = ("int", "float", "array", "str", "bytes", "json", "boxes", "keypoints")
-VARIABLE_KINDS = ("str", "bytes", "json", "boxes", "keypoints")
+FIELD_KINDS = ("int", "float", "array", "str", "bytes", "json", "boxes", "keypoints", "masks")
+VARIABLE_KINDS = ("str", "bytes", "json", "boxes", "keypoints", "masks")
 BOXES = "boxes"  # the field whose values are boxes (xyxy pixels of the stored image, any count per sample)
 # the field whose values are keypoints: per instance (any count per sample) the spec's "points" of
 # [x, y, visibility], x and y in the stored image's pixels, visibility 0 (not labelled or not in
 # the image), 1 (labelled, hidden) or 2 (visible), as COCO's
 KEYPOINTS = "keypoints"
 MAX_KEYPOINTS = 1024  # points per instance a manifest may declare
+# the field whose values are masks: {"kind": "masks", "instances": bool, "dtype": one of MASK_DTYPES}
+# (the dtype of a label map's values; instance masks are "|u1" 0/1)
+MASKS = "masks"
+MASK_DTYPES = ("|u1", "|i1", "<i2", "<i4")
+MAX_MASK_PIXELS = (1 << 31) - 1  # a plane's h * w: its run ends are int32
+MAX_MASK_PLANES = 1 << 16
 RESERVED = ("image", "label", "source")
 ARRAY_DTYPES = ("|b1", "|i1", "|u1", "<i2", "<u2", "<i4", "<u4", "<i8", "<u8", "<f2", "<f4", "<f8")
 _SCALAR_DTYPES = {"int": "<i8", "float": "<f8"}
@@ -373,8 +389,15 @@ def valid_field(name: object, spec: object) -> bool:
     """Whether a manifest's field entry is one this format defines (it names files and dtypes: untrusted)."""
     if not valid_field_name(name) or not isinstance(spec, dict) or spec.get("kind") not in FIELD_KINDS:
         return False
-    if (name == BOXES) != (spec["kind"] == "boxes") or (name == KEYPOINTS) != (spec["kind"] == "keypoints"):
+    if any((name == field) != (spec["kind"] == field) for field in (BOXES, KEYPOINTS, MASKS)):
         return False
+    if spec["kind"] == "masks":
+        return (
+            set(spec) == {"kind", "instances", "dtype"}
+            and isinstance(spec["instances"], bool)
+            and spec["dtype"] in MASK_DTYPES
+            and (not spec["instances"] or spec["dtype"] == "|u1")
+        )
     if spec["kind"] == "keypoints":
         points = spec.get("points")
         return set(spec) == {"kind", "points"} and _is_int(points) and 0 < points <= MAX_KEYPOINTS
@@ -399,5 +422,76 @@ _EXPECTED = {
     "settings": "an object",
     "fields": 'an object of {name: {"kind": int|float|array|str|bytes|json, arrays also "dtype" '
     'and "shape"}} with identifier names other than image, label and source, and '
-    '{"boxes": {"kind": "boxes"}}, {"keypoints": {"kind": "keypoints", "points": 1..1024}}',
+    '{"boxes": {"kind": "boxes"}}, {"keypoints": {"kind": "keypoints", "points": 1..1024}}, '
+    '{"masks": {"kind": "masks", "instances": bool, "dtype": "|u1", "|i1", "<i2" or "<i4"}}',
 }
+
+
+@dataclass
+class MaskRuns:
+    """One sample's masks as stored: k planes of h x w pixels, plane j's runs `counts[j]` of them, in
+    order in `ends` (int32, the pixel after each run, row after row) and `values` (int32)."""
+
+    h: int
+    w: int
+    counts: np.ndarray
+    ends: np.ndarray
+    values: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.counts)
+
+    def planes(self, keep: np.ndarray) -> MaskRuns:
+        """Only the planes where `keep` (bool, one per plane) is set."""
+        first = np.cumsum(self.counts) - self.counts
+        pieces = [np.arange(f, f + c) for f, c in zip(first[keep], self.counts[keep])]
+        runs = np.concatenate(pieces).astype(np.int64) if pieces else np.zeros(0, np.int64)
+        return MaskRuns(self.h, self.w, self.counts[keep], self.ends[runs], self.values[runs])
+
+    def decode(self) -> np.ndarray:
+        """The planes as a (k, h, w) int32 array."""
+        lengths = np.diff(self.ends, prepend=0)
+        lengths[np.cumsum(self.counts)[:-1]] = self.ends[np.cumsum(self.counts)[:-1]]  # each plane starts at 0
+        return np.repeat(self.values, lengths).reshape(len(self.counts), self.h, self.w)
+
+
+def encode_masks(planes: np.ndarray) -> bytes:
+    """(k, h, w) integer planes as their runs (the layout the module's docstring gives)."""
+    k, h, w = planes.shape
+    if not k:
+        return np.array([0, h, w], "<i4").tobytes()
+    flat = planes.reshape(k, h * w)
+    change = np.ones((k, h * w), bool)
+    change[:, 1:] = flat[:, 1:] != flat[:, :-1]  # a run starts here
+    plane, start = np.nonzero(change)
+    ends = np.empty_like(start)
+    ends[:-1], ends[-1:] = start[1:], h * w
+    last = np.r_[plane[1:] != plane[:-1], True]  # a plane's last run ends at h * w
+    ends[last] = h * w
+    counts = np.bincount(plane, minlength=k)
+    head = np.array([k, h, w], np.int64)
+    parts = (head, counts, ends, flat[plane, start])
+    return b"".join(np.asarray(a).astype("<i4").tobytes() for a in parts)
+
+
+def parse_masks(raw: bytes, where: str) -> MaskRuns:
+    """A sample's stored masks, checked: StoreError naming `where` for bytes that are not whole,
+    consistent runs (a damaged or hostile store)."""
+    a = np.frombuffer(raw, "<i4")
+    bad = lambda why: StoreError(f"{where}: {why} (damaged store)")  # noqa: E731
+    if len(raw) % 4 or len(a) < 3:
+        raise bad("masks shorter than their header")
+    k, h, w = (int(x) for x in a[:3])
+    if not (0 <= k <= MAX_MASK_PLANES and h > 0 and w > 0 and h * w <= MAX_MASK_PIXELS) or len(a) < 3 + k:
+        raise bad(f"masks of {k} planes of {h}x{w} pixels")
+    counts = a[3 : 3 + k].astype(np.int64)
+    runs = int(counts.sum())
+    if (counts < 1).any() or len(a) != 3 + k + 2 * runs:
+        raise bad("masks whose run counts do not match their bytes")
+    ends, values = a[3 + k : 3 + k + runs], a[3 + k + runs :]
+    last = np.cumsum(counts) - 1
+    step = np.diff(ends.astype(np.int64), prepend=0)
+    step[last[:-1] + 1] = ends[last[:-1] + 1]  # each plane's first run is measured from pixel 0
+    if (step < 1).any() or (ends[last] != h * w).any():
+        raise bad("masks whose runs are not in order or do not cover the image")
+    return MaskRuns(h, w, counts, ends, values)

@@ -222,6 +222,10 @@ class ShardedColumn:
         shard, local = self.store._where(i)
         return shard.column(self.name).value(local)
 
+    def runs(self, i: int) -> fmt.MaskRuns | None:
+        shard, local = self.store._where(i)
+        return shard.column(self.name).runs(local)
+
     def rows(self, indices: np.ndarray) -> np.ndarray | list:
         indices = np.asarray(indices, np.int64)
         shards, local = self.store.locate(indices)
