@@ -29,6 +29,7 @@ SMOKES = {  # script: extra arguments of its smoke (each benchmark once; ddp_ben
     "augment_chain_bench": [],
     "store_open_bench": [],
     "shuffle_bench": [],
+    "detection_bench": [],
 }
 
 

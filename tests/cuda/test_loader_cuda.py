@@ -133,3 +133,31 @@ def test_random_erasing_noise_on_gpu_is_replayed_and_normal(store):
     first = next(iter(gpufeed.Loader(store, batch_size=32, device="cuda", cache="gpu", augment=ops, seed=2)))[0]
     again = next(iter(gpufeed.Loader(store, batch_size=32, device="cuda", cache="gpu", augment=ops, seed=2)))[0]
     assert torch.equal(first, again) and first.is_cuda
+
+
+@pytest.mark.parametrize("instances", [True, False])
+def test_masks_on_the_gpu_equal_the_cpus(tmp_path, instances):
+    """Instance masks and label maps resampled from their runs on the GPU: the same pixels as on the
+    CPU, through a jpeg store's crops, flips and rotations."""
+    import numpy as np
+
+    from gpufeed.augment import RandomRotation
+    from gpufeed.synth import natural_image
+
+    rng = np.random.default_rng(0)
+    yy, xx = np.mgrid[:48, :64]
+    data = []
+    for k in range(24):
+        inst = np.stack([((xx - 8 - j * 9 - k) ** 2 + (yy - 20 - j) ** 2 < 60 + k) for j in range(k % 4 + 1)])
+        masks = inst.astype(np.uint8) if instances else (inst * np.arange(1, len(inst) + 1)[:, None, None]).max(0)
+        data.append({"image": natural_image(rng, 48, 64, k), "label": 0, "masks": masks})
+    gpufeed.pack(data, tmp_path / "s", mode="jpeg", progress=False, workers=1)
+    ops = [RandomResizedCrop(32, scale=(0.3, 1)), RandomHorizontalFlip(), RandomRotation(20)]
+    kw = dict(batch_size=8, augment=ops, seed=3, fields=("masks",), mask_fill=0 if instances else 255)
+    for g, c in zip(gpufeed.Loader(tmp_path / "s", device="cuda", **kw),
+                    gpufeed.Loader(tmp_path / "s", device="cpu", **kw), strict=True):
+        assert g["masks"].is_cuda and torch.equal(g["masks"].cpu(), c["masks"]) and c["masks"].any()
+        if instances:
+            assert torch.equal(g["masks_count"].cpu(), c["masks_count"])
+        else:
+            assert (c["masks"] == 255).any()  # the rotations' corners

@@ -1,0 +1,295 @@
+"""Detection, segmentation and pose targets through the GPU augment, against torchvision's reference
+detection pipeline, in one call.
+
+The store: `--n` generated photos (`--image`, q90 JPEGs), each with 5 to 20 instances: an elliptic
+instance mask, its box, a category and 17 keypoints inside it, packed as a jpeg store. The augment:
+RandomResizedCrop(`--size`, scale 0.3-1) + a horizontal flip (COCO's keypoint pairs swapped) +
+RandomRotation(15) + Normalize, with every target.
+
+- **loader**: images per second to the device with their boxes, masks, keypoints and categories
+  over `--batches` batches after `--warmup`: gpufeed's Loader, and the reference (a torch DataLoader
+  of `--workers` workers, each decoding the JPEG with torchvision.io, the masks from the store, and
+  applying transforms.v2 to Image, BoundingBoxes, Mask and KeyPoints, then SanitizeBoundingBoxes;
+  what torchvision's references/detection does), batches moved to the device as a training loop does.
+- **ops**: one batch's GPU time (CUDA events, median of `--repeats`) of the image ops (the Augment
+  on a uint8 batch of photos of `--image`'s size) and of its instance masks (`augment.masks`, from
+  the store's runs), and the host time of its boxes and keypoints.
+- **train**: torchvision's Mask R-CNN (ResNet-50 FPN, random init, bf16 autocast, SGD; its own
+  resize off: min_size = max_size = `--size`) trained `--steps` steps after `--warmup` on each feed.
+
+    python benchmarks/detection_bench.py --n 2000 --workers 16 --out detection.json
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import common
+
+SMOKE = dict(n=6, image="64x48", size=32, device="cpu", batch=2, workers=0, batches=2, warmup=1, steps=1,
+             repeats=1, workdir=None)
+K = 17
+FLIP = [0, 2, 1, 4, 3, 6, 5, 8, 7, 10, 9, 12, 11, 14, 13, 16, 15]  # COCO's persons: left and right swapped
+CATEGORIES = 10
+
+
+class Photos:
+    """The generated COCO-like samples, made when packing asks for each (a list of them all would
+    hold gigabytes of masks)."""
+
+    def __init__(self, n: int, width: int, height: int):
+        self.n, self.width, self.height = n, width, height
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, k: int) -> dict:
+        from gpufeed.synth import natural_image
+
+        if not 0 <= k < self.n:
+            raise IndexError(k)
+        rng, width, height = np.random.default_rng(k), self.width, self.height
+        yy, xx = np.mgrid[:height, :width]
+        count = int(rng.integers(5, 21))
+        cx, cy = rng.uniform(0.1, 0.9, count) * width, rng.uniform(0.1, 0.9, count) * height
+        rx, ry = rng.uniform(0.03, 0.2, count) * width, rng.uniform(0.03, 0.2, count) * height
+        masks = np.stack([((xx - cx[j]) / rx[j]) ** 2 + ((yy - cy[j]) / ry[j]) ** 2 < 1 for j in range(count)])
+        boxes = np.stack([np.clip(cx - rx, 0, width), np.clip(cy - ry, 0, height),
+                          np.clip(cx + rx, 0, width), np.clip(cy + ry, 0, height)], 1)
+        t = rng.uniform(0, 1, (count, K, 2))
+        points = np.concatenate([boxes[:, None, :2] + t * (boxes[:, None, 2:] - boxes[:, None, :2]),
+                                 np.full((count, K, 1), 2.0)], 2)
+        return {"image": natural_image(rng, height, width, k), "label": 0, "masks": masks.astype(np.uint8),
+                "boxes": boxes, "keypoints": points, "category": rng.integers(1, CATEGORIES + 1, count).tolist()}
+
+
+def make_store(root: Path, n: int, width: int, height: int) -> Path:
+    """The generated COCO-like jpeg store (made once per `root`)."""
+    import gpufeed
+
+    dest = root / f"store-{n}-{width}x{height}"
+    if not (dest / "manifest.json").exists():
+        gpufeed.pack(Photos(n, width, height), dest, mode="jpeg", progress=False, overwrite=True)
+    return dest
+
+
+def gpufeed_loader(store: Path, a, epochs_seed: int = 0):
+    import gpufeed
+    from gpufeed.augment import Normalize, RandomHorizontalFlip, RandomResizedCrop, RandomRotation
+
+    ops = [RandomResizedCrop(a.size, scale=(0.3, 1)), RandomHorizontalFlip(), RandomRotation(15), Normalize()]
+    return gpufeed.Loader(store, batch_size=a.batch, device=a.device, augment=ops, seed=epochs_seed,
+                          fields=("boxes", "masks", "keypoints", "category"), keypoint_flip=FLIP)
+
+
+def gpufeed_targets(batch: dict) -> tuple[torch.Tensor, list[dict]]:
+    """A gpufeed batch as Mask R-CNN's images and per-image targets (categories picked by `boxes_kept`)."""
+    targets = []
+    counts = batch["boxes_count"].tolist()
+    kept = batch["boxes_kept"].cpu()
+    for k, c in enumerate(counts):
+        labels = torch.as_tensor(batch["category"][k], dtype=torch.int64)[kept[k, :c]]
+        targets.append({"boxes": batch["boxes"][k, :c], "labels": labels.to(batch["image"].device, non_blocking=True),
+                        "masks": batch["masks"][k, :c], "keypoints": batch["keypoints"][k, :c]})
+    return batch["image"], targets
+
+
+class Reference(torch.utils.data.Dataset):
+    """torchvision's reference detection pipeline over the store: decode, the targets as tv_tensors,
+    transforms.v2 (the same ops), SanitizeBoundingBoxes."""
+
+    def __init__(self, store: Path, size: int):
+        self.path, self.size, self.store, self.transform = store, size, None, None
+
+    def __len__(self) -> int:
+        import gpufeed
+
+        return len(gpufeed.open(self.path))
+
+    def __getitem__(self, i: int):
+        import gpufeed
+        from torchvision import tv_tensors
+        from torchvision.io import decode_jpeg
+        from torchvision.transforms import v2
+
+        if self.store is None:  # opened in the worker
+            self.store = gpufeed.open(self.path)
+            self.transform = v2.Compose([
+                v2.RandomResizedCrop(self.size, scale=(0.3, 1), antialias=True), v2.RandomHorizontalFlip(),
+                v2.RandomRotation(15), v2.ToDtype(torch.float32, scale=True),
+                v2.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225]), v2.SanitizeBoundingBoxes()])
+        s = self.store
+        data = torch.from_numpy(np.asarray(s.data[int(s.offsets[i]):int(s.offsets[i + 1])]))
+        image = tv_tensors.Image(decode_jpeg(data))
+        hw = tuple(image.shape[-2:])
+        target = {
+            "boxes": tv_tensors.BoundingBoxes(torch.from_numpy(s.field("boxes", i)), format="XYXY", canvas_size=hw),
+            "masks": tv_tensors.Mask(torch.from_numpy(s.field("masks", i))),
+            "keypoints": tv_tensors.KeyPoints(torch.from_numpy(s.field("keypoints", i)[..., :2]), canvas_size=hw),
+            "labels": torch.as_tensor(s.field("category", i), dtype=torch.int64),
+        }
+        return self.transform(image, target)
+
+
+def reference_loader(store: Path, a):
+    return torch.utils.data.DataLoader(
+        Reference(store, a.size), batch_size=a.batch, shuffle=True, num_workers=a.workers,
+        collate_fn=lambda items: tuple(zip(*items)), persistent_workers=a.workers > 0, pin_memory=a.device != "cpu",
+        drop_last=True)
+
+
+def reference_targets(batch, device: str) -> tuple[torch.Tensor, list[dict]]:
+    images, targets = batch
+    moved = [{k: v.to(device, non_blocking=True) for k, v in t.items()} for t in targets]
+    return torch.stack(images).to(device, non_blocking=True), moved
+
+
+def timed(batches, unpack, device: str, count: int, warmup: int, step=None) -> dict:
+    """Images per second over `count` batches after `warmup`, each unpacked (and trained on)."""
+    it = iter(batches)
+    seen = 0
+    t0 = time.perf_counter()
+    for k in range(warmup + count):
+        if k == warmup:
+            if device != "cpu":
+                torch.cuda.synchronize()
+            t0, seen = time.perf_counter(), 0
+        images, targets = unpack(next(it))
+        if step is not None:
+            step(images, targets)
+        seen += len(images)
+    if device != "cpu":
+        torch.cuda.synchronize()
+    return {"img_per_s": seen / (time.perf_counter() - t0), "images": seen}
+
+
+def cycle(make):
+    """Batches without end: a new pass of `make()` whenever one ends."""
+    while True:
+        yield from make()
+
+
+def op_times(store: Path, a) -> dict:
+    """One batch's image ops and masks on the device, and its boxes and keypoints on the host."""
+    import gpufeed
+    from gpufeed.augment.boxes import transform_boxes_kept
+    from gpufeed.augment.keypoints import transform_keypoints
+    from gpufeed.augment.masks import DTYPES, transform_masks
+    from gpufeed.synth import natural_image
+
+    loader = gpufeed_loader(store, a)
+    s = gpufeed.open(store)
+    width, height = (int(x) for x in a.image.split("x"))
+    rng = np.random.default_rng(1)
+    images = torch.from_numpy(np.stack([natural_image(rng, height, width, k) for k in range(a.batch)])).to(a.device)
+    params = loader.augment.sample(a.batch, height, width, torch.Generator().manual_seed(0))
+    on_device = params.to(a.device)
+    idx = np.arange(a.batch) % len(s)
+    runs = [s.column("masks").runs(int(i)) for i in idx]
+    boxes, points = [s.field("boxes", int(i)) for i in idx], [s.field("keypoints", int(i)) for i in idx]
+
+    def gpu_ms(fn) -> float:
+        times = []
+        for _ in range(a.repeats + 1):
+            if a.device == "cpu":
+                t0 = time.perf_counter()
+                fn()
+                times.append(1e3 * (time.perf_counter() - t0))
+                continue
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        return statistics.median(times[1:] or times)
+
+    def host_ms(fn) -> float:
+        times = []
+        for _ in range(a.repeats):
+            t0 = time.perf_counter()
+            fn()
+            times.append(1e3 * (time.perf_counter() - t0))
+        return statistics.median(times)
+
+    image_ms = gpu_ms(lambda: loader.augment.apply(images, on_device, torch.float16, channels_last=True))
+    masks_ms = gpu_ms(lambda: transform_masks(runs, params, torch.device(a.device), True, DTYPES["|u1"]))
+    masks_wall = host_ms(lambda: (transform_masks(runs, params, torch.device(a.device), True, DTYPES["|u1"]),
+                                  torch.cuda.synchronize() if a.device != "cpu" else None))
+    boxes_ms = host_ms(lambda: transform_boxes_kept(boxes, params))
+    points_ms = host_ms(lambda: transform_keypoints(points, params, np.asarray(FLIP)))
+    instances = sum(len(r) for r in runs)
+    return {"image_ops_ms": image_ms, "masks_ms": masks_ms, "masks_wall_ms": masks_wall, "boxes_host_ms": boxes_ms,
+            "keypoints_host_ms": points_ms, "instances": instances, "masks_of_image_ops": masks_ms / image_ms}
+
+
+def trainer(a):
+    """A Mask R-CNN step on (images, targets): random init, bf16 autocast, SGD."""
+    from torchvision.models.detection import maskrcnn_resnet50_fpn
+
+    model = maskrcnn_resnet50_fpn(weights=None, weights_backbone=None, num_classes=CATEGORIES + 1, min_size=a.size,
+                                  max_size=a.size, image_mean=[0.0] * 3, image_std=[1.0] * 3).to(a.device)
+    model.train()
+    opt = torch.optim.SGD(model.parameters(), lr=0.002, momentum=0.9)
+
+    def step(images, targets):
+        plain = [{k: v for k, v in t.items() if k != "keypoints"} for t in targets]
+        with torch.autocast(a.device.split(":")[0], dtype=torch.bfloat16, enabled=a.device != "cpu"):
+            loss = sum(model(list(images.float()), plain).values())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    return step
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = common.parser(__doc__)
+    p.add_argument("--n", type=int, default=2000, help="generated photos")
+    p.add_argument("--image", default="640x480", help="their WIDTHxHEIGHT")
+    p.add_argument("--size", type=int, default=512, help="RandomResizedCrop's side")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--workers", type=int, default=16, help="the reference DataLoader's workers")
+    p.add_argument("--batches", type=int, default=40, help="timed batches of the loader rows")
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--steps", type=int, default=20, help="timed Mask R-CNN steps of the train rows (0: none)")
+    p.add_argument("--repeats", type=int, default=10, help="the ops rows' repeats")
+    p.add_argument("--workdir", default=None, help="keeps the generated store (reused)")
+    a = common.parse(p, argv, SMOKE)
+    width, height = (int(x) for x in a.image.split("x"))
+    runs: dict = {}
+    with common.workdir(a.workdir, "gpufeed-detection-bench-") as root:
+        store = make_store(root, a.n, width, height)
+        feeds_ = {
+            "gpufeed": (lambda: gpufeed_loader(store, a), gpufeed_targets),
+            f"torchvision reference, {a.workers} workers": (lambda: reference_loader(store, a),
+                                                            lambda b: reference_targets(b, a.device)),
+        }
+        for name, (make, unpack) in feeds_.items():
+            runs[f"loader: {name}"] = timed(cycle(make), unpack, a.device, a.batches, a.warmup)
+        runs["ops"] = op_times(store, a)
+        if a.steps:
+            for name, (make, unpack) in feeds_.items():
+                step = trainer(a)
+                runs[f"Mask R-CNN: {name}"] = timed(cycle(make), unpack, a.device, a.steps, a.warmup, step)
+    ops = runs.pop("ops")
+    lines = [[name, f"{r['img_per_s']:,.0f}"] for name, r in runs.items()]
+    markdown = common.table(["row", "img/s"], lines) + "\n\n" + common.table(
+        ["one batch of " + str(a.batch), "ms"],
+        [["image ops (GPU)", f"{ops['image_ops_ms']:.2f}"],
+         [f"instance masks, {ops['instances']} (GPU)", f"{ops['masks_ms']:.2f}"],
+         ["instance masks, wall with host preparation", f"{ops['masks_wall_ms']:.2f}"],
+         ["boxes (host)", f"{ops['boxes_host_ms']:.2f}"], ["keypoints (host)", f"{ops['keypoints_host_ms']:.2f}"],
+         ["masks' GPU time / image ops'", f"{ops['masks_of_image_ops']:.2f}"]])
+    return common.write(a, __file__, {**runs, "ops": ops}, markdown, a.device)
+
+
+if __name__ == "__main__":
+    main()
