@@ -139,9 +139,15 @@ class Reference(torch.utils.data.Dataset):
 
 def reference_loader(store: Path, a):
     return torch.utils.data.DataLoader(
-        Reference(store, a.size), batch_size=a.batch, shuffle=True, num_workers=a.workers,
-        collate_fn=lambda items: tuple(zip(*items)), persistent_workers=a.workers > 0, pin_memory=a.device != "cpu",
-        drop_last=True)
+        Reference(store, a.size), batch_size=a.batch, shuffle=True, num_workers=a.workers, collate_fn=as_lists,
+        persistent_workers=a.workers > 0, pin_memory=a.device != "cpu", drop_last=True,
+        # not forked: this process holds a CUDA context and gpufeed's threads by now
+        multiprocessing_context="forkserver" if a.workers else None)
+
+
+def as_lists(items: list) -> tuple:
+    """A batch of (image, target) as (images, targets): detection targets differ in length."""
+    return tuple(zip(*items))
 
 
 def reference_targets(batch, device: str) -> tuple[torch.Tensor, list[dict]]:

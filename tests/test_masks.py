@@ -235,3 +235,39 @@ def test_a_sharded_store_keeps_its_masks(stores, tmp_path):
     for k, i in enumerate(batch["id"].tolist()):
         want = inst.field("masks", i)
         assert np.array_equal(batch["masks"][k, : len(want)].numpy(), want)
+
+
+KERNEL_CHECK = """
+import numpy as np, torch, gpufeed
+from gpufeed.augment import RandomResizedCrop, RandomHorizontalFlip, RandomRotation
+from gpufeed.augment import fused_masks, masks as M
+store = gpufeed.open({path!r})
+loader = gpufeed.Loader(store, batch_size=8, device="cpu", augment=[RandomResizedCrop(24, scale=(0.3, 1)),
+                        RandomHorizontalFlip(), RandomRotation(30)], seed=1, fields=("masks",), mask_fill=7)
+indices, params = loader.plan(0, 0)
+runs = [store.column("masks").runs(int(i)) for i in indices]
+instances = store.fields["masks"]["instances"]
+want, counts = M.transform_masks(runs, params, torch.device("cpu"), instances, torch.uint8, 7)
+hw = np.array([[r.h, r.w] for r in runs])
+where = M.stored_pixels(params, hw, torch.device("cpu")).reshape(len(runs), -1)
+slots = want.shape[1] if instances else 1
+got = torch.zeros((len(runs), slots, 24, 24), dtype=torch.uint8)
+M._in_kernel(fused_masks, runs, counts.numpy(), slots, where, got, 0 if instances else 7)
+assert torch.equal(got if instances else got[:, 0], want) and (instances or (want == 7).any())
+print("same")
+"""
+
+
+@pytest.mark.parametrize("which", [0, 1])
+def test_the_gpu_kernel_gives_the_torch_paths_masks(stores, which):
+    """The Triton kernel the GPU runs (`augment.fused_masks`), under Triton's interpreter on the CPU,
+    against the torch ops of the CPU path, through crops, flips and rotations with a fill."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton")
+    code = KERNEL_CHECK.format(path=str(stores[which].path))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert done.stdout.strip() == "same", done.stderr[-2000:]

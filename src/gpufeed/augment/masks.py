@@ -1,9 +1,8 @@
 """Masks through a batch's geometry: the same crops, resizes, flips and warps as its pixels, nearest.
 
-A mask is resampled straight from its stored runs (`store.format.MaskRuns`) on the batch's device:
-each output pixel finds the stored pixel under it, as the image's resampling places it, and a binary
-search over the runs gives that pixel's value. Nothing is decoded at the stored size, on the CPU or
-the GPU.
+A mask is resampled from its stored runs (`store.format.MaskRuns`) on the batch's device: the runs
+are expanded there (nothing is decoded on the CPU), and each output pixel takes the stored pixel
+under it, as the image's resampling places it.
 
 Where the stored pixel is: the output pixel's centre goes back through the inverse of a warp to the
 box pass's output, where it takes the nearest pixel (rounding half to even, as `grid_sample` does
@@ -22,11 +21,12 @@ import torch
 
 from gpufeed.augment.affine import _extend
 from gpufeed.augment.params import Params
+from gpufeed.augment.pipeline import fused_kernels
 from gpufeed.store.format import MaskRuns
 
 # torch dtypes of the store format's mask dtypes (`store.format.MASK_DTYPES`)
 DTYPES = {"|u1": torch.uint8, "|i1": torch.int8, "<i2": torch.int16, "<i4": torch.int32}
-_CHUNK = 1 << 24  # output pixels searched at once (bounds the int64 keys' memory to 128 MiB)
+_EXPANDED = 1 << 28  # bytes of expanded planes at once (a batch's samples go in groups under this)
 
 
 def stored_pixels(params: Params | None, hw: np.ndarray, device: torch.device) -> torch.Tensor:
@@ -80,38 +80,89 @@ def transform_masks(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Each sample's masks through the batch's geometry, on `device`: instance masks as one (N, M,
     H, W) tensor (zeros after each sample's count) and the counts (N,); a label map per sample as
-    (N, H, W) and ones. `runs`: each sample's stored planes (a label map: exactly one)."""
+    (N, H, W) and ones. `runs`: each sample's stored planes (a label map: exactly one).
+
+    The runs are expanded on the device into each sample's planes, padded to the batch's largest
+    image plus one pixel of the fill, and every output pixel gathers its stored pixel from them
+    (`stored_pixels`), a sample's planes at once; samples go in groups that keep the expanded planes
+    under `_EXPANDED` bytes."""
     n = len(runs)
     hw = np.array([[r.h, r.w] for r in runs], np.int64).reshape(n, 2)
-    where = stored_pixels(params, hw, device).reshape(n, -1)
+    counts = np.array([len(r) for r in runs], np.int64)
     height, width = (
         params.final_hw if params is not None else (int(hw[:, 0].max(initial=1)), int(hw[:, 1].max(initial=1)))
     )
-    counts = np.array([len(r) for r in runs], np.int64)
-    planes = int(counts.sum())
-    out = torch.empty((planes, height * width), dtype=dtype, device=device)
-    if planes:
-        per_plane = np.concatenate([r.counts for r in runs if len(r)])
-        plane_of_run = np.repeat(np.arange(planes, dtype=np.int64), per_plane)
-        # one sorted sequence for every plane: a run's end, offset by its plane's index << 32
-        ends = np.concatenate([r.ends for r in runs if len(r)]).astype(np.int64) + (plane_of_run << 32)
-        ends_t = torch.from_numpy(ends).to(device)
-        values_t = torch.from_numpy(np.concatenate([r.values for r in runs if len(r)])).to(device)
-        owner = torch.from_numpy(np.repeat(np.arange(n), counts)).to(device)
-        step = max(1, _CHUNK // max(1, height * width))
-        for a in range(0, planes, step):
-            b = min(planes, a + step)
-            pixel = where[owner[a:b]]  # (planes, H * W)
-            key = pixel + (torch.arange(a, b, device=device, dtype=torch.int64) << 32)[:, None]
-            run = torch.searchsorted(ends_t, key, right=True).clamp_(max=len(ends) - 1)
-            value = values_t[run]
-            out[a:b] = torch.where(pixel >= 0, value, fill if not instances else 0).to(dtype)
+    slots = int(counts.max(initial=0)) if instances else 1
+    where = stored_pixels(params, hw, device).reshape(n, -1)
+    kernels = fused_kernels("fused_masks") if device.type == "cuda" else None
+    if kernels is not None:
+        out = torch.zeros((n, slots, height, width), dtype=dtype, device=device)
+        _in_kernel(kernels, runs, counts, slots, where, out, 0 if instances else fill)
+        return (out if instances else out[:, 0]), torch.from_numpy(counts).to(device)
+    out = torch.empty((n, slots, height, width), dtype=dtype, device=device)
+    size = int((hw[:, 0] * hw[:, 1]).max(initial=1)) + 1  # each plane padded, its last pixel the fill
+    where = torch.where(where < 0, size - 1, where)
+    fill = 0 if instances else fill
+    step = max(1, _EXPANDED // (slots * size * dtype.itemsize))
+    for a in range(0, n, step):
+        group = runs[a : a + step]
+        lengths, values = _expanded(group, slots, size, fill)
+        planes = torch.repeat_interleave(
+            torch.from_numpy(values).to(device, dtype),
+            torch.from_numpy(lengths).to(device),
+            output_size=len(group) * slots * size,
+        ).view(len(group), slots, size)
+        index = where[a : a + len(group), None, :].expand(-1, slots, -1)
+        out[a : a + len(group)] = torch.gather(planes, 2, index).view(len(group), slots, height, width)
     counts_t = torch.from_numpy(counts).to(device)
-    if not instances:
-        return out.view(n, height, width), counts_t
-    batch = torch.zeros((n, int(counts.max(initial=0)), height, width), dtype=dtype, device=device)
-    rows = np.repeat(np.arange(n), counts)
-    slots = np.arange(planes) - np.repeat(np.cumsum(counts) - counts, counts)
-    if planes:
-        batch[torch.from_numpy(rows).to(device), torch.from_numpy(slots).to(device)] = out.view(planes, height, width)
-    return batch, counts_t
+    return (out if instances else out[:, 0]), counts_t
+
+
+def _in_kernel(kernels, runs: list[MaskRuns], counts: np.ndarray, slots: int, where, out, fill: int) -> None:
+    """The planes resampled by the Triton kernel (`fused_masks`), their runs sent in one copy."""
+    planes = int(counts.sum())
+    if not planes:
+        return
+    per_plane = np.concatenate([r.counts for r in runs if len(r)]).astype(np.int64)
+    owner = np.repeat(np.arange(len(runs)), counts)
+    slot = owner * slots + (np.arange(planes) - np.repeat(np.cumsum(counts) - counts, counts))
+    first = np.concatenate([[0], np.cumsum(per_plane)])
+    ends = np.concatenate([r.ends for r in runs if len(r)])
+    values = np.concatenate([r.values for r in runs if len(r)])
+    sizes = [len(ends), len(values), len(first), planes, planes]
+    table = torch.from_numpy(np.concatenate([ends, values, first, owner, slot]).astype(np.int32))
+    ends_t, values_t, first_t, owner_t, slot_t = table.to(out.device).split(sizes)
+    height, width = out.shape[-2:]
+    kernels.resample(
+        where.int(),
+        ends_t,
+        values_t,
+        first_t,
+        owner_t,
+        slot_t,
+        out.view(-1, height * width),
+        int(per_plane.max()),
+        fill,
+    )
+
+
+def _expanded(runs: list[MaskRuns], slots: int, size: int, fill: int) -> tuple[np.ndarray, np.ndarray]:
+    """Run lengths and values that expand to (len(runs), slots, size): each plane's runs, then the fill
+    to `size`; planes after a sample's count all fill."""
+    lengths, values = [], []
+    for r in runs:
+        if len(r):
+            first = np.cumsum(r.counts) - r.counts
+            last = np.cumsum(r.counts) - 1
+            run_lengths = np.diff(r.ends.astype(np.int64), prepend=0)
+            run_lengths[first] = r.ends[first]
+            # each plane: its runs, then one run of the fill to `size`
+            at = np.insert(np.arange(len(r.ends)), last + 1, -1)
+            ln = np.where(at >= 0, run_lengths[np.maximum(at, 0)], size - r.h * r.w)
+            vl = np.where(at >= 0, r.values[np.maximum(at, 0)], fill)
+            lengths.append(ln)
+            values.append(vl)
+        if slots > len(r):
+            lengths.append(np.full(slots - len(r), size, np.int64))
+            values.append(np.full(slots - len(r), fill, np.int64))
+    return np.concatenate(lengths).astype(np.int64), np.concatenate(values).astype(np.int64)
