@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 
 BLOCK = 1024
+STEPS_AT_LEAST = 12  # binary search steps: planes of up to 4095 runs (a Triton variant per count of steps)
 
 
 @triton.jit
@@ -68,6 +69,7 @@ def resample(
     planes, hw = len(owner), where.shape[1]
     if not planes or not hw:
         return
-    steps = max(1, int(most_runs).bit_length())
+    # searched in steps of four more than needed at most: one compiled variant serves most batches
+    steps = max(STEPS_AT_LEAST, -(-int(most_runs).bit_length() // 4) * 4)
     grid = (planes, triton.cdiv(hw, BLOCK))
     _masks_kernel[grid](where, ends, values, first, owner, slot, out, hw, fill, STEPS=steps, BLOCK=BLOCK)
