@@ -26,6 +26,7 @@ from gpufeed.augment.pixel import (
     RandomSolarize,
 )
 from gpufeed.augment.policies import AutoAugment, RandAugment, TrivialAugmentWide
+from gpufeed.augment.schedule import ResolutionRamp
 
 __all__ = [
     "Augment",
@@ -53,6 +54,7 @@ __all__ = [
     "RandomRotation",
     "RandomSolarize",
     "RandomVerticalFlip",
+    "ResolutionRamp",
     "Resize",
     "TrivialAugmentWide",
 ]

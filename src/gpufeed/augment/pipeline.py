@@ -10,6 +10,7 @@ on whatever device the batch is.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import logging
@@ -33,7 +34,7 @@ from gpufeed.augment.ops import (
 from gpufeed.augment.params import Params
 from gpufeed.augment.pixel import AFTER_NORMALIZE, PIXEL_OPS
 from gpufeed.augment.policies import POLICIES
-from gpufeed.augment.view import View, column
+from gpufeed.augment.view import View, column, pair
 
 log = logging.getLogger(__name__)
 GEOMETRIC = (
@@ -47,6 +48,7 @@ GEOMETRIC = (
     RandomRotation,
 )
 COLOUR = PIXEL_OPS
+SIZED = (RandomResizedCrop, Resize, CenterCrop, RandomCrop)  # geometric ops with a `size`
 
 
 class Augment:
@@ -91,6 +93,31 @@ class Augment:
         self.batch_op: Any = next((op for op, r in zip(self.ops, order) if r == 4), None)  # the Loader applies it
         self.random = self.colour + [op for op in self.after if isinstance(op, AFTER_NORMALIZE)]
         self.normalize = next((op for op in self.ops if isinstance(op, Normalize)), None)
+
+    def at_size(self, hw: tuple[int, int]) -> Augment:
+        """This chain making (h, w) images: the last op that fixes the output size (RandomResizedCrop,
+        Resize((h, w)), CenterCrop, RandomCrop) makes (h, w), and each size before it is scaled by as
+        much (Resize(256) + CenterCrop(224) at 160: Resize(183) + CenterCrop(160)). ValueError if no
+        op fixes the size."""
+        sized: list[tuple[int, Any]] = [(k, op) for k, op in enumerate(self.ops) if isinstance(op, SIZED)]
+        fixed = [k for k, op in sized if not (isinstance(op, Resize) and isinstance(op.size, int))]
+        if not fixed:
+            raise ValueError(
+                f"augment ops {self.ops!r}: a resolution schedule needs an op that fixes the output size "
+                "(RandomResizedCrop, Resize((h, w)), CenterCrop or RandomCrop)"
+            )
+        h0, w0 = pair(dict(sized)[fixed[-1]].size)
+        fy, fx = hw[0] / h0, hw[1] / w0
+        ops = list(self.ops)
+        for k, op in sized:
+            if k < fixed[-1]:  # (a Resize's int is its shorter side: scaled as the height)
+                h, w = (op.size, None) if isinstance(op.size, int) else op.size
+                ops[k] = dataclasses.replace(
+                    op, size=max(1, round(h * fy)) if w is None else (round(h * fy), round(w * fx))
+                )
+            elif k == fixed[-1]:
+                ops[k] = dataclasses.replace(op, size=(int(hw[0]), int(hw[1])))
+        return Augment(ops)
 
     def sample(self, n: int, height: int | torch.Tensor, width: int | torch.Tensor, g: torch.Generator) -> Params:
         """Draw the parameters of a batch of `n` height×width images (per-sample tensors if sizes differ)."""

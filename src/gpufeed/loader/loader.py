@@ -16,7 +16,7 @@ import logging
 import os
 import time
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -34,7 +34,7 @@ from gpufeed.loader.feeds import HostGather, device_feed, host_feed
 from gpufeed.loader.fields import FieldRequest, batch_dict
 from gpufeed.loader.folder import FolderStore, is_folder_source
 from gpufeed.loader.jpeg import PREFETCH, JpegPipelines, default_workers, jpeg_feed, jpeg_pipelines
-from gpufeed.loader.planner import Planner
+from gpufeed.loader.planner import Planner, resolution_hw
 from gpufeed.loader.producer import CLOSE_WAIT, Carried, Production
 from gpufeed.loader.sampler import Segment, ShardedBatchSampler, Shards, resolve_rank
 from gpufeed.loader.settings import Decoding, Output, resolve_device
@@ -59,6 +59,31 @@ def _close_all() -> None:
     for loader in list(_LIVE):
         if loader._pid == os.getpid():  # a forked child's copies are its parent's to stop
             loader.close()
+
+
+def _shut_down(production, jpeg, gather, images, store, planner, tier, pid: int) -> None:
+    """Stop a loader's threads and decode workers, in order, and return once they have ended: the
+    producers first, each after the batch it makes (nothing uses the decoders they stop next), then
+    the decoders (waiting for a batch a pipeline started ahead: its GPU decode may still read the
+    store's page-locked bytes), the gather threads, the byte source and the planner. `tier` (which
+    keeps the store's bytes page-locked) is let go only after. A forked child's copy stops nothing."""
+    if pid != os.getpid():
+        return
+    producers = production.producers
+    producers.stop()
+    production.drop_carried()
+    finished = producers.join(CLOSE_WAIT)
+    if jpeg is not None:
+        jpeg.close()
+    if not finished and not producers.join(CLOSE_WAIT):
+        log.warning("gpufeed.Loader.close: a producer thread did not end within %.0f s", 2 * CLOSE_WAIT)
+    gather.close()
+    if isinstance(images, ShardBytes):
+        images.close()
+    if isinstance(store, (FolderStore, RemoteStore)):
+        store.close()
+    planner.close()
+    del tier
 
 
 def _open(store, cache_dir, cache_limit, storage_options) -> Store | ShardedStore | FolderStore:
@@ -190,6 +215,11 @@ class Loader:
         keypoint_flip: with "keypoints": the point each of an instance's K keypoints becomes when the
             image is mirrored (COCO's persons: [0, 2, 1, 4, 3, ...], left and right swapped); None:
             points keep their places.
+        resolution: the output size by epoch (a callable: epoch -> an int side or (h, w); e.g.
+            `gpufeed.augment.ResolutionRamp(160, 192, 30, 38)`, FFCV's progressive resizing): each
+            epoch's augment chain makes that size (`Augment.at_size`: its last op that fixes the
+            size makes it, earlier sizes scaled alike). A pure function of the epoch: a resumed job
+            gets the same sizes.
         mask_fill: with "masks" that are label maps: the value where the image takes a fill
             (outside the stored image, a warp's corners): e.g. 255, an ignore index. Instance masks
             are 0 there.
@@ -242,6 +272,7 @@ class Loader:
         shuffle_window: int | None = None,
         keypoint_flip: Sequence[int] | None = None,
         mask_fill: int = 0,
+        resolution: Callable[[int], int | tuple[int, int]] | None = None,
     ):
         self.store = _open(store, cache_dir, cache_limit, storage_options)
         self.fields = tuple(fields) if fields is not None else None
@@ -337,7 +368,29 @@ class Loader:
         self.epoch, self._batch = 0, 0
         self.restart, self._resuming = restart, False
         self._host: HostGather | None = None  # the disk tier's gather, its pinned ring made at the first pass
-        self._planner = Planner(self.batch_sampler, self.augment, seed, sizes)
+        if resolution is not None:
+            if self.augment is None:
+                raise ValueError(f"{self.store.path}: resolution is a schedule for the augment ops' output size")
+            try:
+                self.augment.at_size(resolution_hw(resolution(0)))
+            except ValueError as e:
+                raise ValueError(f"{self.store.path}: resolution: {e}") from None
+        self._planner = Planner(self.batch_sampler, self.augment, seed, sizes, resolution=resolution)
+        # what close() does, also when the loader is dropped without it (run as it is collected, before
+        # its attributes go; it holds the parts, never the loader). At exit `_close_all` closes it first
+        self._shut_down = weakref.finalize(
+            self,
+            _shut_down,
+            self._production,
+            self.jpeg,
+            self.gather,
+            self._images,
+            self.store,
+            self._planner,
+            self.tier,
+            self._pid,
+        )
+        self._shut_down.atexit = False
         flip = (
             check_flip_index(keypoint_flip, self.store.fields["keypoints"]["points"], str(self.store.path))
             if keypoint_flip is not None
@@ -382,25 +435,10 @@ class Loader:
         """Stop the loader's threads and decode worker processes now, and return once they have ended; it
         can't iterate after. Optional: they also stop when the loader is garbage-collected or the program
         ends, however it ends (at exit this runs for every loader not closed)."""
-        if self._closed or self._pid != os.getpid():
-            self._closed = True
-            return
         self._closed = True
-        # the producers first, each after the batch it makes: nothing uses the decoders they stop next
-        producers = self._production.producers
-        producers.stop()
-        self._production.drop_carried()
-        finished = producers.join(CLOSE_WAIT)
-        if self.jpeg is not None:
-            self.jpeg.close()
-        if not finished and not producers.join(CLOSE_WAIT):
-            log.warning("gpufeed.Loader.close: a producer thread did not end within %.0f s", 2 * CLOSE_WAIT)
-        self.gather.close()
-        if isinstance(self._images, ShardBytes):
-            self._images.close()
-        if isinstance(self.store, (FolderStore, RemoteStore)):
-            self.store.close()
-        self._planner.close()
+        shut_down = getattr(self, "_shut_down", None)  # (None: a constructor that raised before making it)
+        if shut_down is not None:
+            shut_down()  # once: a second call (or the loader's collection after) does nothing
         _LIVE.discard(self)
 
     def __enter__(self) -> Loader:

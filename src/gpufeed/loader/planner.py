@@ -45,10 +45,26 @@ class _Ahead:
 class Planner:
     """`get(epoch)` returns an epoch's plan and keeps the next `depth` epochs planning on threads."""
 
-    def __init__(self, sampler, augment, seed: int, sizes, depth: int = 2):
+    def __init__(self, sampler, augment, seed: int, sizes, depth: int = 2, resolution=None):
+        """`resolution`: epoch -> the output size (an int side or (h, w)) that epoch's augment chain
+        makes (`augment.schedule`); None: the chain's own."""
         self._args = (sampler, augment, seed, sizes)
         self._depth = depth
         self._ahead: dict[int, _Ahead] = {}
+        self._resolution = resolution
+        self._at_size: dict[tuple[int, int], object] = {}
+        self._lock = threading.Lock()  # planner threads make the chain of a new size too
+
+    def augment(self, epoch: int):
+        """The augment chain that plans `epoch` (at its scheduled size)."""
+        augment = self._args[1]
+        if self._resolution is None or augment is None:
+            return augment
+        hw = resolution_hw(self._resolution(epoch))
+        with self._lock:
+            if hw not in self._at_size:
+                self._at_size[hw] = augment.at_size(hw)
+            return self._at_size[hw]
 
     def get(self, epoch: int) -> EpochPlan:
         plan = self.peek(epoch)
@@ -64,8 +80,8 @@ class Planner:
         return ready.result() if ready is not None else self.now(epoch)
 
     def now(self, epoch: int) -> EpochPlan:
-        sampler, augment, seed, sizes = self._args
-        return plan_epoch(sampler, augment, seed, epoch, sizes)
+        sampler, _, seed, sizes = self._args
+        return plan_epoch(sampler, self.augment(epoch), seed, epoch, sizes)
 
     def forget(self, epoch: int) -> None:
         """Drop what was planned of `epoch` (its sampler now plans it otherwise: a resume)."""
@@ -77,3 +93,15 @@ class Planner:
         for ahead in self._ahead.values():
             ahead.result_or_none()  # a planner thread still inside torch would abort the interpreter's exit
         self._ahead.clear()
+
+
+def resolution_hw(size) -> tuple[int, int]:
+    """A schedule's size as (h, w); ValueError naming what it returned otherwise."""
+    hw = (size, size) if isinstance(size, int) and not isinstance(size, bool) else size
+    if not (
+        isinstance(hw, (tuple, list))
+        and len(hw) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in hw)
+    ):
+        raise ValueError(f"a resolution schedule returned {size!r}: give a positive int side or (h, w)")
+    return int(hw[0]), int(hw[1])
