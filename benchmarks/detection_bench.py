@@ -263,8 +263,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--device", default="cuda")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--workers", type=int, default=16, help="the reference DataLoader's workers")
-    p.add_argument("--batches", type=int, default=40, help="timed batches of the loader rows")
-    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--batches", type=int, default=80, help="timed batches of the loader rows")
+    p.add_argument("--warmup", type=int, default=20,
+                   help="batches (and steps) before the timing: Triton compiles each kernel's variants in the first")
     p.add_argument("--steps", type=int, default=20, help="timed Mask R-CNN steps of the train rows (0: none)")
     p.add_argument("--repeats", type=int, default=10, help="the ops rows' repeats")
     p.add_argument("--workdir", default=None, help="keeps the generated store (reused)")
