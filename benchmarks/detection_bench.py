@@ -176,9 +176,10 @@ def timed(batches, unpack, device: str, count: int, warmup: int, step=None) -> d
 
 
 def cycle(make):
-    """Batches without end: a new pass of `make()` whenever one ends."""
+    """Batches without end from one loader `make()` gives: epoch after epoch."""
+    loader = make()
     while True:
-        yield from make()
+        yield from loader
 
 
 def op_times(store: Path, a) -> dict:
