@@ -16,7 +16,6 @@ GPU ms from CUDA events; on the CPU (`--device cpu`) wall ms. The table: median 
 
 from __future__ import annotations
 
-import time
 
 import torch
 
@@ -24,24 +23,6 @@ import common
 import feeds
 
 SMOKE = dict(batch=4, size=32, source=40, repeats=2, device="cpu", parts="chains,ops")
-
-
-def timed(fn, device: str, repeats: int) -> list[float]:
-    """Milliseconds of fn() for each of `repeats` calls after 3 warm-ups."""
-    times = []
-    for _ in range(repeats + 3):
-        if device.startswith("cuda"):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-    return times[3:]
 
 
 def chains(a, images):
@@ -54,15 +35,15 @@ def chains(a, images):
         recipe = feeds.ops(size=a.size)
         aug = Augment([*recipe[:2], *ops, recipe[-1]])
         params = aug.sample(len(images), images.shape[1], images.shape[2], g).to(a.device)
-        yield f"gpufeed RRC + flip{name} + normalize", timed(lambda: aug.apply(images, params, torch.float16),
+        yield f"gpufeed RRC + flip{name} + normalize", common.device_ms(lambda: aug.apply(images, params, torch.float16),
                                                              a.device, a.repeats)
     from torchvision.transforms import v2
 
     chain = v2.Compose([v2.RandomResizedCrop(a.size, antialias=True), v2.RandomHorizontalFlip(), v2.RandAugment(2, 9),
                         v2.ToDtype(torch.float16, scale=True), v2.Normalize(feeds.MEAN, feeds.STD)])
     batch = images.permute(0, 3, 1, 2)
-    yield "torchvision v2 RandAugment chain, one draw per batch", timed(lambda: chain(batch), a.device, a.repeats)
-    yield "torchvision v2 RandAugment chain, per sample (loop)", timed(
+    yield "torchvision v2 RandAugment chain, one draw per batch", common.device_ms(lambda: chain(batch), a.device, a.repeats)
+    yield "torchvision v2 RandAugment chain, per sample (loop)", common.device_ms(
         lambda: torch.stack([chain(x) for x in batch]), a.device, a.repeats)
     try:
         import kornia.augmentation as K
@@ -73,7 +54,7 @@ def chains(a, images):
                                      K.auto.RandAugment(n=2, m=9),
                                      K.Normalize(torch.tensor(feeds.MEAN), torch.tensor(feeds.STD)))
     batch = images.permute(0, 3, 1, 2).float() / 255
-    yield "Kornia AugmentationSequential RandAugment chain (per sample)", timed(lambda: chain(batch), a.device,
+    yield "Kornia AugmentationSequential RandAugment chain (per sample)", common.device_ms(lambda: chain(batch), a.device,
                                                                                 a.repeats)
 
 
@@ -88,7 +69,7 @@ def ops(a, images):
                RandomSolarize(128), RandomPosterize(4), RandomInvert(), RandomAutocontrast(),
                RandomAdjustSharpness(2.0), GaussianBlur(min(23, a.size // 2 * 2 - 1)), RandomErasing()):
         cols = op.draw(a.batch, (a.size, a.size), g).to(a.device)
-        yield f"{op!r}", timed(lambda: op.apply(y, cols), a.device, a.repeats)
+        yield f"{op!r}", common.device_ms(lambda: op.apply(y, cols), a.device, a.repeats)
 
 
 def kernel(a, images, store_n: int = 10000):
@@ -105,15 +86,15 @@ def kernel(a, images, store_n: int = 10000):
     try:
         for block in (128, 256, 512, 1024):
             fused.BLOCK = block
-            yield f"fused kernel, reading store rows, BLOCK={block}", timed(
+            yield f"fused kernel, reading store rows, BLOCK={block}", common.device_ms(
                 lambda: fused.resample_normalize(store, p.boxes, p.flip, p.out_hw, scale, shift, torch.float16, False,
                                                  idx), a.device, a.repeats)
         fused.BLOCK = chosen
         gathered = store.index_select(0, idx)
-        yield f"fused kernel, gathered batch, BLOCK={chosen}", timed(
+        yield f"fused kernel, gathered batch, BLOCK={chosen}", common.device_ms(
             lambda: fused.resample_normalize(gathered, p.boxes, p.flip, p.out_hw, scale, shift, torch.float16, False),
             a.device, a.repeats)
-        yield "torch.index_select gather alone", timed(lambda: store.index_select(0, idx), a.device, a.repeats)
+        yield "torch.index_select gather alone", common.device_ms(lambda: store.index_select(0, idx), a.device, a.repeats)
     finally:
         fused.BLOCK = chosen
 

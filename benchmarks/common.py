@@ -25,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
@@ -141,3 +142,24 @@ def write(a: argparse.Namespace, script: str, runs, markdown: str, device: str =
         out.with_suffix(".md").write_text(f"# {record['benchmark']}\n\n    {record['command']}\n\n"
                                           f"{record['machine']['summary']}, {record['date']}\n\n{markdown}\n")
     return record
+
+
+def device_ms(fn, device: str, repeats: int) -> list[float]:
+    """Milliseconds of fn() for each of `repeats` calls after 3 warm-ups: CUDA events on a GPU (the
+    device time of what fn() queues), the wall clock on a CPU."""
+    import torch
+
+    times = []
+    for _ in range(repeats + 3):
+        if device.startswith("cuda"):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return times[3:]

@@ -22,7 +22,6 @@ RandomRotation(15) + Normalize, with every target.
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from pathlib import Path
@@ -202,20 +201,7 @@ def op_times(store: Path, a) -> dict:
     boxes, points = [s.field("boxes", int(i)) for i in idx], [s.field("keypoints", int(i)) for i in idx]
 
     def gpu_ms(fn) -> float:
-        times = []
-        for _ in range(a.repeats + 1):
-            if a.device == "cpu":
-                t0 = time.perf_counter()
-                fn()
-                times.append(1e3 * (time.perf_counter() - t0))
-                continue
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        return statistics.median(times[1:] or times)
+        return statistics.median(common.device_ms(fn, a.device, a.repeats))
 
     def host_ms(fn) -> float:
         times = []
