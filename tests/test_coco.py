@@ -224,3 +224,17 @@ def test_a_malformed_segmentation_skips_its_image_with_the_reason(tmp_path, seg,
                           progress=False, workers=1)
     reasons = [s["reason"] for s in report.skipped if s["path"].endswith("0001.jpg")]
     assert len(reasons) == 1 and "annotation 0" in reasons[0] and why in reasons[0], report.skipped
+
+
+def test_keypoints_per_instance_come_from_the_categories_names_of_them(tmp_path):
+    """COCO's person category names its 17 keypoints: an annotation with another count is named, even
+    when it comes first."""
+    data = coco(tmp_path, keypoints=True)
+    data["categories"][0]["keypoints"] = ["nose", "eye"]  # 2 points per instance, as every annotation has
+    data["categories"][1]["keypoints"] = ["nose", "eye"]
+    data["annotations"][0]["keypoints"] = [1, 1, 2, 2, 2, 2, 3, 3, 2]  # the first one has 3
+    (tmp_path / "ann.json").write_text(json.dumps(data))
+    report = gpufeed.pack(tmp_path / "ann.json", tmp_path / "s", images=tmp_path / "images", mode="jpeg",
+                          progress=False, workers=1)
+    assert gpufeed.open(tmp_path / "s").fields["keypoints"]["points"] == 2
+    assert any("without 2 keypoints" in s["reason"] and s["path"].endswith("0001.jpg") for s in report.skipped)

@@ -170,6 +170,8 @@ def test_another_count_of_points_per_instance_is_skipped(tmp_path):
 def test_keypoint_flip_is_checked(store):
     with pytest.raises(ValueError, match="a permutation of 0..2"):
         gpufeed.Loader(store, batch_size=8, device="cpu", fields=("keypoints",), keypoint_flip=[0, 1, 1])
+    with pytest.raises(ValueError, match="mirrored again is itself"):  # a rotation of the points, not a mirror
+        gpufeed.Loader(store, batch_size=8, device="cpu", fields=("keypoints",), keypoint_flip=[1, 2, 0])
     with pytest.raises(ValueError, match="keypoint_flip is for fields"):
         gpufeed.Loader(store, batch_size=8, device="cpu", fields=("boxes",), keypoint_flip=FLIP)
 

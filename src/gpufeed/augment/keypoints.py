@@ -21,8 +21,8 @@ from gpufeed.augment.params import Params
 
 
 def check_flip_index(flip_index: Sequence[int] | None, points: int, where: str) -> np.ndarray | None:
-    """`flip_index` as an array, checked to be a permutation of the store's `points` per instance;
-    ValueError naming `where` otherwise."""
+    """`flip_index` as an array, checked to be a permutation of the store's `points` per instance that
+    undoes itself (a point's mirror's mirror is the point); ValueError naming `where` otherwise."""
     if flip_index is None:
         return None
     order = np.asarray(flip_index)
@@ -30,10 +30,12 @@ def check_flip_index(flip_index: Sequence[int] | None, points: int, where: str) 
         order.dtype.kind not in "iu"
         or order.shape != (points,)
         or not np.array_equal(np.sort(order), np.arange(points))
+        or not np.array_equal(order[order], np.arange(points))
     ):
         raise ValueError(
             f"{where}: keypoint_flip must order the {points} keypoints of an instance (a permutation of "
-            f"0..{points - 1}: the point each one becomes when mirrored), got {list(flip_index)}"
+            f"0..{points - 1}: the point each one becomes when mirrored, which mirrored again is itself), "
+            f"got {list(flip_index)}"
         )
     return order
 

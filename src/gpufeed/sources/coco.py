@@ -89,13 +89,19 @@ def coco_source(path: Path, images: str | os.PathLike | None) -> Source:
     for ann in data.get("annotations", []):
         if isinstance(ann, dict) and _id(ann.get("image_id")):
             by_image.setdefault(ann["image_id"], []).append(ann)
-    points = next(
-        (
-            len(a["keypoints"]) // 3
-            for a in data.get("annotations", [])
-            if isinstance(a, dict) and isinstance(a.get("keypoints"), list) and a["keypoints"]
-        ),
-        0,
+    # keypoints per instance: the categories' names of them (COCO's person), else the first annotation's
+    named = [len(c["keypoints"]) for c in categories if isinstance(c.get("keypoints"), list) and c["keypoints"]]
+    points = (
+        named[0]
+        if named
+        else next(
+            (
+                len(a["keypoints"]) // 3
+                for a in data.get("annotations", [])
+                if isinstance(a, dict) and isinstance(a.get("keypoints"), list) and a["keypoints"]
+            ),
+            0,
+        )
     )
     masks = any(isinstance(a, dict) and "segmentation" in a for a in data.get("annotations", []))
     entries: list[Entry] = [_entry(image, root, by_image, points, masks) for image in data["images"]]
