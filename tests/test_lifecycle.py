@@ -252,7 +252,7 @@ def test_fifty_loaders_leave_nothing_behind(store, close):
 
 def test_a_loader_dropped_mid_epoch_shuts_down_in_order_as_it_is_collected(store, monkeypatch):
     """Dropped without close() after one batch (a batch started ahead still decoding): its collection
-    runs close()'s ordered shutdown, and the tier (which keeps a jpeg store's bytes page-locked on a
+    starts close()'s ordered shutdown, and the tier (which keeps a jpeg store's bytes page-locked on a
     GPU) goes only after the decoders stopped. Before, the loader's attributes went in the order they
     were set, the tier's first: on an H100 the store's bytes were unregistered under a GPU decode still
     reading them, and the CUDA context faulted in 2 to 4 of 6 runs of twelve dropped loaders."""
@@ -277,4 +277,6 @@ def test_a_loader_dropped_mid_epoch_shuts_down_in_order_as_it_is_collected(store
     next(it)
     del it, loader
     gc.collect()
+    for thread in [t for t in threading.enumerate() if t.name == "gpufeed-shutdown"]:
+        thread.join(60)  # the shutdown runs on a thread of its own (the collecting thread may be any)
     assert seen == [(True, set())]  # once, the tier alive through it, no producer left

@@ -14,6 +14,7 @@ import atexit
 import functools
 import logging
 import os
+import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -84,6 +85,17 @@ def _shut_down(production, jpeg, gather, images, store, planner, tier, pid: int)
         store.close()
     planner.close()
     del tier
+
+
+def _collected(*parts) -> None:
+    """A loader collected without `close()`: its `_shut_down` on a thread of its own, which holds the
+    parts (the tier too) until it ends. The collecting thread may be any thread, one the shutdown
+    waits for included (fsspec's event loop, which a remote store's downloads wait on: shut down
+    there, it waited for itself). Not a daemon: the interpreter's exit waits for it."""
+    try:
+        threading.Thread(target=_shut_down, args=parts, name="gpufeed-shutdown").start()
+    except RuntimeError:  # the interpreter is finalizing: no new thread
+        _shut_down(*parts)
 
 
 def _open(store, cache_dir, cache_limit, storage_options) -> Store | ShardedStore | FolderStore:
@@ -376,11 +388,11 @@ class Loader:
             except ValueError as e:
                 raise ValueError(f"{self.store.path}: resolution: {e}") from None
         self._planner = Planner(self.batch_sampler, self.augment, seed, sizes, resolution=resolution)
-        # what close() does, also when the loader is dropped without it (run as it is collected, before
-        # its attributes go; it holds the parts, never the loader). At exit `_close_all` closes it first
+        # what close() does, also when the loader is dropped without it (started as it is collected,
+        # before its attributes go; it holds the parts, never the loader). At exit `_close_all` closes it
         self._shut_down = weakref.finalize(
             self,
-            _shut_down,
+            _collected,
             self._production,
             self.jpeg,
             self.gather,
@@ -436,9 +448,10 @@ class Loader:
         can't iterate after. Optional: they also stop when the loader is garbage-collected or the program
         ends, however it ends (at exit this runs for every loader not closed)."""
         self._closed = True
-        shut_down = getattr(self, "_shut_down", None)  # (None: a constructor that raised before making it)
-        if shut_down is not None:
-            shut_down()  # once: a second call (or the loader's collection after) does nothing
+        finalizer = getattr(self, "_shut_down", None)  # (None: a constructor that raised before making it)
+        parts = finalizer.detach() if finalizer is not None else None  # once: None after
+        if parts is not None:
+            _shut_down(*parts[2])  # here, and waited for
         _LIVE.discard(self)
 
     def __enter__(self) -> Loader:
