@@ -271,3 +271,16 @@ def test_the_gpu_kernel_gives_the_torch_paths_masks(stores, which):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "TRITON_INTERPRET": "1"})
     assert done.stdout.strip() == "same", done.stderr[-2000:]
+
+
+def test_masks_made_in_groups_of_samples_are_the_same(stores, monkeypatch):
+    """A batch's samples go in groups that bound the memory on the way: groups of one give the same."""
+    from gpufeed.augment import masks as M
+
+    inst, _ = stores
+    ops = [RandomResizedCrop(24, scale=(0.3, 1)), RandomHorizontalFlip(), RandomRotation(20)]
+    kw = dict(batch_size=8, device="cpu", augment=ops, seed=5, fields=("masks",), shuffle=False)
+    whole = [b["masks"] for b in gpufeed.Loader(inst, **kw)]
+    monkeypatch.setattr(M, "_PIXELS", 24 * 24)  # one sample a group
+    grouped = [b["masks"] for b in gpufeed.Loader(inst, **kw)]
+    assert all(torch.equal(a, b) for a, b in zip(whole, grouped, strict=True)) and whole[0].any()

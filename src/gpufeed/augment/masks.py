@@ -27,16 +27,20 @@ from gpufeed.store.format import MaskRuns
 # torch dtypes of the store format's mask dtypes (`store.format.MASK_DTYPES`)
 DTYPES = {"|u1": torch.uint8, "|i1": torch.int8, "<i2": torch.int16, "<i4": torch.int32}
 _EXPANDED = 1 << 28  # bytes of expanded planes at once (a batch's samples go in groups under this)
+_PIXELS = 1 << 24  # output pixels located at once (their float64 coordinates on the way: 128 MiB each)
 
 
-def stored_pixels(params: Params | None, hw: np.ndarray, device: torch.device) -> torch.Tensor:
+def stored_pixels(
+    params: Params | None, hw: np.ndarray, device: torch.device, size: tuple[int, int] | None = None
+) -> torch.Tensor:
     """(N, H, W) int64: per output pixel of each sample, the index y * w + x of the stored pixel it
-    takes (its image being hw[i] = (h, w)), or -1 where it takes the fill. `params`: the batch's
-    geometry on the host (None: no augment, the stored images as they are, all hw alike)."""
+    takes (its image being hw[i] = (h, w)), or -1 where it takes the fill. `params`: the samples'
+    geometry on the host (None: no augment, the stored images as they are, at the top left of
+    `size`, by default the largest of `hw`)."""
     h_i = torch.as_tensor(hw[:, 0], dtype=torch.float64, device=device).view(-1, 1, 1)
     w_i = torch.as_tensor(hw[:, 1], dtype=torch.float64, device=device).view(-1, 1, 1)
     if params is None:
-        height, width = (int(x) for x in hw.max(0)) if len(hw) else (1, 1)
+        height, width = size or ((int(hw[:, 0].max()), int(hw[:, 1].max())) if len(hw) else (1, 1))
         y = torch.arange(height, dtype=torch.float64, device=device).view(1, -1, 1).expand(len(hw), -1, width)
         x = torch.arange(width, dtype=torch.float64, device=device).view(1, 1, -1).expand(len(hw), height, -1)
         inside = (x < w_i) & (y < h_i)
@@ -82,10 +86,10 @@ def transform_masks(
     H, W) tensor (zeros after each sample's count) and the counts (N,); a label map per sample as
     (N, H, W) and ones. `runs`: each sample's stored planes (a label map: exactly one).
 
-    The runs are expanded on the device into each sample's planes, padded to the batch's largest
-    image plus one pixel of the fill, and every output pixel gathers its stored pixel from them
-    (`stored_pixels`), a sample's planes at once; samples go in groups that keep the expanded planes
-    under `_EXPANDED` bytes."""
+    On a GPU one Triton kernel (`fused_masks`) finds each output pixel's value in its plane's runs;
+    elsewhere torch ops expand the runs into each sample's planes (padded to the batch's largest image
+    plus one pixel of the fill) and gather. Samples go in groups that bound the memory on the way
+    (`_PIXELS` output pixels located at once; `_EXPANDED` bytes of expanded planes)."""
     n = len(runs)
     hw = np.array([[r.h, r.w] for r in runs], np.int64).reshape(n, 2)
     counts = np.array([len(r) for r in runs], np.int64)
@@ -93,27 +97,27 @@ def transform_masks(
         params.final_hw if params is not None else (int(hw[:, 0].max(initial=1)), int(hw[:, 1].max(initial=1)))
     )
     slots = int(counts.max(initial=0)) if instances else 1
-    where = stored_pixels(params, hw, device).reshape(n, -1)
-    kernels = fused_kernels("fused_masks") if device.type == "cuda" else None
-    if kernels is not None:
-        out = torch.zeros((n, slots, height, width), dtype=dtype, device=device)
-        _in_kernel(kernels, runs, counts, slots, where, out, 0 if instances else fill)
-        return (out if instances else out[:, 0]), torch.from_numpy(counts).to(device)
-    out = torch.empty((n, slots, height, width), dtype=dtype, device=device)
-    size = int((hw[:, 0] * hw[:, 1]).max(initial=1)) + 1  # each plane padded, its last pixel the fill
-    where = torch.where(where < 0, size - 1, where)
     fill = 0 if instances else fill
-    step = max(1, _EXPANDED // (slots * size * dtype.itemsize))
+    kernels = fused_kernels("fused_masks") if device.type == "cuda" else None
+    out = (torch.zeros if kernels is not None else torch.empty)((n, slots, height, width), dtype=dtype, device=device)
+    size = int((hw[:, 0] * hw[:, 1]).max(initial=1)) + 1  # (torch ops) each plane padded, its last pixel the fill
+    # samples in groups: the output pixels' stored pixels (float64 on the way) and the expanded planes bounded
+    step = max(1, min(_PIXELS // (height * width), _EXPANDED // (slots * size * dtype.itemsize) if not kernels else n))
     for a in range(0, n, step):
-        group = runs[a : a + step]
-        lengths, values = _expanded(group, slots, size, fill)
+        b = min(n, a + step)
+        part = params.take(slice(a, b)) if params is not None else None
+        where = stored_pixels(part, hw[a:b], device, (height, width)).reshape(b - a, -1)
+        if kernels is not None:
+            _in_kernel(kernels, runs[a:b], counts[a:b], slots, where, out[a:b], fill)
+            continue
+        lengths, values = _expanded(runs[a:b], slots, size, fill)
         planes = torch.repeat_interleave(
             torch.from_numpy(values).to(device, dtype),
             torch.from_numpy(lengths).to(device),
-            output_size=len(group) * slots * size,
-        ).view(len(group), slots, size)
-        index = where[a : a + len(group), None, :].expand(-1, slots, -1)
-        out[a : a + len(group)] = torch.gather(planes, 2, index).view(len(group), slots, height, width)
+            output_size=(b - a) * slots * size,
+        ).view(b - a, slots, size)
+        index = torch.where(where < 0, size - 1, where)[:, None, :].expand(-1, slots, -1)
+        out[a:b] = torch.gather(planes, 2, index).view(b - a, slots, height, width)
     counts_t = torch.from_numpy(counts).to(device)
     return (out if instances else out[:, 0]), counts_t
 
