@@ -75,7 +75,10 @@ def reference(mask: np.ndarray, params, k: int) -> np.ndarray:
 
 
 def test_packed_masks_come_back_as_given(stores):
+    from gpufeed.store.summary import describe
+
     inst, sem = stores
+    assert "masks (instance masks)" in describe(inst) and "masks (u1 label maps)" in describe(sem)
     assert inst.fields["masks"] == {"kind": "masks", "instances": True, "dtype": "|u1"}
     assert sem.fields["masks"] == {"kind": "masks", "instances": False, "dtype": "|u1"}
     for k in range(16):

@@ -11,6 +11,10 @@ from gpufeed.store.reader import Store
 
 
 def _kind(spec: dict) -> str:
+    if spec["kind"] == "masks":
+        return "instance masks" if spec["instances"] else f"{spec['dtype'].lstrip('<|')} label maps"
+    if spec["kind"] == "keypoints":
+        return f"keypoints, {spec['points']} per instance"
     if spec["kind"] != "array":
         return spec["kind"]
     return f"{spec['dtype'].lstrip('<|')} array {'x'.join(map(str, spec['shape']))}"
