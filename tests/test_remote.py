@@ -307,3 +307,25 @@ def test_a_program_reading_a_bucket_exits_without_close(bucket, tmp_path):
                                                        os.environ.get("PYTHONPATH", "")]))
     done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_masks_from_a_bucket_are_those_of_the_store_on_disk(bucket, tmp_path):
+    """Instance masks packed into a bucket come back, through the cache, as the local store gives them."""
+    import numpy as np
+
+    from gpufeed.synth import natural_image
+
+    rng = np.random.default_rng(0)
+    yy, xx = np.mgrid[:30, :40]
+    data = [{"image": natural_image(rng, 30, 40, k), "label": 0,
+             "masks": np.stack([(xx - 5 * j - k) ** 2 + (yy - 15) ** 2 < 40 for j in range(k % 3 + 1)]).astype(np.uint8)}
+            for k in range(12)]
+    gpufeed.pack(data, "s3://bucket/masks", mode="jpeg", workers=1, progress=False, shard_size="4KB",
+                 storage_options=bucket["options"])
+    gpufeed.pack(data, tmp_path / "flat", mode="jpeg", workers=1, progress=False)
+    kw = dict(batch_size=4, device="cpu", augment=OPS, seed=2, num_workers=1, fields=("masks",))
+    remote = gpufeed.Loader("s3://bucket/masks", cache_dir=tmp_path / "cache", storage_options=bucket["options"], **kw)
+    local = gpufeed.Loader(tmp_path / "flat", **kw)
+    pairs = list(zip(remote, local, strict=True))
+    assert len(pairs) == 3 and pairs[0][1]["masks"].any()
+    assert all(torch.equal(a["masks"], b["masks"]) and torch.equal(a["masks_count"], b["masks_count"]) for a, b in pairs)
