@@ -10,8 +10,8 @@ STORE is a store with the fields "boxes" and "category" (a JSON list per image, 
 packs), and "masks" (Mask R-CNN) or "keypoints" (Keypoint R-CNN, 17 per person as COCO's). With
 `--coco` the annotation file and its images folder are packed into STORE first (once). The batch
 is `Loader(fields=(...))`'s: a zero-padded (N, M, 4) "boxes" with "boxes_count" and "boxes_kept",
-"masks" (N, M, H, W), "keypoints" (N, M, K, 3); `targets()` cuts them into the list of per-image
-dicts torchvision's detection models take (boxes, labels, masks or keypoints). The models'
+"masks" (N, M, H, W), "keypoints" (N, M, K, 3); `gpufeed.loader.per_image` cuts them into the
+per-image dicts torchvision's detection models take (boxes, labels, masks or keypoints). The models'
 own resize is off (min_size = max_size = --size: the Loader already made that size) and their
 normalisation too (the Loader's Normalize does it). Weights are random: the losses fall, the model
 learns nothing useful in a few steps.
@@ -29,27 +29,9 @@ import torchvision
 
 import gpufeed
 from gpufeed.augment import Normalize, RandomHorizontalFlip, RandomResizedCrop, RandomRotation
+from gpufeed.loader import per_image
 
 COCO_FLIP = [0, 2, 1, 4, 3, 6, 5, 8, 7, 10, 9, 12, 11, 14, 13, 16, 15]  # COCO's persons: left and right swapped
-
-
-def targets(batch: dict, model: str) -> list[dict]:
-    """A batch's targets as torchvision's detection models take them: per image, its boxes (those
-    the augment kept), their category labels (picked with `boxes_kept`), and its masks or keypoints."""
-    counts = batch["boxes_count"].tolist()
-    kept = batch["boxes_kept"].cpu()
-    out = []
-    for k, c in enumerate(counts):
-        labels = torch.as_tensor(batch["category"][k], dtype=torch.int64)[kept[k, :c]]
-        if model == "keypointrcnn":  # one class, persons
-            labels = torch.ones_like(labels)
-        target = {"boxes": batch["boxes"][k, :c], "labels": labels.to(batch["boxes"].device)}
-        if model == "maskrcnn":
-            target["masks"] = batch["masks"][k, :c]
-        else:
-            target["keypoints"] = batch["keypoints"][k, :c]
-        out.append(target)
-    return out
 
 
 def demo_store(dest: Path, keypoints: bool) -> None:
@@ -118,7 +100,9 @@ def main(argv: list[str] | None = None) -> list[float]:
     while step < a.steps:
         for batch in loader:
             with torch.autocast(a.device.split(":")[0], dtype=torch.bfloat16, enabled=a.device != "cpu"):
-                loss = sum(model(list(batch["image"]), targets(batch, a.model)).values())
+                # per image: its kept boxes, their categories (Keypoint R-CNN: persons, 1), masks or keypoints
+                targets = per_image(batch, "category" if a.model == "maskrcnn" else None)
+                loss = sum(model(list(batch["image"]), targets).values())
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()

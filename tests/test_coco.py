@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 import gpufeed
 from conftest import save, smooth
@@ -238,3 +239,31 @@ def test_keypoints_per_instance_come_from_the_categories_names_of_them(tmp_path)
                           progress=False, workers=1)
     assert gpufeed.open(tmp_path / "s").fields["keypoints"]["points"] == 2
     assert any("without 2 keypoints" in s["reason"] and s["path"].endswith("0001.jpg") for s in report.skipped)
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # pycocotools and numpy 2
+def test_per_image_targets_pick_each_kept_boxs_category_mask_and_keypoints(tmp_path):
+    """`gpufeed.loader.per_image`: the dicts torchvision's detection models take, each kept box with
+    its own category (by `boxes_kept`), mask and keypoints."""
+    from gpufeed.loader import per_image
+
+    data = coco(tmp_path, keypoints=True)
+    for a in data["annotations"]:
+        x, y, w, h = a["bbox"]
+        a["segmentation"] = [[x, y, x + max(w, 1), y, x + max(w, 1), y + max(h, 1), x, y + max(h, 1)]]
+    (tmp_path / "ann.json").write_text(json.dumps(data))
+    gpufeed.pack(tmp_path / "ann.json", tmp_path / "s", images=tmp_path / "images", mode="jpeg", reencode=False,
+                 progress=False, workers=1)
+    store = gpufeed.open(tmp_path / "s")
+    loader = gpufeed.Loader(store, batch_size=3, device="cpu", augment=[RandomResizedCrop(24, scale=(0.5, 1))],
+                            fields=("boxes", "masks", "keypoints", "category"), shuffle=False, drop_last=False, seed=3)
+    batch = next(iter(loader))
+    targets = per_image(batch, "category")
+    assert len(targets) == 3
+    for k, t in enumerate(targets):
+        c = int(batch["boxes_count"][k])
+        kept = batch["boxes_kept"][k, :c].tolist()
+        assert t["labels"].tolist() == [batch["category"][k][j] for j in kept]
+        assert t["boxes"].shape == (c, 4) and t["masks"].shape[0] == c and t["keypoints"].shape[0] == c
+        assert torch.equal(t["masks"], batch["masks"][k, :c])
+    assert [t["labels"].tolist() for t in per_image(batch)] == [[1] * int(c) for c in batch["boxes_count"]]

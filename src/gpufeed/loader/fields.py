@@ -91,6 +91,34 @@ def batch_dict(
     return out
 
 
+def per_image(batch: dict, labels: str | None = None) -> list[dict]:
+    """A batch with "boxes" (a `Loader(fields=("boxes", ...))` batch) as torchvision's detection
+    models take their targets: per image a dict of its "boxes" (those the augment kept), "labels"
+    (the per-instance list field `labels`, e.g. COCO's "category", each kept box's entry picked
+    with "boxes_kept"; without it, ones), and its "masks" and "keypoints" where the batch has them.
+    Views of the batch's tensors, not copies; the labels go to the device in one copy, and the counts
+    come back in one sync."""
+    boxes = batch["boxes"]
+    counts = batch["boxes_count"].tolist()
+    if labels is None:
+        table = torch.ones(boxes.shape[:2], dtype=torch.int64, device=boxes.device)
+    else:
+        values = batch[labels]
+        wide = np.zeros((len(values), max([len(v) for v in values], default=0) + 1), np.int64)
+        for k, v in enumerate(values):
+            wide[k, : len(v)] = v
+        table = torch.from_numpy(wide).to(boxes.device, non_blocking=True)
+        table = table.gather(1, batch["boxes_kept"].clamp(min=0).to(boxes.device))
+    out = []
+    for k, c in enumerate(counts):
+        target = {"boxes": boxes[k, :c], "labels": table[k, :c]}
+        for name in ("masks", "keypoints"):
+            if name in batch:
+                target[name] = batch[name][k, :c]
+        out.append(target)
+    return out
+
+
 def _masks(
     request: FieldRequest, samples: np.ndarray, params: Params | None, kept: list[np.ndarray] | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
