@@ -1,8 +1,9 @@
 """Masks through a batch's geometry: the same crops, resizes, flips and warps as its pixels, nearest.
 
-A mask is resampled from its stored runs (`store.format.MaskRuns`) on the batch's device: the runs
-are expanded there (nothing is decoded on the CPU), and each output pixel takes the stored pixel
-under it, as the image's resampling places it.
+A mask is resampled from its stored runs (`store.format.MaskRuns`) on the batch's device (nothing
+is decoded on the CPU): each output pixel takes the stored pixel under it, as the image's resampling
+places it, its value found in the runs (a GPU kernel's binary search, or the runs expanded by torch
+ops elsewhere).
 
 Where the stored pixel is: the output pixel's centre goes back through the inverse of a warp to the
 box pass's output, where it takes the nearest pixel (rounding half to even, as `grid_sample` does
@@ -71,7 +72,7 @@ def stored_pixels(
     x = torch.floor(b[:, 0, None, None] + xs * ((b[:, 2] - b[:, 0]) / out_w)[:, None, None])
     y = torch.floor(b[:, 1, None, None] + ys * ((b[:, 3] - b[:, 1]) / out_h)[:, None, None])
     inside &= (x >= 0) & (x < w_i) & (y >= 0) & (y < h_i)
-    return torch.where(inside, y * w_i + x, -1).long().expand(len(hw), height, width)
+    return torch.where(inside, y * w_i + x, -1).long()
 
 
 def transform_masks(
@@ -156,12 +157,9 @@ def _expanded(runs: list[MaskRuns], slots: int, size: int, fill: int) -> tuple[n
     lengths, values = [], []
     for r in runs:
         if len(r):
-            first = np.cumsum(r.counts) - r.counts
-            last = np.cumsum(r.counts) - 1
-            run_lengths = np.diff(r.ends.astype(np.int64), prepend=0)
-            run_lengths[first] = r.ends[first]
+            run_lengths = r.lengths()
             # each plane: its runs, then one run of the fill to `size`
-            at = np.insert(np.arange(len(r.ends)), last + 1, -1)
+            at = np.insert(np.arange(len(r.ends)), np.cumsum(r.counts), -1)
             ln = np.where(at >= 0, run_lengths[np.maximum(at, 0)], size - r.h * r.w)
             vl = np.where(at >= 0, r.values[np.maximum(at, 0)], fill)
             lengths.append(ln)

@@ -28,9 +28,9 @@ A sample's masks are k planes of the stored image's h x w pixels: one label map 
 boxes). Each plane, read row after row, is cut into runs of equal values. The value is int32
 [k, h, w, runs of plane 0, ..., runs of plane k-1, then every run's end (the index of the pixel
 after it, increasing within a plane, a plane's last one h * w), then every run's value]. Run-length
-coding, not PNG: a loader resamples a mask straight from its runs on the device (a binary search per
-output pixel, `augment.masks`), so nothing is decoded on the CPU or at the stored size, and COCO's
-own masks are runs already.
+coding, not PNG: a loader resamples a mask straight from its runs on the device (on a GPU a binary
+search per output pixel, `augment.masks`), so nothing is decoded on the CPU, and COCO's own masks
+are runs already.
 
 Every data file is little-endian, headerless and memory-mappable; the manifest records its
 byte size and digest so a damaged store is detected. The digest (CHECKSUM) is the SHA-256 of
@@ -448,11 +448,16 @@ class MaskRuns:
         runs = np.concatenate(pieces).astype(np.int64) if pieces else np.zeros(0, np.int64)
         return MaskRuns(self.h, self.w, self.counts[keep], self.ends[runs], self.values[runs])
 
+    def lengths(self) -> np.ndarray:
+        """Each run's length (int64): its end less the run's before, a plane's first from pixel 0."""
+        lengths = np.diff(self.ends.astype(np.int64), prepend=0)
+        first = (np.cumsum(self.counts) - self.counts)[1:]  # (plane 0's first starts at 0 already)
+        lengths[first] = self.ends[first]
+        return lengths
+
     def decode(self) -> np.ndarray:
         """The planes as a (k, h, w) int32 array."""
-        lengths = np.diff(self.ends, prepend=0)
-        lengths[np.cumsum(self.counts)[:-1]] = self.ends[np.cumsum(self.counts)[:-1]]  # each plane starts at 0
-        return np.repeat(self.values, lengths).reshape(len(self.counts), self.h, self.w)
+        return np.repeat(self.values, self.lengths()).reshape(len(self.counts), self.h, self.w)
 
 
 def encode_masks(planes: np.ndarray) -> bytes:
@@ -488,10 +493,7 @@ def parse_masks(raw: bytes, where: str) -> MaskRuns:
     runs = int(counts.sum())
     if (counts < 1).any() or len(a) != 3 + k + 2 * runs:
         raise bad("masks whose run counts do not match their bytes")
-    ends, values = a[3 + k : 3 + k + runs], a[3 + k + runs :]
-    last = np.cumsum(counts) - 1
-    step = np.diff(ends.astype(np.int64), prepend=0)
-    step[last[:-1] + 1] = ends[last[:-1] + 1]  # each plane's first run is measured from pixel 0
-    if (step < 1).any() or (ends[last] != h * w).any():
+    masks = MaskRuns(h, w, counts, a[3 + k : 3 + k + runs], a[3 + k + runs :])
+    if (masks.lengths() < 1).any() or (masks.ends[np.cumsum(counts) - 1] != h * w).any():
         raise bad("masks whose runs are not in order or do not cover the image")
-    return MaskRuns(h, w, counts, ends, values)
+    return masks
