@@ -25,6 +25,8 @@ YCC420 = 0
 # how far from a JPEG's last byte its end-of-image marker may sit for the GPU's decoders to take it
 # (`Encoded.cut_short`); cameras pad a few bytes at most, and a file with more still decodes on the CPU
 EOI_WINDOW = 4096
+# why a GPU decoder left such an image to the CPU
+CUT_SHORT = f"no JPEG end marker in its last {EOI_WINDOW} bytes (cut short?): left to the CPU"
 
 
 class WorkersStopped(RuntimeError):

@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from gpufeed.decode.base import EOI_WINDOW, YCC420, Decoded, Encoded, PinnedStaging, hwc_strides
+from gpufeed.decode.base import CUT_SHORT, YCC420, Decoded, Encoded, PinnedStaging, hwc_strides
 from gpufeed.decode.codecs.nvimgcodec_api import BatchDecoder
 
 MAX_IMAGE_BYTES = 1 << 30  # a header that claims more (a damaged or hostile file) is refused, not allocated
@@ -71,7 +71,7 @@ class NvImgCodecDecoder:
             failed[k] = (
                 f"its header claims {h}x{w} pixels, over the {MAX_IMAGE_BYTES >> 20} MiB gpufeed decodes"
                 if big[k]
-                else f"no JPEG end marker in its last {EOI_WINDOW} bytes (cut short?): left to the CPU"
+                else CUT_SHORT
                 if cut[k]
                 else f"nvImageCodec ({self.name}) could not read its header"
                 if not ok[k]

@@ -13,7 +13,7 @@ from importlib.metadata import PackageNotFoundError, version
 import numpy as np
 import torch
 
-from gpufeed.decode.base import EOI_WINDOW, Decoded, Encoded, in_place, nvimgcodec_install
+from gpufeed.decode.base import CUT_SHORT, Decoded, Encoded, in_place, nvimgcodec_install
 
 
 def _torchvision_decode_jpeg():
@@ -56,9 +56,7 @@ class NvJpegDecoder:
         """Decode to CHW images on the device, addressed in place (`shapes`: the sizes the store
         records, see `in_place`)."""
         cut = batch.cut_short()  # nvJPEG fills a cut file with gray: the CPU decides instead
-        failed = {
-            k: f"no JPEG end marker in its last {EOI_WINDOW} bytes (cut short?)" for k in np.flatnonzero(cut).tolist()
-        }
+        failed = {k: CUT_SHORT for k in np.flatnonzero(cut).tolist()}
         datas = [d for d, c in zip(batch.tensors(), cut.tolist()) if not c]
         try:
             images = self._decode_jpeg(datas, mode=self._rgb, device=self.device) if datas else []
