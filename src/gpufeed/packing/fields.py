@@ -71,9 +71,9 @@ class Geometry:
         """(k, h, w) masks of the source image (its upright size) to the stored image's pixels, each
         stored pixel taking the source pixel under its centre (nearest); 0 where packing padded."""
         h, w = self.stored_hw  # type: ignore[misc]  # known for a packed image
-        if (h, w) == planes.shape[1:] and self._affine() == (1.0, 1.0, 0.0, 0.0):
-            return planes
         sx, sy, ox, oy = self._affine()
+        if (h, w) == planes.shape[1:] and (sx, sy, ox, oy) == (1.0, 1.0, 0.0, 0.0):
+            return planes
         xs = np.floor((np.arange(w) + 0.5 - ox) / sx).astype(np.int64)
         ys = np.floor((np.arange(h) + 0.5 - oy) / sy).astype(np.int64)
         h0, w0 = planes.shape[1:]
@@ -108,13 +108,18 @@ def as_masks(value: Any) -> tuple[bool, np.ndarray]:
     return False, masks[None]
 
 
+def _fits(planes: np.ndarray, dtype: str) -> bool:
+    """Whether every value of `planes` is one `dtype` holds."""
+    info = np.iinfo(np.dtype(dtype))
+    return not planes.size or (info.min <= int(planes.min()) and int(planes.max()) <= info.max)
+
+
 def _mask_dtype(planes: np.ndarray) -> str:
     """The smallest of the format's mask dtypes that holds a label map's values; ValueError if none."""
-    lo, hi = (int(planes.min()), int(planes.max())) if planes.size else (0, 0)
     for dtype in fmt.MASK_DTYPES:
-        info = np.iinfo(np.dtype(dtype))
-        if info.min <= lo and hi <= info.max and (dtype != "|i1" or planes.dtype.kind == "i"):
+        if _fits(planes, dtype) and (dtype != "|i1" or planes.dtype.kind == "i"):
             return dtype
+    lo, hi = int(planes.min()), int(planes.max())  # (an empty map fits every dtype)
     raise ValueError(f"a label map with values {lo}..{hi}, outside int32")
 
 
@@ -256,8 +261,7 @@ class FieldsSink:
                 if instances != value[0]:
                     first, this = ("instance masks", "a label map") if instances else ("a label map", "instance masks")
                     return f"field {name!r} is {this}, the first sample's is {first}", {}
-                info, planes = np.iinfo(np.dtype(stored)), value[1]
-                if not instances and planes.size and (planes.min() < info.min or planes.max() > info.max):
+                if not instances and not _fits(value[1], stored):
                     return f"field {name!r} has label values that do not fit the first sample's {stored}", {}
             if kind == "keypoints" and self.points.get(name, value.shape[1]) != value.shape[1]:
                 return (

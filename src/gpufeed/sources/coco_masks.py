@@ -9,6 +9,7 @@ random polygons, tests/test_coco.py); packing says once which one drew them.
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -16,7 +17,6 @@ from typing import Any
 import numpy as np
 
 log = logging.getLogger(__name__)
-_SAID: set[str] = set()
 
 
 def rle_counts(counts: str | list) -> np.ndarray:
@@ -88,10 +88,9 @@ def _pycocotools():
     return mask
 
 
+@functools.cache
 def _say_once(what: str) -> None:
-    if what not in _SAID:
-        _SAID.add(what)
-        log.warning("gpufeed: %s", what)
+    log.warning("gpufeed: %s", what)
 
 
 @dataclass(frozen=True)
