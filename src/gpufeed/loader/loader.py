@@ -35,7 +35,7 @@ from gpufeed.loader.feeds import HostGather, device_feed, host_feed
 from gpufeed.loader.fields import FieldRequest, batch_dict
 from gpufeed.loader.folder import FolderStore, is_folder_source
 from gpufeed.loader.jpeg import PREFETCH, JpegPipelines, default_workers, jpeg_feed, jpeg_pipelines
-from gpufeed.loader.planner import Planner, resolution_hw
+from gpufeed.loader.planner import Planner
 from gpufeed.loader.producer import CLOSE_WAIT, Carried, Production
 from gpufeed.loader.sampler import Segment, ShardedBatchSampler, Shards, resolve_rank
 from gpufeed.loader.settings import Decoding, Output, resolve_device
@@ -380,14 +380,13 @@ class Loader:
         self.epoch, self._batch = 0, 0
         self.restart, self._resuming = restart, False
         self._host: HostGather | None = None  # the disk tier's gather, its pinned ring made at the first pass
-        if resolution is not None:
-            if self.augment is None:
-                raise ValueError(f"{self.store.path}: resolution is a schedule for the augment ops' output size")
-            try:
-                self.augment.at_size(resolution_hw(resolution(0)))
-            except ValueError as e:
-                raise ValueError(f"{self.store.path}: resolution: {e}") from None
+        if resolution is not None and self.augment is None:
+            raise ValueError(f"{self.store.path}: resolution is a schedule for the augment ops' output size")
         self._planner = Planner(self.batch_sampler, self.augment, seed, sizes, resolution=resolution)
+        try:
+            self._planner.augment(0)  # the schedule's first size, checked (and the chain kept for epoch 0)
+        except ValueError as e:
+            raise ValueError(f"{self.store.path}: resolution: {e}") from None
         # what close() does, also when the loader is dropped without it (started as it is collected,
         # before its attributes go; it holds the parts, never the loader). At exit `_close_all` closes it
         self._shut_down = weakref.finalize(
