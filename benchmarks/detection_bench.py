@@ -199,13 +199,8 @@ def op_times(store: Path, a) -> dict:
     def gpu_ms(fn) -> float:
         return statistics.median(common.device_ms(fn, a.device, a.repeats))
 
-    def host_ms(fn) -> float:
-        times = []
-        for _ in range(a.repeats):
-            t0 = time.perf_counter()
-            fn()
-            times.append(1e3 * (time.perf_counter() - t0))
-        return statistics.median(times)
+    def host_ms(fn) -> float:  # the wall clock (fn synchronizes where it times GPU work)
+        return statistics.median(common.device_ms(fn, "cpu", a.repeats))
 
     image_ms = gpu_ms(lambda: loader.augment.apply(images, on_device, torch.float16, channels_last=True))
     masks_ms = gpu_ms(lambda: transform_masks(runs, params, torch.device(a.device), True, DTYPES["|u1"]))
