@@ -5,6 +5,7 @@ masks and keypoints cropped, flipped and turned together on the device.
         [--batch-size 8] [--steps 100] [--device cuda] [--lr 0.01]
     python examples/train_detection.py --coco annotations/instances_val2017.json --images val2017/ STORE
     python examples/train_detection.py --demo STORE      # packs 16 generated photos first, to try it
+    python examples/train_detection.py STORE --aspect    # native aspect ratios, batches by aspect ratio
 
 STORE is a store with the fields "boxes" and "category" (a JSON list per image, as a COCO file
 packs), and "masks" (Mask R-CNN) or "keypoints" (Keypoint R-CNN, 17 per person as COCO's). With
@@ -15,6 +16,11 @@ per-image dicts torchvision's detection models take (boxes, labels, masks or key
 own resize is off (min_size = max_size = --size: the Loader already made that size) and their
 normalisation too (the Loader's Normalize does it). Weights are random: the losses fall, the model
 learns nothing useful in a few steps.
+
+With `--aspect` the images keep their aspect ratio, as torchvision's reference scripts train:
+shorter side --size, longer at most 5/3 of it, batches of one aspect group padded to a multiple of
+32 (`Loader(group_by_aspect=True)`); each image and its masks are passed as views of their part of
+the padded batch ("image_size"), which the model's own resize (set to the same sides) keeps.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ import torch
 import torchvision
 
 import gpufeed
-from gpufeed.augment import Normalize, RandomHorizontalFlip, RandomResizedCrop, RandomRotation
+from gpufeed.augment import Normalize, RandomHorizontalFlip, RandomResizedCrop, RandomRotation, Resize
 from gpufeed.loader import per_image
 
 COCO_FLIP = [0, 2, 1, 4, 3, 6, 5, 8, 7, 10, 9, 12, 11, 14, 13, 16, 15]  # COCO's persons: left and right swapped
@@ -57,9 +63,9 @@ def demo_store(dest: Path, keypoints: bool) -> None:
     gpufeed.pack(data, dest, mode="jpeg", progress=False)
 
 
-def build(model: str, classes: int, size: int) -> torch.nn.Module:
+def build(model: str, classes: int, size: int, longest: int) -> torch.nn.Module:
     """A detection model with random weights whose resize and normalisation are the Loader's."""
-    kw = dict(weights=None, weights_backbone=None, min_size=size, max_size=size, image_mean=[0.0] * 3,
+    kw = dict(weights=None, weights_backbone=None, min_size=size, max_size=longest, image_mean=[0.0] * 3,
               image_std=[1.0] * 3)
     if model == "maskrcnn":
         return torchvision.models.detection.maskrcnn_resnet50_fpn(num_classes=classes, **kw)
@@ -74,6 +80,7 @@ def main(argv: list[str] | None = None) -> list[float]:
     p.add_argument("--images", help="the annotation file's images folder")
     p.add_argument("--demo", action="store_true", help="pack 16 generated photos into STORE first")
     p.add_argument("--size", type=int, default=512)
+    p.add_argument("--aspect", action="store_true", help="native aspect ratios, batches by aspect ratio")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--lr", type=float, default=0.01)
@@ -89,12 +96,16 @@ def main(argv: list[str] | None = None) -> list[float]:
             p.error(f"{store} is not a store: give one, or --coco FILE --images DIR, or --demo")
     opened = gpufeed.open(store)
     target = "masks" if a.model == "maskrcnn" else "keypoints"
-    ops = [RandomResizedCrop(a.size, scale=(0.5, 1)), RandomHorizontalFlip(), RandomRotation(10), Normalize()]
+    longest = a.size * 5 // 3 if a.aspect else a.size
+    if a.aspect:
+        ops = [Resize(a.size, max_size=longest), RandomHorizontalFlip(), Normalize()]
+    else:
+        ops = [RandomResizedCrop(a.size, scale=(0.5, 1)), RandomHorizontalFlip(), RandomRotation(10), Normalize()]
     loader = gpufeed.Loader(opened, batch_size=a.batch_size, device=a.device, augment=ops, dtype=torch.float32,
-                            fields=("boxes", target, "category"),
+                            fields=("boxes", target, "category"), group_by_aspect=a.aspect,
                             keypoint_flip=COCO_FLIP if target == "keypoints" else None)
     classes = 1 + max((max(c) for c in (opened.field("category", i) for i in range(len(opened))) if c), default=1)
-    model = build(a.model, classes, a.size).to(a.device).train()
+    model = build(a.model, classes, a.size, longest).to(a.device).train()
     opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=0.9, weight_decay=1e-4)
     losses, step, t0 = [], 0, time.perf_counter()
     while step < a.steps:
@@ -102,7 +113,14 @@ def main(argv: list[str] | None = None) -> list[float]:
             with torch.autocast(a.device.split(":")[0], dtype=torch.bfloat16, enabled=a.device != "cpu"):
                 # per image: its kept boxes, their categories (Keypoint R-CNN: persons, 1), masks or keypoints
                 targets = per_image(batch, "category" if a.model == "maskrcnn" else None)
-                loss = sum(model(list(batch["image"]), targets).values())
+                images = list(batch["image"])
+                if a.aspect:  # each image (and its masks) without its batch's padding: views
+                    sizes = batch["image_size"].tolist()
+                    images = [im[:, :h, :w] for im, (h, w) in zip(images, sizes)]
+                    for t, (h, w) in zip(targets, sizes):
+                        if "masks" in t:
+                            t["masks"] = t["masks"][:, :h, :w]
+                loss = sum(model(images, targets).values())
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()

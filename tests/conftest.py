@@ -27,6 +27,15 @@ def smooth(index: int, h: int = 48, w: int = 64) -> np.ndarray:
     return np.clip(img, 0, 255).astype(np.uint8)
 
 
+def boxes_of(masks: np.ndarray) -> np.ndarray:
+    """Each instance mask's tight [x1, y1, x2, y2] box."""
+    out = []
+    for m in masks:
+        ys, xs = np.nonzero(m)
+        out.append([xs.min(), ys.min(), xs.max() + 1, ys.max() + 1])
+    return np.asarray(out, np.float64)
+
+
 def save(path: Path, array: np.ndarray, **kw) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     Image.fromarray(array).save(path, **kw)

@@ -105,7 +105,7 @@ def test_jpeg_needs_a_fixed_output_and_bad_ops_are_refused_when_built(jpeg_store
 
     with pytest.raises(ValueError, match="images of different sizes"):
         gpufeed.Loader(jpeg_store, device="cpu")
-    with pytest.raises(ValueError, match=r"store: augment ops .*Resize\(size=16\).*leave images of different sizes"):
+    with pytest.raises(ValueError, match=r"store: augment ops .*Resize\(size=16, max_size=None\).*leave images of different sizes"):
         gpufeed.Loader(jpeg_store, batch_size=8, device="cpu", augment=[Resize(16)])
     with pytest.raises(ValueError, match=r"CenterCrop\(40\) is larger than some images"):  # the 33x33 ones
         gpufeed.Loader(jpeg_store, batch_size=8, device="cpu", augment=[CenterCrop(40)])

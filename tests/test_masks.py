@@ -16,6 +16,7 @@ from torchvision.transforms import InterpolationMode as IM
 from torchvision.transforms.v2 import functional as F
 
 import gpufeed
+from conftest import boxes_of
 from gpufeed.augment import CenterCrop, RandomHorizontalFlip, RandomResizedCrop, RandomRotation, Resize
 from gpufeed.store import StoreError
 from gpufeed.synth import natural_image
@@ -39,14 +40,6 @@ def label_map_of(k: int) -> np.ndarray:
     """Sample k's (h, w) label map: classes 0..5 in blobs, as a segmentation's."""
     m = instances_of(k)
     return (m * np.arange(1, len(m) + 1)[:, None, None]).max(0).astype(np.uint8) + (k % 2)
-
-
-def boxes_of(masks: np.ndarray) -> np.ndarray:
-    out = []
-    for m in masks:
-        ys, xs = np.nonzero(m)
-        out.append([xs.min(), ys.min(), xs.max() + 1, ys.max() + 1])
-    return np.asarray(out, np.float64)
 
 
 @pytest.fixture(scope="module")

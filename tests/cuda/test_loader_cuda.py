@@ -161,3 +161,35 @@ def test_masks_on_the_gpu_equal_the_cpus(tmp_path, instances):
             assert torch.equal(g["masks_count"].cpu(), c["masks_count"])
         else:
             assert (c["masks"] == 255).any()  # the rotations' corners
+
+
+def test_batches_by_aspect_ratio_on_the_gpu_equal_the_cpus(tmp_path):
+    """`group_by_aspect`: the GPU's padded batches (the hardware and CPU decoders' images resized in one
+    kernel, the padding zeroed) have the CPU's shapes, image sizes and masks, and pixels to rounding."""
+    import numpy as np
+
+    from gpufeed.augment import Resize
+    from gpufeed.synth import natural_image
+
+    rng = np.random.default_rng(0)
+    sizes = [(96, 128), (128, 96), (80, 160), (112, 112)]
+    data = []
+    for k in range(32):
+        h, w = sizes[k % 4]
+        masks = np.zeros((2, h, w), np.uint8)
+        masks[0, 10 : 30 + k, 5:40], masks[1, h // 2 :, w // 3 :] = 1, 1
+        data.append({"image": natural_image(rng, h, w, k), "label": k % 3, "masks": masks})
+    gpufeed.pack(data, tmp_path / "s", mode="jpeg", progress=False, workers=1)
+    kw = dict(batch_size=8, augment=[Resize(64, max_size=100), RandomHorizontalFlip(), Normalize()], seed=3,
+              fields=("image", "masks"), group_by_aspect=True, dtype=torch.float32)
+    shapes = set()
+    for g, c in zip(gpufeed.Loader(tmp_path / "s", device="cuda", **kw),
+                    gpufeed.Loader(tmp_path / "s", device="cpu", **kw), strict=True):
+        assert g["image"].is_cuda and g["image"].shape == c["image"].shape
+        assert torch.equal(g["image_size"].cpu(), c["image_size"]) and torch.equal(g["masks"].cpu(), c["masks"])
+        for k, (h, w) in enumerate(c["image_size"].tolist()):
+            image = g["image"][k].cpu()
+            assert not image[:, h:].any() and not image[:, :, w:].any()
+            assert (image[:, :h, :w] - c["image"][k, :, :h, :w]).abs().mean() < 0.05
+        shapes.add(tuple(c["image"].shape[2:]))
+    assert len(shapes) > 1

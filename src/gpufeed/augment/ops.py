@@ -72,12 +72,23 @@ class RandomResizedCrop:
 
 @dataclass
 class Resize:
-    """Resize to `size`: an int sets the shorter side (aspect kept), a pair sets (h, w)."""
+    """Resize to `size`: an int sets the shorter side (aspect kept), a pair sets (h, w). `max_size`
+    (with an int size, torchvision's): the longer side is at most this, the shorter one then smaller
+    (detection's "shorter side 800, longer at most 1333")."""
 
     size: int | tuple[int, int]
+    max_size: int | None = None
 
     def __post_init__(self):
         self.size = checks.size(self.size, "Resize", one_int=True)
+        if self.max_size is not None:
+            checks.integer(self.max_size, "Resize", "max_size", 1, "a positive int")
+            if not isinstance(self.size, int):
+                raise ValueError(f"Resize: max_size is for an int size (the shorter side), got size={self.size!r}")
+            if self.max_size <= self.size:
+                raise ValueError(
+                    f"Resize: max_size = {self.max_size} must be strictly greater than the requested size {self.size}"
+                )
 
     def __call__(self, view: View, g: torch.Generator) -> View:
         n = view.boxes.shape[0]
@@ -87,18 +98,27 @@ class Resize:
             # images of different sizes (jpeg stores): each gets its own output size, as torchvision
             # gives each image; a later CenterCrop or Resize((h, w)) makes the batch one size again
             short, long_ = torch.minimum(height, width), torch.maximum(height, width)
-            other = torch.floor(self.size * long_ / short)
-            side = torch.full_like(other, float(self.size))
+            side, other = self._sides(torch.full_like(short, float(self.size)), torch.floor(self.size * long_ / short))
             wide = height <= width
             out = (torch.where(wide, side, other).long(), torch.where(wide, other, side).long())
         elif isinstance(self.size, int):
             h, w = view.need_one_size()  # (one size: the branch above takes the others)
             lo, hi = sorted((h, w))
-            other_side = int(self.size * hi / lo)
-            out = (self.size, other_side) if h <= w else (other_side, self.size)
+            short_side, long_side = self._sides(
+                torch.tensor(float(self.size)), torch.tensor(float(int(self.size * hi / lo)))
+            )
+            s, o = int(short_side), int(long_side)
+            out = (s, o) if h <= w else (o, s)
         else:
             out = pair(self.size)
         return view.crop(full(n, 0), full(n, 0), height, width, *out)
+
+    def _sides(self, short: torch.Tensor, long_: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(shorter, longer) output sides with the longer one capped at `max_size` (torchvision's rounding)."""
+        if self.max_size is None:
+            return short, long_
+        over = long_ > self.max_size
+        return torch.where(over, torch.floor(self.max_size * short / long_), short), long_.clamp(max=self.max_size)
 
 
 @dataclass

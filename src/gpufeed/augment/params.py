@@ -24,19 +24,26 @@ class Params:
     warp: Warp | None = None  # the warp pass after the box pass (out_hw is then the box pass's size)
     choices: torch.Tensor | None = None  # (N, slots) int8: a policy's ops, kept on the host
     seeds: torch.Tensor | None = None  # (N,) int64 on the host: seeds a batch's random erasing noise
+    # batches of one shape each (`Augment.sample(..., batches=)`): each image's (h, w) at the top left of
+    # its batch's out_hw, the rest padded; and the out_hw of every batch of the epoch (`EpochPlan.batch`
+    # gives each batch its own, out_hw being the first's until then)
+    content: torch.Tensor | None = None  # (N, 2) int32
+    batch_hw: tuple[tuple[int, int], ...] | None = None
 
     def tensors(self) -> list[torch.Tensor]:
         """The tensors of the parameters (what a stream hand-over must cover); not the host-side choices."""
-        found = [self.boxes, self.flip, self.pixel, self.vflip, None if self.warp is None else self.warp.matrices]
+        warp = None if self.warp is None else self.warp.matrices
+        found = [self.boxes, self.flip, self.pixel, self.vflip, warp, self.content]
         return [t for t in found if t is not None]
 
     @property
     def final_hw(self) -> tuple[int, int]:
         return self.warp.out_hw if self.warp is not None else self.out_hw
 
-    def rows(self, a: int, b: int, any_flip: bool) -> Params:
-        """Samples a..b (a batch of an epoch's parameters), views on whatever device they are."""
-        return replace(self.take(slice(a, b)), any_flip=any_flip)
+    def rows(self, a: int, b: int, any_flip: bool, number: int = 0) -> Params:
+        """Samples a..b, batch `number` of an epoch's parameters: views on whatever device they are."""
+        out_hw = self.out_hw if self.batch_hw is None else self.batch_hw[number]
+        return replace(self.take(slice(a, b)), any_flip=any_flip, out_hw=out_hw, batch_hw=None)
 
     def take(self, rows: torch.Tensor | slice) -> Params:
         """The parameters of samples `rows` (host int64 positions, or a slice), in that order."""
@@ -51,6 +58,7 @@ class Params:
             warp=warp,
             choices=pick(self.choices),
             seeds=pick(self.seeds),
+            content=pick(self.content),
         )
 
     def to(self, device: torch.device | str, non_blocking: bool = False, boxes: bool = True) -> Params:
@@ -64,4 +72,5 @@ class Params:
             pixel=move(self.pixel),
             vflip=move(self.vflip),
             warp=None if self.warp is None else self.warp.to(device, non_blocking),
+            content=move(self.content),
         )

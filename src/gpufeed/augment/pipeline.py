@@ -17,8 +17,10 @@ import logging
 from collections.abc import Sequence
 from typing import Any, overload
 
+import numpy as np
 import torch
 
+from gpufeed.augment import checks
 from gpufeed.augment.affine import Filled, RandomAffine, RandomRotation, Warp, warp
 from gpufeed.augment.colour import constant
 from gpufeed.augment.mix import BATCH_OPS
@@ -119,8 +121,20 @@ class Augment:
                 ops[k] = dataclasses.replace(op, size=(int(hw[0]), int(hw[1])))
         return Augment(ops)
 
-    def sample(self, n: int, height: int | torch.Tensor, width: int | torch.Tensor, g: torch.Generator) -> Params:
-        """Draw the parameters of a batch of `n` height×width images (per-sample tensors if sizes differ)."""
+    def sample(
+        self,
+        n: int,
+        height: int | torch.Tensor,
+        width: int | torch.Tensor,
+        g: torch.Generator,
+        batches: Sequence[int] | None = None,
+        multiple: int = 32,
+    ) -> Params:
+        """Draw the parameters of a batch of `n` height×width images (per-sample tensors if sizes differ).
+
+        `batches` (the first sample of each batch, then n): the ops may leave images of different
+        sizes, and each batch's images are padded at the right and bottom to one shape, its largest
+        image's rounded up to a `multiple` (detection's batches: `Loader(group_by_aspect=...)`)."""
         zeros = torch.zeros(n, dtype=torch.float64)
         full = torch.stack([zeros, zeros, column(width, n), column(height, n)], 1)
         view = View(full, torch.zeros(n, dtype=torch.bool), height, width)
@@ -129,11 +143,14 @@ class Augment:
         drawn, choices = {}, None
         if self.policy is not None:
             view, drawn[id(self.policy)], choices = self.policy.sample(view, g)
-        out_h, out_w = view.height, view.width
+        content, batch_hw = None, None
+        if batches is not None:
+            view, content, batch_hw = self._padded(view, batches, multiple)
+        out_h, out_w = (view.height, view.width) if batch_hw is None else batch_hw[0]
         if not (isinstance(out_h, int) and isinstance(out_w, int)):  # not view.uniform
             raise ValueError(
                 "the augment ops leave images of different sizes: end with RandomResizedCrop, "
-                "Resize((h, w)) or CenterCrop"
+                "Resize((h, w)) or CenterCrop, or batch by aspect ratio (Loader(group_by_aspect=True))"
             )
         out_hw = (out_h, out_w)
         box_hw = view.bounds[0].hw if view.bounds else out_hw
@@ -152,14 +169,42 @@ class Augment:
             view.boxes.float(),
             view.flip.to(torch.uint8),
             box_hw,
-            identity,
+            identity and content is None,
             pixel,
             bool(view.flip.any()),
             vflip,
             warp,
             choices,
             seeds,
+            content,
+            batch_hw,
         )
+
+    def _padded(
+        self, view: View, batches: Sequence[int], multiple: int
+    ) -> tuple[View, torch.Tensor, tuple[tuple[int, int], ...]]:
+        """`view` extended past each image's right and bottom edges to its batch's shape (the box pass
+        then reads outside the image there; `after_ops` pads it), each image's size, every batch's shape."""
+        if view.bounds or self.policy is not None or any(isinstance(op, AFTER_NORMALIZE) for op in self.after):
+            raise ValueError(
+                "batches by aspect ratio take crops, resizes, flips, colour and pixel ops: not rotations, "
+                "affine ops, padding, policies or RandomErasing"
+            )
+        checks.integer(multiple, "Loader", "size_divisible", 1, "a positive int")
+        n = view.n
+        h, w = column(view.height, n).long(), column(view.width, n).long()
+        starts = np.asarray(batches, np.int64)
+        if len(starts) < 2 or starts[0] != 0 or starts[-1] != n or (np.diff(starts) <= 0).any():
+            raise ValueError(f"batches must rise from 0 to {n} (the samples), got {list(batches)[:8]}")
+        tall = -(-np.maximum.reduceat(h.numpy(), starts[:-1]) // multiple) * multiple
+        wide = -(-np.maximum.reduceat(w.numpy(), starts[:-1]) // multiple) * multiple
+        sizes = torch.from_numpy(np.diff(starts))
+        out_h = torch.repeat_interleave(torch.from_numpy(tall), sizes)
+        out_w = torch.repeat_interleave(torch.from_numpy(wide), sizes)
+        zero = torch.zeros(n, dtype=torch.float64)
+        view = view.crop(zero, zero, out_h.double(), out_w.double(), out_h, out_w)
+        shapes = tuple((int(a), int(b)) for a, b in zip(tall.tolist(), wide.tolist(), strict=True))
+        return view, torch.stack([h, w], 1).to(torch.int32), shapes
 
     @overload
     def _columns(self, pixel: torch.Tensor) -> dict[int, torch.Tensor]: ...
@@ -188,7 +233,10 @@ class Augment:
         return y
 
     def after_ops(self, y: torch.Tensor, params: Params) -> torch.Tensor:
-        """RandomErasing and the user's callables, in order, on the finished batch."""
+        """The padding of batches by aspect ratio, then RandomErasing and the user's callables, in order,
+        on the finished batch."""
+        if params.content is not None:
+            y = pad_outside(y, params.content)
         columns = self._columns(params.pixel) if params.pixel is not None else {}
         seed = None if params.seeds is None or not len(params.seeds) else int(params.seeds[0])
         for op in self.after:
@@ -307,6 +355,16 @@ def box_pass(images: torch.Tensor, params: Params) -> torch.Tensor:
     if params.any_flip:
         y = torch.where(params.flip.view(-1, 1, 1, 1).bool(), y.flip(3), y)
     return y
+
+
+def pad_outside(y: torch.Tensor, content: torch.Tensor) -> torch.Tensor:
+    """Zeros in `y` (N, C, H, W) right of and below each image's `content` (N, 2: h, w), as torchvision's
+    detection models pad their normalised batches: one pass, in place (the box pass sampled past the
+    image's edge there)."""
+    content = content.to(y.device, non_blocking=True)
+    rows = torch.arange(y.shape[2], device=y.device).view(1, -1, 1) < content[:, 0].view(-1, 1, 1)
+    cols = torch.arange(y.shape[3], device=y.device).view(1, 1, -1) < content[:, 1].view(-1, 1, 1)
+    return y.masked_fill_(~(rows & cols).unsqueeze(1), 0)
 
 
 def flip_rows(y: torch.Tensor, vflip: torch.Tensor | None) -> torch.Tensor:

@@ -49,12 +49,19 @@ def batch_dict(
     keypoints), "masks" (moved with them too, nearest: instance masks (N, M, H, W) uint8 with
     "masks_count", dropped with their boxes as keypoints are, or label maps (N, H, W)), the store's
     other fields (numbers and arrays as tensors on the device, text, bytes
-    and JSON as lists). `geometry()`: the batch's planned sample indices and augment parameters,
+    and JSON as lists), and "image_size" (N, 2) where the batch is padded to one shape (each image's
+    (h, w) at the top left). `geometry()`: the batch's planned sample indices and augment parameters,
     which the boxes and keypoints follow."""
     idx = samples.cpu().numpy() if isinstance(samples, torch.Tensor) else np.asarray(samples)
     out: dict = {"image": images}
     store = request.store
-    params = _params(store, idx, *geometry()) if {"boxes", "keypoints", "masks"} & set(request.names) else None
+    planned = geometry()
+    by_aspect = planned[1] is not None and planned[1].content is not None  # batches padded to one shape
+    params = (
+        _params(store, idx, *planned) if by_aspect or {"boxes", "keypoints", "masks"} & set(request.names) else None
+    )
+    if params is not None and params.content is not None:
+        out["image_size"] = params.content.to(request.device, torch.int64, non_blocking=True)
     kept: list[np.ndarray] | None = None  # per sample, the boxes kept
     if "boxes" in request.names:
         boxes = store.column("boxes").rows(idx)

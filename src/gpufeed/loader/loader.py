@@ -147,10 +147,25 @@ def _workers(num_workers: int | None, device: torch.device) -> int:
     return workers
 
 
-def _check_augment(augment: Augment, path: object, sizes: tuple[int, int] | torch.Tensor) -> None:
+def aspect_groups(sizes: tuple[int, int] | torch.Tensor, n: int, factor: bool | int) -> np.ndarray:
+    """Each sample's aspect group for `Loader(group_by_aspect=factor)`: by width / height, at bounds
+    2**linspace(-1, 1, 2k + 1) (True: k = 3, torchvision's reference default), or for k = 0 at 1."""
+    k = 3 if factor is True else factor
+    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+        raise ValueError(f"group_by_aspect must be True, False or an int 0 or more, got {factor!r}")
+    bounds = np.array([1.0]) if k == 0 else 2.0 ** np.linspace(-1, 1, 2 * k + 1)
+    if isinstance(sizes, torch.Tensor):
+        hw = sizes.numpy().astype(np.float64)
+        return np.digitize(hw[:, 1] / hw[:, 0], bounds).astype(np.int64)
+    return np.full(n, np.digitize(sizes[1] / sizes[0], bounds), np.int64)
+
+
+def _check_augment(
+    augment: Augment, path: object, sizes: tuple[int, int] | torch.Tensor, size_divisible: int | None
+) -> None:
     """Refuse an op list that can't yield one batch shape from this store, when the Loader is built
     rather than at the first batch: drawn once on the store's extreme image sizes (smallest and largest
-    side, widest and tallest)."""
+    side, widest and tallest); with `size_divisible`, as one padded batch."""
     height: int | torch.Tensor
     width: int | torch.Tensor
     if isinstance(sizes, torch.Tensor):
@@ -162,7 +177,8 @@ def _check_augment(augment: Augment, path: object, sizes: tuple[int, int] | torc
     else:
         height, width = sizes
     try:
-        augment.sample(6, height, width, torch.Generator().manual_seed(0))
+        batches = None if size_divisible is None else [0, 6]
+        augment.sample(6, height, width, torch.Generator().manual_seed(0), batches, size_divisible or 1)
     except ValueError as e:
         raise ValueError(f"{path}: augment ops {augment.ops!r}: {e}") from None
 
@@ -243,6 +259,17 @@ class Loader:
             spread at random over the places of this many shards (None: a full shuffle; with a
             `cache_limit`, about as many as the cache holds for each of this machine's ranks, less
             three). Part of the order: a resumed job keeps it.
+        group_by_aspect: batches of images of one aspect ratio at native aspect ratio, for detection
+            and segmentation as torchvision's reference scripts and detectron2 batch them: the ops may
+            leave images of different sizes (e.g. `Resize(800, max_size=1333)` and a flip: crops,
+            resizes, flips, colour and pixel ops), each batch's samples are of one aspect group where
+            the epoch allows, and each batch is padded with zeros at the right and bottom to one
+            shape, its largest image's rounded up to `size_divisible`. True: torchvision's eight
+            groups (bounds at 2**linspace(-1, 1, 7) of width / height); an int k: 2k + 2 groups at
+            2**linspace(-1, 1, 2k + 1), 0: wider than tall or not (detectron2's two). Fields batches
+            also get "image_size" (N, 2): each image's (h, w) at the top left. Part of the order
+            (`sampler`): deterministic and resumable as any other.
+        size_divisible: with `group_by_aspect`, the multiple each batch's height and width are padded to.
         tuning: jpeg: the JPEG path's measured settings (`gpufeed.decode.tuning.Tuning`), for
             benchmarks that compare others; the default is what measurements chose.
 
@@ -285,6 +312,8 @@ class Loader:
         keypoint_flip: Sequence[int] | None = None,
         mask_fill: int = 0,
         resolution: Callable[[int], int | tuple[int, int]] | None = None,
+        group_by_aspect: bool | int = False,
+        size_divisible: int = 32,
     ):
         self.store = _open(store, cache_dir, cache_limit, storage_options)
         self.fields = tuple(fields) if fields is not None else None
@@ -298,13 +327,17 @@ class Loader:
                     self.store.column(name)
                 except KeyError as e:
                     raise ValueError(e.args[0]) from None
-        if self.store.mode == "jpeg" and not augment:
+        if group_by_aspect is not False and augment is None:
+            augment = []  # padded to one shape per batch
+        if self.store.mode == "jpeg" and not augment and group_by_aspect is False:
             raise ValueError(
                 f"{self.store.path}: a jpeg store holds images of different sizes; give augment ops "
                 "that end in a fixed size, e.g. [RandomResizedCrop(224), Normalize()]"
             )
         self.device = resolve_device(device)
         self.rank, self.world_size = resolve_rank(rank, world_size)
+        shape = self.store.image_shape
+        sizes = torch.from_numpy(np.array(self.store.shapes)) if shape is None else (shape[0], shape[1])
         sharded = isinstance(self.store, ShardedStore)
         shards = (
             Shards(self.store.starts, _window(self.store, shuffle_window, batch_size))
@@ -321,15 +354,16 @@ class Loader:
             drop_last=drop_last,
             pad=pad,
             shards=shards,
+            groups=None if group_by_aspect is False else aspect_groups(sizes, len(self.store), group_by_aspect),
         )
         # an evaluation pass: each sample at most once, an undecodable one left out and named in `skipped`
         self.evaluation = not (shuffle and drop_last and pad)
         self.skipped: list[Skipped] = []
         self.augment = Augment(augment) if augment is not None else None
-        shape = self.store.image_shape
-        sizes = torch.from_numpy(np.array(self.store.shapes)) if shape is None else (shape[0], shape[1])
+        self.size_divisible = None if group_by_aspect is False else size_divisible
+        self._group_by_aspect = group_by_aspect
         if self.augment is not None:
-            _check_augment(self.augment, self.store.path, sizes)
+            _check_augment(self.augment, self.store.path, sizes, self.size_divisible)
             mixer = self.augment.batch_op
             labels = self.store.labels
             if mixer is not None and len(labels) and (int(labels.min()) < 0 or int(labels.max()) >= mixer.num_classes):
@@ -382,7 +416,9 @@ class Loader:
         self._host: HostGather | None = None  # the disk tier's gather, its pinned ring made at the first pass
         if resolution is not None and self.augment is None:
             raise ValueError(f"{self.store.path}: resolution is a schedule for the augment ops' output size")
-        self._planner = Planner(self.batch_sampler, self.augment, seed, sizes, resolution=resolution)
+        self._planner = Planner(
+            self.batch_sampler, self.augment, seed, sizes, resolution=resolution, size_divisible=self.size_divisible
+        )
         try:
             self._planner.augment(0)  # the schedule's first size, checked (and the chain kept for epoch 0)
         except ValueError as e:
@@ -526,12 +562,13 @@ class Loader:
     def _order_key(self) -> list:
         """The settings the global order depends on besides the seed: a state from another order is refused."""
         shards = self.batch_sampler.shards
-        return [
+        key = [
             self.batch_sampler.shuffle,
             self.batch_sampler.drop_last,
             self.batch_sampler.pad,
             None if shards is None else shards.window,
         ]
+        return key if self.batch_sampler.groups is None else [*key, {"group_by_aspect": self._group_by_aspect}]
 
     def stats(self) -> dict:
         """Per-stage times (among them the consumer's: "wait" for batches, and "consumer" between taking
@@ -546,7 +583,7 @@ class Loader:
 
     def plan(self, epoch: int, number: int):
         """(sample indices in yield order, augment Params or None) of batch `number` of `epoch` on this rank."""
-        return self._planner.now(epoch).batch(number)
+        return self._planner.peek(epoch).batch(number)
 
     def _host_gather(self) -> HostGather:
         """The disk tier's gather (and every tier's on a CPU device): its pinned host slots allocated

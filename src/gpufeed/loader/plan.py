@@ -33,7 +33,7 @@ class EpochPlan:
         a, b = self.starts[number], self.starts[number + 1]
         if self.params is None:
             return self.indices[a:b], None
-        return self.indices[a:b], self.params.rows(a, b, self.flips[number])
+        return self.indices[a:b], self.params.rows(a, b, self.flips[number], number)
 
     def to(self, device: torch.device) -> EpochPlan:
         """The same plan with its tensors on `device` (one copy each per epoch)."""
@@ -47,8 +47,10 @@ def plan_epoch(
     seed: int,
     epoch: int,
     image_hw: tuple[int, int] | torch.Tensor,
+    size_divisible: int | None = None,
 ) -> EpochPlan:
-    """The plan of `epoch` for the sampler's rank; `image_hw` is one (H, W) or a (samples, 2) tensor."""
+    """The plan of `epoch` for the sampler's rank; `image_hw` is one (H, W) or a (samples, 2) tensor.
+    `size_divisible`: each batch padded to one shape, a multiple of it (`Augment.sample`'s `batches`)."""
     batches = sampler.batches(epoch)
     starts = [0]
     for b in batches:
@@ -59,11 +61,13 @@ def plan_epoch(
     if augment is None:
         return EpochPlan(indices, starts, None, [])
     g = torch.Generator().manual_seed(hash((seed, epoch, sampler.rank)) & (2**63 - 1))
+    padded_at = None if size_divisible is None else starts
+    multiple = size_divisible or 1
     if isinstance(image_hw, torch.Tensor):
         hw = image_hw[indices]
-        params = augment.sample(len(indices), hw[:, 0], hw[:, 1], g)
+        params = augment.sample(len(indices), hw[:, 0], hw[:, 1], g, padded_at, multiple)
     else:
-        params = augment.sample(len(indices), *image_hw, g)
+        params = augment.sample(len(indices), *image_hw, g, padded_at, multiple)
     mirrored = torch.cat([torch.zeros(1, dtype=torch.int64), params.flip.cumsum(0)])[starts]
     flips = (mirrored[1:] > mirrored[:-1]).tolist()
     return EpochPlan(indices, starts, params, flips)

@@ -45,10 +45,13 @@ class _Ahead:
 class Planner:
     """`get(epoch)` returns an epoch's plan and keeps the next `depth` epochs planning on threads."""
 
-    def __init__(self, sampler, augment, seed: int, sizes, depth: int = 2, resolution=None):
+    def __init__(self, sampler, augment, seed: int, sizes, depth: int = 2, resolution=None, size_divisible=None):
         """`resolution`: epoch -> the output size (an int side or (h, w)) that epoch's augment chain
-        makes (`augment.schedule`); None: the chain's own."""
+        makes (`augment.schedule`); None: the chain's own. `size_divisible`: batches padded to one
+        shape each (`plan.plan_epoch`)."""
         self._args = (sampler, augment, seed, sizes)
+        self._size_divisible = size_divisible
+        self._current: tuple[int, EpochPlan] | None = None  # the last epoch `get` gave
         self._depth = depth
         self._ahead: dict[int, _Ahead] = {}
         self._resolution = resolution
@@ -68,6 +71,7 @@ class Planner:
 
     def get(self, epoch: int) -> EpochPlan:
         plan = self.peek(epoch)
+        self._current = (epoch, plan)
         self._ahead = {e: f for e, f in self._ahead.items() if epoch < e <= epoch + self._depth}
         for e in range(epoch + 1, epoch + self._depth + 1):
             if e not in self._ahead:
@@ -75,16 +79,21 @@ class Planner:
         return plan
 
     def peek(self, epoch: int) -> EpochPlan:
-        """An epoch's plan, leaving it for `get` (planned ahead or not)."""
+        """An epoch's plan, leaving it for `get` (the one `get` last gave, planned ahead, or made now)."""
+        current = self._current
+        if current is not None and current[0] == epoch:
+            return current[1]
         ready = self._ahead.get(epoch)
         return ready.result() if ready is not None else self.now(epoch)
 
     def now(self, epoch: int) -> EpochPlan:
         sampler, _, seed, sizes = self._args
-        return plan_epoch(sampler, self.augment(epoch), seed, epoch, sizes)
+        return plan_epoch(sampler, self.augment(epoch), seed, epoch, sizes, self._size_divisible)
 
     def forget(self, epoch: int) -> None:
         """Drop what was planned of `epoch` (its sampler now plans it otherwise: a resume)."""
+        if self._current is not None and self._current[0] == epoch:
+            self._current = None
         ahead = self._ahead.pop(epoch, None)
         if ahead is not None:
             ahead.result_or_none()

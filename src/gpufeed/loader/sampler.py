@@ -10,6 +10,12 @@ around so all ranks get the same number of batches (DistributedSampler's way), o
 (evaluation) left unpadded: every sample exactly once over all ranks, the first spans one sample
 longer. A span of a shard-aware order reads about 1/world of the store's shards.
 
+**Batches by group** (aspect ratio, for detection: `groups`). Each span is then reordered as
+torchvision's GroupedBatchSampler forms batches: walking the span, a sample joins its group's next
+batch, and a batch is yielded when it fills; what is left at the span's end follows, group after
+group (the last batches mix groups only there). The reordering is a pure function of the span, so
+all of the above holds with it.
+
 **Resuming at another world size.** A job's position in an epoch is global: every rank has yielded
 as many batches. A job stopped after `batches` batches at world size W and resumed at W' continues
 with what no rank consumed (the first `batches` batches of each of the W spans), in global order, cut
@@ -76,6 +82,7 @@ class ShardedBatchSampler:
         drop_last: bool,
         pad: bool = True,
         shards: Shards | None = None,
+        groups: np.ndarray | None = None,
     ):
         if batch_size < 1:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
@@ -85,6 +92,9 @@ class ShardedBatchSampler:
         self.rank, self.world_size, self.drop_last = rank, world_size, drop_last
         self.pad = pad or drop_last
         self.shards = shards
+        self.groups = None if groups is None else np.asarray(groups, np.int64)
+        if self.groups is not None and self.groups.shape != (n,):
+            raise ValueError(f"groups: one group id per sample ({n}), got shape {self.groups.shape}")
         self.resumed: tuple[int, tuple[Segment, ...]] | None = None  # (epoch, the segments it continues after)
         self.shard_size = self._span_sizes(n, world_size)[rank]
         if drop_last and self.shard_size < batch_size:
@@ -149,7 +159,21 @@ class ShardedBatchSampler:
         if total > len(sequence) and len(sequence):  # wrapped as often as it takes: more ranks than samples
             sequence = sequence.repeat(-(-total // len(sequence)))
         bounds = np.cumsum([0] + sizes)
-        return [sequence[bounds[r] : bounds[r + 1]] for r in range(world)]
+        spans = [sequence[bounds[r] : bounds[r + 1]] for r in range(world)]
+        return spans if self.groups is None else [self._grouped(s) for s in spans]
+
+    def _grouped(self, span: torch.Tensor) -> torch.Tensor:
+        """`span` reordered into batches of one group each where it can be (see the module's docstring)."""
+        if not len(span):
+            return span
+        group = self.groups[span.numpy()]  # type: ignore[index]  # (set: _spans calls this only then)
+        place = np.arange(len(span))
+        done = np.full(len(span), len(span), np.int64)  # where each sample's batch fills; len: never
+        for k in np.unique(group):
+            at = place[group == k]
+            full = len(at) // self.batch_size * self.batch_size
+            done[at[:full]] = at[self.batch_size - 1 : full : self.batch_size].repeat(self.batch_size)
+        return span[torch.from_numpy(np.lexsort((place, group, done)))]
 
     def _remaining(self, epoch: int, segments: tuple[Segment, ...]) -> torch.Tensor:
         """The global order of `epoch` without what the `segments` consumed, in order."""
