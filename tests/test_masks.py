@@ -235,21 +235,24 @@ def test_a_sharded_store_keeps_its_masks(stores, tmp_path):
 
 KERNEL_CHECK = """
 import numpy as np, torch, gpufeed
-from gpufeed.augment import RandomResizedCrop, RandomHorizontalFlip, RandomRotation
+from gpufeed.augment import (RandomAffine, RandomResizedCrop, RandomHorizontalFlip, RandomRotation,
+                             RandomVerticalFlip)
 from gpufeed.augment import fused_masks, masks as M
 store = gpufeed.open({path!r})
-loader = gpufeed.Loader(store, batch_size=8, device="cpu", augment=[RandomResizedCrop(24, scale=(0.3, 1)),
-                        RandomHorizontalFlip(), RandomRotation(30)], seed=1, fields=("masks",), mask_fill=7)
-indices, params = loader.plan(0, 0)
-runs = [store.column("masks").runs(int(i)) for i in indices]
 instances = store.fields["masks"]["instances"]
-want, counts = M.transform_masks(runs, params, torch.device("cpu"), instances, torch.uint8, 7)
-hw = np.array([[r.h, r.w] for r in runs])
-where = M.stored_pixels(params, hw, torch.device("cpu")).reshape(len(runs), -1)
-slots = want.shape[1] if instances else 1
-got = torch.zeros((len(runs), slots, 24, 24), dtype=torch.uint8)
-M._in_kernel(fused_masks, runs, counts.numpy(), slots, where, got, 0 if instances else 7)
-assert torch.equal(got if instances else got[:, 0], want) and (instances or (want == 7).any())
+ops = [RandomResizedCrop(24, scale=(0.3, 1)), RandomHorizontalFlip(), RandomVerticalFlip(), RandomRotation(30, fill=3),
+       RandomAffine(0, translate=(0.2, 0.2), fill=3)]
+loader = gpufeed.Loader(store, batch_size=8, device="cpu", augment=ops, seed=1, fields=("masks",), mask_fill=7)
+indices, params = loader.plan(0, 0)
+assert len(params.warp.sizes) == 2  # the box pass's output, and the image the affine op read
+runs = [store.column("masks").runs(int(i)) for i in indices]
+for geometry in (params, None):  # located in the kernel; or stored_pixels' (no augment ran)
+    want, counts = M.transform_masks(runs, geometry, torch.device("cpu"), instances, torch.uint8, 7)
+    hw = np.array([[r.h, r.w] for r in runs])
+    got = torch.full((len(runs), want.shape[1] if instances else 1, *want.shape[-2:]), 99, dtype=torch.uint8)
+    M._in_kernel(fused_masks, runs, counts.numpy(), geometry, hw, got, 0 if instances else 7)
+    assert torch.equal(got if instances else got[:, 0], want), geometry is None
+    assert instances or geometry is None or (want == 7).any()
 print("same")
 """
 
@@ -280,3 +283,21 @@ def test_masks_made_in_groups_of_samples_are_the_same(stores, monkeypatch):
     monkeypatch.setattr(M, "_PIXELS", 24 * 24)  # one sample a group
     grouped = [b["masks"] for b in gpufeed.Loader(inst, **kw)]
     assert all(torch.equal(a, b) for a, b in zip(whole, grouped, strict=True)) and whole[0].any()
+
+
+def test_a_label_maps_fill_is_where_its_image_takes_the_fill_through_two_filling_ops(tmp_path):
+    """Each image an op that fills reads from is checked at the output pixel's own centre: with a
+    rotation and a translation both filling, the mask's fill lands where the image's does."""
+    from gpufeed.augment import RandomAffine
+
+    rng = np.random.default_rng(3)
+    data = [{"image": rng.integers(60, 200, (S, S, 3), dtype=np.uint8), "label": 0,
+             "masks": np.ones((S, S), np.uint8)} for _ in range(8)]
+    gpufeed.pack(data, tmp_path / "s", size=S, progress=False, workers=1)
+    ops = [RandomResizedCrop(24, scale=(0.5, 1)), RandomRotation(40, fill=0),
+           RandomAffine(0, translate=(0.3, 0.3), fill=0)]
+    batch = next(iter(gpufeed.Loader(tmp_path / "s", batch_size=8, device="cpu", augment=ops, dtype=torch.uint8,
+                                     seed=4, fields=("image", "masks"), mask_fill=255)))
+    filled = (batch["image"] == 0).all(1)
+    assert filled.float().mean() > 0.1
+    assert (filled != (batch["masks"] == 255)).float().mean() < 0.01

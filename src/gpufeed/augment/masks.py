@@ -54,10 +54,11 @@ def stored_pixels(
     if params.warp is not None:  # back to the box pass's output, its nearest pixel's centre
         w = params.warp
         m = w.matrices.to(device, torch.float64)
+        at = xs, ys  # every bound from the output pixel's centre, as the image's warp samples them
         for k, (h_k, w_k) in enumerate(w.sizes):
             a = m[k].view(-1, 6, 1, 1).unbind(1)  # (N, 2, 3) -> six (N, 1, 1) columns
-            u = a[0] * xs + a[1] * ys + a[2]
-            v = a[3] * xs + a[4] * ys + a[5]
+            u = a[0] * at[0] + a[1] * at[1] + a[2]
+            v = a[3] * at[0] + a[4] * at[1] + a[5]
             if k == 0 and w.resampling.padding != "constant":
                 u, v = _extend(u, w_k, w.resampling.padding), _extend(v, h_k, w.resampling.padding)
             ru, rv = torch.round(u - 0.5), torch.round(v - 0.5)  # half to even, as grid_sample's nearest
@@ -100,17 +101,16 @@ def transform_masks(
     slots = int(counts.max(initial=0)) if instances else 1
     fill = 0 if instances else fill
     kernels = fused_kernels("fused_masks") if device.type == "cuda" else None
-    out = (torch.zeros if kernels is not None else torch.empty)((n, slots, height, width), dtype=dtype, device=device)
-    size = int((hw[:, 0] * hw[:, 1]).max(initial=1)) + 1  # (torch ops) each plane padded, its last pixel the fill
+    out = torch.empty((n, slots, height, width), dtype=dtype, device=device)
+    counts_t = torch.from_numpy(counts).to(device)
+    if kernels is not None:
+        _in_kernel(kernels, runs, counts, params, hw, out, fill)
+        return (out if instances else out[:, 0]), counts_t
+    size = int((hw[:, 0] * hw[:, 1]).max(initial=1)) + 1  # each plane padded, its last pixel the fill
     # samples in groups: the output pixels' stored pixels (float64 on the way) and the expanded planes bounded
-    step = max(1, min(_PIXELS // (height * width), _EXPANDED // (slots * size * dtype.itemsize) if not kernels else n))
-    for a in range(0, n, step):
-        b = min(n, a + step)
+    for a, b in _groups(n, height * width, _EXPANDED // (max(1, slots) * size * dtype.itemsize)):
         part = params.take(slice(a, b)) if params is not None else None
         where = stored_pixels(part, hw[a:b], device, (height, width)).reshape(b - a, -1)
-        if kernels is not None:
-            _in_kernel(kernels, runs[a:b], counts[a:b], slots, where, out[a:b], fill)
-            continue
         lengths, values = _expanded(runs[a:b], slots, size, fill)
         planes = torch.repeat_interleave(
             torch.from_numpy(values).to(device, dtype),
@@ -119,36 +119,71 @@ def transform_masks(
         ).view(b - a, slots, size)
         index = torch.where(where < 0, size - 1, where)[:, None, :].expand(-1, slots, -1)
         out[a:b] = torch.gather(planes, 2, index).view(b - a, slots, height, width)
-    counts_t = torch.from_numpy(counts).to(device)
     return (out if instances else out[:, 0]), counts_t
 
 
-def _in_kernel(kernels, runs: list[MaskRuns], counts: np.ndarray, slots: int, where, out, fill: int) -> None:
-    """The planes resampled by the Triton kernel (`fused_masks`), their runs sent in one copy."""
-    planes = int(counts.sum())
-    if not planes:
-        return
-    per_plane = np.concatenate([r.counts for r in runs if len(r)]).astype(np.int64)
-    owner = np.repeat(np.arange(len(runs)), counts)
-    slot = owner * slots + (np.arange(planes) - np.repeat(np.cumsum(counts) - counts, counts))
-    first = np.concatenate([[0], np.cumsum(per_plane)])
-    ends = np.concatenate([r.ends for r in runs if len(r)])
-    values = np.concatenate([r.values for r in runs if len(r)])
-    sizes = [len(ends), len(values), len(first), planes, planes]
-    table = torch.from_numpy(np.concatenate([ends, values, first, owner, slot]).astype(np.int32))
-    ends_t, values_t, first_t, owner_t, slot_t = table.to(out.device).split(sizes)
+def _groups(n: int, pixels: int, samples: int | None = None) -> list[tuple[int, int]]:
+    """Samples a..b in groups of at most `_PIXELS` output pixels (and `samples` samples)."""
+    step = max(1, min(_PIXELS // max(1, pixels), samples or n))
+    return [(a, min(n, a + step)) for a in range(0, n, step)]
+
+
+def _in_kernel(
+    kernels, runs: list[MaskRuns], counts: np.ndarray, params: Params | None, hw: np.ndarray, out, fill: int
+):
+    """Every plane (and the zeros after each sample's count) written by the Triton kernel
+    (`fused_masks`): the runs sent in one copy, the geometry in another; the kernel locates the stored
+    pixels itself unless a warp pads otherwise than with a constant or no augment ran (then
+    `stored_pixels` does, in groups)."""
+    device = out.device
     height, width = out.shape[-2:]
-    kernels.resample(
-        where.int(),
-        ends_t,
-        values_t,
-        first_t,
-        owner_t,
-        slot_t,
-        out.view(-1, height * width),
-        int(per_plane.max()),
-        fill,
-    )
+    per_plane = np.concatenate([r.counts for r in runs if len(r)] or [np.zeros(0, np.int64)]).astype(np.int64)
+    first = np.concatenate([[0], np.cumsum(per_plane)]).astype(np.int64)
+    ends = np.concatenate([r.ends for r in runs if len(r)] or [np.zeros(0, np.int32)])
+    values = np.concatenate([r.values for r in runs if len(r)] or [np.zeros(0, np.int32)])
+    edges = kernels.plane_edges(first, ends, values) if len(per_plane) else np.zeros((0, 4), np.int32)
+    planes = np.concatenate([[0], np.cumsum(counts)])
+    sizes = [len(planes), len(first), edges.size, len(ends), len(values)]
+    table = np.concatenate([planes, first, edges.ravel(), ends, values]).astype(np.int32)
+    planes_t, first_t, edges_t, ends_t, values_t = torch.from_numpy(table).to(device).split(sizes)
+    tables = (first_t, edges_t.view(-1, 4), ends_t, values_t)
+    most = int(per_plane.max(initial=1))
+    warp = params.warp if params is not None else None
+    if params is not None and (warp is None or (warp.resampling.padding == "constant" and len(warp.sizes) <= 4)):
+        geo = _geometry(params, hw, kernels).to(device)
+        kernels.resample(
+            geo, 0 if warp is None else len(warp.sizes), None, planes_t, tables, out, most, fill, params.out_hw
+        )
+        return
+    for a, b in _groups(len(runs), height * width):
+        part = params.take(slice(a, b)) if params is not None else None
+        where = stored_pixels(part, hw[a:b], device, (height, width)).reshape(b - a, -1).int()
+        kernels.resample(None, 0, where, planes_t[a : b + 1], tables, out[a:b], most, fill, (height, width))
+
+
+def _geometry(params: Params, hw: np.ndarray, kernels) -> torch.Tensor:
+    """(N, columns) float64 per sample as `fused_masks` takes it: the source box's origin and scale
+    (computed as `stored_pixels` computes them), flips, the stored size, then each warp bound's
+    matrix and size."""
+    out_h, out_w = params.out_hw
+    b = params.boxes.cpu().to(torch.float64)
+    n = len(b)
+    vflip = params.vflip.cpu() if params.vflip is not None else torch.zeros(n)
+    columns = [
+        b[:, 0],
+        (b[:, 2] - b[:, 0]) / out_w,
+        b[:, 1],
+        (b[:, 3] - b[:, 1]) / out_h,
+        params.flip.cpu().double(),
+        vflip.double(),
+        torch.from_numpy(hw[:, 0]).double(),
+        torch.from_numpy(hw[:, 1]).double(),
+    ]
+    if params.warp is not None:
+        m = params.warp.matrices.cpu().to(torch.float64).reshape(len(params.warp.sizes), n, 6)
+        for k, (h_k, w_k) in enumerate(params.warp.sizes):
+            columns += [*m[k].unbind(1), torch.full((n,), float(h_k)), torch.full((n,), float(w_k))]
+    return torch.stack(columns, 1).contiguous()
 
 
 def _expanded(runs: list[MaskRuns], slots: int, size: int, fill: int) -> tuple[np.ndarray, np.ndarray]:
