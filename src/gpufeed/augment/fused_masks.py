@@ -21,8 +21,9 @@ import triton.language as tl
 
 BLOCK = 1024
 STEPS_AT_LEAST = 12  # binary search steps: planes of up to 4095 runs (a Triton variant per count of steps)
-GEOMETRY = 8  # float64 columns per sample: x0, x scale, y0, y scale (the source box), flip, vflip, h, w
-PER_BOUND = 8  # float64 columns per sample and bound of a warp: its 2x3 matrix, then the bound's h, w
+# float64 columns per sample: x0, x scale, y0, y scale (the source box), flip, vflip, h, w
+GEOMETRY = tl.constexpr(8)
+PER_BOUND = tl.constexpr(8)  # float64 columns per sample and bound of a warp: its 2x3 matrix, then the bound's h, w
 
 
 @triton.jit
@@ -151,7 +152,7 @@ def resample(
         float(out_hw[0]),
         float(out_hw[1]),
         fill,
-        COLUMNS=GEOMETRY + bounds * PER_BOUND,
+        COLUMNS=GEOMETRY.value + bounds * PER_BOUND.value,
         BOUNDS=bounds,
         LOCATED=located,
         STEPS=steps,
