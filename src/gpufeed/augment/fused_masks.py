@@ -1,15 +1,15 @@
-"""Masks resampled from their runs in one GPU kernel (Triton): what `augment.masks` computes with torch
-ops (which stays the CPU path and the reference), without expanding the runs.
+"""Masks resampled from their runs on the GPU (Triton): what `augment.masks` computes with torch ops
+(which stays the CPU path and the reference), without expanding whole planes.
 
-One program per (sample, block of output pixels). It locates each output pixel's stored pixel once
-(`masks.stored_pixels`' arithmetic, in float64 with each operation rounded as torch rounds it, so
-the pixels are the CPU's exactly), then writes every one of the sample's planes there, and zeros
-in the slots after its count (the output needs no clearing first). A plane's value at a stored
-pixel is found by a binary search over its run ends, but only where the pixel lies between the
-plane's first and last run: before and after them (most of an instance mask's pixels: the
-background around the object) the value is known, and a block none of whose pixels needs the
-search skips it. The kernel writes each output byte once and reads little else: its time is about
-the time to write the batch's masks.
+Two kernels. The first expands each plane only inside its box of changes: the smallest box outside
+of which the plane has its first run's value (an instance mask's object, with the background
+around it left out): one program per block of those pixels, each pixel's value found by a binary
+search over the plane's run ends. The second writes the batch: one program per (sample, block of
+output pixels) locates each output pixel's stored pixel once (`masks.stored_pixels`' arithmetic,
+in float64 with each operation rounded as torch rounds it, so the pixels are the CPU's exactly),
+then for each of the sample's planes reads the expanded box there, or takes the first run's value
+outside it, and writes zeros in the slots after the sample's count (the output needs no clearing
+first). Each output byte is written once; the rest is small next to that.
 """
 
 from __future__ import annotations
@@ -20,10 +20,11 @@ import triton
 import triton.language as tl
 
 BLOCK = 1024
-STEPS_AT_LEAST = 12  # binary search steps: planes of up to 4095 runs (a Triton variant per count of steps)
+STEPS_AT_LEAST = 8  # binary search steps: planes of up to 255 runs (a Triton variant per count of steps)
 # float64 columns per sample: x0, x scale, y0, y scale (the source box), flip, vflip, h, w
 GEOMETRY = tl.constexpr(8)
 PER_BOUND = tl.constexpr(8)  # float64 columns per sample and bound of a warp: its 2x3 matrix, then the bound's h, w
+BOX = tl.constexpr(8)  # int32 columns per plane: x0, x1, y0, y1 (its box of changes), w, offset, first value, 0
 
 
 @triton.jit
@@ -38,7 +39,8 @@ def _rint(x):
 
 @triton.jit
 def _located(geo, n, offs, inside, W, out_h, out_w, COLUMNS: tl.constexpr, BOUNDS: tl.constexpr):
-    """The stored pixel (y * w + x, int32) each output pixel `offs` of sample n takes, -1: the fill."""
+    """The stored pixel (x, y, int32) each output pixel `offs` of sample n takes, and whether it takes
+    one (else the fill)."""
     row = geo + n * COLUMNS
     xs = (offs % W).to(tl.float64) + 0.5
     ys = (offs // W).to(tl.float64) + 0.5
@@ -57,18 +59,51 @@ def _located(geo, n, offs, inside, W, out_h, out_w, COLUMNS: tl.constexpr, BOUND
     y = tl.floor(tl.load(row + 2) + by * tl.load(row + 3))
     h, w = tl.load(row + 6), tl.load(row + 7)
     inside = inside & (x >= 0) & (x < w) & (y >= 0) & (y < h)
-    return tl.where(inside, y * w + x, -1.0).to(tl.int32)
+    return x.to(tl.int32), y.to(tl.int32), inside
+
+
+@triton.jit
+def _expand_kernel(
+    boxes,  # (P, BOX) int32
+    first,  # (P + 1,) int32: plane p's runs are first[p]..first[p + 1] of ends and values
+    ends,  # (R,) int32: every plane's run ends, plane after plane
+    values,  # (R,) int32
+    block_plane,  # (B,) int32: the plane of each program
+    block_start,  # (B,) int32: where in its plane's box the program starts
+    dense,  # every plane's box, row by row, back to back, of the output dtype
+    STEPS: tl.constexpr,  # binary search steps: 2 ** STEPS > the most runs of a plane
+    BLOCK: tl.constexpr,
+):
+    b = tl.program_id(0)
+    p = tl.load(block_plane + b)
+    box = boxes + p * BOX
+    x0, x1, y0, y1 = tl.load(box), tl.load(box + 1), tl.load(box + 2), tl.load(box + 3)
+    w, offset = tl.load(box + 4), tl.load(box + 5)
+    local = tl.load(block_start + b) + tl.arange(0, BLOCK)
+    width = x1 - x0
+    valid = local < width * (y1 - y0)
+    pixel = (y0 + local // width) * w + x0 + local % width
+    lo = tl.zeros([BLOCK], tl.int32) + tl.load(first + p)
+    hi = tl.zeros([BLOCK], tl.int32) + tl.load(first + p + 1)
+    for _ in tl.static_range(STEPS):  # the first run whose end is past the pixel
+        mid = (lo + hi) // 2
+        go = valid & (lo < hi)
+        end = tl.load(ends + mid, mask=go, other=0)
+        right = go & (end <= pixel)
+        lo = tl.where(right, mid + 1, lo)
+        hi = tl.where(go & ~right, mid, hi)
+    value = tl.load(values + lo, mask=valid, other=0)
+    tl.store(dense + offset.to(tl.int64) + local, value.to(dense.dtype.element_ty), mask=valid)
 
 
 @triton.jit
 def _masks_kernel(
     geo,  # (N, COLUMNS) float64: `GEOMETRY` columns per sample, then `PER_BOUND` per bound of the warp
     where,  # (N, HW) int32: each output pixel's stored pixel when LOCATED is False (-1: the fill)
+    widths,  # (N,) int32: each sample's stored width (for `where`)
     planes,  # (N + 1,) int32: sample n's planes are planes[n]..planes[n + 1]
-    first,  # (P + 1,) int32: plane p's runs are first[p]..first[p + 1] of ends and values
-    edges,  # (P, 4) int32: each plane's first run's end, last run's start, first and last values
-    ends,  # (R,) int32: every plane's run ends, plane after plane
-    values,  # (R,) int32
+    boxes,  # (P, BOX) int32
+    dense,  # the planes' expanded boxes (`_expand_kernel`)
     out,  # (N * slots, HW) of the output dtype
     slots,
     hw,
@@ -79,37 +114,31 @@ def _masks_kernel(
     COLUMNS: tl.constexpr,
     BOUNDS: tl.constexpr,
     LOCATED: tl.constexpr,  # locate the stored pixels here (from `geo`), else read them from `where`
-    STEPS: tl.constexpr,  # binary search steps: 2 ** STEPS > the most runs of a plane
     BLOCK: tl.constexpr,
 ):
     n = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     inside = offs < hw
     if LOCATED:
-        pixel = _located(geo, n, offs, inside, W, out_h, out_w, COLUMNS, BOUNDS)
+        x, y, taken = _located(geo, n, offs, inside, W, out_h, out_w, COLUMNS, BOUNDS)
     else:
         pixel = tl.load(where + n.to(tl.int64) * hw + offs, mask=inside, other=-1)
+        w = tl.load(widths + n)
+        taken = pixel >= 0
+        y = tl.where(taken, pixel // w, 0)
+        x = tl.where(taken, pixel - y * w, 0)
     p0 = tl.load(planes + n)
     count = tl.load(planes + n + 1) - p0
     for j in range(0, slots):
         value = tl.zeros([BLOCK], tl.int32) + fill
         if j < count:
-            p = p0 + j
-            first_end, last_start = tl.load(edges + p * 4), tl.load(edges + p * 4 + 1)
-            value = tl.where(pixel < first_end, tl.load(edges + p * 4 + 2), tl.load(edges + p * 4 + 3))
-            need = (pixel >= first_end) & (pixel < last_start)
-            if tl.max(need.to(tl.int32), 0) > 0:  # the runs between the first and the last: searched
-                lo = tl.zeros([BLOCK], tl.int32) + tl.load(first + p) + 1
-                hi = tl.zeros([BLOCK], tl.int32) + tl.load(first + p + 1) - 1
-                for _ in tl.static_range(STEPS):  # the first run whose end is past the pixel
-                    mid = (lo + hi) // 2
-                    go = need & (lo < hi)
-                    end = tl.load(ends + mid, mask=go, other=0)
-                    right = go & (end <= pixel)
-                    lo = tl.where(right, mid + 1, lo)
-                    hi = tl.where(go & ~right, mid, hi)
-                value = tl.where(need, tl.load(values + lo, mask=need, other=0), value)
-            value = tl.where(pixel >= 0, value, fill)
+            box = boxes + (p0 + j) * BOX
+            x0, x1, y0, y1 = tl.load(box), tl.load(box + 1), tl.load(box + 2), tl.load(box + 3)
+            offset = tl.load(box + 5).to(tl.int64)
+            inbox = taken & (x >= x0) & (x < x1) & (y >= y0) & (y < y1)
+            changed = tl.load(dense + offset + (y - y0) * (x1 - x0) + (x - x0), mask=inbox, other=0).to(tl.int32)
+            value = tl.where(inbox, changed, tl.load(box + 6))
+            value = tl.where(taken, value, fill)
         row = (n * slots + j).to(tl.int64)
         tl.store(out + row * hw + offs, value.to(out.dtype.element_ty), mask=inside)
 
@@ -118,33 +147,27 @@ def resample(
     geo: torch.Tensor | None,
     bounds: int,
     where: torch.Tensor | None,
-    planes: torch.Tensor,
-    runs: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+    tables: dict[str, torch.Tensor],
     out: torch.Tensor,
-    most_runs: int,
     fill: int,
     out_hw: tuple[int, int],
 ) -> None:
     """Write every sample's planes (and zeros after its count) into `out` (N, slots, H, W). The stored
     pixels located from `geo` (float64, `GEOMETRY` + `bounds` * `PER_BOUND` columns per sample;
     `out_hw`: the box pass's output size), or read from `where` (N, H * W) int32 when `geo` is None.
-    `runs`: first, edges, ends, values as `_masks_kernel` takes them, int32, on the output's device."""
+    `tables`: `Planes.tables`' int32 tensors on the output's device, and "dense", the expanded boxes."""
     n, slots, height, width = out.shape
     if not n or not slots or not height * width:
         return
-    first, edges, ends, values = runs
-    # searched in steps of four more than needed at most: one compiled variant serves most batches
-    steps = max(STEPS_AT_LEAST, -(-int(most_runs).bit_length() // 4) * 4)
     located = geo is not None
     grid = (n, triton.cdiv(height * width, BLOCK))
     _masks_kernel[grid](
         geo if located else where,
-        where if where is not None else planes,
-        planes,
-        first,
-        edges,
-        ends,
-        values,
+        where if where is not None else tables["planes"],
+        tables["widths"],
+        tables["planes"],
+        tables["boxes"],
+        tables["dense"],
         out.view(n * slots, height * width),
         slots,
         height * width,
@@ -155,15 +178,98 @@ def resample(
         COLUMNS=GEOMETRY.value + bounds * PER_BOUND.value,
         BOUNDS=bounds,
         LOCATED=located,
-        STEPS=steps,
         BLOCK=BLOCK,
         enable_fp_fusion=False,  # each multiply and add rounded on its own, as torch's ops round them
     )
 
 
-def plane_edges(first: np.ndarray, ends: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """(P, 4) int32 per plane (its runs first[p]..first[p + 1]): the end of its first run, the start
-    of its last, their values; pixels before the one and from the other on need no search."""
-    a, b = first[:-1], first[1:]
-    last_start = np.where(b - a >= 2, ends[np.maximum(b - 2, 0)], 0)
-    return np.stack([ends[a], last_start, values[a], values[b - 1]], 1).astype(np.int32)
+def expand(tables: dict[str, torch.Tensor], dense: torch.Tensor, most_runs: int) -> None:
+    """Expand every plane's box of changes into `dense` (`Planes.size` elements)."""
+    programs = len(tables["block_plane"])
+    if not programs:
+        return
+    # searched in steps of two more than needed at most: one compiled variant serves most batches
+    steps = max(STEPS_AT_LEAST, -(-int(most_runs).bit_length() // 2) * 2)
+    _expand_kernel[(programs,)](
+        tables["boxes"],
+        tables["first"],
+        tables["ends"],
+        tables["values"],
+        tables["block_plane"],
+        tables["block_start"],
+        dense,
+        STEPS=steps,
+        BLOCK=BLOCK,
+    )
+
+
+class Planes:
+    """A batch's planes as the kernels take them, made on the host from the samples' runs (a few numpy
+    calls over all runs at once): `tables` (numpy int32 arrays by name, sent in one copy), `size` (the
+    elements of the expanded boxes) and `most_runs`."""
+
+    def __init__(self, runs: list, counts: np.ndarray, widths: np.ndarray):
+        per_plane = np.concatenate([r.counts for r in runs if len(r)] or [np.zeros(0, np.int64)]).astype(np.int64)
+        ends = np.concatenate([r.ends for r in runs if len(r)] or [np.zeros(0, np.int32)]).astype(np.int64)
+        values = np.concatenate([r.values for r in runs if len(r)] or [np.zeros(0, np.int32)]).astype(np.int64)
+        first = np.concatenate([[0], np.cumsum(per_plane)])
+        boxes = _boxes(first, ends, values, np.repeat(np.asarray(widths, np.int64), counts))
+        area = (boxes[:, 1] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 2])
+        boxes[:, 5] = np.cumsum(area) - area
+        self.size = int(area.sum())
+        blocks = -(-area // BLOCK)
+        block_plane = np.repeat(np.arange(len(area)), blocks)
+        block_start = (np.arange(len(block_plane)) - np.repeat(np.cumsum(blocks) - blocks, blocks)) * BLOCK
+        self.most_runs = int(per_plane.max(initial=1))
+        self.tables = {
+            "planes": np.concatenate([[0], np.cumsum(counts)]),
+            "widths": np.asarray(widths),
+            "first": first,
+            "ends": ends,
+            "values": values,
+            "boxes": boxes.ravel(),
+            "block_plane": block_plane,
+            "block_start": block_start,
+        }
+
+    def to(self, device: torch.device) -> dict[str, torch.Tensor]:
+        """The tables as int32 tensors on `device`, in one copy ("boxes" as (P, BOX))."""
+        names = list(self.tables)
+        joined = np.concatenate([self.tables[k] for k in names]).astype(np.int32)
+        parts = torch.from_numpy(joined).to(device).split([len(self.tables[k]) for k in names])
+        out = dict(zip(names, parts, strict=True))
+        out["boxes"] = out["boxes"].view(-1, BOX.value)
+        return out
+
+
+def _boxes(first: np.ndarray, ends: np.ndarray, values: np.ndarray, widths: np.ndarray) -> np.ndarray:
+    """(P, BOX) int64 per plane: the box of its runs whose value is not its first run's (x0, x1, y0,
+    y1; empty where there are none), its stored width, 0 (the offset, set by the caller), the first
+    run's value."""
+    planes = len(first) - 1
+    out = np.zeros((planes, BOX.value), np.int64)
+    if not planes:
+        return out
+    plane = np.repeat(np.arange(planes), np.diff(first))
+    starts = np.concatenate([[0], ends[:-1]])
+    starts[first[:-1][np.diff(first) > 0]] = 0
+    base = values[first[:-1]] if len(values) else np.zeros(planes, np.int64)
+    w = widths[plane]
+    changed = values != base[plane]
+    row0, row1 = starts // w, (ends - 1) // w
+    one_row = row0 == row1
+    col0 = np.where(one_row, starts % w, 0)
+    col1 = np.where(one_row, (ends - 1) % w + 1, w)
+    big = np.iinfo(np.int64).max
+    x0, y0 = np.full(planes, big), np.full(planes, big)
+    x1, y1 = np.zeros(planes, np.int64), np.zeros(planes, np.int64)
+    at = plane[changed]
+    np.minimum.at(x0, at, col0[changed])
+    np.minimum.at(y0, at, row0[changed])
+    np.maximum.at(x1, at, col1[changed])
+    np.maximum.at(y1, at, row1[changed] + 1)
+    none = x0 == big
+    x0[none], y0[none] = 0, 0
+    out[:, 0], out[:, 1], out[:, 2], out[:, 3] = x0, x1, y0, y1
+    out[:, 4], out[:, 6] = widths, base
+    return out

@@ -131,37 +131,29 @@ def _groups(n: int, pixels: int, samples: int | None = None) -> list[tuple[int, 
 def _in_kernel(
     kernels, runs: list[MaskRuns], counts: np.ndarray, params: Params | None, hw: np.ndarray, out, fill: int
 ):
-    """Every plane (and the zeros after each sample's count) written by the Triton kernel
-    (`fused_masks`): the runs sent in one copy, the geometry in another; the kernel locates the stored
-    pixels itself unless a warp pads otherwise than with a constant or no augment ran (then
-    `stored_pixels` does, in groups)."""
+    """Every plane (and the zeros after each sample's count) written by the Triton kernels
+    (`fused_masks`): the runs and plane boxes sent in one copy, the geometry in another; the kernel
+    locates the stored pixels itself unless a warp pads otherwise than with a constant or no augment
+    ran (then `stored_pixels` does, in groups)."""
     device = out.device
     height, width = out.shape[-2:]
-    per_plane = np.concatenate([r.counts for r in runs if len(r)] or [np.zeros(0, np.int64)]).astype(np.int64)
-    first = np.concatenate([[0], np.cumsum(per_plane)]).astype(np.int64)
-    ends = np.concatenate([r.ends for r in runs if len(r)] or [np.zeros(0, np.int32)])
-    values = np.concatenate([r.values for r in runs if len(r)] or [np.zeros(0, np.int32)])
-    edges = kernels.plane_edges(first, ends, values) if len(per_plane) else np.zeros((0, 4), np.int32)
-    planes = np.concatenate([[0], np.cumsum(counts)])
-    sizes = [len(planes), len(first), edges.size, len(ends), len(values)]
-    table = np.concatenate([planes, first, edges.ravel(), ends, values]).astype(np.int32)
-    planes_t, first_t, edges_t, ends_t, values_t = torch.from_numpy(table).to(device).split(sizes)
-    tables = (first_t, edges_t.view(-1, 4), ends_t, values_t)
-    most = int(per_plane.max(initial=1))
+    planes = kernels.Planes(runs, counts, hw[:, 1])
+    tables = planes.to(device)
+    tables["dense"] = torch.empty(max(1, planes.size), dtype=out.dtype, device=device)
+    kernels.expand(tables, tables["dense"], planes.most_runs)
     warp = params.warp if params is not None else None
     if params is not None and (warp is None or (warp.resampling.padding == "constant" and len(warp.sizes) <= 4)):
-        geo = _geometry(params, hw, kernels).to(device)
-        kernels.resample(
-            geo, 0 if warp is None else len(warp.sizes), None, planes_t, tables, out, most, fill, params.out_hw
-        )
+        geo = _geometry(params, hw).to(device)
+        kernels.resample(geo, 0 if warp is None else len(warp.sizes), None, tables, out, fill, params.out_hw)
         return
     for a, b in _groups(len(runs), height * width):
         part = params.take(slice(a, b)) if params is not None else None
         where = stored_pixels(part, hw[a:b], device, (height, width)).reshape(b - a, -1).int()
-        kernels.resample(None, 0, where, planes_t[a : b + 1], tables, out[a:b], most, fill, (height, width))
+        some = dict(tables, planes=tables["planes"][a : b + 1], widths=tables["widths"][a:b])
+        kernels.resample(None, 0, where, some, out[a:b], fill, (height, width))
 
 
-def _geometry(params: Params, hw: np.ndarray, kernels) -> torch.Tensor:
+def _geometry(params: Params, hw: np.ndarray) -> torch.Tensor:
     """(N, columns) float64 per sample as `fused_masks` takes it: the source box's origin and scale
     (computed as `stored_pixels` computes them), flips, the stored size, then each warp bound's
     matrix and size."""
