@@ -155,27 +155,27 @@ def _in_kernel(
 
 def _geometry(params: Params, hw: np.ndarray) -> torch.Tensor:
     """(N, columns) float64 per sample as `fused_masks` takes it: the source box's origin and scale
-    (computed as `stored_pixels` computes them), flips, the stored size, then each warp bound's
-    matrix and size."""
+    (computed as `stored_pixels` computes them: the same float64 operations), flips, the stored size,
+    then each warp bound's matrix and size. numpy: a batch's few small arrays, on the loader's thread."""
     out_h, out_w = params.out_hw
-    b = params.boxes.cpu().to(torch.float64)
+    b = params.boxes.cpu().numpy().astype(np.float64)
     n = len(b)
-    vflip = params.vflip.cpu() if params.vflip is not None else torch.zeros(n)
+    vflip = params.vflip.cpu().numpy() if params.vflip is not None else np.zeros(n)
     columns = [
         b[:, 0],
         (b[:, 2] - b[:, 0]) / out_w,
         b[:, 1],
         (b[:, 3] - b[:, 1]) / out_h,
-        params.flip.cpu().double(),
-        vflip.double(),
-        torch.from_numpy(hw[:, 0]).double(),
-        torch.from_numpy(hw[:, 1]).double(),
+        params.flip.cpu().numpy(),
+        vflip,
+        hw[:, 0],
+        hw[:, 1],
     ]
     if params.warp is not None:
-        m = params.warp.matrices.cpu().to(torch.float64).reshape(len(params.warp.sizes), n, 6)
+        m = params.warp.matrices.cpu().numpy().astype(np.float64).reshape(len(params.warp.sizes), n, 6)
         for k, (h_k, w_k) in enumerate(params.warp.sizes):
-            columns += [*m[k].unbind(1), torch.full((n,), float(h_k)), torch.full((n,), float(w_k))]
-    return torch.stack(columns, 1).contiguous()
+            columns += [*m[k].T, np.full(n, h_k), np.full(n, w_k)]
+    return torch.from_numpy(np.stack(columns, 1).astype(np.float64))
 
 
 def _expanded(runs: list[MaskRuns], slots: int, size: int, fill: int) -> tuple[np.ndarray, np.ndarray]:
