@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> list[float]:
                 targets = per_image(batch, "category" if a.model == "maskrcnn" else None)
                 images = list(batch["image"])
                 if a.aspect:  # each image (and its masks) without its batch's padding: views
-                    sizes = batch["image_size"].tolist()
+                    sizes = batch.host["image_size"]  # (the host's copy: no wait for the device)
                     images = [im[:, :h, :w] for im, (h, w) in zip(images, sizes)]
                     for t, (h, w) in zip(targets, sizes):
                         if "masks" in t:

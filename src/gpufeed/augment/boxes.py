@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from gpufeed.augment.params import Params
+from gpufeed.transfer.upload import upload
 
 
 def warp_inverse(params: Params) -> np.ndarray:
@@ -69,4 +70,4 @@ def padded(
     slots = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
     if len(rows):
         out[rows, slots] = np.concatenate([np.asarray(v).reshape(-1, *rest) for v in values])
-    return torch.from_numpy(out).to(device), torch.from_numpy(counts).to(device)
+    return upload(torch.from_numpy(out), device), upload(torch.from_numpy(counts), device)

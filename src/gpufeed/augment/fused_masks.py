@@ -19,6 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
+from gpufeed.transfer.upload import upload
+
 BLOCK = 1024
 STEPS_AT_LEAST = 8  # binary search steps: planes of up to 255 runs (a Triton variant per count of steps)
 # float64 columns per sample: x0, x scale, y0, y scale (the source box), flip, vflip, h, w
@@ -236,40 +238,37 @@ class Planes:
         """The tables as int32 tensors on `device`, in one copy ("boxes" as (P, BOX))."""
         names = list(self.tables)
         joined = np.concatenate([self.tables[k] for k in names]).astype(np.int32)
-        parts = torch.from_numpy(joined).to(device).split([len(self.tables[k]) for k in names])
+        parts = upload(torch.from_numpy(joined), device).split([len(self.tables[k]) for k in names])
         out = dict(zip(names, parts, strict=True))
         out["boxes"] = out["boxes"].view(-1, BOX.value)
         return out
 
 
 def _boxes(first: np.ndarray, ends: np.ndarray, values: np.ndarray, widths: np.ndarray) -> np.ndarray:
-    """(P, BOX) int64 per plane: the box of its runs whose value is not its first run's (x0, x1, y0,
-    y1; empty where there are none), its stored width, 0 (the offset, set by the caller), the first
-    run's value. Rows and columns by float division, exact for sides below 2**20 (per batch on the
-    loader's thread: integer division is several times slower)."""
+    """(P, BOX) int64 per plane: its box of changes (x0, x1, y0, y1; empty where it has one run), its
+    stored width, 0 (the offset, set by the caller), its first run's value.
+
+    The box spans the rows from the second run's first pixel to the last pixel of the last run whose
+    value is not the first's, the full width unless that is one row. Neighbouring runs differ in
+    value, so those runs are the second one and the last or the one before it: a few operations per
+    plane, none per run (this runs on the loader's thread for every batch)."""
     planes = len(first) - 1
     out = np.zeros((planes, BOX.value), np.int64)
     out[:, 4] = widths
-    if not planes or not len(values):
+    if not planes:
         return out
-    sizes = np.diff(first)
-    plane = np.repeat(np.arange(planes), sizes)
-    base = values[first[:-1]]
-    changed = np.flatnonzero(values != np.repeat(base, sizes))  # (a plane's first run is never changed)
+    a, last = first[:-1], first[1:] - 1
+    base = values[a]
     out[:, 6] = base
-    if not len(changed):
+    some = np.flatnonzero(last > a)  # planes of two runs or more
+    if not len(some):
         return out
-    at = plane[changed]
-    w = widths[at].astype(np.float64)
-    start, end = ends[changed - 1], ends[changed] - 1  # (the run before a changed run is its plane's)
-    row0, row1 = np.floor(start / w), np.floor(end / w)
-    one_row = row0 == row1
-    col0 = np.where(one_row, start - row0 * w, 0)
-    col1 = np.where(one_row, end - row1 * w + 1, w)
-    group = np.flatnonzero(np.r_[True, at[1:] != at[:-1]])  # each plane's changed runs are together
-    which = at[group]
-    out[which, 0] = np.minimum.reduceat(col0, group)
-    out[which, 1] = np.maximum.reduceat(col1, group)
-    out[which, 2] = np.minimum.reduceat(row0, group)
-    out[which, 3] = np.maximum.reduceat(row1, group) + 1
+    a, last, w = a[some], last[some], widths[some]
+    start = ends[a]  # the second run's first pixel
+    end = ends[np.where(values[last] != base[some], last, last - 1)] - 1  # the last changed pixel
+    y0, y1 = start // w, end // w + 1
+    one_row = y1 - y0 == 1
+    out[some, 0] = np.where(one_row, start % w, 0)
+    out[some, 1] = np.where(one_row, end % w + 1, w)
+    out[some, 2], out[some, 3] = y0, y1
     return out

@@ -24,6 +24,7 @@ from gpufeed.augment.affine import _extend
 from gpufeed.augment.params import Params
 from gpufeed.augment.pipeline import fused_kernels
 from gpufeed.store.format import MaskRuns
+from gpufeed.transfer.upload import upload
 
 # torch dtypes of the store format's mask dtypes (`store.format.MASK_DTYPES`)
 DTYPES = {"|u1": torch.uint8, "|i1": torch.int8, "<i2": torch.int16, "<i4": torch.int32}
@@ -102,7 +103,7 @@ def transform_masks(
     fill = 0 if instances else fill
     kernels = fused_kernels("fused_masks") if device.type == "cuda" else None
     out = torch.empty((n, slots, height, width), dtype=dtype, device=device)
-    counts_t = torch.from_numpy(counts).to(device)
+    counts_t = upload(torch.from_numpy(counts), device)
     if kernels is not None:
         _in_kernel(kernels, runs, counts, params, hw, out, fill)
         return (out if instances else out[:, 0]), counts_t
@@ -143,7 +144,7 @@ def _in_kernel(
     kernels.expand(tables, tables["dense"], planes.most_runs)
     warp = params.warp if params is not None else None
     if params is not None and (warp is None or (warp.resampling.padding == "constant" and len(warp.sizes) <= 4)):
-        geo = _geometry(params, hw).to(device)
+        geo = upload(_geometry(params, hw), device)
         kernels.resample(geo, 0 if warp is None else len(warp.sizes), None, tables, out, fill, params.out_hw)
         return
     for a, b in _groups(len(runs), height * width):

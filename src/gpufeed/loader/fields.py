@@ -16,6 +16,7 @@ from gpufeed.augment.masks import DTYPES, transform_masks
 from gpufeed.augment.params import Params
 from gpufeed.loader.stats import Stats
 from gpufeed.store.format import MaskRuns, StoreError
+from gpufeed.transfer.upload import upload
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +32,17 @@ class FieldRequest:
     on_error: str
     keypoint_flip: np.ndarray | None = None  # the point each keypoint becomes when mirrored (`augment.keypoints`)
     mask_fill: int = 0  # a label map's value where its image takes a fill (`augment.masks`)
+
+
+class FieldBatch(dict):
+    """A `Loader(fields=...)` batch: a dict, which also keeps on the host what it knew there before
+    the copies to the device ("boxes_count", "image_size" as lists, in `host`), so that `per_image`
+    and the user need not wait for the device to read them back (a read-back waits for all queued
+    work: in a training loop, the step before)."""
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.host: dict[str, list] = {}
 
 
 def batch_dict(
@@ -53,7 +65,7 @@ def batch_dict(
     (h, w) at the top left). `geometry()`: the batch's planned sample indices and augment parameters,
     which the boxes and keypoints follow."""
     idx = samples.cpu().numpy() if isinstance(samples, torch.Tensor) else np.asarray(samples)
-    out: dict = {"image": images}
+    out = FieldBatch(image=images)
     store = request.store
     planned = geometry()
     by_aspect = planned[1] is not None and planned[1].content is not None  # batches padded to one shape
@@ -61,13 +73,15 @@ def batch_dict(
         _params(store, idx, *planned) if by_aspect or {"boxes", "keypoints", "masks"} & set(request.names) else None
     )
     if params is not None and params.content is not None:
-        out["image_size"] = params.content.to(request.device, torch.int64, non_blocking=True)
+        out["image_size"] = upload(params.content, request.device, torch.int64)
+        out.host["image_size"] = params.content.tolist()
     kept: list[np.ndarray] | None = None  # per sample, the boxes kept
     if "boxes" in request.names:
         boxes = store.column("boxes").rows(idx)
         if params is not None:
             boxes, kept = transform_boxes_kept(boxes, params)
         out["boxes"], out["boxes_count"] = padded(boxes, request.device)
+        out.host["boxes_count"] = [len(b) for b in boxes]
         which = [np.flatnonzero(m) for m in kept] if kept is not None else [np.arange(len(b)) for b in boxes]
         out["boxes_kept"] = padded(which, request.device, (), fill=-1, dtype=np.int64)[0]
     for name in request.names:
@@ -91,7 +105,7 @@ def batch_dict(
         elif name not in ("image", "boxes"):
             column = store.column(name)
             out[name] = (
-                torch.from_numpy(np.ascontiguousarray(column.rows(idx))).to(request.device, non_blocking=True)
+                upload(torch.from_numpy(np.ascontiguousarray(column.rows(idx))), request.device)
                 if column.fixed
                 else _values(request, column, idx, counters)
             )
@@ -104,9 +118,10 @@ def per_image(batch: dict, labels: str | None = None) -> list[dict]:
     (the per-instance list field `labels`, e.g. COCO's "category", each kept box's entry picked
     with "boxes_kept"; without it, ones), and its "masks" and "keypoints" where the batch has them.
     Views of the batch's tensors, not copies; the labels go to the device in one copy, and the counts
-    come back in one sync."""
+    are the host's (a batch not from a Loader: read back in one sync)."""
     boxes = batch["boxes"]
-    counts = batch["boxes_count"].tolist()
+    host = getattr(batch, "host", {})
+    counts = host["boxes_count"] if "boxes_count" in host else batch["boxes_count"].tolist()
     if labels is None:
         table = torch.ones(boxes.shape[:2], dtype=torch.int64, device=boxes.device)
     else:
@@ -114,7 +129,7 @@ def per_image(batch: dict, labels: str | None = None) -> list[dict]:
         wide = np.zeros((len(values), max([len(v) for v in values], default=0) + 1), np.int64)
         for k, v in enumerate(values):
             wide[k, : len(v)] = v
-        table = torch.from_numpy(wide).to(boxes.device, non_blocking=True)
+        table = upload(torch.from_numpy(wide), boxes.device)
         table = table.gather(1, batch["boxes_kept"].clamp(min=0).to(boxes.device))
     out = []
     for k, c in enumerate(counts):
