@@ -19,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from gpufeed.transfer.ring import pinned_empty
 from gpufeed.transfer.upload import upload
 
 BLOCK = 1024
@@ -206,40 +207,46 @@ def expand(tables: dict[str, torch.Tensor], dense: torch.Tensor, most_runs: int)
 
 
 class Planes:
-    """A batch's planes as the kernels take them, made on the host from the samples' runs (a few numpy
-    calls over all runs at once): `tables` (numpy int32 arrays by name, sent in one copy), `size` (the
-    elements of the expanded boxes) and `most_runs`."""
+    """A batch's planes as the kernels take them, made on the host from the samples' runs straight into
+    one page-locked buffer (on a GPU machine), sent in one copy: the runs' ends and values, and the
+    small tables (`NAMES`). A few numpy calls per batch, none per run beyond the copy: this runs on the
+    loader's thread. `size`: the elements of the expanded boxes."""
 
-    def __init__(self, runs: list, counts: np.ndarray, widths: np.ndarray):
-        per_plane = np.concatenate([r.counts for r in runs if len(r)] or [np.zeros(0, np.int64)]).astype(np.int64)
-        ends = np.concatenate([r.ends for r in runs if len(r)] or [np.zeros(0, np.int32)]).astype(np.int64)
-        values = np.concatenate([r.values for r in runs if len(r)] or [np.zeros(0, np.int32)]).astype(np.int64)
+    NAMES = ("ends", "values", "planes", "widths", "first", "boxes", "block_plane", "block_start")
+
+    def __init__(self, runs: list, counts: np.ndarray, widths: np.ndarray, pin: bool):
+        some = [r for r in runs if len(r)]
+        per_plane = np.concatenate([r.counts for r in some]) if some else np.zeros(0, np.int64)
+        total = int(per_plane.sum())
+        widths = np.asarray(widths, np.int64)
+        hw = np.array([[r.h, r.w] for r in runs], np.int64).reshape(-1, 2)
+        # the most blocks the expansion can take: every plane's whole image
+        most_blocks = int((np.repeat(-(-hw[:, 0] * hw[:, 1] // BLOCK), counts)).sum())
+        planes = len(per_plane)
+        room = 2 * total + 2 * len(runs) + 1 + planes + 1 + planes * BOX.value + 2 * most_blocks
+        self.buffer = pinned_empty((room,), torch.int32, pin)
+        host = self.buffer.numpy()
+        ends, values = host[:total], host[total : 2 * total]
+        if some:
+            np.concatenate([r.ends for r in some], out=ends)
+            np.concatenate([r.values for r in some], out=values)
         first = np.concatenate([[0], np.cumsum(per_plane)])
-        boxes = _boxes(first, ends, values, np.repeat(np.asarray(widths, np.int64), counts))
+        boxes = _boxes(first, ends, values, np.repeat(widths, counts))
         area = (boxes[:, 1] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 2])
         boxes[:, 5] = np.cumsum(area) - area
         self.size = int(area.sum())
         blocks = -(-area // BLOCK)
-        block_plane = np.repeat(np.arange(len(area)), blocks)
+        block_plane = np.repeat(np.arange(planes), blocks)
         block_start = (np.arange(len(block_plane)) - np.repeat(np.cumsum(blocks) - blocks, blocks)) * BLOCK
         self.most_runs = int(per_plane.max(initial=1))
-        self.tables = {
-            "planes": np.concatenate([[0], np.cumsum(counts)]),
-            "widths": np.asarray(widths),
-            "first": first,
-            "ends": ends,
-            "values": values,
-            "boxes": boxes.ravel(),
-            "block_plane": block_plane,
-            "block_start": block_start,
-        }
+        small = [np.concatenate([[0], np.cumsum(counts)]), widths, first, boxes.ravel(), block_plane, block_start]
+        self.sizes = [total, total, *(len(t) for t in small)]
+        np.concatenate(small, out=host[2 * total : sum(self.sizes)], casting="unsafe")
 
     def to(self, device: torch.device) -> dict[str, torch.Tensor]:
         """The tables as int32 tensors on `device`, in one copy ("boxes" as (P, BOX))."""
-        names = list(self.tables)
-        joined = np.concatenate([self.tables[k] for k in names]).astype(np.int32)
-        parts = upload(torch.from_numpy(joined), device).split([len(self.tables[k]) for k in names])
-        out = dict(zip(names, parts, strict=True))
+        parts = upload(self.buffer[: sum(self.sizes)], device).split(self.sizes)
+        out = dict(zip(self.NAMES, parts, strict=True))
         out["boxes"] = out["boxes"].view(-1, BOX.value)
         return out
 

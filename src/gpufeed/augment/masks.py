@@ -138,7 +138,7 @@ def _in_kernel(
     ran (then `stored_pixels` does, in groups)."""
     device = out.device
     height, width = out.shape[-2:]
-    planes = kernels.Planes(runs, counts, hw[:, 1])
+    planes = kernels.Planes(runs, counts, hw[:, 1], pin=device.type == "cuda")
     tables = planes.to(device)
     tables["dense"] = torch.empty(max(1, planes.size), dtype=out.dtype, device=device)
     kernels.expand(tables, tables["dense"], planes.most_runs)

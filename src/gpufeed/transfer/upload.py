@@ -14,4 +14,9 @@ def upload(t: torch.Tensor, device: torch.device, dtype: torch.dtype | None = No
         t = t.to(dtype)
     if device.type != "cuda":
         return t.to(device)
-    return t.pin_memory().to(device, non_blocking=True)
+    if not t.is_pinned():
+        try:
+            t = t.pin_memory()
+        except RuntimeError:  # no page-locked memory (said once where the loader's ring is made)
+            return t.to(device)
+    return t.to(device, non_blocking=True)
