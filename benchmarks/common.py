@@ -163,3 +163,19 @@ def device_ms(fn, device: str, repeats: int) -> list[float]:
             fn()
             times.append((time.perf_counter() - t0) * 1e3)
     return times[3:]
+
+
+def kernel_ms(fn, repeats: int) -> float:
+    """Milliseconds of GPU work (kernels and copies, by torch's profiler) one fn() queues, averaged over
+    `repeats` calls after a warm-up: what the device spends, without the host's time between its
+    launches (which CUDA events around fn() would count)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(repeats):
+            fn()
+        torch.cuda.synchronize()
+    return sum(e.self_device_time_total for e in prof.key_averages()) / repeats / 1e3
