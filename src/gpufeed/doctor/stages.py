@@ -165,6 +165,8 @@ def store(path: Path, batches: int, device: str) -> Timings:
         shuffle=True,
         augment=[RandomResizedCrop(224), RandomHorizontalFlip(), Normalize(MEAN, STD)],
     )
+    if loader.jpeg is not None:  # the GPU decoders open on a thread (`Tuning.open_ahead`): measured open
+        loader.jpeg.opened(60)
     t = Timings(f"gpufeed {loader.store.mode} store", 0)
     t0 = time.perf_counter()
     with record_function("doctor.gpufeed loader"):
