@@ -30,6 +30,7 @@ SMOKES = {  # script: extra arguments of its smoke (each benchmark once; ddp_ben
     "store_open_bench": [],
     "shuffle_bench": [],
     "detection_bench": [],
+    "remote_bench": [],
 }
 
 

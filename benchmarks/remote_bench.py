@@ -1,0 +1,279 @@
+"""Training from a store in a bucket over an emulated link (issue 48): the link's own ceiling, a cold
+epoch, a warm one, and epochs through a cache a quarter of the store's size, against the model's
+synthetic-data ceiling and the same store on a local disk, in one process.
+
+    PYTHONPATH=src python benchmarks/remote_bench.py --n 10000 --workdir /tmp/rb --link 2gbit --latency 20ms
+    # needs moto[server] and s3fs (the tests' S3 server; on the device, carried as wheels)
+
+moto's S3 server runs on 127.0.0.1, and in front of it a link (`Link`): a TCP relay that holds every
+chunk it relays for --latency (one way, both directions) and sends what the server sends at most at
+--link bits per second, one pace for all connections (one link). The generated photos (500x375 q90
+JPEGs, as train_bench's) are packed straight into the bucket as a sharded jpeg store (--shard-size),
+and into a local folder. Rows, each timed over whole epochs (from the Loader's first batch asked for
+to its last one trained on, with ResNet-18 in bf16 on batches of --batch):
+
+- link: every shard's files downloaded once through the link by --link-threads threads (fsspec), the
+  link's ceiling in bytes/s, and in images/s (the store's images over that time);
+- synthetic: the model on one fixed batch, --steps steps (the model's ceiling);
+- local: the same store on the local disk, one epoch after one to warm up;
+- cold: `Loader("s3://...")` with an empty cache, its first epoch (of the link's ceiling);
+- warm: the same Loader's next epoch, every shard in its cache;
+- quarter: a new Loader with `cache_limit` a quarter of the store, --epochs epochs (each of the link's
+  ceiling: a cache that small downloads about the whole store every epoch).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import socket
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import common
+
+SMOKE = dict(n=40, image="64x48", size=32, batch=8, device="cpu", shard_size="8KB", link="200mbit",
+             latency="1ms", epochs=1, steps=2, workdir=None)
+KEY, SECRET = "AKIAGPUFEEDBENCH", "gpufeed-bench-secret"
+UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
+
+
+def parser():
+    p = common.parser(__doc__)
+    p.add_argument("--n", type=int, default=10000, help="generated images (made once per --workdir)")
+    p.add_argument("--image", default="500x375", help="generated images' WIDTHxHEIGHT (q90 JPEGs)")
+    p.add_argument("--size", type=int, default=224, help="RandomResizedCrop's side")
+    p.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "gpufeed-remote-bench"))
+    p.add_argument("--shard-size", default="16MB", help="16MB: a quarter of 10,000 photos (600 MB) holds 9 shards")
+    p.add_argument("--link", default="2gbit", help="the link's bandwidth: a number and bit, kbit, mbit or gbit")
+    p.add_argument("--latency", default="20ms", help="one way, in ms (or s)")
+    p.add_argument("--link-threads", type=int, default=16, help="threads of the plain parallel download")
+    p.add_argument("--epochs", type=int, default=2, help="epochs through the quarter-size cache")
+    p.add_argument("--steps", type=int, default=60, help="synthetic row's steps")
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--model", default="resnet18")
+    p.add_argument("--device", default="cuda")
+    return p
+
+
+def bits(text: str) -> float:
+    """'2gbit' -> 2e9 (bits per second)."""
+    t = text.strip().lower()
+    unit = next((u for u in sorted(UNITS, key=len, reverse=True) if t.endswith(u)), None)
+    if unit is None:
+        raise SystemExit(f"--link {text!r}: a number and bit, kbit, mbit or gbit (e.g. 2gbit)")
+    return float(t[: -len(unit)]) * UNITS[unit]
+
+
+def seconds(text: str) -> float:
+    t = text.strip().lower()
+    return float(t[:-2]) / 1e3 if t.endswith("ms") else float(t.rstrip("s"))
+
+
+class Link:
+    """A TCP relay on 127.0.0.1 in front of `upstream`: each chunk held `latency` seconds (one way), and
+    what the upstream sends paced at `rate` bytes/s shared by every connection. Daemon threads, two a
+    direction a connection: enough for a benchmark's few dozen connections."""
+
+    def __init__(self, upstream: tuple[str, int], rate: float, latency: float):
+        self.upstream, self.rate, self.latency = upstream, rate, latency
+        self._next = time.monotonic()
+        self._lock = threading.Lock()
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._server.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True, name="link-accept").start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._server.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self.upstream)
+            for src, dst, paced in ((client, upstream, False), (upstream, client, True)):
+                chunks: queue.Queue = queue.Queue()
+                threading.Thread(target=self._read, args=(src, chunks), daemon=True).start()
+                threading.Thread(target=self._write, args=(dst, chunks, paced), daemon=True).start()
+
+    def _read(self, src: socket.socket, chunks: queue.Queue) -> None:
+        while True:
+            try:
+                data = src.recv(1 << 16)
+            except OSError:
+                data = b""
+            chunks.put((time.monotonic() + self.latency, data))
+            if not data:
+                return
+
+    def _write(self, dst: socket.socket, chunks: queue.Queue, paced: bool) -> None:
+        while True:
+            due, data = chunks.get()
+            if not data:
+                try:
+                    dst.shutdown(socket.SHUT_WR)
+                except OSError:
+                    pass
+                return
+            if paced:  # the link is busy until the bytes before these have gone
+                with self._lock:
+                    start = max(time.monotonic(), self._next)
+                    self._next = start + len(data) / self.rate
+                due = max(due, self._next)
+            wait = due - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+            try:
+                dst.sendall(data)
+            except OSError:
+                return
+
+    def close(self) -> None:
+        self._server.close()
+
+
+def options(endpoint: str) -> dict:
+    return {"client_kwargs": {"endpoint_url": endpoint}, "key": KEY, "secret": SECRET}
+
+
+def store_files(fs, root: str) -> list[tuple[str, int]]:
+    """Every file of the store in the bucket with its size."""
+    return [(path, int(info["size"])) for path, info in fs.find(root, detail=True).items()]
+
+
+def plain_download(fs, files: list[tuple[str, int]], threads: int) -> tuple[float, int]:
+    """(seconds, bytes) to read every file once through `fs` on `threads` threads."""
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(threads) as pool:
+        got = sum(len(b) for b in pool.map(lambda f: fs.cat_file(f[0]), files))
+    return time.perf_counter() - t0, got
+
+
+def epochs(loader, step, count: int, device: str) -> list[dict]:
+    """Each of `count` epochs of `loader` trained on: images, seconds from its first batch asked for."""
+    from gpufeed.bench.common import sync
+
+    out = []
+    for _ in range(count):
+        fetched = getattr(getattr(loader.store, "cache", None), "downloaded", 0)
+        t0 = time.perf_counter()
+        images = 0
+        for x, y in loader:
+            step(x, y)
+            images += len(y)
+        sync(device)
+        after = getattr(getattr(loader.store, "cache", None), "downloaded", 0)
+        out.append({"images": images, "seconds": time.perf_counter() - t0, "downloaded": after - fetched})
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict:
+    a = common.parse(parser(), argv, SMOKE)
+    try:
+        import s3fs  # noqa: F401
+        from moto.server import ThreadedMotoServer  # noqa: F401
+    except ImportError as e:
+        raise SystemExit(f"remote_bench needs moto[server] and s3fs ({e}): pip install 'moto[server]' s3fs") from None
+    os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")  # moto's region: a bucket made without a location
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # moto's server logs every request
+    with common.workdir(a.workdir, "gpufeed-remote-bench-") as work:
+        return _measure(a, Path(work))
+
+
+def _measure(a, work: Path) -> dict:
+    import s3fs
+    import torch
+    from feeds import MEAN, STD
+    from moto.server import ThreadedMotoServer
+
+    import gpufeed
+    from gpufeed import augment as A
+    from gpufeed.bench.common import sync
+    from gpufeed.bench.training import training_step
+    from gpufeed.synth import make_image_folder
+
+    width, height = (int(v) for v in a.image.split("x"))
+    if not (work / "images").exists():
+        make_image_folder(work / "images", per_class=max(1, a.n // 10), classes=10, width=width, height=height)
+    if not (work / "local").exists():
+        gpufeed.pack(work / "images", work / "local", mode="jpeg", reencode=False, progress=False)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    direct = f"http://{host}:{port}"
+    link = Link((host, port), bits(a.link) / 8, seconds(a.latency))
+    runs: dict = {}
+    try:
+        fs = s3fs.S3FileSystem(**options(direct))
+        fs.mkdir("bench")
+        gpufeed.pack(work / "images", "s3://bench/train", mode="jpeg", reencode=False, progress=False,
+                     shard_size=a.shard_size, storage_options=options(direct))
+        files = store_files(fs, "bench/train")
+        total = sum(size for _, size in files)
+        n = len(gpufeed.open(work / "local"))
+        through = s3fs.S3FileSystem(**options(link.url), skip_instance_cache=True)
+        took, got = plain_download(through, files, a.link_threads)
+        runs["link"] = {"bytes": got, "seconds": took, "bytes_per_s": got / took, "img_per_s": n / took,
+                        "files": len(files), "threads": a.link_threads}
+        ceiling = runs["link"]["img_per_s"]
+        step = training_step(a.model, a.device, 1000)
+        recipe = [A.RandomResizedCrop(a.size), A.RandomHorizontalFlip(), A.Normalize(MEAN, STD)]
+        kw = dict(batch_size=a.batch, device=a.device, augment=recipe)
+        images = torch.randn(a.batch, 3, a.size, a.size, device=a.device).half()
+        labels = torch.randint(0, 1000, (a.batch,), device=a.device)
+        for _ in range(3):
+            step(images, labels)
+        sync(a.device)
+        t0 = time.perf_counter()
+        for _ in range(a.steps):
+            step(images, labels)
+        sync(a.device)
+        runs["synthetic"] = {"img_per_s": a.steps * a.batch / (time.perf_counter() - t0)}
+        local = gpufeed.Loader(work / "local", **kw)
+        runs["local"] = epochs(local, step, 2, a.device)[1]
+        local.close()
+        with tempfile.TemporaryDirectory(dir=work) as cache:
+            remote = gpufeed.Loader("s3://bench/train", cache_dir=cache, storage_options=options(link.url), **kw)
+            runs["cold"], runs["warm"] = epochs(remote, step, 2, a.device)
+            remote.close()
+        shards: dict[str, int] = {}
+        for path, size in files:
+            if "/shards/" in path:
+                shard = path.split("/shards/")[1].split("/")[0]
+                shards[shard] = shards.get(shard, 0) + size
+        limit = max(total // 4, 8 * max(shards.values()))  # (a small store's quarter may be under a few shards)
+        runs["quarter cache"] = {"cache_limit": limit, "shards": len(shards)}
+        with tempfile.TemporaryDirectory(dir=work) as cache:
+            small = gpufeed.Loader("s3://bench/train", cache_dir=cache, cache_limit=limit,
+                                   storage_options=options(link.url), **kw)
+            for k, e in enumerate(epochs(small, step, a.epochs, a.device)):
+                runs[f"quarter cache, epoch {k}"] = e
+            small.close()
+    finally:
+        link.close()
+        server.stop()
+    limit = runs.pop("quarter cache")
+    for name, r in runs.items():
+        if "seconds" in r and name != "link":
+            r["img_per_s"] = r["images"] / r["seconds"]
+            r["of_link"] = r["img_per_s"] / ceiling
+    top = runs["synthetic"]["img_per_s"]
+    lines = [["link: plain parallel download", f"{runs['link']['img_per_s']:,.0f}",
+              f"{runs['link']['bytes_per_s'] / 1e6:,.0f} MB/s", "", ""]]
+    for name, r in runs.items():
+        if name == "link":
+            continue
+        got = "" if "downloaded" not in r else f"{r['downloaded'] / 1e6:,.1f} MB"
+        lines.append([name, f"{r['img_per_s']:,.0f}", got,
+                      f"{100 * r['img_per_s'] / top:.1f}", "" if "of_link" not in r else f"{100 * r['of_link']:.1f}"])
+    table = common.table(["row", "img/s", "downloaded", "% of synthetic", "% of link"], lines)
+    table += (f"\n\nlink {a.link}, latency {a.latency} one way; store {total / 1e6:,.1f} MB in {limit['shards']} "
+              f"shards, {n} images; the small cache {limit['cache_limit'] / 1e6:,.1f} MB; batch {a.batch}, {a.model}")
+    return common.write(a, __file__, runs, table, a.device, cache=limit)
+
+
+if __name__ == "__main__":
+    main()
