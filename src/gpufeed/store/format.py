@@ -443,9 +443,7 @@ class MaskRuns:
 
     def planes(self, keep: np.ndarray) -> MaskRuns:
         """Only the planes where `keep` (bool, one per plane) is set."""
-        first = np.cumsum(self.counts) - self.counts
-        pieces = [np.arange(f, f + c) for f, c in zip(first[keep], self.counts[keep])]
-        runs = np.concatenate(pieces).astype(np.int64) if pieces else np.zeros(0, np.int64)
+        runs = np.repeat(np.asarray(keep, bool), self.counts)
         return MaskRuns(self.h, self.w, self.counts[keep], self.ends[runs], self.values[runs])
 
     def lengths(self) -> np.ndarray:
@@ -494,6 +492,10 @@ def parse_masks(raw: bytes, where: str) -> MaskRuns:
     if (counts < 1).any() or len(a) != 3 + k + 2 * runs:
         raise bad("masks whose run counts do not match their bytes")
     masks = MaskRuns(h, w, counts, a[3 + k : 3 + k + runs], a[3 + k + runs :])
-    if (masks.lengths() < 1).any() or (masks.ends[np.cumsum(counts) - 1] != h * w).any():
-        raise bad("masks whose runs are not in order or do not cover the image")
+    if runs:
+        last = np.cumsum(counts) - 1
+        step = np.diff(masks.ends, prepend=0)  # (int32: ends are at most MAX_MASK_PIXELS)
+        step[last[:-1] + 1] = masks.ends[last[:-1] + 1]  # each plane's first run from pixel 0
+        if (step < 1).any() or (masks.ends[last] != h * w).any():
+            raise bad("masks whose runs are not in order or do not cover the image")
     return masks
