@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from gpufeed.augment.boxes import warp_inverse
+from gpufeed.augment.boxes import moved_by, warp_inverse
 from gpufeed.augment.params import Params
 
 
@@ -68,7 +68,7 @@ def transform_keypoints(
     final_h, final_w = out_h, out_w
     if params.warp is not None:  # through the inverse of the warp (output pixels -> the box pass's)
         inverse = warp_inverse(params)[owner]
-        p[..., :2] = np.einsum("kij,kpj->kpi", inverse[:, :2, :2], p[..., :2]) + inverse[:, None, :2, 2]
+        p[..., :2] = moved_by(inverse, p[..., :2])
         final_h, final_w = params.final_hw
     outside |= (p[..., 0] < 0) | (p[..., 0] > final_w) | (p[..., 1] < 0) | (p[..., 1] > final_h)
     p[..., 2] = np.where(outside, 0, p[..., 2])
