@@ -36,7 +36,7 @@ from pathlib import Path
 
 import common
 
-SMOKE = dict(n=40, image="64x48", size=32, batch=8, device="cpu", shard_size="8KB", link="200mbit",
+SMOKE = dict(n=16, image="48x32", size=32, batch=8, device="cpu", shard_size="8KB", link="200mbit",
              latency="1ms", epochs=1, steps=2, workdir=None)
 KEY, SECRET = "AKIAGPUFEEDBENCH", "gpufeed-bench-secret"
 UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}

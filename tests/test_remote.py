@@ -106,6 +106,36 @@ def test_every_sample_once_an_epoch_through_a_small_cache_on_any_number_of_ranks
         assert loaders[0].store.cache.fetched > shards  # evicted in the first epoch, fetched again in the second
 
 
+def test_the_cache_is_counted_as_it_is_at_one_moment(bucket, tmp_path):
+    """`used()` is not fooled by a shard evicted while it counts and another fetched in its room: the
+    eviction waits for the count (it failed a test now and then, counting both)."""
+    from gpufeed.store.remote import ShardCache
+
+    store = gpufeed.open("s3://bucket/train", cache_dir=tmp_path / "c", storage_options=bucket["options"],
+                         cache_limit=None)
+    cache = store.cache
+    sizes = [s["bytes"] for s in store.manifest.shards]
+    cache.limit = max(sizes[0], sizes[-1])  # room for one of the two
+    cache.ensure(0)
+    swap = threading.Thread(target=cache.ensure, args=(len(sizes) - 1,))  # evicts shard 0 to fetch the last
+    real = ShardCache.present
+
+    def present(self, k):
+        there = real(self, k)
+        if k == 0 and there and swap.ident is None:  # shard 0 counted: now the swap, in the count's midst
+            swap.start()
+            swap.join(2.0)  # done by now, unless it waits for the count
+        return there
+
+    ShardCache.present = present
+    try:
+        counted = cache.used()
+    finally:
+        ShardCache.present = real
+    swap.join()
+    assert counted <= cache.limit and cache.present(len(sizes) - 1) and not cache.present(0)
+
+
 def test_ranks_sharing_a_cache_folder_download_each_shard_once(bucket, tmp_path, monkeypatch):
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     loaders = [_loader(bucket, tmp_path, rank=r, world_size=2, drop_last=False, pad=False) for r in range(2)]

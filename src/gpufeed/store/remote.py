@@ -218,8 +218,11 @@ class ShardCache:
         self._top_up()
 
     def used(self) -> int:
-        """Bytes of verified shards in the cache folder (every process's)."""
-        return sum(self.manifest.shards[k]["bytes"] for k in range(len(self.manifest.shards)) if self.present(k))
+        """Bytes of verified shards in the cache folder (every process's), counted under the lock that
+        evictions take: a shard evicted during the count and another fetched in its room would both be
+        counted otherwise (a download finishing during it had its room reserved before)."""
+        with self._exclusive_path(self.folder / "locks" / "space.lock"):
+            return sum(self.manifest.shards[k]["bytes"] for k in range(len(self.manifest.shards)) if self.present(k))
 
     def _make_room(self, size: int, k: int, wait: bool) -> Path | None:
         """Reserve `size` bytes for shard `k`'s download, evicting least recently used shards that no
