@@ -36,6 +36,18 @@ def boxes_of(masks: np.ndarray) -> np.ndarray:
     return np.asarray(out, np.float64)
 
 
+def skipped_after(root: Path, field: str, good, bad, seed: int, side: int = 32) -> str:
+    """Pack a sample whose `field` is `good`, then one whose `field` is `bad`: the second alone is
+    skipped; the reason the report gives for it."""
+    import gpufeed
+
+    rng = np.random.default_rng(seed)
+    data = [{"image": natural_image(rng, side, side, k), "label": k, field: v} for k, v in enumerate((good, bad))]
+    report = gpufeed.pack(data, root / "s", size=side, progress=False, workers=1)
+    assert len(gpufeed.open(root / "s")) == 1 and len(report.skipped) == 1, report.skipped
+    return report.skipped[0]["reason"]
+
+
 def save(path: Path, array: np.ndarray, **kw) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     Image.fromarray(array).save(path, **kw)

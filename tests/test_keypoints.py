@@ -18,6 +18,7 @@ import gpufeed
 from gpufeed.augment import CenterCrop, RandomHorizontalFlip, RandomResizedCrop, RandomRotation, Resize
 from gpufeed.store import StoreError
 from gpufeed.synth import natural_image
+from conftest import skipped_after
 
 S, K = 32, 3
 FLIP = [0, 2, 1]  # point 0 stays (a nose), 1 and 2 swap (left and right eyes)
@@ -150,21 +151,13 @@ def test_raw_packing_moves_keypoints_into_the_stored_frame(tmp_path):
     ("eyes", "not numbers"),
 ])
 def test_malformed_keypoints_skip_their_sample_with_the_reason(tmp_path, bad, why):
-    rng = np.random.default_rng(3)
-    data = [{"image": natural_image(rng, S, S, 0), "label": 0, "keypoints": points_of(0)},
-            {"image": natural_image(rng, S, S, 1), "label": 1, "keypoints": bad}]
-    report = gpufeed.pack(data, tmp_path / "s", size=S, progress=False, workers=1)
-    assert len(gpufeed.open(tmp_path / "s")) == 1
-    assert len(report.skipped) == 1 and "field 'keypoints'" in report.skipped[0]["reason"]
-    assert why in report.skipped[0]["reason"], report.skipped[0]
+    reason = skipped_after(tmp_path, "keypoints", points_of(0), bad, seed=3, side=S)
+    assert "field 'keypoints'" in reason and why in reason, reason
 
 
 def test_another_count_of_points_per_instance_is_skipped(tmp_path):
-    rng = np.random.default_rng(4)
-    data = [{"image": natural_image(rng, S, S, 0), "label": 0, "keypoints": points_of(0)},
-            {"image": natural_image(rng, S, S, 1), "label": 1, "keypoints": np.zeros((1, 5, 3))}]
-    report = gpufeed.pack(data, tmp_path / "s", size=S, progress=False, workers=1)
-    assert "has 5 points per instance, the first sample's 3" in report.skipped[0]["reason"]
+    reason = skipped_after(tmp_path, "keypoints", points_of(0), np.zeros((1, 5, 3)), seed=4, side=S)
+    assert "has 5 points per instance, the first sample's 3" in reason
 
 
 def test_keypoint_flip_is_checked(store):

@@ -16,7 +16,7 @@ from torchvision.transforms import InterpolationMode as IM
 from torchvision.transforms.v2 import functional as F
 
 import gpufeed
-from conftest import boxes_of
+from conftest import boxes_of, skipped_after
 from gpufeed.augment import CenterCrop, RandomHorizontalFlip, RandomResizedCrop, RandomRotation, Resize
 from gpufeed.store import StoreError
 from gpufeed.synth import natural_image
@@ -166,21 +166,13 @@ def test_packing_moves_masks_into_the_stored_frame(tmp_path):
     ("road", "masks of"),
 ])
 def test_malformed_masks_skip_their_sample_with_the_reason(tmp_path, bad, why):
-    rng = np.random.default_rng(3)
-    data = [{"image": natural_image(rng, S, S, 0), "label": 0, "masks": instances_of(0)},
-            {"image": natural_image(rng, S, S, 1), "label": 1, "masks": bad}]
-    report = gpufeed.pack(data, tmp_path / "s", size=S, progress=False, workers=1)
-    assert len(gpufeed.open(tmp_path / "s")) == 1
-    assert len(report.skipped) == 1 and "field 'masks'" in report.skipped[0]["reason"]
-    assert why in report.skipped[0]["reason"], report.skipped[0]
+    reason = skipped_after(tmp_path, "masks", instances_of(0), bad, seed=3, side=S)
+    assert "field 'masks'" in reason and why in reason, reason
 
 
 def test_a_label_map_after_instance_masks_is_skipped(tmp_path):
-    rng = np.random.default_rng(4)
-    data = [{"image": natural_image(rng, S, S, 0), "label": 0, "masks": instances_of(0)},
-            {"image": natural_image(rng, S, S, 1), "label": 1, "masks": label_map_of(1)}]
-    report = gpufeed.pack(data, tmp_path / "s", size=S, progress=False, workers=1)
-    assert "is a label map, the first sample's is instance masks" in report.skipped[0]["reason"]
+    reason = skipped_after(tmp_path, "masks", instances_of(0), label_map_of(1), seed=4, side=S)
+    assert "is a label map, the first sample's is instance masks" in reason
 
 
 def test_mask_fill_is_checked(stores):

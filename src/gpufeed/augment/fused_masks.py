@@ -1,15 +1,16 @@
 """Masks resampled from their runs on the GPU (Triton): what `augment.masks` computes with torch ops
 (which stays the CPU path and the reference), without expanding whole planes.
 
-Two kernels. The first expands each plane only inside its box of changes: the smallest box outside
-of which the plane has its first run's value (an instance mask's object, with the background
-around it left out): one program per block of those pixels, each pixel's value found by a binary
-search over the plane's run ends. The second writes the batch: one program per (sample, block of
-output pixels) locates each output pixel's stored pixel once (`masks.stored_pixels`' arithmetic,
-in float64 with each operation rounded as torch rounds it, so the pixels are the CPU's exactly),
-then for each of the sample's planes reads the expanded box there, or takes the first run's value
-outside it, and writes zeros in the slots after the sample's count (the output needs no clearing
-first). Each output byte is written once; the rest is small next to that.
+Two kernels. The first expands each plane only inside its box of changes (`_boxes`: the rows from
+its second run to its last run of another value than its first's; elsewhere the plane has its
+first run's value, as an instance mask's background above and below the object): one program per
+block of those pixels, each pixel's value found by a binary search over the plane's run ends. The
+second writes the batch: one program per (sample, block of output pixels) locates each output
+pixel's stored pixel once (`masks.stored_pixels`' arithmetic, in float64 with each operation
+rounded as torch rounds it, so the pixels are the CPU's exactly), then for each of the sample's
+planes reads the expanded box there, or takes the first run's value outside it, and writes zeros
+in the slots after the sample's count (the output needs no clearing first). Each output byte is
+written once; the rest is small next to that.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ STEPS_AT_LEAST = 8  # binary search steps: planes of up to 255 runs (a Triton va
 GEOMETRY = tl.constexpr(8)
 PER_BOUND = tl.constexpr(8)  # float64 columns per sample and bound of a warp: its 2x3 matrix, then the bound's h, w
 BOX = tl.constexpr(8)  # int32 columns per plane: x0, x1, y0, y1 (its box of changes), w, offset, first value, 0
+MAX_BOUNDS = 4  # warp bounds the kernel locates through (a compiled variant per count); more: `stored_pixels`
 
 
 @triton.jit
@@ -214,12 +216,12 @@ class Planes:
 
     NAMES = ("ends", "values", "planes", "widths", "first", "boxes", "block_plane", "block_start")
 
-    def __init__(self, runs: list, counts: np.ndarray, widths: np.ndarray, pin: bool):
+    def __init__(self, runs: list, counts: np.ndarray, hw: np.ndarray, pin: bool):
+        """`counts`: each sample's planes; `hw`: (N, 2) int64, each sample's stored (h, w)."""
         some = [r for r in runs if len(r)]
         per_plane = np.concatenate([r.counts for r in some]) if some else np.zeros(0, np.int64)
         total = int(per_plane.sum())
-        widths = np.asarray(widths, np.int64)
-        hw = np.array([[r.h, r.w] for r in runs], np.int64).reshape(-1, 2)
+        widths = hw[:, 1]
         # the most blocks the expansion can take: every plane's whole image
         most_blocks = int((np.repeat(-(-hw[:, 0] * hw[:, 1] // BLOCK), counts)).sum())
         planes = len(per_plane)

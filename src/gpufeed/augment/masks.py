@@ -2,8 +2,8 @@
 
 A mask is resampled from its stored runs (`store.format.MaskRuns`) on the batch's device (nothing
 is decoded on the CPU): each output pixel takes the stored pixel under it, as the image's resampling
-places it, its value found in the runs (a GPU kernel's binary search, or the runs expanded by torch
-ops elsewhere).
+places it, its value found in the runs (on a GPU by `fused_masks`' kernels, elsewhere from the runs
+expanded by torch ops).
 
 Where the stored pixel is: the output pixel's centre goes back through the inverse of a warp to the
 box pass's output, where it takes the nearest pixel (rounding half to even, as `grid_sample` does
@@ -89,8 +89,8 @@ def transform_masks(
     H, W) tensor (zeros after each sample's count) and the counts (N,); a label map per sample as
     (N, H, W) and ones. `runs`: each sample's stored planes (a label map: exactly one).
 
-    On a GPU one Triton kernel (`fused_masks`) finds each output pixel's value in its plane's runs;
-    elsewhere torch ops expand the runs into each sample's planes (padded to the batch's largest image
+    On a GPU two Triton kernels (`fused_masks`) expand each plane's rows of changes and resample from
+    them; elsewhere torch ops expand the runs into each sample's planes (padded to the batch's largest image
     plus one pixel of the fill) and gather. Samples go in groups that bound the memory on the way
     (`_PIXELS` output pixels located at once; `_EXPANDED` bytes of expanded planes)."""
     n = len(runs)
@@ -138,12 +138,14 @@ def _in_kernel(
     ran (then `stored_pixels` does, in groups)."""
     device = out.device
     height, width = out.shape[-2:]
-    planes = kernels.Planes(runs, counts, hw[:, 1], pin=device.type == "cuda")
+    planes = kernels.Planes(runs, counts, hw, pin=device.type == "cuda")
     tables = planes.to(device)
     tables["dense"] = torch.empty(max(1, planes.size), dtype=out.dtype, device=device)
     kernels.expand(tables, tables["dense"], planes.most_runs)
     warp = params.warp if params is not None else None
-    if params is not None and (warp is None or (warp.resampling.padding == "constant" and len(warp.sizes) <= 4)):
+    if params is not None and (
+        warp is None or (warp.resampling.padding == "constant" and len(warp.sizes) <= kernels.MAX_BOUNDS)
+    ):
         geo = upload(_geometry(params, hw), device)
         kernels.resample(geo, 0 if warp is None else len(warp.sizes), None, tables, out, fill, params.out_hw)
         return

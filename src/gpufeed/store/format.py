@@ -29,8 +29,8 @@ boxes). Each plane, read row after row, is cut into runs of equal values. The va
 [k, h, w, runs of plane 0, ..., runs of plane k-1, then every run's end (the index of the pixel
 after it, increasing within a plane, a plane's last one h * w), then every run's value]. Run-length
 coding, not PNG: a loader resamples a mask straight from its runs on the device (on a GPU a binary
-search per output pixel, `augment.masks`), so nothing is decoded on the CPU, and COCO's own masks
-are runs already.
+search over a plane's runs per pixel of its rows of changes, `augment.fused_masks`), so nothing is
+decoded on the CPU, and COCO's own masks are runs already.
 
 Every data file is little-endian, headerless and memory-mappable; the manifest records its
 byte size and digest so a damaged store is detected. The digest (CHECKSUM) is the SHA-256 of
@@ -447,8 +447,9 @@ class MaskRuns:
         return MaskRuns(self.h, self.w, self.counts[keep], self.ends[runs], self.values[runs])
 
     def lengths(self) -> np.ndarray:
-        """Each run's length (int64): its end less the run's before, a plane's first from pixel 0."""
-        lengths = np.diff(self.ends.astype(np.int64), prepend=0)
+        """Each run's length: its end less the run's before, a plane's first from pixel 0 (in the ends'
+        dtype: int32 ends are at most MAX_MASK_PIXELS, so their differences fit)."""
+        lengths = np.diff(self.ends, prepend=0)
         first = (np.cumsum(self.counts) - self.counts)[1:]  # (plane 0's first starts at 0 already)
         lengths[first] = self.ends[first]
         return lengths
@@ -492,10 +493,6 @@ def parse_masks(raw: bytes, where: str) -> MaskRuns:
     if (counts < 1).any() or len(a) != 3 + k + 2 * runs:
         raise bad("masks whose run counts do not match their bytes")
     masks = MaskRuns(h, w, counts, a[3 + k : 3 + k + runs], a[3 + k + runs :])
-    if runs:
-        last = np.cumsum(counts) - 1
-        step = np.diff(masks.ends, prepend=0)  # (int32: ends are at most MAX_MASK_PIXELS)
-        step[last[:-1] + 1] = masks.ends[last[:-1] + 1]  # each plane's first run from pixel 0
-        if (step < 1).any() or (masks.ends[last] != h * w).any():
-            raise bad("masks whose runs are not in order or do not cover the image")
+    if runs and ((masks.lengths() < 1).any() or (masks.ends[np.cumsum(counts) - 1] != h * w).any()):
+        raise bad("masks whose runs are not in order or do not cover the image")
     return masks
