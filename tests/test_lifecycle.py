@@ -280,3 +280,24 @@ def test_a_loader_dropped_mid_epoch_shuts_down_in_order_as_it_is_collected(store
     for thread in [t for t in threading.enumerate() if t.name == "gpufeed-shutdown"]:
         thread.join(60)  # the shutdown runs on a thread of its own (the collecting thread may be any)
     assert seen == [(True, set())]  # once, the tier alive through it, no producer left
+
+
+def test_a_process_with_threads_starts_its_pools_without_fork(tmp_path, monkeypatch):
+    """Photos made for a demo or a benchmark (`synth.make_image_folder`) from a process that runs
+    threads (CUDA's, a Loader's) come from spawned workers: forking it could copy a lock another
+    thread holds, or CUDA's state, into the child."""
+    import threading
+
+    from gpufeed.synth import make_image_folder
+
+    def fork():
+        raise AssertionError("a process with threads was forked")
+
+    stop = threading.Event()
+    threading.Thread(target=stop.wait, daemon=True).start()
+    monkeypatch.setattr(os, "fork", fork)
+    try:
+        make_image_folder(tmp_path, per_class=130, classes=2, height=32, width=32)
+    finally:
+        stop.set()
+    assert len(list(tmp_path.rglob("*.jpg"))) == 260

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import io
 import os
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw
+
+from gpufeed.processes import process_pool
 
 
 def _field(rng: np.random.Generator, h: int, w: int, cells: int, amp: float) -> np.ndarray:
@@ -79,7 +80,11 @@ def make_image_folder(
     ]
     for c in range(classes):
         (root / f"class_{c:03d}").mkdir(parents=True, exist_ok=True)
-    with ProcessPoolExecutor(min(len(jobs), os.cpu_count() or 1)) as pool:
+    if per_class * classes <= 256:  # a test's handful: starting processes would take longer
+        for job in jobs:
+            _write_chunk(job)
+        return root
+    with process_pool(min(len(jobs), os.cpu_count() or 1)) as pool:
         list(pool.map(_write_chunk, jobs))
     return root
 

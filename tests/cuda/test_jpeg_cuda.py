@@ -68,13 +68,13 @@ def test_corrupt_sample_replaced_on_gpu(store, tmp_path, caplog):
 
 
 def test_the_gpu_decoders_open_while_the_cpu_decodes_the_first_batches(store):
-    """With `Tuning.open_ahead` the GPU decoders are made, and decode once, on a thread of their own: the
-    constructor does not wait for them, the CPU decodes until they are open, then they take shares;
-    the batches are those of a loader that opened them in its constructor."""
+    """With `Tuning.open_ahead` (the default) the GPU decoders are made, and decode once, on a thread of
+    their own: the constructor does not wait for them, the CPU decodes until they are open, then they
+    take shares; the batches are those of a loader that opened them in its constructor."""
     from gpufeed.decode.tuning import Tuning
 
     kw = dict(batch_size=32, device="cuda", augment=OPS, dtype=torch.float32, seed=6, num_workers=3)
-    ahead, made = gpufeed.Loader(store, **kw, tuning=Tuning(open_ahead=True)), gpufeed.Loader(store, **kw)
+    ahead, made = gpufeed.Loader(store, **kw), gpufeed.Loader(store, **kw, tuning=Tuning(open_ahead=False))
     assert len(made.stats()["decoders"]) == 2  # made in the constructor
     first = [(x.cpu(), y.cpu()) for x, y in ahead]
     assert ahead.jpeg.opened(60) and ahead.stats()["decoders"] == made.stats()["decoders"]

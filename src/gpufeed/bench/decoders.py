@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import os
 from collections.abc import Callable
-from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -15,6 +15,7 @@ from PIL import Image
 from gpufeed.bench.common import Context, Figure, measure
 from gpufeed.decode.base import Encoded
 from gpufeed.decode.codecs import cpu, pixels
+from gpufeed.processes import process_pool
 from gpufeed.synth import encode_jpegs, natural_images
 
 QUALITIES = (95, 90, 75, 50)
@@ -96,7 +97,7 @@ def _throughput(
     n = len(datas)
     one, every = fig.line("one core"), fig.line(f"all {cores} cores")
     cpus: list[tuple[str, Callable[[Any], None], list[Any], Callable[[int], Executor]]] = [
-        ("Pillow", _pil, datas, ProcessPoolExecutor)
+        ("Pillow", _pil, datas, process_pool)
     ]
     if cpu.whole_by_nvimgcodec():
         cpus.append((LIBJPEG, _libjpeg, arrays, ThreadPoolExecutor))

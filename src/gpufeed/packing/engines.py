@@ -9,14 +9,10 @@ is needed and the output is byte-identical to a local pack of the same source li
 from __future__ import annotations
 
 import logging
-import multiprocessing
-import os
-import sys
-import threading
-import time
-from concurrent.futures import Executor, Future, ProcessPoolExecutor
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass
-from typing import Any
+
+from gpufeed.processes import process_pool
 
 log = logging.getLogger(__name__)
 ENGINES = ("local", "ray")
@@ -29,57 +25,6 @@ class _Inline(Executor):
         f: Future = Future()
         f.set_result(fn(*args, **kwargs))
         return f
-
-
-def _threads() -> int:
-    """This process's threads as the OS counts them (native ones too: CUDA's, nvImageCodec's), or 1
-    where that can't be read."""
-    try:
-        return len(os.listdir("/proc/self/task"))
-    except OSError:
-        return 1
-
-
-class _SpawnWithoutMain(multiprocessing.get_context("spawn").Process):  # type: ignore[misc]  # (a run-time base)
-    """A spawned worker that does not import the caller's `__main__` (spawn would: a script without a
-    main guard would run again in every worker). The packing workers need nothing from it."""
-
-    def start(self) -> None:
-        main = sys.modules["__main__"]
-        saved: dict[str, Any] = {k: main.__dict__[k] for k in ("__file__", "__spec__") if k in main.__dict__}
-        main.__dict__.pop("__file__", None)
-        main.__spec__ = None  # spawn reads both to decide what to import in the child
-        try:
-            super().start()  # reads __main__ for the child's preparation data now, in this thread
-        finally:
-            main.__dict__.pop("__spec__", None)
-            main.__dict__.update(saved)
-
-
-class _SpawnWithoutMainContext(type(multiprocessing.get_context("spawn"))):  # type: ignore[misc]  # (as above)
-    Process = _SpawnWithoutMain
-
-
-def _context() -> multiprocessing.context.BaseContext:
-    """fork where this process has a single thread (a `gpufeed pack` command, most scripts): workers
-    start at once, like torch's DataLoader. A process with threads is not forked (a lock or CUDA
-    state held by another thread at fork time breaks or crashes the child): its workers are spawned,
-    without importing `__main__`."""
-    if "fork" in multiprocessing.get_all_start_methods() and _threads() == 1:
-        return multiprocessing.get_context("fork")
-    return _SpawnWithoutMainContext()
-
-
-def _watch_parent(parent: int) -> None:
-    """In a pack worker: end this process within a quarter second of its parent going away, however
-    the parent ended (SIGKILL included); a worker waiting on the pool's queue would never notice."""
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(0.25)
-        os._exit(0)
-
-    threading.Thread(target=watch, daemon=True, name="gpufeed-parent-watch").start()
 
 
 def _call(fn, *args):
@@ -145,5 +90,4 @@ def start(engine: str, workers: int, address: str | None = None) -> Engine:
         raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
     if workers == 1:
         return Engine(_Inline(), 1, local_disk=True)
-    pool = ProcessPoolExecutor(workers, mp_context=_context(), initializer=_watch_parent, initargs=(os.getpid(),))
-    return Engine(pool, workers, local_disk=True)
+    return Engine(process_pool(workers), workers, local_disk=True)

@@ -1,0 +1,75 @@
+"""Process pools that are safe wherever gpufeed is called from.
+
+A pool's workers are forked only from a process with one thread (a `gpufeed pack` command, most
+scripts): they start at once, like torch's DataLoader's. A process with threads (CUDA's,
+nvImageCodec's, a Loader's) is never forked: a lock or CUDA state another thread holds at fork
+time breaks or crashes the child. Its workers are spawned instead, without importing the caller's
+`__main__` (an unguarded script would run again in each). Every worker ends within a quarter
+second of its parent, however the parent ended.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+import threading
+import time
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+
+def process_pool(workers: int) -> ProcessPoolExecutor:
+    """A pool of `workers` processes, forked or spawned as above, that die with this process."""
+    return ProcessPoolExecutor(workers, mp_context=_context(), initializer=_watch_parent, initargs=(os.getpid(),))
+
+
+def _threads() -> int:
+    """This process's threads as the OS counts them (native ones too: CUDA's, nvImageCodec's), or 1
+    where that can't be read."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return 1
+
+
+class _SpawnWithoutMain(multiprocessing.get_context("spawn").Process):  # type: ignore[misc]  # (a run-time base)
+    """A spawned worker that does not import the caller's `__main__` (spawn would: a script without a
+    main guard would run again in every worker). The pools' workers need nothing from it."""
+
+    def start(self) -> None:
+        main = sys.modules["__main__"]
+        saved: dict[str, Any] = {k: main.__dict__[k] for k in ("__file__", "__spec__") if k in main.__dict__}
+        main.__dict__.pop("__file__", None)
+        main.__spec__ = None  # spawn reads both to decide what to import in the child
+        try:
+            super().start()  # reads __main__ for the child's preparation data now, in this thread
+        finally:
+            main.__dict__.pop("__spec__", None)
+            main.__dict__.update(saved)
+
+
+class _SpawnWithoutMainContext(type(multiprocessing.get_context("spawn"))):  # type: ignore[misc]  # (as above)
+    Process = _SpawnWithoutMain
+
+
+def _context() -> multiprocessing.context.BaseContext:
+    """fork where this process has a single thread (a `gpufeed pack` command, most scripts): workers
+    start at once, like torch's DataLoader. A process with threads is not forked (a lock or CUDA
+    state held by another thread at fork time breaks or crashes the child): its workers are spawned,
+    without importing `__main__`."""
+    if "fork" in multiprocessing.get_all_start_methods() and _threads() == 1:
+        return multiprocessing.get_context("fork")
+    return _SpawnWithoutMainContext()
+
+
+def _watch_parent(parent: int) -> None:
+    """In a pool's worker: end this process within a quarter second of its parent going away, however
+    the parent ended (SIGKILL included); a worker waiting on the pool's queue would never notice."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.25)
+        os._exit(0)
+
+    threading.Thread(target=watch, daemon=True, name="gpufeed-parent-watch").start()
