@@ -7,13 +7,17 @@ synthetic-data ceiling and the same store on a local disk, in one process.
 
 moto's S3 server runs on 127.0.0.1, and in front of it a link (`Link`): a TCP relay that holds every
 chunk it relays for --latency (one way, both directions) and sends what the server sends at most at
---link bits per second, one pace for all connections (one link). The generated photos (500x375 q90
+--link bits per second, one pace for all connections (one link). Both run in a child process of
+their own: in the benchmark's process their threads would take the GIL from the loader's. The generated photos (500x375 q90
 JPEGs, as train_bench's) are packed straight into the bucket as a sharded jpeg store (--shard-size),
 and into a local folder. Rows, each timed over whole epochs (from the Loader's first batch asked for
 to its last one trained on, with ResNet-18 in bf16 on batches of --batch):
 
-- link: every shard's files downloaded once through the link by --link-threads threads (fsspec), the
-  link's ceiling in bytes/s, and in images/s (the store's images over that time);
+- server: every shard's file downloaded once from the server itself (no link) by --link-threads
+  threads (fsspec): what the server can send, which must be well above the link for the rows below
+  to measure the link;
+- link: the same through the link, the link's ceiling in bytes/s, and in images/s (the store's
+  images over that time);
 - synthetic: the model on one fixed batch, --steps steps (the model's ceiling);
 - local: the same store on the local disk, one epoch after one to warm up;
 - cold: `Loader("s3://...")` with an empty cache, its first epoch (of the link's ceiling);
@@ -24,10 +28,13 @@ to its last one trained on, with ResNet-18 in bf16 on batches of --batch):
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import queue
 import socket
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -102,7 +109,7 @@ class Link:
     def _read(self, src: socket.socket, chunks: queue.Queue) -> None:
         while True:
             try:
-                data = src.recv(1 << 16)
+                data = src.recv(1 << 20)
             except OSError:
                 data = b""
             chunks.put((time.monotonic() + self.latency, data))
@@ -170,6 +177,45 @@ def epochs(loader, step, count: int, device: str) -> list[dict]:
     return out
 
 
+def serve(rate: float, latency: float) -> None:
+    """The child process: moto's server and the link in front of it, their URLs on stdout as one JSON
+    line; it ends when its parent closes its stdin (or ends)."""
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # moto's server logs every request
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    link = Link((host, port), rate, latency)
+    print(json.dumps({"direct": f"http://{host}:{port}", "link": link.url}), flush=True)
+    sys.stdin.read()
+    link.close()
+    server.stop()
+
+
+class Served:
+    """`serve` in a child process: its `direct` and `link` URLs; `close()` ends it."""
+
+    def __init__(self, rate: float, latency: float):
+        self._proc = subprocess.Popen(
+            [sys.executable, __file__, "--serve", str(rate), str(latency)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )
+        line = self._proc.stdout.readline()  # type: ignore[union-attr]
+        if not line:
+            raise SystemExit("remote_bench: the S3 server's process ended before it started")
+        urls = json.loads(line)
+        self.direct, self.link = urls["direct"], urls["link"]
+
+    def close(self) -> None:
+        self._proc.stdin.close()  # type: ignore[union-attr]
+        try:
+            self._proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+
+
 def main(argv: list[str] | None = None) -> dict:
     a = common.parse(parser(), argv, SMOKE)
     try:
@@ -187,7 +233,6 @@ def _measure(a, work: Path) -> dict:
     import s3fs
     import torch
     from feeds import MEAN, STD
-    from moto.server import ThreadedMotoServer
 
     import gpufeed
     from gpufeed import augment as A
@@ -200,11 +245,8 @@ def _measure(a, work: Path) -> dict:
         make_image_folder(work / "images", per_class=max(1, a.n // 10), classes=10, width=width, height=height)
     if not (work / "local").exists():
         gpufeed.pack(work / "images", work / "local", mode="jpeg", reencode=False, progress=False)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    direct = f"http://{host}:{port}"
-    link = Link((host, port), bits(a.link) / 8, seconds(a.latency))
+    served = Served(bits(a.link) / 8, seconds(a.latency))
+    direct = served.direct
     runs: dict = {}
     try:
         fs = s3fs.S3FileSystem(**options(direct))
@@ -214,7 +256,10 @@ def _measure(a, work: Path) -> dict:
         files = store_files(fs, "bench/train")
         total = sum(size for _, size in files)
         n = len(gpufeed.open(work / "local"))
-        through = s3fs.S3FileSystem(**options(link.url), skip_instance_cache=True)
+        took, got = plain_download(s3fs.S3FileSystem(**options(direct), skip_instance_cache=True), files,
+                                   a.link_threads)
+        runs["server"] = {"bytes": got, "seconds": took, "bytes_per_s": got / took, "img_per_s": n / took}
+        through = s3fs.S3FileSystem(**options(served.link), skip_instance_cache=True)
         took, got = plain_download(through, files, a.link_threads)
         runs["link"] = {"bytes": got, "seconds": took, "bytes_per_s": got / took, "img_per_s": n / took,
                         "files": len(files), "threads": a.link_threads}
@@ -236,7 +281,7 @@ def _measure(a, work: Path) -> dict:
         runs["local"] = epochs(local, step, 2, a.device)[1]
         local.close()
         with tempfile.TemporaryDirectory(dir=work) as cache:
-            remote = gpufeed.Loader("s3://bench/train", cache_dir=cache, storage_options=options(link.url), **kw)
+            remote = gpufeed.Loader("s3://bench/train", cache_dir=cache, storage_options=options(served.link), **kw)
             runs["cold"], runs["warm"] = epochs(remote, step, 2, a.device)
             remote.close()
         shards: dict[str, int] = {}
@@ -248,23 +293,22 @@ def _measure(a, work: Path) -> dict:
         runs["quarter cache"] = {"cache_limit": limit, "shards": len(shards)}
         with tempfile.TemporaryDirectory(dir=work) as cache:
             small = gpufeed.Loader("s3://bench/train", cache_dir=cache, cache_limit=limit,
-                                   storage_options=options(link.url), **kw)
+                                   storage_options=options(served.link), **kw)
             for k, e in enumerate(epochs(small, step, a.epochs, a.device)):
                 runs[f"quarter cache, epoch {k}"] = e
             small.close()
     finally:
-        link.close()
-        server.stop()
+        served.close()
     limit = runs.pop("quarter cache")
     for name, r in runs.items():
-        if "seconds" in r and name != "link":
+        if "seconds" in r and name not in ("server", "link"):
             r["img_per_s"] = r["images"] / r["seconds"]
             r["of_link"] = r["img_per_s"] / ceiling
     top = runs["synthetic"]["img_per_s"]
-    lines = [["link: plain parallel download", f"{runs['link']['img_per_s']:,.0f}",
-              f"{runs['link']['bytes_per_s'] / 1e6:,.0f} MB/s", "", ""]]
+    lines = [[f"{name}: plain parallel download", f"{runs[name]['img_per_s']:,.0f}",
+              f"{runs[name]['bytes_per_s'] / 1e6:,.0f} MB/s", "", ""] for name in ("server", "link")]
     for name, r in runs.items():
-        if name == "link":
+        if name in ("server", "link"):
             continue
         got = "" if "downloaded" not in r else f"{r['downloaded'] / 1e6:,.1f} MB"
         lines.append([name, f"{r['img_per_s']:,.0f}", got,
@@ -276,4 +320,7 @@ def _measure(a, work: Path) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["--serve"]:
+        serve(float(sys.argv[2]), float(sys.argv[3]))
+    else:
+        main()

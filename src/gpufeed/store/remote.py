@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 
 RETRIES = 5  # tries of each download before the shard is named in an error
 BACKOFF = 0.5  # seconds before the second try, doubling
-FETCH_THREADS = 4  # downloads ahead of the plan at once, per process
+FETCH_THREADS = 8  # shards downloaded ahead of the plan at once, per process (each its files at once)
 WAIT_FOR_ROOM = 120.0  # seconds a download waits for the machine's ranks to let go of shards in a full cache
 VERIFIED = ".verified"  # in a shard's cache folder: its digest, written once every file checked
 
@@ -304,20 +304,25 @@ class ShardCache:
             os.close(fd)  # releases the lock
 
     def _download(self, k: int) -> None:
-        """Shard `k` into a temporary folder beside its place, every file checked, then moved into place."""
+        """Shard `k` into a temporary folder beside its place, every file checked, then moved into place.
+        Two round trips: its manifest (which names its files), then all its files at once (fsspec's
+        `get` of a list runs concurrently on an async filesystem: s3, gcs, az, http); one file after
+        another paid the link's latency per file, and a cold epoch over a 20 ms link ran at 44 % of a
+        plain parallel download (docs/benchmarks.md, "Training from a bucket")."""
         entry = self.manifest.shards[k]
         remote = f"{self.root}/{entry['name']}"
         what = f"{shown(self.url)}/{entry['name']}"
         final = self.path(k)
         temp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
         try:
-            retried(
-                what + "/" + fmt.MANIFEST,
-                lambda: self._get(f"{remote}/{fmt.MANIFEST}", temp / fmt.MANIFEST, entry["digest"], sha256=True),
-            )
+            retried(f"{what}/{fmt.MANIFEST}", lambda: self._get(remote, [fmt.MANIFEST], temp))
+            ok = manifest_digest(temp / fmt.MANIFEST) == entry["digest"]
+            self._check(f"{remote}/{fmt.MANIFEST}", ok)
             shard = Manifest.read(temp)
+            retried(what, lambda: self._get(remote, list(shard.files), temp))
             for name, meta in shard.files.items():
-                retried(f"{what}/{name}", lambda: self._get(f"{remote}/{name}", temp / name, meta, sha256=False))  # noqa: B023  retried() calls it at once
+                got = file_digest(temp / name)
+                self._check(f"{remote}/{name}", got == {"bytes": meta["bytes"], "digest": meta["digest"]})
             shutil.rmtree(final, ignore_errors=True)
             os.replace(temp, final)
             (final / VERIFIED).write_text(entry["digest"])
@@ -326,14 +331,12 @@ class ShardCache:
         finally:
             shutil.rmtree(temp, ignore_errors=True)
 
-    def _get(self, remote: str, local: Path, expected: Any, sha256: bool) -> None:
-        """Download one file and check it: `expected` is its SHA-256 hex (`sha256`) or its manifest entry."""
-        with self.fs.open(remote, "rb") as src, open(local, "wb") as dst:
-            shutil.copyfileobj(src, dst, 8 << 20)
-        if sha256:
-            ok = manifest_digest(local) == expected
-        else:
-            ok = file_digest(local) == {"bytes": expected["bytes"], "digest": expected["digest"]}
+    def _get(self, remote: str, names: list[str], into: Path) -> None:
+        """Files `names` of the remote folder `remote` into the local folder `into`, at once."""
+        self.fs.get([f"{remote}/{n}" for n in names], [os.fspath(into / n) for n in names])
+
+    def _check(self, remote: str, ok: bool) -> None:
+        """A StoreError naming the remote file unless its download was `ok` (its digest as recorded)."""
         if not ok:
             shard_file = "/".join(remote.rsplit("/", 3)[-3:])  # shards/NNNNN/FILE
             raise StoreError(
