@@ -160,20 +160,24 @@ def plain_download(fs, files: list[tuple[str, int]], threads: int) -> tuple[floa
 
 
 def epochs(loader, step, count: int, device: str) -> list[dict]:
-    """Each of `count` epochs of `loader` trained on: images, seconds from its first batch asked for."""
+    """Each of `count` epochs of `loader` trained on: images, seconds from its first batch asked for, and
+    how long that first batch took (a cold epoch's waits for its first shards)."""
     from gpufeed.bench.common import sync
 
     out = []
     for _ in range(count):
         fetched = getattr(getattr(loader.store, "cache", None), "downloaded", 0)
         t0 = time.perf_counter()
-        images = 0
+        images, first = 0, None
         for x, y in loader:
+            if first is None:
+                first = time.perf_counter() - t0
             step(x, y)
             images += len(y)
         sync(device)
         after = getattr(getattr(loader.store, "cache", None), "downloaded", 0)
-        out.append({"images": images, "seconds": time.perf_counter() - t0, "downloaded": after - fetched})
+        out.append({"images": images, "seconds": time.perf_counter() - t0, "downloaded": after - fetched,
+                    "first_batch_s": first})
     return out
 
 
@@ -306,14 +310,15 @@ def _measure(a, work: Path) -> dict:
             r["of_link"] = r["img_per_s"] / ceiling
     top = runs["synthetic"]["img_per_s"]
     lines = [[f"{name}: plain parallel download", f"{runs[name]['img_per_s']:,.0f}",
-              f"{runs[name]['bytes_per_s'] / 1e6:,.0f} MB/s", "", ""] for name in ("server", "link")]
+              f"{runs[name]['bytes_per_s'] / 1e6:,.0f} MB/s", "", "", ""] for name in ("server", "link")]
     for name, r in runs.items():
         if name in ("server", "link"):
             continue
         got = "" if "downloaded" not in r else f"{r['downloaded'] / 1e6:,.1f} MB"
         lines.append([name, f"{r['img_per_s']:,.0f}", got,
-                      f"{100 * r['img_per_s'] / top:.1f}", "" if "of_link" not in r else f"{100 * r['of_link']:.1f}"])
-    table = common.table(["row", "img/s", "downloaded", "% of synthetic", "% of link"], lines)
+                      f"{100 * r['img_per_s'] / top:.1f}", "" if "of_link" not in r else f"{100 * r['of_link']:.1f}",
+                      "" if r.get("first_batch_s") is None else f"{r['first_batch_s']:.2f}"])
+    table = common.table(["row", "img/s", "downloaded", "% of synthetic", "% of link", "first batch s"], lines)
     table += (f"\n\nlink {a.link}, latency {a.latency} one way; store {total / 1e6:,.1f} MB in {limit['shards']} "
               f"shards, {n} images; the small cache {limit['cache_limit'] / 1e6:,.1f} MB; batch {a.batch}, {a.model}")
     return common.write(a, __file__, runs, table, a.device, cache=limit)
