@@ -70,7 +70,7 @@ def _loader(bucket, tmp_path, **kw):
 def test_a_store_packed_into_a_bucket_loads_the_batches_of_the_same_store_on_disk(bucket, tmp_path):
     shards = bucket["fs"].ls("bucket/train/shards")
     assert len(shards) >= 4 and bucket["fs"].exists("bucket/train/manifest.json")
-    remote = _loader(bucket, tmp_path)
+    remote = _loader(bucket, tmp_path, shuffle_window=len(shards))  # a full shuffle from the first epoch
     local = gpufeed.Loader(bucket["flat"], batch_size=4, device="cpu", augment=OPS, seed=1, num_workers=1)
     got = [(x, y) for x, y in remote]
     want = [(x, y) for x, y in local]
@@ -81,6 +81,28 @@ def test_a_store_packed_into_a_bucket_loads_the_batches_of_the_same_store_on_dis
     # a restarted job finds the verified shards in its cache: nothing is downloaded again
     again = _loader(bucket, tmp_path)
     assert len(list(again)) == 10 and again.store.cache.fetched == 0
+
+
+def test_the_first_epoch_from_a_bucket_trains_while_its_shards_arrive(bucket, tmp_path):
+    """Without a cache limit the first epoch is shard-aware (its first batches read a few of the shards,
+    not nearly all as under a full shuffle, so training need not wait for the whole store), the later
+    ones full shuffles from the cache; every sample once an epoch, on any number of ranks alike."""
+    loader = _loader(bucket, tmp_path, batch_size=8)
+    shards = loader.batch_sampler.shards
+    count = len(shards.starts) - 1
+    assert shards.window is None and shards.first_window == max(1, count // 4)
+
+    def shards_of(epoch: int, batches: int) -> int:
+        indices = torch.cat([loader.plan(epoch, b)[0] for b in range(batches)]).numpy()
+        return len(set(loader.store.locate(indices)[0].tolist()))
+
+    assert shards_of(0, 1) <= 3 < shards_of(1, 1)
+    for epoch in range(2):
+        seen = sorted(torch.cat([loader.plan(epoch, b)[0] for b in range(len(loader))]).tolist())
+        assert seen == list(range(40)), epoch
+    two = [_loader(bucket, tmp_path, batch_size=8, rank=r, world_size=2, drop_last=False) for r in range(2)]
+    whole = torch.cat([loader.plan(0, b)[0] for b in range(len(loader))])
+    assert torch.equal(torch.cat([t.plan(0, b)[0] for t in two for b in range(len(t))]), whole)
 
 
 @pytest.mark.parametrize("world", [1, 2, 3])
@@ -134,6 +156,39 @@ def test_the_cache_is_counted_as_it_is_at_one_moment(bucket, tmp_path):
         ShardCache.present = real
     swap.join()
     assert counted <= cache.limit and cache.present(len(sizes) - 1) and not cache.present(0)
+
+
+def test_the_fetch_ahead_fills_the_rank_s_part_of_the_cache_beside_what_it_holds(bucket, tmp_path, monkeypatch):
+    """Downloads ahead fill this rank's part of `cache_limit` less the shards it holds (half the cache
+    ahead left a quarter-of-the-store cache downloading at half the link's rate)."""
+    store = gpufeed.open("s3://bucket/train", cache_dir=tmp_path / "c", storage_options=bucket["options"])
+    cache, sizes = store.cache, [s["bytes"] for s in store.manifest.shards]
+    assert len(sizes) >= 10
+
+    def planned(limit: int, ranks: int, held: list[int]) -> list[int]:
+        started: list[int] = []
+        monkeypatch.setattr(cache, "_fetch_ahead", started.append)
+        cache.limit, cache._ahead = limit, {}
+        for k in held:
+            cache.hold(k)
+        cache.follow(held + list(range(3, 10)), ranks)
+        cache._pool.shutdown(wait=True)
+        cache._pool = None
+        for k in held:
+            cache.release(k)
+        return sorted(started)
+
+    def fits(room: int) -> list[int]:  # the longest run of shards 3, 4, ... within `room` (one at least)
+        run = [3]
+        while run[-1] < 9 and sum(sizes[k] for k in run) + sizes[run[-1] + 1] <= room:
+            run.append(run[-1] + 1)
+        return run
+
+    six = 6 * max(sizes)
+    assert planned(six, 1, []) == fits(six)
+    assert len(fits(six)) >= 6
+    assert planned(six, 1, [0, 1]) == fits(six - sizes[0] - sizes[1])
+    assert planned(six, 2, []) == fits(six // 2)
 
 
 def test_ranks_sharing_a_cache_folder_download_each_shard_once(bucket, tmp_path, monkeypatch):
@@ -354,7 +409,8 @@ def test_masks_from_a_bucket_are_those_of_the_store_on_disk(bucket, tmp_path):
                  storage_options=bucket["options"])
     gpufeed.pack(data, tmp_path / "flat", mode="jpeg", workers=1, progress=False)
     kw = dict(batch_size=4, device="cpu", augment=OPS, seed=2, num_workers=1, fields=("masks",))
-    remote = gpufeed.Loader("s3://bucket/masks", cache_dir=tmp_path / "cache", storage_options=bucket["options"], **kw)
+    remote = gpufeed.Loader("s3://bucket/masks", cache_dir=tmp_path / "cache", storage_options=bucket["options"],
+                            shuffle_window=1000, **kw)  # a full shuffle from the first epoch, as on disk
     local = gpufeed.Loader(tmp_path / "flat", **kw)
     pairs = list(zip(remote, local, strict=True))
     assert len(pairs) == 3 and pairs[0][1]["masks"].any()

@@ -117,6 +117,18 @@ def _open(store, cache_dir, cache_limit, storage_options) -> Store | ShardedStor
     return FolderStore(store) if is_folder_source(store) else open_store(store)
 
 
+def _shards(store: ShardedStore, asked: int | None, batch_size: int) -> Shards:
+    """The store's shards and the shard-aware order's windows: `_window`'s, and for a jpeg store in a
+    bucket whose cache holds all of it (no `cache_limit`, or one above the store), a first epoch over
+    a quarter of the shards' places: with a full shuffle its first batch would wait for nearly every
+    shard, so the first epoch could not train while they download."""
+    window = _window(store, asked, batch_size)
+    shards = len(store.starts) - 1
+    streamed = isinstance(store, RemoteStore) and store.mode == "jpeg" and asked is None
+    first = max(1, shards // 4) if streamed and (window is None or window >= shards) else None
+    return Shards(store.starts, window, first)
+
+
 def _window(store: ShardedStore, asked: int | None, batch_size: int) -> int | None:
     """Over how many shards the shard-aware order spreads each shard's samples (None: a full shuffle).
     Asked for, or for a store read through a bounded cache: as many as this machine's ranks each have
@@ -254,11 +266,15 @@ class Loader:
         cache_dir, cache_limit, storage_options: a store in a bucket: the local folder its shards are
             cached in (default under ~/.cache/gpufeed/stores; the ranks of a machine may share one), the
             most bytes kept there (an int or "200GB"; None: no limit), and fsspec's options for the URL
-            (credentials, endpoint). With a limit the epoch's order is shard-aware (`shuffle_window`).
+            (credentials, endpoint). With a limit the epoch's order is shard-aware (`shuffle_window`);
+            without one (or with one that holds the store) a jpeg store's first epoch is shard-aware
+            too, over a quarter of its shards, so that it trains while they download; later epochs
+            are full shuffles.
         shuffle_window: a sharded store: the shards taken in a seeded random order, each one's samples
             spread at random over the places of this many shards (None: a full shuffle; with a
             `cache_limit`, about as many as the cache holds for each of this machine's ranks, less
-            three). Part of the order: a resumed job keeps it.
+            three; a store in a bucket whose cache holds it: a quarter of its shards in epoch 0, then
+            full shuffles). Part of the order: a resumed job keeps it.
         group_by_aspect: batches of images of one aspect ratio at native aspect ratio, for detection
             and segmentation as torchvision's reference scripts and detectron2 batch them: the ops may
             leave images of different sizes (e.g. `Resize(800, max_size=1333)` and a flip: crops,
@@ -339,11 +355,7 @@ class Loader:
         shape = self.store.image_shape
         sizes = torch.from_numpy(np.array(self.store.shapes)) if shape is None else (shape[0], shape[1])
         sharded = isinstance(self.store, ShardedStore)
-        shards = (
-            Shards(self.store.starts, _window(self.store, shuffle_window, batch_size))
-            if isinstance(self.store, ShardedStore)
-            else None
-        )
+        shards = _shards(self.store, shuffle_window, batch_size) if isinstance(self.store, ShardedStore) else None
         self.batch_sampler = ShardedBatchSampler(
             len(self.store),
             batch_size,
@@ -562,12 +574,14 @@ class Loader:
     def _order_key(self) -> list:
         """The settings the global order depends on besides the seed: a state from another order is refused."""
         shards = self.batch_sampler.shards
-        key = [
+        key: list = [
             self.batch_sampler.shuffle,
             self.batch_sampler.drop_last,
             self.batch_sampler.pad,
             None if shards is None else shards.window,
         ]
+        if shards is not None and shards.first_window is not None:
+            key.append({"first_window": shards.first_window})
         return key if self.batch_sampler.groups is None else [*key, {"group_by_aspect": self._group_by_aspect}]
 
     def stats(self) -> dict:
@@ -623,7 +637,8 @@ class Loader:
         plan = self._planner.get(epoch)
         if isinstance(self.store, RemoteStore):  # fetch this rank's shards ahead, in the order it reads them
             shards, _ = self.store.locate(plan.indices[plan.starts[start] :].numpy())
-            self.store.cache.follow(shards[np.r_[True, shards[1:] != shards[:-1]]].tolist() if len(shards) else [])
+            order = shards[np.r_[True, shards[1:] != shards[:-1]]].tolist() if len(shards) else []
+            self.store.cache.follow(order, local_ranks())
         carried = self._production.take_carried(epoch, start)
         if self.jpeg is not None:
             next_plan = functools.partial(self._planner.peek, epoch + 1) if self.tuning.carry else None

@@ -3,7 +3,8 @@
 The epoch's **global order** is a pure function of (seed, epoch): a seeded permutation of the store
 (or, for a store in shards read through a bounded cache, a shard-aware one: the shards permuted, and
 each shard's samples spread at random over the places of `window` shards from its own, so that
-about `window` shards are being read at any point), the same whatever the world size. Each rank
+about `window` shards are being read at any point; a store streamed into a cache that holds it all
+has a shard-aware first epoch only, `first_window`), the same whatever the world size. Each rank
 takes one contiguous, equal **span** of it and cuts it into batches: with `drop_last` the uneven
 tail is dropped (each sample at most once per epoch); without it the spans are padded by wrapping
 around so all ranks get the same number of batches (DistributedSampler's way), or with `pad=False`
@@ -60,10 +61,16 @@ class Segment:
 class Shards:
     """How a store's samples lie in its shards (`starts[k]`: the first sample of shard k, then the
     count), and over how many shards' places the shard-aware order spreads each shard's samples (None:
-    all, a full shuffle)."""
+    all, a full shuffle). `first_window`: epoch 0's instead (a store streamed from a bucket into a
+    cache that holds all of it: its first epoch trains while the shards arrive, the later ones are
+    full shuffles from the cache)."""
 
     starts: np.ndarray
     window: int | None = None
+    first_window: int | None = None
+
+    def window_of(self, epoch: int) -> int | None:
+        return self.first_window if epoch == 0 and self.first_window is not None else self.window
 
 
 class ShardedBatchSampler:
@@ -131,7 +138,8 @@ class ShardedBatchSampler:
         if not self.shuffle:
             return torch.arange(self.n)
         g = torch.Generator().manual_seed(self.seed + epoch * 1_000_003)
-        if self.shards is None or self.shards.window is None or self.shards.window >= len(self.shards.starts) - 1:
+        window = None if self.shards is None else self.shards.window_of(epoch)
+        if self.shards is None or window is None or window >= len(self.shards.starts) - 1:
             return torch.randperm(self.n, generator=g)
         # the shards in a seeded random order; each shard's samples spread at random over `window` shards'
         # places from its own: at any point of the epoch about `window` shards are being read, and a cache
@@ -141,7 +149,7 @@ class ShardedBatchSampler:
         place = torch.empty(len(sizes), dtype=torch.float64)
         place[torch.randperm(len(sizes), generator=g)] = torch.arange(len(sizes), dtype=torch.float64)
         keys = torch.repeat_interleave(place, torch.from_numpy(sizes))
-        keys += torch.rand(self.n, generator=g, dtype=torch.float64) * self.shards.window
+        keys += torch.rand(self.n, generator=g, dtype=torch.float64) * window
         return torch.argsort(keys)
 
     def _span_sizes(self, m: int, w: int) -> list[int]:

@@ -95,6 +95,8 @@ class ShardCache:
         self._in_use: dict[int, tuple[int, int]] = {}  # shard -> (our uses, fd holding its shared lock)
         self._pool: ThreadPoolExecutor | None = None
         self._ahead: dict[int, Future] = {}
+        self._wanted: list[int] = []  # the shards the rank will read, in order (`follow`)
+        self._ranks = 1  # this machine's ranks sharing the cache: each plans ahead within its part
         self.downloaded = 0  # bytes this process downloaded
         self.fetched = 0  # shards this process downloaded
         biggest = max((s["bytes"] for s in manifest.shards), default=0)
@@ -180,25 +182,33 @@ class ShardCache:
             else:
                 self._in_use[k] = (uses - 1, fd)
 
-    def follow(self, shards: Sequence[int]) -> None:
-        """Download `shards` (in the order a rank will read them) ahead, on the fetch pool, as far as the
-        cache's limit allows beside the shards in use; anything asked before is no longer wanted."""
+    def follow(self, shards: Sequence[int], ranks: int = 1) -> None:
+        """Download `shards` (in the order a rank will read them) ahead, on the fetch pool, as far as this
+        rank's part of the cache's limit (`ranks`: this machine's ranks sharing it) allows beside the
+        shards it holds; anything asked before is no longer wanted."""
         with self._lock:
             self._pool = self._pool or ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="gpufeed-fetch")
             self._wanted = list(dict.fromkeys(shards))
             self._ahead = {k: f for k, f in self._ahead.items() if not f.done()}
+            self._ranks = max(1, ranks)
         self._top_up()
 
     def _top_up(self) -> None:
-        """Start downloads of the next wanted shards that fit (the next one always: it is needed soon)."""
+        """Start downloads of the next wanted shards that fit in this rank's part of the cache beside the
+        shards it holds (the next one always: it is needed soon). Planning only half the cache ahead
+        left a cache of a quarter of the store downloading at half the link's rate (docs/benchmarks.md,
+        "Training from a bucket")."""
         with self._lock:
-            budget = self.limit if self.limit is not None else float("inf")
+            sizes = [s["bytes"] for s in self.manifest.shards]
+            room = self.limit / self._ranks if self.limit is not None else float("inf")
+            room -= sum(sizes[k] for k in self._in_use)
             planned = 0
-            for rank, k in enumerate(getattr(self, "_wanted", [])):
-                size = self.manifest.shards[k]["bytes"]
-                if rank and planned + size > budget / 2:  # half the cache ahead: the other half is being read
+            for k in self._wanted:
+                if k in self._in_use:
+                    continue
+                if planned and planned + sizes[k] > room:
                     break
-                planned += size
+                planned += sizes[k]
                 if k not in self._ahead and not self.present(k):
                     self._ahead[k] = self._pool.submit(self._fetch_ahead, k)  # type: ignore[union-attr]  # (follow made it)
 
@@ -212,7 +222,7 @@ class ShardCache:
     def moved_on(self, k: int) -> None:
         """The rank has begun shard `k` of what it follows: what came before is no longer wanted ahead."""
         with self._lock:
-            wanted = getattr(self, "_wanted", [])
+            wanted = self._wanted
             if k in wanted:
                 self._wanted = wanted[wanted.index(k) :]
         self._top_up()
