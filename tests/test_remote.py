@@ -191,6 +191,22 @@ def test_the_fetch_ahead_fills_the_rank_s_part_of_the_cache_beside_what_it_holds
     assert planned(six, 2, []) == fits(six // 2)
 
 
+def test_the_shards_of_the_next_epoch_are_fetched_before_it_begins(bucket, tmp_path):
+    """A pass tells the cache the shards it will read and, where the next epoch is planned already,
+    that epoch's after them: the cache fetches across the epoch's end."""
+    biggest = max(s["bytes"] for s in gpufeed.open("s3://bucket/train", cache_dir=tmp_path / "peek",
+                                                   storage_options=bucket["options"]).manifest.shards)
+    loader = _loader(bucket, tmp_path, rank=0, world_size=3, cache_limit=9 * biggest)
+    for _ in loader:  # epoch 0; epochs 1 and 2 are planned meanwhile
+        pass
+    loader._planner.peek(2)  # (made by now)
+    this, _ = loader.store.locate(torch.cat([loader.plan(1, b)[0] for b in range(len(loader))]).numpy())
+    after, _ = loader.store.locate(torch.cat([loader.plan(2, b)[0] for b in range(len(loader))]).numpy())
+    next(iter(loader))  # epoch 1 begins (its first shards read are no longer wanted ahead)
+    wanted, only_after = set(loader.store.cache._wanted), set(after.tolist()) - set(this.tolist())
+    assert only_after and only_after <= wanted <= set(this.tolist()) | only_after
+
+
 def test_ranks_sharing_a_cache_folder_download_each_shard_once(bucket, tmp_path, monkeypatch):
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     loaders = [_loader(bucket, tmp_path, rank=r, world_size=2, drop_last=False, pad=False) for r in range(2)]

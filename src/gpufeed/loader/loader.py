@@ -117,6 +117,15 @@ def _open(store, cache_dir, cache_limit, storage_options) -> Store | ShardedStor
     return FolderStore(store) if is_folder_source(store) else open_store(store)
 
 
+def _shard_order(store: ShardedStore, plan, start: int, following) -> list[int]:
+    """The shards a rank reads from batch `start` of `plan` on, in order, then those of the next epoch's
+    plan where it is made (`following`, or None): the cache fetches across the epoch's end instead
+    of waiting for the next pass to begin (0.2-0.3 s of a cache-bound epoch's start otherwise)."""
+    indices = [plan.indices[plan.starts[start] :]] + ([] if following is None else [following.indices])
+    shards, _ = store.locate(torch.cat(indices).numpy())
+    return shards[np.r_[True, shards[1:] != shards[:-1]]].tolist() if len(shards) else []
+
+
 def _shards(store: ShardedStore, asked: int | None, batch_size: int) -> Shards:
     """The store's shards and the shard-aware order's windows: `_window`'s, and for a jpeg store in a
     bucket whose cache holds all of it (no `cache_limit`, or one above the store), a first epoch over
@@ -636,9 +645,8 @@ class Loader:
             self.store.check_unchanged()
         plan = self._planner.get(epoch)
         if isinstance(self.store, RemoteStore):  # fetch this rank's shards ahead, in the order it reads them
-            shards, _ = self.store.locate(plan.indices[plan.starts[start] :].numpy())
-            order = shards[np.r_[True, shards[1:] != shards[:-1]]].tolist() if len(shards) else []
-            self.store.cache.follow(order, local_ranks())
+            following = self._planner.ready(epoch + 1)  # planned already: fetched across the epoch's end
+            self.store.cache.follow(_shard_order(self.store, plan, start, following), local_ranks())
         carried = self._production.take_carried(epoch, start)
         if self.jpeg is not None:
             next_plan = functools.partial(self._planner.peek, epoch + 1) if self.tuning.carry else None

@@ -35,6 +35,10 @@ class _Ahead:
         self._done.wait()
         return self._plan
 
+    def made(self) -> EpochPlan | None:
+        """The plan if it is made already (never waits), else None."""
+        return self._plan if self._done.is_set() else None
+
     def result(self) -> EpochPlan:
         self._done.wait()
         if self._error is not None:
@@ -85,6 +89,14 @@ class Planner:
             return current[1]
         ready = self._ahead.get(epoch)
         return ready.result() if ready is not None else self.now(epoch)
+
+    def ready(self, epoch: int) -> EpochPlan | None:
+        """An epoch's plan if it is made already (as `peek`, but never waiting or planning), else None."""
+        current = self._current
+        if current is not None and current[0] == epoch:
+            return current[1]
+        ahead = self._ahead.get(epoch)
+        return ahead.made() if ahead is not None else None
 
     def now(self, epoch: int) -> EpochPlan:
         sampler, _, seed, sizes = self._args
