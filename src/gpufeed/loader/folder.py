@@ -33,6 +33,7 @@ import tempfile
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
 
 import numpy as np
@@ -103,7 +104,9 @@ class FolderStore:
         cache_path = _cache_path(self.path)
         self.upright = cache_path.with_suffix(".upright")  # the images re-encoded, as packing would
         cached = _load(cache_path)
-        stats = {f: _stat(f) for f in {x.file for x in listed}}
+        unique = list(dict.fromkeys(x.file for x in listed))
+        runs = [unique[a : a + 2048] for a in range(0, len(unique), 2048)]  # stat releases the GIL: on threads
+        stats = dict(zip(unique, chain.from_iterable(self._pool.map(lambda run: [_stat(f) for f in run], runs))))
         keys = [f"{x.name}|{stats[x.file]}" for x in listed]
         upright = os.fspath(self.upright)
 
@@ -119,9 +122,11 @@ class FolderStore:
         if fresh or len(cached) != len(keys):  # new entries, or ones of files gone
             _save(cache_path, {key: cached[key] for key in keys})
             _prune(self.upright, {_upright_name(key) for key in keys if _reencoded(cached[key])})
-        kept = [k for k, key in enumerate(keys) if isinstance(cached[key], list)]
-        self.reencoded = sum(_reencoded(cached[keys[k]]) for k in kept)
-        newly = sum(_reencoded(cached[keys[k]]) for k in fresh)
+        entries = [cached[key] for key in keys]
+        kept = [k for k, entry in enumerate(entries) if isinstance(entry, list)]
+        again = [len(entries[k]) == 4 for k in kept]  # re-encoded, read from beside the index
+        self.reencoded = sum(again)
+        newly = sum(_reencoded(entries[k]) for k in fresh)
         if newly:
             log.warning(
                 "gpufeed: %s: %d image(s) the JPEG decoders can't read as they are (PNG, WebP, progressive, "
@@ -148,15 +153,16 @@ class FolderStore:
         if not kept:
             raise SourceError(f"{self.path}: no image this loader can read (and not a gpufeed store)")
         self._names = [listed[k].name for k in kept]
-        where_read = [made(k) if _reencoded(cached[keys[k]]) else listed[k].file for k in kept]
+        where_read = [made(k) if a else listed[k].file for k, a in zip(kept, again)]
         files = sorted(set(where_read))
         where = {f: n for n, f in enumerate(files)}
+        n = len(kept)
         self._files = np.array(files, dtype=object)
-        self._file_of = np.array([where[f] for f in where_read], np.int64)
-        self._begins = np.array([0 if _reencoded(cached[keys[k]]) else listed[k].begin for k in kept], np.int64)
-        headers = np.array([cached[keys[k]][:3] for k in kept], np.int64).reshape(-1, 3)
+        self._file_of = np.fromiter((where[f] for f in where_read), np.int64, n)
+        self._begins = np.fromiter((0 if a else listed[k].begin for k, a in zip(kept, again)), np.int64, n)
+        headers = np.fromiter(chain.from_iterable(entries[k][:3] for k in kept), np.int64, 3 * n).reshape(n, 3)
         self.shapes, self._sizes = headers[:, :2], headers[:, 2].copy()
-        self._labels = np.array([listed[k].label for k in kept], np.int64)
+        self._labels = np.fromiter((listed[k].label for k in kept), np.int64, n)
 
     @property
     def labels(self) -> torch.Tensor:
