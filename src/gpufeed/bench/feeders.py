@@ -19,7 +19,7 @@ def dataset(ctx: Context) -> Path:
     """An ImageFolder of natural-looking 500×375 JPEGs plus its raw and jpeg stores (made once)."""
     root = ctx.work / ("data-quick" if ctx.quick else "data")
     if not (root / "raw").exists():
-        per_class = 32 if ctx.quick else 512
+        per_class = 16 if ctx.quick else 512
         make_image_folder(root / "images", per_class=per_class, classes=8)
         pack(root / "images", root / "raw", size=256, progress=False, overwrite=True)
         pack(root / "images", root / "jpeg", mode="jpeg", reencode=False, progress=False, overwrite=True)

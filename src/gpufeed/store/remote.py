@@ -329,7 +329,8 @@ class ShardCache:
             ok = manifest_digest(temp / fmt.MANIFEST) == entry["digest"]
             self._check(f"{remote}/{fmt.MANIFEST}", ok)
             shard = Manifest.read(temp)
-            retried(what, lambda: self._get(remote, list(shard.files), temp))
+            # a try that failed part way left some files whole: the next fetches the others
+            retried(what, lambda: self._get(remote, _not_yet(temp, shard.files), temp))
             for name, meta in shard.files.items():
                 got = file_digest(temp / name)
                 self._check(f"{remote}/{name}", got == {"bytes": meta["bytes"], "digest": meta["digest"]})
@@ -420,6 +421,19 @@ class RemoteStore(ShardedStore):
     @property
     def url_shown(self) -> str:
         return shown(self.url)
+
+
+def _not_yet(folder: Path, files: dict) -> list[str]:
+    """The names of `files` (name -> manifest entry) not yet in `folder` at their recorded size."""
+    out = []
+    for name, meta in files.items():
+        try:
+            if (folder / name).stat().st_size == meta["bytes"]:
+                continue
+        except OSError:
+            pass
+        out.append(name)
+    return out
 
 
 def _fetch_checked(fs, remote: str, local: Path, meta: dict, where: str) -> None:
