@@ -206,10 +206,12 @@ class Served:
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
         )
         line = self._proc.stdout.readline()  # type: ignore[union-attr]
-        if not line:
-            raise SystemExit("remote_bench: the S3 server's process ended before it started")
-        urls = json.loads(line)
-        self.direct, self.link = urls["direct"], urls["link"]
+        try:
+            urls = json.loads(line)
+            self.direct, self.link = urls["direct"], urls["link"]
+        except (ValueError, KeyError, TypeError):
+            self._proc.kill()
+            raise SystemExit(f"remote_bench: the S3 server's process did not start ({line!r})") from None
 
     def close(self) -> None:
         self._proc.stdin.close()  # type: ignore[union-attr]

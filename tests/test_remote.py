@@ -9,6 +9,7 @@ import logging
 import shutil
 import socketserver
 import threading
+import time
 import urllib.request
 from pathlib import Path
 
@@ -18,6 +19,7 @@ import torch
 
 import gpufeed
 from conftest import save, smooth
+import gpufeed.store.remote as remote_module
 from gpufeed.augment import Normalize, RandomResizedCrop
 from gpufeed.store import StoreError
 
@@ -205,6 +207,61 @@ def test_the_shards_of_the_next_epoch_are_fetched_before_it_begins(bucket, tmp_p
     next(iter(loader))  # epoch 1 begins (its first shards read are no longer wanted ahead)
     wanted, only_after = set(loader.store.cache._wanted), set(after.tolist()) - set(this.tolist())
     assert only_after and only_after <= wanted <= set(this.tolist()) | only_after
+
+
+def test_room_is_made_from_shards_the_rank_will_not_read_first(bucket, tmp_path):
+    """Eviction takes the least recently used shard that the rank does not want ahead; a shard it
+    wants (fetched ahead, not yet read) goes last, even when it is the oldest."""
+    store = gpufeed.open("s3://bucket/train", cache_dir=tmp_path / "c", storage_options=bucket["options"])
+    cache, sizes = store.cache, [s["bytes"] for s in store.manifest.shards]
+    cache.limit = sizes[1] + sizes[0] + max(sizes[2], sizes[3])  # room for three of them
+    for k in (1, 0, 2):  # shard 1 the least recently used
+        cache.ensure(k)
+        time.sleep(0.01)
+    cache._wanted = [1]
+    cache.ensure(3)
+    assert cache.present(1) and cache.present(3) and not cache.present(0)
+
+
+def test_a_failed_try_keeps_only_whole_files_and_the_next_fetches_the_rest(bucket, tmp_path, monkeypatch):
+    """A download that fails part way moves into the shard's folder only the files it finished; the
+    next try fetches the others, into a folder of its own (a late write of the failed try lands in
+    its own folder, never over the shard's)."""
+    store = gpufeed.open("s3://bucket/train", cache_dir=tmp_path / "c", storage_options=bucket["options"])
+    cache, real, asked, late = store.cache, store.cache.fs.get, [], []
+
+    def get(remotes, locals_):
+        asked.append([r.rsplit("/", 1)[1] for r in remotes])
+        if len(asked) == 2:  # the shard's files, first try: one whole, one cut short, then an error
+            real(remotes[:1], locals_[:1])
+            Path(locals_[1]).write_bytes(b"short")
+            late.append(Path(locals_[1]))
+            raise OSError("connection reset")
+        real(remotes, locals_)
+        for path in late:  # the failed try's download of that file, still running, ends now
+            try:
+                path.write_bytes(b"late")
+            except OSError:
+                pass
+
+    monkeypatch.setattr(cache.fs, "get", get)
+    monkeypatch.setattr(remote_module, "BACKOFF", 0.01)
+    cache.ensure(0)
+    assert cache.present(0) and len(asked) == 3 and len(asked[1]) > 2
+    assert asked[2] == asked[1][1:]  # the whole one kept, the short one fetched again
+
+
+def test_a_state_saved_before_the_streamed_first_epoch_resumes_from_epoch_1(bucket, tmp_path):
+    """A state_dict saved before a bucket's store had a shard-aware first epoch (no "first_window" in
+    its order key) resumes at epoch 1 or later, whose order is unchanged, and is refused in epoch 0."""
+    loader = _loader(bucket, tmp_path)
+    old = loader.state_dict()
+    old["order"] = [k for k in old["order"] if not (isinstance(k, dict) and "first_window" in k)]
+    assert old["order"] != loader.state_dict()["order"]
+    with pytest.raises(ValueError, match="order"):
+        loader.load_state_dict(old)
+    loader.load_state_dict(old | {"epoch": 1, "batch": 2})
+    assert loader.epoch == 1 and len(list(loader)) == len(loader) - 2
 
 
 def test_ranks_sharing_a_cache_folder_download_each_shard_once(bucket, tmp_path, monkeypatch):

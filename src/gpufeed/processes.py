@@ -33,11 +33,18 @@ def _threads() -> int:
         return 1
 
 
+_MAIN = threading.Lock()
+
+
 class _SpawnWithoutMain(multiprocessing.get_context("spawn").Process):  # type: ignore[misc]  # (a run-time base)
     """A spawned worker that does not import the caller's `__main__` (spawn would: a script without a
     main guard would run again in every worker). The pools' workers need nothing from it."""
 
     def start(self) -> None:
+        with _MAIN:  # two threads starting pools at once would restore each other's half-changed state
+            self._start_without_main()
+
+    def _start_without_main(self) -> None:
         main = sys.modules["__main__"]
         saved: dict[str, Any] = {k: main.__dict__[k] for k in ("__file__", "__spec__") if k in main.__dict__}
         main.__dict__.pop("__file__", None)

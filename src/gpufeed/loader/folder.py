@@ -64,9 +64,6 @@ JPEG_MAX_SIDE = 65535  # a JPEG frame header's limit
 # the fewest bytes a baseline JPEG of this many pixels can take is above pixels / 256 (each 8x8 block
 # costs at least two bits); an entry claiming more pixels than that for its bytes is read again
 PIXELS_PER_BYTE = 256
-# a batch's files are read as this many runs at once (page-cached photos on an H100 host: a pass's
-# second half ran at 21k img/s with 4, 16-18k with 8 or 16)
-READ_RUNS = 4
 HEADER_BYTES = 1 << 18  # enough for a JPEG's markers up to its frame header, EXIF thumbnails included
 
 
@@ -228,11 +225,12 @@ class FolderStore:
                 if got < len(view):
                     view[:] = b"\0" * len(view)  # changed since indexed: undecodable, replaced
 
-        # a run of files per task, not a task per file: each task's hand-over takes the GIL from the
-        # training thread, and per file that made a folder's pass half as fast as its packed store's;
-        # and a few runs, not one per thread: 16 threads taking turns at the GIL slowed the pass too
-        # (docs/benchmarks.md, "Reading a folder in place")
-        n, runs = len(indices), min(READ_RUNS, self._threads)
+        # a run of files per thread, not a task per file: each task's hand-over takes the GIL from the
+        # training thread, and per file that made a folder's pass half as fast as its packed store's
+        # (docs/benchmarks.md, "Reading a folder in place"; fewer runs than threads were tried: one call
+        # favoured 4 on page-cached photos, another did not, and files read from a network filesystem
+        # or a cold disk want reads in flight)
+        n, runs = len(indices), self._threads
         step = max(1, -(-n // runs))
         pending = [self._pool.submit(some, range(a, min(a + step, n))) for a in range(0, n, step)]
 

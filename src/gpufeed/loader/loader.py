@@ -117,6 +117,13 @@ def _open(store, cache_dir, cache_limit, storage_options) -> Store | ShardedStor
     return FolderStore(store) if is_folder_source(store) else open_store(store)
 
 
+def _same_order_after_epoch_0(state: dict, mine: dict) -> bool:
+    """Whether `state`, saved before a store in a bucket had a shard-aware first epoch (its order key
+    without "first_window"), was taken at epoch 1 or later, whose order is the same."""
+    key = [k for k in mine["order"] if not (isinstance(k, dict) and "first_window" in k)]
+    return isinstance(state.get("epoch"), int) and state["epoch"] >= 1 and state.get("order") == key
+
+
 def _shard_order(store: ShardedStore, plan, start: int, following) -> list[int]:
     """The shards a rank reads from batch `start` of `plan` on, in order, then those of the next epoch's
     plan where it is made (`following`, or None): the cache fetches across the epoch's end instead
@@ -548,7 +555,9 @@ class Loader:
         ):
             raise ValueError(f"not a gpufeed.Loader state_dict (it needs the keys {sorted(mine)})")
         for key in ("seed", "batch_size", "samples", "order"):
-            if state.get(key, mine[key]) != mine[key]:
+            if state.get(key, mine[key]) != mine[key] and not (
+                key == "order" and _same_order_after_epoch_0(state, mine)
+            ):
                 raise ValueError(f"state_dict has {key}={state[key]}, this loader has {mine[key]}")
         for key in ("epoch", "batch", "world_size"):
             value = state[key]

@@ -209,7 +209,8 @@ class ShardCache:
                 if planned and planned + sizes[k] > room:
                     break
                 planned += sizes[k]
-                if k not in self._ahead and not self.present(k):
+                ahead = self._ahead.get(k)
+                if (ahead is None or ahead.done()) and not self.present(k):  # (one that found no room: again)
                     self._ahead[k] = self._pool.submit(self._fetch_ahead, k)  # type: ignore[union-attr]  # (follow made it)
 
     def _fetch_ahead(self, k: int) -> None:
@@ -248,7 +249,10 @@ class ShardCache:
                 present = [j for j in range(len(self.manifest.shards)) if j != k and self.present(j)]
                 reserved = self._reserved()
                 used = sum(self.manifest.shards[j]["bytes"] for j in present) + sum(reserved.values())
-                present.sort(key=lambda j: (self.path(j) / VERIFIED).stat().st_mtime)
+                with self._lock:
+                    soon = {j: place for place, j in enumerate(self._wanted)}
+                # least recently used first; the shards this rank will read go last, the soonest last of all
+                present.sort(key=lambda j: (j in soon, -soon.get(j, 0), (self.path(j) / VERIFIED).stat().st_mtime))
                 for j in present:
                     if used + size <= self.limit:
                         break
@@ -325,7 +329,7 @@ class ShardCache:
         final = self.path(k)
         temp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
         try:
-            retried(f"{what}/{fmt.MANIFEST}", lambda: self._get(remote, [fmt.MANIFEST], temp))
+            retried(f"{what}/{fmt.MANIFEST}", lambda: self._get(remote, {fmt.MANIFEST: None}, temp))
             ok = manifest_digest(temp / fmt.MANIFEST) == entry["digest"]
             self._check(f"{remote}/{fmt.MANIFEST}", ok)
             shard = Manifest.read(temp)
@@ -337,14 +341,38 @@ class ShardCache:
             shutil.rmtree(final, ignore_errors=True)
             os.replace(temp, final)
             (final / VERIFIED).write_text(entry["digest"])
-            self.downloaded += entry["bytes"]
-            self.fetched += 1
+            with self._lock:
+                self.downloaded += entry["bytes"]
+                self.fetched += 1
         finally:
             shutil.rmtree(temp, ignore_errors=True)
 
-    def _get(self, remote: str, names: list[str], into: Path) -> None:
-        """Files `names` of the remote folder `remote` into the local folder `into`, at once."""
-        self.fs.get([f"{remote}/{n}" for n in names], [os.fspath(into / n) for n in names])
+    def _get(self, remote: str, files: dict[str, int | None], into: Path) -> None:
+        """Files of the remote folder `remote` (name -> its bytes, None: not known) into the local folder
+        `into`, at once. Each try downloads into a folder of its own and moves into `into` only what
+        it finished (all of it, or after a failure the files at their full size): before fsspec
+        2026.4 a failed `get` left its other downloads running, and one finishing late must not
+        write over a file a later try has made, or a shard already in place."""
+        if not files:
+            return
+        attempt = Path(tempfile.mkdtemp(prefix=".try-", dir=into))
+        names = list(files)
+        try:
+            self.fs.get([f"{remote}/{n}" for n in names], [os.fspath(attempt / n) for n in names])
+            failed = False
+        except BaseException:
+            failed = True
+            raise
+        finally:
+            for name, size in files.items():
+                got = attempt / name
+                try:
+                    whole = not failed or (size is not None and got.stat().st_size == size)
+                except OSError:
+                    whole = False
+                if whole:
+                    os.replace(got, into / name)
+            shutil.rmtree(attempt, ignore_errors=True)
 
     def _check(self, remote: str, ok: bool) -> None:
         """A StoreError naming the remote file unless its download was `ok` (its digest as recorded)."""
@@ -423,17 +451,9 @@ class RemoteStore(ShardedStore):
         return shown(self.url)
 
 
-def _not_yet(folder: Path, files: dict) -> list[str]:
-    """The names of `files` (name -> manifest entry) not yet in `folder` at their recorded size."""
-    out = []
-    for name, meta in files.items():
-        try:
-            if (folder / name).stat().st_size == meta["bytes"]:
-                continue
-        except OSError:
-            pass
-        out.append(name)
-    return out
+def _not_yet(folder: Path, files: dict) -> dict[str, int | None]:
+    """Those of `files` (name -> manifest entry) not yet in `folder`, with their recorded sizes."""
+    return {name: meta["bytes"] for name, meta in files.items() if not (folder / name).exists()}
 
 
 def _fetch_checked(fs, remote: str, local: Path, meta: dict, where: str) -> None:
