@@ -9,7 +9,6 @@ import logging
 import shutil
 import socketserver
 import threading
-import time
 import urllib.request
 from pathlib import Path
 
@@ -207,20 +206,6 @@ def test_the_shards_of_the_next_epoch_are_fetched_before_it_begins(bucket, tmp_p
     next(iter(loader))  # epoch 1 begins (its first shards read are no longer wanted ahead)
     wanted, only_after = set(loader.store.cache._wanted), set(after.tolist()) - set(this.tolist())
     assert only_after and only_after <= wanted <= set(this.tolist()) | only_after
-
-
-def test_room_is_made_from_shards_the_rank_will_not_read_first(bucket, tmp_path):
-    """Eviction takes the least recently used shard that the rank does not want ahead; a shard it
-    wants (fetched ahead, not yet read) goes last, even when it is the oldest."""
-    store = gpufeed.open("s3://bucket/train", cache_dir=tmp_path / "c", storage_options=bucket["options"])
-    cache, sizes = store.cache, [s["bytes"] for s in store.manifest.shards]
-    cache.limit = sizes[1] + sizes[0] + max(sizes[2], sizes[3])  # room for three of them
-    for k in (1, 0, 2):  # shard 1 the least recently used
-        cache.ensure(k)
-        time.sleep(0.01)
-    cache._wanted = [1]
-    cache.ensure(3)
-    assert cache.present(1) and cache.present(3) and not cache.present(0)
 
 
 def test_a_failed_try_keeps_only_whole_files_and_the_next_fetches_the_rest(bucket, tmp_path, monkeypatch):
