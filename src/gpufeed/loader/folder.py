@@ -104,9 +104,7 @@ class FolderStore:
         cache_path = _cache_path(self.path)
         self.upright = cache_path.with_suffix(".upright")  # the images re-encoded, as packing would
         cached = _load(cache_path)
-        unique = list(dict.fromkeys(x.file for x in listed))
-        runs = [unique[a : a + 2048] for a in range(0, len(unique), 2048)]  # stat releases the GIL: on threads
-        stats = dict(zip(unique, chain.from_iterable(self._pool.map(lambda run: [_stat(f) for f in run], runs))))
+        stats = {f: _stat(f) for f in {x.file for x in listed}}
         keys = [f"{x.name}|{stats[x.file]}" for x in listed]
         upright = os.fspath(self.upright)
 
@@ -124,7 +122,7 @@ class FolderStore:
             _prune(self.upright, {_upright_name(key) for key in keys if _reencoded(cached[key])})
         entries = [cached[key] for key in keys]
         kept = [k for k, entry in enumerate(entries) if isinstance(entry, list)]
-        again = [len(entries[k]) == 4 for k in kept]  # re-encoded, read from beside the index
+        again = [_reencoded(entries[k]) for k in kept]  # re-encoded, read from beside the index
         self.reencoded = sum(again)
         newly = sum(_reencoded(entries[k]) for k in fresh)
         if newly:

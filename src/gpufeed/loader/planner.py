@@ -84,11 +84,11 @@ class Planner:
 
     def peek(self, epoch: int) -> EpochPlan:
         """An epoch's plan, leaving it for `get` (the one `get` last gave, planned ahead, or made now)."""
-        current = self._current
-        if current is not None and current[0] == epoch:
-            return current[1]
-        ready = self._ahead.get(epoch)
-        return ready.result() if ready is not None else self.now(epoch)
+        made = self.ready(epoch)
+        if made is not None:
+            return made
+        ahead = self._ahead.get(epoch)  # being planned (or failed: its error raised here)
+        return ahead.result() if ahead is not None else self.now(epoch)
 
     def ready(self, epoch: int) -> EpochPlan | None:
         """An epoch's plan if it is made already (as `peek`, but never waiting or planning), else None."""

@@ -99,7 +99,8 @@ class ShardCache:
         self._ranks = 1  # this machine's ranks sharing the cache: each plans ahead within its part
         self.downloaded = 0  # bytes this process downloaded
         self.fetched = 0  # shards this process downloaded
-        biggest = max((s["bytes"] for s in manifest.shards), default=0)
+        self._sizes = [s["bytes"] for s in manifest.shards]  # each shard's bytes, by number
+        biggest = max(self._sizes, default=0)
         if limit is not None and limit < biggest:
             raise StoreError(
                 f"{shown(url)}: cache_limit {limit} bytes is smaller than its largest shard ({biggest} bytes): raise it"
@@ -199,7 +200,7 @@ class ShardCache:
         left a cache of a quarter of the store downloading at half the link's rate (docs/benchmarks.md,
         "Training from a bucket")."""
         with self._lock:
-            sizes = [s["bytes"] for s in self.manifest.shards]
+            sizes = self._sizes
             room = self.limit / self._ranks if self.limit is not None else float("inf")
             room -= sum(sizes[k] for k in self._in_use)
             planned = 0
@@ -210,7 +211,7 @@ class ShardCache:
                     break
                 planned += sizes[k]
                 # (one tried already is not tried again: a shard read, let go and evicted can stay in the
-                # wanted list a while, and fetching it again cost a cache a fifth of the store 20-30 %
+                # wanted list a while, and fetching it again cost remote_bench's small cache 8-20 %
                 # more bytes an epoch; one that found no room is fetched when a batch needs it)
                 if k not in self._ahead and not self.present(k):
                     self._ahead[k] = self._pool.submit(self._fetch_ahead, k)  # type: ignore[union-attr]  # (follow made it)
@@ -355,22 +356,15 @@ class ShardCache:
         if not files:
             return
         attempt = Path(tempfile.mkdtemp(prefix=".try-", dir=into))
-        names = list(files)
         try:
-            self.fs.get([f"{remote}/{n}" for n in names], [os.fspath(attempt / n) for n in names])
-            failed = False
+            self.fs.get([f"{remote}/{n}" for n in files], [os.fspath(attempt / n) for n in files])
+            finished = list(files)
         except BaseException:
-            failed = True
+            finished = [n for n, size in files.items() if size is not None and _bytes(attempt / n) == size]
             raise
         finally:
-            for name, size in files.items():
-                got = attempt / name
-                try:
-                    whole = not failed or (size is not None and got.stat().st_size == size)
-                except OSError:
-                    whole = False
-                if whole:
-                    os.replace(got, into / name)
+            for name in finished:
+                os.replace(attempt / name, into / name)
             shutil.rmtree(attempt, ignore_errors=True)
 
     def _check(self, remote: str, ok: bool) -> None:
@@ -448,6 +442,14 @@ class RemoteStore(ShardedStore):
     @property
     def url_shown(self) -> str:
         return shown(self.url)
+
+
+def _bytes(path: Path) -> int | None:
+    """The file's size, or None where it is not there."""
+    try:
+        return path.stat().st_size
+    except OSError:
+        return None
 
 
 def _not_yet(folder: Path, files: dict) -> dict[str, int | None]:
