@@ -7,9 +7,13 @@ one copy of the store in host RAM (page cache / one registered region), not one 
     python benchmarks/ddp_bench.py --n 10000 --out ddp.json
 
 `--train resnet18` instead trains (train_bench's loop, the model in DistributedDataParallel) fed
-by the jpeg store or by one synthetic batch (feeds.py's `jpeg` and `synthetic` rows): issue 20's
-check, per-GPU training img/s with 2 ranks against 1. `--bind yes|both` gives each rank its own
-equal slice of the cores (both: every row bound and not, interleaved).
+by the jpeg store, by one synthetic batch or by DALI (feeds.py's `jpeg`, `synthetic` and `dali` rows;
+DALI where nvidia-dali is installed, each rank reading its shard of the image folder with
+`--dali-threads` threads): per-GPU training img/s with N ranks against 1 and against the synthetic
+ceiling. `--bind yes|both` gives each rank its own equal slice of the cores (both: every row bound
+and not, interleaved).
+
+    python benchmarks/ddp_bench.py --n 10000 --train resnet18 --worlds 2 --bind both
 
 Each configuration runs as `torchrun --nproc-per-node W benchmarks/ddp_bench.py --worker ...`
 (`--inline`: one rank in this process instead, as `--smoke` does); every rank times whole
@@ -39,6 +43,7 @@ CONFIGS = {  # name: (store, cache, epochs timed)
 TRAIN_CONFIGS = {  # `--train`: name: (store, cache or "synthetic", steps timed)
     "synthetic": ("jpeg", "synthetic", 80),  # one batch already on the GPU: the ceiling
     "jpeg": ("jpeg", "auto", 80),  # the jpeg store, the Loader's defaults
+    "dali": ("jpeg", "dali", 80),  # DALI on the folder the jpeg store was packed from
 }
 SMOKE = dict(n=40, image="64x48", size=32, batch=4, warmup=1, device="cpu", worlds="1", inline=True,
              configs=None, epochs_scale=0.01, host_read_gb=0.01, workdir=None)
@@ -131,8 +136,9 @@ def _train(a: argparse.Namespace, local: int, device: str) -> None:
     torch.backends.cudnn.benchmark = True
     ddp = functools.partial(torch.nn.parallel.DistributedDataParallel, device_ids=[local] if device != "cpu" else None)
     step = training_step(a.train, device, 1000, ddp)
-    store = Path(a.store)  # feeds' rows read <work>/jpeg
-    feed = feeds.feed("synthetic" if a.cache == "synthetic" else store.name, store.parent, a.batch, device, a.size)
+    store = Path(a.store)  # feeds' rows read <work>/jpeg, DALI <work>/images
+    row = {"synthetic": "synthetic", "dali": f"dali:threads={a.dali_threads}"}.get(a.cache, store.name)
+    feed = feeds.feed(row, store.parent, a.batch, device, a.size, shard=(dist.get_rank(), dist.get_world_size()))
     for _ in range(a.warmup):
         step(*next(feed.batches))
     sync(device)
@@ -153,6 +159,8 @@ def _train(a: argparse.Namespace, local: int, device: str) -> None:
               "pss_mb": _pss_mb(), "store_maps_mb": mapped_mb(a.store),
               "decoded_by": stats.get("decoded_by") if stats is not None else None,
               "gpu_used_gb": used, "cores_used": cores_used, **_rank_facts(feed.loader)}
+    if a.cache == "dali":
+        result["workers"] = a.dali_threads  # DALI's CPU threads stand in the workers' column
     dist.barrier()
     feed.close()
     Path(f"{a.report}.rank{result['rank']}.json").write_text(json.dumps(result))
@@ -164,6 +172,7 @@ def run(a: argparse.Namespace, store: Path, cache: str, epochs: int, world: int,
     report = work / f"r-{store.name}-{cache}-{world}-{'bound' if bind else 'shared'}"
     args = ["--worker", "--store", str(store), "--cache", cache, "--epochs", str(epochs), "--report", str(report),
             "--device", a.device, "--batch", str(a.batch), "--size", str(a.size), "--warmup", str(a.warmup),
+            "--dali-threads", str(a.dali_threads),
             *(["--bound"] if bind else []), *(["--train", a.train] if a.train else [])]
     if a.inline:
         worker(parser().parse_args([*args, "--inline"]))
@@ -198,7 +207,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--host-read-gb", type=float, default=8.0, help="array size of the host read bandwidth figure")
     p.add_argument("--workdir", default=None, help="keep the images and stores here (default: a temporary folder)")
     p.add_argument("--train", metavar="MODEL", help="instead of the loader alone, train MODEL (resnet18, ...) "
-                   "in DistributedDataParallel: rows jpeg (the Loader's defaults) and synthetic, 80 steps")
+                   "in DistributedDataParallel: rows synthetic, jpeg (the Loader's defaults) and dali, 80 steps")
+    p.add_argument("--dali-threads", type=int, default=8, help="--train's dali row: DALI's CPU threads per rank "
+                   "(default 8, as train_bench's dali row)")
     p.add_argument("--inline", action=argparse.BooleanOptionalAction, default=False,
                    help="one rank in this process instead of torchrun (--smoke; rank counts over 1 are left out)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -231,23 +242,35 @@ def main(argv: list[str] | None = None) -> dict | None:
         if not a.train:
             result["host_read_gb_s"] = host_read_gb_s(a.host_read_gb)
         names = a.configs.split(",") if a.configs else [n for n, c in configs.items() if cuda or c[1] != "gpu"]
-        for name in names:
-            kind, cache, epochs = configs[name]
-            epochs = max(1, round(epochs * a.epochs_scale))
-            for bind in {"no": [False], "yes": [True], "both": [False, True]}[a.bind]:
-                repeats = [[run(a, stores[kind], cache, epochs, w, work, bind and w > 1) for w in worlds]
-                           for _ in range(a.repeats)]
-                runs = []
-                for k, w in enumerate(worlds):  # the repeat with the median per-GPU rate stands for this rank count
-                    tries = sorted((rep[k] for rep in repeats), key=lambda r: r["mean_per_gpu"])
-                    runs.append(dict(tries[len(tries) // 2], repeats_per_gpu=[t["mean_per_gpu"] for t in tries]))
-                for r in runs:
-                    r["efficiency_vs_1"] = r["mean_per_gpu"] / runs[0]["mean_per_gpu"]
-                result["rows"][f"{name}{'-bound' if bind else ''}"] = runs
-                if a.out:  # what has run so far, should a later row fail
-                    Path(a.out).write_text(json.dumps(result, indent=1))
+        if "dali" in names and (not cuda or not feeds.has_dali()):
+            names.remove("dali")
+            print("nvidia-dali not installed or no GPU: no dali row", flush=True)
+        binds = {"no": [False], "yes": [True], "both": [False, True]}[a.bind]
+        tries: dict[str, list[list[dict]]] = {}  # row name: per repeat, one run per rank count
+        for repeat in range(a.repeats):  # every row once per repeat, in turn: rows compared come from close in time
+            for name in names if repeat % 2 == 0 else names[::-1]:
+                kind, cache, epochs = configs[name]
+                epochs = max(1, round(epochs * a.epochs_scale))
+                for bind in binds:
+                    runs = [run(a, stores[kind], cache, epochs, w, work, bind and w > 1) for w in worlds]
+                    tries.setdefault(f"{name}{'-bound' if bind else ''}", []).append(runs)
+                    result["rows"] = {row: _median(rep) for row, rep in tries.items()}
+                    if a.out:  # what has run so far, should a later row fail
+                        Path(a.out).write_text(json.dumps(result, indent=1))
         rows = result.pop("rows")
         return common.write(a, __file__, rows, table(rows), a.device, **result)
+
+
+def _median(repeats: list[list[dict]]) -> list[dict]:
+    """Per rank count, the repeat with the median per-GPU rate (all repeats' rates beside it), and its
+    rate against the first rank count's."""
+    runs = []
+    for k in range(len(repeats[0])):
+        tries = sorted((rep[k] for rep in repeats), key=lambda r: r["mean_per_gpu"])
+        runs.append(dict(tries[len(tries) // 2], repeats_per_gpu=[t["mean_per_gpu"] for t in tries]))
+    for r in runs:
+        r["efficiency_vs_1"] = r["mean_per_gpu"] / runs[0]["mean_per_gpu"]
+    return runs
 
 
 def host_read_gb_s(gigabytes: float = 8.0, repeats: int = 3) -> float:

@@ -106,8 +106,10 @@ def check(row: str) -> None:
                          "policy, gc; dataloader: workers; dali: threads)")
 
 
-def feed(row: str, work: Path, batch: int, device: str = "cuda", size: int = 224) -> Feed:
-    """Build `row` on `work`'s data (see the module's docstring)."""
+def feed(row: str, work: Path, batch: int, device: str = "cuda", size: int = 224,
+         shard: tuple[int, int] = (0, 1)) -> Feed:
+    """Build `row` on `work`'s data (see the module's docstring). `shard` (rank, ranks) is the part of
+    the folder the `dali` row reads under torchrun; gpufeed's rows find their rank themselves."""
     name = row.partition(":")[0]
     kwargs = settings(row)
     loop = {"gc": kwargs.pop("gc", None)}
@@ -126,7 +128,7 @@ def feed(row: str, work: Path, batch: int, device: str = "cuda", size: int = 224
                     time.perf_counter() - t0, loop=loop)
     if name == "dali":
         loader = dali_loader(work / "images", batch, kwargs.get("threads", 8), [m * 255 for m in MEAN],
-                             [s * 255 for s in STD], size)
+                             [s * 255 for s in STD], size, shard)
         batches = _forever(lambda: ((out[0]["images"], out[0]["labels"].view(-1).long()) for out in loader))
         return Feed(batches, time.perf_counter() - t0, loop=loop)
     raise SystemExit(f"unknown row {row!r}: synthetic, raw, jpeg, dataloader or dali")
@@ -180,18 +182,20 @@ def _dataloader(folder: Path, batch: int, device: str, size: int, workers: int |
         yield ((x.float() - mean) / std).half(), y
 
 
-def dali_loader(folder: Path, batch: int, threads: int, mean, std, size: int = 224):
+def dali_loader(folder: Path, batch: int, threads: int, mean, std, size: int = 224, shard: tuple[int, int] = (0, 1)):
     """NVIDIA DALI on the JPEG files under `folder`, the usual GPU recipe: mixed decoder with the
     random crop fused in (`decoders.image_random_crop`), resize to `size`, flip + normalize (`mean`,
-    `std` in 0-255) -> fp16 CHW, as torch tensors. Needs the nvidia-dali wheel for this CUDA: a
-    comparison only, never a gpufeed dependency."""
+    `std` in 0-255) -> fp16 CHW, as torch tensors; `shard` (rank, ranks): the reader's shard, as
+    DALI's own multi-GPU examples set it. Needs the nvidia-dali wheel for this CUDA: a comparison
+    only, never a gpufeed dependency."""
     import torch
     from nvidia.dali import fn, pipeline_def, types
     from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
     @pipeline_def(batch_size=batch, num_threads=threads, device_id=torch.cuda.current_device(), seed=0)
     def pipe():
-        jpegs, labels = fn.readers.file(file_root=str(folder), random_shuffle=True, name="reader")
+        jpegs, labels = fn.readers.file(file_root=str(folder), random_shuffle=True, shard_id=shard[0],
+                                         num_shards=shard[1], name="reader")
         images = fn.decoders.image_random_crop(jpegs, device="mixed", output_type=types.RGB)
         images = fn.resize(images, resize_x=size, resize_y=size)
         images = fn.crop_mirror_normalize(images, dtype=types.FLOAT16, output_layout="CHW", mean=list(mean),
