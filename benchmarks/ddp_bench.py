@@ -137,7 +137,8 @@ def _train(a: argparse.Namespace, local: int, device: str) -> None:
     ddp = functools.partial(torch.nn.parallel.DistributedDataParallel, device_ids=[local] if device != "cpu" else None)
     step = training_step(a.train, device, 1000, ddp)
     store = Path(a.store)  # feeds' rows read <work>/jpeg, DALI <work>/images
-    row = {"synthetic": "synthetic", "dali": f"dali:threads={a.dali_threads}"}.get(a.cache, store.name)
+    own = a.row.replace(":", ",").replace(",", ":", 1) if a.row else store.name  # jpeg:a=1:b=2 is feeds' jpeg:a=1,b=2
+    row = {"synthetic": "synthetic", "dali": f"dali:threads={a.dali_threads}"}.get(a.cache, own)
     feed = feeds.feed(row, store.parent, a.batch, device, a.size, shard=(dist.get_rank(), dist.get_world_size()))
     for _ in range(a.warmup):
         step(*next(feed.batches))
@@ -167,12 +168,15 @@ def _train(a: argparse.Namespace, local: int, device: str) -> None:
     dist.destroy_process_group()
 
 
-def run(a: argparse.Namespace, store: Path, cache: str, epochs: int, world: int, work: Path, bind: bool) -> dict:
-    """One configuration at `world` ranks: each rank's figures and their sums."""
-    report = work / f"r-{store.name}-{cache}-{world}-{'bound' if bind else 'shared'}"
+def run(a: argparse.Namespace, store: Path, cache: str, epochs: int, world: int, work: Path, bind: bool,
+        row: str | None = None) -> dict:
+    """One configuration at `world` ranks: each rank's figures and their sums. `row`: `--train`'s
+    feeds row with its settings (`jpeg:gpu_min=0.1`)."""
+    tag = "".join(c if c.isalnum() or c in "._" else "-" for c in row or "")
+    report = work / f"r-{store.name}-{cache}-{tag}-{world}-{'bound' if bind else 'shared'}"
     args = ["--worker", "--store", str(store), "--cache", cache, "--epochs", str(epochs), "--report", str(report),
             "--device", a.device, "--batch", str(a.batch), "--size", str(a.size), "--warmup", str(a.warmup),
-            "--dali-threads", str(a.dali_threads),
+            "--dali-threads", str(a.dali_threads), *(["--row", row] if row else []),
             *(["--bound"] if bind else []), *(["--train", a.train] if a.train else [])]
     if a.inline:
         worker(parser().parse_args([*args, "--inline"]))
@@ -197,7 +201,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--device", default="cuda", help="cuda (NCCL, a GPU per rank) or cpu (gloo)")
     p.add_argument("--worlds", default="1,2", help="rank counts to run (default 1,2)")
-    p.add_argument("--configs", default=None, help="which rows (default: all), comma-separated")
+    p.add_argument("--configs", default=None, help="which rows (default: all), comma-separated; with --train, "
+                   "jpeg rows take feeds.py's settings, `jpeg:gpu_min=0.1:starved=0.05`")
     p.add_argument("--repeats", type=int, default=1, help="runs of each rank count, interleaved; medians reported")
     p.add_argument("--epochs-scale", type=float, default=1.0, help="multiply each row's timed epochs")
     p.add_argument("--warmup", type=int, default=15, help="--train: steps before the timed ones")
@@ -218,6 +223,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--cache", default="auto", help=argparse.SUPPRESS)
     p.add_argument("--epochs", type=int, default=5, help=argparse.SUPPRESS)
     p.add_argument("--report", help=argparse.SUPPRESS)
+    p.add_argument("--row", help=argparse.SUPPRESS)
     return p
 
 
@@ -249,10 +255,11 @@ def main(argv: list[str] | None = None) -> dict | None:
         tries: dict[str, list[list[dict]]] = {}  # row name: per repeat, one run per rank count
         for repeat in range(a.repeats):  # every row once per repeat, in turn: rows compared come from close in time
             for name in names if repeat % 2 == 0 else names[::-1]:
-                kind, cache, epochs = configs[name]
+                kind, cache, epochs = configs[name.partition(":")[0]]
                 epochs = max(1, round(epochs * a.epochs_scale))
+                row = name if a.train and ":" in name else None
                 for bind in binds:
-                    runs = [run(a, stores[kind], cache, epochs, w, work, bind and w > 1) for w in worlds]
+                    runs = [run(a, stores[kind], cache, epochs, w, work, bind and w > 1, row) for w in worlds]
                     tries.setdefault(f"{name}{'-bound' if bind else ''}", []).append(runs)
                     result["rows"] = {row: _median(rep) for row, rep in tries.items()}
                     if a.out:  # what has run so far, should a later row fail
