@@ -124,8 +124,9 @@ class ShardBytes(OfAStore):
 
     def read_later(self, indices: np.ndarray) -> Callable[[], Encoded]:
         shards, local = self.store.locate(indices)
-        self._use(np.unique(shards).tolist())
-        maps = {k: self.store.shard(k) for k in np.unique(shards).tolist()}
+        used, counts = np.unique(shards, return_counts=True)
+        self._use(used.tolist(), counts.tolist())
+        maps = {k: self.store.shard(k) for k in used.tolist()}
         begins_in_file = np.array([maps[k].offsets[j] for k, j in zip(shards.tolist(), local.tolist())], np.int64)
         sizes = np.array([maps[k].offsets[j + 1] for k, j in zip(shards.tolist(), local.tolist())], np.int64)
         sizes -= begins_in_file
@@ -148,9 +149,9 @@ class ShardBytes(OfAStore):
 
         return done
 
-    def _use(self, shards: list[int]) -> None:
+    def _use(self, shards: list[int], counts: list[int]) -> None:
         """Hold `shards` in a remote store's cache (downloaded if needed), and let go of those no batch
-        of the last `HELD_FOR` reads used; tell the fetch-ahead where the reading is."""
+        of the last `HELD_FOR` reads used; tell the fetch-ahead what was read (`counts` samples of each)."""
         if self._cache is None:
             return
         with self._lock:
@@ -162,7 +163,7 @@ class ShardBytes(OfAStore):
             for k in [k for k, last in self._held.items() if self._reads - last > self.HELD_FOR]:
                 del self._held[k]
                 self._cache.release(k)
-        self._cache.moved_on(shards[0]) if shards else None
+        self._cache.read(shards, counts)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)

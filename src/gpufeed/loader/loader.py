@@ -42,7 +42,7 @@ from gpufeed.loader.settings import Decoding, Output, resolve_device
 from gpufeed.loader.stats import Stats, stage_range
 from gpufeed.store.locations import is_url
 from gpufeed.store.reader import Store, open_store
-from gpufeed.store.remote import RemoteStore
+from gpufeed.store.remote import RemoteStore, Want
 from gpufeed.store.sharded import ShardedStore
 from gpufeed.transfer.gather import Gatherer
 from gpufeed.transfer.ring import PinnedRing
@@ -124,13 +124,22 @@ def _same_order_after_epoch_0(state: dict, mine: dict) -> bool:
     return isinstance(state.get("epoch"), int) and state["epoch"] >= 1 and state.get("order") == key
 
 
-def _shard_order(store: ShardedStore, plan, start: int, following) -> list[int]:
-    """The shards a rank reads from batch `start` of `plan` on, in order, then those of the next epoch's
-    plan where it is made (`following`, or None): the cache fetches across the epoch's end instead
-    of waiting for the next pass to begin (0.2-0.3 s of a cache-bound epoch's start otherwise)."""
-    indices = [plan.indices[plan.starts[start] :]] + ([] if following is None else [following.indices])
-    shards, _ = store.locate(torch.cat(indices).numpy())
-    return shards[np.r_[True, shards[1:] != shards[:-1]]].tolist() if len(shards) else []
+def _shard_order(store: ShardedStore, plan, epoch: int, start: int, following) -> list[Want]:
+    """What a rank reads from batch `start` of epoch `epoch`'s `plan` on: each shard's samples, in the
+    order it first reads them; then the same of the next epoch's plan where it is made (`following`,
+    or None): the cache fetches across the epoch's end instead of waiting for the next pass to begin
+    (0.2-0.3 s of a cache-bound epoch's start otherwise)."""
+    parts = [(epoch, plan.indices[plan.starts[start] :])]
+    parts += [] if following is None else [(epoch + 1, following.indices)]
+    wants, base = [], 0
+    for at, indices in parts:
+        shards, _ = store.locate(indices.numpy())
+        found, first, counts = np.unique(shards, return_index=True, return_counts=True)
+        _, from_end = np.unique(shards[::-1], return_index=True)
+        last = base + len(shards) - 1 - from_end
+        wants += [Want(int(found[j]), at, int(counts[j]), int(last[j])) for j in np.argsort(first, kind="stable")]
+        base += len(shards)
+    return wants
 
 
 def _shards(store: ShardedStore, asked: int | None, batch_size: int) -> Shards:
@@ -655,7 +664,7 @@ class Loader:
         plan = self._planner.get(epoch)
         if isinstance(self.store, RemoteStore):  # fetch this rank's shards ahead, in the order it reads them
             following = self._planner.ready(epoch + 1)  # planned already: fetched across the epoch's end
-            self.store.cache.follow(_shard_order(self.store, plan, start, following), local_ranks())
+            self.store.cache.follow(_shard_order(self.store, plan, epoch, start, following), local_ranks())
         carried = self._production.take_carried(epoch, start)
         if self.jpeg is not None:
             next_plan = functools.partial(self._planner.peek, epoch + 1) if self.tuning.carry else None

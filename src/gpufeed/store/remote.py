@@ -31,6 +31,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +84,18 @@ def _scrubbed(error: BaseException) -> str:
     return re.sub(r"([a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s]*@", r"\1", str(error))[:300]
 
 
+@dataclass
+class Want:
+    """Samples of one shard that a rank has yet to read in one epoch: an entry of `ShardCache.follow`'s
+    list, which is in the order the rank first reads each. `last`: where its last sample is in the
+    rank's reading, counted in samples from the list's start."""
+
+    shard: int
+    epoch: int
+    left: int
+    last: int
+
+
 class ShardCache:
     """A local folder holding some of a remote sharded store's shards, at most `limit` bytes of them."""
 
@@ -95,7 +108,12 @@ class ShardCache:
         self._in_use: dict[int, tuple[int, int]] = {}  # shard -> (our uses, fd holding its shared lock)
         self._pool: ThreadPoolExecutor | None = None
         self._ahead: dict[int, Future] = {}
-        self._wanted: list[int] = []  # the shards the rank will read, in order (`follow`)
+        self._wanted: list[Want] = []  # what the rank has yet to read, in order (`follow`, `read`)
+        self._no_room: set[int] = set()  # fetched ahead but found no room: tried again after a read
+        self._epoch = -1  # the epoch `follow` was last given first
+        self._read = 0  # samples the rank read since `follow`
+        self._most = 0  # the most samples one `read` reported
+        self._early: dict[int, int] = {}  # samples read of shards no entry wanted: the next pass's, read before it
         self._ranks = 1  # this machine's ranks sharing the cache: each plans ahead within its part
         self.downloaded = 0  # bytes this process downloaded
         self.fetched = 0  # shards this process downloaded
@@ -165,12 +183,21 @@ class ShardCache:
 
     def hold(self, k: int) -> None:
         """Keep shard `k` from eviction (by any process) until `release(k)`: its images are being read.
-        Take it with `use` (a hold blocks this process's own download of the shard)."""
+        Take it with `use` (a hold blocks this process's own download of the shard). The shared lock is
+        waited for outside this object's lock: a download of `k` keeps its exclusive lock until it has
+        counted its bytes under that one (waiting inside it stopped a loader for good)."""
         with self._lock:
             uses, fd = self._in_use.get(k, (0, -1))
-            if fd < 0:
-                fd = os.open(self._lock_path(k), os.O_RDWR | os.O_CREAT, 0o644)
-                fcntl.flock(fd, fcntl.LOCK_SH)
+            if fd >= 0:
+                self._in_use[k] = (uses + 1, fd)
+                return
+        fd = os.open(self._lock_path(k), os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        with self._lock:
+            uses, held = self._in_use.get(k, (0, -1))
+            if held >= 0:  # another thread took it meanwhile: one descriptor a shard
+                os.close(fd)
+                fd = held
             self._in_use[k] = (uses + 1, fd)
 
     def release(self, k: int) -> None:
@@ -183,15 +210,52 @@ class ShardCache:
             else:
                 self._in_use[k] = (uses - 1, fd)
 
-    def follow(self, shards: Sequence[int], ranks: int = 1) -> None:
-        """Download `shards` (in the order a rank will read them) ahead, on the fetch pool, as far as this
-        rank's part of the cache's limit (`ranks`: this machine's ranks sharing it) allows beside the
-        shards it holds; anything asked before is no longer wanted."""
+    def follow(self, wants: Sequence[Want], ranks: int = 1) -> None:
+        """Download what the rank will read (`wants`, in the order it first reads each shard) ahead, on the
+        fetch pool, as far as this rank's part of the cache's limit (`ranks`: this machine's ranks
+        sharing it) allows beside the shards it holds; anything asked before is no longer wanted. What
+        was read already of the entries counts: the next epoch's first batches are read before its
+        pass begins (where that epoch was followed already, its entries keep their counts; else the
+        reads that no entry wanted are taken off)."""
         with self._lock:
             self._pool = self._pool or ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="gpufeed-fetch")
-            self._wanted = list(dict.fromkeys(shards))
+            later = bool(wants) and wants[0].epoch > self._epoch
+            before = {(w.epoch, w.shard): w.left for w in self._wanted} if later else {}
+            self._epoch = wants[0].epoch if wants else self._epoch
+            early, self._early, self._read = self._early, {}, 0
+            wanted = []
+            for w in wants:
+                left = min(w.left, before.get((w.epoch, w.shard), w.left))
+                taken = min(left, early.get(w.shard, 0))
+                if taken:
+                    early[w.shard] -= taken
+                    self._read += taken
+                wanted.append(Want(w.shard, w.epoch, left - taken, w.last))
+            self._wanted = [w for w in wanted if w.left > 0]
             self._ahead = {k: f for k, f in self._ahead.items() if not f.done()}
+            self._no_room.clear()
             self._ranks = max(1, ranks)
+        self._top_up()
+
+    def read(self, shards: Sequence[int], counts: Sequence[int]) -> None:
+        """The rank has read `counts[i]` samples of `shards[i]` (a batch's): what is read in full is no
+        longer wanted, and no longer kept from eviction ahead of what is; nor is an entry whose last
+        sample the reading passed by four reads (a count that cannot reach zero: a batch read twice).
+        Trimming the list at the batch's first shard instead kept shards read long ago wanted, and a
+        cache of a quarter of the store fetched 8-20 % more than the store each epoch
+        (docs/benchmarks.md, "Training from a bucket")."""
+        with self._lock:
+            for k, count in zip(shards, counts):
+                entry = next((w for w in self._wanted if w.shard == k), None)
+                if entry is not None:
+                    entry.left -= count
+                else:
+                    self._early[k] = self._early.get(k, 0) + count
+            self._read += sum(counts)
+            self._most = max(self._most, sum(counts))
+            passed = self._read - 4 * self._most
+            self._wanted = [w for w in self._wanted if w.left > 0 and w.last >= passed]
+            self._no_room.clear()  # room is made as the batches in flight let go of their shards
         self._top_up()
 
     def _top_up(self) -> None:
@@ -204,32 +268,32 @@ class ShardCache:
             room = self.limit / self._ranks if self.limit is not None else float("inf")
             room -= sum(sizes[k] for k in self._in_use)
             planned = 0
-            for k in self._wanted:
+            for k in dict.fromkeys(w.shard for w in self._wanted):
                 if k in self._in_use:
                     continue
                 if planned and planned + sizes[k] > room:
                     break
                 planned += sizes[k]
-                # (one tried already is not tried again: a shard read, let go and evicted can stay in the
-                # wanted list a while, and fetching it again cost remote_bench's small cache 8-20 %
-                # more bytes an epoch; one that found no room is fetched when a batch needs it)
-                if k not in self._ahead and not self.present(k):
+                busy = k in self._ahead and not self._ahead[k].done()
+                if not busy and k not in self._no_room and not self.present(k):
                     self._ahead[k] = self._pool.submit(self._fetch_ahead, k)  # type: ignore[union-attr]  # (follow made it)
 
     def _fetch_ahead(self, k: int) -> None:
         try:
-            self._ensure(k, wait=False)
+            if self._ensure(k, wait=False) is None:
+                with self._lock:
+                    self._no_room.add(k)
         except StoreError as e:  # said when the shard is needed (ensure raises there)
             log.debug("gpufeed: fetching %s ahead failed: %s", self.manifest.shards[k]["name"], e)
         self._top_up()
 
-    def moved_on(self, k: int) -> None:
-        """The rank has begun shard `k` of what it follows: what came before is no longer wanted ahead."""
+    def _wanted_at(self) -> dict[int, int]:
+        """Each wanted shard's place in the order the rank reads them (its first)."""
         with self._lock:
-            wanted = self._wanted
-            if k in wanted:
-                self._wanted = wanted[wanted.index(k) :]
-        self._top_up()
+            places: dict[int, int] = {}
+            for w in self._wanted:
+                places.setdefault(w.shard, len(places))
+            return places
 
     def used(self) -> int:
         """Bytes of verified shards in the cache folder (every process's), counted under the lock that
@@ -252,8 +316,12 @@ class ShardCache:
                 present = [j for j in range(len(self.manifest.shards)) if j != k and self.present(j)]
                 reserved = self._reserved()
                 used = sum(self.manifest.shards[j]["bytes"] for j in present) + sum(reserved.values())
-                present.sort(key=lambda j: (self.path(j) / VERIFIED).stat().st_mtime)
-                for j in present:
+                victims = self._victims(present, k, wait)
+                with self._lock:
+                    freeable = sum(self._sizes[j] for j in victims if j not in self._in_use)
+                if not wait and used - freeable + size > self.limit:
+                    return None  # fetching ahead: evicting what may go would not make room, so evict nothing
+                for j in victims:
                     if used + size <= self.limit:
                         break
                     if self._evict(j):
@@ -272,6 +340,23 @@ class ShardCache:
                     f"({used} bytes) and not the next ({size}); raise it"
                 )
             time.sleep(0.05)
+
+    def _victims(self, present: list[int], k: int, wait: bool) -> list[int]:
+        """Of the `present` shards, those that may go to make room for shard `k`, first to go first: the
+        ones this rank will not read, least recently used first (another rank's may be among them),
+        then the ones it reads later than `k`, the last read first. Fetching ahead (not `wait`), a
+        shard read sooner than `k` stays; `k` needed now, any may go."""
+        at = self._wanted_at()
+        mine = at.get(k, -1) if not wait else -1
+
+        def last_used(j: int) -> float:
+            try:
+                return (self.path(j) / VERIFIED).stat().st_mtime
+            except OSError:  # evicted meanwhile by another process
+                return 0.0
+
+        unwanted = sorted((j for j in present if j not in at), key=last_used)
+        return unwanted + sorted((j for j in present if at.get(j, -1) > mine), key=lambda j: -at[j])
 
     def _reserved(self) -> dict[Path, int]:
         """The downloads under way on this machine (reservations of living processes), and their sizes."""
