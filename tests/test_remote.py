@@ -164,8 +164,7 @@ def test_room_is_made_from_what_the_rank_will_not_read_then_from_what_it_reads_l
     """What the rank has read in full is no longer wanted; room is made from shards it will not read
     (least recently used first), then from those it reads last, never from the one it reads next.
     Least recently used alone evicted shards fetched ahead and not yet read (their use was their
-    download, before the reads of shards already done): remote_bench's quarter cache fetched them
-    again, 8-20 % more than the store in its first epoch."""
+    download, before the reads of shards already done), and a batch then waited for them again."""
     import os
     import time
 

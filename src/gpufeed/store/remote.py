@@ -241,9 +241,8 @@ class ShardCache:
         """The rank has read `counts[i]` samples of `shards[i]` (a batch's): what is read in full is no
         longer wanted, and no longer kept from eviction ahead of what is; nor is an entry whose last
         sample the reading passed by four reads (a count that cannot reach zero: a batch read twice).
-        Trimming the list at the batch's first shard instead kept shards read long ago wanted, and a
-        cache of a quarter of the store fetched 8-20 % more than the store each epoch
-        (docs/benchmarks.md, "Training from a bucket")."""
+        Trimming the list at the batch's first shard instead kept shards read long ago wanted, and the
+        batches waited for more downloads of their own (docs/benchmarks.md, "Training from a bucket")."""
         with self._lock:
             for k, count in zip(shards, counts):
                 entry = next((w for w in self._wanted if w.shard == k), None)
