@@ -161,9 +161,34 @@ def test_a_hold_waits_for_a_download_without_stopping_it(bucket, tmp_path):
     cache.release(0)
 
 
+def test_a_shard_that_fails_ahead_is_not_fetched_again_until_the_next_pass(bucket, tmp_path, monkeypatch):
+    """A fetch ahead that fails (a shard missing or damaged in the bucket) is tried once a pass, and
+    said when a batch needs the shard: trying it again whenever another fetch ended downloaded a
+    damaged shard over and over."""
+    import time
+
+    store = gpufeed.open("s3://bucket/train", cache_dir=tmp_path / "c", storage_options=bucket["options"])
+    cache, tries = store.cache, []
+
+    def ensure(k: int, wait: bool):
+        tries.append(k)
+        time.sleep(0.001)
+        raise StoreError(f"shard {k}: damaged")
+
+    monkeypatch.setattr(cache, "_ensure", ensure)
+    cache.follow([Want(k, 0, 1, 1000) for k in (1, 2)])
+    time.sleep(0.5)
+    assert sorted(tries) == [1, 2]
+    cache.follow([Want(k, 1, 1, 1000) for k in (1, 2)])  # the next pass tries them again
+    time.sleep(0.5)
+    assert sorted(tries) == [1, 1, 2, 2]
+    cache.close()
+
+
 def test_room_is_made_from_what_the_rank_will_not_read_then_from_what_it_reads_last(bucket, tmp_path, monkeypatch):
     """What the rank has read in full is no longer wanted; room is made from shards it will not read
-    (least recently used first), then from those it reads last, never from the one it reads next.
+    (least recently used first), then, for a shard a batch needs now, from those it reads last; a
+    fetch ahead evicts none the rank will read.
     Least recently used alone evicted shards fetched ahead and not yet read (their use was their
     download, before the reads of shards already done), and a batch then waited for them again."""
     import os
@@ -326,7 +351,7 @@ def test_a_shard_comes_as_byte_ranges_and_a_failed_try_keeps_the_files_it_had_wh
     assert len(first) == 3 and all(b - a <= 256 for _, a, b in first)
     whole = {n for n, _, _ in first} - {n for n, _, _ in asked[1]}  # every range of these came in try 1
     later = {n for group in asked[2:] for n, _, _ in group}
-    assert not whole & later  # kept, not fetched again
+    assert whole and not whole & later  # kept, not fetched again
     assert {n for group in asked for n, _, _ in group} == set(Manifest.read(cache.path(0)).files)
 
 

@@ -49,7 +49,7 @@ FETCH_THREADS = 8  # shards downloaded ahead of the plan at once, per process (e
 WAIT_FOR_ROOM = 120.0  # seconds a download waits for the machine's ranks to let go of shards in a full cache
 VERIFIED = ".verified"  # in a shard's cache folder: its digest, written once every file checked
 PART = 4 << 20  # from an object store, a shard's files come as byte ranges of at most this, all at once
-RANGES_AT_ONCE = 16  # ranges of one download held in memory at once (64 MB)
+RANGES_AT_ONCE = 16  # ranges of one download held in memory at once: 64 MB, so a process's fetch pool up to 512 MB
 RANGED = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss")  # protocols whose servers all answer byte ranges
 
 
@@ -112,7 +112,9 @@ class ShardCache:
         self._pool: ThreadPoolExecutor | None = None
         self._ahead: dict[int, Future] = {}
         self._wanted: list[Want] = []  # what the rank has yet to read, in order (`follow`, `read`)
-        self._no_room: set[int] = set()  # fetched ahead but found no room: tried again after a read
+        self._no_room: set[int] = set()  # fetched ahead but found no room: the nearest tried again after a read
+        self._failed: set[int] = set()  # fetched ahead and failed: not again until the next `follow`
+        self._finished: set[tuple[int, int]] = set()  # (epoch, shard) of later epochs read in full before their pass
         self._epoch = -1  # the epoch `follow` was last given first
         self._read = 0  # samples the rank read since `follow`
         self._most = 0  # the most samples one `read` reported
@@ -234,16 +236,19 @@ class ShardCache:
                     early[w.shard] -= taken
                     self._read += taken
                 wanted.append(Want(w.shard, w.epoch, left - taken, w.last))
-            self._wanted = [w for w in wanted if w.left > 0]
+            self._wanted = [w for w in wanted if w.left > 0 and (w.epoch, w.shard) not in self._finished]
             self._ahead = {k: f for k, f in self._ahead.items() if not f.done()}
             self._no_room.clear()
+            self._failed.clear()
+            self._finished.clear()
             self._ranks = max(1, ranks)
         self._top_up()
 
     def read(self, shards: Sequence[int], counts: Sequence[int]) -> None:
         """The rank has read `counts[i]` samples of `shards[i]` (a batch's): what is read in full is no
         longer wanted, and no longer kept from eviction ahead of what is; nor is an entry whose last
-        sample the reading passed by four reads (a count that cannot reach zero: a batch read twice).
+        sample the reading passed by eight reads (a count that cannot reach zero: a sample read with
+        the next epoch's entry, or replaced by another).
         Trimming the list at the batch's first shard instead kept shards read long ago wanted, and the
         batches waited for more downloads of their own (docs/benchmarks.md, "Training from a bucket")."""
         with self._lock:
@@ -255,9 +260,11 @@ class ShardCache:
                     self._early[k] = self._early.get(k, 0) + count
             self._read += sum(counts)
             self._most = max(self._most, sum(counts))
-            passed = self._read - 4 * self._most
+            passed = self._read - 8 * self._most
+            self._finished |= {(w.epoch, w.shard) for w in self._wanted if w.left <= 0 and w.epoch > self._epoch}
             self._wanted = [w for w in self._wanted if w.left > 0 and w.last >= passed]
-            self._no_room.clear()  # room is made as the batches in flight let go of their shards
+            # room is made as the batches in flight let go of their shards: the nearest that found none tries again
+            self._no_room.discard(next((w.shard for w in self._wanted if w.shard in self._no_room), -1))
         self._top_up()
 
     def _top_up(self) -> None:
@@ -277,7 +284,7 @@ class ShardCache:
                     break
                 planned += sizes[k]
                 busy = k in self._ahead and not self._ahead[k].done()
-                if not busy and k not in self._no_room and not self.present(k):
+                if not busy and k not in self._no_room and k not in self._failed and not self.present(k):
                     self._ahead[k] = self._pool.submit(self._fetch_ahead, k)  # type: ignore[union-attr]  # (follow made it)
 
     def _fetch_ahead(self, k: int) -> None:
@@ -287,6 +294,8 @@ class ShardCache:
                     self._no_room.add(k)
         except StoreError as e:  # said when the shard is needed (ensure raises there)
             log.debug("gpufeed: fetching %s ahead failed: %s", self.manifest.shards[k]["name"], e)
+            with self._lock:
+                self._failed.add(k)
         self._top_up()
 
     def _wanted_at(self) -> dict[int, int]:
@@ -305,11 +314,12 @@ class ShardCache:
             return sum(self.manifest.shards[k]["bytes"] for k in range(len(self.manifest.shards)) if self.present(k))
 
     def _make_room(self, size: int, k: int, wait: bool) -> Path | None:
-        """Reserve `size` bytes for shard `k`'s download, evicting least recently used shards that no
-        process holds until they fit beside the shards present and the downloads reserved (by every
-        process of the machine: under one lock, each reservation a file naming its process); the
-        reservation file, which the caller removes once the shard is in place. Without `wait`, None
-        where nothing can be evicted now."""
+        """Reserve `size` bytes for shard `k`'s download, evicting shards that no process holds (in
+        `_victims`' order) until they fit beside the shards present and the downloads reserved (by
+        every process of the machine: under one lock, each reservation a file naming its process); the
+        reservation file, which the caller removes once the shard is in place. Without `wait` (a fetch
+        ahead), None where the shards this rank will not read cannot make the room now, and nothing
+        it will read is evicted."""
         if self.limit is None:
             return self.folder / "locks" / "unlimited"  # nothing to reserve; unlinking it is harmless
         deadline = time.monotonic() + WAIT_FOR_ROOM
@@ -346,10 +356,10 @@ class ShardCache:
     def _victims(self, present: list[int], k: int, wait: bool) -> list[int]:
         """Of the `present` shards, those that may go to make room for shard `k`, first to go first: the
         ones this rank will not read, least recently used first (another rank's may be among them),
-        then the ones it reads later than `k`, the last read first. Fetching ahead (not `wait`), a
-        shard read sooner than `k` stays; `k` needed now, any may go."""
+        then, for `k` needed now (`wait`), the ones it reads, the last read first. A fetch ahead evicts
+        none this rank will read: it might evict some and still find no room (another process holds
+        a shard), or fetch a shard no longer wanted (queued before a batch read it)."""
         at = self._wanted_at()
-        mine = at.get(k, -1) if not wait else -1
 
         def last_used(j: int) -> float:
             try:
@@ -358,7 +368,7 @@ class ShardCache:
                 return 0.0
 
         unwanted = sorted((j for j in present if j not in at), key=last_used)
-        return unwanted + sorted((j for j in present if at.get(j, -1) > mine), key=lambda j: -at[j])
+        return unwanted + (sorted((j for j in present if j in at), key=lambda j: -at[j]) if wait else [])
 
     def _reserved(self) -> dict[Path, int]:
         """The downloads under way on this machine (reservations of living processes), and their sizes."""
