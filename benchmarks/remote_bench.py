@@ -23,7 +23,12 @@ to its last one trained on, with ResNet-18 in bf16 on batches of --batch):
 - cold: `Loader("s3://...")` with an empty cache, its first epoch (of the link's ceiling);
 - warm: the same Loader's next epoch, every shard in its cache;
 - quarter: a new Loader with `cache_limit` a quarter of the store, --epochs epochs (each of the link's
-  ceiling: a cache that small downloads about the whole store every epoch).
+  ceiling: a cache that small downloads about the whole store every epoch);
+- --compare streaming,litdata (default: those installed): the same photos written by MosaicML
+  streaming and LitData (others.py: shards of --shard-size, uploaded to the bucket), read through
+  the same link by each library's dataset and data loader (one worker a core, PIL decode and
+  torchvision's crop and flip on the CPU, as neither decodes on the GPU): a cold epoch, a warm one,
+  and --epochs through a cache of the quarter rows' limit.
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ from pathlib import Path
 import common
 
 SMOKE = dict(n=16, image="48x32", size=32, batch=8, device="cpu", shard_size="8KB", link="200mbit",
-             latency="1ms", epochs=1, steps=2, workdir=None)
+             latency="1ms", epochs=1, steps=2, workdir=None, compare="")
 KEY, SECRET = "AKIAGPUFEEDBENCH", "gpufeed-bench-secret"
 UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
 
@@ -64,6 +69,8 @@ def parser():
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--model", default="resnet18")
     p.add_argument("--device", default="cuda")
+    p.add_argument("--compare", default=None, help="other libraries' rows, comma-separated: streaming, litdata "
+                   "(default: those installed; '' for none)")
     return p
 
 
@@ -164,9 +171,12 @@ def epochs(loader, step, count: int, device: str) -> list[dict]:
     how long that first batch took (a cold epoch's waits for its first shards)."""
     from gpufeed.bench.common import sync
 
+    def downloaded() -> int:  # gpufeed's cache counts its downloads (others.py's rows: not counted)
+        return getattr(getattr(getattr(loader, "store", None), "cache", None), "downloaded", 0)
+
     out = []
     for _ in range(count):
-        fetched = getattr(getattr(loader.store, "cache", None), "downloaded", 0)
+        fetched = downloaded()
         t0 = time.perf_counter()
         images, first = 0, None
         for x, y in loader:
@@ -175,10 +185,35 @@ def epochs(loader, step, count: int, device: str) -> list[dict]:
             step(x, y)
             images += len(y)
         sync(device)
-        after = getattr(getattr(loader.store, "cache", None), "downloaded", 0)
-        out.append({"images": images, "seconds": time.perf_counter() - t0, "downloaded": after - fetched,
-                    "first_batch_s": first})
+        after = downloaded()
+        row = {"images": images, "seconds": time.perf_counter() - t0, "first_batch_s": first}
+        if hasattr(loader, "cached"):  # another library's: the bytes its cache folder holds now
+            row["cached"] = loader.cached()
+        else:
+            row["downloaded"] = after - fetched
+        out.append(row)
     return out
+
+
+def compare(a, work: Path, fs, link: str, step, limit: int, runs: dict) -> None:
+    """The --compare rows (others.py) into `runs`: per library a cold and a warm epoch, then --epochs
+    through a cache of `limit` bytes."""
+    import others
+    from gpufeed.store.locations import parse_size
+
+    names = others.available() if a.compare is None else [n for n in a.compare.split(",") if n]
+    workers = len(os.sched_getaffinity(0))
+    for name in names:
+        local = others.write(name, work / "images", work / name, parse_size(a.shard_size, "--shard-size"))
+        fs.put(str(local), f"bench/{name}", recursive=True)
+        quarter = [f"quarter cache, epoch {k}" for k in range(a.epochs)]
+        for cache_limit, rows in ((None, ["cold", "warm"]), (limit, quarter)):
+            with tempfile.TemporaryDirectory(dir=work) as cache:
+                other = others.Other(name, f"s3://bench/{name}", Path(cache), link, (KEY, SECRET), a.batch, a.size,
+                                     a.device, workers, cache_limit)
+                for row, e in zip(rows, epochs(other, step, len(rows), a.device), strict=True):
+                    runs[f"{name}: {row}"] = e
+                del other  # its loader's workers end before its cache folder goes
 
 
 def serve(rate: float, latency: float) -> None:
@@ -303,6 +338,7 @@ def _measure(a, work: Path) -> dict:
             for k, e in enumerate(epochs(small, step, a.epochs, a.device)):
                 runs[f"quarter cache, epoch {k}"] = e
             small.close()
+        compare(a, work, fs, served.link, step, limit, runs)
     finally:
         served.close()
     limit = runs.pop("quarter cache")

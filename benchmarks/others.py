@@ -1,0 +1,140 @@
+"""The same photos served by other streaming libraries, for remote_bench's comparison rows: MosaicML
+streaming (MDS shards) and LitData (its optimized chunks), written from the image folder, uploaded to
+the benchmark's bucket and read back through the same link with each library's own cache and data
+loader. Neither decodes on the GPU: their workers decode with PIL and crop and flip with torchvision
+(the recipe of feeds.py), the batches are normalized to fp16 on the device, as feeds.py's
+`dataloader` row does. A benchmark-only import; the libraries are not gpufeed dependencies.
+
+Each `Other` yields (images, labels) on the device for one epoch per iteration, and tells the bytes
+its cache folder holds (neither counts what it downloaded).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+
+LIBRARIES = ("streaming", "litdata")
+
+
+def available() -> list[str]:
+    """The libraries that import here (MosaicML streaming imports transformers at its import)."""
+    out = []
+    for name in LIBRARIES:
+        try:
+            __import__(name)
+        except Exception:  # noqa: BLE001 - a missing or broken optional install: no row
+            continue
+        out.append(name)
+    return out
+
+
+def _samples(folder: Path) -> list[tuple[str, int]]:
+    """(path, label) of the folder's images, classes in sorted order, as ImageFolder numbers them."""
+    classes = sorted(p.name for p in folder.iterdir() if p.is_dir())
+    return [(str(f), k) for k, c in enumerate(classes) for f in sorted((folder / c).iterdir())]
+
+
+def _record(item: tuple[str, int]) -> dict:
+    """One sample as both libraries store it: the JPEG's bytes and its label (LitData's `optimize`
+    calls this in its workers: a module function)."""
+    path, label = item
+    return {"image": Path(path).read_bytes(), "label": label}
+
+
+def write(name: str, folder: Path, local: Path, shard_bytes: int) -> Path:
+    """`folder`'s photos in library `name`'s format under `local` (made once), shards of about
+    `shard_bytes`, as that library's writer makes them."""
+    if local.exists():
+        return local
+    samples = _samples(folder)
+    if name == "streaming":
+        from streaming import MDSWriter
+
+        with MDSWriter(out=str(local), columns={"image": "bytes", "label": "int"}, size_limit=shard_bytes) as out:
+            for item in samples:
+                out.write(_record(item))
+    else:
+        import litdata
+
+        litdata.optimize(fn=_record, inputs=samples, output_dir=str(local), chunk_bytes=shard_bytes,
+                         num_workers=min(8, os.cpu_count() or 1), start_method="fork", verbose=False)
+    return local
+
+
+def _decode(size: int):
+    """PIL decode, RandomResizedCrop `size`, flip, uint8 CHW: the CPU recipe of feeds.py's dataloader row."""
+    from PIL import Image
+    from torchvision import transforms
+
+    tf = transforms.Compose([transforms.RandomResizedCrop(size), transforms.RandomHorizontalFlip(),
+                             transforms.PILToTensor()])
+
+    def decode(sample: dict):
+        return tf(Image.open(io.BytesIO(sample["image"])).convert("RGB")), int(sample["label"])
+
+    return decode
+
+
+class Other:
+    """Library `name`'s dataset over `url` (s3://BUCKET/PREFIX) with its cache in `cache` (at most
+    `cache_limit` bytes, None: no limit) and its data loader of `workers` processes; `endpoint` and
+    (key, secret) reach the bucket."""
+
+    def __init__(self, name: str, url: str, cache: Path, endpoint: str, keys: tuple[str, str], batch: int,
+                 size: int, device: str, workers: int, cache_limit: int | None = None):
+        self.name, self.cache, self.device = name, cache, device
+        cache.mkdir(parents=True, exist_ok=True)
+        if name == "streaming":
+            self.loader = _streaming(url, cache, endpoint, keys, batch, size, workers, cache_limit)
+        else:
+            self.loader = _litdata(url, cache, endpoint, keys, batch, size, workers, cache_limit)
+
+    def __iter__(self):
+        import torch
+
+        from feeds import MEAN, STD
+
+        mean = torch.tensor(MEAN, device=self.device).view(1, 3, 1, 1) * 255
+        std = torch.tensor(STD, device=self.device).view(1, 3, 1, 1) * 255
+        for x, y in self.loader:
+            x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+            yield ((x.float() - mean) / std).half(), y
+
+    def cached(self) -> int:
+        """Bytes in the cache folder now."""
+        return sum(f.stat().st_size for f in self.cache.rglob("*") if f.is_file())
+
+
+def _streaming(url, cache, endpoint, keys, batch, size, workers, cache_limit):
+    from streaming import StreamingDataLoader, StreamingDataset
+
+    os.environ.update(S3_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID=keys[0], AWS_SECRET_ACCESS_KEY=keys[1])
+    decode = _decode(size)
+
+    class Photos(StreamingDataset):
+        def __getitem__(self, i):
+            return decode(super().__getitem__(i))
+
+    data = Photos(remote=url, local=str(cache), shuffle=True, batch_size=batch, cache_limit=cache_limit)
+    return StreamingDataLoader(data, batch_size=batch, num_workers=workers, drop_last=True, pin_memory=True,
+                               persistent_workers=workers > 0, prefetch_factor=4 if workers else None)
+
+
+def _litdata(url, cache, endpoint, keys, batch, size, workers, cache_limit):
+    import litdata
+    from litdata.streaming import downloader
+
+    # its chunk downloads go through obstore, whose client refuses plain http unless told: the local
+    # server is http (the workers fork after this, and see it too)
+    if isinstance(getattr(downloader, "_OBSTORE_CLIENT_OPTIONS", None), dict) and endpoint.startswith("http:"):
+        downloader._OBSTORE_CLIENT_OPTIONS["allow_http"] = "true"
+
+    decode = _decode(size)
+    options = {"endpoint_url": endpoint, "aws_access_key_id": keys[0], "aws_secret_access_key": keys[1]}
+    limit = cache_limit if cache_limit is not None else "1000GB"
+    data = litdata.StreamingDataset(url, cache_dir=str(cache), shuffle=True, drop_last=True, storage_options=options,
+                                    max_cache_size=limit, transform=decode)
+    return litdata.StreamingDataLoader(data, batch_size=batch, num_workers=workers, pin_memory=True,
+                                       persistent_workers=workers > 0, prefetch_factor=4 if workers else None)
