@@ -161,6 +161,23 @@ def test_a_hold_waits_for_a_download_without_stopping_it(bucket, tmp_path):
     cache.release(0)
 
 
+def test_a_range_that_fails_is_asked_for_again_alone(bucket, tmp_path, monkeypatch):
+    """One failed range of a group is asked for again by itself, within the same try: the others are
+    kept (a server failing every third request made each try of a shard fail whole, 15 s a test)."""
+    store = gpufeed.open("s3://bucket/train", cache_dir=tmp_path / "c", storage_options=bucket["options"])
+    cache, real, asked = store.cache, store.cache.fs.cat_ranges, []
+
+    def cat_ranges(paths, starts, ends, **kw):
+        asked.append(list(zip(paths, starts, ends, strict=True)))
+        out = real(paths, starts, ends, **kw)
+        return [OSError("503"), *out[1:]] if len(asked) == 1 else out
+
+    monkeypatch.setattr(cache.fs, "cat_ranges", cat_ranges)
+    monkeypatch.setattr(remote_module, "BACKOFF", 0.01)
+    cache.ensure(0)
+    assert cache.present(0) and len(asked[0]) > 1 and asked[1] == asked[0][:1]
+
+
 def test_a_shard_that_fails_ahead_is_not_fetched_again_until_the_next_pass(bucket, tmp_path, monkeypatch):
     """A fetch ahead that fails (a shard missing or damaged in the bucket) is tried once a pass, and
     said when a batch needs the shard: trying it again whenever another fetch ended downloaded a

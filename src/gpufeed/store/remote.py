@@ -50,6 +50,7 @@ WAIT_FOR_ROOM = 120.0  # seconds a download waits for the machine's ranks to let
 VERIFIED = ".verified"  # in a shard's cache folder: its digest, written once every file checked
 PART = 4 << 20  # from an object store, a shard's files come as byte ranges of at most this, all at once
 RANGES_AT_ONCE = 16  # ranges of one download held in memory at once: 64 MB, so a process's fetch pool up to 512 MB
+RANGE_TRIES = 3  # tries of a range within one try of a download
 RANGED = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss")  # protocols whose servers all answer byte ranges
 
 
@@ -486,22 +487,48 @@ class ShardCache:
             out = {n: files.enter_context(open(into / n, "wb")) for n in sizes}
             finished += [n for n, count in left.items() if count == 0]  # empty files
             for first in range(0, len(parts), RANGES_AT_ONCE):
-                group = parts[first : first + RANGES_AT_ONCE]
-                blobs = self.fs.cat_ranges(
-                    [f"{remote}/{n}" for n, _, _ in group],
-                    [a for _, a, _ in group],
-                    [b for _, _, b in group],
-                    on_error="raise",
-                )
-                for (n, a, b), blob in zip(group, blobs, strict=True):
-                    if len(blob) != b - a:
-                        raise OSError(f"{n}: {len(blob)} bytes came for its range {a}-{b}")
+                for (n, a, _), blob in self._ranges(remote, parts[first : first + RANGES_AT_ONCE]):
                     out[n].seek(a)
                     out[n].write(blob)
                     left[n] -= 1
                     if left[n] == 0:
                         out[n].close()
                         finished.append(n)
+
+    def _ranges(self, remote: str, group: list[tuple[str, int, int]]) -> list[tuple[tuple[str, int, int], bytes]]:
+        """Each (file, start, end) of `group` with its bytes, fetched at once; a range that failed, or came
+        short, is asked for again (`RANGE_TRIES` tries in all, with backoff; the download's own retries
+        come on top), so that one transient error does not cost the others: a file of many ranges
+        would rarely come whole in one try (a test's server failing every third request: 15 s)."""
+        got: list[tuple[tuple[str, int, int], bytes]] = []
+        error: BaseException | None = None
+        for attempt in range(RANGE_TRIES):
+            if attempt:
+                time.sleep(BACKOFF * 2 ** (attempt - 1))
+            blobs = self.fs.cat_ranges(
+                [f"{remote}/{n}" for n, _, _ in group],
+                [a for _, a, _ in group],
+                [b for _, _, b in group],
+                on_error="return",
+            )
+            again = []
+            for part, blob in zip(group, blobs, strict=True):
+                if isinstance(blob, FileNotFoundError):
+                    raise blob
+                if isinstance(blob, BaseException) or len(blob) != part[2] - part[1]:
+                    error = (
+                        blob
+                        if isinstance(blob, BaseException)
+                        else OSError(f"{part[0]}: {len(blob)} bytes came for its range {part[1]}-{part[2]}")
+                    )
+                    again.append(part)
+                else:
+                    got.append((part, blob))
+            if not again:
+                return got
+            group = again
+        assert error is not None
+        raise error
 
     def _check(self, remote: str, ok: bool) -> None:
         """A StoreError naming the remote file unless its download was `ok` (its digest as recorded)."""
