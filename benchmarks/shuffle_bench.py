@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> dict:
     shards = len(sizes)
     shard_of = np.repeat(np.arange(shards), sizes)
     cached = max(1, int(shards * a.cache))  # shards the cache holds
-    held = -(-4 * a.batch // a.shard) + 1  # the shards the batches in flight read (loader._window)
+    held = -(-5 * a.batch // a.shard) + 1  # the shards the batches in flight read (loader._window)
     window = max(1, cached - 2 - held)  # what gpufeed's Loader picks for that cache
     rows: dict[str, object] = {"full shuffle": lambda e: np.random.default_rng(e).permutation(a.n),
                                "shards in order": lambda e: np.arange(a.n)}

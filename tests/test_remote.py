@@ -119,7 +119,7 @@ def test_every_sample_once_an_epoch_through_a_small_cache_on_any_number_of_ranks
     limit = 9 * biggest
     loaders = [_loader(bucket, tmp_path, rank=r, world_size=world, drop_last=False, pad=False, cache_limit=limit,
                        cache_dir=tmp_path / f"cache{r}") for r in range(world)]
-    assert loaders[0].batch_sampler.shards.window == 2  # 9, less 2 fetched ahead and 5 the batches in flight read
+    assert loaders[0].batch_sampler.shards.window == 1  # 9, less 2 fetched ahead and 6 the batches in flight read
     for epoch in range(2):
         seen = []
         for loader in loaders:
@@ -233,6 +233,22 @@ def test_room_is_made_from_what_the_rank_will_not_read_then_from_what_it_reads_l
     cache.limit = sum(sizes[k] for k in (4, 5, 6)) + max(sizes[7], sizes[8])
     cache.ensure(8)  # needed now (not wanted): the one read last goes
     assert all(cache.present(k) for k in (4, 5, 6, 8)) and not cache.present(7)
+
+
+def test_a_cache_too_small_for_the_batches_in_flight_is_refused_at_once(bucket, tmp_path):
+    """A cache whose room the batches in flight fill is refused when the Loader is made, naming the
+    size needed (it ran out of room mid-epoch: "holds only the shards in use"); that size trains."""
+    manifest = gpufeed.open("s3://bucket/train", cache_dir=tmp_path / "peek", storage_options=bucket["options"]).manifest
+    biggest = max(s["bytes"] for s in manifest.shards)
+    with pytest.raises(ValueError, match="cache_limit") as error:
+        _loader(bucket, tmp_path, batch_size=8, cache_limit=9 * biggest)
+    needed = int(str(error.value).split("raise it to ")[1].split(" bytes")[0])
+    assert needed > 9 * biggest
+    loader = _loader(bucket, tmp_path, batch_size=8, cache_limit=needed, drop_last=False, pad=False)
+    assert loader.batch_sampler.shards.window == 1
+    for _ in range(2):
+        seen = torch.cat([y for _, y in loader])
+        assert len(seen) == 40 and loader.store.cache.used() <= needed
 
 
 def test_the_cache_is_counted_as_it_is_at_one_moment(bucket, tmp_path):

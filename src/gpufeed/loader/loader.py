@@ -158,7 +158,10 @@ def _window(store: ShardedStore, asked: int | None, batch_size: int) -> int | No
     """Over how many shards the shard-aware order spreads each shard's samples (None: a full shuffle).
     Asked for, or for a store read through a bounded cache: as many as this machine's ranks each have
     room for in it, less two fetched ahead and those the batches in flight read beyond them (the
-    shards of `ShardBytes.HELD_FOR` batches, and one); a raw store's cache must hold it whole."""
+    shards of the batch being read and the `ShardBytes.HELD_FOR` before it, and one: counting the
+    `HELD_FOR` alone, a cache of 17 small shards for batches of 16 ran out of room at the seventh
+    batch); a cache with no room for a window of one is refused here, not mid-epoch. A raw store's
+    cache must hold it whole."""
     if asked is not None:
         if not isinstance(asked, int) or isinstance(asked, bool) or asked < 1:
             raise ValueError(f"shuffle_window must be a number of shards, 1 or more, got {asked!r}")
@@ -172,8 +175,15 @@ def _window(store: ShardedStore, asked: int | None, batch_size: int) -> int | No
             f"holds less than its {store.nbytes}; raise it, or pack the data as a jpeg store"
         )
     biggest = max(s["bytes"] for s in store.manifest.shards)
-    held = -(-ShardBytes.HELD_FOR * batch_size * len(store.manifest.shards) // len(store)) + 1
-    return max(1, limit // (local_ranks() * biggest) - 2 - held)
+    held = -(-(ShardBytes.HELD_FOR + 1) * batch_size * len(store.manifest.shards) // len(store)) + 1
+    room = limit // (local_ranks() * biggest)
+    if room - 2 - held < 1:
+        raise ValueError(
+            f"{store.path}: cache_limit {limit} bytes holds {room} of its shards a rank; the batches of "
+            f"{batch_size} in flight read about {held}, the order spreads over one more and two are fetched "
+            f"ahead: raise it to {(held + 3) * biggest * local_ranks()} bytes or more, or use smaller batches"
+        )
+    return room - 2 - held
 
 
 def _workers(num_workers: int | None, device: torch.device) -> int:
