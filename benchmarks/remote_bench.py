@@ -279,6 +279,7 @@ def _measure(a, work: Path) -> dict:
     from gpufeed import augment as A
     from gpufeed.bench.common import sync
     from gpufeed.bench.training import training_step
+    from gpufeed.loader.loader import smallest_cache
     from gpufeed.synth import make_image_folder
 
     width, height = (int(v) for v in a.image.split("x"))
@@ -330,7 +331,9 @@ def _measure(a, work: Path) -> dict:
             if "/shards/" in path:
                 shard = path.split("/shards/")[1].split("/")[0]
                 shards[shard] = shards.get(shard, 0) + size
-        limit = max(total // 4, 8 * max(shards.values()))  # (a small store's quarter may be under a few shards)
+        # a quarter of the store, or what a Loader of these batches needs at least (a small store's quarter)
+        limit = max(total // 4, smallest_cache(gpufeed.open("s3://bench/train", storage_options=options(direct),
+                                                            cache_dir=work / "peek"), a.batch))
         runs["quarter cache"] = {"cache_limit": limit, "shards": len(shards)}
         with tempfile.TemporaryDirectory(dir=work) as cache:
             small = gpufeed.Loader("s3://bench/train", cache_dir=cache, cache_limit=limit,

@@ -175,15 +175,28 @@ def _window(store: ShardedStore, asked: int | None, batch_size: int) -> int | No
             f"holds less than its {store.nbytes}; raise it, or pack the data as a jpeg store"
         )
     biggest = max(s["bytes"] for s in store.manifest.shards)
-    held = -(-(ShardBytes.HELD_FOR + 1) * batch_size * len(store.manifest.shards) // len(store)) + 1
+    held = _held(store, batch_size)
     room = limit // (local_ranks() * biggest)
     if room - 2 - held < 1:
         raise ValueError(
             f"{store.path}: cache_limit {limit} bytes holds {room} of its shards a rank; the batches of "
             f"{batch_size} in flight read about {held}, the order spreads over one more and two are fetched "
-            f"ahead: raise it to {(held + 3) * biggest * local_ranks()} bytes or more, or use smaller batches"
+            f"ahead: raise it to {smallest_cache(store, batch_size)} bytes or more, or use smaller batches"
         )
     return room - 2 - held
+
+
+def _held(store: ShardedStore, batch_size: int) -> int:
+    """The shards the batches in flight read: the one being read and the `ShardBytes.HELD_FOR` before
+    it, at the store's samples per shard, and one they straddle."""
+    return -(-(ShardBytes.HELD_FOR + 1) * batch_size * len(store.manifest.shards) // len(store)) + 1
+
+
+def smallest_cache(store: ShardedStore, batch_size: int) -> int:
+    """The smallest `cache_limit` a Loader of `batch_size` accepts for `store` on this machine: room
+    for the shards the batches in flight read, a window of one and two fetched ahead, each rank."""
+    biggest = max(s["bytes"] for s in store.manifest.shards)
+    return (_held(store, batch_size) + 3) * biggest * local_ranks()
 
 
 def _workers(num_workers: int | None, device: torch.device) -> int:
