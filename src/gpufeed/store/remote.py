@@ -167,7 +167,7 @@ class ShardCache:
             try:
                 if self.present(k):
                     continue
-                reservation = self._make_room(self.manifest.shards[k]["bytes"], k, wait)
+                reservation = self._make_room(self._sizes[k], k, wait)
                 if reservation is None:
                     return None
                 try:
@@ -312,7 +312,7 @@ class ShardCache:
         evictions take: a shard evicted during the count and another fetched in its room would both be
         counted otherwise (a download finishing during it had its room reserved before)."""
         with self._exclusive_path(self.folder / "locks" / "space.lock"):
-            return sum(self.manifest.shards[k]["bytes"] for k in range(len(self.manifest.shards)) if self.present(k))
+            return sum(size for k, size in enumerate(self._sizes) if self.present(k))
 
     def _make_room(self, size: int, k: int, wait: bool) -> Path | None:
         """Reserve `size` bytes for shard `k`'s download, evicting shards that no process holds (in
@@ -328,7 +328,7 @@ class ShardCache:
             with self._exclusive_path(self.folder / "locks" / "space.lock"):
                 present = [j for j in range(len(self.manifest.shards)) if j != k and self.present(j)]
                 reserved = self._reserved()
-                used = sum(self.manifest.shards[j]["bytes"] for j in present) + sum(reserved.values())
+                used = sum(self._sizes[j] for j in present) + sum(reserved.values())
                 victims = self._victims(present, k, wait)
                 with self._lock:
                     freeable = sum(self._sizes[j] for j in victims if j not in self._in_use)
@@ -338,7 +338,7 @@ class ShardCache:
                     if used + size <= self.limit:
                         break
                     if self._evict(j):
-                        used -= self.manifest.shards[j]["bytes"]
+                        used -= self._sizes[j]
                 if used + size <= self.limit:
                     reservation = self.folder / "reserved" / f"{k:05d}.{os.getpid()}.{threading.get_ident()}"
                     reservation.write_text(str(size))
@@ -417,10 +417,10 @@ class ShardCache:
 
     def _download(self, k: int) -> None:
         """Shard `k` into a temporary folder beside its place, every file checked, then moved into place.
-        Two round trips: its manifest (which names its files), then all its files at once (fsspec's
-        `get` of a list runs concurrently on an async filesystem: s3, gcs, az, http); one file after
-        another paid the link's latency per file, and a cold epoch over a 20 ms link ran at 44 % of a
-        plain parallel download (docs/benchmarks.md, "Training from a bucket")."""
+        Two round trips: its manifest (which names its files), then all its files at once (`_get`: byte
+        ranges from an object store, else fsspec's `get` of a list); one file after another paid the
+        link's latency per file, and a cold epoch over a 20 ms link ran at 44 % of a plain parallel
+        download (docs/benchmarks.md, "Training from a bucket")."""
         entry = self.manifest.shards[k]
         remote = f"{self.root}/{entry['name']}"
         what = f"{shown(self.url)}/{entry['name']}"
