@@ -167,17 +167,31 @@ def tuning(given: dict):
 def _dataloader(folder: Path, batch: int, device: str, size: int, workers: int | None):
     """torch DataLoader(ImageFolder) with PIL crops, uint8 to `device`, normalized there, forever."""
     import torch
-    from torchvision import datasets, transforms
+    from torchvision import datasets
 
-    tf = transforms.Compose([transforms.RandomResizedCrop(size), transforms.RandomHorizontalFlip(),
-                             transforms.PILToTensor()])
     workers = os.cpu_count() if workers is None else workers
-    dl = torch.utils.data.DataLoader(datasets.ImageFolder(folder, tf), batch_size=batch, shuffle=True, drop_last=True,
-                                     num_workers=workers, pin_memory=device.startswith("cuda"),
+    dl = torch.utils.data.DataLoader(datasets.ImageFolder(folder, cpu_recipe(size)), batch_size=batch, shuffle=True,
+                                     drop_last=True, num_workers=workers, pin_memory=device.startswith("cuda"),
                                      persistent_workers=workers > 0, prefetch_factor=4 if workers else None)
+    yield from normalized(_forever(lambda: dl), device)
+
+
+def cpu_recipe(size: int):
+    """The recipe on PIL images, for the rows that decode on the CPU: RandomResizedCrop `size`, flip,
+    uint8 CHW (normalized on the device by `normalized`)."""
+    from torchvision import transforms
+
+    return transforms.Compose([transforms.RandomResizedCrop(size), transforms.RandomHorizontalFlip(),
+                               transforms.PILToTensor()])
+
+
+def normalized(batches, device: str):
+    """(uint8 NCHW images, labels) batches on `device`, the images normalized (MEAN, STD) to fp16."""
+    import torch
+
     mean = torch.tensor(MEAN, device=device).view(1, 3, 1, 1) * 255
     std = torch.tensor(STD, device=device).view(1, 3, 1, 1) * 255
-    for x, y in _forever(lambda: dl):
+    for x, y in batches:
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         yield ((x.float() - mean) / std).half(), y
 

@@ -64,12 +64,12 @@ def write(name: str, folder: Path, local: Path, shard_bytes: int) -> Path:
 
 
 def _decode(size: int):
-    """PIL decode, RandomResizedCrop `size`, flip, uint8 CHW: the CPU recipe of feeds.py's dataloader row."""
+    """PIL decode, then feeds.py's CPU recipe (crop, flip, uint8 CHW)."""
     from PIL import Image
-    from torchvision import transforms
 
-    tf = transforms.Compose([transforms.RandomResizedCrop(size), transforms.RandomHorizontalFlip(),
-                             transforms.PILToTensor()])
+    from feeds import cpu_recipe
+
+    tf = cpu_recipe(size)
 
     def decode(sample: dict):
         return tf(Image.open(io.BytesIO(sample["image"])).convert("RGB")), int(sample["label"])
@@ -92,15 +92,9 @@ class Other:
             self.loader = _litdata(url, cache, endpoint, keys, batch, size, workers, cache_limit)
 
     def __iter__(self):
-        import torch
+        from feeds import normalized
 
-        from feeds import MEAN, STD
-
-        mean = torch.tensor(MEAN, device=self.device).view(1, 3, 1, 1) * 255
-        std = torch.tensor(STD, device=self.device).view(1, 3, 1, 1) * 255
-        for x, y in self.loader:
-            x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
-            yield ((x.float() - mean) / std).half(), y
+        return normalized(self.loader, self.device)
 
     def cached(self) -> int:
         """Bytes in the cache folder now."""

@@ -326,15 +326,10 @@ def _measure(a, work: Path) -> dict:
             remote = gpufeed.Loader("s3://bench/train", cache_dir=cache, storage_options=options(served.link), **kw)
             runs["cold"], runs["warm"] = epochs(remote, step, 2, a.device)
             remote.close()
-        shards: dict[str, int] = {}
-        for path, size in files:
-            if "/shards/" in path:
-                shard = path.split("/shards/")[1].split("/")[0]
-                shards[shard] = shards.get(shard, 0) + size
         # a quarter of the store, or what a Loader of these batches needs at least (a small store's quarter)
-        limit = max(total // 4, smallest_cache(gpufeed.open("s3://bench/train", storage_options=options(direct),
-                                                            cache_dir=work / "peek"), a.batch))
-        runs["quarter cache"] = {"cache_limit": limit, "shards": len(shards)}
+        peek = gpufeed.open("s3://bench/train", storage_options=options(direct), cache_dir=work / "peek")
+        limit = max(total // 4, smallest_cache(peek, a.batch))
+        runs["quarter cache"] = {"cache_limit": limit, "shards": len(peek.manifest.shards)}
         with tempfile.TemporaryDirectory(dir=work) as cache:
             small = gpufeed.Loader("s3://bench/train", cache_dir=cache, cache_limit=limit,
                                    storage_options=options(served.link), **kw)
