@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -122,7 +123,7 @@ def test_tar_shards_and_lists_are_read_in_place(tmp_path):
         tar.addfile(info, io.BytesIO(buf.getvalue()))
     png = gpufeed.Loader(tmp_path / "png.tar", batch_size=4, device="cpu", augment=OPS, num_workers=0, drop_last=False)
     assert png.store.reencoded == 1 and next(iter(png))[0].shape[0] == 1
-    skipped = folder._list_tars([str(tmp_path / "bad.tar")])[2]
+    skipped = folder._list_tars([str(tmp_path / "bad.tar")]).skipped
     assert skipped == [{"path": f"{tmp_path / 'bad.tar'}:x", "reason": "label 'cat' in .cls is not an integer"}]
     (tmp_path / "list.csv").write_text("".join(f"img/c{k % 2}/{k:02d}.jpg,{k % 2}\n" for k in range(8)))
     listed = make(tmp_path / "list.csv")
@@ -315,3 +316,35 @@ def test_the_decoder_librarys_own_messages_are_not_printed(tmp_path):
     assert out.stdout.split() == ["6", "2"]
     lines = [line for line in out.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "cannot be decoded" in lines[0], out.stderr
+
+
+def test_the_gpu_decoders_library_loads_while_a_folder_is_indexed(tmp_path, monkeypatch):
+    """Indexing 50,000 files took 0.6-1.2 s and loading nvImageCodec 1 s in a fresh process, one after
+    the other: the load now starts first, on a thread, and the index is made meanwhile."""
+    from gpufeed.decode.codecs import nvimgcodec_api
+    from gpufeed.decode.scheduling import choice
+    from gpufeed.loader import loader as loader_module
+
+    root = _jpegs(tmp_path / "img", n=4)
+    order = []
+    monkeypatch.setattr(loader_module, "_load_decoders_ahead", lambda device, use: order.append(("load", use)))
+    real_list = folder._list
+    monkeypatch.setattr(folder, "_list", lambda source: order.append("index") or real_list(source))
+    gpufeed.Loader(root, batch_size=2, device="cpu", augment=OPS, num_workers=0).close()
+    assert order == [("load", None), "index"]
+    order.clear()
+    gpufeed.Loader(root, batch_size=2, device="cpu", augment=OPS, num_workers=0, tuning=Tuning(open_ahead=False)).close()
+    assert order == ["index"]
+
+    threads = []
+    monkeypatch.setattr(nvimgcodec_api, "open_library", lambda: threads.append(threading.current_thread().name) or 1 / 0)
+    cuda = torch.device("cuda", 0)
+    for device, use in [(torch.device("cpu"), None), (cuda, ("cpu",)), (cuda, ("nvjpeg", "cpu"))]:
+        choice.load_ahead(device, use)  # nothing to load for these
+    choice.load_ahead(cuda, None)
+    choice.load_ahead(cuda, ("cuda", "cpu"))
+    for t in threading.enumerate():
+        if t.name.startswith("gpufeed-nvimgcodec"):
+            t.join(5)
+    # each on a thread of its own, its failure left for the decoders' opening to say
+    assert len(threads) == 2 and all(name.startswith("gpufeed-nvimgcodec") for name in threads)

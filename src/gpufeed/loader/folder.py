@@ -21,6 +21,8 @@ no decoder can read is reported by path (`store.skipped`, one warning).
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import glob
 import hashlib
 import io
@@ -30,9 +32,9 @@ import os
 import stat as stat_module
 import tarfile
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
 
@@ -78,6 +80,43 @@ class _Listed:
     label: int
 
 
+@dataclass
+class _Listing:
+    """A source's images as columns (a `_Listed` each would be 50,000 objects more to make): their names,
+    the files holding them, where each begins there and its bytes (-1: the whole file), their labels;
+    the source's classes; what it skipped, by path and reason."""
+
+    names: list[str] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)
+    begins: list[int] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)
+    labels: list[int] = field(default_factory=list)
+    classes: list[str] = field(default_factory=list)
+    skipped: list[dict] = field(default_factory=list)
+
+    def add(self, name: str, file: str, begin: int, size: int, label: int) -> None:
+        self.names.append(name)
+        self.files.append(file)
+        self.begins.append(begin)
+        self.sizes.append(size)
+        self.labels.append(label)
+
+    def item(self, k: int) -> _Listed:
+        return _Listed(self.names[k], self.files[k], self.begins[k], self.sizes[k], self.labels[k])
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off within (as it was after)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def is_folder_source(path: str | os.PathLike) -> bool:
     """Whether `path` names something to read in place rather than a store."""
     text = os.fspath(path)
@@ -100,26 +139,39 @@ class FolderStore:
         self.path = Path(os.fspath(source))
         self._threads = threads or min(16, 4 * (os.cpu_count() or 1))
         self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="gpufeed-folder")
-        listed, self.classes, skipped = _list(os.fspath(source))
-        cache_path = _cache_path(self.path)
-        self.upright = cache_path.with_suffix(".upright")  # the images re-encoded, as packing would
-        cached = _load(cache_path)
-        stats = {f: _stat(f) for f in {x.file for x in listed}}
-        keys = [f"{x.name}|{stats[x.file]}" for x in listed]
-        upright = os.fspath(self.upright)
+        # 50,000 files make a few hundred thousand objects here: the collector's passes over them took a
+        # fifth of an open from the cached index
+        with _collector_paused():
+            listing = _list(os.fspath(source))
+            self.classes = listing.classes
+            cache_path = _cache_path(self.path)
+            self.upright = cache_path.with_suffix(".upright")  # the images re-encoded, as packing would
+            cached = _load(cache_path)
+            unique = list(dict.fromkeys(listing.files))  # a tar shard holds many
+            stats = {f: _stat(f) for f in unique}  # (on threads: slower, each stat's GIL hand-over costs more)
+            keys = [f"{name}|{stats[f]}" for name, f in zip(listing.names, listing.files)]
+            upright = os.fspath(self.upright)
 
-        def made(k: int) -> str:
-            """Where image k is kept re-encoded (named by its key: asked for those alone, a hash each)."""
-            return os.path.join(upright, _upright_name(keys[k]))
+            def made(k: int) -> str:
+                """Where image k is kept re-encoded (named by its key: asked for those alone, a hash each)."""
+                return os.path.join(upright, _upright_name(keys[k]))
 
-        fresh = [
-            k for k, key in enumerate(keys) if not _fits(cached.get(key), listed[k], stats[listed[k].file], made, k)
-        ]
-        for k, found in zip(fresh, self._pool.map(lambda k: _index(listed[k], Path(made(k))), fresh)):
-            cached[keys[k]] = found
-        if fresh or len(cached) != len(keys):  # new entries, or ones of files gone
-            _save(cache_path, {key: cached[key] for key in keys})
-            _prune(self.upright, {_upright_name(key) for key in keys if _reencoded(cached[key])})
+            sizes, files = listing.sizes, listing.files
+            fresh = [k for k, key in enumerate(keys) if not _fits(cached.get(key), sizes[k], stats[files[k]], made, k)]
+            found = self._pool.map(lambda k: _index(listing.item(k), Path(made(k))), fresh)
+            for k, entry in zip(fresh, found):
+                cached[keys[k]] = entry
+            if fresh or len(cached) != len(keys):  # new entries, or ones of files gone
+                _save(cache_path, {key: cached[key] for key in keys})
+                _prune(self.upright, {_upright_name(key) for key in keys if _reencoded(cached[key])})
+            self._arrange(listing, keys, cached, fresh, made)
+
+    def _arrange(
+        self, listing: _Listing, keys: list[str], cached: dict, fresh: list[int], made: Callable[[int], str]
+    ) -> None:
+        """The served images' columns from their index entries (`cached[keys[k]]` for image k), the
+        skipped ones named, each said once."""
+        listed = listing.names
         entries = [cached[key] for key in keys]
         kept = [k for k, entry in enumerate(entries) if isinstance(entry, list)]
         again = [_reencoded(entries[k]) for k in kept]  # re-encoded, read from beside the index
@@ -134,10 +186,8 @@ class FolderStore:
                 newly,
                 self.upright,
             )
-        self.skipped = skipped + [
-            {"path": listed[k].name, "reason": cached[keys[k]]}
-            for k in range(len(listed))
-            if not isinstance(cached[keys[k]], list)
+        self.skipped = listing.skipped + [
+            {"path": listed[k], "reason": entries[k]} for k in range(len(listed)) if not isinstance(entries[k], list)
         ]
         if self.skipped:
             shown = "; ".join(f"{s['path']}: {s['reason']}" for s in self.skipped[:3])
@@ -150,17 +200,17 @@ class FolderStore:
             )
         if not kept:
             raise SourceError(f"{self.path}: no image this loader can read (and not a gpufeed store)")
-        self._names = [listed[k].name for k in kept]
-        where_read = [made(k) if a else listed[k].file for k, a in zip(kept, again)]
+        self._names = [listed[k] for k in kept]
+        where_read = [made(k) if a else listing.files[k] for k, a in zip(kept, again)]
         files = sorted(set(where_read))
         where = {f: n for n, f in enumerate(files)}
         n = len(kept)
         self._files = np.array(files, dtype=object)
         self._file_of = np.fromiter((where[f] for f in where_read), np.int64, n)
-        self._begins = np.fromiter((0 if a else listed[k].begin for k, a in zip(kept, again)), np.int64, n)
+        self._begins = np.fromiter((0 if a else listing.begins[k] for k, a in zip(kept, again)), np.int64, n)
         headers = np.fromiter(chain.from_iterable(entries[k][:3] for k in kept), np.int64, 3 * n).reshape(n, 3)
         self.shapes, self._sizes = headers[:, :2], headers[:, 2].copy()
-        self._labels = np.fromiter((listed[k].label for k in kept), np.int64, n)
+        self._labels = np.fromiter((listing.labels[k] for k in kept), np.int64, n)
 
     @property
     def labels(self) -> torch.Tensor:
@@ -246,7 +296,7 @@ class FolderStore:
         return f"FolderStore({str(self.path)!r}, count={len(self)})"
 
 
-def _list(source: str) -> tuple[list[_Listed], list[str], list[dict]]:
+def _list(source: str) -> _Listing:
     """The source's images (tar members at their offsets), its classes, and what it skipped."""
     lower = source.lower()
     if glob.has_magic(source) or lower.endswith(".tar"):
@@ -254,18 +304,24 @@ def _list(source: str) -> tuple[list[_Listed], list[str], list[dict]]:
     if lower.endswith(TAR_SUFFIXES):  # .tar was taken above: a compressed one
         raise SourceError(f"{source}: a compressed tar can't be read in place; `gpufeed pack` it")
     src = open_source(source)
-    listed, skipped = [], []
+    listing = _Listing(classes=src.classes)
+    names, labels, skipped = listing.names, listing.labels, listing.skipped
+    paths: list[str] = []
     for entry in src.entries:
         if isinstance(entry, Skip):
             if entry.fatal:
                 skipped.append({"path": entry.name, "reason": entry.reason})
         elif isinstance(entry, Item) and entry.path is not None:
-            listed.append(_Listed(entry.name, entry.path, 0, -1, entry.label))
-    return listed, src.classes, skipped
+            names.append(entry.name)
+            paths.append(entry.path)
+            labels.append(entry.label)
+    listing.files, listing.begins, listing.sizes = paths, [0] * len(paths), [-1] * len(paths)
+    return listing
 
 
-def _list_tars(shards: list[str]) -> tuple[list[_Listed], list[str], list[dict]]:
-    listed, skipped = [], []
+def _list_tars(shards: list[str]) -> _Listing:
+    listing = _Listing()
+    skipped = listing.skipped
     for shard in shards:
         try:
             with tarfile.open(shard, mode="r:") as tar:
@@ -287,10 +343,10 @@ def _list_tars(shards: list[str]) -> tuple[list[_Listed], list[str], list[dict]]
                     except ValueError as e:  # as packing skips it
                         skipped.append({"path": name, "reason": str(e)})
                         continue
-                    listed.append(_Listed(name, shard, image.offset_data, image.size, label))
+                    listing.add(name, shard, image.offset_data, image.size, label)
         except (OSError, tarfile.TarError) as e:
             raise SourceError(f"{shard}: not an uncompressed tar this loader can read in place ({e})") from None
-    return listed, [], skipped
+    return listing
 
 
 def _stat(path: str) -> str:
@@ -312,24 +368,36 @@ def _upright_name(key: str) -> str:
     return hashlib.sha1(key.encode()).hexdigest()[:24] + ".jpg"
 
 
-def _fits(entry: list[int] | str | None, x: _Listed, stat: str, made: Callable[[int], str], k: int) -> bool:
-    """Whether a cached entry can stand for `x` (image `k`) without reading its header again: a reason
-    it was not served, or [height, width, bytes] with the bytes the file (or tar member) has (or its
-    re-encoded copy, at `made(k)`, has), sides a JPEG can have, and no more pixels than those bytes
-    can encode."""
+def _fits(entry: object, size: int, stat: str, made: Callable[[int], str], k: int) -> bool:
+    """Whether a cached entry can stand for image `k` (`size` bytes at its place in a tar shard, -1: a
+    whole file of stat `stat`) without reading its header again: a reason it was not served, or
+    [height, width, bytes] of ints (a 1 after them if re-encoded) with the bytes the file or member has
+    (or its re-encoded copy, at `made(k)`, has), sides a JPEG can have, and no more pixels than those
+    bytes can encode. Anything else in the cache is read again from the image, not trusted."""
     if isinstance(entry, str):
         return True
-    if not isinstance(entry, list) or stat == "missing":
+    if type(entry) is not list or stat == "missing":
         return False
-    h, w, size = entry[:3]
-    if _reencoded(entry):
+    if len(entry) == 3:
+        h, w, got = entry
+        again = False
+    elif len(entry) == 4:
+        h, w, got, flag = entry
+        again = True
+        if type(flag) is not int or flag != 1:
+            return False
+    else:
+        return False
+    if type(h) is not int or type(w) is not int or type(got) is not int:  # (not bool, float or str)
+        return False
+    if again:
         try:
             expected = os.stat(made(k)).st_size
         except OSError:
             return False
     else:
-        expected = x.size if x.size >= 0 else int(stat.split(":")[0])
-    return size == expected and 1 <= h <= JPEG_MAX_SIDE and 1 <= w <= JPEG_MAX_SIDE and h * w <= PIXELS_PER_BYTE * size
+        expected = size if size >= 0 else int(stat.split(":", 1)[0])
+    return got == expected and 1 <= h <= JPEG_MAX_SIDE and 1 <= w <= JPEG_MAX_SIDE and h * w <= PIXELS_PER_BYTE * got
 
 
 def _open_regular(path: str) -> int:
@@ -416,23 +484,12 @@ def _cache_path(source: Path) -> Path:
 
 
 def _load(path: Path) -> dict:
-    """The cached entries that have an entry's form (a reason, or [height, width, bytes] of
-    non-negative ints, with a 1 after them if re-encoded); anything else in the file is read again
-    from the image, not trusted."""
+    """The cached entries by key, {} for a cache of another version or form; each entry is checked
+    where it is used (`_fits`)."""
     try:
         data = json.loads(path.read_text())
         entries = data["entries"] if data.get("version") == INDEX_VERSION else {}
-        return {
-            key: v
-            for key, v in entries.items()
-            if isinstance(v, str)
-            or (
-                isinstance(v, list)
-                and len(v) in (3, 4)
-                and all(type(x) is int and x >= 0 for x in v)
-                and v[3:] in ([], [1])
-            )
-        }
+        return dict(entries) if isinstance(entries, dict) else {}
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return {}
 

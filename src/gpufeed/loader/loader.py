@@ -26,6 +26,7 @@ import torch
 from gpufeed.augment.keypoints import check_flip_index
 from gpufeed.augment.masks import DTYPES as MASK_DTYPES
 from gpufeed.augment.pipeline import Augment
+from gpufeed.decode.scheduling.choice import load_ahead
 from gpufeed.decode.tuning import Tuning
 from gpufeed.loader import tiers
 from gpufeed.loader.batch import Batch, Skipped
@@ -96,6 +97,15 @@ def _collected(*parts) -> None:
         threading.Thread(target=_shut_down, args=parts, name="gpufeed-shutdown").start()
     except RuntimeError:  # the interpreter is finalizing: no new thread
         _shut_down(*parts)
+
+
+def _load_decoders_ahead(device: str | torch.device, decoders: tuple[str, ...] | None) -> None:
+    """Start loading the GPU decoders' library while a folder is indexed (`choice.load_ahead`); a device
+    that can't be used is said by the constructor after the folder's own errors, as for any store."""
+    try:
+        load_ahead(resolve_device(device), decoders)
+    except ValueError:
+        pass
 
 
 def _open(store, cache_dir, cache_limit, storage_options) -> Store | ShardedStore | FolderStore:
@@ -379,6 +389,9 @@ class Loader:
         group_by_aspect: bool | int = False,
         size_divisible: int = 32,
     ):
+        self.tuning = tuning or Tuning()
+        if self.tuning.open_ahead and isinstance(store, (str, Path)) and not is_url(store) and is_folder_source(store):
+            _load_decoders_ahead(device, decoders)
         self.store = _open(store, cache_dir, cache_limit, storage_options)
         self.fields = tuple(fields) if fields is not None else None
         if keypoint_flip is not None and "keypoints" not in (self.fields or ()):
@@ -440,7 +453,6 @@ class Loader:
         if on_error not in ("skip", "raise"):
             raise ValueError(f"on_error must be 'skip' or 'raise', got {on_error!r}")
         self.on_error = on_error
-        self.tuning = tuning or Tuning()
         folder = isinstance(self.store, FolderStore)
         self.tier = (
             tiers.in_place(self.store.labels)
