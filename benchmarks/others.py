@@ -63,18 +63,19 @@ def write(name: str, folder: Path, local: Path, shard_bytes: int) -> Path:
     return local
 
 
-def _decode(size: int):
-    """PIL decode, then feeds.py's CPU recipe (crop, flip, uint8 CHW)."""
-    from PIL import Image
+class _Decode:
+    """PIL decode, then feeds.py's CPU recipe (crop, flip, uint8 CHW); a class, not a closure, so that
+    spawned workers get it pickled."""
 
-    from feeds import cpu_recipe
+    def __init__(self, size: int):
+        from feeds import cpu_recipe
 
-    tf = cpu_recipe(size)
+        self.tf = cpu_recipe(size)
 
-    def decode(sample: dict):
-        return tf(Image.open(io.BytesIO(sample["image"])).convert("RGB")), int(sample["label"])
+    def __call__(self, sample: dict):
+        from PIL import Image
 
-    return decode
+        return self.tf(Image.open(io.BytesIO(sample["image"])).convert("RGB")), int(sample["label"])
 
 
 class Other:
@@ -105,7 +106,7 @@ def _streaming(url, cache, endpoint, keys, batch, size, workers, cache_limit):
     from streaming import StreamingDataLoader, StreamingDataset
 
     os.environ.update(S3_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID=keys[0], AWS_SECRET_ACCESS_KEY=keys[1])
-    decode = _decode(size)
+    decode = _Decode(size)
 
     class Photos(StreamingDataset):
         def __getitem__(self, i):
@@ -118,17 +119,27 @@ def _streaming(url, cache, endpoint, keys, batch, size, workers, cache_limit):
 
 def _litdata(url, cache, endpoint, keys, batch, size, workers, cache_limit):
     import litdata
-    from litdata.streaming import downloader
 
-    # its chunk downloads go through obstore, whose client refuses plain http unless told: the local
-    # server is http (the workers fork after this, and see it too)
-    if isinstance(getattr(downloader, "_OBSTORE_CLIENT_OPTIONS", None), dict) and endpoint.startswith("http:"):
-        downloader._OBSTORE_CLIENT_OPTIONS["allow_http"] = "true"
+    if endpoint.startswith("http:"):
+        _allow_http()
 
-    decode = _decode(size)
+    decode = _Decode(size)
     options = {"endpoint_url": endpoint, "aws_access_key_id": keys[0], "aws_secret_access_key": keys[1]}
     limit = cache_limit if cache_limit is not None else "1000GB"
     data = litdata.StreamingDataset(url, cache_dir=str(cache), shuffle=True, drop_last=True, storage_options=options,
                                     max_cache_size=limit, transform=decode)
+    # workers spawned: forked ones waited for chunks that never came (a 16-core H200, twice; LitData's
+    # error names obstore after a fork), and each says allow_http again (`_allow_http`)
+    spawned = dict(multiprocessing_context="spawn", worker_init_fn=_allow_http if endpoint.startswith("http:") else None)
     return litdata.StreamingDataLoader(data, batch_size=batch, num_workers=workers, pin_memory=True,
-                                       persistent_workers=workers > 0, prefetch_factor=4 if workers else None)
+                                       persistent_workers=workers > 0, prefetch_factor=4 if workers else None,
+                                       **(spawned if workers else {}))
+
+
+def _allow_http(worker: int | None = None) -> None:
+    """LitData's chunk downloads go through obstore, whose client refuses plain http unless told: the
+    local server is http. Said in this process and in each spawned worker (`worker`: its number)."""
+    from litdata.streaming import downloader
+
+    if isinstance(getattr(downloader, "_OBSTORE_CLIENT_OPTIONS", None), dict):
+        downloader._OBSTORE_CLIENT_OPTIONS["allow_http"] = "true"
