@@ -345,3 +345,25 @@ def test_a_store_none_of_whose_samples_decodes_is_one_clear_error(jpeg_store, tm
         next(iter(loader))
     evaluation = gpufeed.Loader(store, batch_size=4, device="cpu", augment=OPS, num_workers=0, shuffle=False)
     assert list(evaluation) == [] and len(evaluation.skipped) == len(store)  # each left out, each named
+
+
+def test_stats_say_how_the_loader_started(jpeg_store, tmp_path):
+    """Seconds from the constructor's call: its return, each decode worker's Ready, the first batch
+    (what a one-pass evaluation loses at its start, docs/benchmarks.md "Reading a folder in place")."""
+    loader = gpufeed.Loader(jpeg_store, batch_size=12, device="cpu", augment=OPS, num_workers=2)
+    start = loader.stats()["start"]
+    assert "first_batch_s" not in start and start["gpu_decoders_open_s"] is None  # none yet; none on a CPU
+    next(iter(loader))
+    start = loader.stats()["start"]
+    ready = start["workers_ready_s"]
+    assert 0 < start["constructor_s"] <= start["first_batch_s"]
+    assert ready and ready == sorted(ready) and len(ready) <= 2 and ready[0] <= start["first_batch_s"]
+    for _ in loader:
+        pass
+    assert loader.stats()["start"]["first_batch_s"] == start["first_batch_s"]  # the loader's first, kept
+    loader.close()
+    gpufeed.pack(jpeg_store.path.parent / "src", tmp_path / "raw", mode="raw", size=24, workers=1, progress=False)
+    plain = gpufeed.Loader(tmp_path / "raw", batch_size=12, device="cpu")
+    next(iter(plain))
+    assert set(plain.stats()["start"]) == {"constructor_s", "first_batch_s"}
+    plain.close()

@@ -55,6 +55,15 @@ class JpegPipelines:
         thread of their own while the CPU decodes the first batches (`Tuning.open_ahead`); whether they are."""
         return all(p.scheduler.opened(timeout) for p in self.pipelines)
 
+    def started(self) -> dict[str, float | list[float] | None]:
+        """When the GPU decoders were taken into use (the first pipeline's; None: not yet, or none here)
+        and when each CPU decode worker said it was ready (time.perf_counter), for `Stats.start`."""
+        opened = [p.scheduler.opened_at for p in self.pipelines if p.scheduler.gpu and p.scheduler.opened_at]
+        return {
+            "gpu_decoders_open": min(opened) if opened else None,
+            "workers_ready": self.workers.ready_times if self.workers is not None else None,
+        }
+
     def stats(self) -> dict:
         """`loader.stats()`'s decoder entries: counts, rates and seconds summed over the pipelines, and
         the workers' busy seconds."""

@@ -389,6 +389,7 @@ class Loader:
         group_by_aspect: bool | int = False,
         size_divisible: int = 32,
     ):
+        called = time.perf_counter()
         self.tuning = tuning or Tuning()
         if self.tuning.open_ahead and isinstance(store, (str, Path)) and not is_url(store) and is_folder_source(store):
             _load_decoders_ahead(device, decoders)
@@ -460,7 +461,7 @@ class Loader:
             else tiers.materialize(self.store, self.device, cache)
         )
         log.info("gpufeed.Loader: tier %s (%s)", self.tier.name, self.tier.reason)
-        self.counters = Stats(self.tier.name)
+        self.counters = Stats(self.tier.name, origin=called)
         self._production = Production(max(1, prefetch), self.counters)
         self.jpeg: JpegPipelines | None = None
         self._images: ByteSource | None = None
@@ -528,6 +529,7 @@ class Loader:
             if self.fields is None
             else FieldRequest(self.fields, self.store, self.device, on_error, flip, mask_fill)
         )
+        self.counters.mark("constructor")
 
     @property
     def dtype(self) -> torch.dtype:
@@ -648,11 +650,14 @@ class Loader:
 
     def stats(self) -> dict:
         """Per-stage times (among them the consumer's: "wait" for batches, and "consumer" between taking
-        one and asking for the next), bytes moved, tier, consumer stalls, and for jpeg stores the decoders,
+        one and asking for the next), bytes moved, tier, consumer stalls, how the loader started ("start":
+        seconds from the constructor's call to its return, to the first batch handed over, and for jpeg
+        stores to the GPU decoders' opening and to each decode worker's `Ready`), and for jpeg stores the decoders,
         how many images each decoded (and CPU fallbacks, failures), their rates in img/s, and the
         decode seconds spent until the GPU decoders were done and on the CPU's share after that
         (with worker processes, also their wall and CPU seconds: CPU well below wall means starved)."""
         out = self.counters.as_dict()
+        out["start"] = self.counters.start(self.jpeg.started() if self.jpeg is not None else None)
         if self.jpeg is not None:
             out |= self.jpeg.stats()
         return out
@@ -745,6 +750,7 @@ class Loader:
         with stage_range("gpufeed.augment", self.copy_stream is not None):
             out = self._augment(batch)
         self.counters.add("augment", time.perf_counter() - t0)
+        self.counters.mark("first_batch")
         if self._fields is None:
             return out
         return batch_dict(

@@ -46,7 +46,9 @@ class Reading:
 class Stats:
     """Thread-safe accumulators; `as_dict` is what `Loader.stats()` returns."""
 
-    def __init__(self, tier: str):
+    def __init__(self, tier: str, origin: float | None = None):
+        """`origin`: when the loader's constructor was called (time.perf_counter), what `start` counts
+        from (default: now)."""
         self.tier = tier
         self._lock = threading.Lock()
         self._seconds: dict[str, float] = defaultdict(float)
@@ -56,6 +58,8 @@ class Stats:
         self._stalls = 0
         self._notes: list[str] = []
         self._started = time.perf_counter()
+        self._origin = self._started if origin is None else origin
+        self._marks: dict[str, float] = {}  # each event's first time (`mark`)
 
     def add(self, stage: str, seconds: float, nbytes: int = 0) -> None:
         with self._lock:
@@ -81,6 +85,26 @@ class Stats:
         taken = now.taken - last.taken
         step = (now.own - last.own) / taken if taken else None
         return Pace(starved=now.waited - last.waited, interval=now.at - last.at, step=step), now
+
+    def mark(self, event: str) -> None:
+        """Keep the first time `event` happens (e.g. "first_batch"), for `start`."""
+        if event not in self._marks:  # (read without the lock: a later one would only be dropped under it)
+            with self._lock:
+                self._marks.setdefault(event, time.perf_counter())
+
+    def start(self, more: dict[str, float | list[float] | None] | None = None) -> dict:
+        """How the loader started, in seconds since its constructor was called: the events `mark`ed
+        (`constructor` when it returned, `first_batch` when the first batch was handed over) and `more`
+        (times from time.perf_counter, or lists of them, None for what has not happened)."""
+
+        def since(at):
+            if at is None:
+                return None
+            return [round(a - self._origin, 4) for a in at] if isinstance(at, list) else round(at - self._origin, 4)
+
+        with self._lock:
+            marks = dict(self._marks)
+        return {f"{name}_s": since(at) for name, at in (marks | (more or {})).items()}
 
     def count(self, images: int) -> None:
         with self._lock:

@@ -11,6 +11,7 @@ import select
 import subprocess
 import termios
 import threading
+import time
 import weakref
 from collections.abc import Callable
 
@@ -122,7 +123,7 @@ class Relay:
             worker.dead = worker.dead or f"exit code {worker.proc.returncode}"
             return
         if isinstance(message, protocol.Ready):
-            self.workers[k].ready = True
+            self.workers[k].ready, self.workers[k].ready_at = True, time.perf_counter()
 
 
 def _stop(workers: list[spawn.Worker], tickets_w: int, fds: list[int], keep: list) -> None:

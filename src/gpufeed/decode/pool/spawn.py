@@ -24,6 +24,7 @@ from gpufeed.decode.pool import protocol
 class Worker:
     proc: subprocess.Popen
     ready: bool = False
+    ready_at: float | None = None  # when its `Ready` was heard (time.perf_counter)
     dead: str | None = None  # why, once it is gone
 
 

@@ -139,6 +139,11 @@ class DecodeWorkers:
         busy = self.busy_seconds
         return self.decoded / busy if busy else 0.0
 
+    @property
+    def ready_times(self) -> list[float]:
+        """When each worker ready so far was heard saying so (time.perf_counter), in order."""
+        return sorted(w.ready_at for w in self._workers if w.ready_at is not None)
+
     def wait_ready(self, timeout: float = 60.0) -> bool:
         """Wait until every worker is ready (or dead); whether all of them are ready."""
         deadline = time.monotonic() + timeout

@@ -74,6 +74,7 @@ class Scheduler:
         cpu_share = "cpu" in (DEFAULT if use is None else use) or device.type != "cuda"
         self.steering = Steering([], cpu_share, tuning)
         self.gpu: list = []  # the GPU decoders, once open (`_use`)
+        self.opened_at: float | None = None  # when they were taken into use (time.perf_counter)
         self._streams: dict[str, torch.cuda.Stream | None] = {}
         self._helper: ThreadPoolExecutor | None = None
         make = functools.partial(
@@ -103,6 +104,7 @@ class Scheduler:
 
     def _use(self, decoders: list) -> None:
         """Decode with the GPU decoders `decoders` from the next batch on."""
+        self.opened_at = time.perf_counter()
         helpers = len(decoders) - 1  # every GPU decoder but the last decodes on a helper thread
         self._helper = ThreadPoolExecutor(helpers, thread_name_prefix="gpufeed-gpudecode") if helpers > 0 else None
         # a stream per GPU decoder so they overlap; the host waits on it, so results are complete
