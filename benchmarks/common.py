@@ -127,6 +127,15 @@ def table(header: list[str], rows: list[list]) -> str:
     return "\n".join("| " + " | ".join(map(str, line)) + " |" for line in [header, align, *rows])
 
 
+class Rows(dict):
+    """A benchmark's rows by name, each printed (one JSON line, flushed) as it is set: a run cut off by
+    a time limit still leaves the rows it finished in its log (a device call's output is all there is)."""
+
+    def __setitem__(self, name, row) -> None:
+        super().__setitem__(name, row)
+        print(f"row {name}: {json.dumps(row, default=str)}", flush=True)
+
+
 def write(a: argparse.Namespace, script: str, runs, markdown: str, device: str = "cuda", **extra) -> dict:
     """Print `markdown`; with `--out PATH`, write the record (command, machine, date, config, `extra`,
     every run, the table) to PATH as JSON and the command, machine, date and table to PATH with .md."""

@@ -289,7 +289,7 @@ def _measure(a, work: Path) -> dict:
         gpufeed.pack(work / "images", work / "local", mode="jpeg", reencode=False, progress=False)
     served = Served(bits(a.link) / 8, seconds(a.latency))
     direct = served.direct
-    runs: dict = {}
+    runs: dict = common.Rows()
     try:
         fs = s3fs.S3FileSystem(**options(direct))
         fs.mkdir("bench")
