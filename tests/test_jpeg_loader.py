@@ -352,7 +352,7 @@ def test_stats_say_how_the_loader_started(jpeg_store, tmp_path):
     (what a one-pass evaluation loses at its start, docs/benchmarks.md "Reading a folder in place")."""
     loader = gpufeed.Loader(jpeg_store, batch_size=12, device="cpu", augment=OPS, num_workers=2)
     start = loader.stats()["start"]
-    assert "first_batch_s" not in start and start["gpu_decoders_open_s"] is None  # none yet; none on a CPU
+    assert "first_batch_s" not in start and start["gpu_decoders_in_use_s"] is None  # none yet; none on a CPU
     next(iter(loader))
     start = loader.stats()["start"]
     ready = start["workers_ready_s"]

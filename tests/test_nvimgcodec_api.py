@@ -46,6 +46,29 @@ def test_the_library_opens_with_its_jpeg_extensions_alone_without_its_python_mod
     assert done.stdout.split() == ["True", "False", str(len(api.EXTENSIONS))], done.stderr
 
 
+LOADED_AHEAD = """
+import os
+from gpufeed.decode.codecs import nvimgcodec_api as api, pixels
+quieted = []
+real = pixels.quiet_codecs
+pixels.quiet_codecs = lambda when: quieted.append(when) or real(when)
+api.load_library()
+print(len(quieted), len(api._EXTENSIONS))
+api.open_library()
+print(len(quieted), len(api._EXTENSIONS))
+"""
+
+
+@pytest.mark.skipif(not importlib.util.find_spec("nvidia.nvimgcodec"), reason="needs nvImageCodec")
+def test_loading_ahead_leaves_stderr_alone():
+    """Loaded ahead while a folder is indexed and decode workers start, the library must not send the
+    process's stderr elsewhere (`quiet_codecs`): the folder's warnings went there, and a worker
+    started meanwhile kept the sink as its stderr for life. Making the extensions, which prints, waits."""
+    done = subprocess.run([sys.executable, "-c", LOADED_AHEAD], capture_output=True, text=True, timeout=120)
+    n = len(api.EXTENSIONS)
+    assert done.stdout.split() == ["0", "0", str(n), str(n)], done.stderr
+
+
 @pytest.mark.skipif(not importlib.util.find_spec("nvidia.nvimgcodec"), reason="needs nvImageCodec")
 def test_a_batch_decodes_into_one_buffer_as_pillow_decodes_it():
     good = encode_jpegs(natural_images(6))

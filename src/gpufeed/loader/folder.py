@@ -140,7 +140,8 @@ class FolderStore:
         self._threads = threads or min(16, 4 * (os.cpu_count() or 1))
         self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="gpufeed-folder")
         # 50,000 files make a few hundred thousand objects here: the collector's passes over them took a
-        # fifth of an open from the cached index
+        # fifth of an open from the cached index (paused for the listing and the arranging alone: not
+        # while headers are read and images re-encoded on threads, which can take a cold build's 20 s)
         with _collector_paused():
             listing = _list(os.fspath(source))
             self.classes = listing.classes
@@ -158,12 +159,13 @@ class FolderStore:
 
             sizes, files = listing.sizes, listing.files
             fresh = [k for k, key in enumerate(keys) if not _fits(cached.get(key), sizes[k], stats[files[k]], made, k)]
-            found = self._pool.map(lambda k: _index(listing.item(k), Path(made(k))), fresh)
-            for k, entry in zip(fresh, found):
-                cached[keys[k]] = entry
-            if fresh or len(cached) != len(keys):  # new entries, or ones of files gone
-                _save(cache_path, {key: cached[key] for key in keys})
-                _prune(self.upright, {_upright_name(key) for key in keys if _reencoded(cached[key])})
+        found = self._pool.map(lambda k: _index(listing.item(k), Path(made(k))), fresh)
+        for k, entry in zip(fresh, found):
+            cached[keys[k]] = entry
+        if fresh or len(cached) != len(keys):  # new entries, or ones of files gone
+            _save(cache_path, {key: cached[key] for key in keys})
+            _prune(self.upright, {_upright_name(key) for key in keys if _reencoded(cached[key])})
+        with _collector_paused():
             self._arrange(listing, keys, cached, fresh, made)
 
     def _arrange(

@@ -56,11 +56,11 @@ class JpegPipelines:
         return all(p.scheduler.opened(timeout) for p in self.pipelines)
 
     def started(self) -> dict[str, float | list[float] | None]:
-        """When the GPU decoders were taken into use (the first pipeline's; None: not yet, or none here)
+        """When the GPU decoders were first taken into use by a pipeline (None: not yet, or none here)
         and when each CPU decode worker said it was ready (time.perf_counter), for `Stats.start`."""
         opened = [p.scheduler.opened_at for p in self.pipelines if p.scheduler.gpu and p.scheduler.opened_at]
         return {
-            "gpu_decoders_open": min(opened) if opened else None,
+            "gpu_decoders_in_use": min(opened) if opened else None,
             "workers_ready": self.workers.ready_times if self.workers is not None else None,
         }
 

@@ -652,8 +652,8 @@ class Loader:
         """Per-stage times (among them the consumer's: "wait" for batches, and "consumer" between taking
         one and asking for the next), bytes moved, tier, consumer stalls, how the loader started ("start":
         seconds from the constructor's call to its return, to the first batch handed over, and for jpeg
-        stores to the GPU decoders' opening and to each decode worker's `Ready`), and for jpeg stores the decoders,
-        how many images each decoded (and CPU fallbacks, failures), their rates in img/s, and the
+        stores to the GPU decoders taken into use and to each decode worker's `Ready`), and for jpeg
+        stores the decoders, how many images each decoded (and CPU fallbacks, failures), their rates in img/s, and the
         decode seconds spent until the GPU decoders were done and on the CPU's share after that
         (with worker processes, also their wall and CPU seconds: CPU well below wall means starved)."""
         out = self.counters.as_dict()

@@ -112,15 +112,22 @@ def open_library() -> tuple[Library, int]:
         return _open_library()
 
 
-@functools.cache
-def _open_library() -> tuple[Library, int]:
-    """The library of the installed `nvidia.nvimgcodec` and an instance of it with its JPEG extensions
-    alone (`EXTENSIONS`), kept for the process. Its Python module is not imported: that makes an
-    instance with every extension (JPEG 2000, TIFF, OpenCV, ...), which took about half of a GPU
-    Loader's start (docs/benchmarks.md, "Start-up and GPU memory"). ImportError where it is not
-    installed."""
-    from gpufeed.decode.codecs.pixels import quiet_codecs
+def load_library() -> None:
+    """What of `open_library` prints nothing, done ahead (`choice.load_ahead`): the library and its
+    JPEG extensions' modules loaded, an instance made. Making the extensions is left to
+    `open_library`: it sends the process's stderr elsewhere meanwhile (`quiet_codecs`), which must
+    not overlap a folder's index being made (its warnings) or decode workers starting (their stderr)."""
+    with LIFECYCLE:
+        _instance()
 
+
+@functools.cache
+def _instance() -> tuple[Library, int, list, str]:
+    """The library of the installed `nvidia.nvimgcodec`, an instance of it, its JPEG extensions'
+    modules (`EXTENSIONS`, loaded, not yet made) and its version, kept for the process. Its Python
+    module is not imported: that makes an instance with every extension (JPEG 2000, TIFF, OpenCV,
+    ...), which took about half of a GPU Loader's start (docs/benchmarks.md, "Start-up and GPU
+    memory"). ImportError where it is not installed."""
     spec = importlib.util.find_spec("nvidia.nvimgcodec")
     if spec is None or spec.origin is None:
         raise ImportError("No module named 'nvidia.nvimgcodec'")
@@ -146,17 +153,28 @@ def _open_library() -> tuple[Library, int]:
     # crashed in two runs of about ten, a lock around both did not stop that, and one around the
     # first decode as well hung them)
     check(lib.slow.nvimgcodecInstanceCreate(C.byref(instance), C.byref(info)), "creating an instance")
+    modules = []
     for name in EXTENSIONS:
         found = sorted((home / "extensions").glob(name + "*"))
         if not found:
             raise RuntimeError(f"nvImageCodec {version} has no {name} in {home / 'extensions'}")
-        module = C.CDLL(str(found[0]))
+        modules.append((name, C.CDLL(str(found[0]))))
+    return lib, instance.value, modules, version  # type: ignore[return-value]  # made: InstanceCreate succeeded
+
+
+@functools.cache
+def _open_library() -> tuple[Library, int]:
+    """`_instance`'s library and instance with its JPEG extensions made, kept for the process."""
+    from gpufeed.decode.codecs.pixels import quiet_codecs
+
+    lib, instance, modules, _ = _instance()
+    for name, module in modules:
         desc, extension = filled(ExtensionDesc, T_EXTENSION_DESC), C.c_void_p()
         _EXTENSIONS.append((module, desc, extension))  # kept for the process, as the instance is
         with quiet_codecs(f"loading {name}"):  # a missing library of its own (nvJPEG) is said at its decoder
             check(module.nvimgcodecExtensionModuleEntry(C.byref(desc)), f"describing {name}")
             check(lib.slow.nvimgcodecExtensionCreate(instance, C.byref(extension), C.byref(desc)), f"loading {name}")
-    return lib, instance.value  # type: ignore[return-value]  # made: InstanceCreate succeeded
+    return lib, instance
 
 
 class BatchDecoder:

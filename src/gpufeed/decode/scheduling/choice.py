@@ -67,11 +67,12 @@ def _nvjpeg(device: torch.device):
 
 
 def load_ahead(device: torch.device, use: tuple[str, ...] | None) -> None:
-    """Start loading nvImageCodec (its library and an instance, once a process) on a thread of its own
-    where `use` would make one of its decoders on `device`. A Loader reading a folder in place calls
-    this before it indexes the folder: indexing 50,000 files takes 0.6-1.2 s, loading the library 1 s
-    in a fresh process, and both then overlap, since the load lets go of the GIL. The decoders' opening
-    (`gpu_decoders`, on the pipeline's own thread) then finds it loaded, or waits for it. Nothing is
+    """Start loading nvImageCodec (its library, its JPEG extensions' modules and an instance, once a
+    process: `nvimgcodec_api.load_library`) on a thread of its own where `use` would make one of its
+    decoders on `device`. A Loader reading a folder in place calls this before it indexes the folder:
+    indexing 50,000 files takes 0.6-1.2 s, opening the library 1 s in a fresh process, and the two
+    then overlap, since the load lets go of the GIL. The decoders' opening (`gpu_decoders`, on the
+    pipeline's own thread) then finds it loaded, or waits for it, and makes the extensions. Nothing is
     said here: where the load fails, that opening fails the same way and says why."""
     names = DEFAULT if use is None else use
     if device.type != "cuda" or not {"hw", "cuda"} & set(names):
@@ -80,7 +81,7 @@ def load_ahead(device: torch.device, use: tuple[str, ...] | None) -> None:
 
     def load() -> None:
         try:
-            nvimgcodec_api.open_library()
+            nvimgcodec_api.load_library()
         except Exception:  # noqa: BLE001  said by the decoders' opening, which tries again
             pass
 
