@@ -446,6 +446,23 @@ def test_a_shard_damaged_in_the_bucket_is_named_and_never_used(bucket, tmp_path)
     assert not (tmp_path / "cache" / "shards" / "00002").exists()  # nothing unverified is kept
 
 
+def test_a_store_file_damaged_in_the_bucket_is_named_and_not_kept(bucket, tmp_path):
+    """The store's own files (labels, shapes) come the way a shard's files do, and are checked the same."""
+    fs = bucket["fs"]
+    fs.copy("bucket/train", "bucket/badlabels", recursive=True)
+    name = "bucket/badlabels/labels.i64"
+    data = bytearray(fs.cat_file(name))
+    data[0] ^= 0x01
+    fs.pipe_file(name, bytes(data))
+    with pytest.raises(StoreError, match=r"s3://bucket/badlabels/labels\.i64: .*digest differs"):
+        gpufeed.open("s3://bucket/badlabels", cache_dir=tmp_path / "cache", storage_options=bucket["options"])
+    assert not (tmp_path / "cache" / "top" / "labels.i64").exists()
+    assert sorted(p.name for p in (tmp_path / "cache" / "top").iterdir()) == ["manifest.json"]  # no temp left
+    fs.pipe_file(name, bytes(data[:0]) + bytes([data[0] ^ 0x01]) + bytes(data[1:]))  # mended
+    store = gpufeed.open("s3://bucket/badlabels", cache_dir=tmp_path / "cache", storage_options=bucket["options"])
+    assert store.labels.tolist() == gpufeed.open(bucket["flat"]).labels.tolist()
+
+
 class _Flaky(http.server.BaseHTTPRequestHandler):
     """A proxy in front of the S3 server that answers every third request for a shard's file with a 503."""
 

@@ -1,7 +1,8 @@
 """Sharded stores in a bucket (any fsspec URL: `s3://`, `gs://`, `az://`, `https://`, `file://`), read
 through a bounded local cache.
 
-Opening reads three small files (the manifest, the labels and the jpeg sizes) into the cache folder;
+Opening reads the manifest, then the store's own files (the labels, the jpeg sizes, fields) at once
+and checked as a shard's are (`ShardCache.fetch_checked`), into the cache folder;
 a shard is downloaded when first needed or ahead of the epoch plan (`ShardCache.follow`), its
 manifest checked against the digest the top manifest recorded and each of its files against the
 digests in its manifest, then kept until the cache needs room. Every rank of a machine may share
@@ -530,6 +531,25 @@ class ShardCache:
         assert error is not None
         raise error
 
+    def fetch_checked(self, remote: str, files: dict[str, dict], into: Path) -> None:
+        """Files of the remote folder `remote` (name -> manifest entry) into the local folder `into`, at
+        once (`_get`), each in place only once its digest is the one recorded: else a StoreError
+        naming it, and nothing of it kept."""
+        what = f"{shown(self.url)}/{remote[len(self.root) :].strip('/')}".rstrip("/")
+        temp = Path(tempfile.mkdtemp(prefix=".fetch-", dir=into))
+        try:
+            retried(what, lambda: self._get(remote, _not_yet(temp, files), temp))
+            for name, meta in files.items():
+                if not _whole(temp / name, meta):
+                    raise StoreError(
+                        f"{what}/{name}: not what the store's manifest recorded (its digest differs: damaged in "
+                        "the bucket or in transfer); it is not used"
+                    )
+            for name in files:
+                os.replace(temp / name, into / name)
+        finally:
+            shutil.rmtree(temp, ignore_errors=True)
+
     def _check(self, remote: str, ok: bool) -> None:
         """A StoreError naming the remote file unless its download was `ok` (its digest as recorded)."""
         if not ok:
@@ -578,14 +598,13 @@ class RemoteStore(ShardedStore):
                 f"{where}: a store in a bucket must be sharded (pack it with shard_size=..., e.g. "
                 '"256MB"): its shards are what the cache downloads'
             )
-        for name, meta in manifest.files.items():
-            local = head / name
-            if not (local.exists() and file_digest(local) == {"bytes": meta["bytes"], "digest": meta["digest"]}):
-                retried(f"{where}/{name}", lambda: _fetch_checked(self.fs, f"{root}/{name}", local, meta, where))  # noqa: B023  retried() calls it at once
+        self.cache = ShardCache(self.fs, root, manifest, folder, parse_size(cache_limit, "cache_limit"), self.url)
+        wanted = {name: meta for name, meta in manifest.files.items() if not _whole(head / name, meta)}
+        if wanted:  # the store's own files (labels, shapes, fields of every sample), as a shard's come
+            self.cache.fetch_checked(root, wanted, head)
         super().__init__(head, manifest)
         self.path = Where(where)  # type: ignore[assignment]  # what messages name: the URL (without credentials), not the cache
         self._head = head
-        self.cache = ShardCache(self.fs, root, manifest, folder, parse_size(cache_limit, "cache_limit"), self.url)
 
     def shard_path(self, k: int) -> Path:
         return self.cache.path(k)
@@ -624,14 +643,9 @@ def _not_yet(folder: Path, files: dict) -> dict[str, int | None]:
     return {name: meta["bytes"] for name, meta in files.items() if not (folder / name).exists()}
 
 
-def _fetch_checked(fs, remote: str, local: Path, meta: dict, where: str) -> None:
-    temp = local.with_name(local.name + ".part")
-    with fs.open(remote, "rb") as src, open(temp, "wb") as dst:
-        shutil.copyfileobj(src, dst, 8 << 20)
-    if file_digest(temp) != {"bytes": meta["bytes"], "digest": meta["digest"]}:
-        temp.unlink(missing_ok=True)
-        raise StoreError(f"{where}/{local.name}: not what the store's manifest recorded (its digest differs)")
-    os.replace(temp, local)
+def _whole(path: Path, meta: dict) -> bool:
+    """Whether the file at `path` is the one a manifest entry (`meta`) records: its bytes and digest."""
+    return path.exists() and file_digest(path) == {"bytes": meta["bytes"], "digest": meta["digest"]}
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
