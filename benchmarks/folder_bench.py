@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     if a.device.startswith("cuda"):
         # the CUDA context made before any reader, as a program that trains or runs a model has it: the
-        # first row of a process paid for it alone (0.3-0.5 s), and that was gpufeed's folder row
+        # first row of a process paid for it alone, and that was gpufeed's folder row
         torch.zeros(1, device=a.device)
         torch.cuda.synchronize()
     with common.workdir(a.root, "gpufeed-folder-bench-") as root:
