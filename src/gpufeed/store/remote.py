@@ -424,19 +424,13 @@ class ShardCache:
         download (docs/benchmarks.md, "Training from a bucket")."""
         entry = self.manifest.shards[k]
         remote = f"{self.root}/{entry['name']}"
-        what = f"{shown(self.url)}/{entry['name']}"
         final = self.path(k)
         temp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
         try:
-            retried(f"{what}/{fmt.MANIFEST}", lambda: self._get(remote, {fmt.MANIFEST: None}, temp))
+            retried(self._shown(f"{remote}/{fmt.MANIFEST}"), lambda: self._get(remote, {fmt.MANIFEST: None}, temp))
             ok = manifest_digest(temp / fmt.MANIFEST) == entry["digest"]
             self._check(f"{remote}/{fmt.MANIFEST}", ok)
-            shard = Manifest.read(temp)
-            # a try that failed part way left some files whole: the next fetches the others
-            retried(what, lambda: self._get(remote, _not_yet(temp, shard.files), temp))
-            for name, meta in shard.files.items():
-                got = file_digest(temp / name)
-                self._check(f"{remote}/{name}", got == {"bytes": meta["bytes"], "digest": meta["digest"]})
+            self.fetch_checked(remote, Manifest.read(temp).files, temp)
             shutil.rmtree(final, ignore_errors=True)
             os.replace(temp, final)
             (final / VERIFIED).write_text(entry["digest"])
@@ -534,28 +528,28 @@ class ShardCache:
     def fetch_checked(self, remote: str, files: dict[str, dict], into: Path) -> None:
         """Files of the remote folder `remote` (name -> manifest entry) into the local folder `into`, at
         once (`_get`), each in place only once its digest is the one recorded: else a StoreError
-        naming it, and nothing of it kept."""
-        what = f"{shown(self.url)}/{remote[len(self.root) :].strip('/')}".rstrip("/")
+        naming it (`_check`), and nothing of it kept. A shard's files, and the store's own."""
         temp = Path(tempfile.mkdtemp(prefix=".fetch-", dir=into))
         try:
-            retried(what, lambda: self._get(remote, _not_yet(temp, files), temp))
+            # a try that failed part way left some files whole: the next fetches the others
+            retried(self._shown(remote), lambda: self._get(remote, _not_yet(temp, files), temp))
             for name, meta in files.items():
-                if not _whole(temp / name, meta):
-                    raise StoreError(
-                        f"{what}/{name}: not what the store's manifest recorded (its digest differs: damaged in "
-                        "the bucket or in transfer); it is not used"
-                    )
+                self._check(f"{remote}/{name}", _whole(temp / name, meta))
             for name in files:
                 os.replace(temp / name, into / name)
         finally:
             shutil.rmtree(temp, ignore_errors=True)
 
+    def _shown(self, remote: str) -> str:
+        """The remote path `remote` (under the store's root) as messages name it: the store's URL without
+        credentials, then the path within the store."""
+        return f"{shown(self.url)}/{remote[len(self.root) :].strip('/')}".rstrip("/")
+
     def _check(self, remote: str, ok: bool) -> None:
         """A StoreError naming the remote file unless its download was `ok` (its digest as recorded)."""
         if not ok:
-            shard_file = "/".join(remote.rsplit("/", 3)[-3:])  # shards/NNNNN/FILE
             raise StoreError(
-                f"{shown(self.url)}/{shard_file}: not what the store's manifest recorded (its digest differs: "
+                f"{self._shown(remote)}: not what the store's manifest recorded (its digest differs: "
                 "damaged in the bucket or in transfer); it is not used"
             )
 
