@@ -108,3 +108,24 @@ def test_nn_normalize_matches_augment_and_exports(batch, tmp_path):
     pytest.importorskip("onnx")
     torch.onnx.export(module, (x[:1],), str(tmp_path / "norm.onnx"), input_names=["x"], dynamo=False)
     assert (tmp_path / "norm.onnx").stat().st_size > 0
+
+
+def test_a_kernel_launch_waits_for_tritons_work_ahead(monkeypatch):
+    """`fused_kernels` before a launch waits for the thread that hashes Triton's cache key ahead (two
+    threads hashing at once would both pay); asked for without a launch, or on a CPU, it does not."""
+    import threading
+    import time
+
+    from gpufeed.augment import pipeline
+
+    done = threading.Event()
+    ahead = threading.Thread(target=lambda: (time.sleep(1.0), done.set()))
+    monkeypatch.setattr(pipeline, "_ahead", [ahead])
+    pipeline.triton_ahead(torch.device("cpu"))  # nothing on a CPU
+    assert pipeline._ahead == [ahead]
+    pipeline.fused_kernels(launch=False)  # imported (or found missing) before the thread starts
+    ahead.start()
+    pipeline.fused_kernels(launch=False)
+    assert not done.is_set()
+    pipeline.fused_kernels()
+    assert done.is_set()

@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import importlib
 import logging
+import threading
 from collections.abc import Sequence
 from typing import Any, overload
 
@@ -402,14 +403,59 @@ def _affine_on(
     return scale.float().to(device), shift.float().to(device)
 
 
+def fused_kernels(module: str = "fused", launch: bool = True):
+    """A Triton kernel module of this package, or None where Triton cannot be imported (said once).
+    `launch`: the caller launches one of its kernels next, so Triton's work ahead (`triton_ahead`),
+    if started, is waited for first."""
+    if launch:
+        for ahead in _ahead:
+            ahead.join()
+    return _kernels(module)
+
+
 @functools.cache
-def fused_kernels(module: str = "fused"):
-    """A Triton kernel module of this package, or None where Triton cannot be imported (said once)."""
+def _kernels(module: str):
     try:
         return importlib.import_module(f"gpufeed.augment.{module}")
     except ImportError as e:
         _no_triton(str(e))
         return None
+
+
+_ahead: list[threading.Thread] = []  # Triton's once-a-process work, on its thread (`triton_ahead`)
+_AHEAD = threading.Lock()
+
+
+def triton_ahead(device: torch.device) -> None:
+    """Start what Triton does once a process before its first kernel, on a thread of its own, as a GPU
+    Loader starts: its import, and the hashes of its own files and of its compiler backend that key its
+    kernel cache (0.3-0.5 s on an H200 host, mostly hashing its library, which lets go of the GIL).
+    Without this, a first batch waited for them: they come with the first kernel's launch, even when
+    every kernel is in the cache on disk. `fused_kernels` waits for the thread before a launch (two
+    threads hashing at once would both pay: Triton keeps the key without a lock). Once a process;
+    nothing on a CPU. Nothing is said where a step fails: the first kernel then does it and says why."""
+    if device.type != "cuda":
+        return
+    with _AHEAD:
+        if _ahead:
+            return
+        _ahead.append(threading.Thread(target=_prepare_triton, args=(device,), name="gpufeed-triton"))
+    _ahead[0].start()
+
+
+def _prepare_triton(device: torch.device) -> None:
+    try:
+        if _kernels("fused") is None:
+            return
+        from triton.compiler.compiler import make_backend
+        from triton.runtime.cache import triton_key
+        from triton.runtime.driver import driver
+
+        triton_key()
+        with torch.cuda.device(device):
+            make_backend(driver.active.get_current_target()).hash()
+    except Exception as e:  # noqa: BLE001  another Triton's internals: its first kernel does this instead
+        log.debug("Triton's work ahead stopped: %s", e)
 
 
 @functools.cache

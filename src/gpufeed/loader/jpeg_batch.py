@@ -78,7 +78,7 @@ class JpegBatcher:
         device = output.device
         self._shapes = images.shapes.astype(np.int64)
         room = decoder_room(self._shapes, decoding.batch_size, tuning.prealloc) if output.cuda else None
-        self.fused = output.cuda and fused_kernels() is not None
+        self.fused = output.cuda and fused_kernels(launch=False) is not None
         self.scheduler = Scheduler(
             device,
             threads,

@@ -25,7 +25,7 @@ import torch
 
 from gpufeed.augment.keypoints import check_flip_index
 from gpufeed.augment.masks import DTYPES as MASK_DTYPES
-from gpufeed.augment.pipeline import Augment
+from gpufeed.augment.pipeline import Augment, triton_ahead
 from gpufeed.decode.scheduling.choice import load_ahead
 from gpufeed.decode.tuning import Tuning
 from gpufeed.loader import tiers
@@ -99,13 +99,18 @@ def _collected(*parts) -> None:
         _shut_down(*parts)
 
 
-def _load_decoders_ahead(device: str | torch.device, decoders: tuple[str, ...] | None) -> None:
-    """Start loading the GPU decoders' library while a folder is indexed (`choice.load_ahead`); a device
-    that can't be used is said by the constructor after the folder's own errors, as for any store."""
+def _start_ahead(device: str | torch.device, decoders: tuple[str, ...] | None, folder: bool) -> None:
+    """Start, on threads of their own, what a GPU Loader's first batch would otherwise wait for: Triton's
+    once-a-process work (`triton_ahead`) and, while a `folder` is indexed, loading the GPU decoders'
+    library (`choice.load_ahead`). A device that can't be used is said by the constructor after the
+    store's own errors."""
     try:
-        load_ahead(resolve_device(device), decoders)
+        resolved = resolve_device(device)
     except ValueError:
-        pass
+        return
+    triton_ahead(resolved)
+    if folder:
+        load_ahead(resolved, decoders)
 
 
 def _open(store, cache_dir, cache_limit, storage_options) -> Store | ShardedStore | FolderStore:
@@ -391,8 +396,8 @@ class Loader:
     ):
         called = time.perf_counter()
         self.tuning = tuning or Tuning()
-        if self.tuning.open_ahead and isinstance(store, (str, Path)) and not is_url(store) and is_folder_source(store):
-            _load_decoders_ahead(device, decoders)
+        folder = isinstance(store, (str, Path)) and not is_url(store) and is_folder_source(store)
+        _start_ahead(device, decoders, self.tuning.open_ahead and folder)
         self.store = _open(store, cache_dir, cache_limit, storage_options)
         self.fields = tuple(fields) if fields is not None else None
         if keypoint_flip is not None and "keypoints" not in (self.fields or ()):

@@ -161,15 +161,16 @@ class DecodeWorkers:
             return None
         if not self._stop.alive:
             raise WorkersStopped(STOPPED)
-        live = self._live(wait=True)
-        if not live:
-            return self._fallback().submit(batch, shapes, asks)
         capacity = asks.nbytes(shapes)  # as asked: a region's pixels, or a DCT-reduced image's, not the whole
         at = np.cumsum(capacity) - capacity
-        try:
+        try:  # before waiting for a worker: a new segment is page-locked, which takes a while (0.15 s on an H200 host)
             segment = self._staging.take(max(1, int(capacity.sum())))
         except (RuntimeError, OSError) as e:  # no memory to share or page-lock
             self._say(f"no shared buffer for decoded JPEGs ({e})")
+            return self._fallback().submit(batch, shapes, asks)
+        live = self._live(wait=True)
+        if not live:
+            self._staging.give_back(segment, None)
             return self._fallback().submit(batch, shapes, asks)
         files: np.ndarray | int
         if batch.file_index is None:
