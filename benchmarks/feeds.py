@@ -9,7 +9,9 @@ Rows (`name` or `name:KEY=VALUE,...`):
   `gpufeed.decode.tuning.Tuning` (`pipelines=2,gpu_min=0.3` builds `Tuning(pipelines=2, gpu_min=0.3)`),
   `policy=randaugment|trivialaugment|autoaugment` (that policy added to the recipe after the flip) or
   `gc=freeze` (the training loop's: `gc.freeze()` before the timed steps, so that full collections
-  traverse only what was made since). `raw` takes the same.
+  traverse only what was made since). `raw` takes the same, and so does `sharded`: the same JPEGs in
+  a sharded store (`<work>/sharded`, 16 MB shards, made when a row asks for it), as a store in a
+  bucket is read from its cache once downloaded.
 - `dataloader`: torch DataLoader over the image folder, PIL, uint8 to the device, normalized there
   (`workers=N`, default all cores).
 - `dali`: NVIDIA DALI on the image folder (nvidia-dali installed: a benchmark-only import).
@@ -97,9 +99,9 @@ def check(row: str) -> None:
     name = row.partition(":")[0]
     known = {"synthetic": set(), "dataloader": {"workers"}, "dali": {"threads"},
              "raw": {*inspect.signature(gpufeed.Loader).parameters, *Tuning.names(), "policy"} - {"self", "store"}}
-    known["jpeg"] = known["raw"]
+    known["jpeg"] = known["sharded"] = known["raw"]
     if name not in known:
-        raise SystemExit(f"unknown row {row!r}: synthetic, raw, jpeg, dataloader or dali")
+        raise SystemExit(f"unknown row {row!r}: synthetic, raw, jpeg, sharded, dataloader or dali")
     unknown = set(settings(row)) - known[name] - {"gc"}
     if unknown:
         raise SystemExit(f"row {row!r}: no setting {', '.join(sorted(unknown))} (Loader arguments, Tuning fields, "
@@ -120,7 +122,11 @@ def feed(row: str, work: Path, batch: int, device: str = "cuda", size: int = 224
         images = torch.randn(batch, 3, size, size, device=device).half()
         labels = torch.randint(0, 1000, (batch,), device=device)
         return Feed(_forever(lambda: [(images, labels)]), time.perf_counter() - t0, loop=loop)
-    if name in ("raw", "jpeg"):
+    if name == "sharded" and not (work / name).exists():
+        import gpufeed
+
+        gpufeed.pack(work / "images", work / name, mode="jpeg", reencode=False, progress=False, shard_size="16MB")
+    if name in ("raw", "jpeg", "sharded"):
         loader = _gpufeed(work / name, batch, device, size, kwargs)
         return Feed(_forever(lambda: loader), time.perf_counter() - t0, loader, loop)
     if name == "dataloader":
@@ -131,7 +137,7 @@ def feed(row: str, work: Path, batch: int, device: str = "cuda", size: int = 224
                              [s * 255 for s in STD], size, shard)
         batches = _forever(lambda: ((out[0]["images"], out[0]["labels"].view(-1).long()) for out in loader))
         return Feed(batches, time.perf_counter() - t0, loop=loop)
-    raise SystemExit(f"unknown row {row!r}: synthetic, raw, jpeg, dataloader or dali")
+    raise SystemExit(f"unknown row {row!r}: synthetic, raw, jpeg, sharded, dataloader or dali")
 
 
 def _forever(epoch):

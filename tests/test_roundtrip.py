@@ -89,3 +89,26 @@ def test_open_is_constant_time_on_a_huge_sparse_store(tmp_path):
     fmt.Manifest(mode="raw", count=n, image_shape=[side, side, 3], classes=[], files=files).write(d)
     store = gpufeed.open(d)
     assert len(store) == n and store[n - 1][0].shape == (3, side, side)
+
+
+def test_a_sharded_stores_batch_reads_each_images_bytes(tmp_path):
+    """A batch read from a sharded store (`ShardBytes`, the images of many shards copied into one buffer,
+    shard by shard) gives each image's stored bytes at its own begin and end, in any order asked."""
+    from gpufeed.loader.bytes import ShardBytes
+
+    src = tmp_path / "src"
+    for i in range(40):
+        (src / f"c{i % 2}").mkdir(parents=True, exist_ok=True)
+        (src / f"c{i % 2}" / f"{i:02d}.jpg").write_bytes(jpeg_bytes(smooth(i, 24 + i % 7, 32), quality=90))
+    gpufeed.pack(src, tmp_path / "s", mode="jpeg", reencode=False, workers=1, progress=False, shard_size="4KB")
+    store = gpufeed.open(tmp_path / "s")
+    assert len(store.starts) - 1 > 5
+    source = ShardBytes(store, threads=3)
+    try:
+        rng = np.random.default_rng(0)
+        for indices in (rng.permutation(40)[:17], np.arange(40), np.array([39, 0, 39 - 1, 5])):
+            batch = source.read_later(indices)()
+            for p, i in enumerate(indices.tolist()):
+                assert bytes(batch.array[batch.begins[p] : batch.ends[p]]) == bytes(store.encoded(i).numpy())
+    finally:
+        source.close()

@@ -110,6 +110,7 @@ class ShardBytes(OfAStore):
         self.store, self.path = store, store.path
         self.shapes = np.asarray(store.shapes).view(np.ndarray)
         self._cache = getattr(store, "cache", None)  # a remote store's ShardCache
+        self._threads = threads
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="gpufeed-shardread")
         self._held: dict[int, int] = {}  # shard -> the read that last used it
         self._reads = 0
@@ -124,23 +125,29 @@ class ShardBytes(OfAStore):
 
     def read_later(self, indices: np.ndarray) -> Callable[[], Encoded]:
         shards, local = self.store.locate(indices)
-        used, counts = np.unique(shards, return_counts=True)
+        order = np.argsort(shards, kind="stable")  # the buffer holds the images shard by shard
+        used, firsts, counts = np.unique(shards[order], return_index=True, return_counts=True)
         self._use(used.tolist(), counts.tolist())
         maps = {k: self.store.shard(k) for k in used.tolist()}
-        begins_in_file = np.array([maps[k].offsets[j] for k, j in zip(shards.tolist(), local.tolist())], np.int64)
-        sizes = np.array([maps[k].offsets[j + 1] for k, j in zip(shards.tolist(), local.tolist())], np.int64)
-        sizes -= begins_in_file
-        ends = np.cumsum(sizes)
+        groups = [(k, order[first : first + count]) for k, first, count in zip(used.tolist(), firsts, counts)]
+        begins_in_file, sizes = np.empty(len(indices), np.int64), np.empty(len(indices), np.int64)
+        for k, at in groups:  # (plain arrays: a memory map's slices cost a Python object each)
+            offsets = maps[k].offsets.view(np.ndarray)
+            begins_in_file[at] = offsets[local[at]]
+            sizes[at] = offsets[local[at] + 1] - begins_in_file[at]
+        ends = np.empty(len(indices), np.int64)
+        ends[order] = np.cumsum(sizes[order])
         begins = ends - sizes
-        buffer = np.empty(int(ends[-1]) if len(ends) else 0, np.uint8)
+        buffer = np.empty(int(ends.max()) if len(ends) else 0, np.uint8)
 
-        def copy(k: int) -> None:
-            at = np.flatnonzero(shards == k)
-            data = maps[k].data
-            for p in at.tolist():
-                buffer[begins[p] : ends[p]] = data[begins_in_file[p] : begins_in_file[p] + sizes[p]]
+        def copy(part: list[tuple[int, np.ndarray]]) -> None:  # each shard's images, to their run of the buffer
+            for k, at in part:
+                data, lo = maps[k].data.view(np.ndarray), int(begins[at[0]])
+                runs = [data[b : b + n] for b, n in zip(begins_in_file[at].tolist(), sizes[at].tolist())]
+                np.concatenate(runs, out=buffer[lo : lo + int(sizes[at].sum())])
 
-        jobs = [self._pool.submit(copy, k) for k in maps]
+        # a job per thread, not per shard: a batch of a full shuffle reads from most shards
+        jobs = [self._pool.submit(copy, groups[j :: self._threads]) for j in range(min(self._threads, len(groups)))]
 
         def done() -> Encoded:
             for job in jobs:
