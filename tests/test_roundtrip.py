@@ -91,9 +91,10 @@ def test_open_is_constant_time_on_a_huge_sparse_store(tmp_path):
     assert len(store) == n and store[n - 1][0].shape == (3, side, side)
 
 
-def test_a_sharded_stores_batch_reads_each_images_bytes(tmp_path):
-    """A batch read from a sharded store (`ShardBytes`, the images of many shards copied into one buffer,
-    shard by shard) gives each image's stored bytes at its own begin and end, in any order asked."""
+def test_a_sharded_stores_batch_reads_each_images_bytes_when_asked(tmp_path):
+    """A batch of a sharded store (`ShardBytes`) leaves its images in the shard files until a decoder of
+    the loader's process asks (`Encoded.readable`; the workers read theirs from the files): asked, each
+    image's stored bytes, for any part of a batch over many shards; unasked, its bytes can't be read."""
     from gpufeed.loader.bytes import ShardBytes
 
     src = tmp_path / "src"
@@ -103,12 +104,14 @@ def test_a_sharded_stores_batch_reads_each_images_bytes(tmp_path):
     gpufeed.pack(src, tmp_path / "s", mode="jpeg", reencode=False, workers=1, progress=False, shard_size="4KB")
     store = gpufeed.open(tmp_path / "s")
     assert len(store.starts) - 1 > 5
-    source = ShardBytes(store, threads=3)
-    try:
-        rng = np.random.default_rng(0)
-        for indices in (rng.permutation(40)[:17], np.arange(40), np.array([39, 0, 39 - 1, 5])):
-            batch = source.read_later(indices)()
-            for p, i in enumerate(indices.tolist()):
-                assert bytes(batch.array[batch.begins[p] : batch.ends[p]]) == bytes(store.encoded(i).numpy())
-    finally:
-        source.close()
+    source = ShardBytes(store)
+    rng = np.random.default_rng(0)
+    for indices in (rng.permutation(40)[:17], np.arange(40), np.array([39, 0, 38, 5])):
+        batch = source.read_later(indices)()
+        with pytest.raises(RuntimeError, match="not read"):
+            batch.arrays()
+        part = rng.permutation(len(indices))[: len(indices) // 2 + 1]
+        for images, chosen in ((batch.take(part).readable(), indices[part]), (batch.readable(), indices)):
+            for blob, i in zip(images.arrays(), chosen.tolist()):
+                assert bytes(blob) == bytes(store.encoded(i).numpy())
+    source.close()

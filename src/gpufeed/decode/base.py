@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -44,6 +44,8 @@ class Encoded:
     ends: np.ndarray
     file_index: np.ndarray | None = None  # read in place: the file each image was read from (int64, into
     file_begins: np.ndarray | None = None  # the folder's `files`), and where it starts in that file
+    # images whose bytes are still in their files, read into `array` by `readable` (None: they are there)
+    fill: Callable[[Encoded], None] | None = None
 
     @classmethod
     def of(cls, data: torch.Tensor, offsets: np.ndarray, indices: np.ndarray) -> Encoded:
@@ -72,7 +74,23 @@ class Encoded:
             self.ends[positions],
             pick(self.file_index),
             pick(self.file_begins),
+            self.fill,
         )
+
+    def readable(self) -> Encoded:
+        """These images with their bytes in `array`, read now where they are still in their files. A
+        sharded store's batch is read so (`loader.bytes.ShardBytes`): the decode workers read their
+        share from the shard files themselves, so the loader copies only what its own decoders take
+        (the GPU decoders' share; CPU threads), not every image under the GIL beside the training loop.
+        Every decoder in this process calls this before it reads bytes."""
+        if self.fill is None:
+            return self
+        self.fill(self)
+        return replace(self, fill=None)
+
+    def _read(self) -> None:
+        if self.fill is not None:
+            raise RuntimeError("these images' bytes were not read: Encoded.readable() first")
 
     def cut_short(self) -> np.ndarray:
         """Per image, whether it lacks a JPEG end-of-image marker (FF D9) in its last `EOI_WINDOW`
@@ -81,6 +99,7 @@ class Encoded:
         images go to the CPU: the same file gets the same verdict whichever decoder its batch share
         drew. (Entropy-coded data never holds FF D9: FF there is always followed by 00 or a restart
         marker.)"""
+        self._read()
         a, cut = self.array, self.ends - self.begins < 4
         whole = np.flatnonzero(~cut)
         last = self.ends[whole] - 2
@@ -91,9 +110,11 @@ class Encoded:
         return cut
 
     def tensors(self) -> list[torch.Tensor]:
+        self._read()
         return [self.data[a:b] for a, b in zip(self.begins.tolist(), self.ends.tolist())]
 
     def arrays(self) -> list[np.ndarray]:
+        self._read()
         return [self.array[a:b] for a, b in zip(self.begins.tolist(), self.ends.tolist())]
 
 

@@ -155,7 +155,7 @@ class CpuDecoder:
         futures (one per image) for `collect`. (`shapes`, the sizes the store records, are for decoders
         that reserve room up front; threads don't need them.)"""
         each = (asks if asks is not None else Asks.whole(len(batch))).each()
-        return [self._pool.submit(self._timed, d, *ask) for d, ask in zip(batch.tensors(), each)]
+        return [self._pool.submit(self._timed, d, *ask) for d, ask in zip(batch.readable().tensors(), each)]
 
     def _timed(self, data: torch.Tensor, reduce_to, region) -> _Done:
         began = time.perf_counter()

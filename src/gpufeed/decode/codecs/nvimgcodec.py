@@ -55,7 +55,7 @@ class NvImgCodecDecoder:
         """Decode on the current CUDA stream into one buffer: HWC RGB, or with `planar` the 4:2:0
         photos' YCbCr planes. (`shapes`, the sizes the store records, are not trusted: each image's
         header says its own, checked against `MAX_IMAGE_BYTES`.)"""
-        native = self._batches
+        native, batch = self._batches, batch.readable()
         sizes, ok = native.read(batch.array, batch.begins, batch.ends)
         big = sizes[:, 0] * sizes[:, 1] * 3 > MAX_IMAGE_BYTES
         cut = batch.cut_short()

@@ -55,6 +55,7 @@ class NvJpegDecoder:
     def decode(self, batch: Encoded, shapes: np.ndarray | None = None) -> Decoded:
         """Decode to CHW images on the device, addressed in place (`shapes`: the sizes the store
         records, see `in_place`)."""
+        batch = batch.readable()
         cut = batch.cut_short()  # nvJPEG fills a cut file with gray: the CPU decides instead
         failed = {k: CUT_SHORT for k in np.flatnonzero(cut).tolist()}
         datas = [d for d, c in zip(batch.tensors(), cut.tolist()) if not c]
