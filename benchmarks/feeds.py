@@ -10,7 +10,7 @@ Rows (`name` or `name:KEY=VALUE,...`):
   `policy=randaugment|trivialaugment|autoaugment` (that policy added to the recipe after the flip) or
   `gc=freeze` (the training loop's: `gc.freeze()` before the timed steps, so that full collections
   traverse only what was made since). `raw` takes the same, and so does `sharded`: the same JPEGs in
-  a sharded store (`<work>/sharded`, 16 MB shards, made when a row asks for it), as a store in a
+  a sharded store (`<work>/sharded`, 16 MB shards, made by `prepare` when a row asks for it), as a store in a
   bucket is read from its cache once downloaded.
 - `dataloader`: torch DataLoader over the image folder, PIL, uint8 to the device, normalized there
   (`workers=N`, default all cores).
@@ -29,9 +29,11 @@ MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 POLICIES = ("randaugment", "trivialaugment", "autoaugment")
 
 
-def prepare(work: Path, n: int, image: tuple[int, int] = (500, 375), raw_side: int = 256) -> Path:
+def prepare(work: Path, n: int, image: tuple[int, int] = (500, 375), raw_side: int = 256,
+            sharded: bool = False) -> Path:
     """`work`/images (`n` generated `image` (width, height) q90 JPEGs, 10 classes), `work`/raw (packed
-    to `raw_side`²) and `work`/jpeg (the same JPEGs' bytes), each made only if missing."""
+    to `raw_side`²), `work`/jpeg (the same JPEGs' bytes) and with `sharded` `work`/sharded (those in
+    16 MB shards), each made only if missing: before any row is timed, in one process."""
     import gpufeed
     from gpufeed.synth import make_image_folder
 
@@ -41,7 +43,14 @@ def prepare(work: Path, n: int, image: tuple[int, int] = (500, 375), raw_side: i
         gpufeed.pack(work / "images", work / "raw", size=raw_side, progress=False)
     if not (work / "jpeg").exists():
         gpufeed.pack(work / "images", work / "jpeg", mode="jpeg", reencode=False, progress=False)
+    if sharded and not (work / "sharded").exists():
+        gpufeed.pack(work / "images", work / "sharded", mode="jpeg", reencode=False, progress=False, shard_size="16MB")
     return work
+
+
+def wants_sharded(rows) -> bool:
+    """Whether any of `rows` (names, with or without settings) reads the sharded store."""
+    return any(row.partition(":")[0] == "sharded" for row in rows)
 
 
 def ops(policy: str | None = None, size: int = 224):
@@ -123,9 +132,7 @@ def feed(row: str, work: Path, batch: int, device: str = "cuda", size: int = 224
         labels = torch.randint(0, 1000, (batch,), device=device)
         return Feed(_forever(lambda: [(images, labels)]), time.perf_counter() - t0, loop=loop)
     if name == "sharded" and not (work / name).exists():
-        import gpufeed
-
-        gpufeed.pack(work / "images", work / name, mode="jpeg", reencode=False, progress=False, shard_size="16MB")
+        raise SystemExit(f"{work / name}: missing (feeds.prepare(..., sharded=True) makes it before the rows)")
     if name in ("raw", "jpeg", "sharded"):
         loader = _gpufeed(work / name, batch, device, size, kwargs)
         return Feed(_forever(lambda: loader), time.perf_counter() - t0, loader, loop)

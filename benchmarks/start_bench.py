@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     feeds.check(a.row)
     with common.workdir(a.workdir, "gpufeed-start-") as work:
         width, height = (int(x) for x in a.image.split("x"))
-        feeds.prepare(work, a.n, (width, height), round(a.size * 8 / 7))
+        feeds.prepare(work, a.n, (width, height), round(a.size * 8 / 7), feeds.wants_sharded([a.row]))
         runs = []
         for _ in range(a.repeats):
             if a.in_process:

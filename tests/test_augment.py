@@ -129,3 +129,20 @@ def test_a_kernel_launch_waits_for_tritons_work_ahead(monkeypatch):
     assert not done.is_set()
     pipeline.fused_kernels()
     assert done.is_set()
+
+
+def test_no_thread_for_tritons_work_ahead_leaves_kernels_usable(monkeypatch):
+    """Where no thread can start (the interpreter exiting, a thread limit), a GPU Loader's constructor
+    goes on without Triton's work ahead, and later launches don't wait for a thread never started."""
+    import threading
+
+    from gpufeed.augment import pipeline
+
+    def refuse(self):
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(pipeline, "_ahead", [])
+    monkeypatch.setattr(threading.Thread, "start", refuse)
+    pipeline.triton_ahead(torch.device("cuda"))
+    assert pipeline._ahead == []
+    pipeline.fused_kernels()  # nothing to wait for

@@ -409,7 +409,7 @@ def fused_kernels(module: str = "fused", launch: bool = True):
     if started, is waited for first."""
     if launch:
         for ahead in _ahead:
-            ahead.join()
+            ahead.join()  # (in `_ahead` once started only)
     return _kernels(module)
 
 
@@ -439,8 +439,12 @@ def triton_ahead(device: torch.device) -> None:
     with _AHEAD:
         if _ahead:
             return
-        _ahead.append(threading.Thread(target=_prepare_triton, args=(device,), name="gpufeed-triton"))
-    _ahead[0].start()
+        ahead = threading.Thread(target=_prepare_triton, args=(device,), name="gpufeed-triton")
+        try:
+            ahead.start()
+        except RuntimeError:  # no new thread now (the interpreter is exiting, a thread limit): none ahead
+            return
+        _ahead.append(ahead)
 
 
 def _prepare_triton(device: torch.device) -> None:

@@ -168,7 +168,14 @@ class DecodeWorkers:
         except (RuntimeError, OSError) as e:  # no memory to share or page-lock
             self._say(f"no shared buffer for decoded JPEGs ({e})")
             return self._fallback().submit(batch, shapes, asks)
-        live = self._live(wait=True)
+        try:
+            live = self._live(wait=True)
+        except BaseException:
+            self._staging.give_back(segment, None)
+            raise
+        if not self._stop.alive:  # stopped while waiting: its staging was drained, and this goes with it
+            segment.close()
+            raise WorkersStopped(STOPPED)
         if not live:
             self._staging.give_back(segment, None)
             return self._fallback().submit(batch, shapes, asks)
@@ -259,7 +266,7 @@ class DecodeWorkers:
         """Indices of the ready, living workers; with `wait`, wait for one while any is starting."""
         while True:
             live = self._relay.live(self._answered, self._died)
-            if live or not wait or not self._relay.starting():
+            if live or not wait or not self._relay.starting() or not self._stop.alive:
                 return live
             time.sleep(0.01)
 
