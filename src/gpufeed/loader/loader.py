@@ -396,8 +396,10 @@ class Loader:
     ):
         called = time.perf_counter()
         self.tuning = tuning or Tuning()
-        folder = isinstance(store, (str, Path)) and not is_url(store) and is_folder_source(store)
-        _start_ahead(device, decoders, self.tuning.open_ahead and folder)
+        load_while_indexing = (
+            self.tuning.open_ahead and isinstance(store, (str, Path)) and not is_url(store) and is_folder_source(store)
+        )
+        _start_ahead(device, decoders, load_while_indexing)
         self.store = _open(store, cache_dir, cache_limit, storage_options)
         self.fields = tuple(fields) if fields is not None else None
         if keypoint_flip is not None and "keypoints" not in (self.fields or ()):
