@@ -236,6 +236,25 @@ def test_room_is_made_from_what_the_rank_will_not_read_then_from_what_it_reads_l
     assert all(cache.present(k) for k in (4, 5, 6, 8)) and not cache.present(7)
 
 
+def test_a_fetch_ahead_makes_room_from_what_the_rank_reads_after_it(bucket, tmp_path, monkeypatch):
+    """A fetch ahead may evict what the rank reads after the shard it fetches, the last read first, never
+    what it reads before it. Evicting nothing the rank would read starved the fetch ahead from a bounded
+    cache's second epoch on (the next epoch's order wants every shard present again): each batch then
+    downloaded its own shards, one after another, at 55 % of the link."""
+    store = gpufeed.open("s3://bucket/train", cache_dir=tmp_path / "c", storage_options=bucket["options"])
+    cache, sizes = store.cache, [s["bytes"] for s in store.manifest.shards]
+    monkeypatch.setattr(cache, "_top_up", lambda: None)  # no fetching ahead: only what the test asks for
+    for k in (3, 4, 5):
+        cache.ensure(k)
+    cache.follow([Want(k, 1, 2, 1000) for k in (4, 6, 3, 5)])  # 4 before 6; 3 and 5 after it (5 last)
+    cache.limit = sum(sizes[k] for k in (3, 4)) + max(sizes[5], sizes[6])  # room for 6 if 5 goes
+    cache._fetch_ahead(6)
+    assert cache.present(6) and cache.present(4) and cache.present(3) and not cache.present(5)
+    cache.limit = sum(sizes[k] for k in (3, 4, 6))  # full: 7 is not wanted, so nothing goes for it
+    cache._fetch_ahead(7)
+    assert not cache.present(7) and all(cache.present(k) for k in (3, 4, 6))
+
+
 def test_a_cache_too_small_for_the_batches_in_flight_is_refused_at_once(bucket, tmp_path):
     """A cache whose room the batches in flight fill is refused when the Loader is made, naming the
     size needed (it ran out of room mid-epoch: "holds only the shards in use"); that size trains."""

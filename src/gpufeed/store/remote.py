@@ -358,10 +358,16 @@ class ShardCache:
     def _victims(self, present: list[int], k: int, wait: bool) -> list[int]:
         """Of the `present` shards, those that may go to make room for shard `k`, first to go first: the
         ones this rank will not read, least recently used first (another rank's may be among them),
-        then, for `k` needed now (`wait`), the ones it reads, the last read first. A fetch ahead evicts
-        none this rank will read: it might evict some and still find no room (another process holds
-        a shard), or fetch a shard no longer wanted (queued before a batch read it)."""
+        then those it reads after `k`, the last read first (for `k` needed now, `wait`: all it reads).
+        A fetch ahead evicts none the rank reads before `k`, nor any for a `k` no longer wanted
+        (queued before a batch read it). Evicting none the rank will read at all starved the fetch
+        ahead from the second epoch of a cache smaller than the store on: the next epoch's order
+        wants every shard present again, so each batch downloaded its own shards, one after another
+        (55 % of the link against 79 % in the first epoch; docs/benchmarks.md, "Training from a
+        bucket")."""
         at = self._wanted_at()
+        # those read after this place may go (a k no longer wanted ahead: none the rank reads)
+        after = -1 if wait else at.get(k, len(at))
 
         def last_used(j: int) -> float:
             try:
@@ -370,7 +376,7 @@ class ShardCache:
                 return 0.0
 
         unwanted = sorted((j for j in present if j not in at), key=last_used)
-        return unwanted + (sorted((j for j in present if j in at), key=lambda j: -at[j]) if wait else [])
+        return unwanted + sorted((j for j in present if at.get(j, -1) > after), key=lambda j: -at[j])
 
     def _reserved(self) -> dict[Path, int]:
         """The downloads under way on this machine (reservations of living processes), and their sizes."""
