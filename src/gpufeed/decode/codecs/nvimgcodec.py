@@ -51,6 +51,13 @@ class NvImgCodecDecoder:
         self.planar = False
         self.buffers = PinnedStaging(alloc=lambda nbytes: torch.empty(nbytes, dtype=torch.uint8, device=device))
 
+    def keep_for_process(self) -> None:
+        """Never destroy this decoder, idle from now on (`choice.keep_idle`): the process's exit reclaims
+        it, as it does nvImageCodec's instance (destroyed at the interpreter's shutdown, it could run
+        after CUDA's own teardown); its output buffers are let go."""
+        self._batches.kept = True
+        self.buffers.drain()  # (each once the kernels reading it have run)
+
     def decode(self, batch: Encoded, shapes: np.ndarray | None = None) -> Decoded:
         """Decode on the current CUDA stream into one buffer: HWC RGB, or with `planar` the 4:2:0
         photos' YCbCr planes. (`shapes`, the sizes the store records, are not trusted: each image's

@@ -366,9 +366,11 @@ class BatchDecoder:
         decoded[keep] = np.frombuffer(status, np.uint32) == PROCESSING_SUCCESS  # type: ignore[call-overload]
         return decoded
 
+    kept = False  # kept for the process (`NvImgCodecDecoder.keep_for_process`): never destroyed
+
     def __del__(self):
         fast = getattr(getattr(self, "lib", None), "fast", None)
-        if fast is None:
+        if fast is None or self.kept:
             return
         for handles, destroy in (
             (self._streams, fast.nvimgcodecCodeStreamDestroy),

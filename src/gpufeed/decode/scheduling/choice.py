@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import logging
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -27,6 +28,9 @@ ROOM_SIDE = 1024
 ROOM_PIXELS = 1 << 27
 
 _warned: set[str] = set()  # every pipeline of every loader builds its decoders: say each reason once
+# per CUDA device index: an idle engines' decoder kept for the process (`keep_engines_warm`)
+_kept: dict[int, object] = {}
+_keeping = threading.Lock()
 
 
 def warn_once(message: str) -> None:
@@ -121,6 +125,27 @@ def gpu_decoders(
             if first_only:
                 break
     return made
+
+
+def keep_idle(decoders: list) -> None:
+    """Keep an engines' decoder of `decoders` (a closing pipeline's: none is used again) for the rest of
+    the process, where its GPU has none kept yet: never destroyed, as nvImageCodec's instance is, and
+    its output buffers let go. An engines' decoder's first decode takes 0.9-1.0 s while no other is
+    alive in the process, and 0.10-0.15 s beside one (H200, docs/benchmarks.md "Start-up and GPU
+    memory"): every later Loader of the process (an evaluation pass each epoch, an inference run after
+    training) then has its engines at work a second sooner. Kept at the close, it costs the loader's
+    start nothing (making an idle one while the decoders opened held the first Loader's engines back
+    by a second or more)."""
+    for decoder in decoders:
+        keep = getattr(decoder, "keep_for_process", None)  # (nvImageCodec's; not a test's stand-in)
+        if decoder.name != "hw" or keep is None:
+            continue
+        index = decoder.device.index or 0
+        with _keeping:
+            if index not in _kept:
+                keep()
+                _kept[index] = decoder
+        return
 
 
 def warmed(decoder, device: torch.device) -> bool:

@@ -33,7 +33,7 @@ import torch
 from gpufeed.decode.asks import NO_REGION, Asks, crop_regions, reduce_to
 from gpufeed.decode.base import Decoded, Encoded, WorkersStopped
 from gpufeed.decode.codecs.cpu import CpuDecoder, roi_available, roi_cost
-from gpufeed.decode.scheduling.choice import DEFAULT, gpu_decoders, warn_once
+from gpufeed.decode.scheduling.choice import DEFAULT, gpu_decoders, keep_idle, warn_once
 from gpufeed.decode.scheduling.shares import GpuShare, GpuShares, Started
 from gpufeed.decode.scheduling.steering import Measured, Pace, Steering
 from gpufeed.decode.tuning import Tuning
@@ -372,6 +372,7 @@ class Scheduler:
         for pool in (self._early, self._helper):  # the early pool first: its jobs use the helpers
             if pool is not None:
                 pool.shutdown(wait=True)
+        keep_idle(self.gpu)  # the engines' first decode in a later Loader: 0.1 s instead of 1 s
 
 
 def summed(names: list[str], snapshots: list[dict]) -> dict:
