@@ -206,7 +206,7 @@ def test_a_shard_that_fails_ahead_is_not_fetched_again_until_the_next_pass(bucke
 def test_room_is_made_from_what_the_rank_will_not_read_then_from_what_it_reads_last(bucket, tmp_path, monkeypatch):
     """What the rank has read in full is no longer wanted; room is made from shards it will not read
     (least recently used first), then, for a shard a batch needs now, from those it reads last; a
-    fetch ahead evicts none the rank will read.
+    fetch ahead evicts none the rank reads before the shard it fetches.
     Least recently used alone evicted shards fetched ahead and not yet read (their use was their
     download, before the reads of shards already done), and a batch then waited for them again."""
     import os
@@ -253,6 +253,33 @@ def test_a_fetch_ahead_makes_room_from_what_the_rank_reads_after_it(bucket, tmp_
     cache.limit = sum(sizes[k] for k in (3, 4, 6))  # full: 7 is not wanted, so nothing goes for it
     cache._fetch_ahead(7)
     assert not cache.present(7) and all(cache.present(k) for k in (3, 4, 6))
+
+
+def test_a_fetch_ahead_evicts_nothing_where_a_shard_another_rank_holds_leaves_no_room(bucket, tmp_path, monkeypatch):
+    """Two ranks share a cache: a shard the other holds can't go, so a fetch ahead whose room needed it
+    evicts nothing (it counted that shard as room, evicted the rank's own later shards and still
+    fetched nothing)."""
+    from gpufeed.store.remote import ShardCache
+
+    options = bucket["options"]
+    a = gpufeed.open("s3://bucket/train", cache_dir=tmp_path / "c", storage_options=options).cache
+    b = gpufeed.open("s3://bucket/train", cache_dir=tmp_path / "c", storage_options=options).cache
+    assert isinstance(b, ShardCache) and a.folder == b.folder
+    sizes = [s["bytes"] for s in a.manifest.shards]
+    for cache in (a, b):
+        monkeypatch.setattr(cache, "_top_up", lambda: None)
+    for k in (0, 1, 2):
+        a.ensure(k)
+    b.hold(0)  # the other rank reads shard 0
+    try:
+        a.follow([Want(k, 0, 2, 1000) for k in (1, 3, 2)])  # 2 is read after 3
+        a.limit = b.limit = sizes[0] + sizes[1] + sizes[3] - 1  # room for 3 only if 0 and 2 both went
+        a._fetch_ahead(3)
+        assert not a.present(3) and all(a.present(k) for k in (0, 1, 2))
+    finally:
+        b.release(0)
+    a._fetch_ahead(3)  # let go: room is made from 0 (not wanted), then 2 (read after 3)
+    assert a.present(3) and a.present(1)
 
 
 def test_a_cache_too_small_for_the_batches_in_flight_is_refused_at_once(bucket, tmp_path):

@@ -89,23 +89,28 @@ def test_the_gpu_decoders_open_while_the_cpu_decodes_the_first_batches(store):
 
 
 @pytest.mark.skipif(not importlib.util.find_spec("nvidia.nvimgcodec"), reason="needs nvImageCodec")
-def test_an_idle_engines_decoder_is_kept_for_the_process_after_a_loader_goes(store):
-    """Once a Loader's engines' decoder is open, an idle one of that GPU is kept for the process and is
-    never destroyed (a later decoder's first decode then takes 0.1 s instead of 1 s): it still decodes
-    after the Loader is closed and collected."""
+def test_an_idle_engines_decoder_is_kept_for_the_process_after_a_loader_goes(store, monkeypatch):
+    """Once a Loader closes, one of its engines' decoders is kept for the process (where its GPU has none
+    kept yet), marked never to be destroyed (a later decoder's first decode then takes 0.1 s instead
+    of 1 s): it still decodes after the Loader is closed and collected."""
     import gc
 
     from gpufeed.decode.scheduling import choice
 
+    monkeypatch.setattr(choice, "_kept", {})  # (earlier tests' loaders kept one)
     loader = gpufeed.Loader(store, batch_size=32, device="cuda", augment=OPS, num_workers=2)
     assert loader.jpeg.opened(60)
-    if "hw" not in loader.stats()["decoders"]:
+    engines = [d for p in loader.jpeg.pipelines for d in p.scheduler.gpu if d.name == "hw"]
+    if not engines:
         pytest.skip("no hardware JPEG engines on this GPU")
+    for _ in loader:
+        pass
     loader.close()
     del loader
     gc.collect()
     kept = choice._kept[torch.cuda.current_device()]
-    assert kept.name == "hw" and choice.warmed(kept, torch.device("cuda"))
+    assert any(kept is d for d in engines) and kept._batches.kept
+    assert choice.warmed(kept, torch.device("cuda"))
 
 
 def test_memory_flat_over_epochs(store):

@@ -320,8 +320,9 @@ class ShardCache:
         `_victims`' order) until they fit beside the shards present and the downloads reserved (by
         every process of the machine: under one lock, each reservation a file naming its process); the
         reservation file, which the caller removes once the shard is in place. Without `wait` (a fetch
-        ahead), None where the shards this rank will not read cannot make the room now, and nothing
-        it will read is evicted."""
+        ahead), None where the shards `_victims` lets go, less those a process holds or downloads now,
+        cannot make the room: then nothing is evicted (a shard another rank held was counted as room
+        once, and the fetch evicted this rank's later shards and still found none)."""
         if self.limit is None:
             return self.folder / "locks" / "unlimited"  # nothing to reserve; unlinking it is harmless
         deadline = time.monotonic() + WAIT_FOR_ROOM
@@ -331,10 +332,10 @@ class ShardCache:
                 reserved = self._reserved()
                 used = sum(self._sizes[j] for j in present) + sum(reserved.values())
                 victims = self._victims(present, k, wait)
-                with self._lock:
-                    freeable = sum(self._sizes[j] for j in victims if j not in self._in_use)
-                if not wait and used - freeable + size > self.limit:
-                    return None  # fetching ahead: evicting what may go would not make room, so evict nothing
+                if not wait:
+                    freeable = sum(self._sizes[j] for j in victims if self._evictable(j))
+                    if used - freeable + size > self.limit:
+                        return None  # fetching ahead: evicting what may go would not make room, so evict nothing
                 for j in victims:
                     if used + size <= self.limit:
                         break
@@ -389,6 +390,21 @@ class ShardCache:
             except (ValueError, IndexError, OSError):  # a process that died mid-download: its room is free
                 path.unlink(missing_ok=True)
         return out
+
+    def _evictable(self, k: int) -> bool:
+        """Whether shard `k` could be evicted now: no rank of this process holds it, and no process holds
+        or downloads it (its lock is free)."""
+        with self._lock:
+            if k in self._in_use:
+                return False
+        fd = os.open(self._lock_path(k), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            return False
+        finally:
+            os.close(fd)  # (releases the lock, if taken)
 
     def _evict(self, k: int) -> bool:
         """Remove shard `k` from the cache unless a process holds it; whether it was removed."""

@@ -55,8 +55,8 @@ class NvImgCodecDecoder:
         """Never destroy this decoder, idle from now on (`choice.keep_idle`): the process's exit reclaims
         it, as it does nvImageCodec's instance (destroyed at the interpreter's shutdown, it could run
         after CUDA's own teardown); its output buffers are let go."""
+        self.buffers.drain()  # (each once the kernels reading it have run; raises after a CUDA error)
         self._batches.kept = True
-        self.buffers.drain()  # (each once the kernels reading it have run)
 
     def decode(self, batch: Encoded, shapes: np.ndarray | None = None) -> Decoded:
         """Decode on the current CUDA stream into one buffer: HWC RGB, or with `planar` the 4:2:0

@@ -28,7 +28,7 @@ ROOM_SIDE = 1024
 ROOM_PIXELS = 1 << 27
 
 _warned: set[str] = set()  # every pipeline of every loader builds its decoders: say each reason once
-# per CUDA device index: an idle engines' decoder kept for the process (`keep_engines_warm`)
+# per CUDA device index: an idle engines' decoder kept for the process (`keep_idle`)
 _kept: dict[int, object] = {}
 _keeping = threading.Lock()
 
@@ -143,7 +143,11 @@ def keep_idle(decoders: list) -> None:
         index = decoder.device.index or 0
         with _keeping:
             if index not in _kept:
-                keep()
+                try:
+                    keep()
+                except Exception as e:  # noqa: BLE001  (a CUDA error of the process's): let go as usual
+                    log.debug("gpufeed: no idle engines' decoder kept (%s)", e)
+                    return
                 _kept[index] = decoder
         return
 
