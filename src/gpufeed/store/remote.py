@@ -391,38 +391,38 @@ class ShardCache:
                 path.unlink(missing_ok=True)
         return out
 
-    def _evictable(self, k: int) -> bool:
-        """Whether shard `k` could be evicted now: no rank of this process holds it, and no process holds
-        or downloads it (its lock is free)."""
+    @contextlib.contextmanager
+    def _alone(self, k: int) -> Iterator[bool]:
+        """Whether shard `k` is free to evict, its lock held for the block where it is: no rank of this
+        process holds it, and no process holds or downloads it."""
         with self._lock:
-            if k in self._in_use:
-                return False
+            held = k in self._in_use
+        if held:
+            yield False
+            return
         fd = os.open(self._lock_path(k), os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return True
-        except BlockingIOError:
-            return False
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                yield False
+            else:
+                yield True
         finally:
-            os.close(fd)  # (releases the lock, if taken)
+            os.close(fd)  # releases the lock, if taken
+
+    def _evictable(self, k: int) -> bool:
+        """Whether shard `k` could be evicted now (`_alone`)."""
+        with self._alone(k) as alone:
+            return alone
 
     def _evict(self, k: int) -> bool:
         """Remove shard `k` from the cache unless a process holds it; whether it was removed."""
-        with self._lock:
-            if k in self._in_use:
-                return False
-        fd = os.open(self._lock_path(k), os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            return False
-        try:
-            (self.path(k) / VERIFIED).unlink(missing_ok=True)  # not present from here on
-            shutil.rmtree(self.path(k), ignore_errors=True)
-            return True
-        finally:
-            os.close(fd)
+        with self._alone(k) as alone:
+            if alone:
+                (self.path(k) / VERIFIED).unlink(missing_ok=True)  # not present from here on
+                shutil.rmtree(self.path(k), ignore_errors=True)
+            return alone
 
     def _lock_path(self, k: int) -> Path:
         return self.folder / "locks" / f"{k:05d}.lock"
