@@ -136,20 +136,20 @@ def keep_idle(decoders: list) -> None:
     training) then has its engines at work a second sooner. Kept at the close, it costs the loader's
     start nothing (making an idle one while the decoders opened held the first Loader's engines back
     by a second or more)."""
-    for decoder in decoders:
-        keep = getattr(decoder, "keep_for_process", None)  # (nvImageCodec's; not a test's stand-in)
-        if decoder.name != "hw" or keep is None:
-            continue
-        index = decoder.device.index or 0
-        with _keeping:
-            if index not in _kept:
-                try:
-                    keep()
-                except Exception as e:  # noqa: BLE001  (a CUDA error of the process's): let go as usual
-                    log.debug("gpufeed: no idle engines' decoder kept (%s)", e)
-                    return
-                _kept[index] = decoder
+    # (nvImageCodec's engines; a test's stand-in has no `keep_for_process`)
+    engines = next((d for d in decoders if d.name == "hw" and hasattr(d, "keep_for_process")), None)
+    if engines is None:
         return
+    index = engines.device.index or 0
+    with _keeping:
+        if index in _kept:
+            return
+        try:
+            engines.keep_for_process()
+        except Exception as e:  # noqa: BLE001  (a CUDA error of the process's): let go as usual
+            log.debug("gpufeed: no idle engines' decoder kept (%s)", e)
+            return
+        _kept[index] = engines
 
 
 def warmed(decoder, device: torch.device) -> bool:
