@@ -130,6 +130,38 @@ def test_jpeg_and_damaged_stores_are_refused(store, tmp_path):
         gpufeed.Loader(tmp_path / "cut", device="cpu")
 
 
+def test_a_step_waiting_for_an_epoch_s_plan_runs_once_it_is_made_never_for_one_that_failed(caplog):
+    """`Planner.when_made` (a remote store's next epoch, fetched ahead once planned): the step runs on
+    the planner thread when the plan is made, at once where it is made; not where planning failed
+    (that error is raised where the plan is asked for); a step that raises is logged, not lost."""
+    from gpufeed.loader.planner import _Ahead
+
+    gate, calls, ran = threading.Event(), [], threading.Event()
+
+    def plan(epoch):
+        assert gate.wait(30)
+        if epoch == 2:
+            raise ValueError("no plan")
+        return f"plan {epoch}"
+
+    def broken(plan):
+        raise RuntimeError("a broken step")
+
+    made, failed = _Ahead(plan, 1), _Ahead(plan, 2)
+    for ahead in (made, failed):
+        ahead.then(calls.append)
+        ahead.then(broken)
+        ahead.then(lambda plan: ran.set())
+    assert calls == []
+    gate.set()
+    assert ran.wait(30) and made.result() == "plan 1"
+    with pytest.raises(ValueError, match="no plan"):
+        failed.result()
+    made.then(calls.append)  # made already: at once, here
+    assert calls == ["plan 1", "plan 1"]
+    assert [r.getMessage() for r in caplog.records] == ["gpufeed: a step waiting for epoch 1's plan failed"]
+
+
 def test_epochs_are_planned_ahead_on_threads_with_the_same_plan(store):
     """No planning process (a fork of a threaded process is unsafe, and the child outlived a killed
     parent): the next epochs are planned on daemon threads, and give the plan made in place."""

@@ -9,6 +9,7 @@ import logging
 import shutil
 import socketserver
 import threading
+import time
 import urllib.request
 from pathlib import Path
 
@@ -385,6 +386,46 @@ def test_the_shards_of_the_next_epoch_are_fetched_before_it_begins(bucket, tmp_p
     next(iter(loader))  # epoch 1 begins (its first shards read are no longer wanted ahead)
     wanted, only_after = told[0], set(after.tolist()) - set(this.tolist())
     assert only_after and only_after <= wanted <= set(this.tolist()) | only_after
+
+
+def test_the_next_epoch_planned_after_its_pass_began_is_fetched_ahead_once_planned(bucket, tmp_path, monkeypatch):
+    """Epoch 1's plan is made after epoch 0's pass began (it always is: both start then): once made,
+    the cache is told its shards, after epoch 0's. It was not before, and a cache smaller than the
+    store downloaded them one after another as epoch 0's last batches read epoch 1's first ahead."""
+    from gpufeed.loader import planner
+
+    gate, real = threading.Event(), planner.plan_epoch
+
+    def late(sampler, augment, seed, epoch, *rest):
+        if epoch == 1:
+            assert gate.wait(60)
+        return real(sampler, augment, seed, epoch, *rest)
+
+    monkeypatch.setattr(planner, "plan_epoch", late)
+    loader = _loader(bucket, tmp_path)
+    cache, seen = loader.store.cache, []
+    top_up = cache._top_up
+
+    def looked():  # what the cache wants whenever it starts downloads, and the epoch its pass is in
+        with cache._lock:
+            seen.append((cache._epoch, {(w.epoch, w.shard) for w in cache._wanted}))
+        top_up()
+
+    cache._top_up = looked
+    batches = iter(loader)
+    got = [next(batches)]
+    assert seen and all(e == 0 and {at for at, _ in wanted} <= {0} for e, wanted in seen)
+    gate.set()
+    shards, _ = loader.store.locate(loader._planner.peek(1).indices.numpy())
+    deadline = time.monotonic() + 30
+    while not any(e == 0 and 1 in {at for at, _ in wanted} for e, wanted in seen) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    told = next((wanted for e, wanted in seen if e == 0 and 1 in {at for at, _ in wanted}), None)
+    assert told is not None, "epoch 1's shards were never wanted during epoch 0"
+    assert {k for at, k in told if at == 1} == set(shards.tolist())
+    got += list(batches) + list(loader)  # and the epochs are whole
+    labels = torch.cat([y for _, y in got])
+    assert len(labels) == 2 * len(gpufeed.open(bucket["flat"]))
 
 
 def test_a_failed_try_keeps_only_whole_files_and_the_next_fetches_the_rest(bucket, tmp_path, monkeypatch):

@@ -157,6 +157,13 @@ def _shard_order(store: ShardedStore, plan, epoch: int, start: int, following) -
     return wants
 
 
+def _follow_next(store: RemoteStore, plan, epoch: int, start: int, told: int, following) -> None:
+    """The next epoch's part of `_shard_order`, given to the cache once its plan (`following`) is made
+    after the pass began (`ShardCache.follow_next`)."""
+    wants = _shard_order(store, plan, epoch, start, following)
+    store.cache.follow_next([w for w in wants if w.epoch == epoch + 1], told)
+
+
 def _shards(store: ShardedStore, asked: int | None, batch_size: int) -> Shards:
     """The store's shards and the shard-aware order's windows: `_window`'s, and for a jpeg store in a
     bucket whose cache holds all of it (no `cache_limit`, or one above the store), a first epoch over
@@ -711,7 +718,10 @@ class Loader:
         plan = self._planner.get(epoch)
         if isinstance(self.store, RemoteStore):  # fetch this rank's shards ahead, in the order it reads them
             following = self._planner.ready(epoch + 1)  # planned already: fetched across the epoch's end
-            self.store.cache.follow(_shard_order(self.store, plan, epoch, start, following), local_ranks())
+            told = self.store.cache.follow(_shard_order(self.store, plan, epoch, start, following), local_ranks())
+            if following is None:  # or once it is planned
+                follow = functools.partial(_follow_next, self.store, plan, epoch, start, told)
+                self._planner.when_made(epoch + 1, follow)
         carried = self._production.take_carried(epoch, start)
         if self.jpeg is not None:
             next_plan = functools.partial(self._planner.peek, epoch + 1) if self.tuning.carry else None

@@ -8,9 +8,13 @@ killed parent.
 
 from __future__ import annotations
 
+import logging
 import threading
+from collections.abc import Callable
 
 from gpufeed.loader.plan import EpochPlan, plan_epoch
+
+log = logging.getLogger(__name__)
 
 
 class _Ahead:
@@ -20,6 +24,9 @@ class _Ahead:
         self._done = threading.Event()
         self._plan: EpochPlan | None = None
         self._error: BaseException | None = None
+        self._lock = threading.Lock()
+        self._then: list[Callable[[EpochPlan], None]] = []  # called with the plan once it is made
+        self._epoch = epoch
         threading.Thread(target=self._run, args=(fn, epoch), daemon=True, name="gpufeed-planner").start()
 
     def _run(self, fn, epoch: int) -> None:
@@ -28,7 +35,28 @@ class _Ahead:
         except BaseException as e:  # noqa: BLE001  raised where the plan is asked for
             self._error = e
         finally:
-            self._done.set()
+            with self._lock:
+                self._done.set()
+                then, self._then = self._then, []
+        for call in then:
+            self._call(call)
+
+    def then(self, call: Callable[[EpochPlan], None]) -> None:
+        """`call(plan)` once the plan is made: now where it is, else on the planner thread when it is;
+        never where making it failed (the error is raised where the plan is asked for)."""
+        with self._lock:
+            if not self._done.is_set():
+                self._then.append(call)
+                return
+        self._call(call)
+
+    def _call(self, call: Callable[[EpochPlan], None]) -> None:
+        if self._plan is None:
+            return
+        try:
+            call(self._plan)
+        except Exception:  # a bug there must not end the planner thread unseen, nor the pass
+            log.warning("gpufeed: a step waiting for epoch %d's plan failed", self._epoch, exc_info=True)
 
     def result_or_none(self) -> EpochPlan | None:
         """The plan once it is made, or None if making it failed."""
@@ -97,6 +125,16 @@ class Planner:
             return current[1]
         ahead = self._ahead.get(epoch)
         return ahead.made() if ahead is not None else None
+
+    def when_made(self, epoch: int, call: Callable[[EpochPlan], None]) -> None:
+        """`call(plan)` once `epoch`'s plan is made (`_Ahead.then`): now where it is made already; not at
+        all where it is not being planned (only `get`'s next `depth` epochs are)."""
+        made = self.ready(epoch)
+        ahead = self._ahead.get(epoch)
+        if made is not None:
+            call(made)
+        elif ahead is not None:
+            ahead.then(call)
 
     def now(self, epoch: int) -> EpochPlan:
         sampler, _, seed, sizes = self._args

@@ -118,6 +118,8 @@ class ShardCache:
         self._failed: set[int] = set()  # fetched ahead and failed: not again until the next `follow`
         self._finished: set[tuple[int, int]] = set()  # (epoch, shard) of later epochs read in full before their pass
         self._epoch = -1  # the epoch `follow` was last given first
+        self._told = 0  # `follow` calls: `follow_next` extends only the last one's list
+        self._closed = False
         self._read = 0  # samples the rank read since `follow`
         self._most = 0  # the most samples one `read` reported
         self._early: dict[int, int] = {}  # samples read of shards no entry wanted: the next pass's, read before it
@@ -217,14 +219,16 @@ class ShardCache:
             else:
                 self._in_use[k] = (uses - 1, fd)
 
-    def follow(self, wants: Sequence[Want], ranks: int = 1) -> None:
+    def follow(self, wants: Sequence[Want], ranks: int = 1) -> int:
         """Download what the rank will read (`wants`, in the order it first reads each shard) ahead, on the
         fetch pool, as far as this rank's part of the cache's limit (`ranks`: this machine's ranks
         sharing it) allows beside the shards it holds; anything asked before is no longer wanted. What
         was read already of the entries counts: the next epoch's first batches are read before its
         pass begins (where that epoch was followed already, its entries keep their counts; else the
-        reads that no entry wanted are taken off)."""
+        reads that no entry wanted are taken off). Returns this call's number, for `follow_next`."""
         with self._lock:
+            self._told += 1
+            told = self._told
             self._pool = self._pool or ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="gpufeed-fetch")
             later = bool(wants) and wants[0].epoch > self._epoch
             before = {(w.epoch, w.shard): w.left for w in self._wanted} if later else {}
@@ -244,6 +248,26 @@ class ShardCache:
             self._failed.clear()
             self._finished.clear()
             self._ranks = max(1, ranks)
+        self._top_up()
+        return told
+
+    def follow_next(self, wants: Sequence[Want], told: int) -> None:
+        """The next epoch's entries (`wants`, placed after the list `follow` was given), once its plan is
+        made, appended to what `follow` call `told` was given without them; nothing where another
+        `follow` came since, or that list had the next epoch's already. Reads of their shards that no
+        entry wanted (the next epoch's first batches, read as the pass ends) are taken off. Epoch 1's
+        plan is made after epoch 0's pass begins (both start then), and was never followed before
+        its own pass: the pass's last batches, reading epoch 1's first ahead, downloaded their shards
+        one after another (docs/benchmarks.md, "Training from a bucket")."""
+        with self._lock:
+            if told != self._told or any(w.epoch > self._epoch for w in self._wanted):
+                return
+            for w in wants:
+                taken = min(w.left, self._early.get(w.shard, 0))
+                if taken:
+                    self._early[w.shard] -= taken
+                if w.left > taken:
+                    self._wanted.append(Want(w.shard, w.epoch, w.left - taken, w.last))
         self._top_up()
 
     def read(self, shards: Sequence[int], counts: Sequence[int]) -> None:
@@ -275,6 +299,8 @@ class ShardCache:
         left a cache of a quarter of the store downloading at half the link's rate (docs/benchmarks.md,
         "Training from a bucket")."""
         with self._lock:
+            if self._closed:
+                return
             sizes = self._sizes
             room = self.limit / self._ranks if self.limit is not None else float("inf")
             room -= sum(sizes[k] for k in self._in_use)
@@ -576,6 +602,8 @@ class ShardCache:
             )
 
     def close(self) -> None:
+        with self._lock:
+            self._closed = True  # a fetch ahead, or a plan made late (`follow_next`), starts no more
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
         with self._lock:
