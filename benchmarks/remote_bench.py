@@ -29,6 +29,10 @@ to its last one trained on, with ResNet-18 in bf16 on batches of --batch):
   the same link by each library's dataset and data loader (one worker a core, PIL decode and
   torchvision's crop and flip on the CPU, as neither decodes on the GPU): a cold epoch, a warm one,
   and --epochs through a cache of the quarter rows' limit.
+
+Each gpufeed row's JSON also says where its epoch spent the link (`downloads`, from the cache's
+records of each shard it downloaded): the shards that came, those a batch had to wait for, the
+seconds with a download under way, and when the last one ended.
 """
 
 from __future__ import annotations
@@ -171,12 +175,15 @@ def epochs(loader, step, count: int, device: str) -> list[dict]:
     how long that first batch took (a cold epoch's waits for its first shards)."""
     from gpufeed.bench.common import sync
 
-    def downloaded() -> int:  # gpufeed's cache counts its downloads (others.py's rows: not counted)
-        return getattr(getattr(getattr(loader, "store", None), "cache", None), "downloaded", 0)
+    cache = getattr(getattr(loader, "store", None), "cache", None)  # gpufeed's (others.py's rows: none)
+
+    def downloaded() -> int:
+        return getattr(cache, "downloaded", 0)
 
     out = []
     for _ in range(count):
         fetched = downloaded()
+        began = time.monotonic()
         t0 = time.perf_counter()
         images, first = 0, None
         for x, y in loader:
@@ -191,8 +198,29 @@ def epochs(loader, step, count: int, device: str) -> list[dict]:
             row["cached"] = loader.cached()
         else:
             row["downloaded"] = after - fetched
+        if hasattr(cache, "downloads"):  # (a tree before its records: none)
+            row["downloads"] = timeline(cache.downloads, began, time.monotonic())
         out.append(row)
     return out
+
+
+def timeline(downloads, began: float, ended: float) -> dict:
+    """Where an epoch (`began` to `ended`, monotonic) spent its link, from the cache's `Download`s that
+    ended in it: how many shards came and how many a batch waited for (not fetched ahead); the seconds
+    with at least one download under way (the link idle otherwise); when the last one ended,
+    from the epoch's start."""
+    spans = sorted((max(d.began, began), d.ended) for d in downloads if began <= d.ended <= ended)
+    busy, start, end = 0.0, None, None
+    for a, b in spans:
+        if end is None or a > end:
+            busy += 0.0 if end is None else end - start
+            start, end = a, b
+        else:
+            end = max(end, b)
+    busy += 0.0 if end is None else end - start
+    mine = [d for d in downloads if began <= d.ended <= ended]
+    return {"shards": len(mine), "needed_by_a_batch": sum(not d.ahead for d in mine), "busy_s": busy,
+            "last_ended_s": max((d.ended for d in mine), default=began) - began}
 
 
 def compare(a, work: Path, fs, link: str, step, limit: int, runs: dict) -> None:
@@ -346,15 +374,19 @@ def _measure(a, work: Path) -> dict:
             r["of_link"] = r["img_per_s"] / ceiling
     top = runs["synthetic"]["img_per_s"]
     lines = [[f"{name}: plain parallel download", f"{runs[name]['img_per_s']:,.0f}",
-              f"{runs[name]['bytes_per_s'] / 1e6:,.0f} MB/s", "", "", ""] for name in ("server", "link")]
+              f"{runs[name]['bytes_per_s'] / 1e6:,.0f} MB/s", "", "", "", ""] for name in ("server", "link")]
     for name, r in runs.items():
         if name in ("server", "link"):
             continue
         got = "" if "downloaded" not in r else f"{r['downloaded'] / 1e6:,.1f} MB"
+        d = r.get("downloads")
+        link = "" if not d else (f"{d['busy_s']:.2f} / {d['last_ended_s']:.2f} s; "
+                                 f"{d['needed_by_a_batch']} of {d['shards']}")
         lines.append([name, f"{r['img_per_s']:,.0f}", got,
                       f"{100 * r['img_per_s'] / top:.1f}", "" if "of_link" not in r else f"{100 * r['of_link']:.1f}",
-                      "" if r.get("first_batch_s") is None else f"{r['first_batch_s']:.2f}"])
-    table = common.table(["row", "img/s", "downloaded", "% of synthetic", "% of link", "first batch s"], lines)
+                      "" if r.get("first_batch_s") is None else f"{r['first_batch_s']:.2f}", link])
+    table = common.table(["row", "img/s", "downloaded", "% of synthetic", "% of link", "first batch s",
+                          "downloading / last in; shards a batch waited for"], lines)
     table += (f"\n\nlink {a.link}, latency {a.latency} one way; store {total / 1e6:,.1f} MB in {limit['shards']} "
               f"shards, {n} images; the small cache {limit['cache_limit'] / 1e6:,.1f} MB; batch {a.batch}, {a.model}")
     return common.write(a, __file__, runs, table, a.device, cache=limit)

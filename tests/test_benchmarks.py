@@ -74,3 +74,7 @@ def test_smoke(name, bench, tmp_path, capsys):
     table = out.with_suffix(".md").read_text()
     assert written["table"] in table and table.count("\n|") >= 2  # a header, its rule and rows
     assert written["table"] in capsys.readouterr().out
+    if name == "remote_bench":  # each epoch's timeline of the link: the cold one downloads every shard
+        cold, warm = written["runs"]["cold"]["downloads"], written["runs"]["warm"]["downloads"]
+        assert cold["shards"] >= 2 and 0 < cold["busy_s"] <= written["runs"]["cold"]["seconds"]
+        assert warm == {"shards": 0, "needed_by_a_batch": 0, "busy_s": 0.0, "last_ended_s": 0.0}

@@ -30,6 +30,7 @@ import shutil
 import tempfile
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -101,6 +102,17 @@ class Want:
     last: int
 
 
+@dataclass(frozen=True)
+class Download:
+    """A shard this process downloaded: when it began and ended (`time.monotonic()`), and whether the
+    fetch ahead downloaded it (else a batch being read needed it: the training waited for it)."""
+
+    shard: int
+    began: float
+    ended: float
+    ahead: bool
+
+
 class ShardCache:
     """A local folder holding some of a remote sharded store's shards, at most `limit` bytes of them."""
 
@@ -126,6 +138,7 @@ class ShardCache:
         self._ranks = 1  # this machine's ranks sharing the cache: each plans ahead within its part
         self.downloaded = 0  # bytes this process downloaded
         self.fetched = 0  # shards this process downloaded
+        self.downloads: deque[Download] = deque(maxlen=100_000)  # the latest, for benchmarks' timelines
         self._sizes = [s["bytes"] for s in manifest.shards]  # each shard's bytes, by number
         biggest = max(self._sizes, default=0)
         if limit is not None and limit < biggest:
@@ -174,7 +187,7 @@ class ShardCache:
                 if reservation is None:
                     return None
                 try:
-                    self._download(k)
+                    self._download(k, ahead=not wait)
                 finally:
                     reservation.unlink(missing_ok=True)
             finally:
@@ -464,7 +477,7 @@ class ShardCache:
         finally:
             os.close(fd)  # releases the lock
 
-    def _download(self, k: int) -> None:
+    def _download(self, k: int, ahead: bool) -> None:
         """Shard `k` into a temporary folder beside its place, every file checked, then moved into place.
         Two round trips: its manifest (which names its files), then all its files at once (`_get`: byte
         ranges from an object store, else fsspec's `get` of a list); one file after another paid the
@@ -474,6 +487,7 @@ class ShardCache:
         remote = f"{self.root}/{entry['name']}"
         final = self.path(k)
         temp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
+        began = time.monotonic()
         try:
             retried(self._shown(f"{remote}/{fmt.MANIFEST}"), lambda: self._get(remote, {fmt.MANIFEST: None}, temp))
             ok = manifest_digest(temp / fmt.MANIFEST) == entry["digest"]
@@ -485,6 +499,7 @@ class ShardCache:
             with self._lock:
                 self.downloaded += entry["bytes"]
                 self.fetched += 1
+                self.downloads.append(Download(k, began, time.monotonic(), ahead))
         finally:
             shutil.rmtree(temp, ignore_errors=True)
 
