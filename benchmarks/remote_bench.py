@@ -31,8 +31,9 @@ to its last one trained on, with ResNet-18 in bf16 on batches of --batch):
   and --epochs through a cache of the quarter rows' limit.
 
 Each gpufeed row's JSON also says where its epoch spent the link (`downloads`, from the cache's
-records of each shard it downloaded): the shards that came, those a batch had to wait for, the
-seconds with a download under way, and when the last one ended.
+records of each shard it downloaded): the shards that came, those downloaded on demand (a batch
+asked before the fetch ahead did), the seconds with a download under way, and when the last one
+ended.
 """
 
 from __future__ import annotations
@@ -199,16 +200,17 @@ def epochs(loader, step, count: int, device: str) -> list[dict]:
         else:
             row["downloaded"] = after - fetched
         if hasattr(cache, "downloads"):  # (a tree before its records: none)
-            row["downloads"] = timeline(cache.downloads, began, time.monotonic())
+            row["downloads"] = timeline(cache.downloads(), began, time.monotonic())
         out.append(row)
     return out
 
 
 def timeline(downloads, began: float, ended: float) -> dict:
     """Where an epoch (`began` to `ended`, monotonic) spent its link, from the cache's `Download`s that
-    ended in it: how many shards came and how many a batch waited for (not fetched ahead); the seconds
-    with at least one download under way (the link idle otherwise); when the last one ended,
-    from the epoch's start."""
+    ended in it: how many shards came, and how many of them on demand (a batch asked for it before
+    the fetch ahead did; a batch may also wait for one the fetch ahead is downloading); the seconds
+    with at least one download under way (the link idle otherwise); when the last one ended, from
+    the epoch's start."""
     spans = sorted((max(d.began, began), d.ended) for d in downloads if began <= d.ended <= ended)
     busy, start, end = 0.0, None, None
     for a, b in spans:
@@ -219,7 +221,7 @@ def timeline(downloads, began: float, ended: float) -> dict:
             end = max(end, b)
     busy += 0.0 if end is None else end - start
     mine = [d for d in downloads if began <= d.ended <= ended]
-    return {"shards": len(mine), "needed_by_a_batch": sum(not d.ahead for d in mine), "busy_s": busy,
+    return {"shards": len(mine), "on_demand": sum(not d.ahead for d in mine), "busy_s": busy,
             "last_ended_s": max((d.ended for d in mine), default=began) - began}
 
 
@@ -381,12 +383,12 @@ def _measure(a, work: Path) -> dict:
         got = "" if "downloaded" not in r else f"{r['downloaded'] / 1e6:,.1f} MB"
         d = r.get("downloads")
         link = "" if not d else (f"{d['busy_s']:.2f} / {d['last_ended_s']:.2f} s; "
-                                 f"{d['needed_by_a_batch']} of {d['shards']}")
+                                 f"{d['on_demand']} of {d['shards']}")
         lines.append([name, f"{r['img_per_s']:,.0f}", got,
                       f"{100 * r['img_per_s'] / top:.1f}", "" if "of_link" not in r else f"{100 * r['of_link']:.1f}",
                       "" if r.get("first_batch_s") is None else f"{r['first_batch_s']:.2f}", link])
     table = common.table(["row", "img/s", "downloaded", "% of synthetic", "% of link", "first batch s",
-                          "downloading / last in; shards a batch waited for"], lines)
+                          "downloading / last in; shards on demand"], lines)
     table += (f"\n\nlink {a.link}, latency {a.latency} one way; store {total / 1e6:,.1f} MB in {limit['shards']} "
               f"shards, {n} images; the small cache {limit['cache_limit'] / 1e6:,.1f} MB; batch {a.batch}, {a.model}")
     return common.write(a, __file__, runs, table, a.device, cache=limit)

@@ -77,4 +77,4 @@ def test_smoke(name, bench, tmp_path, capsys):
     if name == "remote_bench":  # each epoch's timeline of the link: the cold one downloads every shard
         cold, warm = written["runs"]["cold"]["downloads"], written["runs"]["warm"]["downloads"]
         assert cold["shards"] >= 2 and 0 < cold["busy_s"] <= written["runs"]["cold"]["seconds"]
-        assert warm == {"shards": 0, "needed_by_a_batch": 0, "busy_s": 0.0, "last_ended_s": 0.0}
+        assert warm == {"shards": 0, "on_demand": 0, "busy_s": 0.0, "last_ended_s": 0.0}

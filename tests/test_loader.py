@@ -159,7 +159,19 @@ def test_a_step_waiting_for_an_epoch_s_plan_runs_once_it_is_made_never_for_one_t
         failed.result()
     made.then(calls.append)  # made already: at once, here
     assert calls == ["plan 1", "plan 1"]
-    assert [r.getMessage() for r in caplog.records] == ["gpufeed: a step waiting for epoch 1's plan failed"]
+    logged = [r.getMessage() for r in caplog.records if r.name == "gpufeed.loader.planner"]
+    assert logged == ["gpufeed: a step waiting for epoch 1's plan failed"]
+    gate.clear()
+    dropped = _Ahead(plan, 3)
+    dropped.then(calls.append)
+    dropping = threading.Thread(target=dropped.drop)  # (a resume forgot it, or the planner closed)
+    dropping.start()
+    while dropped._then is not None:  # dropped: it waits for the plan and its steps to be over
+        dropping.join(0.01)
+    gate.set()
+    dropping.join(30)
+    dropped.then(calls.append)
+    assert not dropping.is_alive() and dropped.result() == "plan 3" and calls == ["plan 1", "plan 1"]
 
 
 def test_epochs_are_planned_ahead_on_threads_with_the_same_plan(store):

@@ -378,9 +378,10 @@ def test_the_shards_of_the_next_epoch_are_fetched_before_it_begins(bucket, tmp_p
     real = cache.follow
 
     def follow(wants, ranks=1):  # what the cache wants right after the pass told it (batches read later,
-        real(wants, ranks)       # on the producer threads, take entries off: looking after next() raced)
+        number = real(wants, ranks)  # on the producer threads, take entries off: looking after next() raced)
         with cache._lock:
             told.append({w.shard for w in cache._wanted})
+        return number
 
     cache.follow = follow
     next(iter(loader))  # epoch 1 begins (its first shards read are no longer wanted ahead)
@@ -413,9 +414,11 @@ def test_the_next_epoch_planned_after_its_pass_began_is_fetched_ahead_once_plann
 
     cache._top_up = looked
     batches = iter(loader)
-    got = [next(batches)]
-    assert seen and all(e == 0 and {at for at, _ in wanted} <= {0} for e, wanted in seen)
-    gate.set()
+    try:
+        got = [next(batches)]
+        assert seen and all(e == 0 and {at for at, _ in wanted} <= {0} for e, wanted in seen)
+    finally:
+        gate.set()
     shards, _ = loader.store.locate(loader._planner.peek(1).indices.numpy())
     deadline = time.monotonic() + 30
     while not any(e == 0 and 1 in {at for at, _ in wanted} for e, wanted in seen) and time.monotonic() < deadline:
@@ -426,6 +429,24 @@ def test_the_next_epoch_planned_after_its_pass_began_is_fetched_ahead_once_plann
     got += list(batches) + list(loader)  # and the epochs are whole
     labels = torch.cat([y for _, y in got])
     assert len(labels) == 2 * len(gpufeed.open(bucket["flat"]))
+
+
+def test_a_next_epoch_s_shard_read_in_full_before_it_is_followed_is_not_wanted_in_its_pass(bucket, tmp_path,
+                                                                                           monkeypatch):
+    """Epoch 1's first batches, read as epoch 0 ends, may read a shard's every sample before its plan
+    is made: `follow_next` then leaves it out, and epoch 1's own pass does not want it again (its
+    reads were taken off once; its count could never reach zero, and it was kept from eviction)."""
+    cache = gpufeed.open("s3://bucket/train", cache_dir=tmp_path / "c", storage_options=bucket["options"]).cache
+    monkeypatch.setattr(cache, "_top_up", lambda: None)  # the lists only, no downloads
+    told = cache.follow([Want(0, 0, 5, 4)])
+    cache.read([0], [5])  # epoch 0 read in full
+    cache.read([1, 2], [3, 1])  # epoch 1's first batch, before its plan was made: no entry wants them
+    cache.follow_next([Want(1, 1, 3, 7), Want(2, 1, 2, 9)], told)
+    assert [(w.shard, w.epoch, w.left) for w in cache._wanted] == [(2, 1, 1)]
+    cache.follow([Want(1, 1, 3, 2), Want(2, 1, 2, 4)])  # epoch 1's pass
+    assert [(w.shard, w.epoch, w.left) for w in cache._wanted] == [(2, 1, 1)]
+    cache.follow_next([Want(3, 2, 4, 9)], told)  # a call from before that pass: too late, nothing
+    assert [(w.shard, w.epoch, w.left) for w in cache._wanted] == [(2, 1, 1)]
 
 
 def test_a_failed_try_keeps_only_whole_files_and_the_next_fetches_the_rest(bucket, tmp_path, monkeypatch):

@@ -22,10 +22,11 @@ class _Ahead:
 
     def __init__(self, fn, epoch: int):
         self._done = threading.Event()
+        self._settled = threading.Event()  # the plan made (or failed) and the steps waiting for it run
         self._plan: EpochPlan | None = None
         self._error: BaseException | None = None
         self._lock = threading.Lock()
-        self._then: list[Callable[[EpochPlan], None]] = []  # called with the plan once it is made
+        self._then: list[Callable[[EpochPlan], None]] | None = []  # None: dropped, no step runs
         self._epoch = epoch
         threading.Thread(target=self._run, args=(fn, epoch), daemon=True, name="gpufeed-planner").start()
 
@@ -37,31 +38,32 @@ class _Ahead:
         finally:
             with self._lock:
                 self._done.set()
-                then, self._then = self._then, []
-        for call in then:
-            self._call(call)
+                then, self._then = self._then, ([] if self._then is not None else None)
+            for call in then or []:
+                if self._plan is not None and self._then is not None:  # (not dropped meanwhile)
+                    _step(call, self._plan, self._epoch)
+            self._settled.set()
 
     def then(self, call: Callable[[EpochPlan], None]) -> None:
         """`call(plan)` once the plan is made: now where it is, else on the planner thread when it is;
-        never where making it failed (the error is raised where the plan is asked for)."""
+        never where making it failed (the error is raised where the plan is asked for) or the plan
+        was dropped (`drop`)."""
         with self._lock:
+            if self._then is None:
+                return
             if not self._done.is_set():
                 self._then.append(call)
                 return
-        self._call(call)
+        if self._plan is not None:
+            _step(call, self._plan, self._epoch)
 
-    def _call(self, call: Callable[[EpochPlan], None]) -> None:
-        if self._plan is None:
-            return
-        try:
-            call(self._plan)
-        except Exception:  # a bug there must not end the planner thread unseen, nor the pass
-            log.warning("gpufeed: a step waiting for epoch %d's plan failed", self._epoch, exc_info=True)
-
-    def result_or_none(self) -> EpochPlan | None:
-        """The plan once it is made, or None if making it failed."""
-        self._done.wait()
-        return self._plan
+    def drop(self) -> None:
+        """No step waiting for the plan runs from now on, and those running have ended: a plan
+        forgotten (a resume plans that epoch otherwise), or a planner closed (a step still inside
+        torch on a daemon thread would abort the interpreter's exit)."""
+        with self._lock:
+            self._then = None
+        self._settled.wait()
 
     def made(self) -> EpochPlan | None:
         """The plan if it is made already (never waits), else None."""
@@ -128,13 +130,12 @@ class Planner:
 
     def when_made(self, epoch: int, call: Callable[[EpochPlan], None]) -> None:
         """`call(plan)` once `epoch`'s plan is made (`_Ahead.then`): now where it is made already; not at
-        all where it is not being planned (only `get`'s next `depth` epochs are)."""
-        made = self.ready(epoch)
-        ahead = self._ahead.get(epoch)
-        if made is not None:
-            call(made)
-        elif ahead is not None:
+        all where it is not being planned (only `get`'s next `depth` epochs are) or is forgotten."""
+        current, ahead = self._current, self._ahead.get(epoch)
+        if ahead is not None:
             ahead.then(call)
+        elif current is not None and current[0] == epoch:
+            _step(call, current[1], epoch)
 
     def now(self, epoch: int) -> EpochPlan:
         sampler, _, seed, sizes = self._args
@@ -146,12 +147,21 @@ class Planner:
             self._current = None
         ahead = self._ahead.pop(epoch, None)
         if ahead is not None:
-            ahead.result_or_none()
+            ahead.drop()
 
     def close(self) -> None:
         for ahead in self._ahead.values():
-            ahead.result_or_none()  # a planner thread still inside torch would abort the interpreter's exit
+            ahead.drop()  # a planner thread still inside torch would abort the interpreter's exit
         self._ahead.clear()
+
+
+def _step(call: Callable[[EpochPlan], None], plan: EpochPlan, epoch: int) -> None:
+    """`call(plan)`, a step that waited for `epoch`'s plan; an error is logged: a bug there must not end
+    the planner thread unseen, nor the pass that asked for it."""
+    try:
+        call(plan)
+    except Exception:
+        log.warning("gpufeed: a step waiting for epoch %d's plan failed", epoch, exc_info=True)
 
 
 def resolution_hw(size) -> tuple[int, int]:

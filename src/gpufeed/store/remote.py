@@ -105,7 +105,8 @@ class Want:
 @dataclass(frozen=True)
 class Download:
     """A shard this process downloaded: when it began and ended (`time.monotonic()`), and whether the
-    fetch ahead downloaded it (else a batch being read needed it: the training waited for it)."""
+    fetch ahead downloaded it (else a batch being read asked for it first, and waited for it; a batch
+    may also wait for a shard the fetch ahead is downloading)."""
 
     shard: int
     began: float
@@ -138,7 +139,7 @@ class ShardCache:
         self._ranks = 1  # this machine's ranks sharing the cache: each plans ahead within its part
         self.downloaded = 0  # bytes this process downloaded
         self.fetched = 0  # shards this process downloaded
-        self.downloads: deque[Download] = deque(maxlen=100_000)  # the latest, for benchmarks' timelines
+        self._downloads: deque[Download] = deque(maxlen=100_000)  # the latest (`downloads`)
         self._sizes = [s["bytes"] for s in manifest.shards]  # each shard's bytes, by number
         biggest = max(self._sizes, default=0)
         if limit is not None and limit < biggest:
@@ -148,6 +149,12 @@ class ShardCache:
 
     def path(self, k: int) -> Path:
         return self.folder / self.manifest.shards[k]["name"]
+
+    def downloads(self) -> list[Download]:
+        """The shards this process downloaded, the latest 100,000, in the order they came (a benchmark's
+        timeline of the link: `benchmarks/remote_bench.py`)."""
+        with self._lock:
+            return list(self._downloads)
 
     def present(self, k: int) -> bool:
         marker = self.path(k) / VERIFIED
@@ -281,6 +288,8 @@ class ShardCache:
                     self._early[w.shard] -= taken
                 if w.left > taken:
                     self._wanted.append(Want(w.shard, w.epoch, w.left - taken, w.last))
+                else:  # read in full before its pass: not wanted then either
+                    self._finished.add((w.epoch, w.shard))
         self._top_up()
 
     def read(self, shards: Sequence[int], counts: Sequence[int]) -> None:
@@ -495,11 +504,12 @@ class ShardCache:
             self.fetch_checked(remote, Manifest.read(temp).files, temp)
             shutil.rmtree(final, ignore_errors=True)
             os.replace(temp, final)
+            ended = time.monotonic()  # before it is there: a batch reading it may end an epoch
             (final / VERIFIED).write_text(entry["digest"])
             with self._lock:
                 self.downloaded += entry["bytes"]
                 self.fetched += 1
-                self.downloads.append(Download(k, began, time.monotonic(), ahead))
+                self._downloads.append(Download(k, began, ended, ahead))
         finally:
             shutil.rmtree(temp, ignore_errors=True)
 
