@@ -18,6 +18,8 @@ to its last one trained on, with ResNet-18 in bf16 on batches of --batch):
   to measure the link;
 - link: the same through the link, the link's ceiling in bytes/s, and in images/s (the store's
   images over that time);
+- fetch: every shard downloaded through the link by an empty cache's fetch ahead, nothing else
+  running (gpufeed's own download, without a training loop beside it; % of link);
 - synthetic: the model on one fixed batch, --steps steps (the model's ceiling);
 - local: the same store on the local disk, one epoch after one to warm up;
 - cold: `Loader("s3://...")` with an empty cache, its first epoch (of the link's ceiling);
@@ -57,6 +59,8 @@ SMOKE = dict(n=16, image="48x32", size=32, batch=8, device="cpu", shard_size="8K
              latency="1ms", epochs=1, steps=2, workdir=None, compare="")
 KEY, SECRET = "AKIAGPUFEEDBENCH", "gpufeed-bench-secret"
 UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
+PLAIN = {"server": "plain parallel download", "link": "plain parallel download",
+         "fetch": "gpufeed's fetch ahead alone"}  # the rows of downloads alone
 
 
 def parser():
@@ -169,6 +173,26 @@ def plain_download(fs, files: list[tuple[str, int]], threads: int) -> tuple[floa
     with ThreadPoolExecutor(threads) as pool:
         got = sum(len(b) for b in pool.map(lambda f: fs.cat_file(f[0]), files))
     return time.perf_counter() - t0, got
+
+
+def fetch_alone(work: Path, storage_options: dict, n: int) -> dict:
+    """The "fetch" row: every shard downloaded by an empty cache's fetch ahead (`ShardCache.follow`, in
+    shard order, no limit) with nothing else running: gpufeed's own download against the plain
+    one, without a training loop beside it."""
+    import gpufeed
+    from gpufeed.store.remote import Want
+
+    with tempfile.TemporaryDirectory(dir=work) as cache:
+        store = gpufeed.open("s3://bench/train", cache_dir=cache, storage_options=storage_options)
+        shards = range(len(store.manifest.shards))
+        t0 = time.perf_counter()
+        store.cache.follow([Want(k, 0, 1, k) for k in shards])
+        for k in shards:
+            store.cache.ensure(k)  # (waits for the fetch ahead's download)
+        took = time.perf_counter() - t0
+        got = store.cache.downloaded
+        store.close()
+    return {"bytes": got, "seconds": took, "bytes_per_s": got / took, "img_per_s": n / took}
 
 
 def epochs(loader, step, count: int, device: str) -> list[dict]:
@@ -336,6 +360,7 @@ def _measure(a, work: Path) -> dict:
         runs["link"] = {"bytes": got, "seconds": took, "bytes_per_s": got / took, "img_per_s": n / took,
                         "files": len(files), "threads": a.link_threads}
         ceiling = runs["link"]["img_per_s"]
+        runs["fetch"] = fetch_alone(work, options(served.link), n)
         step = training_step(a.model, a.device, 1000)
         recipe = [A.RandomResizedCrop(a.size), A.RandomHorizontalFlip(), A.Normalize(MEAN, STD)]
         kw = dict(batch_size=a.batch, device=a.device, augment=recipe)
@@ -371,14 +396,15 @@ def _measure(a, work: Path) -> dict:
         served.close()
     limit = runs.pop("quarter cache")
     for name, r in runs.items():
-        if "seconds" in r and name not in ("server", "link"):
+        if "seconds" in r and name not in PLAIN:
             r["img_per_s"] = r["images"] / r["seconds"]
             r["of_link"] = r["img_per_s"] / ceiling
     top = runs["synthetic"]["img_per_s"]
-    lines = [[f"{name}: plain parallel download", f"{runs[name]['img_per_s']:,.0f}",
-              f"{runs[name]['bytes_per_s'] / 1e6:,.0f} MB/s", "", "", "", ""] for name in ("server", "link")]
+    lines = [[f"{name}: {what}", f"{runs[name]['img_per_s']:,.0f}", f"{runs[name]['bytes_per_s'] / 1e6:,.0f} MB/s",
+              "", "" if name != "fetch" else f"{100 * runs[name]['img_per_s'] / ceiling:.1f}", "", ""]
+             for name, what in PLAIN.items()]
     for name, r in runs.items():
-        if name in ("server", "link"):
+        if name in PLAIN:
             continue
         got = "" if "downloaded" not in r else f"{r['downloaded'] / 1e6:,.1f} MB"
         d = r.get("downloads")

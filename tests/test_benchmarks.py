@@ -78,3 +78,4 @@ def test_smoke(name, bench, tmp_path, capsys):
         cold, warm = written["runs"]["cold"]["downloads"], written["runs"]["warm"]["downloads"]
         assert cold["shards"] >= 2 and 0 < cold["busy_s"] <= written["runs"]["cold"]["seconds"]
         assert warm == {"shards": 0, "on_demand": 0, "busy_s": 0.0, "last_ended_s": 0.0}
+        assert written["runs"]["fetch"]["bytes"] == written["runs"]["cold"]["downloaded"] > 0  # every shard
