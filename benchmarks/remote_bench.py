@@ -235,16 +235,13 @@ def timeline(downloads, began: float, ended: float) -> dict:
     the fetch ahead did; a batch may also wait for one the fetch ahead is downloading); the seconds
     with at least one download under way (the link idle otherwise); when the last one ended, from
     the epoch's start."""
-    spans = sorted((max(d.began, began), d.ended) for d in downloads if began <= d.ended <= ended)
-    busy, start, end = 0.0, None, None
-    for a, b in spans:
-        if end is None or a > end:
-            busy += 0.0 if end is None else end - start
-            start, end = a, b
-        else:
-            end = max(end, b)
-    busy += 0.0 if end is None else end - start
     mine = [d for d in downloads if began <= d.ended <= ended]
+    busy, start, end = 0.0, began, began  # the union of the downloads' spans within the epoch
+    for a, b in sorted((max(d.began, began), d.ended) for d in mine):
+        if a > end:
+            busy, start = busy + end - start, a
+        end = max(end, b)
+    busy += end - start
     return {"shards": len(mine), "on_demand": sum(not d.ahead for d in mine), "busy_s": busy,
             "last_ended_s": max((d.ended for d in mine), default=began) - began}
 

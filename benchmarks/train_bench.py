@@ -75,8 +75,8 @@ def main(argv: list[str] | None = None) -> dict | None:
         feeds.check(row)
     with common.workdir(a.workdir, "gpufeed-train-bench-") as work:
         width, height = (int(x) for x in a.image.split("x"))
-        feeds.prepare(work, a.n, (width, height), round(a.size * 8 / 7), feeds.wants_sharded(a.rows.split(";")))
         rows = a.rows.split(";")
+        feeds.prepare(work, a.n, (width, height), round(a.size * 8 / 7), feeds.wants_sharded(rows))
         if not feeds.has_dali() or not a.device.startswith("cuda"):
             rows = [r for r in rows if not r.startswith("dali")]
             print("nvidia-dali not installed or no GPU: no dali row", flush=True)

@@ -144,24 +144,25 @@ def _shard_order(store: ShardedStore, plan, epoch: int, start: int, following) -
     order it first reads them; then the same of the next epoch's plan where it is made (`following`,
     or None): the cache fetches across the epoch's end instead of waiting for the next pass to begin
     (0.2-0.3 s of a cache-bound epoch's start otherwise)."""
-    parts = [(epoch, plan.indices[plan.starts[start] :])]
-    parts += [] if following is None else [(epoch + 1, following.indices)]
-    wants, base = [], 0
-    for at, indices in parts:
-        shards, _ = store.locate(indices.numpy())
-        found, first, counts = np.unique(shards, return_index=True, return_counts=True)
-        _, from_end = np.unique(shards[::-1], return_index=True)
-        last = base + len(shards) - 1 - from_end
-        wants += [Want(int(found[j]), at, int(counts[j]), int(last[j])) for j in np.argsort(first, kind="stable")]
-        base += len(shards)
-    return wants
+    indices = plan.indices[plan.starts[start] :]
+    wants = _wants(store, epoch, indices, 0)
+    return wants if following is None else wants + _wants(store, epoch + 1, following.indices, len(indices))
+
+
+def _wants(store: ShardedStore, epoch: int, indices: torch.Tensor, base: int) -> list[Want]:
+    """`_shard_order`'s entries of one epoch's `indices`, read after `base` samples of the list."""
+    shards, _ = store.locate(indices.numpy())
+    found, first, counts = np.unique(shards, return_index=True, return_counts=True)
+    _, from_end = np.unique(shards[::-1], return_index=True)
+    last = base + len(shards) - 1 - from_end
+    return [Want(int(found[j]), epoch, int(counts[j]), int(last[j])) for j in np.argsort(first, kind="stable")]
 
 
 def _follow_next(store: RemoteStore, plan, epoch: int, start: int, told: int, following) -> None:
     """The next epoch's part of `_shard_order`, given to the cache once its plan (`following`) is made
     after the pass began (`ShardCache.follow_next`)."""
-    wants = _shard_order(store, plan, epoch, start, following)
-    store.cache.follow_next([w for w in wants if w.epoch == epoch + 1], told)
+    read_before = len(plan.indices) - plan.starts[start]  # this pass's samples, read first
+    store.cache.follow_next(_wants(store, epoch + 1, following.indices, read_before), told)
 
 
 def _shards(store: ShardedStore, asked: int | None, batch_size: int) -> Shards:
