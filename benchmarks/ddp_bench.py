@@ -34,6 +34,7 @@ from pathlib import Path
 
 import common
 import feeds
+import waits
 
 CONFIGS = {  # name: (store, cache, epochs timed)
     "raw-gpu": ("raw", "gpu", 200),  # raw store, gpu tier
@@ -73,11 +74,11 @@ def _join(a: argparse.Namespace):
     import torch.distributed as dist
 
     local = 0 if a.inline else int(os.environ["LOCAL_RANK"])
-    if a.bound:  # this rank (and its decode worker children) on its own slice of the cores
-        cores = sorted(os.sched_getaffinity(0))
-        per = len(cores) // int(os.environ["LOCAL_WORLD_SIZE"])
-        os.sched_setaffinity(0, cores[local * per:(local + 1) * per])
     cuda = a.device.startswith("cuda")
+    if a.bound:  # this rank (and its decode worker children) on its own slice of the cores: the host's
+        cores = sorted(os.sched_getaffinity(0))  # cores over its GPUs, so one rank has what each of N would
+        per = len(cores) // max(1, torch.cuda.device_count() if cuda else int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+        os.sched_setaffinity(0, cores[local * per:(local + 1) * per])
     if cuda:
         torch.cuda.set_device(local)
     how = {"init_method": f"file://{a.report}.init", "rank": 0, "world_size": 1} if a.inline else {}
@@ -144,9 +145,17 @@ def _train(a: argparse.Namespace, local: int, device: str) -> None:
         step(*next(feed.batches))
     sync(device)
     dist.barrier()
+    watch, before = waits.Watch(), feed.stats()
     t0, cpu0 = time.perf_counter(), cpu_seconds()
+    each = []  # per step: ms waiting for the batch, ms launching the step, and with --trace images per decoder
     for _ in range(a.epochs):
-        loss = step(*next(feed.batches))
+        s0 = time.perf_counter()
+        images, labels = next(feed.batches)
+        s1 = time.perf_counter()
+        loss = step(images, labels)
+        each.append([round(1e3 * (s1 - s0), 3), round(1e3 * (time.perf_counter() - s1), 3)])
+        if a.trace and feed.loader is not None:
+            each[-1].append(feed.stats().get("decoded_by", {}))
     loss.item()
     sync(device)
     seconds = time.perf_counter() - t0
@@ -159,13 +168,61 @@ def _train(a: argparse.Namespace, local: int, device: str) -> None:
     result = {"rank": dist.get_rank(), "world": dist.get_world_size(), "img_per_s": a.epochs * a.batch / seconds,
               "pss_mb": _pss_mb(), "store_maps_mb": mapped_mb(a.store),
               "decoded_by": stats.get("decoded_by") if stats is not None else None,
-              "gpu_used_gb": used, "cores_used": cores_used, **_rank_facts(feed.loader)}
+              "gpu_used_gb": used, "cores_used": cores_used, **_rank_facts(feed.loader),
+              "stages": stages(before, stats, watch.stop(a.epochs, seconds), each, seconds, a.batch,
+                               feeds.described(store.parent).get("sample", {})),
+              "steps": _steps(each)}
     if a.cache == "dali":
         result["workers"] = a.dali_threads  # DALI's CPU threads stand in the workers' column
     dist.barrier()
     feed.close()
     Path(f"{a.report}.rank{result['rank']}.json").write_text(json.dumps(result))
     dist.destroy_process_group()
+
+
+def stages(before: dict | None, after: dict | None, watch: dict, each: list, seconds: float, batch: int,
+           sample: dict) -> dict:
+    """Where a rank's time went over the timed steps (issue 62's per-stage report): the training loop's
+    wait for batches and launch time per step; the decode workers' cores, busy share and images per
+    CPU-second; the GPU decoders' share of the images and their rate; the producer's and the GPU
+    share's threads' CPU and run-queue ms per step (and every other thread's: waits.py); the host's
+    steal per step; and the host memory traffic the loader causes, from byte counts: the JPEG bytes
+    read, and an upper bound on the workers' pixels (each image decoded whole, written once and read
+    once by the copy to the GPU; DCT-reduced and cropped decodes write less)."""
+    steps = len(each)
+    out = {"wait_ms_per_step": sum(e[0] for e in each) / steps, "launch_ms_per_step": sum(e[1] for e in each) / steps,
+           "threads": watch["threads"], "steal_ms_per_step": watch["os"].get("host_steal_ms")}
+    if before is None or after is None:  # the synthetic and dali rows: no gpufeed loader
+        return out
+    took = {k: after.get("decoded_by", {}).get(k, 0) - before.get("decoded_by", {}).get(k, 0)
+            for k in after.get("decoded_by", {})}
+    spent = {k: after.get("decode_seconds", {}).get(k, 0.0) - before.get("decode_seconds", {}).get(k, 0.0)
+             for k in after.get("decode_seconds", {})}
+    cpu, gpu = took.get("cpu", 0), sum(v for k, v in took.items() if k in ("hw", "nvjpeg", "hybrid"))
+    workers = after.get("start", {}).get("workers_ready_s")
+    workers = len(workers) if isinstance(workers, list) else None
+    read = after.get("bytes", {}).get("read", 0) - before.get("bytes", {}).get("read", 0)
+    pixels = cpu * sample.get("mean_mpixels", 0.0) * 3e6
+    out |= {"images_decoded": took, "gpu_share": gpu / max(1, cpu + gpu),
+            "gpu_rates": {k: v for k, v in after.get("decoder_rates", {}).items() if k != "cpu"},
+            "workers": workers, "workers_cores": spent.get("workers_cpu", 0.0) / seconds,
+            "workers_busy": spent.get("workers_wall", 0.0) / seconds / max(1, workers or 1),
+            "cpu_img_per_core_s": cpu / spent["workers_cpu"] if spent.get("workers_cpu") else None,
+            "host_gb_s_jpeg_read": read / seconds / 1e9,
+            "host_gb_s_pixels_upper": 2 * pixels / seconds / 1e9,
+            "producer_stage_ms_per_step": {k: 1e3 * (v - before.get("seconds", {}).get(k, 0.0)) / steps
+                                           for k, v in after.get("seconds", {}).items()}}
+    return out
+
+
+def _steps(each: list) -> dict:
+    """The per-step record, columns apart; with --trace, each step's images per decoder since the last."""
+    out = {"wait_ms": [e[0] for e in each], "launch_ms": [e[1] for e in each]}
+    if each and len(each[0]) > 2:
+        names = sorted({k for e in each for k in e[2]})
+        out["decoded"] = {k: [e[2].get(k, 0) - (each[i - 1][2].get(k, 0) if i else e[2].get(k, 0))
+                              for i, e in enumerate(each)] for k in names}
+    return out
 
 
 def run(a: argparse.Namespace, store: Path, cache: str, epochs: int, world: int, work: Path, bind: bool,
@@ -177,7 +234,8 @@ def run(a: argparse.Namespace, store: Path, cache: str, epochs: int, world: int,
     args = ["--worker", "--store", str(store), "--cache", cache, "--epochs", str(epochs), "--report", str(report),
             "--device", a.device, "--batch", str(a.batch), "--size", str(a.size), "--warmup", str(a.warmup),
             "--dali-threads", str(a.dali_threads), *(["--row", row] if row else []),
-            *(["--bound"] if bind else []), *(["--train", a.train] if a.train else [])]
+            *(["--bound"] if bind else []), *(["--train", a.train] if a.train else []),
+            *(["--trace"] if a.trace else []), "--data", a.data]
     if a.inline:
         worker(parser().parse_args([*args, "--inline"]))
     else:
@@ -186,7 +244,7 @@ def run(a: argparse.Namespace, store: Path, cache: str, epochs: int, world: int,
         subprocess.run(cmd, check=True, env={**os.environ, "NCCL_NVLS_ENABLE": "0", "OMP_NUM_THREADS": "1"})
     ranks = [json.loads(Path(f"{report}.rank{r}.json").read_text()) for r in range(world)]
     per_gpu = [r["img_per_s"] for r in ranks]
-    return {"world": world, "bound": bind, "per_gpu_img_per_s": per_gpu, "mean_per_gpu": sum(per_gpu) / world,
+    return {"world": world, "bound": bind, "per_gpu_img_per_s": per_gpu, "stages": [r.get("stages") for r in ranks], "mean_per_gpu": sum(per_gpu) / world,
             "cores_used": [round(r["cores_used"], 1) for r in ranks], "workers": [r["workers"] for r in ranks],
             "total_img_per_s": sum(per_gpu), "pss_mb_sum": sum(r["pss_mb"] for r in ranks),
             "store_pss_mb_sum": sum(r["store_maps_mb"]["pss"] for r in ranks),
@@ -196,19 +254,23 @@ def run(a: argparse.Namespace, store: Path, cache: str, epochs: int, world: int,
 def parser() -> argparse.ArgumentParser:
     p = common.parser(__doc__)
     p.add_argument("--n", type=int, default=10000, help="generated images")
-    p.add_argument("--image", default="500x375", help="generated images' WIDTHxHEIGHT (q90 JPEGs)")
+    p.add_argument("--image", default="500x375", help="--data smooth: the images' WIDTHxHEIGHT (q90 JPEGs)")
+    p.add_argument("--data", choices=feeds.DATA, default="photos",
+                   help="photos: photo-like JPEGs of ImageNet's spread of sizes and qualities (photos.py); "
+                        "smooth: generated --image-sized q90 ones")
     p.add_argument("--size", type=int, default=224, help="RandomResizedCrop's side")
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--device", default="cuda", help="cuda (NCCL, a GPU per rank) or cpu (gloo)")
-    p.add_argument("--worlds", default="1,2", help="rank counts to run (default 1,2)")
+    p.add_argument("--worlds", default="1,2,4", help="rank counts to run, those the GPUs here allow (default 1,2,4)")
     p.add_argument("--configs", default=None, help="which rows (default: all), comma-separated; with --train, "
                    "jpeg rows take feeds.py's settings, `jpeg:gpu_min=0.1:starved=0.05`")
     p.add_argument("--repeats", type=int, default=1, help="runs of each rank count, interleaved; medians reported")
     p.add_argument("--epochs-scale", type=float, default=1.0, help="multiply each row's timed epochs")
     p.add_argument("--warmup", type=int, default=15, help="--train: steps before the timed ones")
     p.add_argument("--bind", choices=("no", "yes", "both"), default="no",
-                   help="yes: give each rank its own equal slice of the cores before it imports gpufeed (as "
-                        "numactl or a scheduler's cores-per-task do); both: every row bound and not, interleaved")
+                   help="yes: give each rank its own slice of the cores, the host's cores over its GPUs, before it "
+                        "imports gpufeed (as numactl or a scheduler's cores-per-task do; one rank too, so it has "
+                        "what each of N has); both: every row bound and not, interleaved")
     p.add_argument("--host-read-gb", type=float, default=8.0, help="array size of the host read bandwidth figure")
     p.add_argument("--workdir", default=None, help="keep the images and stores here (default: a temporary folder)")
     p.add_argument("--train", metavar="MODEL", help="instead of the loader alone, train MODEL (resnet18, ...) "
@@ -217,6 +279,8 @@ def parser() -> argparse.ArgumentParser:
                    "(default 8, as train_bench's dali row)")
     p.add_argument("--inline", action=argparse.BooleanOptionalAction, default=False,
                    help="one rank in this process instead of torchrun (--smoke; rank counts over 1 are left out)")
+    p.add_argument("--trace", action="store_true", help="--train: record each step's images per decoder "
+                   "(loader.stats() read every step)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--bound", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--store", help=argparse.SUPPRESS)
@@ -237,10 +301,10 @@ def main(argv: list[str] | None = None) -> dict | None:
 
     with common.workdir(a.workdir, "gpufeed-ddp-") as work:
         width, height = (int(x) for x in a.image.split("x"))
-        feeds.prepare(work, a.n, (width, height), round(a.size * 8 / 7))
+        feeds.prepare(work, a.n, (width, height), round(a.size * 8 / 7), data=a.data)
         stores = {"raw": work / "raw", "jpeg": work / "jpeg"}
         result = {"workload": f"RandomResizedCrop {a.size} + flip + normalize -> fp16, batch {a.batch}",
-                  "images": a.n, "store_mb": {k: gpufeed.open(v).nbytes / 1e6 for k, v in stores.items()}, "rows": {}}
+                  "images": a.n, "data": feeds.described(work), "store_mb": {k: gpufeed.open(v).nbytes / 1e6 for k, v in stores.items()}, "rows": {}}
         cuda = a.device.startswith("cuda")
         worlds = [int(w) for w in a.worlds.split(",") if not cuda or int(w) <= torch.cuda.device_count()]
         worlds = [w for w in worlds if w == 1] if a.inline else worlds
@@ -259,13 +323,14 @@ def main(argv: list[str] | None = None) -> dict | None:
                 epochs = max(1, round(epochs * a.epochs_scale))
                 row = name if a.train and ":" in name else None
                 for bind in binds:
-                    runs = [run(a, stores[kind], cache, epochs, w, work, bind and w > 1, row) for w in worlds]
+                    runs = [run(a, stores[kind], cache, epochs, w, work, bind, row) for w in worlds]
                     tries.setdefault(f"{name}{'-bound' if bind else ''}", []).append(runs)
                     result["rows"] = {row: _median(rep) for row, rep in tries.items()}
                     if a.out:  # what has run so far, should a later row fail
                         Path(a.out).write_text(json.dumps(result, indent=1))
         rows = result.pop("rows")
-        return common.write(a, __file__, rows, table(rows), a.device, **result)
+        tables = table(rows) + ("\n\n" + stage_table(rows) if a.train else "")
+        return common.write(a, __file__, rows, tables, a.device, **result)
 
 
 def _median(repeats: list[list[dict]]) -> list[dict]:
@@ -298,6 +363,40 @@ def host_read_gb_s(gigabytes: float = 8.0, repeats: int = 3) -> float:
             list(pool.map(lambda k: words[bounds[k]:bounds[k + 1]].sum(), range(threads)))
             best = max(best, words.nbytes / (time.perf_counter() - t0) / 1e9)
     return best
+
+
+STAGE_COLUMNS = (  # (heading, stages key or a function of the stages, format)
+    ("wait ms/step", "wait_ms_per_step", "{:.1f}"), ("launch ms/step", "launch_ms_per_step", "{:.1f}"),
+    ("GPU decoders' share", "gpu_share", "{:.0%}"), ("workers busy", "workers_busy", "{:.0%}"),
+    ("workers' cores", "workers_cores", "{:.1f}"), ("img/s per worker core", "cpu_img_per_core_s", "{:,.0f}"),
+    ("training thread run / runqueue ms/step",
+     lambda st: (st["threads"].get("MainThread", {}).get("run_ms"), st["threads"].get("MainThread", {}).get("runqueue_ms")),
+     "{}"),
+    ("producer run / runqueue ms/step",
+     lambda st: tuple(sum(v.get(k, 0.0) for n, v in st["threads"].items() if n.startswith("gpufeed-producer"))
+                      for k in ("run_ms", "runqueue_ms")), "{}"),
+    ("GPU share thread run ms/step",
+     lambda st: round(sum(v.get("run_ms", 0.0) for n, v in st["threads"].items() if n.startswith("gpufeed-gpushare")), 2),
+     "{}"),
+    ("steal ms/step", "steal_ms_per_step", "{}"), ("host GB/s: JPEG read", "host_gb_s_jpeg_read", "{:.2f}"),
+    ("pixels (upper bound)", "host_gb_s_pixels_upper", "{:.2f}"),
+)
+
+
+def stage_table(rows: dict) -> str:
+    """Per row, rank count and rank: the per-stage report (`stages`)."""
+    lines = []
+    for name, runs in rows.items():
+        for r in runs:
+            for rank, st in enumerate(r.get("stages") or []):
+                if not st:
+                    continue
+                cells = []
+                for _, key, fmt in STAGE_COLUMNS:
+                    value = key(st) if callable(key) else st.get(key)
+                    cells.append("-" if value is None else fmt.format(value))
+                lines.append([name.removesuffix("-bound"), r["world"], "yes" if r["bound"] else "no", rank, *cells])
+    return common.table(["row", "ranks", "bound", "rank", *(c[0] for c in STAGE_COLUMNS)], lines)
 
 
 def table(rows: dict) -> str:

@@ -29,16 +29,39 @@ MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 POLICIES = ("randaugment", "trivialaugment", "autoaugment")
 
 
+DATA = ("photos", "smooth")
+
+
 def prepare(work: Path, n: int, image: tuple[int, int] = (500, 375), raw_side: int = 256,
-            sharded: bool = False) -> Path:
-    """`work`/images (`n` generated `image` (width, height) q90 JPEGs, 10 classes), `work`/raw (packed
-    to `raw_side`²), `work`/jpeg (the same JPEGs' bytes) and with `sharded` `work`/sharded (those in
-    16 MB shards), each made only if missing: before any row is timed, in one process."""
+            sharded: bool = False, data: str = "photos") -> Path:
+    """`work`/images (`n` JPEGs, 10 classes: `data` "photos", photo-like ones of ImageNet's spread of
+    sizes and qualities (photos.py), or "smooth", generated `image` (width, height) q90 ones),
+    `work`/raw (packed to `raw_side`²), `work`/jpeg (the same JPEGs' bytes) and with `sharded`
+    `work`/sharded (those in 16 MB shards), each made only if missing: before any row is timed, in one
+    process. `work`/data.json says what the images are, with a sample's bytes, pixels and decode time
+    (`photos.describe`); a `work` made with other images is refused, not mixed."""
+    import json
+
+    import photos
+
     import gpufeed
     from gpufeed.synth import make_image_folder
 
-    if not (work / "images").exists():
-        make_image_folder(work / "images", per_class=max(1, n // 10), classes=10, width=image[0], height=image[1])
+    if data not in DATA:
+        raise SystemExit(f"--data {data}: choose from {', '.join(DATA)}")
+    want = {"data": data, "n": n} | ({"image": list(image)} if data == "smooth" else {})
+    record = work / "data.json"
+    if (work / "images").exists():
+        had = json.loads(record.read_text()) if record.exists() else {"data": "smooth (unrecorded)"}
+        if {k: had.get(k) for k in want} != want:
+            raise SystemExit(f"{work}: holds images made as {had}, not {want}: use another --workdir")
+    else:
+        if data == "photos":
+            photos.make_folder(work / "images", n)
+        else:
+            make_image_folder(work / "images", per_class=max(1, n // 10), classes=10, width=image[0],
+                              height=image[1])
+        record.write_text(json.dumps(want | {"sample": photos.describe(work / "images")}))
     if not (work / "raw").exists():
         gpufeed.pack(work / "images", work / "raw", size=raw_side, progress=False)
     if not (work / "jpeg").exists():
@@ -46,6 +69,14 @@ def prepare(work: Path, n: int, image: tuple[int, int] = (500, 375), raw_side: i
     if sharded and not (work / "sharded").exists():
         gpufeed.pack(work / "images", work / "sharded", mode="jpeg", reencode=False, progress=False, shard_size="16MB")
     return work
+
+
+def described(work: Path) -> dict:
+    """What `prepare` recorded of `work`'s images (data.json), for a benchmark's record."""
+    import json
+
+    record = work / "data.json"
+    return json.loads(record.read_text()) if record.exists() else {}
 
 
 def wants_sharded(rows) -> bool:

@@ -57,7 +57,10 @@ def main(argv: list[str] | None = None) -> dict | None:
     p = common.parser(__doc__)
     p.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "gpufeed-train-bench"))
     p.add_argument("--n", type=int, default=10000, help="images, if the stores are made here")
-    p.add_argument("--image", default="500x375", help="generated images' WIDTHxHEIGHT, if made here")
+    p.add_argument("--image", default="500x375", help="--data smooth: the images' WIDTHxHEIGHT, if made here")
+    p.add_argument("--data", choices=feeds.DATA, default="photos",
+                   help="photos: photo-like JPEGs of ImageNet's spread of sizes and qualities (photos.py); "
+                        "smooth: generated --image-sized q90 ones")
     p.add_argument("--size", type=int, default=224, help="RandomResizedCrop's side")
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--device", default="cuda")
@@ -73,7 +76,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     feeds.check(a.row)
     with common.workdir(a.workdir, "gpufeed-start-") as work:
         width, height = (int(x) for x in a.image.split("x"))
-        feeds.prepare(work, a.n, (width, height), round(a.size * 8 / 7), feeds.wants_sharded([a.row]))
+        feeds.prepare(work, a.n, (width, height), round(a.size * 8 / 7), feeds.wants_sharded([a.row]), a.data)
         runs = []
         for _ in range(a.repeats):
             if a.in_process:

@@ -45,7 +45,10 @@ SMOKE = dict(n=40, image="64x48", size=32, models="resnet18", rounds=1, steps=2,
 def parser():
     p = common.parser(__doc__)
     p.add_argument("--n", type=int, default=10000, help="generated images (made once per --workdir)")
-    p.add_argument("--image", default="500x375", help="generated images' WIDTHxHEIGHT (q90 JPEGs)")
+    p.add_argument("--image", default="500x375", help="--data smooth: the images' WIDTHxHEIGHT (q90 JPEGs)")
+    p.add_argument("--data", choices=feeds.DATA, default="photos",
+                   help="photos: photo-like JPEGs of ImageNet's spread of sizes and qualities (photos.py); "
+                        "smooth: generated --image-sized q90 ones")
     p.add_argument("--size", type=int, default=224, help="the crop's side (the raw store is packed at size*8/7)")
     p.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "gpufeed-train-bench"))
     p.add_argument("--models", default="resnet18,resnet50")
@@ -76,7 +79,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     with common.workdir(a.workdir, "gpufeed-train-bench-") as work:
         width, height = (int(x) for x in a.image.split("x"))
         rows = a.rows.split(";")
-        feeds.prepare(work, a.n, (width, height), round(a.size * 8 / 7), feeds.wants_sharded(rows))
+        feeds.prepare(work, a.n, (width, height), round(a.size * 8 / 7), feeds.wants_sharded(rows), a.data)
         if not feeds.has_dali() or not a.device.startswith("cuda"):
             rows = [r for r in rows if not r.startswith("dali")]
             print("nvidia-dali not installed or no GPU: no dali row", flush=True)
@@ -88,7 +91,7 @@ def main(argv: list[str] | None = None) -> dict | None:
                     if res is not None:
                         runs.append(res | {"round": r})
                         print(json.dumps({k: v for k, v in res.items() if not isinstance(v, (dict, list))}), flush=True)
-        return common.write(a, __file__, runs, summarize(runs), a.device, images=a.n)
+        return common.write(a, __file__, runs, summarize(runs), a.device, images=a.n, data=feeds.described(work))
 
 
 def _run(a, work: Path, row: str, model: str) -> dict | None:
