@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -13,6 +14,7 @@ from conftest import save, smooth
 from gpufeed.augment import RandomResizedCrop
 from gpufeed.decode import Scheduler
 from gpufeed.decode.scheduling.steering import Pace, Steering
+from gpufeed.decode.tuning import Tuning
 
 CPU = torch.device("cpu")
 
@@ -138,3 +140,81 @@ def test_the_loop_s_own_time_per_batch_reaches_the_steering(store):
     assert stats["seconds"]["consumer"] >= 0.03 * (len(loader) - 1)
     assert steering.step is not None and steering.step >= 0.02
     loader.close()
+
+
+def _run(steering: Steering, batches: int, pace_for) -> list[bool]:
+    """Make `batches` batches of 100 on 2 CPU threads: each started with `shares`, then the loop's pace
+    while it decodes from `pace_for(gpu_share)` (the producer waiting on the CPU where the loop
+    starved); whether each batch had a GPU share."""
+    used = []
+    for _ in range(batches):
+        gpu = steering.shares(100, 2)[0] > 0
+        used.append(gpu)
+        pace = pace_for(gpu)
+        steering.cpu_wait = pace.starved
+        steering.steer(pace, 2, 100)
+    return used
+
+
+def _loop(gpu_step, gpu_cycle, cpu_step, cpu_cycle):
+    """A loop whose own time and the producer's cycle per batch (seconds) depend on whether the GPU
+    decoders worked beside it; the loop waits where the producer is slower, the producer where the loop is."""
+
+    def pace(gpu: bool) -> Pace:
+        step, cycle = (gpu_step, gpu_cycle) if gpu else (cpu_step, cpu_cycle)
+        interval = max(step, cycle)
+        return Pace(starved=interval - step, interval=interval, step=step, full=interval - cycle)
+
+    return pace
+
+
+def _engines(**tuning) -> Steering:
+    steering = Steering(["hw"], cpu_share=True, tuning=Tuning(**tuning))
+    steering.rates.update(hw=20000.0, cpu=2000.0)
+    steering.gpu_rate = 20000.0
+    return steering
+
+
+def test_gpu_decoders_that_cost_the_loop_more_than_they_save_are_left_idle():
+    """Beside a launch-bound model the engines' work slows each step (21 ms to 27 ms) more than the CPU
+    alone falls behind (25 ms a batch). The loop starves on the CPU alone, so the part steered by its
+    waits brings the engines in again and again; after a window of the CPU alone, it decodes
+    everything, and it is tried against the engines less and less often while that stays the answer."""
+    steering = _engines()
+    used = _run(steering, 600, _loop(gpu_step=0.027, gpu_cycle=0.015, cpu_step=0.021, cpu_cycle=0.025))
+    assert any(used[:32])  # the engines at work at first (the loop starved while the workers started)
+    assert steering.cost.decided[0][1]  # the first window of the CPU alone won
+    assert sum(used[-300:]) < 0.1 * 300  # then the CPU alone, but for short windows with the engines
+    gaps = np.diff([made for made, _ in steering.cost.decided])
+    assert all(later >= earlier for earlier, later in zip(gaps, gaps[1:])) and gaps[-1] > 4 * gaps[0]
+
+
+def test_gpu_decoders_that_save_more_than_they_cost_keep_their_part():
+    """Few cores: the CPU alone takes 30 ms a batch, the engines slow the loop from 20.5 to 21 ms: they
+    stay, taking the batches the part steered by the loop's waits gives them, as without the check
+    (`cost_check=False`), but for the windows of the CPU alone."""
+    pace = _loop(gpu_step=0.021, gpu_cycle=0.015, cpu_step=0.0205, cpu_cycle=0.030)
+    steering = _engines()
+    used = _run(steering, 400, pace)
+    assert steering.cost.decided and not any(benched for _, benched in steering.cost.decided)
+    unchecked = _engines(cost_check=False)
+    alone = _run(unchecked, 400, pace)
+    assert unchecked.cost is None and sum(used[-200:]) >= sum(alone[-200:]) - 12 > 50
+
+
+def test_with_no_model_the_gpu_decoders_are_never_left_idle():
+    """The loader alone (an evaluation pass, a benchmark of the loader): the loop takes each batch at
+    once, so the engines' cost to it never decides the pace: no window of the CPU alone is tried."""
+    steering = _engines()
+    used = _run(steering, 300, _loop(gpu_step=0.0002, gpu_cycle=0.010, cpu_step=0.0001, cpu_cycle=0.025))
+    assert steering.cost.decided == [] and all(used[5:])
+
+
+def test_the_cpu_alone_gives_way_once_the_loop_needs_the_gpu_decoders():
+    """A model that gets faster (or a CPU that gets slower) mid-run: after the engines were left idle,
+    a window with them is tried once the loader is the slower side, and they come back where they win."""
+    steering = _engines()
+    _run(steering, 200, _loop(gpu_step=0.027, gpu_cycle=0.015, cpu_step=0.021, cpu_cycle=0.025))
+    assert steering.cost.benched
+    used = _run(steering, 600, _loop(gpu_step=0.012, gpu_cycle=0.013, cpu_step=0.011, cpu_cycle=0.022))
+    assert not steering.cost.benched and sum(used[-100:]) > 80

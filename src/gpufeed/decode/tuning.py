@@ -45,6 +45,12 @@ class Tuning:
     gpu_min: float = 0.25
     cpu_load: float = 1.0
     steer_steps: int = 8
+    # the GPU decoders decode only while a loop fed with them runs faster, by `cost_margin`, than one fed
+    # by the CPU alone (`steering.CostCheck`); the two are compared over a window of `steer_steps` batches
+    # every `cost_probe` batches at first, less often while the answer stays
+    cost_check: bool = True
+    cost_probe: int = 32
+    cost_margin: float = 0.02
     # tickets per ready worker in each CPU share: the workers take them as they come free
     tickets: int = 2
     # nvImageCodec's allocations rounded up to this many MiB, on the device and page-locked

@@ -35,12 +35,14 @@ def stage_range(name: str, cuda: bool):
 @dataclass
 class Reading:
     """The counters `Stats.since` compares: when it read them, the consumer's seconds waiting for
-    batches, its own seconds between them, and how many of those it counted."""
+    batches, its own seconds between them, how many of those it counted, and the producer's seconds
+    waiting for room."""
 
     at: float
     waited: float
     own: float
     taken: int
+    full: float = 0.0  # the producer's seconds waiting for room in the queue ("queue_full")
 
 
 class Stats:
@@ -72,19 +74,22 @@ class Stats:
     def since(self, last: Reading | None) -> tuple[Pace | None, Reading]:
         """The consumer's pace since `last` (None: nothing known yet) and the reading to pass next time:
         its waits for batches ("wait"), the seconds between the two calls, its own seconds per batch
-        ("consumer"; its seconds and count read together, so they always cover the same batches)."""
+        ("consumer"; its seconds and count read together, so they always cover the same batches), and the
+        producer's waits for room in the queue ("queue_full": the consumer was the slower side)."""
         with self._lock:
             now = Reading(
                 time.perf_counter(),
                 self._seconds.get("wait", 0.0),
                 self._seconds.get("consumer", 0.0),
                 self._calls.get("consumer", 0),
+                self._seconds.get("queue_full", 0.0),
             )
         if last is None:
             return None, now
         taken = now.taken - last.taken
         step = (now.own - last.own) / taken if taken else None
-        return Pace(starved=now.waited - last.waited, interval=now.at - last.at, step=step), now
+        pace = Pace(starved=now.waited - last.waited, interval=now.at - last.at, step=step, full=now.full - last.full)
+        return pace, now
 
     def mark(self, event: str) -> None:
         """Keep the first time `event` happens (e.g. "first_batch"), for `start`."""

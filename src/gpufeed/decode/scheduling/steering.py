@@ -10,16 +10,18 @@ CPU had few cores (docs/benchmarks.md, "Steering"). Beside a training loop the C
 processes of their own, cost the model next to nothing, and the GPU decoders cost it more than a loop
 that waits a little (docs/benchmarks.md, "The workers decode all they can"): so the CPU decodes all
 it can and the GPU decoders what it can't; alone, the part settles where the two finish together.
-The GPU decoders split theirs by their own rates (images/s, exponential averages). The first batches
-are split so that the CPU and the GPU decoders finish together, so they come fast while the workers
-start. The CPU's rate is per thread or worker, and every CPU share holds an image per ready one at
-least, so a rate measured low (workers starting, a stall) is measured again.
+Whether the GPU decoders decode at all is checked against what they cost the loop beside them
+(`CostCheck`): they stay only while a loop fed with them runs faster than one fed by the CPU alone,
+measured while it runs. The GPU decoders split theirs by their own rates (images/s, exponential
+averages). The first batches are split so that the CPU and the GPU decoders finish together, so they
+come fast while the workers start. The CPU's rate is per thread or worker, and every CPU share holds an
+image per ready one at least, so a rate measured low (workers starting, a stall) is measured again.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -33,12 +35,20 @@ CPU_START_RATE = 300.0  # images/s per thread or worker, until one was measured
 @dataclass
 class Pace:
     """The training loop's seconds waiting for batches since the producer's last one, the seconds
-    between the producer's two batches, and the loop's own seconds per batch since then (from taking
-    one to asking for the next: what it spends training; None: it took none)."""
+    between the producer's two batches, the loop's own seconds per batch since then (from taking one
+    to asking for the next: what it spends training; None: it took none), and the producer's seconds
+    waiting for room in its queue since then (the loop was the slower side)."""
 
     starved: float
     interval: float
     step: float | None = None
+    full: float = 0.0
+
+    @property
+    def cycle(self) -> float:
+        """The producer's own seconds for its last batch: the time between its two batches less its wait
+        for room, what the loader takes per batch whatever the queue of batches ahead holds."""
+        return max(0.0, self.interval - self.full)
 
 
 @dataclass(frozen=True)
@@ -59,6 +69,122 @@ class Measured:
     cpu_seconds: float  # the producer's seconds from the GPU shares' arrival to the end
 
 
+@dataclass
+class _Window:
+    """The last `size` batches made with the GPU decoders at work, or idle: the loop's own seconds per
+    batch and the producer's cycle (`Pace.cycle`)."""
+
+    size: int
+    steps: deque = field(init=False)
+    cycles: deque = field(init=False)
+
+    def __post_init__(self):
+        self.steps, self.cycles = deque(maxlen=self.size), deque(maxlen=self.size)
+
+    def add(self, pace: Pace) -> None:
+        self.steps.append(pace.step)
+        self.cycles.append(pace.cycle)
+
+    def clear(self) -> None:
+        self.steps.clear()
+        self.cycles.clear()
+
+    @property
+    def full(self) -> bool:
+        return len(self.steps) == self.size
+
+    def period(self) -> float:
+        """Seconds per batch of a loop fed this way: the slower of the loop (its own time, slowed by the
+        GPU decoders' work beside it) and the loader (its cycle), medians."""
+        return max(float(np.median(self.steps)), float(np.median(self.cycles)))
+
+    def model_bound(self) -> bool:
+        """Whether the loop's own time per batch is at least half the loader's: only then can the GPU
+        decoders' cost to the loop decide the pace (with no model beside it, it never does)."""
+        return float(np.median(self.steps)) >= 0.5 * float(np.median(self.cycles))
+
+
+class CostCheck:
+    """Whether the GPU decoders decode at all, decided by what they cost the training loop beside them.
+
+    Their work in the training process slows the loop's own steps (its thread's host time: the GIL,
+    the driver's lock, the cores their host threads take), and beside a model like ResNet-18, whose
+    steps are launch-bound, an image the engines decode can cost the loop about as much as a worker
+    takes to decode it (docs/benchmarks.md, "Steering"). So the GPU decoders are used only while a loop
+    fed with them runs faster than one fed by the CPU alone, measured while it runs: every so often
+    (`Tuning.cost_probe` batches at first, twice as long each time the answer stays, up to 16 times)
+    the batches of one window are made the other way, and each way's period (`_Window.period`: the
+    slower of the loop's own time per batch and the producer's cycle, neither hidden by the queue of
+    batches ahead) is compared; the GPU decoders stay only where theirs is shorter by
+    `Tuning.cost_margin`. A window is measured only where it can matter: the CPU alone is tried while
+    the loop's own time is at least half the loader's (with no model, or a model far faster than the
+    loader, the GPU decoders' full rate is used), the GPU decoders again only while the loader is the
+    slower side. A pace is counted for the way the batch decoded during it was made (the decoders'
+    work beside the loop is what slows it), and the first two after a switch not at all."""
+
+    SETTLE = 2  # paces after a switch that are not counted (the batch decoded meanwhile was made the old way)
+    LONGEST = 16  # the longest wait between windows, in `Tuning.cost_probe`s
+
+    def __init__(self, tuning: Tuning):
+        self.tuning = tuning
+        self.benched = False  # the GPU decoders decode nothing (they cost the loop more than they save)
+        self._windows = {True: _Window(tuning.steer_steps), False: _Window(tuning.steer_steps)}
+        self._every = tuning.cost_probe
+        self._next = tuning.cost_probe  # batches steered until the next window is measured
+        self._probing = 0  # batches left in the window measured the other way
+        self._settle = 0
+        self._made = 0
+        self.last_gpu = False  # whether the batch started last had a GPU share
+        self.decided: list[tuple[int, bool]] = []  # (batch, benched) at each decision, for tests and stats
+
+    def record(self, pace: Pace | None) -> None:
+        """Count the loop's pace since the last batch for the way the batch then decoding was made, and
+        start or end a window of the other way."""
+        self._made += 1
+        if pace is not None and pace.step is not None:
+            if self._settle:
+                self._settle -= 1
+            else:
+                self._windows[self.last_gpu].add(pace)
+        if self._probing:
+            self._probing -= 1
+            if not self._probing:
+                self._decide()
+        elif self._made >= self._next and self._worth_trying():
+            self._switch()
+            self._probing = self.tuning.steer_steps + self.SETTLE
+
+    def _worth_trying(self) -> bool:
+        """Whether a window of the other way could change the answer (see the class's docstring)."""
+        if self.benched:  # the CPU alone: the GPU decoders can only help where the loader is the slower side
+            now = self._windows[False]
+            return now.full and float(np.median(now.cycles)) > float(np.median(now.steps))
+        now = self._windows[True]  # at work beside a loop their cost may slow
+        return self.last_gpu and now.full and now.model_bound()
+
+    def _switch(self) -> None:
+        """Make the next batches the other way, counted afresh after `SETTLE` paces."""
+        self.benched = not self.benched
+        self._windows[not self.benched].clear()
+        self._settle = self.SETTLE
+
+    def _decide(self) -> None:
+        """After a window of the other way: keep whichever way feeds the loop faster, and wait twice as
+        long before the next window where the answer did not change."""
+        tried = self.benched  # the window's way; the way before it was the other
+        gpu, cpu = self._windows[True], self._windows[False]
+        if gpu.full and cpu.full:
+            self.benched = not gpu.period() < (1 - self.tuning.cost_margin) * cpu.period()
+        else:  # too few paces counted (a pass ended meanwhile): back to the way before
+            self.benched = not tried
+        if self.benched != tried:
+            self._settle = self.SETTLE
+        kept = self.benched != tried
+        self._every = min(2 * self._every, self.LONGEST * self.tuning.cost_probe) if kept else self.tuning.cost_probe
+        self._next = self._made + self._every
+        self.decided.append((self._made, self.benched))
+
+
 class Steering:
     """The shares of a batch for GPU decoders named `gpu` (in order) and the CPU; `cpu_share` False:
     the CPU decodes only what the GPU decoders reject."""
@@ -71,6 +197,7 @@ class Steering:
         self.cpu_wait = self.gpu_wait = 0.0  # the producer's waits for the CPU's and GPU's shares since `steer`
         self.step: float | None = None  # the training loop's own seconds per batch (`Pace.step`), once known
         self._steps: deque[float] = deque(maxlen=tuning.steer_steps)
+        self.cost = CostCheck(tuning) if tuning.cost_check else None  # whether the GPU decoders pay for themselves
 
     def use_gpu(self, gpu: list[str]) -> None:
         """Steer for GPU decoders named `gpu` from the next batch on (they open after the first
@@ -98,8 +225,10 @@ class Steering:
                 gpu = round(n * self.together(threads))
             else:
                 gpu = round(n * self.gpu_part)
-                gpu = 0 if gpu < self.tuning.gpu_min * n else gpu
+                gpu = 0 if gpu < self.tuning.gpu_min * n or (self.cost is not None and self.cost.benched) else gpu
             cpu = min(n, max(n - gpu, threads))
+            if self.cost is not None:
+                self.cost.last_gpu = cpu < n
         own = np.cumsum([self.rates[name] for name in self.gpu])
         bounds = np.rint((n - cpu) * own / own[-1]).astype(np.int64)
         return np.diff(bounds, prepend=0).tolist() + [cpu]
@@ -115,8 +244,12 @@ class Steering:
             self._steps.append(pace.step)
             self.step = float(np.median(self._steps))
         if pace is not None and self.cpu_share and self.gpu:
+            if self.cost is not None:
+                self.cost.record(pace)
             if self.gpu_part is None:
                 self.gpu_part = self.together(threads)
+            elif self.cost is not None and self.cost.benched:
+                pass  # the GPU decoders idle: their part is kept for the next window with them
             elif pace.starved > self.tuning.starved * pace.interval and self.cpu_wait > self.gpu_wait:
                 self.gpu_part = min(1.0, self.gpu_part + self.tuning.gpu_step)
             else:
