@@ -208,7 +208,7 @@ def stages(before: dict | None, after: dict | None, watch: dict, each: list, sec
             "workers": workers, "workers_cores": spent.get("workers_cpu", 0.0) / seconds,
             "workers_busy": spent.get("workers_wall", 0.0) / seconds / max(1, workers or 1),
             "cpu_img_per_core_s": cpu / spent["workers_cpu"] if spent.get("workers_cpu") else None,
-            "host_gb_s_jpeg_read": read / seconds / 1e9,
+            "cost_checks": after.get("cost_checks"), "host_gb_s_jpeg_read": read / seconds / 1e9,
             "host_gb_s_pixels_upper": 2 * pixels / seconds / 1e9,
             "producer_stage_ms_per_step": {k: 1e3 * (v - before.get("seconds", {}).get(k, 0.0)) / steps
                                            for k, v in after.get("seconds", {}).items()}}

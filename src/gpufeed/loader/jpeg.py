@@ -68,6 +68,10 @@ class JpegPipelines:
         """`loader.stats()`'s decoder entries: counts, rates and seconds summed over the pipelines, and
         the workers' busy seconds."""
         out = summed(self.names, [p.scheduler.snapshot() for p in self.pipelines])
+        # per pipeline, the GPU decoders' cost checks: (batch, whether they were left idle after it)
+        out["cost_checks"] = [
+            list(p.scheduler.steering.cost.decided) for p in self.pipelines if p.scheduler.steering.cost
+        ]
         if self.workers is not None:
             out["decode_seconds"] |= dict(self.workers.busy)
         return out

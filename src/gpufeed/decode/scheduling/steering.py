@@ -135,7 +135,7 @@ class CostCheck:
         self._settle = 0
         self._made = 0
         self.last_gpu = False  # whether the batch started last had a GPU share
-        self.decided: list[tuple[int, bool]] = []  # (batch, benched) at each decision, for tests and stats
+        self.decided: deque[tuple[int, bool]] = deque(maxlen=64)  # (batch, benched) at each decision: stats
 
     def record(self, pace: Pace | None) -> None:
         """Count the loop's pace since the last batch for the way the batch then decoding was made, and
