@@ -61,9 +61,9 @@ def test_the_gpu_part_is_steered_by_what_the_loop_and_the_producer_wait_for():
     steering.gpu_rate = 3000.0
     assert steering.shares(100, 2) == [75, 25]  # nothing made yet: both finish together
 
-    def steer(starved=0.0, cpu_wait=0.0, gpu_wait=0.0, full=0.005):  # (the producer waited for room: it is ahead)
+    def steer(starved=0.0, cpu_wait=0.0, gpu_wait=0.0):
         steering.cpu_wait, steering.gpu_wait = cpu_wait, gpu_wait
-        steering.steer(Pace(starved, 0.02, full=full), 2, 100)
+        steering.steer(Pace(starved, 0.02), 2, 100)
         return steering.gpu_part
 
     steering.steer(None, 2, 100)  # the first batch: nothing known
@@ -72,10 +72,6 @@ def test_the_gpu_part_is_steered_by_what_the_loop_and_the_producer_wait_for():
     assert steer(0.015, cpu_wait=0.004, gpu_wait=0.001) == pytest.approx(0.8)  # starved, waiting on the CPU
     assert steer(0.015, cpu_wait=0.001, gpu_wait=0.004) == pytest.approx(0.75)  # starved, waiting on the GPU
     assert steer(0.001, cpu_wait=0.004) == pytest.approx(0.7)  # the loop waited a little: less to the GPU
-    # ... unless the producer never waited for room: the loader is behind though the loop hardly waits
-    # (under DDP a rank's late batch shows as the others' step time, not their wait)
-    assert steer(0.001, cpu_wait=0.004, full=0.0) == pytest.approx(0.75)
-    assert steer(0.001, cpu_wait=0.004) == pytest.approx(0.7)
     for _ in range(9):  # the loop is fed: the CPU takes more and more
         steer()
     assert steering.gpu_part == pytest.approx(0.25) and steering.shares(100, 2) == [25, 75]
@@ -105,7 +101,7 @@ def test_the_gpu_part_is_never_below_what_the_cpu_cannot_decode_in_the_loops_tim
     steering.gpu_rate = 3000.0
 
     def steer(step, starved=0.0):
-        steering.steer(Pace(starved, 0.02, step, full=0.005), 2, 100)
+        steering.steer(Pace(starved, 0.02, step), 2, 100)
         return steering.gpu_part
 
     assert steer(2.0) == pytest.approx(0.75)  # the first: both finish together (no more than that after)
@@ -211,7 +207,7 @@ def test_with_no_model_the_gpu_decoders_are_never_left_idle():
     once, so the engines' cost to it never decides the pace: no window of the CPU alone is tried."""
     steering = _engines()
     used = _run(steering, 300, _loop(gpu_step=0.0002, gpu_cycle=0.010, cpu_step=0.0001, cpu_cycle=0.025))
-    assert not steering.cost.decided and all(used[5:])
+    assert steering.cost.decided == [] and all(used[5:])
 
 
 def test_the_cpu_alone_gives_way_once_the_loop_needs_the_gpu_decoders():

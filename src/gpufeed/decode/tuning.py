@@ -35,11 +35,11 @@ class Tuning:
     # the engines decode YCbCr 4:2:0 images to their planes and the resize kernel converts them,
     # instead of a colour conversion kernel per image beside the model's
     planar: bool = True
-    # steering (`decode.scheduling.steering`): the GPU decoders' part of a batch moves by `gpu_step` per
-    # batch, up while the loop waited more than `starved` of the time between batches (or the producer
-    # never waited for room in its queue) and the producer waited on the CPU more than on the GPU
-    # decoders; a GPU share under `gpu_min` of the batch goes to the CPU too; the CPU's rate is reckoned
-    # at `cpu_load` of what was measured; the loop's time per batch is the median of its last `steer_steps`
+    # steering (`decode.scheduling.steering`): the GPU decoders' part of a batch moves by `gpu_step` per batch,
+    # up while the loop waited more than `starved` of the time between batches and the producer waited
+    # on the CPU more than on the GPU decoders; a GPU share under `gpu_min` of the batch goes to the
+    # CPU too; the CPU's rate is reckoned at `cpu_load` of what was measured; the loop's time per
+    # batch is the median of its last `steer_steps`
     gpu_step: float = 0.05
     starved: float = 0.1
     gpu_min: float = 0.25

@@ -1,8 +1,7 @@
 """How much of each batch each decoder gets: the rule `Scheduler` follows, apart from the decoding.
 
 The GPU decoders take a part of each batch that is steered after every batch (`Tuning.gpu_step`): up while
-the loader is the slower side (the training loop starves, or the producer never waits for room in its
-queue: `Pace.behind`) and the producer waits on the CPU, down otherwise; a GPU share under
+the training loop starves and the producer waits on the CPU, down otherwise; a GPU share under
 `Tuning.gpu_min` of the batch goes to the CPU too. The part never falls below what the CPU, at its
 measured rate, cannot decode in the time the loop spends on each batch (`Steering.beyond_cpu`): the
 loop's waits alone are a late signal, since the loader's queue of batches ahead hides a CPU that
@@ -44,14 +43,6 @@ class Pace:
     interval: float
     step: float | None = None
     full: float = 0.0
-
-    @property
-    def behind(self) -> bool:
-        """Whether the producer never waited for room: its queue was not full, so the loader is the slower
-        side even where the loop hardly waits (under DistributedDataParallel a rank whose loader is behind
-        holds every rank back, and the others' wait shows as their own step time, in the gradients'
-        all-reduce)."""
-        return self.full <= 0.01 * self.interval
 
     @property
     def cycle(self) -> float:
@@ -259,7 +250,7 @@ class Steering:
                 self.gpu_part = self.together(threads)
             elif self.cost is not None and self.cost.benched:
                 pass  # the GPU decoders idle: their part is kept for the next window with them
-            elif (pace.starved > self.tuning.starved * pace.interval or pace.behind) and self.cpu_wait > self.gpu_wait:
+            elif pace.starved > self.tuning.starved * pace.interval and self.cpu_wait > self.gpu_wait:
                 self.gpu_part = min(1.0, self.gpu_part + self.tuning.gpu_step)
             else:
                 self.gpu_part = max(0.0, self.gpu_part - self.tuning.gpu_step)
