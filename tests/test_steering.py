@@ -207,7 +207,7 @@ def test_with_no_model_the_gpu_decoders_are_never_left_idle():
     once, so the engines' cost to it never decides the pace: no window of the CPU alone is tried."""
     steering = _engines()
     used = _run(steering, 300, _loop(gpu_step=0.0002, gpu_cycle=0.010, cpu_step=0.0001, cpu_cycle=0.025))
-    assert steering.cost.decided == [] and all(used[5:])
+    assert not steering.cost.decided and all(used[5:])
 
 
 def test_the_cpu_alone_gives_way_once_the_loop_needs_the_gpu_decoders():
