@@ -5,6 +5,7 @@ batches with drop_last=True whether shuffled or not."""
 from __future__ import annotations
 
 import shutil
+import threading
 
 import numpy as np
 import pytest
@@ -26,6 +27,52 @@ def store(tmp_path_factory):
 
 def _loader(store, **kw):
     return gpufeed.Loader(store, **{"batch_size": 4, "device": "cpu", "seed": 3, **kw})
+
+
+# 7: one pass at a time
+
+
+def test_a_second_thread_iterating_a_loader_is_refused_and_the_first_pass_is_whole(store):
+    """Two threads iterating one Loader got the same batches twice (24 of 104), then a KeyError."""
+    loader = _loader(store)
+    took, go, seen, errors = threading.Event(), threading.Event(), [], []
+
+    def first():
+        try:
+            it = iter(loader)
+            seen.append(next(it))
+            took.set()
+            go.wait(60)
+            seen.extend(it)
+        except BaseException as e:  # noqa: BLE001  reported below
+            errors.append(e)
+            took.set()
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    assert took.wait(60)
+    try:
+        with pytest.raises(RuntimeError, match="being iterated by thread"):
+            iter(loader)
+    finally:
+        go.set()
+        thread.join(60)
+    assert not errors and len(seen) == len(loader) == 10
+    indices = [i for b in range(len(loader)) for i in loader.plan(0, b)[0].tolist()]
+    assert sorted(indices) == list(range(40))  # the pass the first thread made: each sample once
+    assert torch.equal(torch.cat([labels for _, labels in seen]), loader.store.labels[indices])
+    assert len(list(loader)) == 10 and loader.epoch == 2  # that thread ended: a pass here is epoch 1's
+
+
+def test_a_new_iter_ends_the_pass_before_it_which_then_says_so(store):
+    loader = _loader(store)
+    old = iter(loader)
+    next(old)
+    new = list(loader)  # the next epoch, whole (a DataLoader's new iterator ends the one before)
+    assert len(new) == 10 and loader.epoch == 2
+    with pytest.raises(RuntimeError, match="ended by a newer iter"):
+        next(old)
+    assert not [t for t in threading.enumerate() if t.name == "gpufeed-producer" and t.is_alive()]
 
 
 # 8: every field of a state checked, and the store it was saved on

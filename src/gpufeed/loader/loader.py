@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import atexit
 import functools
+import inspect
 import logging
 import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -307,6 +308,61 @@ def _check_augment(
         raise ValueError(f"{path}: augment ops {augment.ops!r}: {e}") from None
 
 
+class Pass(Iterator[tuple[torch.Tensor, torch.Tensor] | dict]):
+    """One pass over an epoch of a Loader: what `iter(loader)` returns, an iterator of its batches.
+
+    A Loader makes one pass at a time: a pass takes its batches from the loader's producers and decoders
+    and moves the loader's position (epoch, batch), and two at once shared them (two threads iterating
+    one Loader got the same batches twice, then a KeyError). So a new `iter()` ends the pass before it,
+    as a DataLoader's new iterator does, where no other live thread iterates that pass (it was this
+    thread's, or its thread has ended): its producers stop, and a batch asked of it later raises
+    RuntimeError saying why. Where another thread is iterating it, the new `iter()` raises RuntimeError
+    instead: give each thread a Loader of its own. A pass left unfinished and dropped (a `break`) ends
+    as it is collected, or with `close()`."""
+
+    def __init__(self, batches: Generator[tuple[torch.Tensor, torch.Tensor] | dict, None, None]):
+        self._batches = batches
+        self._thread = threading.current_thread()  # the thread that last asked for a batch (or made it)
+        self._ended: str | None = None  # why a newer pass ended this one
+
+    def __iter__(self) -> Pass:
+        return self
+
+    def __next__(self) -> tuple[torch.Tensor, torch.Tensor] | dict:
+        if self._ended is not None:
+            raise RuntimeError(self._ended)
+        self._thread = threading.current_thread()
+        return next(self._batches)
+
+    def close(self) -> None:
+        """End the pass now (its producer threads stop), as a `break` out of a `for` loop over it does."""
+        self._batches.close()
+
+    def end_for_next(self) -> None:
+        """End this pass for the one a new `iter()` of its loader begins (see the class); RuntimeError if
+        another live thread is iterating it."""
+        state = inspect.getgeneratorstate(self._batches)
+        if state == inspect.GEN_CLOSED:  # finished: to its end, raised, or closed
+            return
+        thread, here = self._thread, threading.current_thread()
+        busy = state == inspect.GEN_RUNNING or (thread is not here and thread.is_alive())
+        if not busy:
+            try:
+                self._batches.close()
+            except ValueError:  # another thread asked it for a batch meanwhile: it is executing there
+                busy = True
+        if busy:
+            raise RuntimeError(
+                f"this gpufeed.Loader is being iterated by thread {thread.name!r} (a pass not finished): a Loader "
+                "makes one pass at a time, and two at once would share its batches; give each thread a Loader "
+                "of its own, or finish or close() that pass first"
+            )
+        self._ended = (
+            "this pass over a gpufeed.Loader was ended by a newer iter() of the same Loader: a Loader makes one "
+            "pass at a time (as a DataLoader's new iterator ends the one before)"
+        )
+
+
 class Loader:
     """Iterate `(images, labels)` batches of a gpufeed store on `device`, as a DataLoader would.
 
@@ -546,6 +602,8 @@ class Loader:
         self.copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.epoch, self._batch = 0, 0
         self.restart, self._resuming = restart, False
+        self._passing = threading.Lock()  # a new pass (`__iter__`) looks at the one before it and replaces it
+        self._last_pass: weakref.ref[Pass] | None = None
         self._host: HostGather | None = None  # the disk tier's gather, its pinned ring made at the first pass
         if resolution is not None and self.augment is None:
             raise ValueError(f"{self.store.path}: resolution is a schedule for the augment ops' output size")
@@ -753,27 +811,34 @@ class Loader:
             self._host = HostGather(self.tier, self.gather, ring, self.copy_stream, self.device)
         return self._host
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor] | dict]:
+    def __iter__(self) -> Pass:
         """`(images, labels)` batches (labels: soft targets with MixUp/CutMix; a dict with `fields`)
         to the end of an epoch. Each `iter()` is a new pass, as with a DataLoader: after a pass left
         early (a `break`) the next epoch begins (with `restart=True`, the same epoch again from its
         first batch); after `load_state_dict` the pass resumes after the last batch yielded then; after
-        `set_epoch(e)`, epoch e begins."""
+        `set_epoch(e)`, epoch e begins. One pass at a time (`Pass`): a new `iter()` ends the pass before
+        it, and raises RuntimeError if another thread is iterating that one."""
         self._check_usable()
-        epoch, start = self.epoch, self._batch
-        length = self.batch_sampler.length(epoch)
-        if not self._resuming and 0 < start < length:  # the last pass was left early
-            epoch, start = (epoch, 0) if self.restart else (epoch + 1, 0)
-        self._resuming = False
-        if start >= self.batch_sampler.length(epoch):
-            epoch, start = epoch + 1, 0
-        check_epoch(epoch, "the next epoch")  # (none after the last: 2**64 - 1)
-        if self.restart and start == 0:
-            self._resume(epoch, ())  # a fresh pass is the whole epoch
-        self.epoch, self._batch = epoch, start
-        return self._pass(epoch, start)
+        with self._passing:
+            last = self._last_pass() if self._last_pass is not None else None
+            if last is not None:
+                last.end_for_next()
+            epoch, start = self.epoch, self._batch
+            length = self.batch_sampler.length(epoch)
+            if not self._resuming and 0 < start < length:  # the last pass was left early
+                epoch, start = (epoch, 0) if self.restart else (epoch + 1, 0)
+            self._resuming = False
+            if start >= self.batch_sampler.length(epoch):
+                epoch, start = epoch + 1, 0
+            check_epoch(epoch, "the next epoch")  # (none after the last: 2**64 - 1)
+            if self.restart and start == 0:
+                self._resume(epoch, ())  # a fresh pass is the whole epoch
+            self.epoch, self._batch = epoch, start
+            made = Pass(self._pass(epoch, start))
+            self._last_pass = weakref.ref(made)
+        return made
 
-    def _pass(self, epoch: int, start: int) -> Iterator[tuple[torch.Tensor, torch.Tensor] | dict]:
+    def _pass(self, epoch: int, start: int) -> Generator[tuple[torch.Tensor, torch.Tensor] | dict, None, None]:
         if isinstance(self.store, (Store, ShardedStore)):  # a file cut short under its memory map: SIGBUS
             self.store.check_unchanged()
         plan = self._planner.get(epoch)
