@@ -223,3 +223,38 @@ def test_mixup_draws_with_the_largest_seed(store):
     loader = _loader(store, seed=2**64 - 1, augment=[MixUp(num_classes=3)], dtype=torch.float32)
     images, targets = next(iter(loader))
     assert images.shape == (4, 3, 16, 16) and targets.shape == (4, 3)
+
+
+# 17: drop_last=True keeps batches full, shuffled or not
+
+
+def _damaged_jpeg_store(root):
+    rng = np.random.default_rng(0)
+    data = [{"image": natural_image(rng, 24 + k % 5, 28, k), "label": k % 3, "id": k} for k in range(16)]
+    gpufeed.pack(data, root, mode="jpeg", progress=False, workers=1)
+    store = gpufeed.open(root)
+    for broken in (7, 12, 13, 14, 15):  # 7 alone in its batch; 12..15 a whole batch of four
+        start, end = int(store.offsets[broken]), int(store.offsets[broken + 1])
+        with open(store.path / "data.bin", "r+b") as f:
+            f.seek(start)
+            f.write(b"\0" * (end - start))
+    return store
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_drop_last_keeps_batches_full_when_samples_fail_to_decode_shuffled_or_not(tmp_path, shuffle):
+    """Unshuffled, a batch with an undecodable sample came short (9 of 16): left out as in an evaluation
+    pass. drop_last=True promises full batches: filled as training fills them (a failed sample becomes a
+    copy of another of its batch; a batch none of whose samples decode, the samples after them)."""
+    store = _damaged_jpeg_store(tmp_path / "s")
+    loader = gpufeed.Loader(store, batch_size=4, device="cpu", augment=OPS, fields=("id", "label"), seed=1,
+                            shuffle=shuffle, drop_last=True, num_workers=0)
+    batches = list(loader)
+    assert len(batches) == 4 and all(len(b["image"]) == len(b["id"]) == len(b["label"]) == 4 for b in batches)
+    ids = [i for b in batches for i in b["id"].tolist()]
+    assert not {7, 12, 13, 14, 15} & set(ids)  # each replaced by a sample that decodes
+    assert all(int(label) == i % 3 for b in batches for i, label in zip(b["id"].tolist(), b["label"]))
+    assert loader.skipped == [] and loader.evaluation is False
+    evaluation = gpufeed.Loader(store, batch_size=4, device="cpu", augment=OPS, shuffle=shuffle, drop_last=False,
+                                num_workers=0)
+    assert sum(len(labels) for _, labels in evaluation) == 11 and len(evaluation.skipped) == 5  # left out, named

@@ -380,8 +380,9 @@ class Loader:
             An int in 0..2**64 - 1 (else ValueError, here). Epochs (`set_epoch`, `load_state_dict`)
             are ints in 0..2**64 - 1 too; every (seed, epoch) pair has an order of its own (a Philox
             stream keyed by both: `sampler.order_random`), none repeated by another pair.
-        drop_last: drop the uneven tail of the epoch; else shards are padded by wrapping and the last
-            batch may be short.
+        drop_last: drop the uneven tail of the epoch, and keep every batch full (an undecodable sample
+            replaced, see `on_error`); else shards are padded by wrapping and the last batch may be
+            short.
         augment: `gpufeed.augment` ops (geometric, then ColorJitter, then Normalize); None yields
             uint8. A jpeg store needs ops that end in a fixed size. Checked here, not at iteration.
         dtype: output dtype when `augment` is given (uint8 otherwise).
@@ -392,12 +393,12 @@ class Loader:
         prefetch: batches made ahead of the consumer, at most (default 3; jpeg: 6, and also the next
             epoch's first ones, made as an epoch ends and dropped if another epoch is iterated).
         gather_threads: disk tier: CPU threads gathering rows (default min(8, cores)).
-        on_error: jpeg: "skip" replaces an undecodable sample by another of its batch when training
-            (warned once, counted), and in an evaluation pass (`shuffle`, `drop_last` or `pad` False)
-            leaves it out of its batch, so each sample counts at most once, and names it in
-            `loader.skipped` (`Skipped`: sample, source, reason); "raise" raises `DecodeError` naming
-            it. Any store: a damaged text or JSON field value is None under "skip" (warned once) and
-            raises `StoreError` under "raise".
+        on_error: jpeg: "skip" replaces an undecodable sample by another of its batch where batches are
+            kept full (`drop_last=True`, shuffled or not; warned once, counted), and in an evaluation
+            pass (`drop_last=False`) leaves it out of its batch, so each sample counts at most once,
+            and names it in `loader.skipped` (`Skipped`: sample, source, reason); "raise" raises
+            `DecodeError` naming it. Any store: a damaged text or JSON field value is None under "skip"
+            (warned once) and raises `StoreError` under "raise".
         num_workers: jpeg: CPU decode worker processes (default with a GPU: this rank's cores but two,
             or but an eighth of them if more; on CPU all of them; 0 decodes on threads of this
             process). With a GPU they decode all they can, the GPU decoders what they can't.
@@ -546,8 +547,9 @@ class Loader:
             shards=shards,
             groups=None if group_by_aspect is False else aspect_groups(sizes, len(self.store), group_by_aspect),
         )
-        # an evaluation pass: each sample at most once, an undecodable one left out and named in `skipped`
-        self.evaluation = not (shuffle and drop_last and pad)
+        # an evaluation pass: each sample at most once, an undecodable one left out and named in `skipped`.
+        # drop_last=True promises full batches, shuffled or not: an undecodable sample is replaced there
+        self.evaluation = not drop_last
         self.skipped: list[Skipped] = []
         self.augment = Augment(augment) if augment is not None else None
         self.size_divisible = None if group_by_aspect is False else size_divisible
