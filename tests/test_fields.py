@@ -97,7 +97,9 @@ def test_an_undecodable_samples_replacement_brings_its_own_fields(tmp_path):
     assert loader.skipped == []  # replaced, not left out
 
 
-@pytest.mark.parametrize("evaluation", [{"shuffle": False}, {"drop_last": False}, {"pad": False}])
+# drop_last=True keeps batches full, shuffled or not: tests/test_edges_loader.py
+@pytest.mark.parametrize("evaluation", [{"shuffle": False, "drop_last": False}, {"drop_last": False},
+                                        {"drop_last": False, "pad": False}])
 def test_an_evaluation_pass_leaves_an_undecodable_sample_out_and_names_it(tmp_path, evaluation):
     gpufeed.pack(samples(16), tmp_path / "s", mode="jpeg", progress=False, workers=1)
     store = gpufeed.open(tmp_path / "s")

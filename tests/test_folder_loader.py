@@ -141,7 +141,7 @@ def test_every_image_packing_reads_is_served_in_place_with_the_stores_pixels_eac
     root = mixed_folder(tmp_path / "img")
     gpufeed.pack(root, tmp_path / "store", mode="jpeg", reencode=False, max_side=4096, progress=False, workers=1)
     make = lambda path: gpufeed.Loader(path, batch_size=4, device="cpu", augment=OPS, num_workers=workers,  # noqa: E731
-                                       seed=3, shuffle=False, fields=("label", "source"))
+                                       seed=3, shuffle=False, drop_last=False, fields=("label", "source"))
     with caplog.at_level(logging.WARNING, logger="gpufeed"):
         in_place, packed = make(root), make(tmp_path / "store")
     assert in_place.store.reencoded == 8 and "8 image(s)" in caplog.text and "1 file(s) not read" in caplog.text
@@ -280,7 +280,8 @@ def test_a_fifo_named_like_a_jpeg_is_skipped_not_waited_for(tmp_path):
 def test_a_file_gone_after_indexing_is_replaced_or_raises(tmp_path):
     root = _jpegs(tmp_path / "img", n=8)
     loader = gpufeed.Loader(root, batch_size=4, device="cpu", augment=OPS, num_workers=0, tuning=Tuning(carry=False))
-    evaluating = gpufeed.Loader(root, batch_size=4, device="cpu", augment=OPS, num_workers=0, shuffle=False)
+    evaluating = gpufeed.Loader(root, batch_size=4, device="cpu", augment=OPS, num_workers=0, shuffle=False,
+                                drop_last=False)
     (root / "c1" / "03.jpg").write_bytes(b"")
     assert sum(len(y) for _, y in loader) == 8 and loader.stats()["decoded_by"]["failed"] == 1
     assert sum(len(y) for _, y in evaluating) == 7 and [s.source for s in evaluating.skipped] == [

@@ -22,6 +22,7 @@ no decoder can read is reported by path (`store.skipped`, one warning).
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import glob
 import hashlib
@@ -226,6 +227,18 @@ class FolderStore:
     @property
     def nbytes(self) -> int:
         return int(self._sizes.sum())
+
+    @functools.cached_property
+    def digest(self) -> str:
+        """The identity of what is served (SHA-256, hex), as a store's `digest`: each image's name, label,
+        size and byte count, in order. A Loader's `state_dict` keeps it: a resume on a folder whose
+        images changed (added, removed, renamed or relabelled) is refused."""
+        h = hashlib.sha256()
+        for part in (self._labels, self.shapes, self._sizes):
+            h.update(np.ascontiguousarray(part, "<i8").tobytes())
+        for name in self._names:
+            h.update(name.encode("utf-8", "surrogatepass") + b"\0")
+        return h.hexdigest()
 
     def __len__(self) -> int:
         return len(self._names)

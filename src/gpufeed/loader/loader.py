@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import atexit
 import functools
+import inspect
 import logging
 import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -38,7 +39,7 @@ from gpufeed.loader.folder import FolderStore, is_folder_source
 from gpufeed.loader.jpeg import PREFETCH, JpegPipelines, default_workers, jpeg_feed, jpeg_pipelines
 from gpufeed.loader.planner import Planner
 from gpufeed.loader.producer import CLOSE_WAIT, Carried, Production
-from gpufeed.loader.sampler import Segment, ShardedBatchSampler, Shards, resolve_rank
+from gpufeed.loader.sampler import Segment, ShardedBatchSampler, Shards, check_epoch, check_seed, resolve_rank
 from gpufeed.loader.settings import Decoding, Output, resolve_device
 from gpufeed.loader.stats import Stats, stage_range
 from gpufeed.store.locations import is_url
@@ -132,11 +133,52 @@ def _open(store, cache_dir, cache_limit, storage_options) -> Store | ShardedStor
     return FolderStore(store) if is_folder_source(store) else open_store(store)
 
 
-def _same_order_after_epoch_0(state: dict, mine: dict) -> bool:
-    """Whether `state`, saved before a store in a bucket had a shard-aware first epoch (its order key
-    without "first_window"), was taken at epoch 1 or later, whose order is the same."""
-    key = [k for k in mine["order"] if not (isinstance(k, dict) and "first_window" in k)]
-    return isinstance(state.get("epoch"), int) and state["epoch"] >= 1 and state.get("order") == key
+# how a shuffled order is drawn, in a state's order key: one Philox stream per (seed, epoch)
+# (`sampler.order_random`). States saved before it have none: their epochs' orders were drawn otherwise
+ORDER_RANDOM = {"order_random": "philox(seed, epoch)"}
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _segments(value: object) -> tuple[Segment, ...]:
+    """A state's "segments" as `Segment`s: a list of [world, batches] pairs of ints (their ranges are the
+    sampler's to check, `ShardedBatchSampler._check_segment`); ValueError otherwise."""
+    if isinstance(value, (list, tuple)) and all(
+        isinstance(pair, (list, tuple)) and len(pair) == 2 and all(_is_int(v) for v in pair) for pair in value
+    ):
+        return tuple(Segment(world, batches) for world, batches in value)
+    raise ValueError(f"state_dict has segments={value!r}: not [[world, batches], ...] (ints)")
+
+
+def _without(key: list, name: str) -> list:
+    """An order key without its entry `name` (one an older gpufeed's state does not have)."""
+    return [k for k in key if not (isinstance(k, dict) and name in k)]
+
+
+def _check_order(state: dict, mine: dict, segments: tuple[Segment, ...]) -> None:
+    """Refuse `state` if its order key is not this loader's and the order it resumes in would differ.
+    Two keys of older gpufeeds are accepted where the order they resume in is the same: one saved before
+    a store in a bucket had a shard-aware first epoch (no "first_window") at epoch 1 or later, and one
+    saved before orders were drawn from a Philox stream (no `ORDER_RANDOM`) at an epoch's start, where
+    nothing of that epoch's order was consumed yet."""
+    theirs, key = state.get("order", mine["order"]), mine["order"]
+    if theirs == key:
+        return
+    epoch, start = state["epoch"], state["batch"] == 0 and not segments
+    older = [key, _without(key, "first_window")] if epoch >= 1 else [key]
+    if theirs in older:
+        return
+    if theirs in [_without(k, "order_random") for k in older]:
+        if start:
+            return
+        raise ValueError(
+            f"state_dict was saved by an older gpufeed, whose shuffled order of an epoch was drawn otherwise: it "
+            f"resumes only at an epoch's start, not at batch {state['batch']} of epoch {epoch} (set_epoch({epoch}) "
+            f"starts that epoch again, set_epoch({epoch + 1}) the next)"
+        )
+    raise ValueError(f"state_dict has order={theirs}, this loader has {key}")
 
 
 def _shard_order(store: ShardedStore, plan, epoch: int, start: int, following) -> list[Want]:
@@ -266,6 +308,61 @@ def _check_augment(
         raise ValueError(f"{path}: augment ops {augment.ops!r}: {e}") from None
 
 
+class Pass(Iterator[tuple[torch.Tensor, torch.Tensor] | dict]):
+    """One pass over an epoch of a Loader: what `iter(loader)` returns, an iterator of its batches.
+
+    A Loader makes one pass at a time: a pass takes its batches from the loader's producers and decoders
+    and moves the loader's position (epoch, batch), and two at once shared them (two threads iterating
+    one Loader got the same batches twice, then a KeyError). So a new `iter()` ends the pass before it,
+    as a DataLoader's new iterator does, where no other live thread iterates that pass (it was this
+    thread's, or its thread has ended): its producers stop, and a batch asked of it later raises
+    RuntimeError saying why. Where another thread is iterating it, the new `iter()` raises RuntimeError
+    instead: give each thread a Loader of its own. A pass left unfinished and dropped (a `break`) ends
+    as it is collected, or with `close()`."""
+
+    def __init__(self, batches: Generator[tuple[torch.Tensor, torch.Tensor] | dict, None, None]):
+        self._batches = batches
+        self._thread = threading.current_thread()  # the thread that last asked for a batch (or made it)
+        self._ended: str | None = None  # why a newer pass ended this one
+
+    def __iter__(self) -> Pass:
+        return self
+
+    def __next__(self) -> tuple[torch.Tensor, torch.Tensor] | dict:
+        if self._ended is not None:
+            raise RuntimeError(self._ended)
+        self._thread = threading.current_thread()
+        return next(self._batches)
+
+    def close(self) -> None:
+        """End the pass now (its producer threads stop), as a `break` out of a `for` loop over it does."""
+        self._batches.close()
+
+    def end_for_next(self) -> None:
+        """End this pass for the one a new `iter()` of its loader begins (see the class); RuntimeError if
+        another live thread is iterating it."""
+        state = inspect.getgeneratorstate(self._batches)
+        if state == inspect.GEN_CLOSED:  # finished: to its end, raised, or closed
+            return
+        thread, here = self._thread, threading.current_thread()
+        busy = state == inspect.GEN_RUNNING or (thread is not here and thread.is_alive())
+        if not busy:
+            try:
+                self._batches.close()
+            except ValueError:  # another thread asked it for a batch meanwhile: it is executing there
+                busy = True
+        if busy:
+            raise RuntimeError(
+                f"this gpufeed.Loader is being iterated by thread {thread.name!r} (a pass not finished): a Loader "
+                "makes one pass at a time, and two at once would share its batches; give each thread a Loader "
+                "of its own, or finish or close() that pass first"
+            )
+        self._ended = (
+            "this pass over a gpufeed.Loader was ended by a newer iter() of the same Loader: a Loader makes one "
+            "pass at a time (as a DataLoader's new iterator ends the one before)"
+        )
+
+
 class Loader:
     """Iterate `(images, labels)` batches of a gpufeed store on `device`, as a DataLoader would.
 
@@ -280,8 +377,12 @@ class Loader:
         shuffle: a seeded permutation per epoch (else store order); each batch's samples come in a
             seeded random order either way, as part of the plan.
         seed: seeds the permutation and every augment parameter; with (epoch, rank) it fixes a batch.
-        drop_last: drop the uneven tail of the epoch; else shards are padded by wrapping and the last
-            batch may be short.
+            An int in 0..2**64 - 1 (else ValueError, here). Epochs (`set_epoch`, `load_state_dict`)
+            are ints in 0..2**64 - 1 too; every (seed, epoch) pair has an order of its own (a Philox
+            stream keyed by both: `sampler.order_random`), none repeated by another pair.
+        drop_last: drop the uneven tail of the epoch, and keep every batch full (an undecodable sample
+            replaced, see `on_error`); else shards are padded by wrapping and the last batch may be
+            short.
         augment: `gpufeed.augment` ops (geometric, then ColorJitter, then Normalize); None yields
             uint8. A jpeg store needs ops that end in a fixed size. Checked here, not at iteration.
         dtype: output dtype when `augment` is given (uint8 otherwise).
@@ -292,12 +393,12 @@ class Loader:
         prefetch: batches made ahead of the consumer, at most (default 3; jpeg: 6, and also the next
             epoch's first ones, made as an epoch ends and dropped if another epoch is iterated).
         gather_threads: disk tier: CPU threads gathering rows (default min(8, cores)).
-        on_error: jpeg: "skip" replaces an undecodable sample by another of its batch when training
-            (warned once, counted), and in an evaluation pass (`shuffle`, `drop_last` or `pad` False)
-            leaves it out of its batch, so each sample counts at most once, and names it in
-            `loader.skipped` (`Skipped`: sample, source, reason); "raise" raises `DecodeError` naming
-            it. Any store: a damaged text or JSON field value is None under "skip" (warned once) and
-            raises `StoreError` under "raise".
+        on_error: jpeg: "skip" replaces an undecodable sample by another of its batch where batches are
+            kept full (`drop_last=True`, shuffled or not; warned once, counted), and in an evaluation
+            pass (`drop_last=False`) leaves it out of its batch, so each sample counts at most once,
+            and names it in `loader.skipped` (`Skipped`: sample, source, reason); "raise" raises
+            `DecodeError` naming it. Any store: a damaged text or JSON field value is None under "skip"
+            (warned once) and raises `StoreError` under "raise".
         num_workers: jpeg: CPU decode worker processes (default with a GPU: this rank's cores but two,
             or but an eighth of them if more; on CPU all of them; 0 decodes on threads of this
             process). With a GPU they decode all they can, the GPU decoders what they can't.
@@ -403,6 +504,7 @@ class Loader:
         size_divisible: int = 32,
     ):
         called = time.perf_counter()
+        seed = check_seed(seed)  # before anything starts: a str or None seed used to fail at the first batch
         self.tuning = tuning or Tuning()
         load_while_indexing = (
             self.tuning.open_ahead and isinstance(store, (str, Path)) and not is_url(store) and is_folder_source(store)
@@ -445,8 +547,9 @@ class Loader:
             shards=shards,
             groups=None if group_by_aspect is False else aspect_groups(sizes, len(self.store), group_by_aspect),
         )
-        # an evaluation pass: each sample at most once, an undecodable one left out and named in `skipped`
-        self.evaluation = not (shuffle and drop_last and pad)
+        # an evaluation pass: each sample at most once, an undecodable one left out and named in `skipped`.
+        # drop_last=True promises full batches, shuffled or not: an undecodable sample is replaced there
+        self.evaluation = not drop_last
         self.skipped: list[Skipped] = []
         self.augment = Augment(augment) if augment is not None else None
         self.size_divisible = None if group_by_aspect is False else size_divisible
@@ -501,6 +604,8 @@ class Loader:
         self.copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.epoch, self._batch = 0, 0
         self.restart, self._resuming = restart, False
+        self._passing = threading.Lock()  # a new pass (`__iter__`) looks at the one before it and replaces it
+        self._last_pass: weakref.ref[Pass] | None = None
         self._host: HostGather | None = None  # the disk tier's gather, its pinned ring made at the first pass
         if resolution is not None and self.augment is None:
             raise ValueError(f"{self.store.path}: resolution is a schedule for the augment ops' output size")
@@ -585,13 +690,15 @@ class Loader:
         self.close()
 
     def set_epoch(self, epoch: int) -> None:
-        """Start `epoch` from its first batch at the next iteration."""
+        """Start `epoch` (an int in 0..2**64 - 1, else ValueError) from its first batch at the next iteration."""
+        epoch = check_epoch(epoch)
         self.epoch, self._batch = epoch, 0
         self._resume(epoch, ())
 
     def state_dict(self) -> dict:
         """Where the job is, the same on every rank: the next iteration resumes right after the last
-        batch yielded, at this world size or another (`load_state_dict`)."""
+        batch yielded, at this world size or another (`load_state_dict`). "store" is the store's
+        `digest`: a resume on another store (or this one packed again) is refused."""
         segments = self.batch_sampler.segments(self.epoch)
         return {
             "epoch": self.epoch,
@@ -602,44 +709,53 @@ class Loader:
             "batch_size": self.batch_sampler.batch_size,
             "samples": len(self.store),
             "order": self._order_key(),
+            "store": self.store.digest,
         }
 
     def load_state_dict(self, state: dict) -> None:
         """Resume where `state` (from any rank's `state_dict()`, at any world size) was: the next `iter()`
         yields what no rank had yielded of that epoch. At the same world size that is the same batches
         as before; at another, the rest of the epoch's global order cut into this world's spans (each
-        remaining sample once with `pad=False`). Raises ValueError if the seed, batch size, store size
-        or order settings differ (the order would not be the same)."""
+        remaining sample once with `pad=False`). Every field is checked before anything changes:
+        ValueError naming the field if one is not what a Loader writes (a type, a range, segments no job
+        could have left), or if the seed, batch size, store (its size, and its digest where the state
+        has one: a state saved before gpufeed kept it is checked on the rest) or order settings differ
+        (the order would not be the same)."""
         mine = self.state_dict()
         if not isinstance(state, dict) or any(
             key not in state for key in ("epoch", "batch", "world_size", "seed", "batch_size", "samples")
         ):
             raise ValueError(f"not a gpufeed.Loader state_dict (it needs the keys {sorted(mine)})")
-        for key in ("seed", "batch_size", "samples", "order"):
-            if state.get(key, mine[key]) != mine[key] and not (
-                key == "order" and _same_order_after_epoch_0(state, mine)
-            ):
-                raise ValueError(f"state_dict has {key}={state[key]}, this loader has {mine[key]}")
-        for key in ("epoch", "batch", "world_size"):
+        for key, least in (("epoch", 0), ("batch", 0), ("world_size", 1), ("batch_size", 1), ("samples", 0)):
             value = state[key]
-            if not isinstance(value, int) or isinstance(value, bool) or value < (1 if key == "world_size" else 0):
-                raise ValueError(
-                    f"state_dict has {key}={value!r}: not an int of {1 if key == 'world_size' else 0} or more"
-                )
-        try:
-            segments = tuple(Segment(int(w), int(b)) for w, b in state.get("segments", []))
-        except (TypeError, ValueError):
+            if not _is_int(value) or value < least:
+                raise ValueError(f"state_dict has {key}={value!r}: not an int of {least} or more")
+        check_epoch(state["epoch"], "state_dict's epoch")
+        if not _is_int(state["seed"]):
+            raise ValueError(f"state_dict has seed={state['seed']!r}: not an int")
+        segments = _segments(state.get("segments", []))
+        if "store" in state and not isinstance(state["store"], str):
+            raise ValueError(f"state_dict has store={state['store']!r}: not a store's digest (a str)")
+        for key in ("seed", "batch_size", "samples"):
+            if state[key] != mine[key]:
+                raise ValueError(f"state_dict has {key}={state[key]}, this loader has {mine[key]}")
+        if state.get("store", mine["store"]) != mine["store"]:
             raise ValueError(
-                f"state_dict has segments={state.get('segments')!r}: not [[world, batches], ...]"
-            ) from None
+                f"state_dict is of the store whose digest is {state['store'][:16]}..., this loader's "
+                f"({self.store.path}) is {mine['store'][:16]}...: another store, or this one packed again; "
+                "its position would go on over other images (set_epoch starts an epoch of this one afresh)"
+            )
+        _check_order(state, mine, segments)
         epoch, batch = state["epoch"], state["batch"]
         if state["world_size"] != self.world_size and batch:  # what every rank yielded there is an earlier part now
             segments, batch = (*segments, Segment(state["world_size"], batch)), 0
+        try:
+            length = self.batch_sampler.length(epoch, segments)
+        except ValueError as e:
+            raise ValueError(f"state_dict: {e}") from None
+        if batch > length:
+            raise ValueError(f"state_dict has batch={batch}, past the {length} batches of its epoch")
         self._resume(epoch, segments)
-        if batch > self.batch_sampler.length(epoch):
-            raise ValueError(
-                f"state_dict has batch={batch}, past the {self.batch_sampler.length(epoch)} batches of its epoch"
-            )
         self.epoch, self._batch = epoch, batch
         self._resuming = True
 
@@ -651,7 +767,8 @@ class Loader:
             self._production.drop_carried()
 
     def _order_key(self) -> list:
-        """The settings the global order depends on besides the seed: a state from another order is refused."""
+        """The settings the global order depends on besides the seed: a state from another order is refused.
+        A shuffled order says how it is drawn (`ORDER_RANDOM`): an older gpufeed's was drawn otherwise."""
         shards = self.batch_sampler.shards
         key: list = [
             self.batch_sampler.shuffle,
@@ -661,7 +778,9 @@ class Loader:
         ]
         if shards is not None and shards.first_window is not None:
             key.append({"first_window": shards.first_window})
-        return key if self.batch_sampler.groups is None else [*key, {"group_by_aspect": self._group_by_aspect}]
+        if self.batch_sampler.groups is not None:
+            key.append({"group_by_aspect": self._group_by_aspect})
+        return [*key, ORDER_RANDOM] if self.batch_sampler.shuffle else key
 
     def stats(self) -> dict:
         """Per-stage times (among them the consumer's: "wait" for batches, and "consumer" between taking
@@ -694,26 +813,34 @@ class Loader:
             self._host = HostGather(self.tier, self.gather, ring, self.copy_stream, self.device)
         return self._host
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor] | dict]:
+    def __iter__(self) -> Pass:
         """`(images, labels)` batches (labels: soft targets with MixUp/CutMix; a dict with `fields`)
         to the end of an epoch. Each `iter()` is a new pass, as with a DataLoader: after a pass left
         early (a `break`) the next epoch begins (with `restart=True`, the same epoch again from its
         first batch); after `load_state_dict` the pass resumes after the last batch yielded then; after
-        `set_epoch(e)`, epoch e begins."""
+        `set_epoch(e)`, epoch e begins. One pass at a time (`Pass`): a new `iter()` ends the pass before
+        it, and raises RuntimeError if another thread is iterating that one."""
         self._check_usable()
-        epoch, start = self.epoch, self._batch
-        length = self.batch_sampler.length(epoch)
-        if not self._resuming and 0 < start < length:  # the last pass was left early
-            epoch, start = (epoch, 0) if self.restart else (epoch + 1, 0)
-        self._resuming = False
-        if start >= self.batch_sampler.length(epoch):
-            epoch, start = epoch + 1, 0
-        if self.restart and start == 0:
-            self._resume(epoch, ())  # a fresh pass is the whole epoch
-        self.epoch, self._batch = epoch, start
-        return self._pass(epoch, start)
+        with self._passing:
+            last = self._last_pass() if self._last_pass is not None else None
+            if last is not None:
+                last.end_for_next()
+            epoch, start = self.epoch, self._batch
+            length = self.batch_sampler.length(epoch)
+            if not self._resuming and 0 < start < length:  # the last pass was left early
+                epoch, start = (epoch, 0) if self.restart else (epoch + 1, 0)
+            self._resuming = False
+            if start >= self.batch_sampler.length(epoch):
+                epoch, start = epoch + 1, 0
+            check_epoch(epoch, "the next epoch")  # (none after the last: 2**64 - 1)
+            if self.restart and start == 0:
+                self._resume(epoch, ())  # a fresh pass is the whole epoch
+            self.epoch, self._batch = epoch, start
+            made = Pass(self._pass(epoch, start))
+            self._last_pass = weakref.ref(made)
+        return made
 
-    def _pass(self, epoch: int, start: int) -> Iterator[tuple[torch.Tensor, torch.Tensor] | dict]:
+    def _pass(self, epoch: int, start: int) -> Generator[tuple[torch.Tensor, torch.Tensor] | dict, None, None]:
         if isinstance(self.store, (Store, ShardedStore)):  # a file cut short under its memory map: SIGBUS
             self.store.check_unchanged()
         plan = self._planner.get(epoch)
@@ -786,6 +913,7 @@ class Loader:
             images = batch.images.permute(0, 3, 1, 2).contiguous(memory_format=fmt)
         self.counters.count(len(batch.labels))
         if self.augment is not None and self.augment.batch_op is not None:  # drawn from (seed, epoch, batch)
-            g = torch.Generator().manual_seed((self.seed * 1_000_003 + self.epoch) * 1_000_033 + self._batch)
+            mixed = ((self.seed * 1_000_003 + self.epoch) * 1_000_033 + self._batch) % (1 << 64)  # manual_seed's range
+            g = torch.Generator().manual_seed(mixed)
             return self.augment.batch_op(images, batch.labels, g)
         return images, batch.labels

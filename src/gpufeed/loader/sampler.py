@@ -22,15 +22,54 @@ as many batches. A job stopped after `batches` batches at world size W and resum
 with what no rank consumed (the first `batches` batches of each of the W spans), in global order, cut
 into W' spans: each remaining sample once (with `pad=False`). `Segment`s record such earlier parts
 of an epoch; a resume at the same world size needs none (the same spans, from the next batch).
+
+**Seeds and epochs** are ints in 0..2**64 - 1 (`check_seed`, `check_epoch`). Each (seed, epoch) has
+an order of its own: its random numbers come from a Philox stream whose 128-bit key is the pair
+(`order_random`), so no two pairs share one. (torch's CPU generator keeps only the low 32 bits of its
+seed: seeds 0 and 2**32 gave one order, and so did epochs 0 and 2**32.)
 """
 
 from __future__ import annotations
 
+import operator
 import os
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+SEEDS = 1 << 64  # a seed is an int in 0..SEEDS - 1 (numpy's and torch's unsigned seed range)
+EPOCHS = 1 << 64  # an epoch is an int in 0..EPOCHS - 1
+
+
+def _int_in(value: object, limit: int, what: str) -> int:
+    """`value` as an int in 0..limit - 1 (an int, or an integer type such as numpy's; not a bool), else
+    ValueError naming `what` and the range."""
+    try:
+        number = operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        number = None
+    if number is None or isinstance(value, bool) or not 0 <= number < limit:
+        raise ValueError(f"{what} must be an int in 0..2**{limit.bit_length() - 1} - 1, got {value!r}")
+    return number
+
+
+def check_seed(seed: object) -> int:
+    """A Loader's seed as an int in 0..2**64 - 1; ValueError otherwise (a str, None, a float, a negative
+    seed, one of 2**64 or more)."""
+    return _int_in(seed, SEEDS, "seed")
+
+
+def check_epoch(epoch: object, what: str = "epoch") -> int:
+    """An epoch as an int in 0..2**64 - 1; ValueError naming `what` otherwise."""
+    return _int_in(epoch, EPOCHS, what)
+
+
+def order_random(seed: int, epoch: int) -> np.random.Generator:
+    """The random numbers of `epoch`'s order: a Philox stream keyed by (seed, epoch), one 64-bit word
+    each, so that distinct pairs never share a stream."""
+    key = np.array([check_seed(seed), check_epoch(epoch)], dtype=np.uint64)
+    return np.random.Generator(np.random.Philox(key=key))
 
 
 def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -114,9 +153,10 @@ class ShardedBatchSampler:
         """Batches per epoch on this rank (in an epoch resumed at another world size, of its rest)."""
         return self._count(self.shard_size)
 
-    def length(self, epoch: int) -> int:
-        """Batches of `epoch` on this rank: its span's, or of the rest after the segments it was resumed after."""
-        segments = self.segments(epoch)
+    def length(self, epoch: int, segments: tuple[Segment, ...] | None = None) -> int:
+        """Batches of `epoch` on this rank: its span's, or of the rest after the segments it was resumed after
+        (or after `segments`, checked: ValueError naming one no job could have left)."""
+        segments = self.segments(epoch) if segments is None else segments
         if not segments:
             return len(self)
         return self._count(self._span_sizes(len(self._remaining(epoch, segments)), self.world_size)[self.rank])
@@ -137,20 +177,19 @@ class ShardedBatchSampler:
         """The epoch's global order: every sample once, a pure function of (seed, epoch)."""
         if not self.shuffle:
             return torch.arange(self.n)
-        g = torch.Generator().manual_seed(self.seed + epoch * 1_000_003)
+        random = order_random(self.seed, epoch)
         window = None if self.shards is None else self.shards.window_of(epoch)
         if self.shards is None or window is None or window >= len(self.shards.starts) - 1:
-            return torch.randperm(self.n, generator=g)
+            return torch.from_numpy(random.permutation(self.n))
         # the shards in a seeded random order; each shard's samples spread at random over `window` shards'
         # places from its own: at any point of the epoch about `window` shards are being read, and a cache
         # of that many (and a few to fetch ahead) holds what the order needs
         starts = np.asarray(self.shards.starts, np.int64)
         sizes = np.diff(starts)
-        place = torch.empty(len(sizes), dtype=torch.float64)
-        place[torch.randperm(len(sizes), generator=g)] = torch.arange(len(sizes), dtype=torch.float64)
-        keys = torch.repeat_interleave(place, torch.from_numpy(sizes))
-        keys += torch.rand(self.n, generator=g, dtype=torch.float64) * window
-        return torch.argsort(keys)
+        place = np.empty(len(sizes), np.float64)
+        place[random.permutation(len(sizes))] = np.arange(len(sizes), dtype=np.float64)
+        keys = np.repeat(place, sizes) + random.random(self.n) * window
+        return torch.from_numpy(np.argsort(keys, kind="stable"))
 
     def _span_sizes(self, m: int, w: int) -> list[int]:
         """The sizes of `w` ranks' spans of `m` samples."""
@@ -184,14 +223,32 @@ class ShardedBatchSampler:
         return span[torch.from_numpy(np.lexsort((place, group, done)))]
 
     def _remaining(self, epoch: int, segments: tuple[Segment, ...]) -> torch.Tensor:
-        """The global order of `epoch` without what the `segments` consumed, in order."""
+        """The global order of `epoch` without what the `segments` consumed, in order. ValueError for a
+        segment no job could have left (`_check_segment`), before any work its size would take."""
         sequence = self.order(epoch)
-        for seg in segments:
+        for k, seg in enumerate(segments):
+            self._check_segment(k, seg, len(sequence))
             consumed = torch.cat([s[: seg.batches * self.batch_size] for s in self._spans(sequence, seg.world)])
             left = torch.ones(self.n, dtype=torch.bool)
             left[consumed] = False
             sequence = sequence[left[sequence]]
         return sequence
+
+    def _check_segment(self, k: int, seg: Segment, left: int) -> None:
+        """Segment `k` of an epoch is `seg.batches` batches (1 or more) on each of `seg.world` ranks over the
+        `left` samples the segments before it left, which every one of those ranks had: a world of at most
+        `left` ranks (a larger one has one batch a rank, after which the epoch is over), and no more
+        batches than its longest span holds."""
+        what = f"segments[{k}]=[{seg.world}, {seg.batches}]"
+        if not isinstance(seg.world, int) or isinstance(seg.world, bool) or not 1 <= seg.world <= left:
+            raise ValueError(f"{what}: a world of {seg.world!r} ranks, not 1..{left} (the samples left of the epoch)")
+        longest = left // seg.world if self.drop_last else -(-left // seg.world)
+        most = self._count(longest)
+        if not isinstance(seg.batches, int) or isinstance(seg.batches, bool) or not 1 <= seg.batches <= most:
+            raise ValueError(
+                f"{what}: {seg.batches!r} batches, not 1..{most} (those of a rank of {seg.world} over the "
+                f"{left} samples left of the epoch, in batches of {self.batch_size})"
+            )
 
     def shard(self, epoch: int) -> torch.Tensor:
         """This rank's indices for `epoch`, in visiting order (its span, or its span of the rest)."""

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import io
+import json
 import os
 import warnings
 from pathlib import Path
@@ -98,6 +101,22 @@ class Described:
         """The per-sample fields besides image, label and source: name -> {"kind", and for arrays
         "dtype" and "shape"}."""
         return {name: dict(spec) for name, spec in self.manifest.fields.items()}
+
+    @functools.cached_property
+    def digest(self) -> str:
+        """The store's identity (SHA-256, hex): of its mode, count and the digests its manifest records of
+        its contents (each data file's; a sharded store's top files' and each shard's manifest's), not of
+        when or by which gpufeed it was packed. The same store read from a bucket or a copy on disk has
+        the same one; a store packed again from other images, or in another order, has another. A
+        Loader's `state_dict` keeps it, so a resume on another store is refused."""
+        m = self.manifest
+        contents = {
+            "mode": m.mode,
+            "count": m.count,
+            "files": {name: entry["digest"] for name, entry in m.files.items()},
+            "shards": [shard["digest"] for shard in m.shards],
+        }
+        return hashlib.sha256(json.dumps(contents, sort_keys=True).encode()).hexdigest()
 
 
 class Store(Described):
