@@ -153,6 +153,13 @@ def _result(chunk: worker.Chunk, future):
         raise PackError(f"packing failed on {len(names)} file(s): {shown}: {reason}") from e
 
 
+def _declared_size(declared: tuple[int, int], found: tuple[int, int] | None) -> str:
+    """Why an image whose source declares another size than its file's is skipped (its boxes, points
+    and masks are in the declared frame; drawn at a declared 60000x60000, one mask takes 3.6 GB)."""
+    (h, w), (fh, fw) = declared, found or (0, 0)
+    return f"its source declares {w}x{h} pixels (width x height), the file is {fw}x{fh} (upright)"
+
+
 def _bounded(executor: Executor, fn, chunks: Iterator[worker.Chunk], window: int):
     """Map in order with at most `window` chunks and IN_FLIGHT_BYTES of their carried data in flight
     (one chunk may exceed it alone), so memory stays bounded however large the samples."""
@@ -293,6 +300,8 @@ def pack(
                 stop.check()
                 for k, (item, done) in enumerate(zip(chunk.items, results)):
                     error = done.error
+                    if error is None and item.hw is not None and tuple(done.source_hw or ()) != item.hw:
+                        error = _declared_size(item.hw, done.source_hw)
                     if error is None:
                         stored = (size, size) if mode == "raw" else done.hw
                         error, values = fields.check(item.fields, Geometry(done.source_hw, stored, fit, mode))

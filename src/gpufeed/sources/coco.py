@@ -9,7 +9,8 @@ the file has them (K points of x, y, visibility per annotation), and "image_id".
 keypoints are pixel indices: a labelled one gets 0.5 added, as detectron2 adds it, so that it is
 where boxes are (continuous pixels) and mirrors onto its own pixel. "masks" where the file has
 segmentations: one 0/1 mask per kept annotation, from its polygons or run-length mask
-(`sources.coco_masks`).
+(`sources.coco_masks`). An image whose file is not the size its entry declares is skipped with
+the reason before anything is drawn (`Item.hw`).
 """
 
 from __future__ import annotations
@@ -147,4 +148,4 @@ def _entry(image: Any, root: Path, by_image: dict, points: int, masks: bool) -> 
         fields["keypoints"] = np.asarray(keypoints, np.float64).reshape(-1, points, 3)
     if masks:  # drawn when packing takes the sample (`sources.coco_masks`)
         fields["masks"] = CocoMasks(tuple(segmentations), int(h), int(w))
-    return Item(str(file), -1, path=str(file), fields=fields)
+    return Item(str(file), -1, path=str(file), fields=fields, hw=(int(h), int(w)))

@@ -1,0 +1,144 @@
+"""Sources at their edges (issue 63): COCO files that would take the packer's memory or give wrong
+annotations, labels that are missing or mixed, JSON nested too deeply, keypoints on some categories
+only, and the skip reasons the CLI prints."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import gpufeed
+from conftest import pixels, save, smooth
+
+
+def write_coco(root, images: list[dict], anns: list[dict], categories: list[dict] | None = None) -> None:
+    """An annotation file `root/ann.json` over the images of `root/images`; each image entry is saved
+    at its "real" (h, w) when it has one, else at its declared size."""
+    for k, image in enumerate(images):
+        h, w = image.pop("real", (image["height"], image["width"]))
+        save(root / "images" / image["file_name"], smooth(k, h, w))
+    data = {"images": images, "annotations": anns, "categories": categories or [{"id": 1, "name": "thing"}]}
+    (root / "ann.json").write_text(json.dumps(data))
+
+
+def pack_coco(root, **kw):
+    kw = {"mode": "jpeg", "reencode": False, "progress": False, "workers": 1} | kw
+    return gpufeed.pack(root / "ann.json", root / "s", images=root / "images", **kw)
+
+
+def reasons_of(report, name: str) -> list[str]:
+    return [s["reason"] for s in report.skipped if s["path"].endswith(name)]
+
+
+def never_drawn(*args, **kw):
+    raise AssertionError("a mask was drawn")
+
+
+# -- 6: COCO input that would take the packer's memory ------------------------------------------------------------
+
+
+class _FakeCoco:
+    """Stands in for pycocotools.mask: draws a mask of ones for a polygon within the image, and fails
+    the test for one beyond it (on a vertex at 1e9 the real one takes gigabytes, at 1e308 it crashes
+    the process)."""
+
+    def frPyObjects(self, seg, h, w):
+        assert all(abs(v) <= 2 * max(h, w) for p in seg for v in p), "pycocotools was given the polygon"
+        return h, w
+
+    def merge(self, hw):
+        return hw
+
+    def decode(self, hw):
+        return np.ones(hw, np.uint8)
+
+
+def _drawn_within(polygons, h, w):
+    assert all(abs(v) <= 2 * max(h, w) for p in polygons for v in p), "gpufeed's drawer was given the polygon"
+    return np.ones((h, w), np.uint8)
+
+
+@pytest.mark.parametrize("far", [1e9, 1e308, -1e9])
+@pytest.mark.parametrize("installed", [True, False])
+def test_a_polygon_far_outside_its_image_skips_it_before_any_drawer_sees_it(tmp_path, monkeypatch, far, installed):
+    from gpufeed.sources import coco_masks
+
+    monkeypatch.setattr(coco_masks, "_pycocotools", lambda: _FakeCoco() if installed else None)
+    monkeypatch.setattr(coco_masks, "polygon_mask", _drawn_within)
+    write_coco(tmp_path, [{"id": 1, "file_name": "a.jpg", "height": 48, "width": 64},
+                          {"id": 2, "file_name": "b.jpg", "height": 48, "width": 64}],
+               [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [4, 4, 16, 16],
+                 "segmentation": [[4, 4, 20, 4, 20, 20, 4, 20]]},
+                {"id": 2, "image_id": 2, "category_id": 1, "bbox": [4, 4, 16, 16],
+                 "segmentation": [[4, 4, far, 4, 20, 20, 4, 20]]}])
+    report = pack_coco(tmp_path)
+    (reason,) = reasons_of(report, "b.jpg")
+    assert "annotation 0" in reason and "far outside" in reason and "64x48" in reason, reason
+    assert len(gpufeed.open(tmp_path / "s")) == 1
+
+
+def test_a_polygon_whose_edges_are_too_long_to_draw_skips_its_image(tmp_path, monkeypatch):
+    """Each edge within the image, but so many of them that pycocotools would take gigabytes (about 52
+    bytes per pixel of edge): skipped with the reason, not drawn."""
+    from gpufeed.sources import coco_masks
+
+    monkeypatch.setattr(coco_masks, "_pycocotools", lambda: None)
+    monkeypatch.setattr(coco_masks, "polygon_mask", never_drawn)
+    n = 200_000  # edges across a 64-pixel image: 12.8 million pixels of edge, about 660 MB to draw
+    zigzag = np.stack([np.where(np.arange(n) % 2, 63.0, 0.0), np.linspace(0, 47, n)], 1).ravel().tolist()
+    write_coco(tmp_path, [{"id": 1, "file_name": "a.jpg", "height": 48, "width": 64}],
+               [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [0, 0, 64, 48], "segmentation": [zigzag]}])
+    with pytest.raises(gpufeed.PackError) as e:
+        pack_coco(tmp_path)
+    (reason,) = reasons_of(e.value, "a.jpg")
+    assert "annotation 0" in reason and "edges" in reason, reason
+
+
+@pytest.mark.parametrize("masks", [True, False])
+def test_an_images_entry_declaring_another_size_skips_it_before_anything_is_drawn(tmp_path, monkeypatch, masks):
+    """60000x60000 declared for a 64x48 file: drawn at the declared size, its masks would take 3.6 GB
+    each; its boxes would be clipped to a frame that is not the file's."""
+    from gpufeed.sources import coco_masks
+
+    monkeypatch.setattr(coco_masks.CocoMasks, "_one", never_drawn)
+    seg = {"segmentation": [[4, 4, 20, 4, 20, 20, 4, 20]]} if masks else {}
+    write_coco(tmp_path, [{"id": 1, "file_name": "a.jpg", "height": 60000, "width": 60000, "real": (48, 64)},
+                          {"id": 2, "file_name": "b.jpg", "height": 48, "width": 64}],
+               [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [4, 4, 16, 16], **seg}])
+    report = pack_coco(tmp_path)
+    (reason,) = reasons_of(report, "a.jpg")
+    assert "declares 60000x60000" in reason and "64x48" in reason, reason
+    assert len(gpufeed.open(tmp_path / "s")) == 1
+
+
+def test_more_mask_pixels_than_packing_holds_for_one_image_skip_it_before_drawing(tmp_path, monkeypatch):
+    """50,000 instances in one 256x256 image: 3.3 GB of masks at once. Skipped with the reason before
+    any is drawn; the other image packs."""
+    from gpufeed.sources import coco_masks
+
+    monkeypatch.setattr(coco_masks.CocoMasks, "_one", lambda self, seg, k: (
+        never_drawn() if self.h == 256 else np.ones((self.h, self.w), np.uint8)))
+    tri = [[1, 1, 5, 1, 5, 5]]
+    anns = [{"id": k, "image_id": 1, "category_id": 1, "bbox": [1, 1, 4, 4], "segmentation": tri}
+            for k in range(50_000)]
+    anns.append({"id": 50_000, "image_id": 2, "category_id": 1, "bbox": [1, 1, 4, 4], "segmentation": tri})
+    write_coco(tmp_path, [{"id": 1, "file_name": "big.jpg", "height": 256, "width": 256},
+                          {"id": 2, "file_name": "small.jpg", "height": 48, "width": 64}], anns)
+    report = pack_coco(tmp_path)
+    (reason,) = reasons_of(report, "big.jpg")
+    assert "50000 masks of 256x256 pixels" in reason and "GiB" in reason, reason
+    assert len(gpufeed.open(tmp_path / "s")) == 1
+
+
+def test_more_instance_masks_than_a_store_holds_are_skipped_when_packing(tmp_path):
+    """A store holds at most 65536 masks per sample (its reader refuses more): a sample with more is
+    skipped when packing, not written into a store that then can't be read."""
+    data = [{"image": pixels(k, 4, 4), "label": 0, "masks": np.zeros((n, 4, 4), np.uint8)}
+            for k, n in enumerate((2, 65537))]
+    report = gpufeed.pack(data, tmp_path / "s", size=4, progress=False, workers=1)
+    assert len(report.skipped) == 1, report.skipped
+    assert "65537 masks, more than a store holds" in report.skipped[0]["reason"]
+    store = gpufeed.open(tmp_path / "s")
+    assert store.field("masks", 0).shape == (2, 4, 4)
