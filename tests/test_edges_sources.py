@@ -4,13 +4,16 @@ only, and the skip reasons the CLI prints."""
 
 from __future__ import annotations
 
+import io
 import json
+import tarfile
 
 import numpy as np
 import pytest
 
 import gpufeed
 from conftest import pixels, save, smooth
+from gpufeed.sources import SourceError
 
 
 def write_coco(root, images: list[dict], anns: list[dict], categories: list[dict] | None = None) -> None:
@@ -142,3 +145,117 @@ def test_more_instance_masks_than_a_store_holds_are_skipped_when_packing(tmp_pat
     assert "65537 masks, more than a store holds" in report.skipped[0]["reason"]
     store = gpufeed.open(tmp_path / "s")
     assert store.field("masks", 0).shape == (2, 4, 4)
+
+
+# -- 10: labels, duplicate ids, deep JSON ----------------------------------------------------------------------
+
+
+def test_missing_labels_skip_their_rows_and_classes_are_the_names_given(tmp_path):
+    """Before: `N/A`, a blank and `NA` became classes, and a sample labelled "1" became class 2 of
+    ['', '0', '1', 'N/A', 'NA', 'cat']."""
+    save(tmp_path / "0.png", pixels(0, 16, 16))
+    (tmp_path / "l.csv").write_text("path,label\n0.png,cat\n0.png,N/A\n0.png,\n0.png,dog\n0.png,NA\n")
+    report = gpufeed.pack(tmp_path / "l.csv", tmp_path / "s", size=16, progress=False, workers=1)
+    store = gpufeed.open(tmp_path / "s")
+    assert store.classes == ["cat", "dog"] and store.labels.tolist() == [0, 1]
+    assert [s["reason"] for s in report.skipped] == [
+        "no label (line 3 of the list: 'N/A')", "no label (line 4 of the list: '')",
+        "no label (line 6 of the list: 'NA')"]
+
+
+def test_a_null_label_in_a_jsonl_list_skips_its_row_and_an_absent_one_is_unlabelled(tmp_path):
+    save(tmp_path / "0.png", pixels(0, 16, 16))
+    rows = [{"path": "0.png", "label": 3}, {"path": "0.png", "label": None}, {"path": "0.png"}]
+    (tmp_path / "l.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    report = gpufeed.pack(tmp_path / "l.jsonl", tmp_path / "s", size=16, progress=False, workers=1)
+    assert gpufeed.open(tmp_path / "s").labels.tolist() == [3, -1]
+    assert [s["reason"] for s in report.skipped] == ["no label (line 2 of the list: None)"]
+
+
+@pytest.mark.parametrize("suffix", ["csv", "jsonl"])
+def test_labels_mixing_numbers_and_class_names_are_an_error_naming_the_rows(tmp_path, suffix):
+    labels = ["cat", "1", "dog", "0", "cat"]
+    if suffix == "csv":
+        text = "path,label\n" + "".join(f"0.png,{lab}\n" for lab in labels)
+        lines = "lines 3, 5"
+    else:
+        text = "".join(json.dumps({"path": "0.png", "label": int(lab) if lab.isdigit() else lab}) + "\n"
+                       for lab in labels)
+        lines = "lines 2, 4"
+    (tmp_path / f"l.{suffix}").write_text(text)
+    with pytest.raises(SourceError, match=rf"l\.{suffix}: labels mix numbers \({lines}\) and class names") as e:
+        gpufeed.pack(tmp_path / f"l.{suffix}", tmp_path / "s", size=16, progress=False, workers=1)
+    assert "'cat'" in str(e.value)
+
+
+def test_integer_labels_no_store_holds_skip_their_rows_and_minus_one_is_unlabelled(tmp_path):
+    """Before: -5 was packed into a store its reader then refused, 2**64 failed the pack at its end;
+    and in a list of class names, -1 became a class "-1"."""
+    save(tmp_path / "0.png", pixels(0, 16, 16))
+    (tmp_path / "l.csv").write_text(f"path,label\n0.png,3\n0.png,-5\n0.png,{2**64}\n0.png,-1\n")
+    report = gpufeed.pack(tmp_path / "l.csv", tmp_path / "s", size=16, progress=False, workers=1)
+    assert gpufeed.open(tmp_path / "s").labels.tolist() == [3, -1]
+    assert [s["reason"] for s in report.skipped] == [
+        "label -5 is not a class index (0 and up, -1 for none; line 3 of the list)",
+        f"label {2**64} is not a class index (0 and up, -1 for none; line 4 of the list)"]
+    (tmp_path / "n.csv").write_text("path,label\n0.png,cat\n0.png,-1\n")
+    gpufeed.pack(tmp_path / "n.csv", tmp_path / "n", size=16, progress=False, workers=1)
+    named = gpufeed.open(tmp_path / "n")
+    assert named.classes == ["cat"] and named.labels.tolist() == [0, -1]
+
+
+def test_a_tar_label_below_minus_one_skips_its_sample(tmp_path):
+    save(tmp_path / "0.png", pixels(0, 16, 16))
+    png = (tmp_path / "0.png").read_bytes()
+    with tarfile.open(tmp_path / "s.tar", "w") as tar:
+        for key, cls in (("a", b"2"), ("b", b"-3")):
+            for ext, data in (("png", png), ("cls", cls)):
+                info = tarfile.TarInfo(f"{key}.{ext}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    report = gpufeed.pack(tmp_path / "s.tar", tmp_path / "s", size=16, progress=False, workers=1)
+    assert gpufeed.open(tmp_path / "s").labels.tolist() == [2]
+    assert [s["reason"] for s in report.skipped] == ["label -3 in .cls is not a class index (0 and up, -1 for none)"]
+
+
+def test_duplicate_coco_image_ids_are_an_error_naming_the_id_and_files(tmp_path):
+    """Before: both images packed with the same annotations, without a word."""
+    write_coco(tmp_path, [{"id": 7, "file_name": "a.jpg", "height": 48, "width": 64},
+                          {"id": 8, "file_name": "b.jpg", "height": 48, "width": 64},
+                          {"id": 7, "file_name": "c.jpg", "height": 48, "width": 64}],
+               [{"id": 1, "image_id": 7, "category_id": 1, "bbox": [4, 4, 16, 16]}])
+    with pytest.raises(SourceError, match=r"ann\.json: image id 7 is listed twice in \"images\" \(a\.jpg, c\.jpg\)"):
+        pack_coco(tmp_path)
+
+
+def test_a_jsonl_line_nested_too_deeply_is_an_error_naming_the_file_and_line(tmp_path):
+    """Before: a RecursionError ended the pack."""
+    save(tmp_path / "0.png", pixels(0, 16, 16))
+    (tmp_path / "l.jsonl").write_text('{"path": "0.png", "label": 0}\n' + "[" * 100_000 + "]" * 100_000 + "\n")
+    with pytest.raises(SourceError, match=r"l\.jsonl: line 2: not JSON \(nested too deeply\)"):
+        gpufeed.pack(tmp_path / "l.jsonl", tmp_path / "s", size=16, progress=False, workers=1)
+
+
+def test_a_csv_cell_nested_too_deeply_is_text(tmp_path):
+    """A cell that looks like a JSON list but is nested past what the parser takes: not an array,
+    so the column is text (before: a RecursionError ended the pack)."""
+    save(tmp_path / "0.png", pixels(0, 16, 16))
+    deep = "[" * 50_000 + "]" * 50_000
+    (tmp_path / "l.csv").write_text(f"path,label,note\n0.png,0,[1]\n0.png,1,{deep}\n")
+    gpufeed.pack(tmp_path / "l.csv", tmp_path / "s", size=16, progress=False, workers=1)
+    store = gpufeed.open(tmp_path / "s")
+    assert store.fields["note"]["kind"] == "str" and store.field("note", 1) == deep
+
+
+def test_a_tar_samples_json_nested_too_deeply_skips_it(tmp_path):
+    save(tmp_path / "0.png", pixels(0, 16, 16))
+    png = (tmp_path / "0.png").read_bytes()
+    with tarfile.open(tmp_path / "s.tar", "w") as tar:
+        for key, meta in (("a", b"{}"), ("b", b"[" * 100_000 + b"]" * 100_000)):
+            for ext, data in (("png", png), ("json", meta)):
+                info = tarfile.TarInfo(f"{key}.{ext}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    report = gpufeed.pack(tmp_path / "s.tar", tmp_path / "s", size=16, progress=False, workers=1)
+    assert len(gpufeed.open(tmp_path / "s")) == 1
+    assert len(report.skipped) == 1 and "nested too deeply" in report.skipped[0]["reason"], report.skipped

@@ -10,7 +10,7 @@ keypoints are pixel indices: a labelled one gets 0.5 added, as detectron2 adds i
 where boxes are (continuous pixels) and mirrors onto its own pixel. "masks" where the file has
 segmentations: one 0/1 mask per kept annotation, from its polygons or run-length mask
 (`sources.coco_masks`). An image whose file is not the size its entry declares is skipped with
-the reason before anything is drawn (`Item.hw`).
+the reason before anything is drawn (`Item.hw`); an image id listed twice is an error.
 """
 
 from __future__ import annotations
@@ -105,9 +105,24 @@ def coco_source(path: Path, images: str | os.PathLike | None) -> Source:
         )
     )
     masks = any(isinstance(a, dict) and "segmentation" in a for a in data.get("annotations", []))
+    _check_ids(path, data["images"])
     entries: list[Entry] = [_entry(image, root, by_image, points, masks) for image in data["images"]]
     total = sum(isinstance(e, Item) for e in entries)
     return Source(f"COCO annotations {path} ({total} images)", classes, iter(entries), total, kind="list")
+
+
+def _check_ids(path: Path, images: list) -> None:
+    """SourceError naming an image id listed twice: its annotations would go to both images."""
+    seen: dict[Any, str] = {}
+    for image in images:
+        if isinstance(image, dict) and _id(image.get("id")):
+            name = str(image.get("file_name"))
+            if image["id"] in seen:
+                raise SourceError(
+                    f'{path}: image id {image["id"]!r} is listed twice in "images" ({seen[image["id"]]}, {name}); '
+                    "each image's annotations are found by its id"
+                )
+            seen[image["id"]] = name
 
 
 def _entry(image: Any, root: Path, by_image: dict, points: int, masks: bool) -> Entry:
