@@ -259,3 +259,69 @@ def test_a_tar_samples_json_nested_too_deeply_skips_it(tmp_path):
     report = gpufeed.pack(tmp_path / "s.tar", tmp_path / "s", size=16, progress=False, workers=1)
     assert len(gpufeed.open(tmp_path / "s")) == 1
     assert len(report.skipped) == 1 and "nested too deeply" in report.skipped[0]["reason"], report.skipped
+
+
+# -- 15: keypoints on some categories only; skip reasons in the CLI --------------------------------------------
+
+
+def persons_and_cars(root, car_keypoints: dict | None = None) -> None:
+    """Persons with 2 keypoints, cars without (as COCO's category lists them: no "keypoints" there)."""
+    anns = [
+        {"id": 1, "image_id": 1, "category_id": 1, "bbox": [4, 4, 16, 16], "keypoints": [5, 6, 2, 7, 8, 1]},
+        {"id": 2, "image_id": 1, "category_id": 2, "bbox": [30, 10, 20, 20], **(car_keypoints or {})},
+        {"id": 3, "image_id": 2, "category_id": 2, "bbox": [1, 1, 10, 10], **(car_keypoints or {})},
+    ]
+    write_coco(root, [{"id": 1, "file_name": "a.jpg", "height": 48, "width": 64},
+                      {"id": 2, "file_name": "b.jpg", "height": 48, "width": 64}], anns,
+               [{"id": 1, "name": "person", "keypoints": ["nose", "eye"]}, {"id": 2, "name": "car"}])
+
+
+@pytest.mark.parametrize("car", [{}, {"keypoints": []}, {"keypoints": [0] * 6, "num_keypoints": 0}])
+def test_keypoints_on_some_categories_only_pack_with_unlabelled_points_for_the_others(tmp_path, car):
+    """Before: every image with a car was skipped ("nothing could be packed", 0 images)."""
+    persons_and_cars(tmp_path, car)
+    report = pack_coco(tmp_path)
+    assert not report.skipped
+    store = gpufeed.open(tmp_path / "s")
+    by_id = {store.field("image_id", i): i for i in range(len(store))}
+    assert store.field("category", by_id[1]) == [1, 2]
+    assert store.field("keypoints", by_id[1]).tolist() == [[[5.5, 6.5, 2], [7.5, 8.5, 1]], [[0, 0, 0], [0, 0, 0]]]
+    assert store.field("keypoints", by_id[2]).tolist() == [[[0, 0, 0], [0, 0, 0]]]
+
+
+def test_a_person_without_its_keypoints_is_still_skipped(tmp_path):
+    """Only a category that names no keypoints may go without: a person without them is malformed."""
+    persons_and_cars(tmp_path)
+    data = json.loads((tmp_path / "ann.json").read_text())
+    del data["annotations"][0]["keypoints"]
+    (tmp_path / "ann.json").write_text(json.dumps(data))
+    report = pack_coco(tmp_path)
+    assert reasons_of(report, "a.jpg") == ["an annotation without 2 keypoints (x, y, visibility)"]
+
+
+def test_the_cli_prints_the_skip_reasons_counted_when_nothing_could_be_packed(tmp_path, capsys):
+    from gpufeed.cli import main
+
+    images = [{"id": k, "file_name": f"{k}.jpg", "height": 48, "width": 64} for k in range(5)]
+    write_coco(tmp_path, images, [])
+    for k in range(4):
+        (tmp_path / "images" / f"{k}.jpg").write_bytes(b"not a jpeg")
+    (tmp_path / "images" / "4.jpg").unlink()
+    assert main(["pack", str(tmp_path / "ann.json"), str(tmp_path / "s"), "--images", str(tmp_path / "images"),
+                 "--workers", "1"]) == 1
+    err = capsys.readouterr().err
+    assert "nothing could be packed (5 skipped)" in err and "(5 images listed)" in err, err
+    counted = [line.split()[0] for line in err.splitlines() if line.startswith("  ")]
+    assert counted == ["4", "1"], err  # the 4 not JPEGs, then the missing one
+    assert "0.jpg" in err and "4.jpg" in err
+
+
+def test_the_report_counts_skips_per_reason_with_a_few_examples(tmp_path):
+    from gpufeed.packing.packer import PackReport
+
+    skipped = [{"path": f"img/{k}.jpg", "reason": "empty file (0 bytes)"} for k in range(30)]
+    skipped += [{"path": "img/x.jpg", "reason": "unreadable: Permission denied"}]
+    text = PackReport(tmp_path, "raw", 3, skipped, 1.0, 1, 10).summary()
+    assert "skipped 31" in text and "30  empty file (0 bytes)" in text and " 1  unreadable" in text, text
+    assert "img/0.jpg" in text and "img/29.jpg" not in text and "img/x.jpg" in text
+    assert len(text.splitlines()) < 10

@@ -23,6 +23,7 @@ from gpufeed.packing.fields import FieldsSink, Geometry
 from gpufeed.packing.imaging import DEFAULT_MAX_PIXELS
 from gpufeed.packing.sigterm import sigterm_stops
 from gpufeed.packing.sinks import JpegSink, RawSink
+from gpufeed.packing.skips import summarize_skipped
 from gpufeed.packing.upload import pack_to_url
 from gpufeed.sources import Item, Skip, open_source
 from gpufeed.sources.images import JPEG_QUALITY
@@ -65,16 +66,13 @@ class PackReport:
         return self.count / self.seconds if self.seconds else 0.0
 
     def summary(self) -> str:
-        """What to print: count, size, speed, and the first 20 skipped files with their reasons."""
+        """What to print: count, size, speed, and how many files were skipped for each reason, with a few
+        of them (`packing.skips`)."""
         lines = [
             f"packed {self.count} images into {self.dest} ({self.mode}, {self.bytes / 1e6:.1f} MB) "
             f"in {self.seconds:.1f} s: {self.images_per_s:.0f} img/s on {self.workers} worker(s)"
         ]
-        if self.skipped:
-            lines.append(f"skipped {len(self.skipped)}:")
-            lines += [f"  {s['path']}: {s['reason']}" for s in self.skipped[:20]]
-            if len(self.skipped) > 20:
-                lines.append(f"  ... and {len(self.skipped) - 20} more (see manifest.json)")
+        lines += summarize_skipped(self.skipped, "each in manifest.json; gpufeed inspect --all-skipped lists them")
         return "\n".join(lines)
 
 
