@@ -20,14 +20,16 @@ _SIZE = 256
 
 def _pack(a: argparse.Namespace) -> int:
     """Pack; --size with --mode jpeg is a usage error (exit 2), not ignored: a jpeg store keeps each
-    image's shape. SIGTERM cleans up as Ctrl-C does and exits 143."""
+    image's shape. SIGTERM cleans up as Ctrl-C does and exits 143. A pack that fails says what it had
+    skipped, and why, as one that succeeds does."""
     if a.mode == "jpeg" and a.size is not None:
         a.usage_error(
             "--size sets the side of --mode raw's square images; a jpeg store keeps each image's "
             "shape: bound its longer side with --max-side"
         )
-    from gpufeed.packing import pack
+    from gpufeed.packing import PackError, pack
     from gpufeed.packing.sigterm import Terminated
+    from gpufeed.packing.skips import summarize_skipped
 
     try:
         report = pack(
@@ -50,6 +52,11 @@ def _pack(a: argparse.Namespace) -> int:
     except Terminated as e:
         print("gpufeed pack: terminated (SIGTERM); nothing was left half-written", file=sys.stderr)
         return e.code  # type: ignore[return-value]  # 143
+    except PackError as e:  # with what was skipped, and why: the reasons nothing could be packed
+        print(f"gpufeed pack: error: {e}", file=sys.stderr)
+        for line in summarize_skipped(e.skipped):
+            print(line, file=sys.stderr)
+        return 1
     print(report.summary())
     return 0
 

@@ -24,6 +24,12 @@ from gpufeed.store import format as fmt
 from gpufeed.store.writer import HashingWriter
 
 INT64 = (-(1 << 63), (1 << 63) - 1)
+# the bytes of one sample's masks packing holds at once: instances x height x width, of its image or of
+# the stored image, the larger. Far above what COCO and LVIS need (about 100 x 640 x 480 = 30 MB), it
+# bounds what one sample can make the packing process hold (50,000 instances of 256x256: 3.3 GB, and
+# as much again moved and coded); a sample over it is skipped with the reason, a COCO file's before
+# its masks are drawn.
+MAX_MASK_BYTES = 1 << 30
 
 
 @dataclass
@@ -102,10 +108,30 @@ def as_masks(value: Any) -> tuple[bool, np.ndarray]:
             "instance masks (instances, h, w) of 0 and 1"
         )
     if masks.ndim == 3:
-        if masks.size and not np.isin(masks, (0, 1)).all():
+        # min and max: no temporary the size of the masks, as np.isin makes
+        if masks.size and masks.dtype.kind != "b" and (int(masks.min()) < 0 or int(masks.max()) > 1):
             raise ValueError("instance masks (instances, h, w) with values other than 0 and 1")
-        return True, masks.astype(np.uint8)
+        return True, masks.astype(np.uint8, copy=False)
     return False, masks[None]
+
+
+def check_mask_planes(shape: tuple[int, ...], geometry: Geometry | None) -> None:
+    """ValueError for (k, h, w) masks that are not the size of their image (its full upright size), more
+    planes than a store holds for one sample (its reader refuses them), or more than MAX_MASK_BYTES at
+    once. Cheap: a COCO file's masks are checked by their shape before they are drawn."""
+    k, h, w = shape
+    if geometry is not None and geometry.source_hw is not None and (h, w) != tuple(geometry.source_hw):
+        h0, w0 = geometry.source_hw
+        raise ValueError(f"masks of {h}x{w} pixels for an image of {h0}x{w0}")
+    if k > fmt.MAX_MASK_PLANES:
+        raise ValueError(f"{k} masks, more than a store holds for one sample ({fmt.MAX_MASK_PLANES})")
+    stored = geometry.stored_hw if geometry is not None and geometry.stored_hw is not None else (h, w)
+    held = k * max(h * w, stored[0] * stored[1])
+    if held > MAX_MASK_BYTES:
+        raise ValueError(
+            f"{k} masks of {w}x{h} pixels, {held / 2**30:.1f} GiB at once: more than packing holds "
+            f"for one sample ({MAX_MASK_BYTES >> 30} GiB)"
+        )
 
 
 def _fits(planes: np.ndarray, dtype: str) -> bool:
@@ -308,15 +334,17 @@ class FieldsSink:
     def _masks(value: Any, geometry: Geometry | None) -> tuple[bool, np.ndarray]:
         """A sample's masks checked against its image's full size and moved into the stored image's frame."""
         if callable(value):  # drawn now, not when the source was read (a COCO file's `CocoMasks`)
+            if isinstance(getattr(value, "shape", None), tuple):  # what drawing takes, checked first
+                check_mask_planes(value.shape, geometry)
             value = value()
         instances, planes = as_masks(value)
+        if not len(planes) and instances:
+            if geometry is None or geometry.source_hw is None:
+                return instances, planes
+            return instances, np.zeros((0, *geometry.stored_hw), np.uint8)  # type: ignore[misc]
+        check_mask_planes(planes.shape, geometry)
         if geometry is None or geometry.source_hw is None:
             return instances, planes
-        if not len(planes) and instances:
-            return instances, np.zeros((0, *geometry.stored_hw), np.uint8)  # type: ignore[misc]
-        if planes.shape[1:] != tuple(geometry.source_hw):
-            h, w = geometry.source_hw
-            raise ValueError(f"masks of {planes.shape[1]}x{planes.shape[2]} pixels for an image of {h}x{w}")
         return instances, geometry.move_masks(planes)
 
     def _start(self, name: str, kind: str, value: Any) -> None:

@@ -23,6 +23,7 @@ from gpufeed.packing.fields import FieldsSink, Geometry
 from gpufeed.packing.imaging import DEFAULT_MAX_PIXELS
 from gpufeed.packing.sigterm import sigterm_stops
 from gpufeed.packing.sinks import JpegSink, RawSink
+from gpufeed.packing.skips import summarize_skipped
 from gpufeed.packing.upload import pack_to_url
 from gpufeed.sources import Item, Skip, open_source
 from gpufeed.sources.images import JPEG_QUALITY
@@ -65,16 +66,13 @@ class PackReport:
         return self.count / self.seconds if self.seconds else 0.0
 
     def summary(self) -> str:
-        """What to print: count, size, speed, and the first 20 skipped files with their reasons."""
+        """What to print: count, size, speed, and how many files were skipped for each reason, with a few
+        of them (`packing.skips`)."""
         lines = [
             f"packed {self.count} images into {self.dest} ({self.mode}, {self.bytes / 1e6:.1f} MB) "
             f"in {self.seconds:.1f} s: {self.images_per_s:.0f} img/s on {self.workers} worker(s)"
         ]
-        if self.skipped:
-            lines.append(f"skipped {len(self.skipped)}:")
-            lines += [f"  {s['path']}: {s['reason']}" for s in self.skipped[:20]]
-            if len(self.skipped) > 20:
-                lines.append(f"  ... and {len(self.skipped) - 20} more (see manifest.json)")
+        lines += summarize_skipped(self.skipped, "each in manifest.json; gpufeed inspect --all-skipped lists them")
         return "\n".join(lines)
 
 
@@ -151,6 +149,13 @@ def _result(chunk: worker.Chunk, future):
         shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
         reason = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
         raise PackError(f"packing failed on {len(names)} file(s): {shown}: {reason}") from e
+
+
+def _declared_size(declared: tuple[int, int], found: tuple[int, int] | None) -> str:
+    """Why an image whose source declares another size than its file's is skipped (its boxes, points
+    and masks are in the declared frame; drawn at a declared 60000x60000, one mask takes 3.6 GB)."""
+    (h, w), (fh, fw) = declared, found or (0, 0)
+    return f"its source declares {w}x{h} pixels (width x height), the file is {fw}x{fh} (upright)"
 
 
 def _bounded(executor: Executor, fn, chunks: Iterator[worker.Chunk], window: int):
@@ -293,6 +298,8 @@ def pack(
                 stop.check()
                 for k, (item, done) in enumerate(zip(chunk.items, results)):
                     error = done.error
+                    if error is None and item.hw is not None and tuple(done.source_hw or ()) != item.hw:
+                        error = _declared_size(item.hw, done.source_hw)
                     if error is None:
                         stored = (size, size) if mode == "raw" else done.hw
                         error, values = fields.check(item.fields, Geometry(done.source_hw, stored, fit, mode))

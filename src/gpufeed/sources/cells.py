@@ -53,7 +53,7 @@ def csv_column(cells: list[str]) -> list[Any]:
     if cells and all(c.startswith("[") for c in cells):
         try:
             arrays = array_column([json.loads(c) for c in cells])
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested deeper than the parser goes: text
             arrays = None
         if arrays is not None:
             return arrays
@@ -81,10 +81,14 @@ def array_column(values: list[Any]) -> list[np.ndarray] | None:
 
 
 def tar_fields(parts: dict[str, bytes]) -> dict[str, Any]:
-    """The fields of a tar sample's members: `.json` parsed, `.txt` as text, `.npy` as an array."""
+    """The fields of a tar sample's members: `.json` parsed, `.txt` as text, `.npy` as an array;
+    ValueError for a member that is none of these (the sample is skipped with it)."""
     out: dict[str, Any] = {}
     if "json" in parts:
-        out["json"] = json.loads(parts["json"].decode("utf-8"))
+        try:
+            out["json"] = json.loads(parts["json"].decode("utf-8"))
+        except RecursionError:
+            raise ValueError("a .json member nested too deeply") from None
     if "txt" in parts:
         out["txt"] = parts["txt"].decode("utf-8")
     if "npy" in parts:

@@ -7,9 +7,11 @@ to the image; an annotation whose box is empty there is left out, as detectron2 
 the file has them (K points of x, y, visibility per annotation), and "image_id". Labels are -1
 (a detection sample has no one class); `classes` names the categories by id order. COCO's
 keypoints are pixel indices: a labelled one gets 0.5 added, as detectron2 adds it, so that it is
-where boxes are (continuous pixels) and mirrors onto its own pixel. "masks" where the file has
-segmentations: one 0/1 mask per kept annotation, from its polygons or run-length mask
-(`sources.coco_masks`).
+where boxes are (continuous pixels) and mirrors onto its own pixel; an object of a category without
+keypoints (a car where persons have them) gets as many points, none labelled (visibility 0). "masks"
+where the file has segmentations: one 0/1 mask per kept annotation, from its polygons or run-length
+mask (`sources.coco_masks`). An image whose file is not the size its entry declares is skipped with
+the reason before anything is drawn (`Item.hw`); an image id listed twice is an error.
 """
 
 from __future__ import annotations
@@ -89,27 +91,39 @@ def coco_source(path: Path, images: str | os.PathLike | None) -> Source:
     for ann in data.get("annotations", []):
         if isinstance(ann, dict) and _id(ann.get("image_id")):
             by_image.setdefault(ann["image_id"], []).append(ann)
-    # keypoints per instance: the categories' names of them (COCO's person), else the first annotation's
-    named = [len(c["keypoints"]) for c in categories if isinstance(c.get("keypoints"), list) and c["keypoints"]]
-    points = (
-        named[0]
-        if named
-        else next(
-            (
-                len(a["keypoints"]) // 3
-                for a in data.get("annotations", [])
-                if isinstance(a, dict) and isinstance(a.get("keypoints"), list) and a["keypoints"]
-            ),
-            0,
-        )
-    )
+    # keypoints per instance: the categories' names of them (COCO's person), else the first annotation's;
+    # the categories whose objects have them: those naming them, else those with annotated ones
+    named = [c for c in categories if isinstance(c.get("keypoints"), list) and c["keypoints"]]
+    annotated = [
+        a
+        for a in data.get("annotations", [])
+        if isinstance(a, dict) and isinstance(a.get("keypoints"), list) and a["keypoints"]
+    ]
+    points = len(named[0]["keypoints"]) if named else len(annotated[0]["keypoints"]) // 3 if annotated else 0
+    keyed = {c["id"] for c in named} if named else {a["category_id"] for a in annotated if _id(a.get("category_id"))}
     masks = any(isinstance(a, dict) and "segmentation" in a for a in data.get("annotations", []))
-    entries: list[Entry] = [_entry(image, root, by_image, points, masks) for image in data["images"]]
+    _check_ids(path, data["images"])
+    entries: list[Entry] = [_entry(image, root, by_image, points, keyed, masks) for image in data["images"]]
     total = sum(isinstance(e, Item) for e in entries)
-    return Source(f"COCO annotations {path} ({total} images)", classes, iter(entries), total, kind="list")
+    description = f"COCO annotations {path} ({len(data['images'])} images listed)"
+    return Source(description, classes, iter(entries), total, kind="list")
 
 
-def _entry(image: Any, root: Path, by_image: dict, points: int, masks: bool) -> Entry:
+def _check_ids(path: Path, images: list) -> None:
+    """SourceError naming an image id listed twice: its annotations would go to both images."""
+    seen: dict[Any, str] = {}
+    for image in images:
+        if isinstance(image, dict) and _id(image.get("id")):
+            name = str(image.get("file_name"))
+            if image["id"] in seen:
+                raise SourceError(
+                    f'{path}: image id {image["id"]!r} is listed twice in "images" ({seen[image["id"]]}, {name}); '
+                    "each image's annotations are found by its id"
+                )
+            seen[image["id"]] = name
+
+
+def _entry(image: Any, root: Path, by_image: dict, points: int, keyed: set, masks: bool) -> Entry:
     """One image's sample, or why it is skipped."""
     if not isinstance(image, dict) or not isinstance(image.get("file_name"), str):
         return Skip(str(image)[:200], 'an "images" entry without a file_name')
@@ -132,12 +146,18 @@ def _entry(image: Any, root: Path, by_image: dict, points: int, masks: bool) -> 
             continue
         if points:
             kp = ann.get("keypoints")
-            if not (isinstance(kp, list) and len(kp) == 3 * points and all(_number(v) for v in kp)):
+            kind = ann.get("category_id")
+            if isinstance(kp, list) and len(kp) == 3 * points and all(_number(v) for v in kp):
+                # pixel indices to continuous pixels, for the labelled ones
+                keypoints.append(
+                    [[x + 0.5, y + 0.5, v] if v else [x, y, v] for x, y, v in zip(kp[::3], kp[1::3], kp[2::3])]
+                )
+            elif ann.get("keypoints", []) == [] and not (_id(kind) and kind in keyed):  # none, or an empty list
+                # an object of a category without keypoints (a car among persons): points, none labelled,
+                # as the store holds the same number of points for every instance
+                keypoints.append([[0.0, 0.0, 0]] * points)
+            else:
                 return Skip(str(file), f"an annotation without {points} keypoints (x, y, visibility)")
-            # pixel indices to continuous pixels, for the labelled ones
-            keypoints.append(
-                [[x + 0.5, y + 0.5, v] if v else [x, y, v] for x, y, v in zip(kp[::3], kp[1::3], kp[2::3])]
-            )
         boxes.append(box)
         segmentations.append(ann.get("segmentation"))
         category.append(ann.get("category_id"))
@@ -147,4 +167,4 @@ def _entry(image: Any, root: Path, by_image: dict, points: int, masks: bool) -> 
         fields["keypoints"] = np.asarray(keypoints, np.float64).reshape(-1, points, 3)
     if masks:  # drawn when packing takes the sample (`sources.coco_masks`)
         fields["masks"] = CocoMasks(tuple(segmentations), int(h), int(w))
-    return Item(str(file), -1, path=str(file), fields=fields)
+    return Item(str(file), -1, path=str(file), fields=fields, hw=(int(h), int(w)))

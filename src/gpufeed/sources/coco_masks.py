@@ -4,7 +4,9 @@ Run-length masks (uncompressed counts, or COCO's compressed string) are decoded 
 pycocotools decodes them. Polygons are drawn by pycocotools where it is installed (`pip install
 gpufeed[coco]`), so the masks are COCO's own; without it, here, a pixel being inside where its centre
 is inside the polygons (even-odd). The two differ on edge pixels (about 2 % of a mask's pixels on
-random polygons, tests/test_coco.py); packing says once which one drew them.
+random polygons, tests/test_coco.py); packing says once which one drew them. A polygon that would
+take more memory to draw than its mask (a vertex far outside the image, edges millions of pixels
+long) is refused before either drawer sees it: its image is skipped with the reason.
 """
 
 from __future__ import annotations
@@ -17,6 +19,14 @@ from typing import Any
 import numpy as np
 
 log = logging.getLogger(__name__)
+
+# pycocotools draws a polygon by walking its edges at 5x resolution: about 52 bytes per pixel of edge
+# (measured), however few of those pixels are in the image. A polygon's edges may be this many pixels
+# long in all (real ones: a few thousand; 4 Mi pixels take about 220 MB to draw) ...
+MAX_POLYGON_EDGE_PIXELS = 4 << 20
+# ... and its vertices may lie this many image sides outside the image (annotators' vertices lie within
+# a pixel or so of it; one at 1e9 would take gigabytes to draw, one at 1e308 crashes pycocotools).
+POLYGON_MARGIN_SIDES = 1
 
 
 def rle_counts(counts: str | list) -> np.ndarray:
@@ -93,15 +103,43 @@ def _say_once(what: str) -> None:
     log.warning("gpufeed: %s", what)
 
 
+def check_polygons(polygons: list[list[float]], h: int, w: int) -> None:
+    """ValueError where drawing `polygons` on an (h, w) image would take more memory than the image's
+    mask: a vertex more than POLYGON_MARGIN_SIDES image sides outside the image, or edges longer than
+    MAX_POLYGON_EDGE_PIXELS in all. Checked before either drawer sees them, so that whether an image
+    is kept does not depend on pycocotools being installed."""
+    size = np.array([w, h], np.float64)
+    edges = 0.0
+    for p in polygons:
+        xy = np.asarray(p, np.float64).reshape(-1, 2)
+        outside = ((xy < -POLYGON_MARGIN_SIDES * size) | (xy > (1 + POLYGON_MARGIN_SIDES) * size)).any(axis=1)
+        if outside.any():
+            x, y = xy[np.argmax(outside)]
+            raise ValueError(f"a polygon with a vertex at ({x:g}, {y:g}), far outside the {w}x{h} image")
+        edges += float(np.abs(np.diff(xy, axis=0, append=xy[:1])).max(axis=1).sum())  # the last edge closes it
+    if edges > MAX_POLYGON_EDGE_PIXELS:
+        raise ValueError(
+            f"polygons whose edges are {edges:.0f} pixels long in all, more than packing draws "
+            f"({MAX_POLYGON_EDGE_PIXELS}; they would take about {edges * 52 / 2**30:.1f} GiB to draw)"
+        )
+
+
 @dataclass(frozen=True)
 class CocoMasks:
     """One image's instance masks, drawn when packing takes the sample (`__call__`, so that a whole
     file's masks are never in memory at once): one per kept annotation, in their order. ValueError
-    naming the annotation whose segmentation is missing or malformed: packing skips the image with it."""
+    naming the annotation whose segmentation is missing or malformed: packing skips the image with it.
+    `shape` is what drawing them takes, known before they are drawn: packing checks it first against
+    the image's real size and the memory it gives one sample's masks (`packing.fields`)."""
 
     segmentations: tuple[Any, ...]
     h: int
     w: int
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """(instances, h, w) of the masks `__call__` draws."""
+        return len(self.segmentations), self.h, self.w
 
     def __call__(self) -> np.ndarray:
         out = np.zeros((len(self.segmentations), self.h, self.w), np.uint8)
@@ -130,6 +168,10 @@ class CocoMasks:
                 for p in seg
             )
         ):
+            try:
+                check_polygons(seg, h, w)
+            except ValueError as e:
+                raise ValueError(f"annotation {k}: {e}") from None
             coco = _pycocotools()
             if coco is not None:
                 _say_once("COCO polygons drawn by pycocotools")

@@ -23,6 +23,9 @@ class Item:
     path: str | None = None
     data: bytes | None = None
     fields: dict | None = None  # per-sample fields (see packing.fields); stays in the packing process
+    # the (h, w) the source declares for the image (a COCO "images" entry's), the frame of its fields:
+    # packing skips an image whose file's upright size is another, before its fields are read
+    hw: tuple[int, int] | None = None
 
     def __getstate__(self) -> dict:
         """What a worker gets: not the fields, which only the packing process writes."""

@@ -1,5 +1,9 @@
 """A CSV (`path,label,...`) or JSONL (`{"path": ..., "label": ...}`) list of images as a source; labels
-may be integers or class names, and further columns or keys are the samples' fields."""
+may be integers or class names (not both: an error naming the rows), and further columns or keys are
+the samples' fields. A row without a label (a JSONL row without "label", a CSV row of one cell) or
+labelled -1 is unlabelled (-1); one whose label is there but missing (a blank cell, "NA", "N/A" and
+the other cells pandas reads as missing, JSON null) is skipped with the reason, as is an integer
+label no store holds (below -1, past int64)."""
 
 from __future__ import annotations
 
@@ -9,8 +13,10 @@ import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from gpufeed.sources.cells import array_column, csv_column
+from gpufeed.sources.cells import MISSING, array_column, csv_column
 from gpufeed.sources.entries import Entry, Item, Skip, Source, SourceError, count_items, is_int
+
+INT64_MAX = (1 << 63) - 1
 
 
 def _list_rows(path: Path) -> Iterator[tuple[int, object, object, dict | None]]:
@@ -23,14 +29,16 @@ def _list_rows(path: Path) -> Iterator[tuple[int, object, object, dict | None]]:
         # utf-8-sig: the byte-order mark Excel writes is no part of the header
         with open(path, newline="", encoding="utf-8-sig") as f:
             if path.suffix.lower() == ".jsonl":
-                yield from _jsonl_rows(f)
+                yield from _jsonl_rows(path, f)
             else:
                 yield from _csv_rows(path, f)
     except UnicodeDecodeError as e:
         raise SourceError(f"{path}: not UTF-8 text ({e})") from None
 
 
-def _jsonl_rows(f) -> Iterator[tuple[int, object, object, dict | None]]:
+def _jsonl_rows(where: object, f) -> Iterator[tuple[int, object, object, dict | None]]:
+    """As `_list_rows`, of a JSONL list (`where` names it); SourceError naming the line for one nested
+    deeper than the JSON parser goes (a whole list is refused, as a COCO file or manifest is)."""
     for n, line in enumerate(f, 1):
         if not line.strip():
             continue
@@ -38,6 +46,8 @@ def _jsonl_rows(f) -> Iterator[tuple[int, object, object, dict | None]]:
             row = json.loads(line)
             extra = {k: v for k, v in row.items() if k not in ("path", "label")}
             yield n, row["path"], row.get("label", -1), extra or None
+        except RecursionError:
+            raise SourceError(f"{where}: line {n}: not JSON (nested too deeply)") from None
         except (ValueError, KeyError, TypeError, AttributeError):
             yield n, None, "malformed row (need path,label)", None
 
@@ -78,21 +88,52 @@ def _typed_columns(rows: list[tuple[int, object, object, dict | None]], csv_text
             extra[name] = value
 
 
-def list_labels(rows: list[tuple[int, object, object, dict | None]]) -> tuple[list[str], Callable[[object], int]]:
-    """A list's classes and each row's label as an int: integers as they are (no classes), else class
-    names, numbered in sorted order."""
-    raw_labels = [lab for _, p, lab, _ in rows if p]
-    if all(is_int(lab) for lab in raw_labels):
-        return [], lambda lab: int(str(lab))
-    classes = sorted({str(lab) for lab in raw_labels})
+def missing_label(label: object) -> bool:
+    """Whether a row's label is there but missing: JSON null, or a blank or "NA"-like cell (`cells.MISSING`)."""
+    return label is None or (isinstance(label, str) and label.strip() in MISSING)
+
+
+def _lines(rows: list[tuple[int, object]]) -> str:
+    shown = ", ".join(str(n) for n, _ in rows[:5])
+    return f"line{'s' if len(rows) > 1 else ''} {shown}" + (f" and {len(rows) - 5} more" if len(rows) > 5 else "")
+
+
+def list_labels(
+    rows: list[tuple[int, object, object, dict | None]], where: object
+) -> tuple[list[str], Callable[[int, object], int]]:
+    """A list's classes, and a row's label (given its number and label) as an int: integers as they
+    are (no classes), else class names, numbered in sorted order; -1 is unlabelled in either. The
+    label's ValueError says why a row is skipped (a missing label, an integer no store holds).
+    SourceError naming the rows where labels mix integers and class names (which numbers would the
+    integers be?)."""
+    present = [(n, lab) for n, p, lab, _ in rows if p and not missing_label(lab)]
+    numbers = [(n, lab) for n, lab in present if is_int(lab) and int(str(lab)) != -1]
+    names = [(n, lab) for n, lab in present if not is_int(lab)]
+    if numbers and names:
+        raise SourceError(
+            f"{where}: labels mix numbers ({_lines(numbers)}) and class names ({_lines(names)}), such as "
+            f"{numbers[0][1]!r} and {names[0][1]!r}: give every row a class name, or every row a class index"
+        )
+    classes = sorted({str(lab) for _, lab in names})
     index = {c: i for i, c in enumerate(classes)}
-    return classes, lambda lab: index[str(lab)]
+
+    def label_of(n: int, lab: object) -> int:
+        if missing_label(lab):
+            raise ValueError(f"no label (line {n} of the list: {lab!r})")
+        if not is_int(lab):
+            return index[str(lab)]
+        number = int(str(lab))
+        if not -1 <= number <= INT64_MAX:
+            raise ValueError(f"label {number} is not a class index (0 and up, -1 for none; line {n} of the list)")
+        return number
+
+    return classes, label_of
 
 
 def list_source(path: Path) -> Source:
     rows = list(_list_rows(path))
     _typed_columns([r for r in rows if r[1]], csv_text=path.suffix.lower() != ".jsonl")
-    classes, label_of = list_labels(rows)
+    classes, label_of = list_labels(rows, path)
     entries: list[Entry] = []
     for n, p, lab, extra in rows:
         if not p:
@@ -100,5 +141,8 @@ def list_source(path: Path) -> Source:
             entries.append(Skip(f"{path}:{n}", lab or "malformed row (need path,label)"))  # type: ignore[arg-type]
             continue
         full = str((path.parent / str(p)) if not os.path.isabs(str(p)) else Path(str(p)))
-        entries.append(Item(full, label_of(lab), path=full, fields=extra))
+        try:
+            entries.append(Item(full, label_of(n, lab), path=full, fields=extra))
+        except ValueError as e:
+            entries.append(Skip(full, str(e)))
     return Source(f"list {path}", classes, iter(entries), count_items(entries), kind="list")

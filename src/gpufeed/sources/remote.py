@@ -61,9 +61,9 @@ def _list(fs, protocol: str, path: str, where: str) -> Source:
     except UnicodeDecodeError as e:
         raise SourceError(f"{where}: not UTF-8 text ({e})") from None
     f = io.StringIO(text, newline="")
-    rows = list(_jsonl_rows(f) if jsonl else _csv_rows(where, f))  # type: ignore[arg-type]
+    rows = list(_jsonl_rows(where, f) if jsonl else _csv_rows(where, f))  # type: ignore[arg-type]
     _typed_columns([r for r in rows if r[1]], csv_text=not jsonl)
-    classes, label_of = list_labels(rows)
+    classes, label_of = list_labels(rows, where)
     folder = f"{protocol}://{path.rsplit('/', 1)[0]}" if "/" in path else f"{protocol}://"
     entries: list[Entry] = []
     urls: list[str | None] = []  # per entry, where its bytes are fetched from (None: nothing to fetch)
@@ -74,7 +74,13 @@ def _list(fs, protocol: str, path: str, where: str) -> Source:
             continue
         text_path = str(p)
         full = text_path if is_url(text_path) or os.path.isabs(text_path) else f"{folder}/{text_path}"
-        entries.append(Item(shown(full), label_of(lab), path=None if is_url(full) else full, fields=extra))
+        try:
+            label = label_of(n, lab)
+        except ValueError as e:  # a missing label, an integer no store holds
+            entries.append(Skip(shown(full), str(e)))
+            urls.append(None)
+            continue
+        entries.append(Item(shown(full), label, path=None if is_url(full) else full, fields=extra))
         urls.append(full if is_url(full) else None)
     return Source(f"list {where}", classes, _fetched(fs, entries, urls), count_items(entries), "list")
 

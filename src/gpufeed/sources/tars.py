@@ -41,12 +41,15 @@ def tar_key(name: str) -> tuple[str, str] | None:
 
 
 def tar_label(cls: bytes | None) -> int:
-    """A tar sample's label from its .cls member (-1 without one); ValueError if it is no integer."""
+    """A tar sample's label from its .cls member (-1 without one); ValueError if it is no integer, or
+    one no store holds (below -1, past int64)."""
     if cls is None:
         return -1
     text = cls.decode("utf-8", "replace").strip()
     if not is_int(text):
         raise ValueError(f"label {text!r} in .cls is not an integer")
+    if not -1 <= int(text) < 1 << 63:
+        raise ValueError(f"label {text} in .cls is not a class index (0 and up, -1 for none)")
     return int(text)
 
 
