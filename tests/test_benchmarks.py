@@ -16,7 +16,7 @@ import pytest
 import torch
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
-SHARED = ("common", "feeds", "others", "waits")  # the modules the scripts share, imported by their plain names
+SHARED = ("common", "feeds", "others", "photos", "waits")  # modules the scripts share, imported by their plain names
 SMOKES = {  # script: extra arguments of its smoke (each benchmark once; ddp_bench's two modes)
     "train_bench": [],
     "jpeg_bench": [],
@@ -79,3 +79,23 @@ def test_smoke(name, bench, tmp_path, capsys):
         assert cold["shards"] >= 2 and 0 < cold["busy_s"] <= written["runs"]["cold"]["seconds"]
         assert warm == {"shards": 0, "on_demand": 0, "busy_s": 0.0, "last_ended_s": 0.0}
         assert written["runs"]["fetch"]["bytes"] == written["runs"]["cold"]["downloaded"] > 0  # every shard
+
+
+def test_ddp_bench_reports_each_ranks_stages_under_torchrun(bench, tmp_path):
+    """`ddp_bench --train` with 2 ranks (torchrun, gloo on the CPU): each rank's stage report, the
+    fields that name a node's limit (issue 62): the loop's wait and launch, the GPU decoders' share,
+    the workers' cores, busy share and images per core-second, the threads' times, steal, host bytes."""
+    out = tmp_path / "ddp.json"
+    bench("ddp_bench").main(["--smoke", "--no-inline", "--worlds", "2", "--train", "resnet18", "--configs", "jpeg",
+                             "--data", "smooth", "--epochs-scale", "0.1", "--out", str(out)])
+    written = json.loads(out.read_text())
+    (run,) = written["runs"]["jpeg"]
+    assert run["world"] == 2 and len(run["stages"]) == 2
+    for stages in run["stages"]:
+        assert stages["wait_ms_per_step"] >= 0 and stages["launch_ms_per_step"] > 0
+        assert stages["gpu_share"] == 0 and stages["images_decoded"]["cpu"] > 0  # no GPU decoders on a CPU
+        assert stages["workers"] >= 1 and stages["workers_cores"] > 0 and 0 < stages["workers_busy"] <= 1.5
+        assert stages["cpu_img_per_core_s"] > 0 and stages["host_gb_s_jpeg_read"] > 0
+        assert stages["threads"]["MainThread"]["run_ms"] > 0 and stages["steal_ms_per_step"] is not None
+    table = out.with_suffix(".md").read_text()
+    assert "img/s per worker core" in table and "| jpeg | 2 | no | 1 |" in table
