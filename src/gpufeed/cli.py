@@ -42,6 +42,7 @@ def _pack(a: argparse.Namespace) -> int:
             workers=a.workers,
             on_error=a.on_error,
             overwrite=a.overwrite,
+            exist_ok=a.exist_ok,
             max_pixels=a.max_pixels,
             engine=a.engine,
             ray_address=a.ray_address,
@@ -207,6 +208,11 @@ def _parser() -> argparse.ArgumentParser:
         help="skip: list a bad image in the report and go on; raise: stop at the first one",
     )
     q.add_argument("--overwrite", action="store_true", help="replace an existing destination")
+    q.add_argument(
+        "--exist-ok",
+        action="store_true",
+        help="keep a store at the destination packed from this source with these settings (pack nothing)",
+    )
     q.add_argument("--images", default=None, help="a COCO annotation file's folder of images")
     q.set_defaults(run=_pack, usage_error=q.error)
 

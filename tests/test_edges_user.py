@@ -1,0 +1,74 @@
+"""Edges a first-time user meets (issue 63): a pack script run twice, truncated JPEGs kept as they are,
+stores of one size, a full disk, FIFOs and non-UTF-8 names in a folder read in place, and the CLI's
+exit codes and noise."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import gpufeed
+from conftest import save, smooth
+from gpufeed.cli import main
+from gpufeed.store.format import StoreError
+
+
+def _jpeg_folder(root, per_class: int = 2, h: int = 40, w: int = 48):
+    for c in ("ant", "bee"):
+        for i in range(per_class):
+            save(root / c / f"{i}.jpg", smooth(i, h, w), quality=95)
+    return root
+
+
+# item 13: the README's "pack once" runs again
+
+
+def test_exist_ok_keeps_a_store_of_the_same_source_and_settings(tmp_path):
+    src = _jpeg_folder(tmp_path / "data")
+    dest = tmp_path / "store"
+    first = gpufeed.pack(src, dest, mode="jpeg", workers=1, progress=False, exist_ok=True)
+    assert not first.kept and first.count == 4
+    made = (dest / "manifest.json").stat().st_mtime_ns
+    again = gpufeed.pack(src, dest, mode="jpeg", workers=1, progress=False, exist_ok=True)
+    assert again.kept and again.count == 4 and again.bytes == first.bytes
+    assert "kept" in again.summary() and "nothing packed" in again.summary()
+    assert (dest / "manifest.json").stat().st_mtime_ns == made  # not packed again
+    # the same folder, written otherwise: kept too
+    assert gpufeed.pack(f"{src}/", dest, mode="jpeg", workers=1, progress=False, exist_ok=True).kept
+
+
+def test_exist_ok_refuses_a_store_packed_otherwise(tmp_path):
+    src = _jpeg_folder(tmp_path / "data")
+    dest = tmp_path / "store"
+    gpufeed.pack(src, dest, mode="jpeg", workers=1, progress=False)
+    with pytest.raises(StoreError, match=r"quality 90 \(asked: 80\).*overwrite=True"):
+        gpufeed.pack(src, dest, mode="jpeg", quality=80, workers=1, progress=False, exist_ok=True)
+    with pytest.raises(StoreError, match=r"mode 'jpeg' \(asked: 'raw'\)"):
+        gpufeed.pack(src, dest, size=16, workers=1, progress=False, exist_ok=True)
+    other = _jpeg_folder(tmp_path / "other")
+    with pytest.raises(StoreError, match="source"):
+        gpufeed.pack(other, dest, mode="jpeg", workers=1, progress=False, exist_ok=True)
+    # with overwrite=True, a store packed otherwise is replaced
+    report = gpufeed.pack(src, dest, mode="jpeg", quality=80, workers=1, progress=False, exist_ok=True, overwrite=True)
+    assert not report.kept and gpufeed.open(dest).manifest.settings["quality"] == 80
+    # a damaged store is not kept
+    os.truncate(dest / "labels.i64", 8)
+    with pytest.raises(StoreError, match="labels.i64 is missing or not 32 bytes"):
+        gpufeed.pack(src, dest, mode="jpeg", quality=80, workers=1, progress=False, exist_ok=True)
+    # something that is no store
+    (tmp_path / "notes").mkdir()
+    with pytest.raises(StoreError, match="not a complete gpufeed store"):
+        gpufeed.pack(src, tmp_path / "notes", mode="jpeg", workers=1, progress=False, exist_ok=True)
+    assert (tmp_path / "notes").is_dir()  # left as it was
+
+
+def test_cli_exist_ok(tmp_path, capsys):
+    src = _jpeg_folder(tmp_path / "data")
+    dest = str(tmp_path / "store")
+    assert main(["pack", str(src), dest, "--size", "16", "--workers", "1", "--exist-ok"]) == 0
+    assert "packed 4 images" in capsys.readouterr().out
+    assert main(["pack", str(src), dest, "--size", "16", "--workers", "1", "--exist-ok"]) == 0
+    assert "kept" in capsys.readouterr().out
+    assert main(["pack", str(src), dest, "--size", "24", "--workers", "1", "--exist-ok"]) == 1
+    assert "size 16 (asked: 24)" in capsys.readouterr().err
