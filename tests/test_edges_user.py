@@ -7,9 +7,10 @@ from __future__ import annotations
 import os
 
 import pytest
+from conftest import save, smooth
 
 import gpufeed
-from conftest import save, smooth
+from gpufeed.augment import CenterCrop
 from gpufeed.cli import main
 from gpufeed.store.format import StoreError
 
@@ -72,3 +73,29 @@ def test_cli_exist_ok(tmp_path, capsys):
     assert "kept" in capsys.readouterr().out
     assert main(["pack", str(src), dest, "--size", "24", "--workers", "1", "--exist-ok"]) == 1
     assert "size 16 (asked: 24)" in capsys.readouterr().err
+
+
+# item 14: a truncated JPEG kept as it is
+
+
+def test_reencode_false_skips_a_truncated_jpeg(tmp_path):
+    src = _jpeg_folder(tmp_path / "data", h=64, w=80)
+    whole = (src / "ant" / "1.jpg").read_bytes()
+    (src / "ant" / "1.jpg").write_bytes(whole[: len(whole) // 2])  # cut short
+    (src / "bee" / "1.jpg").write_bytes(whole[:-2])  # all but its end-of-image marker
+    (src / "bee" / "2.jpg").write_bytes(whole + b"appended: a motion photo's video")  # complete, with a trailer
+    report = gpufeed.pack(src, tmp_path / "s", mode="jpeg", reencode=False, workers=1, progress=False)
+    reasons = {s["path"].split("data/")[1]: s["reason"] for s in report.skipped}
+    assert set(reasons) == {"ant/1.jpg", "bee/1.jpg"} and report.count == 3
+    assert all("truncated JPEG: no end-of-image marker" in r for r in reasons.values())
+    loader = gpufeed.Loader(
+        tmp_path / "s",
+        batch_size=3,
+        device="cpu",
+        num_workers=0,
+        shuffle=False,
+        on_error="raise",
+        augment=[CenterCrop(32)],
+    )
+    with loader:
+        assert [len(y) for _, y in loader] == [3]  # every kept image decodes
