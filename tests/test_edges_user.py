@@ -7,10 +7,11 @@ from __future__ import annotations
 import os
 
 import pytest
+import torch
 from conftest import save, smooth
 
 import gpufeed
-from gpufeed.augment import CenterCrop
+from gpufeed.augment import CenterCrop, Normalize
 from gpufeed.cli import main
 from gpufeed.store.format import StoreError
 
@@ -99,3 +100,27 @@ def test_reencode_false_skips_a_truncated_jpeg(tmp_path):
     )
     with loader:
         assert [len(y) for _, y in loader] == [3]  # every kept image decodes
+
+
+# item 16: a jpeg store of one size needs no augment
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_jpeg_store_of_one_size_loads_without_augment(tmp_path, workers):
+    src = _jpeg_folder(tmp_path / "data", per_class=3)
+    gpufeed.pack(src, tmp_path / "s", mode="jpeg", workers=1, progress=False)
+    store = gpufeed.open(tmp_path / "s")
+    with gpufeed.Loader(tmp_path / "s", batch_size=3, device="cpu", shuffle=False, num_workers=workers) as loader:
+        assert loader.dtype == torch.uint8
+        batches = list(loader)
+    assert [tuple(x.shape) for x, _ in batches] == [(3, 3, 40, 48)] * 2 and batches[0][0].dtype == torch.uint8
+    for k, (x, y) in enumerate(batches):  # the images as stored, as store[i] decodes them
+        for j in range(3):
+            image, label = store[3 * k + j]
+            assert torch.equal(x[j], image) and y[j] == label
+    with gpufeed.Loader(tmp_path / "s", batch_size=3, device="cpu", augment=[Normalize()], num_workers=workers) as norm:
+        assert next(iter(norm))[0].shape == (3, 3, 40, 48)
+    save(src / "bee" / "9.jpg", smooth(9, 32, 48), quality=95)  # another size: ops that end in one are needed
+    gpufeed.pack(src, tmp_path / "s2", mode="jpeg", workers=1, progress=False)
+    with pytest.raises(ValueError, match="holds images of different sizes"):
+        gpufeed.Loader(tmp_path / "s2", batch_size=3, device="cpu", num_workers=workers)
