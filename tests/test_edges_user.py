@@ -5,6 +5,9 @@ exit codes and noise."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -124,3 +127,50 @@ def test_a_jpeg_store_of_one_size_loads_without_augment(tmp_path, workers):
     gpufeed.pack(src, tmp_path / "s2", mode="jpeg", workers=1, progress=False)
     with pytest.raises(ValueError, match="holds images of different sizes"):
         gpufeed.Loader(tmp_path / "s2", batch_size=3, device="cpu", num_workers=workers)
+
+
+# item 19: noise and defaults
+
+SRC = str(Path(gpufeed.__file__).parents[1])
+
+
+def _cli(*args: str, probe: str = "") -> subprocess.CompletedProcess:
+    """`gpufeed ARGS` in a fresh process (warnings and logging are per process), then `probe`."""
+    script = f"import sys\nfrom gpufeed.cli import main\nrc = main(sys.argv[1:])\n{probe}\nsys.exit(rc)\n"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_doctor_prints_no_warning_of_torch():
+    """torch's "The given NumPy array is not writable" UserWarning came on stderr, from decode/codecs/cpu.py."""
+    done = _cli("doctor", "--device", "cpu")
+    assert done.returncode == 0, done.stderr
+    assert "versions: gpufeed" in done.stdout and "Warning" not in done.stderr, done.stderr
+
+
+def test_other_libraries_log_lines_are_not_printed_as_gpufeeds(tmp_path):
+    """The CLI printed botocore's information as its own: "gpufeed: Found credentials in environment variables."."""
+    probe = (
+        "import logging\n"
+        "logging.getLogger('botocore.credentials').info('Found credentials in environment variables.')\n"
+        "logging.getLogger('botocore.credentials').warning('a warning of its own')\n"
+        "logging.getLogger('gpufeed.x').info('a plain message')\n"
+    )
+    done = _cli("inspect", str(tmp_path / "missing"), probe=probe)
+    assert done.returncode == 1 and "gpufeed inspect: error:" in done.stderr, done.stderr
+    assert "Found credentials" not in done.stderr
+    assert "botocore.credentials: a warning of its own" in done.stderr and "gpufeed: a warning" not in done.stderr
+    assert "gpufeed: a plain message" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("--size", "0"), ("--quality", "101"), ("--quality", "0"), ("--max-side", "0"), ("--workers", "0")],
+)
+def test_pack_values_out_of_range_are_usage_errors(tmp_path, capsys, option, value):
+    """They exited 1 after starting to pack; the README says a value out of range exits 2, with the usage."""
+    with pytest.raises(SystemExit) as e:
+        main(["pack", str(tmp_path / "src"), str(tmp_path / "s"), option, value])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "usage: gpufeed pack" in err and f"argument {option}" in err, err
+    assert not (tmp_path / "s").exists()

@@ -135,6 +135,17 @@ def _positive(text: str) -> int:
     return number
 
 
+def _quality(text: str) -> int:
+    """argparse type: a JPEG quality, 1 to 100 (anything else is a usage error, exit 2, as `pack` checks it)."""
+    try:
+        number = int(text)
+    except ValueError:
+        number = 0
+    if not 1 <= number <= 100:
+        raise argparse.ArgumentTypeError(f"must be a whole number from 1 to 100, not {text!r}")
+    return number
+
+
 class _Help(argparse.ArgumentDefaultsHelpFormatter):
     """Shows each option's default, except where there is none to show."""
 
@@ -171,7 +182,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     q.add_argument(
         "--size",
-        type=int,
+        type=_positive,
         default=None,
         help=f"raw: side of the square images (default: {_SIZE}; jpeg: use --max-side)",
     )
@@ -182,8 +193,8 @@ def _parser() -> argparse.ArgumentParser:
         help="raw: how an image becomes square: centre crop of the shorter side, stretch, "
         "or pad the longer side with black",
     )
-    q.add_argument("--quality", type=int, default=90, help="jpeg: re-encode quality")
-    q.add_argument("--max-side", type=int, default=512, help="jpeg: longest side kept")
+    q.add_argument("--quality", type=_quality, default=90, help="jpeg: re-encode quality (1 to 100)")
+    q.add_argument("--max-side", type=_positive, default=512, help="jpeg: longest side kept")
     q.add_argument("--no-reencode", action="store_true", help="jpeg: keep baseline RGB JPEGs as they are")
     q.add_argument(
         "--max-pixels",
@@ -191,7 +202,7 @@ def _parser() -> argparse.ArgumentParser:
         default=_MAX_PIXELS,
         help="skip an image whose header declares more pixels than this, before decoding it",
     )
-    q.add_argument("--workers", type=int, default=None, help="local processes (default: all cores)")
+    q.add_argument("--workers", type=_positive, default=None, help="local processes (default: all cores)")
     q.add_argument(
         "--engine",
         choices=["local", "ray"],
@@ -269,10 +280,14 @@ def _errors() -> tuple[type[BaseException], ...]:
 
 
 class _LogFormat(logging.Formatter):
-    """Puts "gpufeed: " before a log message, unless it names gpufeed itself (the Loader's begin "gpufeed.Loader:")."""
+    """Puts "gpufeed: " before gpufeed's log messages, unless they name gpufeed themselves (the Loader's
+    begin "gpufeed.Loader:"); another library's (a warning: their information is not shown) is named by
+    its logger, never passed off as gpufeed's."""
 
     def format(self, record: logging.LogRecord) -> str:
         text = super().format(record)
+        if record.name != "gpufeed" and not record.name.startswith("gpufeed."):
+            return f"{record.name}: {text}"
         return text if text.startswith("gpufeed") else f"gpufeed: {text}"
 
 
@@ -290,7 +305,10 @@ def main(argv: list[str] | None = None) -> int:
     _print_any_name()
     handler = logging.StreamHandler()
     handler.setFormatter(_LogFormat())
-    logging.basicConfig(level=logging.INFO, handlers=[handler])
+    # gpufeed's information, other libraries' warnings: botocore's "Found credentials in environment
+    # variables." and the like (INFO) were printed as "gpufeed: ..."
+    logging.basicConfig(level=logging.WARNING, handlers=[handler])
+    logging.getLogger("gpufeed").setLevel(logging.INFO)
     args = _parser().parse_args(argv)
     try:
         return args.run(args)
