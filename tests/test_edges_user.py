@@ -4,6 +4,8 @@ exit codes and noise."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import subprocess
 import sys
@@ -16,7 +18,9 @@ from conftest import save, smooth
 import gpufeed
 from gpufeed.augment import CenterCrop, Normalize
 from gpufeed.cli import main
+from gpufeed.packing import packer
 from gpufeed.store.format import StoreError
+from gpufeed.store.writer import HashingWriter
 
 
 def _jpeg_folder(root, per_class: int = 2, h: int = 40, w: int = 48):
@@ -174,3 +178,63 @@ def test_pack_values_out_of_range_are_usage_errors(tmp_path, capsys, option, val
     err = capsys.readouterr().err
     assert e.value.code == 2 and "usage: gpufeed pack" in err and f"argument {option}" in err, err
     assert not (tmp_path / "s").exists()
+
+
+# item 11b: a full disk while packing
+
+
+def _open_under(folder: Path) -> list[str]:
+    """What this process still holds open under `folder` (a removed file's space is freed only once closed)."""
+    held = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if target.startswith(str(folder)):
+                held.append(target)
+    return held
+
+
+def _no_space(*args):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def _leaves_nothing(tmp_path: Path, e: pytest.ExceptionInfo, dest: Path) -> None:
+    message = str(e.value)
+    assert "no space left" in message and str(dest) in message, message
+    assert ".png" not in message and e.value.skipped == []  # no image blamed
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["folder"]  # no store, scratch folder or lock
+    assert _open_under(tmp_path) == []
+
+
+def test_a_full_disk_stops_a_raw_pack_naming_the_destination(image_folder, tmp_path, monkeypatch):
+    """Formerly a worker writing into a hole of the sparse images.u8 on a full disk died of SIGBUS, and the
+    pack failed "on 32 file(s)": good images, and never "no space left"."""
+    monkeypatch.setattr(packer, "CHUNK", 4)  # 12 images: 3 slots reserved, the second finds the disk full
+    calls = []
+    real = os.posix_fallocate
+
+    def fallocate(fd: int, offset: int, length: int) -> None:
+        calls.append(offset)
+        if len(calls) == 2:
+            _no_space()
+        real(fd, offset, length)
+
+    monkeypatch.setattr(os, "posix_fallocate", fallocate)
+    dest = tmp_path / "s"
+    with pytest.raises(packer.PackError) as e:
+        gpufeed.pack(image_folder, dest, size=16, workers=2, progress=False)
+    assert len(calls) == 2
+    _leaves_nothing(tmp_path, e, dest)
+
+
+def test_a_full_disk_stops_a_jpeg_pack_naming_the_destination(image_folder, tmp_path, monkeypatch, capsys):
+    """A jpeg pack's data.bin on a full disk raised an OSError without a file name."""
+    real = HashingWriter.write
+    monkeypatch.setattr(HashingWriter, "write", lambda w, data: _no_space() if w.bytes else real(w, data))
+    dest = tmp_path / "s"
+    with pytest.raises(packer.PackError) as e:
+        gpufeed.pack(image_folder, dest, mode="jpeg", workers=1, progress=False)
+    _leaves_nothing(tmp_path, e, dest)
+    assert main(["pack", str(image_folder), str(dest), "--mode", "jpeg", "--workers", "1"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"gpufeed pack: error: {dest}: no space left"), err

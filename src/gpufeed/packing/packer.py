@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import errno
 import glob
 import logging
 import os
+import shutil
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from functools import partial
@@ -161,6 +164,37 @@ def _result(chunk: worker.Chunk, future):
         raise PackError(f"packing failed on {len(names)} file(s): {shown}: {reason}") from e
 
 
+def _abandoned_on_error(sink):
+    """An exit callback for an `ExitStack`: a pack that fails closes the sink's open files (before its
+    folder is removed, so that the disk space is freed at once, also in a process that goes on)."""
+
+    def on_exit(kind, error, trace) -> None:
+        if kind is not None:
+            sink.abandon()
+
+    return on_exit
+
+
+@contextmanager
+def _full_disk_said(dest: str | os.PathLike) -> Iterator[None]:
+    """A full disk (ENOSPC, wherever the store's files were being written) as a PackError that names the
+    destination and says so, rather than an OSError without a file name, or the images in flight
+    blamed. The store's folder is removed by then (`atomic_store_dir`)."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno != errno.ENOSPC:
+            raise
+        try:
+            free = f"; {shutil.disk_usage(Path(dest).absolute().parent).free / 1e6:.0f} MB free without it"
+        except OSError:
+            free = ""
+        raise PackError(
+            f"{dest}: no space left on the device to write the store (nothing was left there{free}); free "
+            "some space or pack to another disk"
+        ) from e
+
+
 def _bounded(executor: Executor, fn, chunks: Iterator[worker.Chunk], window: int):
     """Map in order with at most `window` chunks and IN_FLIGHT_BYTES of their carried data in flight
     (one chunk may exceed it alone), so memory stays bounded however large the samples."""
@@ -304,9 +338,16 @@ def pack(
         return False
 
     t0 = time.perf_counter()
-    with sigterm_stops(pack.__code__) as stop, atomic_store_dir(dest, overwrite) as work:
+    with (
+        _full_disk_said(dest),
+        sigterm_stops(pack.__code__) as stop,
+        atomic_store_dir(dest, overwrite) as work,
+        ExitStack() as opened,
+    ):
         sink = RawSink(work, size) if mode == "raw" else JpegSink(work)
+        opened.push(_abandoned_on_error(sink))
         fields = FieldsSink(work)
+        opened.push(_abandoned_on_error(fields))
         run = engines.start(engine, workers or os.cpu_count() or 1, ray_address)
         executor, workers = run.executor, run.workers
         raw_path = str(sink.path) if mode == "raw" and run.local_disk else None  # type: ignore[union-attr]  # RawSink
