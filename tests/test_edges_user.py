@@ -9,6 +9,7 @@ import errno
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -238,3 +239,42 @@ def test_a_full_disk_stops_a_jpeg_pack_naming_the_destination(image_folder, tmp_
     assert main(["pack", str(image_folder), str(dest), "--mode", "jpeg", "--workers", "1"]) == 1
     err = capsys.readouterr().err
     assert err.startswith(f"gpufeed pack: error: {dest}: no space left"), err
+
+
+# item 5: a FIFO put in a file's place while a folder is read
+
+
+def _write_ends(fifo: Path, until: threading.Event) -> None:
+    """Open `fifo` for writing and close it again, over and over: a reader blocked opening it goes on
+    (and reads its end at once)."""
+    while not until.wait(0.2):
+        with contextlib.suppress(OSError):  # ENXIO: no reader at the moment
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+
+
+def test_a_fifo_put_in_a_files_place_fails_that_image_in_a_decode_worker(tmp_path):
+    """A decode worker opened each file blocking: a FIFO put in an image's place since the folder was
+    indexed held its open until a writer came, and the pass hung."""
+    src = _jpeg_folder(tmp_path / "data", per_class=3)
+    fifo = src / "bee" / "1.jpg"
+    loader = gpufeed.Loader(
+        src, batch_size=3, device="cpu", shuffle=False, drop_last=False, num_workers=1, augment=[CenterCrop(32)]
+    )
+    fifo.unlink()
+    os.mkfifo(fifo)
+    seen: list = []
+    passing = threading.Thread(target=lambda: seen.extend(len(y) for _, y in loader), daemon=True)
+    passing.start()
+    passing.join(60)
+    hung = passing.is_alive()
+    freed = threading.Event()
+    if hung:  # free the worker for as long as it opens the FIFO (the next epoch's batches too), so as to fail
+        threading.Thread(target=_write_ends, args=(fifo, freed), daemon=True).start()
+        passing.join(30)
+    try:
+        loader.close()
+    finally:
+        freed.set()
+    assert not hung, "the pass hung on the FIFO"
+    assert sum(seen) == 5
+    assert [(s.source, "not a regular file" in s.reason) for s in loader.skipped] == [(str(fifo), True)], loader.skipped
