@@ -278,3 +278,39 @@ def test_a_fifo_put_in_a_files_place_fails_that_image_in_a_decode_worker(tmp_pat
     assert not hung, "the pass hung on the FIFO"
     assert sum(seen) == 5
     assert [(s.source, "not a regular file" in s.reason) for s in loader.skipped] == [(str(fifo), True)], loader.skipped
+
+
+# item 11a: file names that are not UTF-8, in a folder read in place
+
+
+def _named(folder: Path, name: bytes) -> Path:
+    """`folder`/`name`, a file name that need not be UTF-8 (its other bytes kept as surrogates, as Python does)."""
+    return Path(os.fsdecode(os.fsencode(folder) + b"/" + name))
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_folder_read_in_place_takes_names_that_are_not_utf8(tmp_path, workers):
+    """Packing took them; reading the folder in place raised UnicodeEncodeError when it was made."""
+    src = _jpeg_folder(_named(tmp_path, b"d\xe9j\xe0"))  # a Latin-1 folder name, as on an old disk
+    cafe = _named(src / "bee", b"caf\xe9.jpg")  # read as it is
+    os.rename(src / "bee" / "1.jpg", cafe)
+    save(_named(src / "ant", b"\xff.png"), smooth(5, 40, 48))  # re-encoded beside the index
+    names = sorted(str(p) for p in src.rglob("*.*"))
+
+    def make() -> gpufeed.Loader:
+        return gpufeed.Loader(
+            src, batch_size=5, device="cpu", shuffle=False, drop_last=False, num_workers=workers,
+            fields=("source",), augment=[CenterCrop(32)],
+        )  # fmt: skip
+
+    with make() as loader:
+        assert loader.store.reencoded == 1 and loader.skipped == []
+        assert sorted(s for b in loader for s in b["source"]) == names
+    if workers:  # a decode worker's reason for an image that fails names it (its bytes escaped)
+        with make() as loader:
+            cafe.unlink()
+            os.mkfifo(cafe)
+            assert sum(len(b["source"]) for b in loader) == 4
+            reasons = [(s.source, "caf\\udce9.jpg: not a regular file" in s.reason) for s in loader.skipped]
+            assert reasons == [(str(cafe), True)], loader.skipped
+    assert gpufeed.pack(src, tmp_path / "s", mode="jpeg", workers=1, progress=False).count == 4 + (not workers)

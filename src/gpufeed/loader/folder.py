@@ -375,8 +375,9 @@ def _reencoded(entry: list[int] | str) -> bool:
 
 
 def _upright_name(key: str) -> str:
-    """The file an image re-encoded is kept in, named by its index key (its name and file's stat)."""
-    return hashlib.sha1(key.encode()).hexdigest()[:24] + ".jpg"
+    """The file an image re-encoded is kept in, named by its index key (its name and file's stat). A name
+    need not be UTF-8 (Python keeps its other bytes as surrogates): hashed as the bytes it is."""
+    return hashlib.sha1(os.fsencode(key)).hexdigest()[:24] + ".jpg"
 
 
 def _fits(entry: object, size: int, stat: str, made: Callable[[int], str], k: int) -> bool:
@@ -505,7 +506,7 @@ def _cache_path(source: Path) -> Path:
     """In the user's cache ($XDG_CACHE_HOME or ~/.cache, then gpufeed/), named by the source's absolute
     path: never inside the source, which may be read-only, shared or packed later."""
     home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpufeed"
-    return home / f"index-{hashlib.sha1(str(source.absolute()).encode()).hexdigest()[:16]}.json"
+    return home / f"index-{hashlib.sha1(os.fsencode(source.absolute())).hexdigest()[:16]}.json"
 
 
 def _load(path: Path) -> dict:
