@@ -314,3 +314,25 @@ def test_a_folder_read_in_place_takes_names_that_are_not_utf8(tmp_path, workers)
             reasons = [(s.source, "caf\\udce9.jpg: not a regular file" in s.reason) for s in loader.skipped]
             assert reasons == [(str(cafe), True)], loader.skipped
     assert gpufeed.pack(src, tmp_path / "s", mode="jpeg", workers=1, progress=False).count == 4 + (not workers)
+
+
+# item 18: what the README says a folder read in place gives
+
+
+def test_the_readme_says_which_pack_gives_a_folders_pixels(tmp_path):
+    """The README said a folder read in place gives "the pixels a store packed from it gives": only a pack
+    with reencode=False does; a default pack re-encodes every JPEG."""
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    section = " ".join(readme.split("### Without packing", 1)[1].split("\n## ", 1)[0].split())
+    assert "the pixels a store packed from it gives" not in section
+    assert "a store packed from the folder with `reencode=False`" in section and "a default pack re-encodes" in section
+    src = _jpeg_folder(tmp_path / "data", per_class=3)
+    kept = gpufeed.pack(src, tmp_path / "kept", mode="jpeg", reencode=False, workers=1, progress=False)
+    default = gpufeed.pack(src, tmp_path / "default", mode="jpeg", workers=1, progress=False)
+
+    def pixels(path) -> torch.Tensor:
+        with gpufeed.Loader(path, batch_size=6, device="cpu", shuffle=False, num_workers=0) as loader:
+            return next(iter(loader))[0]
+
+    folder = pixels(src)
+    assert torch.equal(folder, pixels(kept.dest)) and not torch.equal(folder, pixels(default.dest))
