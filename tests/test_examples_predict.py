@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 import gpufeed
 from conftest import save, smooth
@@ -60,6 +61,7 @@ def test_a_folder_read_in_place_gives_one_row_per_image(folder, tmp_path):
     images = {str(p) for p in folder.rglob("*.jpg")}
     rows = _rows(tmp_path / "p.csv", 5, set(names))  # 10 outputs named by the file: the top 5
     assert set(rows) == images and out["rows"] == len(images) == 6 and out["skipped"] == []
+    assert out["dtype"] == torch.float32  # bf16 on a GPU only: on a CPU it ran 4 times slower (issue 63)
 
 
 def test_a_jpeg_store_in_with_its_class_names_and_a_limit(folder, store, tmp_path):

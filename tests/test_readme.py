@@ -77,6 +77,11 @@ def test_readme_python_blocks_run(tmp_path, monkeypatch, s3):
             exec(compile(block, f"README.md python block {k + 1}", "exec"), namespace)
         except Exception as e:  # name the block that failed
             pytest.fail(f"README python block {k + 1} failed: {type(e).__name__}: {e}\n{block}")
+    first = {name: namespace[name] for name in ("loader", "val", "one_pass", "remote")}
+    packed = {d: (tmp_path / "stores" / d / "manifest.json").stat().st_mtime_ns for d in ("train", "val")}
+    _run_again(blocks)
+    for d, made in packed.items():  # kept, not packed again
+        assert (tmp_path / "stores" / d / "manifest.json").stat().st_mtime_ns == made
     loader, val = namespace["loader"], namespace["val"]
     assert len(loader) == 3 and loader.state_dict()["epoch"] == 2  # 12 images, batches of 4, 2 epochs
     assert len(val.store) == 6 and 0 <= namespace["correct"] <= 6
@@ -84,7 +89,25 @@ def test_readme_python_blocks_run(tmp_path, monkeypatch, s3):
     one_pass = namespace["one_pass"]  # the val folder read in place
     assert len(one_pass.store) == 6 and sum(len(y) for _, y in one_pass) == 6
     assert namespace["remote"].store.cache.fetched >= 1 and len(namespace["remote"].store) == 12
-    for name in ("loader", "val", "one_pass", "remote"):
+    for made in first.values():
+        made.close()
+
+
+def _run_again(blocks: list[str]) -> None:
+    """Run the README's blocks a second time, as a user runs a training script again, in a fresh
+    namespace: they must not fail on what the first run left (a store packed "once"). The blocks
+    showing a pack into a fresh destination are left out: packing there again is an error on purpose
+    (pass `overwrite=True` to replace a store)."""
+    namespace: dict = {}
+    fresh = ('mode="raw", size=32', "s3://")  # "Pack a dataset", "Train from a bucket"
+    for k, block in enumerate(blocks):
+        if any(text in block for text in fresh):
+            continue
+        try:
+            exec(compile(block, f"README.md python block {k + 1}, run again", "exec"), namespace)
+        except Exception as e:
+            pytest.fail(f"README python block {k + 1} failed when run again: {type(e).__name__}: {e}\n{block}")
+    for name in ("loader", "val", "one_pass"):
         namespace[name].close()
 
 

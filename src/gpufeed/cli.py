@@ -44,6 +44,7 @@ def _pack(a: argparse.Namespace) -> int:
             workers=a.workers,
             on_error=a.on_error,
             overwrite=a.overwrite,
+            exist_ok=a.exist_ok,
             max_pixels=a.max_pixels,
             engine=a.engine,
             ray_address=a.ray_address,
@@ -141,6 +142,17 @@ def _positive(text: str) -> int:
     return number
 
 
+def _quality(text: str) -> int:
+    """argparse type: a JPEG quality, 1 to 100 (anything else is a usage error, exit 2, as `pack` checks it)."""
+    try:
+        number = int(text)
+    except ValueError:
+        number = 0
+    if not 1 <= number <= 100:
+        raise argparse.ArgumentTypeError(f"must be a whole number from 1 to 100, not {text!r}")
+    return number
+
+
 class _Help(argparse.ArgumentDefaultsHelpFormatter):
     """Shows each option's default, except where there is none to show."""
 
@@ -177,7 +189,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     q.add_argument(
         "--size",
-        type=int,
+        type=_positive,
         default=None,
         help=f"raw: side of the square images (default: {_SIZE}; jpeg: use --max-side)",
     )
@@ -188,8 +200,8 @@ def _parser() -> argparse.ArgumentParser:
         help="raw: how an image becomes square: centre crop of the shorter side, stretch, "
         "or pad the longer side with black",
     )
-    q.add_argument("--quality", type=int, default=90, help="jpeg: re-encode quality")
-    q.add_argument("--max-side", type=int, default=512, help="jpeg: longest side kept")
+    q.add_argument("--quality", type=_quality, default=90, help="jpeg: re-encode quality (1 to 100)")
+    q.add_argument("--max-side", type=_positive, default=512, help="jpeg: longest side kept")
     q.add_argument("--no-reencode", action="store_true", help="jpeg: keep baseline RGB JPEGs as they are")
     q.add_argument(
         "--max-pixels",
@@ -197,7 +209,7 @@ def _parser() -> argparse.ArgumentParser:
         default=_MAX_PIXELS,
         help="skip an image whose header declares more pixels than this, before decoding it",
     )
-    q.add_argument("--workers", type=int, default=None, help="local processes (default: all cores)")
+    q.add_argument("--workers", type=_positive, default=None, help="local processes (default: all cores)")
     q.add_argument(
         "--engine",
         choices=["local", "ray"],
@@ -214,6 +226,11 @@ def _parser() -> argparse.ArgumentParser:
         help="skip: list a bad image in the report and go on; raise: stop at the first one",
     )
     q.add_argument("--overwrite", action="store_true", help="replace an existing destination")
+    q.add_argument(
+        "--exist-ok",
+        action="store_true",
+        help="keep a store at the destination packed from this source with these settings (pack nothing)",
+    )
     q.add_argument("--images", default=None, help="a COCO annotation file's folder of images")
     q.set_defaults(run=_pack, usage_error=q.error)
 
@@ -270,10 +287,14 @@ def _errors() -> tuple[type[BaseException], ...]:
 
 
 class _LogFormat(logging.Formatter):
-    """Puts "gpufeed: " before a log message, unless it names gpufeed itself (the Loader's begin "gpufeed.Loader:")."""
+    """Puts "gpufeed: " before gpufeed's log messages, unless they name gpufeed themselves (the Loader's
+    begin "gpufeed.Loader:"); another library's (a warning: their information is not shown) is named by
+    its logger, never passed off as gpufeed's."""
 
     def format(self, record: logging.LogRecord) -> str:
         text = super().format(record)
+        if record.name != "gpufeed" and not record.name.startswith("gpufeed."):
+            return f"{record.name}: {text}"
         return text if text.startswith("gpufeed") else f"gpufeed: {text}"
 
 
@@ -291,7 +312,10 @@ def main(argv: list[str] | None = None) -> int:
     _print_any_name()
     handler = logging.StreamHandler()
     handler.setFormatter(_LogFormat())
-    logging.basicConfig(level=logging.INFO, handlers=[handler])
+    # gpufeed's information, other libraries' warnings: botocore's "Found credentials in environment
+    # variables." and the like (INFO) were printed as "gpufeed: ..."
+    logging.basicConfig(level=logging.WARNING, handlers=[handler])
+    logging.getLogger("gpufeed").setLevel(logging.INFO)
     args = _parser().parse_args(argv)
     try:
         return args.run(args)

@@ -56,18 +56,27 @@ from gpufeed.sources import (
     tar_key,
     tar_label,
 )
-from gpufeed.sources.images import DEFAULT_MAX_PIXELS, JPEG_QUALITY, BadImage, kept_as_is, upright_jpeg
+from gpufeed.sources.images import (
+    DEFAULT_MAX_PIXELS,
+    JPEG_QUALITY,
+    BadImage,
+    kept_as_is,
+    truncated_jpeg,
+    upright_jpeg,
+)
 from gpufeed.store.format import MANIFEST
 
 log = logging.getLogger(__name__)
 # an entry: [height, width, bytes] of an image read as it is, [height, width, bytes, 1] of one re-encoded
-# into the folder beside the index, or the reason an image can't be read
-INDEX_VERSION = 3
+# into the folder beside the index, or the reason an image can't be read (4: JPEGs cut short are found
+# when indexed, as packing finds them; a version 3 index served them, and they failed at each load)
+INDEX_VERSION = 4
 JPEG_MAX_SIDE = 65535  # a JPEG frame header's limit
 # the fewest bytes a baseline JPEG of this many pixels can take is above pixels / 256 (each 8x8 block
 # costs at least two bits); an entry claiming more pixels than that for its bytes is read again
 PIXELS_PER_BYTE = 256
 HEADER_BYTES = 1 << 18  # enough for a JPEG's markers up to its frame header, EXIF thumbnails included
+TAIL_BYTES = 1 << 16  # a JPEG's last bytes, where its end-of-image marker is (HEADER_BYTES apart from its head)
 
 
 @dataclass
@@ -379,8 +388,9 @@ def _reencoded(entry: list[int] | str) -> bool:
 
 
 def _upright_name(key: str) -> str:
-    """The file an image re-encoded is kept in, named by its index key (its name and file's stat)."""
-    return hashlib.sha1(key.encode()).hexdigest()[:24] + ".jpg"
+    """The file an image re-encoded is kept in, named by its index key (its name and file's stat). A name
+    need not be UTF-8 (Python keeps its other bytes as surrogates): hashed as the bytes it is."""
+    return hashlib.sha1(os.fsencode(key)).hexdigest()[:24] + ".jpg"
 
 
 def _fits(entry: object, size: int, stat: str, made: Callable[[int], str], k: int) -> bool:
@@ -449,7 +459,7 @@ def _index(x: _Listed, made: Path) -> list[int] | str:
                 img = Image.open(io.BytesIO(head))
             w, h = img.size
             if kept_as_is(img, JPEG_MAX_SIDE):
-                return [h, w, size]
+                return _cut_short(f, x.begin, size, head) or [h, w, size]
             if len(head) < size:
                 f.seek(x.begin)
                 head = f.read(size)
@@ -458,6 +468,20 @@ def _index(x: _Listed, made: Path) -> list[int] | str:
         return "not an image Pillow can identify"
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
         return f"unreadable: {e}"
+
+
+def _cut_short(f, begin: int, size: int, head: bytes) -> str | None:
+    """Why a JPEG read as it is (`size` bytes at `begin` of the open file `f`, the first of them in
+    `head`) ends before its image does, or None, as `gpufeed pack` checks it (`truncated_jpeg`). A
+    file longer than its head is looked for the end-of-image marker in its last TAIL_BYTES first (one
+    more read); only one with none there (cut short, or a long trailer after its image) is read whole."""
+    if len(head) < size:
+        f.seek(begin + size - TAIL_BYTES)
+        if b"\xff\xd9" in f.read(TAIL_BYTES):
+            return None
+        f.seek(begin)
+        head = f.read(size)
+    return truncated_jpeg(head)
 
 
 def _reencode(data: bytes, made: Path) -> list[int] | str:
@@ -495,7 +519,7 @@ def _cache_path(source: Path) -> Path:
     """In the user's cache ($XDG_CACHE_HOME or ~/.cache, then gpufeed/), named by the source's absolute
     path: never inside the source, which may be read-only, shared or packed later."""
     home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpufeed"
-    return home / f"index-{hashlib.sha1(str(source.absolute()).encode()).hexdigest()[:16]}.json"
+    return home / f"index-{hashlib.sha1(os.fsencode(source.absolute())).hexdigest()[:16]}.json"
 
 
 def _load(path: Path) -> dict:

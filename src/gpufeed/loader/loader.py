@@ -207,6 +207,15 @@ def _follow_next(store: RemoteStore, plan, epoch: int, start: int, told: int, fo
     store.cache.follow_next(_wants(store, epoch + 1, following.indices, read_before), told)
 
 
+def _one_size(store) -> tuple[int, int] | None:
+    """The (h, w) of every image of a jpeg store, if it is one for all: its batches then stack without
+    an augment op that ends in a fixed size, as a raw store's do; else None."""
+    shapes = np.asarray(store.shapes)
+    if len(shapes) == 0 or not (shapes == shapes[0]).all():
+        return None
+    return int(shapes[0][0]), int(shapes[0][1])
+
+
 def _shards(store: ShardedStore, asked: int | None, batch_size: int) -> Shards:
     """The store's shards and the shard-aware order's windows: `_window`'s, and for a jpeg store in a
     bucket whose cache holds all of it (no `cache_limit`, or one above the store), a first epoch over
@@ -384,7 +393,8 @@ class Loader:
             replaced, see `on_error`); else shards are padded by wrapping and the last batch may be
             short.
         augment: `gpufeed.augment` ops (geometric, then ColorJitter, then Normalize); None yields
-            uint8. A jpeg store needs ops that end in a fixed size. Checked here, not at iteration.
+            uint8. A jpeg store of images of different sizes needs ops that end in a fixed size.
+            Checked here, not at iteration.
         dtype: output dtype when `augment` is given (uint8 otherwise).
         channels_last: return NHWC-strided batches.
         cache: raw stores: "gpu", "host", "disk" or "auto" (the first that fits in half of the free
@@ -524,14 +534,18 @@ class Loader:
                     raise ValueError(e.args[0]) from None
         if group_by_aspect is not False and augment is None:
             augment = []  # padded to one shape per batch
+        one_size = _one_size(self.store) if self.store.mode == "jpeg" and group_by_aspect is False else None
         if self.store.mode == "jpeg" and not augment and group_by_aspect is False:
-            raise ValueError(
-                f"{self.store.path}: a jpeg store holds images of different sizes; give augment ops "
-                "that end in a fixed size, e.g. [RandomResizedCrop(224), Normalize()]"
-            )
+            if one_size is None:
+                raise ValueError(
+                    f"{self.store.path}: a jpeg store holds images of different sizes; give augment ops "
+                    "that end in a fixed size, e.g. [RandomResizedCrop(224), Normalize()]"
+                )
+            if augment is None:  # uint8 batches of the images as stored, as from a raw store
+                augment, dtype = [], torch.uint8
         self.device = resolve_device(device)
         self.rank, self.world_size = resolve_rank(rank, world_size)
-        shape = self.store.image_shape
+        shape = self.store.image_shape or one_size  # a jpeg store of one size is planned as a raw store
         sizes = torch.from_numpy(np.array(self.store.shapes)) if shape is None else (shape[0], shape[1])
         sharded = isinstance(self.store, ShardedStore)
         shards = _shards(self.store, shuffle_window, batch_size) if isinstance(self.store, ShardedStore) else None

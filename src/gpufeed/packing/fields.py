@@ -389,3 +389,8 @@ class FieldsSink:
                     specs[name] |= {"instances": self.masks[name][0], "dtype": self.masks[name][1]}
                 files |= self.writers[name].finish()
         return files, specs
+
+    def abandon(self) -> None:
+        """Close the field files of a pack that failed (its folder is removed: the space is freed once closed)."""
+        for writer in self.writers.values():
+            writer.abandon()

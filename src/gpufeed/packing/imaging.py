@@ -20,6 +20,7 @@ from gpufeed.sources.images import BadImage as BadImage
 from gpufeed.sources.images import encode_jpeg as encode_jpeg
 from gpufeed.sources.images import own_bomb_guard as own_bomb_guard
 from gpufeed.sources.images import to_rgb as to_rgb
+from gpufeed.sources.images import truncated_jpeg as truncated_jpeg
 
 
 def _draft_request(w: int, h: int, scale: float) -> tuple[int, int]:

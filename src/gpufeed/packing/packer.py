@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import errno
 import glob
 import logging
 import os
+import shutil
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from functools import partial
@@ -50,7 +53,8 @@ class PackError(Exception):
 
 @dataclass
 class PackReport:
-    """What `pack` did: where, how many, what was skipped and why, how fast."""
+    """What `pack` did: where, how many, what was skipped and why, how fast. `kept`: `exist_ok` found
+    the store already packed and packed nothing (count, skipped and bytes are the store's)."""
 
     dest: Path
     mode: str
@@ -59,6 +63,7 @@ class PackReport:
     seconds: float = 0.0
     workers: int = 1
     bytes: int = 0
+    kept: bool = False
 
     @property
     def images_per_s(self) -> float:
@@ -66,12 +71,18 @@ class PackReport:
         return self.count / self.seconds if self.seconds else 0.0
 
     def summary(self) -> str:
-        """What to print: count, size, speed, and how many files were skipped for each reason, with a few
-        of them (`packing.skips`)."""
-        lines = [
-            f"packed {self.count} images into {self.dest} ({self.mode}, {self.bytes / 1e6:.1f} MB) "
-            f"in {self.seconds:.1f} s: {self.images_per_s:.0f} img/s on {self.workers} worker(s)"
-        ]
+        """What to print: count, size, speed (or that a complete store was kept), and how many files were
+        skipped for each reason, with a few of them (`packing.skips`)."""
+        if self.kept:
+            lines = [
+                f"kept {self.dest}: {self.count} images ({self.mode}, {self.bytes / 1e6:.1f} MB) packed before "
+                "from the same source with the same settings; nothing packed"
+            ]
+        else:
+            lines = [
+                f"packed {self.count} images into {self.dest} ({self.mode}, {self.bytes / 1e6:.1f} MB) "
+                f"in {self.seconds:.1f} s: {self.images_per_s:.0f} img/s on {self.workers} worker(s)"
+            ]
         lines += summarize_skipped(self.skipped, "each in manifest.json; gpufeed inspect --all-skipped lists them")
         return "\n".join(lines)
 
@@ -158,6 +169,37 @@ def _declared_size(declared: tuple[int, int], found: tuple[int, int] | None) -> 
     return f"its source declares {w}x{h} pixels (width x height), the file is {fw}x{fh} (upright)"
 
 
+def _abandoned_on_error(sink):
+    """An exit callback for an `ExitStack`: a pack that fails closes the sink's open files (before its
+    folder is removed, so that the disk space is freed at once, also in a process that goes on)."""
+
+    def on_exit(kind, error, trace) -> None:
+        if kind is not None:
+            sink.abandon()
+
+    return on_exit
+
+
+@contextmanager
+def _full_disk_said(dest: str | os.PathLike) -> Iterator[None]:
+    """A full disk (ENOSPC, wherever the store's files were being written) as a PackError that names the
+    destination and says so, rather than an OSError without a file name, or the images in flight
+    blamed. The store's folder is removed by then (`atomic_store_dir`)."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno != errno.ENOSPC:
+            raise
+        try:
+            free = f"; {shutil.disk_usage(Path(dest).absolute().parent).free / 1e6:.0f} MB free without it"
+        except OSError:
+            free = ""
+        raise PackError(
+            f"{dest}: no space left on the device to write the store (nothing was left there{free}); free "
+            "some space or pack to another disk"
+        ) from e
+
+
 def _bounded(executor: Executor, fn, chunks: Iterator[worker.Chunk], window: int):
     """Map in order with at most `window` chunks and IN_FLIGHT_BYTES of their carried data in flight
     (one chunk may exceed it alone), so memory stays bounded however large the samples."""
@@ -196,6 +238,7 @@ def pack(
     shard_size: int | str | None = None,
     storage_options: dict | None = None,
     images: str | os.PathLike | None = None,
+    exist_ok: bool = False,
     _on_shard: Callable[[str, Path], None] | None = None,
 ) -> PackReport:
     """Pack `source` into a store at `dest`, on all cores; the store appears only once complete.
@@ -227,18 +270,25 @@ def pack(
             shard uploaded as it is finished and the manifest last, so a reader never sees a half
             store.
         images: a COCO annotation file's folder of images (their "file_name"s are in it).
+        exist_ok: keep a store already at `dest` that was packed from the same source with the same
+            settings, and return its report (seconds 0, workers 0) without packing: a script that
+            packs, then trains, runs again as it is. A store there packed otherwise is an error, or
+            with `overwrite=True` replaced. (A local `dest` only.)
 
     Returns:
         A `PackReport`: count, skipped files with reasons, seconds, workers, bytes.
 
     Raises:
         PackError: nothing could be packed, or the first bad file with `on_error="raise"`.
-        SourceError: the source can't be listed. StoreError: `dest` exists or is being packed.
+        SourceError: the source can't be listed. StoreError: `dest` exists (with `exist_ok`: and is not
+            a store of this source and these settings) or is being packed.
         Terminated (a SystemExit, status 143): SIGTERM arrived; as on Ctrl-C (KeyboardInterrupt),
             nothing is left at or beside `dest`.
         ValueError: a bad argument; `dest` inside a source folder, or a source inside `dest`.
     """
     if is_url(dest):
+        if exist_ok:
+            raise ValueError(f"{dest}: exist_ok is for a destination on this machine, not a URL")
         return pack_to_url(
             source,
             str(dest),
@@ -267,9 +317,23 @@ def pack(
     if images is not None:
         _check_places(images, dest)  # a COCO file's images: never inside the destination it replaces
     settings = worker.Settings(mode, size, fit, quality, max_side, reencode, max_pixels)
-    src = (
-        dataset_source(source, max_pixels) if is_dataset(source) else open_source(source, storage_options, images)  # type: ignore[arg-type]
-    )
+    dataset = dataset_source(source, max_pixels) if is_dataset(source) else None  # (lists nothing yet)
+    recorded = {
+        "source": dataset.description if dataset is not None else os.fspath(source),  # type: ignore[arg-type]
+        "size": size,
+        "fit": fit,
+        "quality": quality,
+        "max_side": max_side,
+        "reencode": reencode,
+        "max_pixels": max_pixels,
+        "engine": engine,
+    }
+    if exist_ok and os.path.lexists(dest):
+        kept = _existing(Path(dest), mode, recorded, shard_bytes is not None, overwrite, dataset is None)
+        if kept is not None:
+            log.debug("%s", kept.summary())
+            return kept
+    src = dataset if dataset is not None else open_source(source, storage_options, images)  # type: ignore[arg-type]
     skipped: list[dict[str, str]] = []
 
     def on_skip(s: Skip) -> bool:
@@ -279,9 +343,16 @@ def pack(
         return False
 
     t0 = time.perf_counter()
-    with sigterm_stops(pack.__code__) as stop, atomic_store_dir(dest, overwrite) as work:
+    with (
+        _full_disk_said(dest),
+        sigterm_stops(pack.__code__) as stop,
+        atomic_store_dir(dest, overwrite) as work,
+        ExitStack() as opened,
+    ):
         sink = RawSink(work, size) if mode == "raw" else JpegSink(work)
+        opened.push(_abandoned_on_error(sink))
         fields = FieldsSink(work)
+        opened.push(_abandoned_on_error(fields))
         run = engines.start(engine, workers or os.cpu_count() or 1, ray_address)
         executor, workers = run.executor, run.workers
         raw_path = str(sink.path) if mode == "raw" and run.local_disk else None  # type: ignore[union-attr]  # RawSink
@@ -331,16 +402,7 @@ def pack(
             files=files,
             skipped=skipped,
             fields=field_specs,
-            settings={
-                "source": src.description if src.kind == "dataset" else os.fspath(source),  # type: ignore[arg-type]
-                "size": size,
-                "fit": fit,
-                "quality": quality,
-                "max_side": max_side,
-                "reencode": reencode,
-                "max_pixels": max_pixels,
-                "engine": engine,
-            },
+            settings=recorded,
             gpufeed_version=__version__,
             created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         ).write(work)
@@ -352,6 +414,63 @@ def pack(
     report = PackReport(Path(dest), mode, sink.count, skipped, seconds, workers, stored)
     log.debug("%s", report.summary())
     return report
+
+
+# the settings that make a store's samples what they are, by mode (the engine that packed them does not)
+_DECISIVE = {
+    "raw": ("source", "size", "fit", "max_pixels"),
+    "jpeg": ("source", "quality", "max_side", "reencode", "max_pixels"),
+}
+
+
+def _existing(
+    dest: Path, mode: str, recorded: dict, sharded: bool, overwrite: bool, from_path: bool
+) -> PackReport | None:
+    """`pack(exist_ok=True)` with something at `dest`: the report of the complete store there if it was
+    packed from this source with these settings; None (pack over it) if it was not and `overwrite`;
+    else StoreError saying what differs. `from_path`: the source is a path (not a dataset), so
+    "data/train" and "./data/train/" are one."""
+    fix = "pass overwrite=True / --overwrite to replace it"
+    try:
+        manifest = fmt.Manifest.read(dest)
+    except fmt.StoreError as e:
+        if overwrite:
+            return None
+        raise fmt.StoreError(f"{dest}: destination exists and is not a complete gpufeed store ({e}); {fix}") from None
+    asked = {**recorded, "mode": mode}
+    had = {**manifest.settings, "mode": manifest.mode}
+    if from_path and _same_path(had.get("source"), asked["source"]):
+        had["source"] = asked["source"]
+    differ = [
+        f"{key} {had.get(key)!r} (asked: {asked[key]!r})"
+        for key in ("mode", *_DECISIVE[mode])
+        if had.get(key) != asked[key]
+    ]
+    if sharded != (manifest.version >= fmt.SHARDED_SINCE):
+        differ.append("no shards (asked: a shard_size)" if sharded else "shards (asked: no shard_size)")
+    damaged = [
+        f"{name} is missing or not {entry['bytes']} bytes"
+        for name, entry in manifest.files.items()
+        if not (dest / name).is_file() or (dest / name).stat().st_size != entry["bytes"]
+    ]
+    if (differ or damaged) and overwrite:
+        return None
+    if differ:
+        raise fmt.StoreError(f"{dest}: destination exists, a store packed with " + "; ".join(differ) + f"; {fix}")
+    if damaged:
+        raise fmt.StoreError(f"{dest}: destination exists, a damaged store: " + "; ".join(damaged) + f"; {fix}")
+    stored = (
+        sum(s["bytes"] for s in manifest.shards)
+        if manifest.shards
+        else sum(f["bytes"] for f in manifest.files.values())
+    )
+    return PackReport(dest, manifest.mode, manifest.count, list(manifest.skipped), 0.0, 0, stored, kept=True)
+
+
+def _same_path(had: object, asked: str) -> bool:
+    """True if the source path recorded in a store and the one asked for are the same, as written or
+    resolved from here."""
+    return isinstance(had, str) and (had == asked or os.path.realpath(had) == os.path.realpath(asked))
 
 
 def shard_in_place(work: Path, shard_size: int, on_shard: Callable[[str, Path], None] | None = None) -> fmt.Manifest:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from array import array
 from pathlib import Path
@@ -31,6 +32,9 @@ class Appended:
         self.data.write(value)
         self.offsets.append(self.data.bytes)
 
+    def abandon(self) -> None:
+        self.data.abandon()
+
     def finish(self) -> dict[str, dict[str, object]]:
         data_name, offsets_name = self.names
         return {
@@ -45,47 +49,59 @@ def _sources(work: Path) -> Appended:
 
 class RawSink:
     """Hands out slots of images.u8 to workers (or writes the pixels remote workers send back);
-    compacts away the slots of skipped images."""
+    compacts away the slots of skipped images. Slots are allocated on disk as they are handed out, so a
+    full disk is an OSError (ENOSPC) here, never a worker killed by SIGBUS writing into its memory map."""
 
     def __init__(self, work: Path, size: int):
         self.work = work
         self.path = work / fmt.RAW_IMAGES
         self.item = fmt.raw_item_bytes(size)
-        self.path.touch()
         self.slots = 0
         self.kept: array = array("q")
         self.labels: array = array("q")
         self.sources = _sources(work)
-        self._fd: int | None = None
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
 
     @property
     def count(self) -> int:
         return len(self.kept)
 
     def reserve(self, n: int) -> int:
-        """Grow the (sparse) file by `n` slots and return the first one."""
+        """Grow the file by `n` slots, their blocks allocated, and return the first one. OSError ENOSPC if
+        the disk can't hold them (a sparse file's hole that a worker's memory map writes into, on a full
+        disk, kills the worker with SIGBUS)."""
         start = self.slots
         self.slots += n
-        os.truncate(self.path, self.slots * self.item)
+        try:
+            os.posix_fallocate(self._fd, start * self.item, n * self.item)
+        except OSError as e:
+            if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # (ENOSPC above all)
+                raise
+            os.ftruncate(self._fd, self.slots * self.item)  # a filesystem that can't allocate ahead: sparse
         return start
 
     def add(self, slot: int, label: int, pixels: np.ndarray | None, hw: tuple[int, int] | None, source: str) -> None:
         if pixels is not None:
-            if self._fd is None:
-                self._fd = os.open(self.path, os.O_RDWR)
             # (numpy's stubs give an ndarray the buffer protocol from Python 3.12 on)
             os.pwrite(self._fd, memoryview(pixels).cast("B"), slot * self.item)  # type: ignore[arg-type]
         self.kept.append(slot)
         self.labels.append(label)
         self.sources.add(fmt.encode_source(source))
 
+    def abandon(self) -> None:
+        """Close what a pack that failed left open (its folder is removed: the space is freed once closed)."""
+        self.sources.abandon()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
     def finish(self) -> dict[str, dict[str, object]]:
         files = {
             fmt.LABELS: write_array(self.work / fmt.LABELS, np.asarray(self.labels, dtype="<i8")),
             **self.sources.finish(),
         }
-        if self._fd is not None:
-            os.close(self._fd)
+        os.close(self._fd)
+        self._fd = -1
         if list(self.kept) != list(range(self.slots)):
             self._compact()
         fd = os.open(self.path, os.O_RDWR)
@@ -131,6 +147,11 @@ class JpegSink:
         self.shapes.extend(hw)  # type: ignore[arg-type]
         self.labels.append(label)
         self.sources.add(fmt.encode_source(source))
+
+    def abandon(self) -> None:
+        """Close what a pack that failed left open (its folder is removed: the space is freed once closed)."""
+        self.encoded.abandon()
+        self.sources.abandon()
 
     def finish(self) -> dict[str, dict[str, object]]:
         w = self.work

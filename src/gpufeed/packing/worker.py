@@ -79,6 +79,9 @@ def _jpeg(data: bytes, s: Settings) -> Packed:
     if not s.reencode:
         kept = imaging.is_plain_jpeg(data, s.max_side)
         if kept is not None:
+            problem = imaging.truncated_jpeg(data)  # only the header was read: the rest must be there too
+            if problem is not None:
+                raise BadImage(problem)
             return Packed(payload=data, hw=kept, source_hw=kept)
     encoded, hw, source_hw = upright_jpeg(data, s.quality, s.max_side, s.max_pixels)  # as a folder read in place
     return Packed(payload=encoded, hw=hw, source_hw=source_hw)

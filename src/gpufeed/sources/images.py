@@ -44,6 +44,38 @@ def kept_as_is(img: Image.Image, max_side: int) -> bool:
     return img.mode == "RGB" and max(img.size) <= max_side and plain_jpeg_problem(img) is None
 
 
+# JPEG markers that stand alone, without a length: TEM, RST0-7 (SOI and EOI are not met in a header walk)
+_STANDALONE = {0x01, *range(0xD0, 0xD8)}
+
+
+def truncated_jpeg(data: bytes) -> str | None:
+    """Why the JPEG `data` ends before its image does, or None if an end-of-image marker follows its
+    image data (bytes after it, as a motion photo appends, are fine). Pillow and the Loader's decoders
+    refuse a JPEG cut short, yet its header alone opens: one kept as it is (packed with reencode=False,
+    or read in place) is checked with this. Cheap: a walk over the header's segments and one search."""
+    pos = 2  # after SOI
+    while True:
+        if pos + 4 > len(data):
+            return f"truncated JPEG: its {len(data)} bytes end inside its header"
+        if data[pos] != 0xFF:
+            return f"corrupt JPEG: no marker at byte {pos} of its header"
+        marker = data[pos + 1]
+        if marker == 0xFF:  # a fill byte before a marker
+            pos += 1
+        elif marker in _STANDALONE:
+            pos += 2
+        else:
+            pos += 2 + int.from_bytes(data[pos + 2 : pos + 4], "big")
+            if marker == 0xDA:  # start of scan: the image data follows its header
+                break
+    if data.find(b"\xff\xd9", pos) < 0:
+        return (
+            f"truncated JPEG: no end-of-image marker after its image data ({len(data)} bytes; "
+            "cut short in a download or copy?)"
+        )
+    return None
+
+
 @contextmanager
 def own_bomb_guard():
     """Disable Pillow's global guard for the duration; `upright_rgb` enforces its own budget."""

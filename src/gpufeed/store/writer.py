@@ -7,6 +7,7 @@ leaves beside it, the next pack to that destination removes.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import glob
 import hashlib
@@ -66,6 +67,12 @@ class HashingWriter:
         os.fsync(self._f.fileno())
         self._f.close()
         return {"bytes": self.bytes, "digest": self._hash.hexdigest()}
+
+    def abandon(self) -> None:
+        """Close the file of a store that is not finished (its folder is removed): the disk space of a
+        removed file is freed only once no descriptor holds it. Data it could not write is dropped."""
+        with contextlib.suppress(OSError):  # the buffer's last flush (a full disk): the file closes anyway
+            self._f.close()
 
 
 def _block_digest(fd: int, index: int, size: int) -> bytes:

@@ -58,9 +58,11 @@ def roi_problem() -> str | None:
 
 
 def _tiny_jpeg() -> np.ndarray:
+    """A 16x16 JPEG's bytes, writable (torch warns once per process, on stderr, when a tensor is made over
+    a read-only array: `gpufeed doctor` printed that warning)."""
     buffer = io.BytesIO()
     Image.new("RGB", (16, 16)).save(buffer, format="JPEG")
-    return np.frombuffer(buffer.getvalue(), np.uint8)
+    return np.frombuffer(bytearray(buffer.getvalue()), np.uint8)
 
 
 @functools.cache

@@ -134,8 +134,9 @@ def answer(row: np.ndarray, pixels: np.ndarray, image: np.ndarray, region, done:
 
 
 def failed(row: np.ndarray, why: str) -> None:
-    """Complete board row `row`: its image failed, for `why` (UTF-8, cut short on a character boundary)."""
-    row["error"] = why.encode()[:ERROR_BYTES].decode(errors="ignore").encode()
+    """Complete board row `row`: its image failed, for `why` (UTF-8, cut short on a character boundary; a
+    file name's bytes that are not UTF-8 as backslash escapes)."""
+    row["error"] = why.encode(errors="backslashreplace")[:ERROR_BYTES].decode(errors="ignore").encode()
     row["status"] = Status.FAILED
 
 

@@ -16,6 +16,7 @@ import json
 import mmap
 import os
 import signal
+import stat
 import sys
 import threading
 import time
@@ -82,9 +83,14 @@ def _one(row: np.ndarray, data: np.ndarray, files, segments: dict, parent: int, 
 
 
 def _read(path: str, begin: int, end: int) -> np.ndarray:
-    """A folder's image, read from its file (the loader indexed where it is)."""
-    fd = os.open(path, os.O_RDONLY)
+    """A folder's image, read from its file (the loader indexed where it is). Opened without blocking and
+    read only if it is still a regular file: a FIFO put in its place since would block the open until
+    a writer came (the worker hung, and the pass with it), a device could block the read; either is
+    this image's failure, with the reason."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path}: not a regular file any more (a FIFO, device or socket put in its place)")
         data = os.pread(fd, end - begin, begin)
     finally:
         os.close(fd)
