@@ -340,6 +340,7 @@ def pack(
                 "reencode": reencode,
                 "max_pixels": max_pixels,
                 "engine": engine,
+                **({"categories": sorted(src.categories.items())} if src.categories else {}),  # COCO's id, name
             },
             gpufeed_version=__version__,
             created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
