@@ -3,8 +3,8 @@ tier) or a JPEG decode split between GPU and CPU decoders, then the batched augm
 docs/architecture.md draws both paths."""
 
 from gpufeed.loader.batch import Skipped
-from gpufeed.loader.fields import per_image
+from gpufeed.loader.fields import category_labels, per_image
 from gpufeed.loader.loader import Loader
 from gpufeed.loader.sampler import ShardedBatchSampler, resolve_rank
 
-__all__ = ["Loader", "ShardedBatchSampler", "Skipped", "per_image", "resolve_rank"]
+__all__ = ["Loader", "ShardedBatchSampler", "Skipped", "category_labels", "per_image", "resolve_rank"]

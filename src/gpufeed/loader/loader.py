@@ -433,7 +433,12 @@ class Loader:
             (N, M, K, 3) x, y, visibility (0 once a point leaves the image) and "keypoints_count"
             (`augment.keypoints` says how they move). "masks" too, nearest (`augment.masks`): instance
             masks as an (N, M, H, W) uint8 tensor with "masks_count", dropped with their boxes as
-            keypoints are, or label maps (N, H, W) of the stored dtype.
+            keypoints are, or label maps (N, H, W) of the stored dtype. Crowd instances (a store's
+            JSON field "iscrowd" marks them 1, as a COCO file packs it) are left out of boxes,
+            keypoints and masks, as torchvision's reference scripts and detectron2 leave them out of
+            training targets.
+        keep_crowd: with boxes, keypoints or masks: yield crowd instances too ("iscrowd", asked for
+            as a field, says which they are), e.g. to treat them as regions to ignore.
         keypoint_flip: with "keypoints": the point each of an instance's K keypoints becomes when the
             image is mirrored (COCO's persons: [0, 2, 1, 4, 3, ...], left and right swapped); None:
             points keep their places.
@@ -512,6 +517,7 @@ class Loader:
         resolution: Callable[[int], int | tuple[int, int]] | None = None,
         group_by_aspect: bool | int = False,
         size_divisible: int = 32,
+        keep_crowd: bool = False,
     ):
         called = time.perf_counter()
         seed = check_seed(seed)  # before anything starts: a str or None seed used to fail at the first batch
@@ -526,6 +532,10 @@ class Loader:
             raise ValueError(f"{self.store.path}: keypoint_flip is for fields=(..., 'keypoints', ...)")
         if mask_fill != 0 and "masks" not in (self.fields or ()):
             raise ValueError(f"{self.store.path}: mask_fill is for fields=(..., 'masks', ...)")
+        if not isinstance(keep_crowd, bool):
+            raise ValueError(f"{self.store.path}: keep_crowd must be True or False, got {keep_crowd!r}")
+        if keep_crowd and not {"boxes", "keypoints", "masks"} & set(self.fields or ()):
+            raise ValueError(f"{self.store.path}: keep_crowd is for fields=(..., 'boxes', 'keypoints' or 'masks', ...)")
         for name in self.fields or ():
             if name not in ("label", "source", "image"):
                 try:
@@ -661,7 +671,7 @@ class Loader:
         self._fields = (
             None
             if self.fields is None
-            else FieldRequest(self.fields, self.store, self.device, on_error, flip, mask_fill)
+            else FieldRequest(self.fields, self.store, self.device, on_error, flip, mask_fill, keep_crowd)
         )
         self.counters.mark("constructor")
 

@@ -402,7 +402,8 @@ def pack(
             files=files,
             skipped=skipped,
             fields=field_specs,
-            settings=recorded,
+            # COCO's (id, name) pairs besides the settings `exist_ok` compares
+            settings={**recorded, **({"categories": sorted(src.categories.items())} if src.categories else {})},
             gpufeed_version=__version__,
             created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         ).write(work)

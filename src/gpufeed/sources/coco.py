@@ -3,9 +3,11 @@
 Each image of the file's "images" is a sample, read from the `images` folder by its "file_name",
 with its annotations as per-sample fields, in one order per image: "boxes" (xyxy pixels, clipped
 to the image; an annotation whose box is empty there is left out, as detectron2 leaves it out),
-"category" (a JSON list of category ids), "iscrowd" (a JSON list of 0 and 1), "keypoints" where
+"category" (a JSON list of category ids, as in the file: gaps kept), "iscrowd" (a JSON list of 0
+and 1: a Loader leaves the crowd ones out of what it yields unless `keep_crowd`), "keypoints" where
 the file has them (K points of x, y, visibility per annotation), and "image_id". Labels are -1
-(a detection sample has no one class); `classes` names the categories by id order. COCO's
+(a detection sample has no one class); `classes` names the categories by id order, and the store
+records their ids (`Store.categories`; a category id listed twice is an error). COCO's
 keypoints are pixel indices: a labelled one gets 0.5 added, as detectron2 adds it, so that it is
 where boxes are (continuous pixels) and mirrors onto its own pixel; an object of a category without
 keypoints (a car where persons have them) gets as many points, none labelled (visibility 0). "masks"
@@ -85,7 +87,8 @@ def coco_source(path: Path, images: str | os.PathLike | None) -> Source:
     if not root.is_dir():
         raise SourceError(f"{root}: no such folder (the images of {path})")
     data = _load(path)
-    categories = [c for c in data.get("categories", []) if isinstance(c, dict) and isinstance(c.get("id"), int)]
+    categories = [c for c in data.get("categories", []) if isinstance(c, dict) and _whole(c.get("id"))]
+    _check_category_ids(path, categories)
     classes = [str(c.get("name", c["id"])) for c in sorted(categories, key=lambda c: c["id"])]
     by_image: dict[Any, list[dict]] = {}
     for ann in data.get("annotations", []):
@@ -106,7 +109,27 @@ def coco_source(path: Path, images: str | os.PathLike | None) -> Source:
     entries: list[Entry] = [_entry(image, root, by_image, points, keyed, masks) for image in data["images"]]
     total = sum(isinstance(e, Item) for e in entries)
     description = f"COCO annotations {path} ({len(data['images'])} images listed)"
-    return Source(description, classes, iter(entries), total, kind="list")
+    names = {c["id"]: name for c, name in zip(sorted(categories, key=lambda c: c["id"]), classes)}
+    return Source(description, classes, iter(entries), total, kind="list", categories=names)
+
+
+def _whole(value: Any) -> bool:
+    """A category id: an int (not a bool), as COCO's are."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_category_ids(path: Path, categories: list[dict]) -> None:
+    """SourceError naming a category id listed twice: its objects would have two names, and the ids
+    would no longer map one to one onto `classes` (`Store.categories`, `loader.category_labels`)."""
+    seen: dict[int, str] = {}
+    for c in categories:
+        name = str(c.get("name", c["id"]))
+        if c["id"] in seen:
+            raise SourceError(
+                f'{path}: category id {c["id"]} is listed twice in "categories" ({seen[c["id"]]}, {name}); '
+                "each object's category is found by its id"
+            )
+        seen[c["id"]] = name
 
 
 def _check_ids(path: Path, images: list) -> None:

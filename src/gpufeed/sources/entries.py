@@ -49,6 +49,9 @@ class Source:
     entries: Iterator[Entry]
     total: int | None = None  # known up front for folders and lists, not for tar streams
     kind: str = field(default="folder")
+    # a COCO file's categories, id -> name: its samples' per-instance "category" ids (gaps kept), which
+    # the store records (`Store.categories`); `classes` holds the names in id order
+    categories: dict[int, str] = field(default_factory=dict)
 
 
 def count_items(entries: list[Entry]) -> int:

@@ -70,6 +70,7 @@ class Described:
 
     manifest: fmt.Manifest
     _labels: np.ndarray
+    path: Path
 
     def __len__(self) -> int:
         """Samples in the store."""
@@ -84,6 +85,29 @@ class Described:
     def classes(self) -> list[str]:
         """Class names; label i is classes[i] (empty for an unlabelled store)."""
         return list(self.manifest.classes)
+
+    @property
+    def categories(self) -> dict[int, str]:
+        """A store packed from a COCO annotation file: its categories, id -> name, in id order. Its
+        objects' ids (the field "category") are these, gaps kept (COCO's 80 run from 1 to 90);
+        `classes` holds the same names in the same order, and `loader.category_labels` maps the ids
+        onto 1..C. Empty for a store packed from anything else, or by a gpufeed that did not record
+        them.
+
+        Raises:
+            StoreError: the manifest's record of them is malformed (it names the manifest).
+        """
+        pairs = self.manifest.settings.get("categories", [])
+        if not (
+            isinstance(pairs, list)
+            and all(isinstance(p, list) and len(p) == 2 and fmt._is_int(p[0]) and isinstance(p[1], str) for p in pairs)
+            and len({p[0] for p in pairs}) == len(pairs)
+        ):
+            raise StoreError(
+                f"{self.path}/{fmt.MANIFEST}: manifest field settings.categories is not a list of [id, name] "
+                "with ids unique"
+            )
+        return {p[0]: p[1] for p in sorted(pairs)}
 
     @property
     def labels(self) -> torch.Tensor:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import torch
 from PIL import Image, ImageDraw
 
+from gpufeed.store.format import StoreError
+from gpufeed.store.locations import is_url
 from gpufeed.store.reader import Store
 
 
@@ -39,6 +42,10 @@ def describe(store: Store) -> str:
     classes = ", ".join(f"{c} ({int(n)})" for c, n in zip(m.classes[:8], counts))
     if len(m.classes) > 8:
         classes += f", ... ({len(m.classes)} in all)"
+    instances = _instances(store)
+    if instances and not bool((store.labels >= 0).any()):  # a detection store: no label per image, no "(0)"s
+        shown = ", ".join(m.classes[:8]) + (f", ... ({len(m.classes)} in all)" if len(m.classes) > 8 else "")
+        classes = f'{shown or "none"} per object (the field "category", below), none per image (label -1)'
     rows = [
         ("store", str(store.path)),
         ("format", f"{m.format} v{m.version} (gpufeed {m.gpufeed_version}, {m.created})"),
@@ -51,7 +58,54 @@ def describe(store: Store) -> str:
         ("skipped", str(len(m.skipped))),
     ]
     width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+    return "\n".join([f"{k:<{width}}  {v}" for k, v in rows] + instances)
+
+
+def _instances(store: Store) -> list[str]:
+    """Lines counting the objects of each category, "  person: 1,234 instances (id 1, 12 crowd)", in
+    id order under a heading: a store whose samples carry their objects' category ids (a JSON field
+    "category", as a COCO file packs), named by `store.categories` where it records them; [] for
+    others. A store in a bucket is not counted (every shard would be downloaded)."""
+    fields = store.fields
+    if fields.get("category", {}).get("kind") != "json":
+        return []
+    names = store.categories
+    if is_url(str(store.path)):
+        listed = ", ".join(f"{name} (id {c})" for c, name in names.items()) or "not recorded"
+        return [f"categories: {listed}; instances not counted (a store in a bucket: its shards would be downloaded)"]
+    counts: Counter = Counter()
+    crowd: Counter = Counter()
+    unreadable = 0
+    column = store.column("category")
+    marks = store.column("iscrowd") if fields.get("iscrowd", {}).get("kind") == "json" else None
+    for i in range(len(store)):
+        try:
+            ids = column.value(i)
+            flags = marks.value(i) if marks is not None else None
+        except StoreError:
+            unreadable += 1
+            continue
+        if not isinstance(ids, list):
+            continue
+        flags = flags if isinstance(flags, list) and len(flags) == len(ids) else [0] * len(ids)
+        for c, flag in zip(ids, flags):
+            key = c if isinstance(c, (int, str)) else str(c)
+            counts[key] += 1
+            crowd[key] += bool(flag)
+    lines = []
+    for c in sorted(set(names) | set(counts), key=lambda c: (isinstance(c, str), c)):  # ids: numbers, then text
+        n = f"{counts[c]:,} instance{'' if counts[c] == 1 else 's'}"
+        said = f"{crowd[c]:,} crowd" if crowd[c] else ""
+        if c in names:
+            lines.append(f"  {names[c]}: {n} (id {c}{', ' + said if said else ''})")
+        else:  # a store that does not record the categories' names
+            lines.append(f"  id {c}: {n}{f' ({said})' if said else ''}")
+    if unreadable:
+        lines.append(f"  ({unreadable} samples' categories unreadable: gpufeed verify names the damaged files)")
+    heading = "instances per category"
+    if crowd.total():
+        heading += " (a Loader leaves crowd ones out unless keep_crowd=True)"
+    return [f"{heading}:", *lines] if lines else [f"{heading}: none"]
 
 
 def list_skipped(store: Store, limit: int | None = 20) -> str:
