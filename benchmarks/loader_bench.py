@@ -46,10 +46,10 @@ def timed(run, images_per_run: int, runs: int, device: str) -> dict:
             "cpu_cores_used": (cpu_seconds() - c0) / wall}
 
 
-def bench_gpufeed(a, store, cache: str, augment) -> dict:
+def bench_gpufeed(a, store, cache: str, augment, tuning=None) -> dict:
     import gpufeed
 
-    loader = gpufeed.Loader(store, batch_size=a.batch, device=a.device, cache=cache, augment=augment)
+    loader = gpufeed.Loader(store, batch_size=a.batch, device=a.device, cache=cache, augment=augment, tuning=tuning)
 
     def run():
         for _batch in loader:
@@ -171,19 +171,15 @@ def pack_rates(a, work: Path) -> dict:
 
 def loaders(a, store, folder: Path) -> dict:
     """The table's rows: name -> result."""
-    import gpufeed
+    from gpufeed.decode.tuning import Tuning
 
     recipe = feeds.ops(size=a.size)
     rows = {}
     for cache in ("gpu", "host", "disk") if a.device.startswith("cuda") else ("host", "disk"):
         rows[f"gpufeed {cache}"] = bench_gpufeed(a, store, cache, recipe)
         rows[f"gpufeed {cache} uint8"] = bench_gpufeed(a, store, cache, None)
-    fused = gpufeed.Loader.FUSED_GATHER
-    gpufeed.Loader.FUSED_GATHER = tuple(t for t in fused if t != "host")
-    try:
-        rows["gpufeed host, gather rows then augment"] = bench_gpufeed(a, store, "host", recipe)
-    finally:
-        gpufeed.Loader.FUSED_GATHER = fused
+    rows["gpufeed host, gather rows then augment"] = bench_gpufeed(a, store, "host", recipe,
+                                                                  Tuning(fused_gather=("gpu",)))
     if not a.skip_baselines:
         rows["numpy memmap + roi_align, 1 thread"] = bench_memmap_recipe(a, store)
         rows[f"DataLoader(ImageFolder, PIL), {a.workers} workers"] = bench_pil_dataloader(a, folder)

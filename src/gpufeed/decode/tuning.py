@@ -1,4 +1,5 @@
-"""The JPEG path's settings that measurements chose, in one value passed down from the Loader.
+"""The loader's settings that measurements chose (mostly the JPEG path's), in one value passed down
+from the Loader.
 
 Each default is the one a training-loop benchmark picked
 (docs/benchmarks.md, "Design measurements"); the benchmarks build other values from a row's
@@ -13,7 +14,7 @@ from dataclasses import dataclass, fields
 
 @dataclass(frozen=True)
 class Tuning:
-    """The JPEG path's settings (all with measured defaults)."""
+    """The loader's measured settings: the JPEG path's, and which raw tiers gather in the augment kernel."""
 
     # pipelines on a GPU, each a producer thread with its own GPU decoder and stream, sharing the CPU
     # workers: two were faster alone but slowed the training loop they fed (a second producer thread
@@ -62,6 +63,10 @@ class Tuning:
     # A fresh process's first batch comes in 0.6 s instead of 1.0 (H100; docs/benchmarks.md,
     # "Start-up and GPU memory")
     open_ahead: bool = True
+    # raw stores: the tiers whose augment kernel reads store rows itself (on the host tier it reads
+    # only the crop regions over PCIe, fewer bytes than gathering whole rows first); the others gather
+    # rows, then augment
+    fused_gather: tuple[str, ...] = ("gpu", "host")
 
     @classmethod
     def names(cls) -> tuple[str, ...]:

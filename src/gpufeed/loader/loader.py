@@ -481,10 +481,6 @@ class Loader:
         StoreError: the store is missing, damaged or of a newer format.
     """
 
-    # tiers whose augment kernel reads store rows itself: on the host tier it reads only the crop
-    # regions over PCIe, which moves fewer bytes than gathering whole rows first
-    FUSED_GATHER = ("gpu", "host")
-
     def __init__(
         self,
         store: Store | ShardedStore | str | Path,
@@ -879,7 +875,7 @@ class Loader:
             next_plan = functools.partial(self._planner.peek, epoch + 1) if self.tuning.carry else None
             batches = jpeg_feed(self.jpeg.pipelines, self._production, plan, start, epoch, next_plan, carried)
         elif self.tier.gathers_on_device:
-            fused = self.augment is not None and self.tier.name in self.FUSED_GATHER
+            fused = self.augment is not None and self.tier.name in self.tuning.fused_gather
             # (a tier that gathers on the device: a CUDA device, which has a copy stream)
             batches = device_feed(plan, start, self.tier, self.copy_stream, self.prefetch, self.counters, fused)  # type: ignore[arg-type]
         else:

@@ -9,7 +9,6 @@ an equally large PNG is refused with a clear reason instead of crashing a worker
 from __future__ import annotations
 
 import io
-import math
 
 import numpy as np
 from PIL import Image
@@ -21,10 +20,6 @@ from gpufeed.sources.images import encode_jpeg as encode_jpeg
 from gpufeed.sources.images import own_bomb_guard as own_bomb_guard
 from gpufeed.sources.images import to_rgb as to_rgb
 from gpufeed.sources.images import truncated_jpeg as truncated_jpeg
-
-
-def _draft_request(w: int, h: int, scale: float) -> tuple[int, int]:
-    return max(1, math.ceil(w * scale)), max(1, math.ceil(h * scale))
 
 
 def target_scale(w: int, h: int, mode: str, size: int, fit: str, max_side: int) -> float:

@@ -16,8 +16,9 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import gpufeed
 from gpufeed.decode.pool import protocol
+
+SRC = Path(__file__).resolve().parents[3]  # the folder gpufeed is imported from, for the workers' path
 
 
 @dataclass
@@ -35,9 +36,7 @@ def start(setup: protocol.WorkerSetup, count: int) -> list[Worker]:
         os.environ,
         CUDA_VISIBLE_DEVICES="",
         OMP_NUM_THREADS="1",
-        PYTHONPATH=os.pathsep.join(
-            [str(Path(gpufeed.__file__).parent.parent), os.environ.get("PYTHONPATH", "")]
-        ).rstrip(os.pathsep),
+        PYTHONPATH=os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
     )
     shared = tuple(fd for fd in (setup.board_fd, setup.tickets_fd, setup.done_fd, setup.files_fd) if fd >= 0)
     return [
