@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpufeed._version import __version__
 from gpufeed.decode.base import nvimgcodec_install
 
 NVIMGCODEC = {12: "nvidia-nvimgcodec-cu12", 13: "nvidia-nvimgcodec-cu13"}
@@ -61,8 +62,6 @@ def _driver() -> tuple[str | None, str | None]:
 
 def collect() -> Stack:
     """The stack of this environment, read from package metadata and the driver (no CUDA init)."""
-    import gpufeed
-
     torch_version: str | None
     torch_cuda: str | None
     try:
@@ -74,7 +73,7 @@ def collect() -> Stack:
     driver, driver_cuda = _driver()
     wheels = {d: v for d in (*NVIMGCODEC.values(), *NVJPEG.values()) if (v := _version(d))}
     return Stack(
-        gpufeed.__version__,
+        __version__,
         platform.python_version(),
         torch_version,
         torch_cuda,
