@@ -56,9 +56,71 @@ RANGE_TRIES = 3  # tries of a range within one try of a download
 RANGED = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss")  # protocols whose servers all answer byte ranges
 
 
+MARKER = ".gpufeed-cache"  # in a cache folder: that gpufeed made it, and for which store (`cache_folder`)
+
+
 def default_cache_dir(url: str) -> Path:
     home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpufeed" / "stores"
     return home / hashlib.sha1(shown(url).encode()).hexdigest()[:16]
+
+
+def cache_folder(cache_dir: str | os.PathLike | None, url: str) -> Path:
+    """The cache folder of the store at `url`: `cache_dir`, or by default one of its own under
+    ~/.cache/gpufeed/stores. The cache deletes and writes files there, so it must be a folder gpufeed
+    made for this store (its `MARKER` file names the store), or a new or empty one (marked here);
+    else a ValueError says why. An empty `cache_dir` (an unset environment variable) made the working
+    directory the cache, and a user's `shards/00000/...` was deleted. A default folder made before
+    markers were is gpufeed's own, and is marked as it is. Ranks making one folder at once agree: the
+    marker appears whole (a link), and only its own temporary files may be beside it in a new folder."""
+    where = shown(url)
+    if cache_dir is not None and not os.fspath(cache_dir).strip():
+        raise ValueError(
+            f"{where}: cache_dir is empty (an unset environment variable?): give the folder to cache the "
+            "store's shards in, or None for the default (~/.cache/gpufeed/stores)"
+        )
+    folder = Path(cache_dir) if cache_dir is not None else default_cache_dir(url)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise ValueError(f"{where}: cache_dir {folder} is not a folder") from None
+    except OSError as e:
+        raise StoreError(f"{where}: cache_dir {folder} can't be made ({e.strerror})") from None
+    marker = folder / MARKER
+    try:
+        if not marker.exists():
+            others = sorted(name for name in os.listdir(folder) if not name.startswith(MARKER))
+            # another rank marks a new folder before it makes anything in it: what it made means a marker
+            if others and cache_dir is not None and not marker.exists():
+                shown_others = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
+                raise ValueError(
+                    f"{where}: cache_dir {folder} holds files gpufeed did not make ({shown_others}), and the "
+                    "cache deletes files in its folder: give a new or empty folder (a cache of an older "
+                    f"gpufeed has no {MARKER} file: delete it)"
+                )
+            temp = folder / f"{MARKER}.{os.getpid()}.{threading.get_ident()}"
+            temp.write_text(
+                f"This folder is gpufeed's cache of a store in a bucket: gpufeed deletes and writes files in it.\n"
+                f"store: {where}\n"
+            )
+            try:
+                os.link(temp, marker)  # whole, and the first one made stays
+            except FileExistsError:
+                pass
+            except OSError:  # a filesystem without links
+                os.replace(temp, marker)
+            finally:
+                temp.unlink(missing_ok=True)
+        owner = next(
+            (line[len("store: ") :] for line in marker.read_text().splitlines() if line.startswith("store: ")), ""
+        )
+    except OSError as e:
+        raise StoreError(f"{where}: cache_dir {folder} can't be used ({e.strerror or e})") from None
+    if owner != where:
+        raise ValueError(
+            f"{where}: cache_dir {folder} is the cache of {owner or 'another store'} ({MARKER} says so): "
+            "give each store a cache folder of its own"
+        )
+    return folder
 
 
 def retried(what: str, call: Callable[[], Any], retries: int = RETRIES) -> Any:
@@ -639,7 +701,8 @@ class ShardCache:
 
 class RemoteStore(ShardedStore):
     """A sharded store at an fsspec URL, read through a `ShardCache` in `cache_dir` (default under
-    ~/.cache/gpufeed/stores) of at most `cache_limit` bytes (an int or "200GB"; None: no limit)."""
+    ~/.cache/gpufeed/stores; a folder of this store's own: `cache_folder`) of at most `cache_limit`
+    bytes (an int or "200GB"; None: no limit)."""
 
     def __init__(
         self,
@@ -651,8 +714,7 @@ class RemoteStore(ShardedStore):
         self.url = url.rstrip("/")
         self.fs, root = filesystem(self.url, storage_options)
         root = root.rstrip("/")
-        folder = Path(cache_dir) if cache_dir is not None else default_cache_dir(self.url)
-        folder.mkdir(parents=True, exist_ok=True)
+        folder = cache_folder(cache_dir, self.url)
         head = folder / "top"
         head.mkdir(exist_ok=True)
         where = shown(self.url)
