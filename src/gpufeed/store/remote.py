@@ -52,7 +52,8 @@ WAIT_FOR_ROOM = 120.0  # seconds a download waits for the machine's ranks to let
 VERIFIED = ".verified"  # in a shard's cache folder: its digest, written once every file checked
 PART = 4 << 20  # from an object store, a shard's files come as byte ranges of at most this, all at once
 RANGES_AT_ONCE = 16  # ranges of one download held in memory at once: 64 MB, so a process's fetch pool up to 512 MB
-RANGE_TRIES = 3  # tries of a range within one try of a download
+RANGE_TRIES = 3  # tries of a range within one try of a download (one that timed out: none again, `retried`'s)
+TIMEOUT_TRIES = 2  # tries of a request that the server did not answer within its timeouts (`retried`)
 RANGED = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss")  # protocols whose servers all answer byte ranges
 
 
@@ -125,7 +126,10 @@ def cache_folder(cache_dir: str | os.PathLike | None, url: str) -> Path:
 
 def retried(what: str, call: Callable[[], Any], retries: int = RETRIES) -> Any:
     """`call()`, tried again after a transient error (with backoff); the last error is raised as a
-    StoreError naming `what`. A missing object is not transient."""
+    StoreError naming `what`. A missing object is not transient. A request the server did not answer
+    within its timeouts (`timed_out`) is tried `TIMEOUT_TRIES` times in all: each try waited the
+    timeouts already (s3fs's own tries of it too), and a server that accepts and never answers should
+    be said in minutes, not after an hour."""
     error: Exception
     for attempt in range(retries):
         try:
@@ -142,9 +146,21 @@ def retried(what: str, call: Callable[[], Any], retries: int = RETRIES) -> Any:
             error = e
         except Exception as e:  # noqa: BLE001 - a filesystem library's own errors (botocore, aiohttp, ...)
             error = e
+        if timed_out(error) and attempt + 1 >= TIMEOUT_TRIES:
+            raise StoreError(
+                f"{what}: the server did not answer ({attempt + 1} tries, each within its connect and read timeouts: "
+                f"storage_options set them), last: {type(error).__name__}: {_scrubbed(error)}"
+            ) from None
         if attempt + 1 < retries:
             time.sleep(BACKOFF * 2**attempt)
     raise StoreError(f"{what}: failed {retries} times, last: {type(error).__name__}: {_scrubbed(error)}") from None
+
+
+def timed_out(error: BaseException) -> bool:
+    """Whether `error` says a request got no answer (or no connection) within its timeouts: Python's,
+    asyncio's and fsspec's TimeoutError, botocore's ConnectTimeoutError and ReadTimeoutError, aiohttp's
+    timeouts (by name: the filesystem libraries are imported only where they are used)."""
+    return isinstance(error, TimeoutError) or any("Timeout" in kind.__name__ for kind in type(error).__mro__)
 
 
 def _scrubbed(error: BaseException) -> str:
@@ -643,8 +659,8 @@ class ShardCache:
             )
             again = []
             for part, blob in zip(group, blobs, strict=True):
-                if isinstance(blob, FileNotFoundError):
-                    raise blob
+                if isinstance(blob, FileNotFoundError) or (isinstance(blob, BaseException) and timed_out(blob)):
+                    raise blob  # missing, or no answer within the timeouts: the download's tries decide
                 if isinstance(blob, BaseException) or len(blob) != part[2] - part[1]:
                     error = (
                         blob
