@@ -162,3 +162,76 @@ def test_a_server_that_never_answers_is_named_in_an_error_within_the_timeouts(bu
     assert config == {"read_timeout": 7, "connect_timeout": 0.3, "retries": {"total_max_attempts": 1}}
     client = locations.with_timeouts("https://host/s", {})["client_kwargs"]
     assert client["timeout"].sock_read == client["timeout"].sock_connect == 0.3
+
+
+def test_what_killed_processes_left_is_reclaimed_and_what_live_ones_hold_is_not(bucket, tmp_path, monkeypatch):
+    """A reader killed mid-download left its temporary folder in the cache, and a pack to a bucket killed
+    mid-pack its scratch folder in TMPDIR, for good: the next store opened on that cache, and the next
+    pack, remove them (and the cache's temporary folders of a gpufeed before folders were held), never
+    a folder a live process holds, nor one in TMPDIR that is not a held pack's."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import tempfile
+    import textwrap
+    from pathlib import Path
+
+    from gpufeed.store.scratch import held_folder
+    from gpufeed.synth import natural_image
+
+    cache, tmp = tmp_path / "cache", tmp_path / "tmp"
+    tmp.mkdir()
+    script = tmp_path / "killed.py"
+    script.write_text(textwrap.dedent(f"""
+        import threading, time
+        import gpufeed
+        from gpufeed.store.remote import ShardCache
+
+        store = gpufeed.open("s3://bucket/train", cache_dir={str(cache)!r}, storage_options={bucket["options"]!r})
+        stuck = threading.Event()
+
+        def get(self, remote, files, into):  # a download that never ends: the process is killed in it
+            (into / "part").write_bytes(b"partial")
+            stuck.set()
+            time.sleep(600)
+
+        ShardCache._get = get
+        threading.Thread(target=store.cache.ensure, args=(0,), daemon=True).start()
+        stuck.wait()
+
+        class Stalled:  # a dataset the pack never finishes reading
+            def __len__(self):
+                return 2
+
+            def __getitem__(self, i):
+                print("stuck", flush=True)
+                time.sleep(600)
+
+        gpufeed.pack(Stalled(), "s3://bucket/killed", mode="jpeg", workers=1, progress=False,
+                     storage_options={bucket["options"]!r})
+    """))
+    env = dict(os.environ, TMPDIR=str(tmp), PYTHONPATH=os.pathsep.join([str(Path(gpufeed.__file__).parent.parent),
+                                                                      os.environ.get("PYTHONPATH", "")]))
+    child = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE, text=True,
+                             start_new_session=True)
+    try:
+        assert child.stdout.readline() == "stuck\n"
+    finally:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+    dead = [*(cache / "shards").glob(f".00000-{child.pid}-*"), *tmp.glob(f"gpufeed-pack-{child.pid}-*")]
+    assert len(dead) == 2 and (dead[0] / "part").exists()
+    legacy = cache / "shards" / ".00001-abcd_123"  # a download folder of a gpufeed before they were held
+    foreign = tmp / "gpufeed-pack-x8d_2k1q"  # in TMPDIR, a folder no held pack made: not ours to judge
+    for folder in (legacy, foreign):
+        folder.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    with held_folder(cache / "shards", ".00002-") as reading, held_folder(tmp, "gpufeed-pack-") as packing:
+        _open(bucket, "s3://bucket/train", cache)
+        rng = np.random.default_rng(0)
+        data = [{"image": natural_image(rng, 32, 32, k), "label": 0} for k in range(2)]
+        gpufeed.pack(data, "s3://bucket/after-kill", mode="jpeg", workers=1, progress=False,
+                     storage_options=bucket["options"])
+        assert not any(folder.exists() for folder in (*dead, legacy))
+        assert reading.exists() and packing.exists() and foreign.exists()

@@ -8,15 +8,27 @@ store uploaded, and the old shards past the new ones removed."""
 from __future__ import annotations
 
 import logging
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from gpufeed.store import format as fmt
 from gpufeed.store.format import StoreError
+from gpufeed.store.scratch import held_folder, reclaim
 
 log = logging.getLogger(__name__)
 DEFAULT_SHARD_SIZE = "256MB"
+SCRATCH = "gpufeed-pack-"  # a pack's scratch folder in TMPDIR: SCRATCH, its process id, "-", a random part
+
+
+def reclaim_scratch() -> list[str]:
+    """Remove the scratch folders in TMPDIR of packs to a bucket whose process is gone (killed: a
+    store's worth each, left for good), never one a running pack holds (`store.scratch`); their names."""
+    removed = reclaim(Path(tempfile.gettempdir()), re.escape(SCRATCH))
+    if removed:
+        log.info("gpufeed pack: removed %s, scratch folder(s) of packs gone", ", ".join(removed))
+    return removed
 
 
 def pack_to_url(source, url: str, *, overwrite: bool, shard_size, storage_options: dict | None, **settings: Any):
@@ -37,8 +49,9 @@ def pack_to_url(source, url: str, *, overwrite: bool, shard_size, storage_option
         for path in sorted(folder.iterdir()):
             retried(f"{where}/{name}/{path.name}", lambda: fs.put_file(str(path), f"{root}/{name}/{path.name}"))  # noqa: B023  retried() calls it at once
 
-    with tempfile.TemporaryDirectory(prefix="gpufeed-pack-") as scratch:
-        local = Path(scratch) / "store"
+    reclaim_scratch()
+    with held_folder(Path(tempfile.gettempdir()), SCRATCH) as scratch:
+        local = scratch / "store"
         # a new store's shards go up as they are finished; one that replaces a store waits for the whole
         # pack (its shards' names are the old store's)
         report = pack(

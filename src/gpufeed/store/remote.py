@@ -40,6 +40,7 @@ from typing import Any
 from gpufeed.store import format as fmt
 from gpufeed.store.format import Manifest, StoreError
 from gpufeed.store.locations import filesystem, parse_size, shown
+from gpufeed.store.scratch import held_folder, let_go, reclaim
 from gpufeed.store.sharded import ShardedStore, manifest_digest, open_shard
 from gpufeed.store.writer import file_digest
 
@@ -58,6 +59,17 @@ RANGED = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss")  # protocols whose se
 
 
 MARKER = ".gpufeed-cache"  # in a cache folder: that gpufeed made it, and for which store (`cache_folder`)
+
+
+def reclaim_downloads(folder: Path) -> list[str]:
+    """Remove the cache folder's downloads that no process finishes: temporary folders of a process
+    killed mid-download (a shard's beside the shards, the store's own files' in `top/`), and those of a
+    gpufeed before they were held (`store.scratch`); what was removed, as paths in the folder."""
+    removed = [f"{fmt.SHARDS}/{name}" for name in reclaim(folder / fmt.SHARDS, r"\.\d+-", legacy=True)]
+    removed += [f"top/{name}" for name in reclaim(folder / "top", r"\.fetch-", legacy=True)]
+    if removed:
+        log.info("gpufeed: removed %d downloads of processes gone from the cache %s", len(removed), folder)
+    return removed
 
 
 def default_cache_dir(url: str) -> Path:
@@ -200,6 +212,7 @@ class ShardCache:
         (folder / fmt.SHARDS).mkdir(parents=True, exist_ok=True)
         (folder / "locks").mkdir(exist_ok=True)
         (folder / "reserved").mkdir(exist_ok=True)
+        self.reclaimed = reclaim_downloads(folder)
         self._lock = threading.Lock()
         self._in_use: dict[int, tuple[int, int]] = {}  # shard -> (our uses, fd holding its shared lock)
         self._pool: ThreadPoolExecutor | None = None
@@ -573,14 +586,14 @@ class ShardCache:
         entry = self.manifest.shards[k]
         remote = f"{self.root}/{entry['name']}"
         final = self.path(k)
-        temp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
         began = time.monotonic()
-        try:
+        with held_folder(final.parent, f".{final.name}-") as temp:  # a killed process's: `reclaim`
             retried(self._shown(f"{remote}/{fmt.MANIFEST}"), lambda: self._get(remote, {fmt.MANIFEST: None}, temp))
             ok = manifest_digest(temp / fmt.MANIFEST) == entry["digest"]
             self._check(f"{remote}/{fmt.MANIFEST}", ok)
             self.fetch_checked(remote, Manifest.read(temp).files, temp)
             shutil.rmtree(final, ignore_errors=True)
+            let_go(temp)
             os.replace(temp, final)
             ended = time.monotonic()  # before it is there: a batch reading it may end an epoch
             (final / VERIFIED).write_text(entry["digest"])
@@ -588,8 +601,6 @@ class ShardCache:
                 self.downloaded += entry["bytes"]
                 self.fetched += 1
                 self._downloads.append(Download(k, began, ended, ahead))
-        finally:
-            shutil.rmtree(temp, ignore_errors=True)
 
     def _get(self, remote: str, files: dict[str, int | None], into: Path) -> None:
         """Files of the remote folder `remote` (name -> its bytes, None: not known) into the local folder
@@ -680,16 +691,13 @@ class ShardCache:
         """Files of the remote folder `remote` (name -> manifest entry) into the local folder `into`, at
         once (`_get`), each in place only once its digest is the one recorded: else a StoreError
         naming it (`_check`), and nothing of it kept. A shard's files, and the store's own."""
-        temp = Path(tempfile.mkdtemp(prefix=".fetch-", dir=into))
-        try:
+        with held_folder(into, ".fetch-") as temp:
             # a try that failed part way left some files whole: the next fetches the others
             retried(self._shown(remote), lambda: self._get(remote, _not_yet(temp, files), temp))
             for name, meta in files.items():
                 self._check(f"{remote}/{name}", _whole(temp / name, meta))
             for name in files:
                 os.replace(temp / name, into / name)
-        finally:
-            shutil.rmtree(temp, ignore_errors=True)
 
     def _shown(self, remote: str) -> str:
         """The remote path `remote` (under the store's root) as messages name it: the store's URL without
