@@ -64,7 +64,7 @@ def reclaim(parent: Path, prefix: str, legacy: bool = False) -> list[str]:
     alone: it was just made, or is being moved into place."""
     held = re.compile(prefix + r"\d+-[a-z0-9_]+")
     old = re.compile(prefix + r"[a-z0-9_]+") if legacy else None
-    removed = []
+    removed: list[str] = []
     try:
         entries = list(os.scandir(parent))
     except FileNotFoundError:
