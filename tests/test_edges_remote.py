@@ -15,6 +15,7 @@ import pytest
 import gpufeed
 import gpufeed.store.locations as locations
 import gpufeed.store.remote as remote_module
+from gpufeed.loader.loader import smallest_cache
 from gpufeed.packing.packer import PackError
 from gpufeed.sources import SourceError
 from gpufeed.store import StoreError
@@ -235,3 +236,42 @@ def test_what_killed_processes_left_is_reclaimed_and_what_live_ones_hold_is_not(
                      storage_options=bucket["options"])
         assert not any(folder.exists() for folder in (*dead, legacy))
         assert reading.exists() and packing.exists() and foreign.exists()
+
+
+@pytest.mark.parametrize("how", ["deleted", "read-only"])
+def test_a_cache_folder_deleted_or_made_read_only_mid_epoch_is_named(bucket, tmp_path, how):
+    """The cache folder deleted (or made read-only) under a Loader mid-epoch: a StoreError naming the
+    folder and what became of it, not a raw FileNotFoundError or OSError (nor "not found" in the bucket)."""
+    import os
+    import shutil
+
+    if how == "read-only":
+        probe = tmp_path / "probe"
+        probe.mkdir(mode=0o555)
+        try:
+            (probe / "file").touch()
+            pytest.skip("this user writes into a read-only folder (root)")
+        except PermissionError:
+            pass
+    cache = tmp_path / "cache"
+    store = _open(bucket, "s3://bucket/train", cache)
+    limit = smallest_cache(store, 4)
+    assert limit < store.nbytes  # the epoch downloads after the change, and evicts
+    loader = gpufeed.Loader("s3://bucket/train", batch_size=4, device="cpu", augment=OPS, num_workers=1,
+                            cache_dir=cache, storage_options=bucket["options"], cache_limit=limit)
+    batches = iter(loader)
+    next(batches)
+    try:
+        if how == "deleted":
+            while cache.exists():  # (the fetch ahead may be writing in it)
+                shutil.rmtree(cache, ignore_errors=True)
+        else:
+            for folder in (cache, *[p for p in cache.rglob("*") if p.is_dir()]):
+                folder.chmod(0o555)
+        with pytest.raises(StoreError, match=f"cache folder {cache}.* {'gone' if how == 'deleted' else 'not writable'}"):
+            for _ in batches:
+                pass
+    finally:
+        loader.close()
+        for folder in (cache, *[p for p in cache.rglob("*") if p.is_dir()]) if cache.exists() else ():
+            folder.chmod(0o755)

@@ -136,26 +136,30 @@ def cache_folder(cache_dir: str | os.PathLike | None, url: str) -> Path:
     return folder
 
 
-def retried(what: str, call: Callable[[], Any], retries: int = RETRIES) -> Any:
+def retried(what: str, call: Callable[[], Any], retries: int = RETRIES, local: Path | None = None) -> Any:
     """`call()`, tried again after a transient error (with backoff); the last error is raised as a
     StoreError naming `what`. A missing object is not transient. A request the server did not answer
     within its timeouts (`timed_out`) is tried `TIMEOUT_TRIES` times in all: each try waited the
     timeouts already (s3fs's own tries of it too), and a server that accepts and never answers should
-    be said in minutes, not after an hour."""
+    be said in minutes, not after an hour. An error of a file in the folder `local` (the cache's) is
+    this disk's: raised as it is, at once, for the caller to name the folder (a download's folder
+    deleted under it was "not found", as if the bucket had lost the file)."""
     error: Exception
     for attempt in range(retries):
         try:
             return call()
-        except FileNotFoundError:
-            raise StoreError(f"{what}: not found") from None
-        except StoreError:
-            raise
         except OSError as e:
+            if local is not None and _inside(e.filename, local):
+                raise
+            if isinstance(e, FileNotFoundError):
+                raise StoreError(f"{what}: not found") from None
             if e.errno == errno.ENOSPC:
                 raise StoreError(
                     f"{what}: the cache disk is full ({e.strerror}): free space or set a smaller cache_limit"
                 ) from None
             error = e
+        except StoreError:
+            raise
         except Exception as e:  # noqa: BLE001 - a filesystem library's own errors (botocore, aiohttp, ...)
             error = e
         if timed_out(error) and attempt + 1 >= TIMEOUT_TRIES:
@@ -166,6 +170,14 @@ def retried(what: str, call: Callable[[], Any], retries: int = RETRIES) -> Any:
         if attempt + 1 < retries:
             time.sleep(BACKOFF * 2**attempt)
     raise StoreError(f"{what}: failed {retries} times, last: {type(error).__name__}: {_scrubbed(error)}") from None
+
+
+def _inside(filename: object, folder: Path) -> bool:
+    """Whether `filename` (an OSError's, maybe None) names a file in `folder` on this disk."""
+    if not isinstance(filename, (str, os.PathLike)):
+        return False
+    path, root = os.path.abspath(filename), os.path.abspath(folder)
+    return os.path.commonpath([path, root]) == root
 
 
 def timed_out(error: BaseException) -> bool:
@@ -256,9 +268,52 @@ class ShardCache:
 
     def ensure(self, k: int) -> Path:
         """Shard `k` in the cache, verified (downloaded now if it is not), and marked recently used."""
-        path = self._ensure(k, wait=True)
+        with self.folder_errors():
+            path = self._ensure(k, wait=True)
         assert path is not None  # waiting, it is there or an error says why
         return path
+
+    @contextlib.contextmanager
+    def folder_errors(self) -> Iterator[None]:
+        """A StoreError naming the cache folder for an error of the block that the folder caused: gone
+        (deleted while in use) or not writable (made read-only), or any other error of this disk (an
+        OSError, named with its file). A raw FileNotFoundError came out mid-epoch, or "not found" as if
+        the bucket had lost the shard, its download's folder removed under it."""
+        try:
+            yield
+        except StoreError:
+            unusable = self.unusable()
+            if unusable is not None:
+                raise StoreError(unusable) from None
+            raise
+        except OSError as e:
+            unusable = self.unusable()
+            if unusable is not None:
+                raise StoreError(unusable) from None
+            what = f"{e.filename}: " if e.filename else ""
+            if e.errno == errno.ENOENT:
+                why = "gone (deleted while in use?)"
+            elif e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+                why = "not writable (made read-only?)"
+            else:
+                why = e.strerror or str(e)
+            raise StoreError(f"{shown(self.url)}: the cache folder {self.folder}: {what}{why}") from None
+
+    def unusable(self) -> str | None:
+        """Why the cache folder can't be used now (a folder of it gone, or not writable), or None."""
+        for path in (self.folder, self.folder / fmt.SHARDS, self.folder / "locks", self.folder / "reserved"):
+            part = "" if path == self.folder else f" ({path.name})"
+            if not path.is_dir():
+                return (
+                    f"{shown(self.url)}: the cache folder {self.folder}{part} is gone (deleted while in use?): "
+                    "the cache needs it while the store is read"
+                )
+            if not os.access(path, os.W_OK | os.X_OK):
+                return (
+                    f"{shown(self.url)}: the cache folder {self.folder}{part} is not writable (made read-only?): "
+                    "the cache writes its downloads there"
+                )
+        return None
 
     def _ensure(self, k: int, wait: bool) -> Path | None:
         """`ensure`; without `wait`, None where the cache has no room for it now (nothing is evicted that
@@ -296,7 +351,8 @@ class ShardCache:
         (and again, should another process have evicted it between the download and the hold)."""
         while True:
             path = self.ensure(k)
-            self.hold(k)
+            with self.folder_errors():
+                self.hold(k)
             if self.present(k):
                 return path
             self.release(k)
@@ -433,7 +489,7 @@ class ShardCache:
             if self._ensure(k, wait=False) is None:
                 with self._lock:
                     self._no_room.add(k)
-        except StoreError as e:  # said when the shard is needed (ensure raises there)
+        except (StoreError, OSError) as e:  # said when the shard is needed (ensure raises there)
             log.debug("gpufeed: fetching %s ahead failed: %s", self.manifest.shards[k]["name"], e)
             with self._lock:
                 self._failed.add(k)
@@ -451,7 +507,7 @@ class ShardCache:
         """Bytes of verified shards in the cache folder (every process's), counted under the lock that
         evictions take: a shard evicted during the count and another fetched in its room would both be
         counted otherwise (a download finishing during it had its room reserved before)."""
-        with self._exclusive_path(self.folder / "locks" / "space.lock"):
+        with self.folder_errors(), self._exclusive_path(self.folder / "locks" / "space.lock"):
             return sum(size for k, size in enumerate(self._sizes) if self.present(k))
 
     def _make_room(self, size: int, k: int, wait: bool) -> Path | None:
@@ -588,7 +644,11 @@ class ShardCache:
         final = self.path(k)
         began = time.monotonic()
         with held_folder(final.parent, f".{final.name}-") as temp:  # a killed process's: `reclaim`
-            retried(self._shown(f"{remote}/{fmt.MANIFEST}"), lambda: self._get(remote, {fmt.MANIFEST: None}, temp))
+            retried(
+                self._shown(f"{remote}/{fmt.MANIFEST}"),
+                lambda: self._get(remote, {fmt.MANIFEST: None}, temp),
+                local=self.folder,
+            )
             ok = manifest_digest(temp / fmt.MANIFEST) == entry["digest"]
             self._check(f"{remote}/{fmt.MANIFEST}", ok)
             self.fetch_checked(remote, Manifest.read(temp).files, temp)
@@ -693,7 +753,7 @@ class ShardCache:
         naming it (`_check`), and nothing of it kept. A shard's files, and the store's own."""
         with held_folder(into, ".fetch-") as temp:
             # a try that failed part way left some files whole: the next fetches the others
-            retried(self._shown(remote), lambda: self._get(remote, _not_yet(temp, files), temp))
+            retried(self._shown(remote), lambda: self._get(remote, _not_yet(temp, files), temp), local=self.folder)
             for name, meta in files.items():
                 self._check(f"{remote}/{name}", _whole(temp / name, meta))
             for name in files:
@@ -767,7 +827,17 @@ class RemoteStore(ShardedStore):
     def shard(self, k: int):
         """Shard `k`, downloaded into the cache first if it is not there."""
         if k not in self._shards or not self.cache.present(k):
-            self._shards[k] = open_shard(self.cache.ensure(k), self.manifest, k)
+            path = self.cache.ensure(k)
+            try:
+                with self.cache.folder_errors():
+                    self._shards[k] = open_shard(path, self.manifest, k)
+            except StoreError:
+                if not self.cache.present(k):  # removed as it was opened (a rank's hold keeps gpufeed off it)
+                    raise StoreError(
+                        f"{self.url_shown}: the cache folder {self.cache.folder}: {path} is gone (deleted while "
+                        "in use?)"
+                    ) from None
+                raise
         return self._shards[k]
 
     def close(self) -> None:

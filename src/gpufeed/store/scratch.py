@@ -30,6 +30,10 @@ def held_folder(parent: Path, prefix: str) -> Iterator[Path]:
             fd = os.open(folder / OWNER, os.O_RDWR | os.O_CREAT, 0o644)
         except FileNotFoundError:  # reclaimed before its lock
             continue
+        except OSError:  # (made read-only meanwhile): no folder without an owner left behind
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+            raise
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:  # a reclaim holds it, and removes it
