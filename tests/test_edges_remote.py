@@ -275,3 +275,21 @@ def test_a_cache_folder_deleted_or_made_read_only_mid_epoch_is_named(bucket, tmp
         loader.close()
         for folder in (cache, *[p for p in cache.rglob("*") if p.is_dir()]) if cache.exists() else ():
             folder.chmod(0o755)
+
+
+def test_a_store_url_with_a_query_or_fragment_is_refused_not_cut(bucket, tmp_path):
+    """A store's URL names its folder, and each file's URL is made from it: a query or a fragment can't
+    be kept, and is refused (it was dropped without a word, or became part of a key), its text not
+    shown; nothing is made in the cache or the bucket."""
+    fs = bucket["fs"]
+    for url in ("s3://bucket/train?versionId=abc123", "s3://bucket/train#abc123", "s3://bucket/new?X-Amz-Signature=abc123"):
+        with pytest.raises(ValueError, match=r"s3://bucket/(train|new): a store's URL can't have a query") as error:
+            gpufeed.Loader(url, batch_size=4, device="cpu", augment=OPS, cache_dir=tmp_path / "cache",
+                           storage_options=bucket["options"])
+        assert "abc123" not in str(error.value) and not (tmp_path / "cache").exists()
+        with pytest.raises(ValueError, match="query") as error:
+            gpufeed.pack(bucket["src"], url, mode="jpeg", workers=1, progress=False, storage_options=bucket["options"],
+                         overwrite=True)
+        assert "abc123" not in str(error.value)
+    fs.invalidate_cache()
+    assert not [p for p in fs.find("bucket") if "?" in p or "#" in p or p.startswith("bucket/new")]

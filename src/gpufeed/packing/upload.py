@@ -34,10 +34,10 @@ def reclaim_scratch() -> list[str]:
 def pack_to_url(source, url: str, *, overwrite: bool, shard_size, storage_options: dict | None, **settings: Any):
     """`gpufeed.pack` with a URL destination (see its docstring): the same store, sharded, in the bucket."""
     from gpufeed.packing.packer import pack
-    from gpufeed.store.locations import filesystem, shown
+    from gpufeed.store.locations import filesystem, shown, store_url
     from gpufeed.store.remote import retried
 
-    url = url.rstrip("/")
+    url = store_url(url)
     fs, root = filesystem(url, storage_options)
     root = root.rstrip("/")
     where = shown(url)

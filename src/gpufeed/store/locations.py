@@ -19,6 +19,20 @@ def shown(url: str) -> str:
     return re.sub(r"^([a-zA-Z][a-zA-Z0-9+.-]*://)[^/@]*@", r"\1", url.split("?", 1)[0])
 
 
+def store_url(url: str) -> str:
+    """`url`, a store's in a bucket (its folder: gpufeed adds each file's path to it), without a
+    trailing "/"; a ValueError where it has a query (`?...`) or a fragment (`#...`), which no file's
+    URL made from it could keep: they were dropped without a word (or became part of a key). The
+    message shows neither (a query may hold a signature)."""
+    if "?" in url or "#" in url:
+        raise ValueError(
+            f"{shown(url).split('#', 1)[0]}: a store's URL can't have a query (?...) or a fragment (#...): it "
+            "names the store's folder, and each file's URL is made from it; give the folder's plain URL "
+            "(credentials and other settings go in storage_options)"
+        )
+    return url.rstrip("/")
+
+
 def parse_size(size: int | str | None, what: str = "size") -> int | None:
     """Bytes from an int or a string with a unit ("256MB", "200GB", "1.5GiB", "512k"); None stays None."""
     if size is None:

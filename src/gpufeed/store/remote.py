@@ -39,7 +39,7 @@ from typing import Any
 
 from gpufeed.store import format as fmt
 from gpufeed.store.format import Manifest, StoreError
-from gpufeed.store.locations import filesystem, parse_size, shown
+from gpufeed.store.locations import filesystem, parse_size, shown, store_url
 from gpufeed.store.scratch import held_folder, let_go, reclaim
 from gpufeed.store.sharded import ShardedStore, manifest_digest, open_shard
 from gpufeed.store.writer import file_digest
@@ -795,7 +795,7 @@ class RemoteStore(ShardedStore):
         cache_limit: int | str | None = None,
         storage_options: dict | None = None,
     ):
-        self.url = url.rstrip("/")
+        self.url = store_url(url)
         self.fs, root = filesystem(self.url, storage_options)
         root = root.rstrip("/")
         folder = cache_folder(cache_dir, self.url)
