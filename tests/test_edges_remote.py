@@ -293,3 +293,65 @@ def test_a_store_url_with_a_query_or_fragment_is_refused_not_cut(bucket, tmp_pat
         assert "abc123" not in str(error.value)
     fs.invalidate_cache()
     assert not [p for p in fs.find("bucket") if "?" in p or "#" in p or p.startswith("bucket/new")]
+
+
+def _deleted_maps(folder) -> set[str]:
+    """The files under `folder` this process still maps though they are deleted (their room not freed)."""
+    lines = open("/proc/self/maps").read().splitlines()
+    return {line.split(maxsplit=5)[-1] for line in lines if line.endswith(" (deleted)") and str(folder) in line}
+
+
+def test_a_batch_s_fields_come_from_the_shards_it_was_read_from_not_a_new_download(bucket, tmp_path, monkeypatch):
+    """A batch's fields ("source" here) are read on the training thread from the shards its images were
+    read from, as opened then: a training loop slower than the producer found them evicted and the
+    cache downloaded them again on its thread (159 downloads an epoch instead of 82)."""
+    import threading
+    import time
+
+    from gpufeed.store.remote import ShardCache
+
+    cache = tmp_path / "cache"
+    limit = smallest_cache(_open(bucket, "s3://bucket/train", tmp_path / "peek"), 4)
+    where, real = [], ShardCache._download
+
+    def download(self, k, ahead):
+        where.append(threading.current_thread().name)
+        return real(self, k, ahead)
+
+    monkeypatch.setattr(ShardCache, "_download", download)
+    loader = gpufeed.Loader("s3://bucket/train", batch_size=4, device="cpu", augment=OPS, num_workers=1, cache_dir=cache,
+                            storage_options=bucket["options"], cache_limit=limit, fields=("source",), drop_last=False,
+                            pad=False)
+    flat = gpufeed.open(bucket["flat"])
+    try:
+        seen = []
+        for number, batch in enumerate(loader):
+            time.sleep(0.15)  # a training step: the producer runs ahead, and the cache evicts behind it
+            samples = loader.plan(0, number)[0].tolist()
+            assert batch["source"] == [flat.source(i) for i in samples]
+            seen += samples
+        assert sorted(seen) == list(range(40)) and where
+        assert threading.current_thread().name not in where
+        room = limit // max(s["bytes"] for s in loader.store.manifest.shards)
+    finally:
+        loader.close()
+
+
+def test_a_remote_store_lets_go_of_the_shards_its_cache_evicted(bucket, tmp_path):
+    """Opening a shard lets go of those opened before that the cache evicted (and this process does not
+    hold): their memory maps kept the deleted files' room on the cache disk, every shard of an epoch
+    over a cache of a few."""
+    import gc
+
+    store = _open(bucket, "s3://bucket/train", tmp_path / "cache")
+    sizes = [s["bytes"] for s in store.manifest.shards]
+    store.cache.limit = sizes[0] + sizes[1] + max(sizes[2:4])  # room for three shards
+    store.shard(0), store.shard(1), store.shard(2)
+    store.cache.hold(1)
+    try:
+        store.shard(3)  # evicts 0 (the least recently used, not held) for 3, and lets go of its maps
+        gc.collect()
+        assert not store.cache.present(0) and store.cache.present(1)
+        assert not _deleted_maps(tmp_path / "cache")
+    finally:
+        store.cache.release(1)

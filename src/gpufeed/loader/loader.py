@@ -11,6 +11,7 @@ fused kernel. Either way the consumer's stream waits on each batch's event.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import functools
 import logging
 import os
@@ -771,8 +772,11 @@ class Loader:
         self.counters.mark("first_batch")
         if self._fields is None:
             return out
+        fields = self._fields
+        if batch.shards is not None and isinstance(self.store, ShardedStore):  # read as the batch's images were
+            fields = dataclasses.replace(fields, store=self.store.pinned(batch.shards))
         return batch_dict(
-            self._fields, *out, batch.samples, self.counters, functools.partial(self.plan, self.epoch, self._batch)
+            fields, *out, batch.samples, self.counters, functools.partial(self.plan, self.epoch, self._batch)
         )
 
     def _augment(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:

@@ -376,6 +376,11 @@ class ShardCache:
                 fd = held
             self._in_use[k] = (uses + 1, fd)
 
+    def held(self, k: int) -> bool:
+        """Whether this process holds shard `k` (`hold`)."""
+        with self._lock:
+            return k in self._in_use
+
     def release(self, k: int) -> None:
         with self._lock:
             uses, fd = self._in_use.get(k, (0, -1))
@@ -825,12 +830,19 @@ class RemoteStore(ShardedStore):
         return self.cache.path(k)
 
     def shard(self, k: int):
-        """Shard `k`, downloaded into the cache first if it is not there."""
-        if k not in self._shards or not self.cache.present(k):
+        """Shard `k`, downloaded into the cache first if it is not there (or `pinned`'s). Opening one
+        lets go of the shards opened before that are evicted and not held here: their maps kept
+        their deleted files on the cache disk, every shard of an epoch over a cache of a few (a batch
+        in flight keeps its own)."""
+        pinned = self._pins.get(k)
+        if pinned is not None:
+            return pinned
+        opened = self._shards.get(k)
+        if opened is None or not self.cache.present(k):
             path = self.cache.ensure(k)
             try:
                 with self.cache.folder_errors():
-                    self._shards[k] = open_shard(path, self.manifest, k)
+                    opened = self._shards[k] = open_shard(path, self.manifest, k)
             except StoreError:
                 if not self.cache.present(k):  # removed as it was opened (a rank's hold keeps gpufeed off it)
                     raise StoreError(
@@ -838,7 +850,9 @@ class RemoteStore(ShardedStore):
                         "in use?)"
                     ) from None
                 raise
-        return self._shards[k]
+            for j in [j for j in list(self._shards) if j != k and not self.cache.held(j) and not self.cache.present(j)]:
+                self._shards.pop(j, None)
+        return opened
 
     def close(self) -> None:
         self.cache.close()
