@@ -11,6 +11,7 @@ import urllib.request
 
 import numpy as np
 import pytest
+import torch
 
 import gpufeed
 import gpufeed.store.locations as locations
@@ -355,3 +356,87 @@ def test_a_remote_store_lets_go_of_the_shards_its_cache_evicted(bucket, tmp_path
         assert not _deleted_maps(tmp_path / "cache")
     finally:
         store.cache.release(1)
+
+
+@pytest.fixture(scope="module")
+def many_shards(bucket, tmp_path_factory):
+    """A store in the bucket of 48 small images in about 24 shards: a cache of a few holds little of it."""
+    from gpufeed.synth import natural_image
+
+    rng = np.random.default_rng(4)
+    data = [{"image": natural_image(rng, 24, 24, k), "label": k % 3} for k in range(48)]
+    gpufeed.pack(data, "s3://bucket/many", mode="jpeg", workers=1, progress=False, shard_size="1500B",
+                 storage_options=bucket["options"], overwrite=True)
+    store = gpufeed.open("s3://bucket/many", cache_dir=tmp_path_factory.mktemp("peek"),
+                         storage_options=bucket["options"])
+    assert len(store.manifest.shards) >= 20
+    return store
+
+
+def test_processes_sharing_a_cache_folder_are_sized_together_or_refused(bucket, many_shards, tmp_path, monkeypatch):
+    """A cache folder read by another process now: another cache_limit is refused, and so is one more
+    process than LOCAL_WORLD_SIZE says, with the settings to use (each counted on its part of the
+    limit alone: two ranks blocked for two minutes mid-epoch, then failed; the smaller limit blamed
+    itself for the other's shards); with them, it reads. A process gone no longer counts."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+    from pathlib import Path
+
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    cache, url = tmp_path / "cache", "s3://bucket/many"
+    one = smallest_cache(many_shards, 1)  # (LOCAL_WORLD_SIZE unset: one rank)
+    two = 2 * one
+    assert two < many_shards.nbytes
+    script = tmp_path / "other.py"
+    script.write_text(textwrap.dedent(f"""
+        import time
+        import gpufeed
+        store = gpufeed.open({url!r}, cache_dir={str(cache)!r}, cache_limit={two}, storage_options={bucket["options"]!r})
+        print("open", flush=True)
+        time.sleep(600)
+    """))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(gpufeed.__file__).parent.parent),
+                                                      os.environ.get("PYTHONPATH", "")]))
+    other = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE, text=True,
+                             start_new_session=True)
+    kw = dict(batch_size=1, device="cpu", augment=OPS, num_workers=1, cache_dir=cache, storage_options=bucket["options"])
+    try:
+        assert other.stdout.readline() == "open\n"
+        with pytest.raises(ValueError, match=rf"read now by process {other.pid} with cache_limit {two} \(this one: {one}\)"):
+            gpufeed.open(url, cache_dir=cache, cache_limit=one, storage_options=bucket["options"])
+        with pytest.raises(ValueError, match=rf"LOCAL_WORLD_SIZE=2 .*cache_limit at least {two} bytes"):
+            gpufeed.Loader(url, cache_limit=two, **kw)
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+        loader = gpufeed.Loader(url, cache_limit=two, **kw)
+        assert len([batch for _, batch in zip(range(6), loader)]) == 6
+        loader.close()
+    finally:
+        os.killpg(other.pid, signal.SIGKILL)
+        other.wait()
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    gpufeed.Loader(url, cache_limit=one, **kw).close()  # the other process is gone
+
+
+def test_a_shuffle_window_the_cache_can_t_hold_is_refused_with_the_one_it_can(bucket, many_shards, tmp_path):
+    """A shuffle_window asked for (a full shuffle, here) through a cache too small for it is refused
+    when the Loader is made, naming the window that fits and the limit the asked one needs (it failed
+    mid-epoch); the window named reads every sample once."""
+    import re
+
+    shards = len(many_shards.manifest.shards)
+    limit = smallest_cache(many_shards, 1) + max(s["bytes"] for s in many_shards.manifest.shards)
+    kw = dict(batch_size=1, device="cpu", augment=OPS, num_workers=1, cache_dir=tmp_path / "cache",
+              storage_options=bucket["options"], cache_limit=limit)
+    with pytest.raises(ValueError, match=rf"shuffle_window {shards} .*at most (\d+), or raise cache_limit to "
+                                          rf"{many_shards.nbytes} bytes") as error:
+        gpufeed.Loader("s3://bucket/many", shuffle_window=shards, **kw)
+    fits = int(re.search(r"at most (\d+)", str(error.value)).group(1))
+    assert fits == 2
+    loader = gpufeed.Loader("s3://bucket/many", shuffle_window=fits, **kw)
+    try:
+        assert sorted(torch.cat([y for _, y in loader]).tolist()) == sorted(many_shards.labels.tolist())
+    finally:
+        loader.close()

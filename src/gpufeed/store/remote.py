@@ -30,6 +30,7 @@ import shutil
 import tempfile
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -38,10 +39,12 @@ from pathlib import Path
 from typing import Any
 
 from gpufeed.store import format as fmt
+from gpufeed.store import users
 from gpufeed.store.format import Manifest, StoreError
 from gpufeed.store.locations import filesystem, parse_size, shown, store_url
 from gpufeed.store.scratch import held_folder, let_go, reclaim
 from gpufeed.store.sharded import ShardedStore, manifest_digest, open_shard
+from gpufeed.store.users import Registration, User
 from gpufeed.store.writer import file_digest
 
 log = logging.getLogger(__name__)
@@ -249,9 +252,24 @@ class ShardCache:
             raise StoreError(
                 f"{shown(url)}: cache_limit {limit} bytes is smaller than its largest shard ({biggest} bytes): raise it"
             )
+        # registered before the others are looked at: of two processes joining at once, one sees the other
+        registration = Registration(folder, limit)
+        self._unregister = weakref.finalize(self, registration.close)  # at `close`, or when collected
+        differ = [user for user in self.others() if user.limit != limit]
+        if differ:
+            self._unregister()
+            raise ValueError(
+                f"{shown(url)}: cache_dir {folder} is read now by process {differ[0].pid} with cache_limit "
+                f"{differ[0].limit} (this one: {limit}): the processes sharing a cache folder split one "
+                "limit; give them all the same cache_limit, or each a cache_dir of its own"
+            )
 
     def path(self, k: int) -> Path:
         return self.folder / self.manifest.shards[k]["name"]
+
+    def others(self) -> list[User]:
+        """The other processes reading through this cache folder now (`store.users`)."""
+        return users.others(self.folder)
 
     def downloads(self) -> list[Download]:
         """The shards this process downloaded, the latest 100,000, in the order they came (a benchmark's
@@ -786,6 +804,7 @@ class ShardCache:
             for _, fd in self._in_use.values():
                 os.close(fd)
             self._in_use.clear()
+        self._unregister()
 
 
 class RemoteStore(ShardedStore):
