@@ -152,14 +152,14 @@ def retried(what: str, call: Callable[[], Any], retries: int = RETRIES, local: P
         try:
             return call()
         except OSError as e:
-            if local is not None and _inside(e.filename, local):
-                raise
-            if isinstance(e, FileNotFoundError):
-                raise StoreError(f"{what}: not found") from None
             if e.errno == errno.ENOSPC:
                 raise StoreError(
                     f"{what}: the cache disk is full ({e.strerror}): free space or set a smaller cache_limit"
                 ) from None
+            if local is not None and _inside(e.filename, local):
+                raise
+            if isinstance(e, FileNotFoundError):
+                raise StoreError(f"{what}: not found") from None
             error = e
         except StoreError:
             raise
