@@ -11,7 +11,9 @@ import urllib.request
 
 import numpy as np
 import pytest
+import test_remote
 import torch
+from test_remote import OPS, _options
 
 import gpufeed
 import gpufeed.store.locations as locations
@@ -20,9 +22,9 @@ from gpufeed.loader.loader import smallest_cache
 from gpufeed.packing.packer import PackError
 from gpufeed.sources import SourceError
 from gpufeed.store import StoreError
-from test_remote import OPS, _options, bucket, server  # noqa: F401  (the fixtures, and what they are made of)
 
 pytest.importorskip("s3fs")
+server, bucket = test_remote.server, test_remote.bucket  # its fixtures: the S3 server, the bucket and its stores
 
 
 def _open(bucket, url: str, cache, **kw):
@@ -154,7 +156,8 @@ def test_a_server_that_never_answers_is_named_in_an_error_within_the_timeouts(bu
             _within(60, lambda: next(iter(loader)))
         loader.close()
         with pytest.raises(StoreError, match=r"s3://bucket/train/manifest\.json: the server did not answer"):
-            _within(60, lambda: gpufeed.open("s3://bucket/train", cache_dir=tmp_path / "other", storage_options=options))
+            _within(60, lambda: gpufeed.open("s3://bucket/train", cache_dir=tmp_path / "other",
+                                             storage_options=options))
     finally:
         _Stuck.freed.set()
         proxy.shutdown()
@@ -243,7 +246,6 @@ def test_what_killed_processes_left_is_reclaimed_and_what_live_ones_hold_is_not(
 def test_a_cache_folder_deleted_or_made_read_only_mid_epoch_is_named(bucket, tmp_path, how):
     """The cache folder deleted (or made read-only) under a Loader mid-epoch: a StoreError naming the
     folder and what became of it, not a raw FileNotFoundError or OSError (nor "not found" in the bucket)."""
-    import os
     import shutil
 
     if how == "read-only":
@@ -269,7 +271,8 @@ def test_a_cache_folder_deleted_or_made_read_only_mid_epoch_is_named(bucket, tmp
         else:
             for folder in (cache, *[p for p in cache.rglob("*") if p.is_dir()]):
                 folder.chmod(0o555)
-        with pytest.raises(StoreError, match=f"cache folder {cache}.* {'gone' if how == 'deleted' else 'not writable'}"):
+        became = "gone" if how == "deleted" else "not writable"
+        with pytest.raises(StoreError, match=f"cache folder {cache}.* {became}"):
             for _ in batches:
                 pass
     finally:
@@ -298,7 +301,8 @@ def test_a_store_url_with_a_query_or_fragment_is_refused_not_cut(bucket, tmp_pat
 
 def _deleted_maps(folder) -> set[str]:
     """The files under `folder` this process still maps though they are deleted (their room not freed)."""
-    lines = open("/proc/self/maps").read().splitlines()
+    with open("/proc/self/maps") as f:
+        lines = f.read().splitlines()
     return {line.split(maxsplit=5)[-1] for line in lines if line.endswith(" (deleted)") and str(folder) in line}
 
 
@@ -320,9 +324,9 @@ def test_a_batch_s_fields_come_from_the_shards_it_was_read_from_not_a_new_downlo
         return real(self, k, ahead)
 
     monkeypatch.setattr(ShardCache, "_download", download)
-    loader = gpufeed.Loader("s3://bucket/train", batch_size=4, device="cpu", augment=OPS, num_workers=1, cache_dir=cache,
-                            storage_options=bucket["options"], cache_limit=limit, fields=("source",), drop_last=False,
-                            pad=False)
+    loader = gpufeed.Loader("s3://bucket/train", batch_size=4, device="cpu", augment=OPS, num_workers=1,
+                            cache_dir=cache, storage_options=bucket["options"], cache_limit=limit, fields=("source",),
+                            drop_last=False, pad=False)
     flat = gpufeed.open(bucket["flat"])
     try:
         seen = []
@@ -333,7 +337,6 @@ def test_a_batch_s_fields_come_from_the_shards_it_was_read_from_not_a_new_downlo
             seen += samples
         assert sorted(seen) == list(range(40)) and where
         assert threading.current_thread().name not in where
-        room = limit // max(s["bytes"] for s in loader.store.manifest.shards)
     finally:
         loader.close()
 
@@ -394,7 +397,8 @@ def test_processes_sharing_a_cache_folder_are_sized_together_or_refused(bucket, 
     script.write_text(textwrap.dedent(f"""
         import time
         import gpufeed
-        store = gpufeed.open({url!r}, cache_dir={str(cache)!r}, cache_limit={two}, storage_options={bucket["options"]!r})
+        store = gpufeed.open({url!r}, cache_dir={str(cache)!r}, cache_limit={two},
+                             storage_options={bucket["options"]!r})
         print("open", flush=True)
         time.sleep(600)
     """))
@@ -402,10 +406,12 @@ def test_processes_sharing_a_cache_folder_are_sized_together_or_refused(bucket, 
                                                       os.environ.get("PYTHONPATH", "")]))
     other = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE, text=True,
                              start_new_session=True)
-    kw = dict(batch_size=1, device="cpu", augment=OPS, num_workers=1, cache_dir=cache, storage_options=bucket["options"])
+    kw = dict(batch_size=1, device="cpu", augment=OPS, num_workers=1, cache_dir=cache,
+              storage_options=bucket["options"])
     try:
         assert other.stdout.readline() == "open\n"
-        with pytest.raises(ValueError, match=rf"read now by process {other.pid} with cache_limit {two} \(this one: {one}\)"):
+        differs = rf"read now by process {other.pid} with cache_limit {two} \(this one: {one}\)"
+        with pytest.raises(ValueError, match=differs):
             gpufeed.open(url, cache_dir=cache, cache_limit=one, storage_options=bucket["options"])
         with pytest.raises(ValueError, match=rf"LOCAL_WORLD_SIZE=2 .*cache_limit at least {two} bytes"):
             gpufeed.Loader(url, cache_limit=two, **kw)
