@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -32,3 +34,6 @@ class Batch:
     final: bool = False
     samples: torch.Tensor | np.ndarray | None = None  # host: the store index of each sample, for fields
     skipped: tuple[Skipped, ...] = ()  # evaluation: the samples of this batch left out (undecodable)
+    # a sharded store's shards the samples were read from, as opened then (number -> shard): the fields
+    # are read from them (`ShardedStore.pinned`), not from a remote store's cache, which may have let go
+    shards: Mapping[int, Any] | None = None

@@ -57,6 +57,10 @@ class ByteSource(Protocol):
     def for_workers(self) -> WorkerView:
         """What the CPU decode worker processes read from."""
 
+    def opened(self, indices: np.ndarray) -> dict[int, Any] | None:
+        """The shards of a sharded store that images `indices` (just read) are in, as opened (number ->
+        shard), for their fields (`Batch.shards`); None for any other source."""
+
 
 class OfAStore:
     """A store's labels, length and sources, for the byte sources of a packed or sharded store (`store`)."""
@@ -72,6 +76,9 @@ class OfAStore:
 
     def source(self, i: int) -> str:
         return self.store.source(i)
+
+    def opened(self, indices: np.ndarray) -> dict[int, Any] | None:
+        return None
 
 
 class PackedBytes(OfAStore):
@@ -147,6 +154,12 @@ class ShardBytes(OfAStore):
 
         encoded = Encoded(torch.from_numpy(buffer), buffer, begins, ends, shards.astype(np.int64), begins_in_file, fill)
         return lambda: encoded
+
+    def opened(self, indices: np.ndarray) -> dict[int, Any] | None:
+        """The shards of images `indices`, as opened: held still, a batch made from them being just read
+        (`HELD_FOR`), so a remote store's are in its cache and none is downloaded."""
+        shards, _ = self.store.locate(indices)
+        return {int(k): self.store.shard(int(k)) for k in np.unique(shards)}
 
     def _use(self, shards: list[int], counts: list[int]) -> None:
         """Hold `shards` in a remote store's cache (downloaded if needed), and let go of those no batch

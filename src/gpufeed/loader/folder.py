@@ -252,6 +252,10 @@ class FolderStore:
     def __len__(self) -> int:
         return len(self._names)
 
+    def opened(self, indices: np.ndarray) -> None:
+        """None: a folder has no shards (`ByteSource.opened`)."""
+        return None
+
     def source(self, i: int) -> str:
         """Where sample `i` is: its path, or `shard.tar:key`."""
         return self._names[i]

@@ -173,11 +173,12 @@ class JpegBatcher:
                 final=True,
                 samples=i[good],
                 skipped=self._skipped(i, failed),
+                shards=self.images.opened(i[good]),
             )
         if failed:  # keep batches full: a failed sample becomes a copy of the next good one
             for p, src in copies.items():
                 images[p] = images[src]
-        return Batch(images, labels, None, final=True, samples=samples)
+        return Batch(images, labels, None, final=True, samples=samples, shards=self.images.opened(samples))
 
     def _skipped(self, i: np.ndarray, failed: dict[int, str]) -> tuple[Skipped, ...]:
         return tuple(Skipped(int(i[p]), _source(self.images, int(i[p])), failed[p]) for p in sorted(failed))

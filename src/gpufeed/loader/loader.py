@@ -11,6 +11,7 @@ fused kernel. Either way the consumer's stream waits on each batch's event.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import functools
 import inspect
 import logging
@@ -234,20 +235,22 @@ def _window(store: ShardedStore, asked: int | None, batch_size: int) -> int | No
     room for in it, less two fetched ahead and those the batches in flight read beyond them (the
     shards of the batch being read and the `ShardBytes.HELD_FOR` before it, and one: counting the
     `HELD_FOR` alone, a cache of 17 small shards for batches of 16 ran out of room at the seventh
-    batch); a cache with no room for a window of one is refused here, not mid-epoch. A raw store's
-    cache must hold it whole."""
-    if asked is not None:
-        if not isinstance(asked, int) or isinstance(asked, bool) or asked < 1:
-            raise ValueError(f"shuffle_window must be a number of shards, 1 or more, got {asked!r}")
+    batch); a cache with no room for a window of one is refused here, not mid-epoch, as is a window
+    asked for that the cache can't hold (a full shuffle through a small cache), and a cache folder
+    read by more processes than LOCAL_WORLD_SIZE says (each counted on its part of the limit: they
+    blocked each other mid-epoch, then failed). A raw store's cache must hold it whole."""
+    if asked is not None and (not isinstance(asked, int) or isinstance(asked, bool) or asked < 1):
+        raise ValueError(f"shuffle_window must be a number of shards, 1 or more, got {asked!r}")
+    if not isinstance(store, RemoteStore) or store.cache.limit is None:
         return asked
-    limit = store.cache.limit if isinstance(store, RemoteStore) else None
-    if limit is None:
-        return None
+    limit = store.cache.limit
     if store.mode == "raw" and limit < store.nbytes:
         raise ValueError(
             f"{store.path}: a raw store is read through its cache only whole: cache_limit {limit} bytes "
             f"holds less than its {store.nbytes}; raise it, or pack the data as a jpeg store"
         )
+    if limit < store.nbytes:  # (a cache that holds the whole store has room for any number of its readers)
+        _check_sharing(store, batch_size)
     biggest = max(s["bytes"] for s in store.manifest.shards)
     held = _held(store, batch_size)
     room = limit // (local_ranks() * biggest)
@@ -257,7 +260,31 @@ def _window(store: ShardedStore, asked: int | None, batch_size: int) -> int | No
             f"{batch_size} in flight read about {held}, the order spreads over one more and two are fetched "
             f"ahead: raise it to {smallest_cache(store, batch_size)} bytes or more, or use smaller batches"
         )
-    return room - 2 - held
+    if asked is not None and asked > room - 2 - held and limit < store.nbytes:
+        needed = min(store.nbytes, (asked + 2 + held) * biggest * local_ranks())
+        raise ValueError(
+            f"{store.path}: shuffle_window {asked} spreads each shard's samples over {asked} shards' places "
+            f"(the batches in flight read about {held} more, and two are fetched ahead), and cache_limit "
+            f"{limit} bytes holds {room} of its shards a rank: use a shuffle_window of at most "
+            f"{room - 2 - held}, or raise cache_limit to {needed} bytes or more"
+        )
+    return asked if asked is not None else room - 2 - held
+
+
+def _check_sharing(store: RemoteStore, batch_size: int) -> None:
+    """Refuse a cache folder that more processes read through now than LOCAL_WORLD_SIZE says share it,
+    naming the settings to use: each process counts on its part of the limit."""
+    pids = sorted({user.pid for user in store.cache.others()})
+    ranks = local_ranks()
+    if len(pids) + 1 > ranks:
+        users = len(pids) + 1
+        raise ValueError(
+            f"{store.path}: cache_dir {store.cache.folder} is read now by {len(pids)} other process(es) as "
+            f"well (pid {', '.join(map(str, pids))}), and LOCAL_WORLD_SIZE says {ranks} share it: each "
+            f"process counts on its part of cache_limit. Set LOCAL_WORLD_SIZE={users} (torchrun sets it) "
+            f"with cache_limit at least {smallest_cache(store, batch_size, users)} bytes, or give each "
+            "process a cache_dir of its own"
+        )
 
 
 def _held(store: ShardedStore, batch_size: int) -> int:
@@ -266,11 +293,12 @@ def _held(store: ShardedStore, batch_size: int) -> int:
     return -(-(ShardBytes.HELD_FOR + 1) * batch_size * len(store.manifest.shards) // len(store)) + 1
 
 
-def smallest_cache(store: ShardedStore, batch_size: int) -> int:
+def smallest_cache(store: ShardedStore, batch_size: int, ranks: int | None = None) -> int:
     """The smallest `cache_limit` a Loader of `batch_size` accepts for `store` on this machine: room
-    for the shards the batches in flight read, a window of one and two fetched ahead, each rank."""
+    for the shards the batches in flight read, a window of one and two fetched ahead, each rank
+    (`ranks` sharing the cache folder; default: LOCAL_WORLD_SIZE's)."""
     biggest = max(s["bytes"] for s in store.manifest.shards)
-    return (_held(store, batch_size) + 3) * biggest * local_ranks()
+    return (_held(store, batch_size) + 3) * biggest * (ranks or local_ranks())
 
 
 def _workers(num_workers: int | None, device: torch.device) -> int:
@@ -918,8 +946,11 @@ class Loader:
         self.counters.mark("first_batch")
         if self._fields is None:
             return out
+        fields = self._fields
+        if batch.shards is not None and isinstance(self.store, ShardedStore):  # read as the batch's images were
+            fields = dataclasses.replace(fields, store=self.store.pinned(batch.shards))
         return batch_dict(
-            self._fields, *out, batch.samples, self.counters, functools.partial(self.plan, self.epoch, self._batch)
+            fields, *out, batch.samples, self.counters, functools.partial(self.plan, self.epoch, self._batch)
         )
 
     def _augment(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:

@@ -268,7 +268,7 @@ def pack(
             URL `dest` (`s3://...`, any fsspec URL; `storage_options` are fsspec's) is always
             sharded (default "256MB"): the store is packed in a local scratch folder (TMPDIR), each
             shard uploaded as it is finished and the manifest last, so a reader never sees a half
-            store.
+            store. A store there is replaced (`overwrite`) only once the new one is packed whole.
         images: a COCO annotation file's folder of images (their "file_name"s are in it).
         exist_ok: keep a store already at `dest` that was packed from the same source with the same
             settings, and return its report (seconds 0, workers 0) without packing: a script that

@@ -30,6 +30,7 @@ import shutil
 import tempfile
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -38,9 +39,12 @@ from pathlib import Path
 from typing import Any
 
 from gpufeed.store import format as fmt
+from gpufeed.store import users
 from gpufeed.store.format import Manifest, StoreError
-from gpufeed.store.locations import filesystem, parse_size, shown
+from gpufeed.store.locations import filesystem, parse_size, shown, store_url
+from gpufeed.store.scratch import held_folder, let_go, reclaim
 from gpufeed.store.sharded import ShardedStore, manifest_digest, open_shard
+from gpufeed.store.users import Registration, User
 from gpufeed.store.writer import file_digest
 
 log = logging.getLogger(__name__)
@@ -52,8 +56,23 @@ WAIT_FOR_ROOM = 120.0  # seconds a download waits for the machine's ranks to let
 VERIFIED = ".verified"  # in a shard's cache folder: its digest, written once every file checked
 PART = 4 << 20  # from an object store, a shard's files come as byte ranges of at most this, all at once
 RANGES_AT_ONCE = 16  # ranges of one download held in memory at once: 64 MB, so a process's fetch pool up to 512 MB
-RANGE_TRIES = 3  # tries of a range within one try of a download
+RANGE_TRIES = 3  # tries of a range within one try of a download (one that timed out: none again, `retried`'s)
+TIMEOUT_TRIES = 2  # tries of a request that the server did not answer within its timeouts (`retried`)
 RANGED = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss")  # protocols whose servers all answer byte ranges
+
+
+MARKER = ".gpufeed-cache"  # in a cache folder: that gpufeed made it, and for which store (`cache_folder`)
+
+
+def reclaim_downloads(folder: Path) -> list[str]:
+    """Remove the cache folder's downloads that no process finishes: temporary folders of a process
+    killed mid-download (a shard's beside the shards, the store's own files' in `top/`), and those of a
+    gpufeed before they were held (`store.scratch`); what was removed, as paths in the folder."""
+    removed = [f"{fmt.SHARDS}/{name}" for name in reclaim(folder / fmt.SHARDS, r"\.\d+-", legacy=True)]
+    removed += [f"top/{name}" for name in reclaim(folder / "top", r"\.fetch-", legacy=True)]
+    if removed:
+        log.info("gpufeed: removed %d downloads of processes gone from the cache %s", len(removed), folder)
+    return removed
 
 
 def default_cache_dir(url: str) -> Path:
@@ -61,28 +80,114 @@ def default_cache_dir(url: str) -> Path:
     return home / hashlib.sha1(shown(url).encode()).hexdigest()[:16]
 
 
-def retried(what: str, call: Callable[[], Any], retries: int = RETRIES) -> Any:
+def cache_folder(cache_dir: str | os.PathLike | None, url: str) -> Path:
+    """The cache folder of the store at `url`: `cache_dir`, or by default one of its own under
+    ~/.cache/gpufeed/stores. The cache deletes and writes files there, so it must be a folder gpufeed
+    made for this store (its `MARKER` file names the store), or a new or empty one (marked here);
+    else a ValueError says why. An empty `cache_dir` (an unset environment variable) made the working
+    directory the cache, and a user's `shards/00000/...` was deleted. A default folder made before
+    markers were is gpufeed's own, and is marked as it is. Ranks making one folder at once agree: the
+    marker appears whole (a link), and only its own temporary files may be beside it in a new folder."""
+    where = shown(url)
+    if cache_dir is not None and not os.fspath(cache_dir).strip():
+        raise ValueError(
+            f"{where}: cache_dir is empty (an unset environment variable?): give the folder to cache the "
+            "store's shards in, or None for the default (~/.cache/gpufeed/stores)"
+        )
+    folder = Path(cache_dir) if cache_dir is not None else default_cache_dir(url)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise ValueError(f"{where}: cache_dir {folder} is not a folder") from None
+    except OSError as e:
+        raise StoreError(f"{where}: cache_dir {folder} can't be made ({e.strerror})") from None
+    marker = folder / MARKER
+    try:
+        if not marker.exists():
+            others = sorted(name for name in os.listdir(folder) if not name.startswith(MARKER))
+            # another rank marks a new folder before it makes anything in it: what it made means a marker
+            if others and cache_dir is not None and not marker.exists():
+                shown_others = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
+                raise ValueError(
+                    f"{where}: cache_dir {folder} holds files gpufeed did not make ({shown_others}), and the "
+                    "cache deletes files in its folder: give a new or empty folder (a cache of an older "
+                    f"gpufeed has no {MARKER} file: delete it)"
+                )
+            temp = folder / f"{MARKER}.{os.getpid()}.{threading.get_ident()}"
+            temp.write_text(
+                f"This folder is gpufeed's cache of a store in a bucket: gpufeed deletes and writes files in it.\n"
+                f"store: {where}\n"
+            )
+            try:
+                os.link(temp, marker)  # whole, and the first one made stays
+            except FileExistsError:
+                pass
+            except OSError:  # a filesystem without links
+                os.replace(temp, marker)
+            finally:
+                temp.unlink(missing_ok=True)
+        owner = next(
+            (line[len("store: ") :] for line in marker.read_text().splitlines() if line.startswith("store: ")), ""
+        )
+    except OSError as e:
+        raise StoreError(f"{where}: cache_dir {folder} can't be used ({e.strerror or e})") from None
+    if owner != where:
+        raise ValueError(
+            f"{where}: cache_dir {folder} is the cache of {owner or 'another store'} ({MARKER} says so): "
+            "give each store a cache folder of its own"
+        )
+    return folder
+
+
+def retried(what: str, call: Callable[[], Any], retries: int = RETRIES, local: Path | None = None) -> Any:
     """`call()`, tried again after a transient error (with backoff); the last error is raised as a
-    StoreError naming `what`. A missing object is not transient."""
+    StoreError naming `what`. A missing object is not transient. A request the server did not answer
+    within its timeouts (`timed_out`) is tried `TIMEOUT_TRIES` times in all: each try waited the
+    timeouts already (s3fs's own tries of it too), and a server that accepts and never answers should
+    be said in minutes, not after an hour. An error of a file in the folder `local` (the cache's) is
+    this disk's: raised as it is, at once, for the caller to name the folder (a download's folder
+    deleted under it was "not found", as if the bucket had lost the file)."""
     error: Exception
     for attempt in range(retries):
         try:
             return call()
-        except FileNotFoundError:
-            raise StoreError(f"{what}: not found") from None
-        except StoreError:
-            raise
         except OSError as e:
             if e.errno == errno.ENOSPC:
                 raise StoreError(
                     f"{what}: the cache disk is full ({e.strerror}): free space or set a smaller cache_limit"
                 ) from None
+            if local is not None and _inside(e.filename, local):
+                raise
+            if isinstance(e, FileNotFoundError):
+                raise StoreError(f"{what}: not found") from None
             error = e
+        except StoreError:
+            raise
         except Exception as e:  # noqa: BLE001 - a filesystem library's own errors (botocore, aiohttp, ...)
             error = e
+        if timed_out(error) and attempt + 1 >= TIMEOUT_TRIES:
+            raise StoreError(
+                f"{what}: the server did not answer ({attempt + 1} tries, each within its connect and read timeouts: "
+                f"storage_options set them), last: {type(error).__name__}: {_scrubbed(error)}"
+            ) from None
         if attempt + 1 < retries:
             time.sleep(BACKOFF * 2**attempt)
     raise StoreError(f"{what}: failed {retries} times, last: {type(error).__name__}: {_scrubbed(error)}") from None
+
+
+def _inside(filename: object, folder: Path) -> bool:
+    """Whether `filename` (an OSError's, maybe None) names a file in `folder` on this disk."""
+    if not isinstance(filename, (str, os.PathLike)):
+        return False
+    path, root = os.path.abspath(filename), os.path.abspath(folder)
+    return os.path.commonpath([path, root]) == root
+
+
+def timed_out(error: BaseException) -> bool:
+    """Whether `error` says a request got no answer (or no connection) within its timeouts: Python's,
+    asyncio's and fsspec's TimeoutError, botocore's ConnectTimeoutError and ReadTimeoutError, aiohttp's
+    timeouts (by name: the filesystem libraries are imported only where they are used)."""
+    return isinstance(error, TimeoutError) or any("Timeout" in kind.__name__ for kind in type(error).__mro__)
 
 
 def _scrubbed(error: BaseException) -> str:
@@ -122,6 +227,7 @@ class ShardCache:
         (folder / fmt.SHARDS).mkdir(parents=True, exist_ok=True)
         (folder / "locks").mkdir(exist_ok=True)
         (folder / "reserved").mkdir(exist_ok=True)
+        self.reclaimed = reclaim_downloads(folder)
         self._lock = threading.Lock()
         self._in_use: dict[int, tuple[int, int]] = {}  # shard -> (our uses, fd holding its shared lock)
         self._pool: ThreadPoolExecutor | None = None
@@ -146,9 +252,24 @@ class ShardCache:
             raise StoreError(
                 f"{shown(url)}: cache_limit {limit} bytes is smaller than its largest shard ({biggest} bytes): raise it"
             )
+        # registered before the others are looked at: of two processes joining at once, one sees the other
+        registration = Registration(folder, limit)
+        self._unregister = weakref.finalize(self, registration.close)  # at `close`, or when collected
+        differ = [user for user in self.others() if user.limit != limit]
+        if differ:
+            self._unregister()
+            raise ValueError(
+                f"{shown(url)}: cache_dir {folder} is read now by process {differ[0].pid} with cache_limit "
+                f"{differ[0].limit} (this one: {limit}): the processes sharing a cache folder split one "
+                "limit; give them all the same cache_limit, or each a cache_dir of its own"
+            )
 
     def path(self, k: int) -> Path:
         return self.folder / self.manifest.shards[k]["name"]
+
+    def others(self) -> list[User]:
+        """The other processes reading through this cache folder now (`store.users`)."""
+        return users.others(self.folder)
 
     def downloads(self) -> list[Download]:
         """The shards this process downloaded, the latest 100,000, in the order they came (a benchmark's
@@ -165,9 +286,52 @@ class ShardCache:
 
     def ensure(self, k: int) -> Path:
         """Shard `k` in the cache, verified (downloaded now if it is not), and marked recently used."""
-        path = self._ensure(k, wait=True)
+        with self.folder_errors():
+            path = self._ensure(k, wait=True)
         assert path is not None  # waiting, it is there or an error says why
         return path
+
+    @contextlib.contextmanager
+    def folder_errors(self) -> Iterator[None]:
+        """A StoreError naming the cache folder for an error of the block that the folder caused: gone
+        (deleted while in use) or not writable (made read-only), or any other error of this disk (an
+        OSError, named with its file). A raw FileNotFoundError came out mid-epoch, or "not found" as if
+        the bucket had lost the shard, its download's folder removed under it."""
+        try:
+            yield
+        except StoreError:
+            unusable = self.unusable()
+            if unusable is not None:
+                raise StoreError(unusable) from None
+            raise
+        except OSError as e:
+            unusable = self.unusable()
+            if unusable is not None:
+                raise StoreError(unusable) from None
+            what = f"{e.filename}: " if e.filename else ""
+            if e.errno == errno.ENOENT:
+                why = "gone (deleted while in use?)"
+            elif e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+                why = "not writable (made read-only?)"
+            else:
+                why = e.strerror or str(e)
+            raise StoreError(f"{shown(self.url)}: the cache folder {self.folder}: {what}{why}") from None
+
+    def unusable(self) -> str | None:
+        """Why the cache folder can't be used now (a folder of it gone, or not writable), or None."""
+        for path in (self.folder, self.folder / fmt.SHARDS, self.folder / "locks", self.folder / "reserved"):
+            part = "" if path == self.folder else f" ({path.name})"
+            if not path.is_dir():
+                return (
+                    f"{shown(self.url)}: the cache folder {self.folder}{part} is gone (deleted while in use?): "
+                    "the cache needs it while the store is read"
+                )
+            if not os.access(path, os.W_OK | os.X_OK):
+                return (
+                    f"{shown(self.url)}: the cache folder {self.folder}{part} is not writable (made read-only?): "
+                    "the cache writes its downloads there"
+                )
+        return None
 
     def _ensure(self, k: int, wait: bool) -> Path | None:
         """`ensure`; without `wait`, None where the cache has no room for it now (nothing is evicted that
@@ -205,7 +369,8 @@ class ShardCache:
         (and again, should another process have evicted it between the download and the hold)."""
         while True:
             path = self.ensure(k)
-            self.hold(k)
+            with self.folder_errors():
+                self.hold(k)
             if self.present(k):
                 return path
             self.release(k)
@@ -228,6 +393,11 @@ class ShardCache:
                 os.close(fd)
                 fd = held
             self._in_use[k] = (uses + 1, fd)
+
+    def held(self, k: int) -> bool:
+        """Whether this process holds shard `k` (`hold`)."""
+        with self._lock:
+            return k in self._in_use
 
     def release(self, k: int) -> None:
         with self._lock:
@@ -342,7 +512,7 @@ class ShardCache:
             if self._ensure(k, wait=False) is None:
                 with self._lock:
                     self._no_room.add(k)
-        except StoreError as e:  # said when the shard is needed (ensure raises there)
+        except (StoreError, OSError) as e:  # said when the shard is needed (ensure raises there)
             log.debug("gpufeed: fetching %s ahead failed: %s", self.manifest.shards[k]["name"], e)
             with self._lock:
                 self._failed.add(k)
@@ -360,7 +530,7 @@ class ShardCache:
         """Bytes of verified shards in the cache folder (every process's), counted under the lock that
         evictions take: a shard evicted during the count and another fetched in its room would both be
         counted otherwise (a download finishing during it had its room reserved before)."""
-        with self._exclusive_path(self.folder / "locks" / "space.lock"):
+        with self.folder_errors(), self._exclusive_path(self.folder / "locks" / "space.lock"):
             return sum(size for k, size in enumerate(self._sizes) if self.present(k))
 
     def _make_room(self, size: int, k: int, wait: bool) -> Path | None:
@@ -495,14 +665,18 @@ class ShardCache:
         entry = self.manifest.shards[k]
         remote = f"{self.root}/{entry['name']}"
         final = self.path(k)
-        temp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
         began = time.monotonic()
-        try:
-            retried(self._shown(f"{remote}/{fmt.MANIFEST}"), lambda: self._get(remote, {fmt.MANIFEST: None}, temp))
+        with held_folder(final.parent, f".{final.name}-") as temp:  # a killed process's: `reclaim`
+            retried(
+                self._shown(f"{remote}/{fmt.MANIFEST}"),
+                lambda: self._get(remote, {fmt.MANIFEST: None}, temp),
+                local=self.folder,
+            )
             ok = manifest_digest(temp / fmt.MANIFEST) == entry["digest"]
             self._check(f"{remote}/{fmt.MANIFEST}", ok)
             self.fetch_checked(remote, Manifest.read(temp).files, temp)
             shutil.rmtree(final, ignore_errors=True)
+            let_go(temp)
             os.replace(temp, final)
             ended = time.monotonic()  # before it is there: a batch reading it may end an epoch
             (final / VERIFIED).write_text(entry["digest"])
@@ -510,8 +684,6 @@ class ShardCache:
                 self.downloaded += entry["bytes"]
                 self.fetched += 1
                 self._downloads.append(Download(k, began, ended, ahead))
-        finally:
-            shutil.rmtree(temp, ignore_errors=True)
 
     def _get(self, remote: str, files: dict[str, int | None], into: Path) -> None:
         """Files of the remote folder `remote` (name -> its bytes, None: not known) into the local folder
@@ -581,8 +753,8 @@ class ShardCache:
             )
             again = []
             for part, blob in zip(group, blobs, strict=True):
-                if isinstance(blob, FileNotFoundError):
-                    raise blob
+                if isinstance(blob, FileNotFoundError) or (isinstance(blob, BaseException) and timed_out(blob)):
+                    raise blob  # missing, or no answer within the timeouts: the download's tries decide
                 if isinstance(blob, BaseException) or len(blob) != part[2] - part[1]:
                     error = (
                         blob
@@ -602,16 +774,13 @@ class ShardCache:
         """Files of the remote folder `remote` (name -> manifest entry) into the local folder `into`, at
         once (`_get`), each in place only once its digest is the one recorded: else a StoreError
         naming it (`_check`), and nothing of it kept. A shard's files, and the store's own."""
-        temp = Path(tempfile.mkdtemp(prefix=".fetch-", dir=into))
-        try:
+        with held_folder(into, ".fetch-") as temp:
             # a try that failed part way left some files whole: the next fetches the others
-            retried(self._shown(remote), lambda: self._get(remote, _not_yet(temp, files), temp))
+            retried(self._shown(remote), lambda: self._get(remote, _not_yet(temp, files), temp), local=self.folder)
             for name, meta in files.items():
                 self._check(f"{remote}/{name}", _whole(temp / name, meta))
             for name in files:
                 os.replace(temp / name, into / name)
-        finally:
-            shutil.rmtree(temp, ignore_errors=True)
 
     def _shown(self, remote: str) -> str:
         """The remote path `remote` (under the store's root) as messages name it: the store's URL without
@@ -635,11 +804,13 @@ class ShardCache:
             for _, fd in self._in_use.values():
                 os.close(fd)
             self._in_use.clear()
+        self._unregister()
 
 
 class RemoteStore(ShardedStore):
     """A sharded store at an fsspec URL, read through a `ShardCache` in `cache_dir` (default under
-    ~/.cache/gpufeed/stores) of at most `cache_limit` bytes (an int or "200GB"; None: no limit)."""
+    ~/.cache/gpufeed/stores; a folder of this store's own: `cache_folder`) of at most `cache_limit`
+    bytes (an int or "200GB"; None: no limit)."""
 
     def __init__(
         self,
@@ -648,11 +819,10 @@ class RemoteStore(ShardedStore):
         cache_limit: int | str | None = None,
         storage_options: dict | None = None,
     ):
-        self.url = url.rstrip("/")
+        self.url = store_url(url)
         self.fs, root = filesystem(self.url, storage_options)
         root = root.rstrip("/")
-        folder = Path(cache_dir) if cache_dir is not None else default_cache_dir(self.url)
-        folder.mkdir(parents=True, exist_ok=True)
+        folder = cache_folder(cache_dir, self.url)
         head = folder / "top"
         head.mkdir(exist_ok=True)
         where = shown(self.url)
@@ -679,10 +849,29 @@ class RemoteStore(ShardedStore):
         return self.cache.path(k)
 
     def shard(self, k: int):
-        """Shard `k`, downloaded into the cache first if it is not there."""
-        if k not in self._shards or not self.cache.present(k):
-            self._shards[k] = open_shard(self.cache.ensure(k), self.manifest, k)
-        return self._shards[k]
+        """Shard `k`, downloaded into the cache first if it is not there (or `pinned`'s). Opening one
+        lets go of the shards opened before that are evicted and not held here: their maps kept
+        their deleted files on the cache disk, every shard of an epoch over a cache of a few (a batch
+        in flight keeps its own)."""
+        pinned = self._pins.get(k)
+        if pinned is not None:
+            return pinned
+        opened = self._shards.get(k)
+        if opened is None or not self.cache.present(k):
+            path = self.cache.ensure(k)
+            try:
+                with self.cache.folder_errors():
+                    opened = self._shards[k] = open_shard(path, self.manifest, k)
+            except StoreError:
+                if not self.cache.present(k):  # removed as it was opened (a rank's hold keeps gpufeed off it)
+                    raise StoreError(
+                        f"{self.url_shown}: the cache folder {self.cache.folder}: {path} is gone (deleted while "
+                        "in use?)"
+                    ) from None
+                raise
+            for j in [j for j in list(self._shards) if j != k and not self.cache.held(j) and not self.cache.present(j)]:
+                self._shards.pop(j, None)
+        return opened
 
     def close(self) -> None:
         self.cache.close()

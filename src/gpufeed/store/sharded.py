@@ -9,9 +9,10 @@ and evict, and a store in a bucket is opened by reading three small files.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -150,15 +151,29 @@ class ShardedStore(Described):
                     "is not a positive size (damaged store)"
                 )
         self._shards: dict[int, Store] = {}
+        self._pins: Mapping[int, Store] = {}  # `pinned`'s
 
     def shard_path(self, k: int) -> Path:
         return self.path / self.manifest.shards[k]["name"]
 
     def shard(self, k: int) -> Store:
         """Shard `k`, opened once; its manifest must be the one the top manifest recorded."""
+        pinned = self._pins.get(k)
+        if pinned is not None:
+            return pinned
         if k not in self._shards:
             self._shards[k] = open_shard(self.shard_path(k), self.manifest, k)
         return self._shards[k]
+
+    def pinned(self, shards: Mapping[int, Store]) -> ShardedStore:
+        """This store, read through `shards` (number -> the shard as opened), e.g. those a batch's images
+        were read from: a Loader reads the batch's fields through them on the training thread, where a
+        remote store's shard evicted meanwhile was downloaded again (twice the downloads of an epoch
+        with fields=("source",)); the maps of an evicted shard still hold its verified files. Other
+        shards are opened as `shard` opens them."""
+        view = copy.copy(self)
+        view._pins = shards
+        return view
 
     def locate(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(shard, index within it) of each of `indices`."""
