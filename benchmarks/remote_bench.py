@@ -201,6 +201,9 @@ def epochs(loader, step, count: int, device: str) -> list[dict]:
     from gpufeed.bench.common import sync
 
     cache = getattr(getattr(loader, "store", None), "cache", None)  # gpufeed's (others.py's rows: none)
+    records: list = []  # the cache's downloads, as it tells of each (`ShardCache.on_download`)
+    if hasattr(cache, "on_download"):
+        cache.on_download = records.append
 
     def downloaded() -> int:
         return getattr(cache, "downloaded", 0)
@@ -223,8 +226,8 @@ def epochs(loader, step, count: int, device: str) -> list[dict]:
             row["cached"] = loader.cached()
         else:
             row["downloaded"] = after - fetched
-        if hasattr(cache, "downloads"):  # (a tree before its records: none)
-            row["downloads"] = timeline(cache.downloads(), began, time.monotonic())
+        if hasattr(cache, "on_download"):  # (a tree before the hook: none)
+            row["downloads"] = timeline(list(records), began, time.monotonic())
         out.append(row)
     return out
 

@@ -69,3 +69,66 @@ def test_the_read_path_imports_nothing_of_the_write_path():
     wrong = [f"{path.relative_to(SRC)} imports {module}" for path in (SRC / "loader").rglob("*.py")
              for module, _ in _imports(path) if module.startswith("gpufeed.packing")]
     assert not wrong, wrong
+
+
+def _modules() -> dict[str, Path]:
+    """Every module of the package by its dotted name (a package by its own: `gpufeed.store`)."""
+    out = {}
+    for path in SRC.rglob("*.py"):
+        parts = path.relative_to(SRC.parent).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def _edges(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """Module -> the modules it imports (anywhere in it, function bodies included): a name imported
+    from a package goes to the module the package takes it from (`__init__`'s re-exports and lazy
+    `_EXPORTS`), so a package that re-exports is no circle by itself."""
+    exports: dict[str, dict[str, str]] = {}
+    for name, path in modules.items():
+        if path.name == "__init__.py":
+            found = {}
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                    found |= {a.asname or a.name: node.module for a in node.names}
+                if isinstance(node, ast.Dict):  # a lazy package's {name: "module"}
+                    found |= {k.value: v.value for k, v in zip(node.keys, node.values)
+                              if isinstance(k, ast.Constant) and isinstance(v, ast.Constant)
+                              and isinstance(v.value, str) and v.value in modules}
+            exports[name] = found
+    edges: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        for module, names in _imports(path):
+            for target in [f"{module}.{n}" if f"{module}.{n}" in modules else exports.get(module, {}).get(n, module)
+                           for n in names] or [module]:
+                if target in modules and target != name:
+                    edges[name].add(target)
+    return edges
+
+
+def test_no_import_circle():
+    """No module imports, however indirectly, a module that imports it (lazy imports in function bodies
+    count: they only hide a circle). A circle is two modules that can't be understood apart."""
+    edges = _edges(_modules())
+    circles = []
+    for start in sorted(edges):
+        seen, todo = set(), [(start, (start,))]
+        while todo:
+            here, path = todo.pop()
+            for nxt in sorted(edges[here]):
+                if nxt == start:
+                    circles.append(" -> ".join((*path, start)))
+                elif nxt not in seen:
+                    seen.add(nxt)
+                    todo.append((nxt, (*path, nxt)))
+            if circles and circles[-1].startswith(start):
+                break
+    assert not circles, circles
+
+
+def test_no_module_imports_the_package_it_is_part_of():
+    """Only the top-level API imports `gpufeed` itself; a module inside it that did (to find a path, a
+    version) would run back up through everything the package imports."""
+    wrong = [str(path.relative_to(SRC)) for name, path in _modules().items() if name != "gpufeed"
+             for module, _ in _imports(path) if module == "gpufeed"]
+    assert not wrong, wrong

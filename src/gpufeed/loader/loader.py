@@ -44,7 +44,8 @@ from gpufeed.loader.sampler import Segment, ShardedBatchSampler, Shards, check_e
 from gpufeed.loader.settings import Decoding, Output, resolve_device
 from gpufeed.loader.stats import Stats, stage_range
 from gpufeed.store.locations import is_url
-from gpufeed.store.reader import Store, open_store
+from gpufeed.store.opening import open_store
+from gpufeed.store.reader import Store
 from gpufeed.store.remote import RemoteStore, Want
 from gpufeed.store.sharded import ShardedStore
 from gpufeed.transfer.gather import Gatherer
@@ -116,22 +117,26 @@ def _start_ahead(device: str | torch.device, decoders: tuple[str, ...] | None, f
 
 
 def _open(store, cache_dir, cache_limit, storage_options) -> Store | ShardedStore | FolderStore:
-    """The store a Loader reads: a store object as given; a URL as a `RemoteStore` (read through its
-    cache); a folder, list or tar shards to read in place; else a store on this disk (sharded or not)."""
+    """The store a Loader reads: a store object as given; a folder, list or tar shards to read in place;
+    else what `open_store` opens (a URL as a `RemoteStore`, read through its cache; a store on this
+    disk, sharded or not)."""
     remote = {
         k: v
         for k, v in (("cache_dir", cache_dir), ("cache_limit", cache_limit), ("storage_options", storage_options))
         if v is not None
     }
     if isinstance(store, (Store, ShardedStore, FolderStore)):
-        if remote and not isinstance(store, RemoteStore):
-            raise ValueError(f"{store.path}: {sorted(remote)} are for a store in a bucket (a URL)")
+        if remote:  # an opened store in a bucket has its cache already: they would go unused
+            raise ValueError(
+                f"{store.path}: {sorted(remote)} are for opening a store in a bucket by its URL (Loader(url, ...) "
+                "or gpufeed.open(url, ...)), not for a store already opened"
+            )
         return store
-    if is_url(store):
-        return RemoteStore(str(store), **remote)
-    if remote:
-        raise ValueError(f"{store}: {sorted(remote)} are for a store in a bucket (a URL)")
-    return FolderStore(store) if is_folder_source(store) else open_store(store)
+    if not is_url(store) and is_folder_source(store):
+        if remote:
+            raise ValueError(f"{store}: {sorted(remote)} are for a store in a bucket (a URL)")
+        return FolderStore(store)
+    return open_store(store, **remote)
 
 
 # how a shuffled order is drawn, in a state's order key: one Philox stream per (seed, epoch)

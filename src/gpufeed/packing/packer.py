@@ -12,7 +12,6 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from functools import partial
 from pathlib import Path
@@ -24,9 +23,9 @@ from gpufeed.packing import engines, worker
 from gpufeed.packing.datasets import dataset_source, is_dataset
 from gpufeed.packing.fields import FieldsSink, Geometry
 from gpufeed.packing.imaging import DEFAULT_MAX_PIXELS
+from gpufeed.packing.report import PackReport as PackReport  # (its home before report.py: re-exported)
 from gpufeed.packing.sigterm import sigterm_stops
 from gpufeed.packing.sinks import JpegSink, RawSink
-from gpufeed.packing.skips import summarize_skipped
 from gpufeed.packing.upload import pack_to_url
 from gpufeed.sources import Item, Skip, open_source
 from gpufeed.sources.images import JPEG_QUALITY
@@ -49,42 +48,6 @@ class PackError(Exception):
     def __init__(self, message: str, skipped: list[dict[str, str]] | None = None):
         super().__init__(message)
         self.skipped = skipped or []
-
-
-@dataclass
-class PackReport:
-    """What `pack` did: where, how many, what was skipped and why, how fast. `kept`: `exist_ok` found
-    the store already packed and packed nothing (count, skipped and bytes are the store's)."""
-
-    dest: Path
-    mode: str
-    count: int
-    skipped: list[dict[str, str]] = field(default_factory=list)
-    seconds: float = 0.0
-    workers: int = 1
-    bytes: int = 0
-    kept: bool = False
-
-    @property
-    def images_per_s(self) -> float:
-        """Images packed per second of the whole pack."""
-        return self.count / self.seconds if self.seconds else 0.0
-
-    def summary(self) -> str:
-        """What to print: count, size, speed (or that a complete store was kept), and how many files were
-        skipped for each reason, with a few of them (`packing.skips`)."""
-        if self.kept:
-            lines = [
-                f"kept {self.dest}: {self.count} images ({self.mode}, {self.bytes / 1e6:.1f} MB) packed before "
-                "from the same source with the same settings; nothing packed"
-            ]
-        else:
-            lines = [
-                f"packed {self.count} images into {self.dest} ({self.mode}, {self.bytes / 1e6:.1f} MB) "
-                f"in {self.seconds:.1f} s: {self.images_per_s:.0f} img/s on {self.workers} worker(s)"
-            ]
-        lines += summarize_skipped(self.skipped, "each in manifest.json; gpufeed inspect --all-skipped lists them")
-        return "\n".join(lines)
 
 
 def _check_args(mode: str, size: int, fit: str, quality: int, max_side: int, on_error: str, engine: str) -> None:
@@ -239,7 +202,6 @@ def pack(
     storage_options: dict | None = None,
     images: str | os.PathLike | None = None,
     exist_ok: bool = False,
-    _on_shard: Callable[[str, Path], None] | None = None,
 ) -> PackReport:
     """Pack `source` into a store at `dest`, on all cores; the store appears only once complete.
 
@@ -290,6 +252,7 @@ def pack(
         if exist_ok:
             raise ValueError(f"{dest}: exist_ok is for a destination on this machine, not a URL")
         return pack_to_url(
+            _pack_local,
             source,
             str(dest),
             overwrite=overwrite,
@@ -311,6 +274,54 @@ def pack(
         )
     if storage_options is not None and not is_url(source):
         raise ValueError(f"{dest}: storage_options are for a source or destination in a bucket (a URL)")
+    return _pack_local(
+        source,
+        dest,
+        mode=mode,
+        size=size,
+        fit=fit,
+        quality=quality,
+        max_side=max_side,
+        reencode=reencode,
+        workers=workers,
+        on_error=on_error,
+        overwrite=overwrite,
+        max_pixels=max_pixels,
+        progress=progress,
+        engine=engine,
+        ray_address=ray_address,
+        shard_size=shard_size,
+        storage_options=storage_options,
+        images=images,
+        exist_ok=exist_ok,
+    )
+
+
+def _pack_local(
+    source: str | os.PathLike | Sequence,
+    dest: str | os.PathLike,
+    *,
+    mode: str,
+    size: int,
+    fit: str,
+    quality: int,
+    max_side: int,
+    reencode: bool,
+    workers: int | None,
+    on_error: str,
+    overwrite: bool,
+    max_pixels: int,
+    progress: bool,
+    engine: str,
+    ray_address: str | None,
+    shard_size: int | str | None,
+    storage_options: dict | None,
+    images: str | os.PathLike | None,
+    exist_ok: bool = False,
+    on_shard: Callable[[str, Path], None] | None = None,
+) -> PackReport:
+    """`pack` into a folder on this machine (its arguments); `on_shard(name, folder)`: called as each
+    shard of a sharded store is finished (`upload` sends it to the bucket then)."""
     shard_bytes = parse_size(shard_size, "shard_size")
     _check_args(mode, size, fit, quality, max_side, on_error, engine)
     _check_places(source, dest)
@@ -345,7 +356,7 @@ def pack(
     t0 = time.perf_counter()
     with (
         _full_disk_said(dest),
-        sigterm_stops(pack.__code__) as stop,
+        sigterm_stops(_pack_local.__code__) as stop,
         atomic_store_dir(dest, overwrite) as work,
         ExitStack() as opened,
     ):
@@ -408,7 +419,7 @@ def pack(
             created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         ).write(work)
         if shard_bytes is not None:  # the same samples, in shards (the report's bytes: the data's, as before)
-            shard_in_place(work, shard_bytes, _on_shard)
+            shard_in_place(work, shard_bytes, on_shard)
     stop.check()  # SIGTERM came as the store was being committed: it is complete, and the process ends
     seconds = time.perf_counter() - t0
     stored = sum(f["bytes"] for f in files.values())  # type: ignore[misc]  # a file entry's "bytes": an int

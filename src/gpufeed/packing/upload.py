@@ -10,9 +10,11 @@ from __future__ import annotations
 import logging
 import re
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gpufeed.packing.report import PackReport
 from gpufeed.store import format as fmt
 from gpufeed.store.format import StoreError
 from gpufeed.store.scratch import held_folder, reclaim
@@ -31,9 +33,19 @@ def reclaim_scratch() -> list[str]:
     return removed
 
 
-def pack_to_url(source, url: str, *, overwrite: bool, shard_size, storage_options: dict | None, **settings: Any):
-    """`gpufeed.pack` with a URL destination (see its docstring): the same store, sharded, in the bucket."""
-    from gpufeed.packing.packer import pack
+def pack_to_url(
+    pack_local: Callable[..., PackReport],
+    source,
+    url: str,
+    *,
+    overwrite: bool,
+    shard_size,
+    storage_options: dict | None,
+    **settings: Any,
+) -> PackReport:
+    """`gpufeed.pack` with a URL destination (see its docstring): the same store, sharded, in the bucket.
+    `pack_local(source, folder, shard_size=, on_shard=, **settings)` packs it in the scratch folder
+    (`packer._pack_local`, passed in: the local pack is `packer`'s, which calls this one for a URL)."""
     from gpufeed.store.locations import filesystem, shown, store_url
     from gpufeed.store.remote import retried
 
@@ -54,11 +66,13 @@ def pack_to_url(source, url: str, *, overwrite: bool, shard_size, storage_option
         local = scratch / "store"
         # a new store's shards go up as they are finished; one that replaces a store waits for the whole
         # pack (its shards' names are the old store's)
-        report = pack(
+        report = pack_local(
             source,
             local,
             shard_size=shard_size or DEFAULT_SHARD_SIZE,
-            _on_shard=None if replacing else upload,
+            on_shard=None if replacing else upload,
+            overwrite=False,  # a new scratch folder
+            storage_options=None,  # the bucket's (a URL source's own are not passed: as before)
             **settings,
         )
         manifest = fmt.Manifest.read(local)

@@ -30,7 +30,7 @@ def read_store(
     (shared filesystem, or the store copied to each node).
     """
     from gpufeed.loader.sampler import resolve_rank
-    from gpufeed.store.reader import open_store
+    from gpufeed.store.opening import open_store
 
     path = os.path.abspath(path)
     rank, world_size = resolve_rank(rank, world_size)
@@ -42,7 +42,7 @@ def read_store(
 
 
 def _store_rows(batch: dict[str, np.ndarray], path: str) -> dict[str, np.ndarray]:
-    from gpufeed.store.reader import open_store
+    from gpufeed.store.opening import open_store
 
     store = open_store(path)  # O(1): a manifest read and memory maps
     idx = batch["data"]

@@ -11,14 +11,15 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # what type checkers see of the names imported on first use
     from gpufeed.store.format import FORMAT_VERSION, Manifest, StoreError
     from gpufeed.store.integrity import VerifyResult, verify
-    from gpufeed.store.reader import Store, open_store
+    from gpufeed.store.opening import open_store
+    from gpufeed.store.reader import Store
 
 _EXPORTS = {
     "FORMAT_VERSION": "gpufeed.store.format",
     "Manifest": "gpufeed.store.format",
     "StoreError": "gpufeed.store.format",
     "Store": "gpufeed.store.reader",
-    "open_store": "gpufeed.store.reader",
+    "open_store": "gpufeed.store.opening",
     "VerifyResult": "gpufeed.store.integrity",
     "verify": "gpufeed.store.integrity",
 }

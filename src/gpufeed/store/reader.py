@@ -290,29 +290,3 @@ class Store(Described):
 
     def __repr__(self) -> str:
         return f"Store({str(self.path)!r}, mode={self.mode!r}, count={len(self)})"
-
-
-def open_store(path: str | Path, **remote):
-    """Open the store at `path` (exported as `gpufeed.open`): read and check its manifest, memory-map
-    its data files and range-check its per-sample arrays. Nothing else is read. A sharded store
-    (format version 4) opens as a `ShardedStore`, its shards when first used; a URL (`s3://`, `gs://`,
-    any fsspec protocol) as a `RemoteStore`, reading its manifest, labels and sizes (`remote`:
-    `cache_dir`, `cache_limit`, `storage_options`, see `gpufeed.store.remote`).
-
-    Raises:
-        StoreError: not a store, damaged (the file and entry named), or a newer format version.
-    """
-    from gpufeed.store.locations import is_url
-
-    if is_url(path):
-        from gpufeed.store.remote import RemoteStore
-
-        return RemoteStore(str(path), **remote)
-    if remote:
-        raise ValueError(f"{path}: {sorted(remote)} are for stores in a bucket (a URL)")
-    manifest = Manifest.read(Path(path))
-    if manifest.version >= fmt.SHARDED_SINCE:
-        from gpufeed.store.sharded import ShardedStore
-
-        return ShardedStore(path, manifest)
-    return Store(path)

@@ -31,7 +31,6 @@ import tempfile
 import threading
 import time
 import weakref
-from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -245,7 +244,9 @@ class ShardCache:
         self._ranks = 1  # this machine's ranks sharing the cache: each plans ahead within its part
         self.downloaded = 0  # bytes this process downloaded
         self.fetched = 0  # shards this process downloaded
-        self._downloads: deque[Download] = deque(maxlen=100_000)  # the latest (`downloads`)
+        # told of each shard this process downloads, on the thread that downloaded it (a benchmark's
+        # timeline of the link: benchmarks/remote_bench.py sets it; nothing is kept here)
+        self.on_download: Callable[[Download], None] | None = None
         self._sizes = [s["bytes"] for s in manifest.shards]  # each shard's bytes, by number
         biggest = max(self._sizes, default=0)
         if limit is not None and limit < biggest:
@@ -270,12 +271,6 @@ class ShardCache:
     def others(self) -> list[User]:
         """The other processes reading through this cache folder now (`store.users`)."""
         return users.others(self.folder)
-
-    def downloads(self) -> list[Download]:
-        """The shards this process downloaded, the latest 100,000, in the order they came (a benchmark's
-        timeline of the link: `benchmarks/remote_bench.py`)."""
-        with self._lock:
-            return list(self._downloads)
 
     def present(self, k: int) -> bool:
         marker = self.path(k) / VERIFIED
@@ -683,7 +678,9 @@ class ShardCache:
             with self._lock:
                 self.downloaded += entry["bytes"]
                 self.fetched += 1
-                self._downloads.append(Download(k, began, ended, ahead))
+            told = self.on_download
+            if told is not None:
+                told(Download(k, began, ended, ahead))
 
     def _get(self, remote: str, files: dict[str, int | None], into: Path) -> None:
         """Files of the remote folder `remote` (name -> its bytes, None: not known) into the local folder
