@@ -108,9 +108,10 @@ class CostCheck:
     """Whether the GPU decoders decode at all, decided by what they cost the training loop beside them.
 
     Their work in the training process slows the loop's own steps (its thread's host time: the GIL,
-    the driver's lock, the cores their host threads take), and beside a model like ResNet-18, whose
-    steps are launch-bound, an image the engines decode can cost the loop about as much as a worker
-    takes to decode it (docs/benchmarks.md, "Steering"). So the GPU decoders are used only while a loop
+    the driver's lock, the cores their host threads take): beside ResNet-18 on two H200s, the engines
+    taking 10-25 % of the images slowed each step by 2-3 ms, and training fell from 75.4 % of the
+    ceiling with the workers alone to 68-70 % (docs/benchmarks.md, "Several GPUs (torchrun)"). So the
+    GPU decoders are used only while a loop
     fed with them runs faster than one fed by the CPU alone, measured while it runs: every so often
     (`Tuning.cost_probe` batches at first, twice as long each time the answer stays, up to 16 times)
     the batches of one window are made the other way, and each way's period (`_Window.period`: the
