@@ -1,7 +1,7 @@
 """COCO targets as torchvision's detection references give them: crowd objects left out of the training
 targets (references/detection/coco_utils.py, `ConvertCocoPolysToMask`) unless asked for, as the v2
 dataset wrapper gives them then; category ids as in the file, or onto 1..C with the mapping the store
-records; empty targets of the right shapes; the keypoint convention the README states; and
+records; empty targets of the right shapes; the keypoint convention docs/detection.md states; and
 `gpufeed inspect` counting instances per category. On a small COCO file generated here."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from gpufeed.store.format import StoreError
 from gpufeed.store.summary import describe
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # pycocotools and numpy 2
-README = Path(__file__).resolve().parent.parent / "README.md"
+DETECTION = Path(__file__).resolve().parent.parent / "docs" / "detection.md"
 SIZES = {1: (40, 60), 2: (50, 50), 3: (30, 80), 4: (40, 40)}  # image id: (height, width)
 
 
@@ -124,9 +124,9 @@ def targets_by_image(store, label_map=None, **kw) -> dict[int, dict]:
 
 
 def cocos_own(keypoints: torch.Tensor) -> torch.Tensor:
-    """The README's line that gives COCO's own keypoints back, run on `keypoints` (a copy)."""
-    line = re.search(r"`(kp\[[^`]*-= 0\.5[^`]*)`", README.read_text())
-    assert line, "the README's COCO bullet no longer says how to get COCO's keypoints back"
+    """docs/detection.md's line that gives COCO's own keypoints back, run on `keypoints` (a copy)."""
+    line = re.search(r"`(kp\[[^`]*-= 0\.5[^`]*)`", DETECTION.read_text())
+    assert line, "docs/detection.md's COCO section no longer says how to get COCO's keypoints back"
     namespace = {"kp": keypoints.clone()}
     exec(line.group(1), namespace)
     return namespace["kp"]
@@ -134,7 +134,7 @@ def cocos_own(keypoints: torch.Tensor) -> torch.Tensor:
 
 def test_crowd_objects_are_left_out_of_the_targets_as_torchvisions_references_leave_them(coco):
     """Image 1 loses its crowd car, image 3 (only a crowd) and image 2 (nothing) have empty targets
-    of the right shapes; the rest are torchvision's, keypoints too once the README's line takes
+    of the right shapes; the rest are torchvision's, keypoints too once docs/detection.md's line takes
     gpufeed's pixel centres (+0.5) back to COCO's pixel indices."""
     path, images, store = coco
     want, got = reference(path, images), targets_by_image(store)

@@ -1,7 +1,8 @@
-"""The README's Python blocks run, in order, on tiny generated data on the CPU: the README cannot
-drift from the code.
+"""The Python blocks of the README and of the docs pages it links to run, in order, in one namespace
+(the pages continue the README's training example), on tiny generated data on the CPU: the README and
+the docs cannot drift from the code.
 
-Sizes are scaled down by exact text substitutions, each of which must still match the README
+Sizes are scaled down by exact text substitutions, each of which must still match one of the pages
 (so a changed example fails here rather than silently running something else).
 """
 
@@ -15,8 +16,11 @@ import torch
 
 from conftest import save, smooth
 
-README = Path(__file__).resolve().parent.parent / "README.md"
-SMALLER = {  # README text -> what runs here (each must occur in the README)
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+# the pages whose Python blocks run, in this order, after the README's (train, resume, evaluate)
+PAGES = [README] + [ROOT / "docs" / f"{name}.md" for name in ("packing", "buckets", "loader", "augment")]
+SMALLER = {  # page text -> what runs here (each must occur in one of the pages)
     "batch_size=256": "batch_size=4",
     "RandomResizedCrop(224)": "RandomResizedCrop(32)",
     "Resize(256)": "Resize(36)",
@@ -57,13 +61,23 @@ def s3(monkeypatch):
     s.stop()
 
 
+def page_blocks(endpoint: str) -> list[tuple[str, str]]:
+    """(name, code) of every Python block of the pages, in order, sizes scaled down."""
+    texts = {page: page.read_text() for page in PAGES}
+    for old in {**SMALLER, **BUCKET}:
+        assert any(old in t for t in texts.values()), f"no page contains {old!r} any more: update SMALLER or BUCKET"
+    blocks = []
+    for page, text in texts.items():
+        for old, new in {**SMALLER, **BUCKET}.items():
+            text = text.replace(old, new.replace("ENDPOINT", repr(endpoint)))
+        name = page.relative_to(ROOT)
+        blocks += [(f"{name} python block {k + 1}", b) for k, b in enumerate(python_blocks(text))]
+    return blocks
+
+
 def test_readme_python_blocks_run(tmp_path, monkeypatch, s3):
-    text = README.read_text()
-    for old, new in {**SMALLER, **BUCKET}.items():
-        assert old in text, f"the README no longer contains {old!r}: update SMALLER or BUCKET"
-        text = text.replace(old, new.replace("ENDPOINT", repr(s3)))
-    blocks = python_blocks(text)
-    assert len(blocks) >= 4
+    blocks = page_blocks(s3)
+    assert len(python_blocks(README.read_text())) >= 3 and len(blocks) >= 8
     sizes = [(40, 48), (56, 40), (48, 48), (37, 60)]
     for split, per_class in (("train", 4), ("val", 2)):
         for c in ("ant", "bee", "cat"):
@@ -72,11 +86,11 @@ def test_readme_python_blocks_run(tmp_path, monkeypatch, s3):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the CPU path, on any machine
     namespace: dict = {}
-    for k, block in enumerate(blocks):
+    for name, block in blocks:
         try:
-            exec(compile(block, f"README.md python block {k + 1}", "exec"), namespace)
+            exec(compile(block, name, "exec"), namespace)
         except Exception as e:  # name the block that failed
-            pytest.fail(f"README python block {k + 1} failed: {type(e).__name__}: {e}\n{block}")
+            pytest.fail(f"{name} failed: {type(e).__name__}: {e}\n{block}")
     first = {name: namespace[name] for name in ("loader", "val", "one_pass", "remote")}
     packed = {d: (tmp_path / "stores" / d / "manifest.json").stat().st_mtime_ns for d in ("train", "val")}
     _run_again(blocks)
@@ -93,20 +107,20 @@ def test_readme_python_blocks_run(tmp_path, monkeypatch, s3):
         made.close()
 
 
-def _run_again(blocks: list[str]) -> None:
-    """Run the README's blocks a second time, as a user runs a training script again, in a fresh
+def _run_again(blocks: list[tuple[str, str]]) -> None:
+    """Run the pages' blocks a second time, as a user runs a training script again, in a fresh
     namespace: they must not fail on what the first run left (a store packed "once"). The blocks
     showing a pack into a fresh destination are left out: packing there again is an error on purpose
     (pass `overwrite=True` to replace a store)."""
     namespace: dict = {}
-    fresh = ('mode="raw", size=32', "s3://")  # "Pack a dataset", "Train from a bucket"
-    for k, block in enumerate(blocks):
+    fresh = ('mode="raw", size=32', "s3://")  # docs/packing.md's "Pack a dataset", docs/buckets.md
+    for name, block in blocks:
         if any(text in block for text in fresh):
             continue
         try:
-            exec(compile(block, f"README.md python block {k + 1}, run again", "exec"), namespace)
+            exec(compile(block, f"{name}, run again", "exec"), namespace)
         except Exception as e:
-            pytest.fail(f"README python block {k + 1} failed when run again: {type(e).__name__}: {e}\n{block}")
+            pytest.fail(f"{name} failed when run again: {type(e).__name__}: {e}\n{block}")
     for name in ("loader", "val", "one_pass"):
         namespace[name].close()
 
@@ -116,3 +130,9 @@ def test_the_readme_test_command_is_what_ci_runs():
     bash = re.findall(r"^```bash\n(.*?)^```", README.read_text(), flags=re.S | re.M)
     assert ci in [b.strip() for b in bash]
     assert any(b.strip().endswith("gpufeed demo") for b in bash)
+
+
+def test_every_docs_page_with_python_blocks_is_run():
+    """A Python block added to a docs page is run above, not left to drift."""
+    with_blocks = {p for p in (ROOT / "docs").glob("*.md") if python_blocks(p.read_text())}
+    assert with_blocks <= set(PAGES), sorted(str(p.relative_to(ROOT)) for p in with_blocks - set(PAGES))
