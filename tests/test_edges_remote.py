@@ -6,8 +6,6 @@ from __future__ import annotations
 import http.server
 import socketserver
 import threading
-import urllib.error
-import urllib.request
 
 import numpy as np
 import pytest
@@ -89,23 +87,7 @@ class _Stuck(http.server.BaseHTTPRequestHandler):
         if type(self).stuck:
             type(self).freed.wait()
             return
-        body = self.rfile.read(int(self.headers.get("Content-Length") or 0)) or None
-        request = urllib.request.Request(self.upstream + self.path, data=body, method=self.command,
-                                         headers={k: v for k, v in self.headers.items() if k.lower() != "host"})
-        try:
-            with urllib.request.urlopen(request) as answer:
-                status, headers, payload = answer.status, answer.getheaders(), answer.read()
-        except urllib.error.HTTPError as e:
-            status, headers, payload = e.code, e.headers.items(), e.read()
-        self.send_response(status)
-        for k, v in headers:
-            if k.lower() not in ("transfer-encoding", "connection", "content-length"):
-                self.send_header(k, v)
-        length = dict((k.lower(), v) for k, v in headers).get("content-length", "0")
-        self.send_header("Content-Length", length if self.command == "HEAD" else str(len(payload)))
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(payload)
+        test_remote.relay(self)
 
     do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _forward
 

@@ -580,6 +580,28 @@ def test_a_store_file_damaged_in_the_bucket_is_named_and_not_kept(bucket, tmp_pa
     assert store.labels.tolist() == gpufeed.open(bucket["flat"]).labels.tolist()
 
 
+def relay(handler: http.server.BaseHTTPRequestHandler) -> None:
+    """Forward `handler`'s request to its class's `upstream` server and send back what it answered (a
+    test proxy's pass-through)."""
+    body = handler.rfile.read(int(handler.headers.get("Content-Length") or 0)) or None
+    request = urllib.request.Request(type(handler).upstream + handler.path, data=body, method=handler.command,
+                                     headers={k: v for k, v in handler.headers.items() if k.lower() != "host"})
+    try:
+        with urllib.request.urlopen(request) as answer:
+            status, headers, payload = answer.status, answer.getheaders(), answer.read()
+    except urllib.error.HTTPError as e:
+        status, headers, payload = e.code, e.headers.items(), e.read()
+    handler.send_response(status)
+    for k, v in headers:
+        if k.lower() not in ("transfer-encoding", "connection", "content-length"):
+            handler.send_header(k, v)
+    length = dict((k.lower(), v) for k, v in headers).get("content-length", "0")
+    handler.send_header("Content-Length", length if handler.command == "HEAD" else str(len(payload)))
+    handler.end_headers()
+    if handler.command != "HEAD":
+        handler.wfile.write(payload)
+
+
 class _Flaky(http.server.BaseHTTPRequestHandler):
     """A proxy in front of the S3 server that answers every third request for a shard's file with a 503."""
 
@@ -595,23 +617,7 @@ class _Flaky(http.server.BaseHTTPRequestHandler):
             self.send_header("Content-Length", "0")
             self.end_headers()
             return
-        body = self.rfile.read(int(self.headers.get("Content-Length") or 0)) or None
-        request = urllib.request.Request(self.upstream + self.path, data=body, method=self.command,
-                                         headers={k: v for k, v in self.headers.items() if k.lower() != "host"})
-        try:
-            with urllib.request.urlopen(request) as answer:
-                status, headers, payload = answer.status, answer.getheaders(), answer.read()
-        except urllib.error.HTTPError as e:
-            status, headers, payload = e.code, e.headers.items(), e.read()
-        self.send_response(status)
-        for k, v in headers:
-            if k.lower() not in ("transfer-encoding", "connection", "content-length"):
-                self.send_header(k, v)
-        length = dict((k.lower(), v) for k, v in headers).get("content-length", "0")
-        self.send_header("Content-Length", length if self.command == "HEAD" else str(len(payload)))
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(payload)
+        relay(self)
 
 
     do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _forward

@@ -248,6 +248,22 @@ def pack(
             nothing is left at or beside `dest`.
         ValueError: a bad argument; `dest` inside a source folder, or a source inside `dest`.
     """
+    # what the pack makes of each image, the same for a folder here and a bucket
+    settings = dict(
+        mode=mode,
+        size=size,
+        fit=fit,
+        quality=quality,
+        max_side=max_side,
+        reencode=reencode,
+        workers=workers,
+        on_error=on_error,
+        max_pixels=max_pixels,
+        progress=progress,
+        engine=engine,
+        ray_address=ray_address,
+        images=images,
+    )
     if is_url(dest):
         if exist_ok:
             raise ValueError(f"{dest}: exist_ok is for a destination on this machine, not a URL")
@@ -258,42 +274,18 @@ def pack(
             overwrite=overwrite,
             shard_size=shard_size,
             storage_options=storage_options,
-            mode=mode,
-            size=size,
-            fit=fit,
-            quality=quality,
-            max_side=max_side,
-            reencode=reencode,
-            workers=workers,
-            on_error=on_error,
-            max_pixels=max_pixels,
-            progress=progress,
-            engine=engine,
-            ray_address=ray_address,
-            images=images,
+            **settings,
         )
     if storage_options is not None and not is_url(source):
         raise ValueError(f"{dest}: storage_options are for a source or destination in a bucket (a URL)")
     return _pack_local(
         source,
         dest,
-        mode=mode,
-        size=size,
-        fit=fit,
-        quality=quality,
-        max_side=max_side,
-        reencode=reencode,
-        workers=workers,
-        on_error=on_error,
         overwrite=overwrite,
-        max_pixels=max_pixels,
-        progress=progress,
-        engine=engine,
-        ray_address=ray_address,
         shard_size=shard_size,
         storage_options=storage_options,
-        images=images,
         exist_ok=exist_ok,
+        **settings,  # type: ignore[arg-type]
     )
 
 
