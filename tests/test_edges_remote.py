@@ -362,7 +362,8 @@ def test_processes_sharing_a_cache_folder_are_sized_together_or_refused(bucket, 
     """A cache folder read by another process now: another cache_limit is refused, and so is one more
     process than LOCAL_WORLD_SIZE says, with the settings to use (each counted on its part of the
     limit alone: two ranks blocked for two minutes mid-epoch, then failed; the smaller limit blamed
-    itself for the other's shards); with them, it reads. A process gone no longer counts."""
+    itself for the other's shards); with them, it reads. A process gone no longer counts. A store only
+    opened (as `gpufeed inspect` opens it) joins no cache folder's readers: it reads beside them."""
     import os
     import signal
     import subprocess
@@ -381,6 +382,7 @@ def test_processes_sharing_a_cache_folder_are_sized_together_or_refused(bucket, 
         import gpufeed
         store = gpufeed.open({url!r}, cache_dir={str(cache)!r}, cache_limit={two},
                              storage_options={bucket["options"]!r})
+        store.cache.join()  # as a Loader joins as it is made
         print("open", flush=True)
         time.sleep(600)
     """))
@@ -392,9 +394,12 @@ def test_processes_sharing_a_cache_folder_are_sized_together_or_refused(bucket, 
               storage_options=bucket["options"])
     try:
         assert other.stdout.readline() == "open\n"
-        differs = rf"read now by process {other.pid} with cache_limit {two} \(this one: {one}\)"
+        differs = rf"read now by process {other.pid} on \S+ with cache_limit {two} \(this one: {one}\)"
         with pytest.raises(ValueError, match=differs):
-            gpufeed.open(url, cache_dir=cache, cache_limit=one, storage_options=bucket["options"])
+            gpufeed.Loader(url, cache_limit=one, **kw)
+        looked = gpufeed.open(url, cache_dir=cache, storage_options=bucket["options"])  # no limit: only looks
+        assert len(looked) == len(many_shards) and looked.cache.others()[0].pid == other.pid
+        looked.close()
         with pytest.raises(ValueError, match=rf"LOCAL_WORLD_SIZE=2 .*cache_limit at least {two} bytes"):
             gpufeed.Loader(url, cache_limit=two, **kw)
         monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")

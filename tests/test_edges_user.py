@@ -336,3 +336,26 @@ def test_the_docs_say_which_pack_gives_a_folders_pixels(tmp_path):
 
     folder = pixels(src)
     assert torch.equal(folder, pixels(kept.dest)) and not torch.equal(folder, pixels(default.dest))
+
+
+def test_stray_bytes_between_a_jpegs_segments_are_no_reason_to_skip_it(tmp_path):
+    """libjpeg (and Pillow) skip bytes that are no marker between header segments, with a warning: such
+    a file decodes, so the check for a JPEG cut short passes over them and keeps it."""
+    import io
+
+    from PIL import Image
+
+    from gpufeed.sources.images import truncated_jpeg
+
+    buf = io.BytesIO()
+    Image.fromarray(smooth(3, 48, 64)).save(buf, format="JPEG", quality=90)
+    data = buf.getvalue()
+    app0 = 4 + int.from_bytes(data[4:6], "big")  # SOI, then APP0's marker and its length
+    odd = data[:app0] + b"\x00\x13\x37" + data[app0:]
+    assert Image.open(io.BytesIO(odd)).convert("RGB").size == (64, 48)  # it decodes
+    assert truncated_jpeg(odd) is None and truncated_jpeg(odd[: len(odd) // 2]) is not None
+    save(tmp_path / "src" / "c0" / "a.png", smooth(1, 32, 32))
+    (tmp_path / "src" / "c0" / "odd.jpg").write_bytes(odd)
+    report = gpufeed.pack(tmp_path / "src", tmp_path / "store", mode="jpeg", reencode=False, workers=1,
+                          progress=False)
+    assert report.count == 2 and not report.skipped

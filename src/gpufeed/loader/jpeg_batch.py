@@ -75,6 +75,7 @@ class JpegBatcher:
         processes) is None; `gpu_turn`: a lock the pipelines' GPU decodes take turns with."""
         self.images, self.output, self.counters = images, output, counters
         self.on_error, self.exact, tuning = decoding.on_error, decoding.exact, decoding.tuning
+        self._fields = decoding.fields
         device = output.device
         self._shapes = images.shapes.astype(np.int64)
         room = decoder_room(self._shapes, decoding.batch_size, tuning.prealloc) if output.cuda else None
@@ -173,12 +174,13 @@ class JpegBatcher:
                 final=True,
                 samples=i[good],
                 skipped=self._skipped(i, failed),
-                shards=self.images.opened(i[good]),
+                shards=self.images.opened(i[good]) if self._fields else None,
             )
         if failed:  # keep batches full: a failed sample becomes a copy of the next good one
             for p, src in copies.items():
                 images[p] = images[src]
-        return Batch(images, labels, None, final=True, samples=samples, shards=self.images.opened(samples))
+        shards = self.images.opened(samples) if self._fields else None  # (each shard looked at: only for fields)
+        return Batch(images, labels, None, final=True, samples=samples, shards=shards)
 
     def _skipped(self, i: np.ndarray, failed: dict[int, str]) -> tuple[Skipped, ...]:
         return tuple(Skipped(int(i[p]), _source(self.images, int(i[p])), failed[p]) for p in sorted(failed))

@@ -279,10 +279,11 @@ def _window(store: ShardedStore, asked: int | None, batch_size: int) -> int | No
 def _check_sharing(store: RemoteStore, batch_size: int) -> None:
     """Refuse a cache folder that more processes read through now than LOCAL_WORLD_SIZE says share it,
     naming the settings to use: each process counts on its part of the limit."""
-    pids = sorted({user.pid for user in store.cache.others()})
+    others = store.cache.others()
+    pids = sorted(user.pid for user in others)
     ranks = local_ranks()
-    if len(pids) + 1 > ranks:
-        users = len(pids) + 1
+    if len(others) + 1 > ranks:
+        users = len(others) + 1
         raise ValueError(
             f"{store.path}: cache_dir {store.cache.folder} is read now by {len(pids)} other process(es) as "
             f"well (pid {', '.join(map(str, pids))}), and LOCAL_WORLD_SIZE says {ranks} share it: each "
@@ -366,15 +367,17 @@ class Pass(Iterator[tuple[torch.Tensor, torch.Tensor] | dict]):
         self._batches = batches
         self._thread = threading.current_thread()  # the thread that last asked for a batch (or made it)
         self._ended: str | None = None  # why a newer pass ended this one
+        self._asking = threading.Lock()  # held while a batch is asked for: threads sharing a pass take turns
 
     def __iter__(self) -> Pass:
         return self
 
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor] | dict:
-        if self._ended is not None:
-            raise RuntimeError(self._ended)
-        self._thread = threading.current_thread()
-        return next(self._batches)
+        with self._asking:
+            if self._ended is not None:
+                raise RuntimeError(self._ended)
+            self._thread = threading.current_thread()
+            return next(self._batches)
 
     def close(self) -> None:
         """End the pass now (its producer threads stop), as a `break` out of a `for` loop over it does."""
@@ -387,22 +390,23 @@ class Pass(Iterator[tuple[torch.Tensor, torch.Tensor] | dict]):
         if state == inspect.GEN_CLOSED:  # finished: to its end, raised, or closed
             return
         thread, here = self._thread, threading.current_thread()
-        busy = state == inspect.GEN_RUNNING or (thread is not here and thread.is_alive())
-        if not busy:
+        busy = (thread is not here and thread.is_alive()) or not self._asking.acquire(blocking=False)
+        if not busy:  # (a batch asked for now waits for the lock, then finds the pass ended)
             try:
+                self._ended = (
+                    "this pass over a gpufeed.Loader was ended by a newer iter(), set_epoch() or "
+                    "load_state_dict() of the same Loader: a Loader makes one pass at a time (as a "
+                    "DataLoader's new iterator ends the one before)"
+                )
                 self._batches.close()
-            except ValueError:  # another thread asked it for a batch meanwhile: it is executing there
-                busy = True
+            finally:
+                self._asking.release()
         if busy:
             raise RuntimeError(
                 f"this gpufeed.Loader is being iterated by thread {thread.name!r} (a pass not finished): a Loader "
                 "makes one pass at a time, and two at once would share its batches; give each thread a Loader "
                 "of its own, or finish or close() that pass first"
             )
-        self._ended = (
-            "this pass over a gpufeed.Loader was ended by a newer iter() of the same Loader: a Loader makes one "
-            "pass at a time (as a DataLoader's new iterator ends the one before)"
-        )
 
 
 class Loader:
@@ -556,6 +560,8 @@ class Loader:
         )
         _start_ahead(device, decoders, load_while_indexing)
         self.store = _open(store, cache_dir, cache_limit, storage_options)
+        if isinstance(self.store, RemoteStore):  # among its cache folder's readers before any sizing check
+            self.store.cache.join()
         self.fields = tuple(fields) if fields is not None else None
         if keypoint_flip is not None and "keypoints" not in (self.fields or ()):
             raise ValueError(f"{self.store.path}: keypoint_flip is for fields=(..., 'keypoints', ...)")
@@ -647,7 +653,13 @@ class Loader:
             )
             self._images = images
             decoding = Decoding(
-                decoders, _workers(num_workers, self.device), on_error, batch_size, self.tuning, exact=self.evaluation
+                decoders,
+                _workers(num_workers, self.device),
+                on_error,
+                batch_size,
+                self.tuning,
+                exact=self.evaluation,
+                fields=self.fields is not None,
             )
             self.jpeg = jpeg_pipelines(images, self.output, decoding, self.counters)
         self._pid = os.getpid()
@@ -742,11 +754,20 @@ class Loader:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def _end_last_pass(self) -> None:
+        """End the pass before (`Pass.end_for_next`): a new pass, or a new position, replaces it (call with
+        `_passing` held)."""
+        last = self._last_pass() if self._last_pass is not None else None
+        if last is not None:
+            last.end_for_next()
+
     def set_epoch(self, epoch: int) -> None:
         """Start `epoch` (an int in 0..2**64 - 1, else ValueError) from its first batch at the next iteration."""
         epoch = check_epoch(epoch)
-        self.epoch, self._batch = epoch, 0
-        self._resume(epoch, ())
+        with self._passing:  # a pass still under way would move the position on after this
+            self._end_last_pass()
+            self.epoch, self._batch = epoch, 0
+            self._resume(epoch, ())
 
     def state_dict(self) -> dict:
         """Where the job is, the same on every rank: the next iteration resumes right after the last
@@ -808,9 +829,11 @@ class Loader:
             raise ValueError(f"state_dict: {e}") from None
         if batch > length:
             raise ValueError(f"state_dict has batch={batch}, past the {length} batches of its epoch")
-        self._resume(epoch, segments)
-        self.epoch, self._batch = epoch, batch
-        self._resuming = True
+        with self._passing:  # a pass still under way would move the position on after this
+            self._end_last_pass()
+            self._resume(epoch, segments)
+            self.epoch, self._batch = epoch, batch
+            self._resuming = True
 
     def _resume(self, epoch: int, segments: tuple[Segment, ...]) -> None:
         """Plan `epoch` as what `segments` left of it; plans and batches made for it otherwise are dropped."""
@@ -833,7 +856,7 @@ class Loader:
             key.append({"first_window": shards.first_window})
         if self.batch_sampler.groups is not None:
             key.append({"group_by_aspect": self._group_by_aspect})
-        return [*key, ORDER_RANDOM] if self.batch_sampler.shuffle else key
+        return [*key, dict(ORDER_RANDOM)] if self.batch_sampler.shuffle else key  # (a copy: a state is the caller's)
 
     def stats(self) -> dict:
         """Per-stage times (among them the consumer's: "wait" for batches, and "consumer" between taking
@@ -875,9 +898,7 @@ class Loader:
         it, and raises RuntimeError if another thread is iterating that one."""
         self._check_usable()
         with self._passing:
-            last = self._last_pass() if self._last_pass is not None else None
-            if last is not None:
-                last.end_for_next()
+            self._end_last_pass()
             epoch, start = self.epoch, self._batch
             length = self.batch_sampler.length(epoch)
             if not self._resuming and 0 < start < length:  # the last pass was left early

@@ -45,6 +45,7 @@ class Decoding:
     batch_size: int
     tuning: Tuning
     exact: bool = False
+    fields: bool = False  # the batches carry per-sample fields, read from the shards their images came from
 
     @property
     def cpu_threads(self) -> int:

@@ -76,9 +76,10 @@ def pack_to_url(
             **settings,
         )
         manifest = fmt.Manifest.read(local)
+        if replacing:  # (a removal that fails leaves the old store whole: said as it is, below not)
+            retried(f"{where}/{fmt.MANIFEST}", lambda: fs.rm_file(f"{root}/{fmt.MANIFEST}"))
         try:
             if replacing:
-                retried(f"{where}/{fmt.MANIFEST}", lambda: fs.rm_file(f"{root}/{fmt.MANIFEST}"))
                 for shard in manifest.shards:
                     upload(shard["name"], local / shard["name"])
             for name in manifest.files:

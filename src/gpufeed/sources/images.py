@@ -57,8 +57,11 @@ def truncated_jpeg(data: bytes) -> str | None:
     while True:
         if pos + 4 > len(data):
             return f"truncated JPEG: its {len(data)} bytes end inside its header"
-        if data[pos] != 0xFF:
-            return f"corrupt JPEG: no marker at byte {pos} of its header"
+        if data[pos] != 0xFF:  # stray bytes between segments: skipped to the next marker, as libjpeg does
+            pos = data.find(b"\xff", pos)
+            if pos < 0:
+                return f"truncated JPEG: its {len(data)} bytes end inside its header"
+            continue
         marker = data[pos + 1]
         if marker == 0xFF:  # a fill byte before a marker
             pos += 1

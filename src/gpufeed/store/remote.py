@@ -226,7 +226,7 @@ class ShardCache:
         (folder / fmt.SHARDS).mkdir(parents=True, exist_ok=True)
         (folder / "locks").mkdir(exist_ok=True)
         (folder / "reserved").mkdir(exist_ok=True)
-        self.reclaimed = reclaim_downloads(folder)
+        reclaim_downloads(folder)
         self._lock = threading.Lock()
         self._in_use: dict[int, tuple[int, int]] = {}  # shard -> (our uses, fd holding its shared lock)
         self._pool: ThreadPoolExecutor | None = None
@@ -253,16 +253,29 @@ class ShardCache:
             raise StoreError(
                 f"{shown(url)}: cache_limit {limit} bytes is smaller than its largest shard ({biggest} bytes): raise it"
             )
+        self._registration: Registration | None = None  # this process's entry among the folder's readers (`join`)
+        self._unregister: Callable[[], object] = lambda: None
+
+    def join(self) -> None:
+        """Count this process among the readers of the cache folder (`store.users`), once: a Loader joins
+        as it is made, so that the processes sharing the folder see each other and split its limit (a
+        store only opened, as `gpufeed inspect` does, reads its top files and joins nothing). ValueError
+        where another reader gave another cache_limit."""
+        if self._registration is not None:
+            return
         # registered before the others are looked at: of two processes joining at once, one sees the other
-        registration = Registration(folder, limit)
+        registration = Registration(self.folder, self.limit)
+        self._registration = registration
         self._unregister = weakref.finalize(self, registration.close)  # at `close`, or when collected
-        differ = [user for user in self.others() if user.limit != limit]
+        differ = [user for user in self.others() if user.limit != self.limit]
         if differ:
             self._unregister()
+            self._registration = None
             raise ValueError(
-                f"{shown(url)}: cache_dir {folder} is read now by process {differ[0].pid} with cache_limit "
-                f"{differ[0].limit} (this one: {limit}): the processes sharing a cache folder split one "
-                "limit; give them all the same cache_limit, or each a cache_dir of its own"
+                f"{shown(self.url)}: cache_dir {self.folder} is read now by process {differ[0].pid} "
+                f"{'on ' + differ[0].host + ' ' if differ[0].host else ''}with cache_limit {differ[0].limit} "
+                f"(this one: {self.limit}): the processes sharing a cache folder split one limit; give them "
+                "all the same cache_limit, or each a cache_dir of its own"
             )
 
     def path(self, k: int) -> Path:
@@ -270,7 +283,7 @@ class ShardCache:
 
     def others(self) -> list[User]:
         """The other processes reading through this cache folder now (`store.users`)."""
-        return users.others(self.folder)
+        return users.others(self.folder, self._registration.path if self._registration is not None else None)
 
     def present(self, k: int) -> bool:
         marker = self.path(k) / VERIFIED
@@ -837,7 +850,8 @@ class RemoteStore(ShardedStore):
         self.cache = ShardCache(self.fs, root, manifest, folder, parse_size(cache_limit, "cache_limit"), self.url)
         wanted = {name: meta for name, meta in manifest.files.items() if not _whole(head / name, meta)}
         if wanted:  # the store's own files (labels, shapes, fields of every sample), as a shard's come
-            self.cache.fetch_checked(root, wanted, head)
+            with self.cache.folder_errors():  # the cache folder unusable: a StoreError naming it
+                self.cache.fetch_checked(root, wanted, head)
         super().__init__(head, manifest)
         self.path = Where(where)  # type: ignore[assignment]  # what messages name: the URL (without credentials), not the cache
         self._head = head

@@ -13,6 +13,7 @@ import contextlib
 import fcntl
 import json
 import os
+import socket
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,10 +23,12 @@ USERS = "users"  # in a cache folder: a file a process registered by
 
 @dataclass(frozen=True)
 class User:
-    """A process reading through a cache folder now, and the `cache_limit` it gave (None: none)."""
+    """A process reading through a cache folder now (its id, on `host`: a folder on a shared disk may be
+    read from several machines), and the `cache_limit` it gave (None: none)."""
 
     pid: int
     limit: int | None
+    host: str = ""
 
 
 class Registration:
@@ -39,7 +42,7 @@ class Registration:
         fd, temp = tempfile.mkstemp(prefix=".", dir=users)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
-            os.write(fd, json.dumps({"pid": os.getpid(), "cache_limit": limit}).encode())
+            os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "cache_limit": limit}).encode())
             self.path = users / f"{os.getpid()}-{Path(temp).name[1:]}.json"
             os.replace(temp, self.path)
         except BaseException:
@@ -56,9 +59,10 @@ class Registration:
             self._fd = None
 
 
-def others(folder: Path) -> list[User]:
-    """The other processes reading through the cache folder `folder` now (one entry per registration);
-    entries of processes gone are removed."""
+def others(folder: Path, mine: Path | None = None) -> list[User]:
+    """The other processes reading through the cache folder `folder` now (one entry per registration,
+    this process's own, `mine`, left out: told apart by its file, as process ids repeat across
+    containers and machines); entries of processes gone are removed."""
     found: list[User] = []
     try:
         entries = list(os.scandir(folder / USERS))
@@ -77,8 +81,8 @@ def others(folder: Path) -> list[User]:
             except BlockingIOError:  # its process holds it: it runs
                 with open(entry.path) as f:
                     said = json.load(f)
-                if said["pid"] != os.getpid():
-                    found.append(User(int(said["pid"]), said["cache_limit"]))
+                if Path(entry.path) != mine and (mine is not None or said["pid"] != os.getpid()):
+                    found.append(User(int(said["pid"]), said["cache_limit"], str(said.get("host", ""))))
             else:  # nobody holds it: its process is gone
                 with contextlib.suppress(OSError):
                     os.unlink(entry.path)

@@ -136,12 +136,14 @@ class CostCheck:
         self._settle = 0
         self._made = 0
         self.last_gpu = False  # whether the batch started last had a GPU share
+        self._recent: deque[bool] = deque(maxlen=tuning.steer_steps)  # the same, for the last batches
         self.decided: deque[tuple[int, bool]] = deque(maxlen=64)  # (batch, benched) at each decision: stats
 
     def record(self, pace: Pace | None) -> None:
         """Count the loop's pace since the last batch for the way the batch then decoding was made, and
         start or end a window of the other way."""
         self._made += 1
+        self._recent.append(self.last_gpu)
         if pace is not None and pace.step is not None:
             if self._settle:
                 self._settle -= 1
@@ -151,17 +153,20 @@ class CostCheck:
             self._probing -= 1
             if not self._probing:
                 self._decide()
-        elif self._made >= self._next and self._worth_trying():
-            self._switch()
-            self._probing = self.tuning.steer_steps + self.SETTLE
+        elif self._made >= self._next:
+            if self._worth_trying():
+                self._switch()
+                self._probing = self.tuning.steer_steps + self.SETTLE
+            else:  # asked again a period later, not every batch
+                self._next = self._made + self._every
 
     def _worth_trying(self) -> bool:
         """Whether a window of the other way could change the answer (see the class's docstring)."""
         if self.benched:  # the CPU alone: the GPU decoders can only help where the loader is the slower side
             now = self._windows[False]
             return now.full and float(np.median(now.cycles)) > float(np.median(now.steps))
-        now = self._windows[True]  # at work beside a loop their cost may slow
-        return self.last_gpu and now.full and now.model_bound()
+        now = self._windows[True]  # at work lately, beside a loop their cost may slow
+        return any(self._recent) and now.full and now.model_bound()
 
     def _switch(self) -> None:
         """Make the next batches the other way, counted afresh after `SETTLE` paces."""
