@@ -1,11 +1,12 @@
-"""Who reads through a cache folder now: each process that opens a store through it registers there
-(a file in `users/` saying its process id and `cache_limit`, on which it keeps an exclusive lock:
+"""Who reads through a cache folder now: each process whose Loader reads a store through it registers
+there (a file in `users/` saying its process id, host and `cache_limit`, on which it keeps an exclusive lock:
 let go by the kernel when the process ends, whatever its end), so that a process joining a cache
 folder sees the others. The processes sharing one cache split its limit; one that counted on it
 alone (no LOCAL_WORLD_SIZE), or gave another limit, found no room mid-epoch: two ranks blocked for
 two minutes, then failed, or the smaller limit's process blamed itself for the other's shards.
-`gpufeed.store.remote.ShardCache` registers, and refuses another limit; the Loader refuses more
-processes than LOCAL_WORLD_SIZE says (`loader._window`)."""
+`gpufeed.store.remote.ShardCache.join` registers, and refuses another limit; the Loader joins as it
+is made, and refuses more processes than LOCAL_WORLD_SIZE says (`loader._window`). A store only opened
+(`gpufeed inspect`) reads its top files and registers nothing."""
 
 from __future__ import annotations
 
