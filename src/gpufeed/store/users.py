@@ -61,9 +61,10 @@ class Registration:
 
 
 def others(folder: Path, mine: Path | None = None) -> list[User]:
-    """The other processes reading through the cache folder `folder` now (one entry per registration,
-    this process's own, `mine`, left out: told apart by its file, as process ids repeat across
-    containers and machines); entries of processes gone are removed."""
+    """The other processes reading through the cache folder `folder` now (one entry per registration;
+    this process's own, `mine`, and any other of this process on this host left out: a process id
+    repeats across containers and machines, so the host is compared too); entries of processes gone
+    are removed."""
     found: list[User] = []
     try:
         entries = list(os.scandir(folder / USERS))
@@ -82,8 +83,9 @@ def others(folder: Path, mine: Path | None = None) -> list[User]:
             except BlockingIOError:  # its process holds it: it runs
                 with open(entry.path) as f:
                     said = json.load(f)
-                if Path(entry.path) != mine and (mine is not None or said["pid"] != os.getpid()):
-                    found.append(User(int(said["pid"]), said["cache_limit"], str(said.get("host", ""))))
+                user = User(int(said["pid"]), said["cache_limit"], str(said.get("host", "")))
+                if Path(entry.path) != mine and (user.pid, user.host) != (os.getpid(), socket.gethostname()):
+                    found.append(user)
             else:  # nobody holds it: its process is gone
                 with contextlib.suppress(OSError):
                     os.unlink(entry.path)
