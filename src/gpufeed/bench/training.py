@@ -27,6 +27,8 @@ def training_step(model: str, device: str, classes: int, wrap=None):
     kind = torch.device(device).type
 
     def step(images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        if kind != "cuda":  # the loaders' fp16/bf16 output, in the model's fp32 (autocast would cast it on a GPU)
+            images = images.float()
         with torch.autocast(kind, dtype=torch.bfloat16, enabled=kind == "cuda"):
             loss = torch.nn.functional.cross_entropy(
                 net(images.contiguous(memory_format=torch.channels_last)), labels.to(device).clamp(0, classes - 1)
