@@ -133,6 +133,41 @@ def test_every_sample_once_an_epoch_through_a_small_cache_on_any_number_of_ranks
         assert loaders[0].store.cache.fetched > shards  # evicted in the first epoch, fetched again in the second
 
 
+def test_a_download_that_ends_while_room_is_counted_is_counted(bucket, tmp_path, monkeypatch):
+    """Room for a shard is counted from the shards present and the downloads reserved; a download that
+    ends between the two looks (its shard marked verified, then its reservation removed) is counted
+    still: it was counted by neither, and the cache took one shard over its limit (seen in
+    test_every_sample_once_an_epoch_through_a_small_cache's first epoch, 1 run in 8 on 2 cores)."""
+    import fcntl
+    import os
+
+    store = gpufeed.open("s3://bucket/train", cache_dir=tmp_path / "c", storage_options=bucket["options"])
+    sizes = [s["bytes"] for s in store.manifest.shards]
+    cache = remote_module.ShardCache(store.cache.fs, store.cache.root, store.manifest, tmp_path / "c",
+                                     sizes[0] + sizes[1] + sizes[2] - 1, store.cache.url)
+    cache.ensure(0)
+    cache.use(1)  # read by a batch: not evicted
+    marker = cache.path(0) / remote_module.VERIFIED
+    digest = marker.read_text()
+    marker.unlink()  # shard 0's download under way: its files in place, not yet marked, its room reserved,
+    fd = os.open(cache._lock_path(0), os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # and its lock held by the downloader
+    reservation = cache.folder / "reserved" / f"00000.{os.getpid()}.1"
+    reservation.write_text(str(sizes[0]))
+    counted = cache._reserved
+
+    def download_ends():
+        marker.write_text(digest)
+        reservation.unlink()
+        return counted()
+
+    monkeypatch.setattr(cache, "_reserved", download_ends)
+    assert cache._make_room(sizes[2], 2, wait=False) is None  # 0 and 1 fill it: no room for 2
+    assert cache.used() == sizes[0] + sizes[1]
+    os.close(fd)
+    cache.release(1)
+
+
 def test_a_hold_waits_for_a_download_without_stopping_it(bucket, tmp_path):
     """A batch's hold on a shard that a fetch thread is still finishing waits for it: the download keeps
     the shard's exclusive lock until it has counted its bytes under the cache's own lock, which the

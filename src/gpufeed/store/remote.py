@@ -554,8 +554,11 @@ class ShardCache:
         deadline = time.monotonic() + WAIT_FOR_ROOM
         while True:
             with self._exclusive_path(self.folder / "locks" / "space.lock"):
-                present = [j for j in range(len(self.manifest.shards)) if j != k and self.present(j)]
+                # the reservations first: a download that ends between the two looks (its shard marked
+                # verified, then its reservation removed, outside this lock) is counted by one of them,
+                # or twice; the other way round it was counted by neither, and one shard too many came in
                 reserved = self._reserved()
+                present = [j for j in range(len(self.manifest.shards)) if j != k and self.present(j)]
                 used = sum(self._sizes[j] for j in present) + sum(reserved.values())
                 victims = self._victims(present, k, wait)
                 if not wait:
