@@ -43,7 +43,7 @@ def training_step(model: str, device: str, classes: int, wrap=None):
 
 def run(ctx: Context) -> list[Figure]:
     root = dataset(ctx)
-    batch = 16 if ctx.quick else 128
+    batch = (16 if ctx.cuda else 8) if ctx.quick else 128
     steps = 4 if ctx.quick else 30
     step = training_step("resnet18", ctx.device, 8)
     busy = Figure(
