@@ -333,7 +333,7 @@ def _measure(a, work: Path) -> dict:
     from gpufeed import augment as A
     from gpufeed.bench.common import sync
     from gpufeed.bench.training import training_step
-    from gpufeed.loader.loader import smallest_cache
+    from gpufeed.loader.inputs.remote import smallest_cache
     from gpufeed.synth import make_image_folder
 
     width, height = (int(v) for v in a.image.split("x"))

@@ -16,7 +16,7 @@ from test_remote import OPS, _options
 import gpufeed
 import gpufeed.store.locations as locations
 import gpufeed.store.remote as remote_module
-from gpufeed.loader.loader import smallest_cache
+from gpufeed.loader.inputs.remote import smallest_cache
 from gpufeed.packing.packer import PackError
 from gpufeed.sources import SourceError
 from gpufeed.store import StoreError

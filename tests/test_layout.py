@@ -71,6 +71,24 @@ def test_the_read_path_imports_nothing_of_the_write_path():
     assert not wrong, wrong
 
 
+STORE_KINDS = {"Store", "ShardedStore", "RemoteStore", "FolderStore"}
+
+
+def test_the_loader_tells_no_store_kind_apart_outside_its_inputs():
+    """The Loader composes an `Input` (`loader/inputs/`): only `open_input` and the inputs test what
+    kind of store they have (the Loader checked the kind 13 times, over loader.py and tiers.py)."""
+    wrong = []
+    for path in (SRC / "loader").rglob("*.py"):
+        if "inputs" in path.relative_to(SRC).parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance":
+                kinds = node.args[1].elts if isinstance(node.args[1], ast.Tuple) else [node.args[1]]
+                named = {k.id for k in kinds if isinstance(k, ast.Name)} & STORE_KINDS
+                wrong += [f"{path.relative_to(SRC)}:{node.lineno} isinstance(..., {name})" for name in sorted(named)]
+    assert not wrong, wrong
+
+
 def _modules() -> dict[str, Path]:
     """Every module of the package by its dotted name (a package by its own: `gpufeed.store`)."""
     out = {}

@@ -266,9 +266,9 @@ def test_a_loader_dropped_mid_epoch_shuts_down_in_order_as_it_is_collected(store
     seen = []
     original = loader_module._shut_down
 
-    def recorded(production, jpeg, gather, images, store, planner, tier, pid):
+    def recorded(production, jpeg, gather, source, planner, tier, pid):
         alive = weakref.ref(tier)
-        original(production, jpeg, gather, images, store, planner, tier, pid)
+        original(production, jpeg, gather, source, planner, tier, pid)
         seen.append((alive() is not None, {t.name for t in threading.enumerate() if t.name.startswith("gpufeed-producer")}))
 
     monkeypatch.setattr(loader_module, "_shut_down", recorded)

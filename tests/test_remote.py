@@ -20,7 +20,7 @@ import torch
 import gpufeed
 from conftest import save, smooth
 import gpufeed.store.remote as remote_module
-from gpufeed.loader.loader import smallest_cache
+from gpufeed.loader.inputs.remote import smallest_cache
 from gpufeed.store.remote import Want
 from gpufeed.augment import Normalize, RandomResizedCrop
 from gpufeed.store import StoreError

@@ -1,7 +1,9 @@
 """`gpufeed.Loader`: batches from a raw or jpeg store, augmented on the device, the training loop
 never waiting.
 
-The loader owns the state (epoch, position, seed), the tier and the streams; the planner draws each
+The loader owns the state (epoch, position, seed), the tier and the streams; what differs by the
+data's kind (a store in one file, sharded, in a bucket, a folder read in place) is its `Input`'s
+(`loader/inputs/`), and the loader names no store class. The planner draws each
 epoch's indices and augment parameters ahead. `feeds` moves raw batches (asynchronous launches for
 the gpu/host tiers, a producer thread with a pinned ring for the disk tier); `loader.jpeg` decodes
 jpeg batches on a producer thread (GPU decoder + CPU worker processes) and resizes them in the
@@ -21,6 +23,7 @@ import time
 import weakref
 from collections.abc import Callable, Generator, Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -30,26 +33,22 @@ from gpufeed.augment.masks import DTYPES as MASK_DTYPES
 from gpufeed.augment.pipeline import Augment, triton_ahead
 from gpufeed.decode.scheduling.choice import load_ahead
 from gpufeed.decode.tuning import Tuning
-from gpufeed.loader import tiers
 from gpufeed.loader.batch import Batch, Skipped
-from gpufeed.loader.bytes import ByteSource, PackedBytes, ShardBytes
-from gpufeed.loader.cores import local_ranks
 from gpufeed.loader.feeds import HostGather, device_feed, host_feed
 from gpufeed.loader.fields import FieldRequest, batch_dict
-from gpufeed.loader.folder import FolderStore, is_folder_source
+from gpufeed.loader.inputs import Input, open_input, reads_in_place
 from gpufeed.loader.jpeg import PREFETCH, JpegPipelines, default_workers, jpeg_feed, jpeg_pipelines
 from gpufeed.loader.planner import Planner
 from gpufeed.loader.producer import CLOSE_WAIT, Carried, Production
-from gpufeed.loader.sampler import Segment, ShardedBatchSampler, Shards, check_epoch, check_seed, resolve_rank
+from gpufeed.loader.sampler import Segment, ShardedBatchSampler, check_epoch, check_seed, resolve_rank
 from gpufeed.loader.settings import Decoding, Output, resolve_device
 from gpufeed.loader.stats import Stats, stage_range
-from gpufeed.store.locations import is_url
-from gpufeed.store.opening import open_store
-from gpufeed.store.reader import Store
-from gpufeed.store.remote import RemoteStore, Want
-from gpufeed.store.sharded import ShardedStore
 from gpufeed.transfer.gather import Gatherer
 from gpufeed.transfer.ring import PinnedRing
+
+if TYPE_CHECKING:
+    from gpufeed.store.reader import Store
+    from gpufeed.store.sharded import ShardedStore
 
 log = logging.getLogger(__name__)
 
@@ -66,11 +65,12 @@ def _close_all() -> None:
             loader.close()
 
 
-def _shut_down(production, jpeg, gather, images, store, planner, tier, pid: int) -> None:
+def _shut_down(production, jpeg, gather, source: Input, planner, tier, pid: int) -> None:
     """Stop a loader's threads and decode workers, in order, and return once they have ended: the
     producers first, each after the batch it makes (nothing uses the decoders they stop next), then
     the decoders (waiting for a batch a pipeline started ahead: its GPU decode may still read the
-    store's page-locked bytes), the gather threads, the byte source and the planner. `tier` (which
+    store's page-locked bytes), the gather threads, the input (its byte source, a bucket's downloads)
+    and the planner. `tier` (which
     keeps the store's bytes page-locked) is let go only after. A forked child's copy stops nothing."""
     if pid != os.getpid():
         return
@@ -83,10 +83,7 @@ def _shut_down(production, jpeg, gather, images, store, planner, tier, pid: int)
     if not finished and not producers.join(CLOSE_WAIT):
         log.warning("gpufeed.Loader.close: a producer thread did not end within %.0f s", 2 * CLOSE_WAIT)
     gather.close()
-    if isinstance(images, ShardBytes):
-        images.close()
-    if isinstance(store, (FolderStore, RemoteStore)):
-        store.close()
+    source.close()
     planner.close()
     del tier
 
@@ -114,29 +111,6 @@ def _start_ahead(device: str | torch.device, decoders: tuple[str, ...] | None, f
     triton_ahead(resolved)
     if folder:
         load_ahead(resolved, decoders)
-
-
-def _open(store, cache_dir, cache_limit, storage_options) -> Store | ShardedStore | FolderStore:
-    """The store a Loader reads: a store object as given; a folder, list or tar shards to read in place;
-    else what `open_store` opens (a URL as a `RemoteStore`, read through its cache; a store on this
-    disk, sharded or not)."""
-    remote = {
-        k: v
-        for k, v in (("cache_dir", cache_dir), ("cache_limit", cache_limit), ("storage_options", storage_options))
-        if v is not None
-    }
-    if isinstance(store, (Store, ShardedStore, FolderStore)):
-        if remote:  # an opened store in a bucket has its cache already: they would go unused
-            raise ValueError(
-                f"{store.path}: {sorted(remote)} are for opening a store in a bucket by its URL (Loader(url, ...) "
-                "or gpufeed.open(url, ...)), not for a store already opened"
-            )
-        return store
-    if not is_url(store) and is_folder_source(store):
-        if remote:
-            raise ValueError(f"{store}: {sorted(remote)} are for a store in a bucket (a URL)")
-        return FolderStore(store)
-    return open_store(store, **remote)
 
 
 # how a shuffled order is drawn, in a state's order key: one Philox stream per (seed, epoch)
@@ -187,32 +161,6 @@ def _check_order(state: dict, mine: dict, segments: tuple[Segment, ...]) -> None
     raise ValueError(f"state_dict has order={theirs}, this loader has {key}")
 
 
-def _shard_order(store: ShardedStore, plan, epoch: int, start: int, following) -> list[Want]:
-    """What a rank reads from batch `start` of epoch `epoch`'s `plan` on: each shard's samples, in the
-    order it first reads them; then the same of the next epoch's plan where it is made (`following`,
-    or None): the cache fetches across the epoch's end instead of waiting for the next pass to begin
-    (0.2-0.3 s of a cache-bound epoch's start otherwise)."""
-    indices = plan.indices[plan.starts[start] :]
-    wants = _wants(store, epoch, indices, 0)
-    return wants if following is None else wants + _wants(store, epoch + 1, following.indices, len(indices))
-
-
-def _wants(store: ShardedStore, epoch: int, indices: torch.Tensor, base: int) -> list[Want]:
-    """`_shard_order`'s entries of one epoch's `indices`, read after `base` samples of the list."""
-    shards, _ = store.locate(indices.numpy())
-    found, first, counts = np.unique(shards, return_index=True, return_counts=True)
-    _, from_end = np.unique(shards[::-1], return_index=True)
-    last = base + len(shards) - 1 - from_end
-    return [Want(int(found[j]), epoch, int(counts[j]), int(last[j])) for j in np.argsort(first, kind="stable")]
-
-
-def _follow_next(store: RemoteStore, plan, epoch: int, start: int, told: int, following) -> None:
-    """The next epoch's part of `_shard_order`, given to the cache once its plan (`following`) is made
-    after the pass began (`ShardCache.follow_next`)."""
-    read_before = len(plan.indices) - plan.starts[start]  # this pass's samples, read first
-    store.cache.follow_next(_wants(store, epoch + 1, following.indices, read_before), told)
-
-
 def _one_size(store) -> tuple[int, int] | None:
     """The (h, w) of every image of a jpeg store, if it is one for all: its batches then stack without
     an augment op that ends in a fixed size, as a raw store's do; else None."""
@@ -220,91 +168,6 @@ def _one_size(store) -> tuple[int, int] | None:
     if len(shapes) == 0 or not (shapes == shapes[0]).all():
         return None
     return int(shapes[0][0]), int(shapes[0][1])
-
-
-def _shards(store: ShardedStore, asked: int | None, batch_size: int) -> Shards:
-    """The store's shards and the shard-aware order's windows: `_window`'s, and for a jpeg store in a
-    bucket whose cache holds all of it (no `cache_limit`, or one above the store), a first epoch over
-    a quarter of the shards' places: with a full shuffle its first batch would wait for nearly every
-    shard, so the first epoch could not train while they download."""
-    window = _window(store, asked, batch_size)
-    shards = len(store.starts) - 1
-    streamed = isinstance(store, RemoteStore) and store.mode == "jpeg" and asked is None
-    first = max(1, shards // 4) if streamed and (window is None or window >= shards) else None
-    return Shards(store.starts, window, first)
-
-
-def _window(store: ShardedStore, asked: int | None, batch_size: int) -> int | None:
-    """Over how many shards the shard-aware order spreads each shard's samples (None: a full shuffle).
-    Asked for, or for a store read through a bounded cache: as many as this machine's ranks each have
-    room for in it, less two fetched ahead and those the batches in flight read beyond them (the
-    shards of the batch being read and the `ShardBytes.HELD_FOR` before it, and one: counting the
-    `HELD_FOR` alone, a cache of 17 small shards for batches of 16 ran out of room at the seventh
-    batch); a cache with no room for a window of one is refused here, not mid-epoch, as is a window
-    asked for that the cache can't hold (a full shuffle through a small cache), and a cache folder
-    read by more processes than LOCAL_WORLD_SIZE says (each counted on its part of the limit: they
-    blocked each other mid-epoch, then failed). A raw store's cache must hold it whole."""
-    if asked is not None and (not isinstance(asked, int) or isinstance(asked, bool) or asked < 1):
-        raise ValueError(f"shuffle_window must be a number of shards, 1 or more, got {asked!r}")
-    if not isinstance(store, RemoteStore) or store.cache.limit is None:
-        return asked
-    limit = store.cache.limit
-    if store.mode == "raw" and limit < store.nbytes:
-        raise ValueError(
-            f"{store.path}: a raw store is read through its cache only whole: cache_limit {limit} bytes "
-            f"holds less than its {store.nbytes}; raise it, or pack the data as a jpeg store"
-        )
-    if limit < store.nbytes:  # (a cache that holds the whole store has room for any number of its readers)
-        _check_sharing(store, batch_size)
-    biggest = max(s["bytes"] for s in store.manifest.shards)
-    held = _held(store, batch_size)
-    room = limit // (local_ranks() * biggest)
-    if room - 2 - held < 1:
-        raise ValueError(
-            f"{store.path}: cache_limit {limit} bytes holds {room} of its shards a rank; the batches of "
-            f"{batch_size} in flight read about {held}, the order spreads over one more and two are fetched "
-            f"ahead: raise it to {smallest_cache(store, batch_size)} bytes or more, or use smaller batches"
-        )
-    if asked is not None and asked > room - 2 - held and limit < store.nbytes:
-        needed = min(store.nbytes, (asked + 2 + held) * biggest * local_ranks())
-        raise ValueError(
-            f"{store.path}: shuffle_window {asked} spreads each shard's samples over {asked} shards' places "
-            f"(the batches in flight read about {held} more, and two are fetched ahead), and cache_limit "
-            f"{limit} bytes holds {room} of its shards a rank: use a shuffle_window of at most "
-            f"{room - 2 - held}, or raise cache_limit to {needed} bytes or more"
-        )
-    return asked if asked is not None else room - 2 - held
-
-
-def _check_sharing(store: RemoteStore, batch_size: int) -> None:
-    """Refuse a cache folder that more processes read through now than LOCAL_WORLD_SIZE says share it,
-    naming the settings to use: each process counts on its part of the limit."""
-    others = store.cache.others()
-    pids = sorted(user.pid for user in others)
-    ranks = local_ranks()
-    if len(others) + 1 > ranks:
-        users = len(others) + 1
-        raise ValueError(
-            f"{store.path}: cache_dir {store.cache.folder} is read now by {len(pids)} other process(es) as "
-            f"well (pid {', '.join(map(str, pids))}), and LOCAL_WORLD_SIZE says {ranks} share it: each "
-            f"process counts on its part of cache_limit. Set LOCAL_WORLD_SIZE={users} (torchrun sets it) "
-            f"with cache_limit at least {smallest_cache(store, batch_size, users)} bytes, or give each "
-            "process a cache_dir of its own"
-        )
-
-
-def _held(store: ShardedStore, batch_size: int) -> int:
-    """The shards the batches in flight read: the one being read and the `ShardBytes.HELD_FOR` before
-    it, at the store's samples per shard, and one they straddle."""
-    return -(-(ShardBytes.HELD_FOR + 1) * batch_size * len(store.manifest.shards) // len(store)) + 1
-
-
-def smallest_cache(store: ShardedStore, batch_size: int, ranks: int | None = None) -> int:
-    """The smallest `cache_limit` a Loader of `batch_size` accepts for `store` on this machine: room
-    for the shards the batches in flight read, a window of one and two fetched ahead, each rank
-    (`ranks` sharing the cache folder; default: LOCAL_WORLD_SIZE's)."""
-    biggest = max(s["bytes"] for s in store.manifest.shards)
-    return (_held(store, batch_size) + 3) * biggest * (ranks or local_ranks())
 
 
 def _workers(num_workers: int | None, device: torch.device) -> int:
@@ -555,13 +418,9 @@ class Loader:
         called = time.perf_counter()
         seed = check_seed(seed)  # before anything starts: a str or None seed used to fail at the first batch
         self.tuning = tuning or Tuning()
-        load_while_indexing = (
-            self.tuning.open_ahead and isinstance(store, (str, Path)) and not is_url(store) and is_folder_source(store)
-        )
-        _start_ahead(device, decoders, load_while_indexing)
-        self.store = _open(store, cache_dir, cache_limit, storage_options)
-        if isinstance(self.store, RemoteStore):  # among its cache folder's readers before any sizing check
-            self.store.cache.join()
+        _start_ahead(device, decoders, self.tuning.open_ahead and reads_in_place(store))
+        self.input = open_input(store, cache_dir, cache_limit, storage_options)
+        self.store = self.input.store
         self.fields = tuple(fields) if fields is not None else None
         if keypoint_flip is not None and "keypoints" not in (self.fields or ()):
             raise ValueError(f"{self.store.path}: keypoint_flip is for fields=(..., 'keypoints', ...)")
@@ -592,8 +451,7 @@ class Loader:
         self.rank, self.world_size = resolve_rank(rank, world_size)
         shape = self.store.image_shape or one_size  # a jpeg store of one size is planned as a raw store
         sizes = torch.from_numpy(np.array(self.store.shapes)) if shape is None else (shape[0], shape[1])
-        sharded = isinstance(self.store, ShardedStore)
-        shards = _shards(self.store, shuffle_window, batch_size) if isinstance(self.store, ShardedStore) else None
+        shards = self.input.shards(shuffle_window, batch_size)
         self.batch_sampler = ShardedBatchSampler(
             len(self.store),
             batch_size,
@@ -631,27 +489,13 @@ class Loader:
         if on_error not in ("skip", "raise"):
             raise ValueError(f"on_error must be 'skip' or 'raise', got {on_error!r}")
         self.on_error = on_error
-        folder = isinstance(self.store, FolderStore)
-        self.tier = (
-            tiers.in_place(self.store.labels)
-            if isinstance(self.store, FolderStore)
-            else tiers.materialize(self.store, self.device, cache)
-        )
+        self.tier = self.input.tier(self.device, cache)
         log.info("gpufeed.Loader: tier %s (%s)", self.tier.name, self.tier.reason)
         self.counters = Stats(self.tier.name, origin=called)
         self._production = Production(max(1, prefetch), self.counters)
         self.jpeg: JpegPipelines | None = None
-        self._images: ByteSource | None = None
         if self.store.mode == "jpeg":
-            # (self.store: here a FolderStore, itself the ByteSource)
-            images: ByteSource = (
-                self.store  # type: ignore[assignment]
-                if folder
-                else ShardBytes(self.store)
-                if sharded
-                else PackedBytes(self.store, self.tier.images)
-            )
-            self._images = images
+            images = self.input.byte_source(self.tier)
             decoding = Decoding(
                 decoders,
                 _workers(num_workers, self.device),
@@ -689,8 +533,7 @@ class Loader:
             self._production,
             self.jpeg,
             self.gather,
-            self._images,
-            self.store,
+            self.input,
             self._planner,
             self.tier,
             self._pid,
@@ -915,15 +758,8 @@ class Loader:
         return made
 
     def _pass(self, epoch: int, start: int) -> Generator[tuple[torch.Tensor, torch.Tensor] | dict, None, None]:
-        if isinstance(self.store, (Store, ShardedStore)):  # a file cut short under its memory map: SIGBUS
-            self.store.check_unchanged()
         plan = self._planner.get(epoch)
-        if isinstance(self.store, RemoteStore):  # fetch this rank's shards ahead, in the order it reads them
-            following = self._planner.ready(epoch + 1)  # planned already: fetched across the epoch's end
-            told = self.store.cache.follow(_shard_order(self.store, plan, epoch, start, following), local_ranks())
-            if following is None:  # or once it is planned
-                follow = functools.partial(_follow_next, self.store, plan, epoch, start, told)
-                self._planner.when_made(epoch + 1, follow)
+        self.input.begin(plan, epoch, start, self._planner)  # its checks; a bucket's shards fetched ahead
         carried = self._production.take_carried(epoch, start)
         if self.jpeg is not None:
             next_plan = functools.partial(self._planner.peek, epoch + 1) if self.tuning.carry else None
@@ -973,8 +809,8 @@ class Loader:
         if self._fields is None:
             return out
         fields = self._fields
-        if batch.shards is not None and isinstance(self.store, ShardedStore):  # read as the batch's images were
-            fields = dataclasses.replace(fields, store=self.store.pinned(batch.shards))
+        if batch.shards is not None:  # read as the batch's images were
+            fields = dataclasses.replace(fields, store=self.input.fields_store(batch.shards))
         return batch_dict(
             fields, *out, batch.samples, self.counters, functools.partial(self.plan, self.epoch, self._batch)
         )

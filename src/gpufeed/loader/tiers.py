@@ -107,11 +107,9 @@ class ShardedRows:
         return out
 
 
-def materialize(store: Store | ShardedStore, device: torch.device, cache: str) -> Tier:
-    """Build the tier `cache` asks for (or picks), degrading loudly when it cannot."""
+def materialize(store: Store, device: torch.device, cache: str) -> Tier:
+    """Build the tier `cache` asks for (or picks) of a store in one file, degrading loudly when it cannot."""
     name, reason = choose(store, device, cache)
-    if isinstance(store, ShardedStore):
-        return _sharded(store, device, name, reason)
     if store.mode == "jpeg":
         return _encoded(store, device, cache, name, reason)
     images, labels = as_tensor(store.images), store.labels
@@ -134,6 +132,12 @@ def materialize(store: Store | ShardedStore, device: torch.device, cache: str) -
     if name == "host":  # CPU device: the page cache is host memory already, shared by every process
         return Tier("host", images, labels, reason + "; CPU device reads the page cache in place")
     return Tier("disk", images, labels, reason)
+
+
+def materialize_sharded(store: ShardedStore, device: torch.device, cache: str) -> Tier:
+    """`materialize` of a sharded store."""
+    name, reason = choose(store, device, cache)
+    return _sharded(store, device, name, reason)
 
 
 def _sharded(store: ShardedStore, device: torch.device, name: str, reason: str) -> Tier:

@@ -1,0 +1,45 @@
+"""`Input`: what the Loader asks of the data it reads, whatever its kind (`gpufeed.loader.inputs`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from gpufeed.loader.bytes import ByteSource
+from gpufeed.loader.sampler import Shards
+from gpufeed.loader.tiers import Tier
+
+
+class Input:
+    """A Loader's data: `store` (labels, shapes, fields, digest: what every kind has) and what reading
+    it takes. The methods are the Loader's calls, in the order it makes them; a kind overrides those
+    it needs."""
+
+    def __init__(self, store: Any):
+        self.store = store
+
+    def shards(self, window: int | None, batch_size: int) -> Shards | None:
+        """The shard-aware order's shards and windows (`shuffle_window`: `window`), or None where the
+        data is not in shards (a full shuffle, or the order as it is)."""
+        return None
+
+    def tier(self, device: torch.device, cache: str) -> Tier:
+        """Where a pass reads the images from (`Loader(cache=...)`)."""
+        raise NotImplementedError
+
+    def byte_source(self, tier: Tier) -> ByteSource:
+        """What a jpeg store's batches read their encoded images from, once, after `tier`."""
+        raise NotImplementedError
+
+    def begin(self, plan, epoch: int, start: int, planner) -> None:
+        """A pass of `epoch`'s `plan` begins at batch `start` (`planner`: the next epochs' plans)."""
+
+    def fields_store(self, shards: Mapping[int, Any] | None) -> Any:
+        """The store a batch's fields are read from (`shards`: those its images were read from, kept
+        for it, or None)."""
+        return self.store
+
+    def close(self) -> None:
+        """Let go of what the input opened (the Loader's shutdown, after its decoders stopped)."""
