@@ -15,6 +15,7 @@ from test_remote import OPS, _options
 
 import gpufeed
 import gpufeed.store.locations as locations
+import gpufeed.store.fetch as fetch_module
 import gpufeed.store.remote as remote_module
 from gpufeed.loader.inputs.remote import smallest_cache
 from gpufeed.packing.packer import PackError
@@ -122,7 +123,7 @@ def test_a_server_that_never_answers_is_named_in_an_error_within_the_timeouts(bu
 
     monkeypatch.setattr(locations, "CONNECT_TIMEOUT", 0.3)
     monkeypatch.setattr(locations, "READ_TIMEOUT", 0.3)
-    monkeypatch.setattr(remote_module, "BACKOFF", 0.01)
+    monkeypatch.setattr(fetch_module, "BACKOFF", 0.01)
     monkeypatch.setattr(s3fs.S3FileSystem, "retries", 1)  # s3fs's own tries of each request: one
     _Stuck.upstream, _Stuck.stuck = server, False
     _Stuck.freed.clear()
@@ -173,7 +174,7 @@ def test_what_killed_processes_left_is_reclaimed_and_what_live_ones_hold_is_not(
     script.write_text(textwrap.dedent(f"""
         import threading, time
         import gpufeed
-        from gpufeed.store.remote import ShardCache
+        from gpufeed.store.fetch import Fetcher
 
         store = gpufeed.open("s3://bucket/train", cache_dir={str(cache)!r}, storage_options={bucket["options"]!r})
         stuck = threading.Event()
@@ -183,9 +184,10 @@ def test_what_killed_processes_left_is_reclaimed_and_what_live_ones_hold_is_not(
             stuck.set()
             time.sleep(600)
 
-        ShardCache._get = get
+        Fetcher.get = get
         threading.Thread(target=store.cache.ensure, args=(0,), daemon=True).start()
-        stuck.wait()
+        if not stuck.wait(60):
+            raise SystemExit("the shard's download was not the one patched")
 
         class Stalled:  # a dataset the pack never finishes reading
             def __len__(self):

@@ -19,6 +19,7 @@ import torch
 
 import gpufeed
 from conftest import save, smooth
+import gpufeed.store.fetch as fetch_module
 import gpufeed.store.remote as remote_module
 from gpufeed.loader.inputs.remote import smallest_cache
 from gpufeed.store.remote import Want
@@ -210,7 +211,7 @@ def test_a_range_that_fails_is_asked_for_again_alone(bucket, tmp_path, monkeypat
         return [OSError("503"), *out[1:]] if len(asked) == 1 else out
 
     monkeypatch.setattr(cache.fs, "cat_ranges", cat_ranges)
-    monkeypatch.setattr(remote_module, "BACKOFF", 0.01)
+    monkeypatch.setattr(fetch_module, "BACKOFF", 0.01)
     cache.ensure(0)
     assert cache.present(0) and len(asked[0]) > 1 and asked[1] == asked[0][:1]
 
@@ -506,8 +507,8 @@ def test_a_failed_try_keeps_only_whole_files_and_the_next_fetches_the_rest(bucke
                 pass
 
     monkeypatch.setattr(cache.fs, "get", get)
-    monkeypatch.setattr(remote_module, "BACKOFF", 0.01)
-    monkeypatch.setattr(remote_module, "RANGED", ())  # whole files (a filesystem without byte ranges)
+    monkeypatch.setattr(fetch_module, "BACKOFF", 0.01)
+    monkeypatch.setattr(fetch_module, "RANGED", ())  # whole files (a filesystem without byte ranges)
     cache.ensure(0)
     assert cache.present(0) and len(asked) == 3 and len(asked[1]) > 2
     assert asked[2] == asked[1][1:]  # the whole one kept, the short one fetched again
@@ -529,9 +530,9 @@ def test_a_shard_comes_as_byte_ranges_and_a_failed_try_keeps_the_files_it_had_wh
         return [blob[:-1] for blob in out] if len(asked) == 3 else out  # the second try's first group: short
 
     monkeypatch.setattr(cache.fs, "cat_ranges", cat_ranges)
-    monkeypatch.setattr(remote_module, "BACKOFF", 0.01)
-    monkeypatch.setattr(remote_module, "PART", 256)
-    monkeypatch.setattr(remote_module, "RANGES_AT_ONCE", 3)
+    monkeypatch.setattr(fetch_module, "BACKOFF", 0.01)
+    monkeypatch.setattr(fetch_module, "PART", 256)
+    monkeypatch.setattr(fetch_module, "RANGES_AT_ONCE", 3)
     cache.ensure(0)
     assert cache.present(0) and data > 3 * 256 and len(asked) >= 4
     first = asked[0]

@@ -46,8 +46,8 @@ def pack_to_url(
     """`gpufeed.pack` with a URL destination (see its docstring): the same store, sharded, in the bucket.
     `pack_local(source, folder, shard_size=, on_shard=, **settings)` packs it in the scratch folder
     (`packer._pack_local`, passed in: the local pack is `packer`'s, which calls this one for a URL)."""
+    from gpufeed.store.fetch import retried
     from gpufeed.store.locations import filesystem, shown, store_url
-    from gpufeed.store.remote import retried
 
     url = store_url(url)
     fs, root = filesystem(url, storage_options)

@@ -2,7 +2,7 @@
 through a bounded local cache.
 
 Opening reads the manifest, then the store's own files (the labels, the jpeg sizes, fields) at once
-and checked as a shard's are (`ShardCache.fetch_checked`), into the cache folder;
+and checked as a shard's are (`fetch.Fetcher.checked`), into the cache folder;
 a shard is downloaded when first needed or ahead of the epoch plan (`ShardCache.follow`), its
 manifest checked against the digest the top manifest recorded and each of its files against the
 digests in its manifest, then kept until the cache needs room. Every rank of a machine may share
@@ -25,9 +25,7 @@ import fcntl
 import hashlib
 import logging
 import os
-import re
 import shutil
-import tempfile
 import threading
 import time
 import weakref
@@ -35,29 +33,21 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from gpufeed.store import format as fmt
 from gpufeed.store import users
+from gpufeed.store.fetch import Fetcher, is_whole, retried
 from gpufeed.store.format import Manifest, StoreError
 from gpufeed.store.locations import filesystem, parse_size, shown, store_url
 from gpufeed.store.scratch import held_folder, let_go, reclaim
 from gpufeed.store.sharded import ShardedStore, manifest_digest, open_shard
 from gpufeed.store.users import Registration, User
-from gpufeed.store.writer import file_digest
 
 log = logging.getLogger(__name__)
 
-RETRIES = 5  # tries of each download before the shard is named in an error
-BACKOFF = 0.5  # seconds before the second try, doubling
 FETCH_THREADS = 8  # shards downloaded ahead of the plan at once, per process (each its files at once)
 WAIT_FOR_ROOM = 120.0  # seconds a download waits for the machine's ranks to let go of shards in a full cache
 VERIFIED = ".verified"  # in a shard's cache folder: its digest, written once every file checked
-PART = 4 << 20  # from an object store, a shard's files come as byte ranges of at most this, all at once
-RANGES_AT_ONCE = 16  # ranges of one download held in memory at once: 64 MB, so a process's fetch pool up to 512 MB
-RANGE_TRIES = 3  # tries of a range within one try of a download (one that timed out: none again, `retried`'s)
-TIMEOUT_TRIES = 2  # tries of a request that the server did not answer within its timeouts (`retried`)
-RANGED = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss")  # protocols whose servers all answer byte ranges
 
 
 MARKER = ".gpufeed-cache"  # in a cache folder: that gpufeed made it, and for which store (`cache_folder`)
@@ -138,62 +128,6 @@ def cache_folder(cache_dir: str | os.PathLike | None, url: str) -> Path:
     return folder
 
 
-def retried(what: str, call: Callable[[], Any], retries: int = RETRIES, local: Path | None = None) -> Any:
-    """`call()`, tried again after a transient error (with backoff); the last error is raised as a
-    StoreError naming `what`. A missing object is not transient. A request the server did not answer
-    within its timeouts (`timed_out`) is tried `TIMEOUT_TRIES` times in all: each try waited the
-    timeouts already (s3fs's own tries of it too), and a server that accepts and never answers should
-    be said in minutes, not after an hour. An error of a file in the folder `local` (the cache's) is
-    this disk's: raised as it is, at once, for the caller to name the folder (a download's folder
-    deleted under it was "not found", as if the bucket had lost the file)."""
-    error: Exception
-    for attempt in range(retries):
-        try:
-            return call()
-        except OSError as e:
-            if e.errno == errno.ENOSPC:
-                raise StoreError(
-                    f"{what}: the cache disk is full ({e.strerror}): free space or set a smaller cache_limit"
-                ) from None
-            if local is not None and _inside(e.filename, local):
-                raise
-            if isinstance(e, FileNotFoundError):
-                raise StoreError(f"{what}: not found") from None
-            error = e
-        except StoreError:
-            raise
-        except Exception as e:  # noqa: BLE001 - a filesystem library's own errors (botocore, aiohttp, ...)
-            error = e
-        if timed_out(error) and attempt + 1 >= TIMEOUT_TRIES:
-            raise StoreError(
-                f"{what}: the server did not answer ({attempt + 1} tries, each within its connect and read timeouts: "
-                f"storage_options set them), last: {type(error).__name__}: {_scrubbed(error)}"
-            ) from None
-        if attempt + 1 < retries:
-            time.sleep(BACKOFF * 2**attempt)
-    raise StoreError(f"{what}: failed {retries} times, last: {type(error).__name__}: {_scrubbed(error)}") from None
-
-
-def _inside(filename: object, folder: Path) -> bool:
-    """Whether `filename` (an OSError's, maybe None) names a file in `folder` on this disk."""
-    if not isinstance(filename, (str, os.PathLike)):
-        return False
-    path, root = os.path.abspath(filename), os.path.abspath(folder)
-    return os.path.commonpath([path, root]) == root
-
-
-def timed_out(error: BaseException) -> bool:
-    """Whether `error` says a request got no answer (or no connection) within its timeouts: Python's,
-    asyncio's and fsspec's TimeoutError, botocore's ConnectTimeoutError and ReadTimeoutError, aiohttp's
-    timeouts (by name: the filesystem libraries are imported only where they are used)."""
-    return isinstance(error, TimeoutError) or any("Timeout" in kind.__name__ for kind in type(error).__mro__)
-
-
-def _scrubbed(error: BaseException) -> str:
-    """An error's message without URL credentials."""
-    return re.sub(r"([a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s]*@", r"\1", str(error))[:300]
-
-
 @dataclass
 class Want:
     """Samples of one shard that a rank has yet to read in one epoch: an entry of `ShardCache.follow`'s
@@ -223,6 +157,7 @@ class ShardCache:
 
     def __init__(self, fs, root: str, manifest: Manifest, folder: Path, limit: int | None, url: str):
         self.fs, self.root, self.manifest, self.folder, self.limit, self.url = fs, root, manifest, folder, limit, url
+        self.fetch = Fetcher(fs, root, url, folder)  # the downloads themselves (no state between them)
         (folder / fmt.SHARDS).mkdir(parents=True, exist_ok=True)
         (folder / "locks").mkdir(exist_ok=True)
         (folder / "reserved").mkdir(exist_ok=True)
@@ -679,13 +614,13 @@ class ShardCache:
         began = time.monotonic()
         with held_folder(final.parent, f".{final.name}-") as temp:  # a killed process's: `reclaim`
             retried(
-                self._shown(f"{remote}/{fmt.MANIFEST}"),
-                lambda: self._get(remote, {fmt.MANIFEST: None}, temp),
+                self.fetch.shown(f"{remote}/{fmt.MANIFEST}"),
+                lambda: self.fetch.get(remote, {fmt.MANIFEST: None}, temp),
                 local=self.folder,
             )
             ok = manifest_digest(temp / fmt.MANIFEST) == entry["digest"]
-            self._check(f"{remote}/{fmt.MANIFEST}", ok)
-            self.fetch_checked(remote, Manifest.read(temp).files, temp)
+            self.fetch.check(f"{remote}/{fmt.MANIFEST}", ok)
+            self.fetch.checked(remote, Manifest.read(temp).files, temp)
             shutil.rmtree(final, ignore_errors=True)
             let_go(temp)
             os.replace(temp, final)
@@ -697,116 +632,6 @@ class ShardCache:
             told = self.on_download
             if told is not None:
                 told(Download(k, began, ended, ahead))
-
-    def _get(self, remote: str, files: dict[str, int | None], into: Path) -> None:
-        """Files of the remote folder `remote` (name -> its bytes, None: not known) into the local folder
-        `into`, at once. Each try downloads into a folder of its own and moves into `into` only what
-        it finished (all of it, or after a failure the files it had whole): before fsspec 2026.4 a
-        failed `get` left its other downloads running, and one finishing late must not write over a
-        file a later try has made, or a shard already in place. From an object store, files of known
-        size come as byte ranges (`_get_ranges`)."""
-        if not files:
-            return
-        attempt = Path(tempfile.mkdtemp(prefix=".try-", dir=into))
-        finished: list[str] = []
-        sizes = {n: size for n, size in files.items() if size is not None}
-        ranged = len(sizes) == len(files) and bool(set(_protocols(self.fs)) & set(RANGED))
-        try:
-            if ranged:
-                self._get_ranges(remote, sizes, attempt, finished)
-            else:
-                self.fs.get([f"{remote}/{n}" for n in files], [os.fspath(attempt / n) for n in files])
-                finished += files
-        except BaseException:
-            if not ranged:  # which files the failed get finished: those at their full size
-                finished[:] = [n for n, size in sizes.items() if _bytes(attempt / n) == size]
-            raise
-        finally:
-            for name in dict.fromkeys(finished):
-                os.replace(attempt / name, into / name)
-            shutil.rmtree(attempt, ignore_errors=True)
-
-    def _get_ranges(self, remote: str, sizes: dict[str, int], into: Path, finished: list[str]) -> None:
-        """The files `sizes` names (name -> bytes) of the remote folder `remote` into `into` as byte
-        ranges of at most `PART`, `RANGES_AT_ONCE` at a time (fsspec's `cat_ranges`, concurrent), each
-        file's name put in `finished` once all its ranges are written. One stream through a link of
-        20 ms carried about 48 MB/s where the link carried 125 (the development machine, remote_bench's
-        link): a cache with room to fetch two shards ahead used 70 % of the link."""
-        parts = [(n, at, min(at + PART, size)) for n, size in sizes.items() for at in range(0, size, PART)]
-        left = {n: 0 for n in sizes}
-        for n, _, _ in parts:
-            left[n] += 1
-        with contextlib.ExitStack() as files:
-            out = {n: files.enter_context(open(into / n, "wb")) for n in sizes}
-            finished += [n for n, count in left.items() if count == 0]  # empty files
-            for first in range(0, len(parts), RANGES_AT_ONCE):
-                for (n, a, _), blob in self._ranges(remote, parts[first : first + RANGES_AT_ONCE]):
-                    out[n].seek(a)
-                    out[n].write(blob)
-                    left[n] -= 1
-                    if left[n] == 0:
-                        out[n].close()
-                        finished.append(n)
-
-    def _ranges(self, remote: str, group: list[tuple[str, int, int]]) -> list[tuple[tuple[str, int, int], bytes]]:
-        """Each (file, start, end) of `group` with its bytes, fetched at once; a range that failed, or came
-        short, is asked for again (`RANGE_TRIES` tries in all, with backoff; the download's own retries
-        come on top), so that one transient error does not cost the others: a file of many ranges
-        would rarely come whole in one try (a test's server failing every third request: 15 s)."""
-        got: list[tuple[tuple[str, int, int], bytes]] = []
-        error: BaseException | None = None
-        for attempt in range(RANGE_TRIES):
-            if attempt:
-                time.sleep(BACKOFF * 2 ** (attempt - 1))
-            blobs = self.fs.cat_ranges(
-                [f"{remote}/{n}" for n, _, _ in group],
-                [a for _, a, _ in group],
-                [b for _, _, b in group],
-                on_error="return",
-            )
-            again = []
-            for part, blob in zip(group, blobs, strict=True):
-                if isinstance(blob, FileNotFoundError) or (isinstance(blob, BaseException) and timed_out(blob)):
-                    raise blob  # missing, or no answer within the timeouts: the download's tries decide
-                if isinstance(blob, BaseException) or len(blob) != part[2] - part[1]:
-                    error = (
-                        blob
-                        if isinstance(blob, BaseException)
-                        else OSError(f"{part[0]}: {len(blob)} bytes came for its range {part[1]}-{part[2]}")
-                    )
-                    again.append(part)
-                else:
-                    got.append((part, blob))
-            if not again:
-                return got
-            group = again
-        assert error is not None
-        raise error
-
-    def fetch_checked(self, remote: str, files: dict[str, dict], into: Path) -> None:
-        """Files of the remote folder `remote` (name -> manifest entry) into the local folder `into`, at
-        once (`_get`), each in place only once its digest is the one recorded: else a StoreError
-        naming it (`_check`), and nothing of it kept. A shard's files, and the store's own."""
-        with held_folder(into, ".fetch-") as temp:
-            # a try that failed part way left some files whole: the next fetches the others
-            retried(self._shown(remote), lambda: self._get(remote, _not_yet(temp, files), temp), local=self.folder)
-            for name, meta in files.items():
-                self._check(f"{remote}/{name}", _whole(temp / name, meta))
-            for name in files:
-                os.replace(temp / name, into / name)
-
-    def _shown(self, remote: str) -> str:
-        """The remote path `remote` (under the store's root) as messages name it: the store's URL without
-        credentials, then the path within the store."""
-        return f"{shown(self.url)}/{remote[len(self.root) :].strip('/')}".rstrip("/")
-
-    def _check(self, remote: str, ok: bool) -> None:
-        """A StoreError naming the remote file unless its download was `ok` (its digest as recorded)."""
-        if not ok:
-            raise StoreError(
-                f"{self._shown(remote)}: not what the store's manifest recorded (its digest differs: "
-                "damaged in the bucket or in transfer); it is not used"
-            )
 
     def close(self) -> None:
         with self._lock:
@@ -851,10 +676,10 @@ class RemoteStore(ShardedStore):
                 '"256MB"): its shards are what the cache downloads'
             )
         self.cache = ShardCache(self.fs, root, manifest, folder, parse_size(cache_limit, "cache_limit"), self.url)
-        wanted = {name: meta for name, meta in manifest.files.items() if not _whole(head / name, meta)}
+        wanted = {name: meta for name, meta in manifest.files.items() if not is_whole(head / name, meta)}
         if wanted:  # the store's own files (labels, shapes, fields of every sample), as a shard's come
             with self.cache.folder_errors():  # the cache folder unusable: a StoreError naming it
-                self.cache.fetch_checked(root, wanted, head)
+                self.cache.fetch.checked(root, wanted, head)
         super().__init__(head, manifest)
         self.path = Where(where)  # type: ignore[assignment]  # what messages name: the URL (without credentials), not the cache
         self._head = head
@@ -896,28 +721,6 @@ class RemoteStore(ShardedStore):
     @property
     def url_shown(self) -> str:
         return shown(self.url)
-
-
-def _bytes(path: Path) -> int | None:
-    """The file's size, or None where it is not there."""
-    try:
-        return path.stat().st_size
-    except OSError:
-        return None
-
-
-def _protocols(fs) -> tuple[str, ...]:
-    return (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
-
-
-def _not_yet(folder: Path, files: dict) -> dict[str, int | None]:
-    """Those of `files` (name -> manifest entry) not yet in `folder`, with their recorded sizes."""
-    return {name: meta["bytes"] for name, meta in files.items() if not (folder / name).exists()}
-
-
-def _whole(path: Path, meta: dict) -> bool:
-    """Whether the file at `path` is the one a manifest entry (`meta`) records: its bytes and digest."""
-    return path.exists() and file_digest(path) == {"bytes": meta["bytes"], "digest": meta["digest"]}
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
