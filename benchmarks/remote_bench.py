@@ -176,21 +176,23 @@ def plain_download(fs, files: list[tuple[str, int]], threads: int) -> tuple[floa
 
 
 def fetch_alone(work: Path, storage_options: dict, n: int) -> dict:
-    """The "fetch" row: every shard downloaded by an empty cache's fetch ahead (`ShardCache.follow`, in
+    """The "fetch" row: every shard downloaded by an empty cache's fetch ahead (`ReadAhead.follow`, in
     shard order, no limit) with nothing else running: gpufeed's own download against the plain
     one, without a training loop beside it."""
     import gpufeed
-    from gpufeed.store.remote import Want
+    from gpufeed.store.readahead import ReadAhead, Want
 
     with tempfile.TemporaryDirectory(dir=work) as cache:
         store = gpufeed.open("s3://bench/train", cache_dir=cache, storage_options=storage_options)
         shards = range(len(store.manifest.shards))
         t0 = time.perf_counter()
-        store.cache.follow([Want(k, 0, 1, k) for k in shards])
+        ahead = ReadAhead(store.cache)
+        ahead.follow([Want(k, 0, 1, k) for k in shards])
         for k in shards:
             store.cache.ensure(k)  # (waits for the fetch ahead's download)
         took = time.perf_counter() - t0
         got = store.cache.downloaded
+        ahead.close()
         store.close()
     return {"bytes": got, "seconds": took, "bytes_per_s": got / took, "img_per_s": n / took}
 

@@ -22,7 +22,7 @@ from conftest import save, smooth
 import gpufeed.store.fetch as fetch_module
 import gpufeed.store.remote as remote_module
 from gpufeed.loader.inputs.remote import smallest_cache
-from gpufeed.store.remote import Want
+from gpufeed.store.readahead import ReadAhead, Want
 from gpufeed.augment import Normalize, RandomResizedCrop
 from gpufeed.store import StoreError
 from gpufeed.store.format import Manifest
@@ -231,12 +231,14 @@ def test_a_shard_that_fails_ahead_is_not_fetched_again_until_the_next_pass(bucke
         raise StoreError(f"shard {k}: damaged")
 
     monkeypatch.setattr(cache, "_ensure", ensure)
-    cache.follow([Want(k, 0, 1, 1000) for k in (1, 2)])
+    ahead = ReadAhead(cache)
+    ahead.follow([Want(k, 0, 1, 1000) for k in (1, 2)])
     time.sleep(0.3)
     assert sorted(tries) == [1, 2]
-    cache.follow([Want(k, 1, 1, 1000) for k in (1, 2)])  # the next pass tries them again
+    ahead.follow([Want(k, 1, 1, 1000) for k in (1, 2)])  # the next pass tries them again
     time.sleep(0.3)
     assert sorted(tries) == [1, 1, 2, 2]
+    ahead.close()
     cache.close()
 
 
@@ -251,22 +253,23 @@ def test_room_is_made_from_what_the_rank_will_not_read_then_from_what_it_reads_l
 
     store = gpufeed.open("s3://bucket/train", cache_dir=tmp_path / "c", storage_options=bucket["options"])
     cache, sizes = store.cache, [s["bytes"] for s in store.manifest.shards]
-    monkeypatch.setattr(cache, "_top_up", lambda: None)  # no fetching ahead: only what the test asks for
+    ahead = ReadAhead(cache)
+    monkeypatch.setattr(ahead, "_top_up", lambda: None)  # no fetching ahead: only what the test asks for
     for k in range(6):
         cache.ensure(k)
     now = time.time()
     for k in range(6):  # 2-5 fetched ahead long ago, 0 and 1 read just now
         os.utime(cache.path(k) / remote_module.VERIFIED, (now - 100 + k, now - 100 + k) if k >= 2 else (now, now))
-    cache.follow([Want(k, 0, 2, 1000) for k in (2, 3, 4, 5, 6, 7)])
-    cache.read([2], [1])
-    assert [w.shard for w in cache._wanted] == [2, 3, 4, 5, 6, 7]
-    cache.read([2, 3], [1, 2])  # 2 and 3 read in full
-    assert [w.shard for w in cache._wanted] == [4, 5, 6, 7]
+    ahead.follow([Want(k, 0, 2, 1000) for k in (2, 3, 4, 5, 6, 7)])
+    ahead.read([2], [1])
+    assert [w.shard for w in ahead._wanted] == [2, 3, 4, 5, 6, 7]
+    ahead.read([2, 3], [1, 2])  # 2 and 3 read in full
+    assert [w.shard for w in ahead._wanted] == [4, 5, 6, 7]
     cache.limit = sum(sizes[:6])  # full
     cache.ensure(6)
     assert not cache.present(2) and all(cache.present(k) for k in (4, 5, 6))  # the oldest unwanted went
     cache.limit = sum(sizes[k] for k in (4, 5, 6)) + max(sizes)
-    cache._fetch_ahead(7)  # ahead: the shards read before 7 stay
+    ahead._fetch_ahead(7)  # ahead: the shards read before 7 stay
     assert all(cache.present(k) for k in (4, 5, 6, 7)) and not any(cache.present(k) for k in (0, 1, 3))
     cache.limit = sum(sizes[k] for k in (4, 5, 6)) + max(sizes[7], sizes[8])
     cache.ensure(8)  # needed now (not wanted): the one read last goes
@@ -280,15 +283,16 @@ def test_a_fetch_ahead_makes_room_from_what_the_rank_reads_after_it(bucket, tmp_
     downloaded its own shards, one after another, at 55 % of the link."""
     store = gpufeed.open("s3://bucket/train", cache_dir=tmp_path / "c", storage_options=bucket["options"])
     cache, sizes = store.cache, [s["bytes"] for s in store.manifest.shards]
-    monkeypatch.setattr(cache, "_top_up", lambda: None)  # no fetching ahead: only what the test asks for
+    ahead = ReadAhead(cache)
+    monkeypatch.setattr(ahead, "_top_up", lambda: None)  # no fetching ahead: only what the test asks for
     for k in (3, 4, 5):
         cache.ensure(k)
-    cache.follow([Want(k, 1, 2, 1000) for k in (4, 6, 3, 5)])  # 4 before 6; 3 and 5 after it (5 last)
+    ahead.follow([Want(k, 1, 2, 1000) for k in (4, 6, 3, 5)])  # 4 before 6; 3 and 5 after it (5 last)
     cache.limit = sum(sizes[k] for k in (3, 4)) + max(sizes[5], sizes[6])  # room for 6 if 5 goes
-    cache._fetch_ahead(6)
+    ahead._fetch_ahead(6)
     assert cache.present(6) and cache.present(4) and cache.present(3) and not cache.present(5)
     cache.limit = sum(sizes[k] for k in (3, 4, 6))  # full: 7 is not wanted, so nothing goes for it
-    cache._fetch_ahead(7)
+    ahead._fetch_ahead(7)
     assert not cache.present(7) and all(cache.present(k) for k in (3, 4, 6))
 
 
@@ -303,19 +307,19 @@ def test_a_fetch_ahead_evicts_nothing_where_a_shard_another_rank_holds_leaves_no
     b = gpufeed.open("s3://bucket/train", cache_dir=tmp_path / "c", storage_options=options).cache
     assert isinstance(b, ShardCache) and a.folder == b.folder
     sizes = [s["bytes"] for s in a.manifest.shards]
-    for cache in (a, b):
-        monkeypatch.setattr(cache, "_top_up", lambda: None)
+    ahead = ReadAhead(a)
+    monkeypatch.setattr(ahead, "_top_up", lambda: None)
     for k in (0, 1, 2):
         a.ensure(k)
     b.hold(0)  # the other rank reads shard 0
     try:
-        a.follow([Want(k, 0, 2, 1000) for k in (1, 3, 2)])  # 2 is read after 3
+        ahead.follow([Want(k, 0, 2, 1000) for k in (1, 3, 2)])  # 2 is read after 3
         a.limit = b.limit = sizes[0] + sizes[1] + sizes[3] - 1  # room for 3 only if 0 and 2 both went
-        a._fetch_ahead(3)
+        ahead._fetch_ahead(3)
         assert not a.present(3) and all(a.present(k) for k in (0, 1, 2))
     finally:
         b.release(0)
-    a._fetch_ahead(3)  # let go: room is made from 0 (not wanted), then 2 (read after 3)
+    ahead._fetch_ahead(3)  # let go: room is made from 0 (not wanted), then 2 (read after 3)
     assert a.present(3) and a.present(1)
 
 
@@ -375,13 +379,13 @@ def test_the_fetch_ahead_fills_the_rank_s_part_of_the_cache_beside_what_it_holds
 
     def planned(limit: int, ranks: int, held: list[int]) -> list[int]:
         started: list[int] = []
-        monkeypatch.setattr(cache, "_fetch_ahead", started.append)
-        cache.limit, cache._ahead = limit, {}
+        ahead = ReadAhead(cache)
+        monkeypatch.setattr(ahead, "_fetch_ahead", started.append)
+        cache.limit = limit
         for k in held:
             cache.hold(k)
-        cache.follow([Want(k, 0, 1, 1000) for k in held + list(range(3, 10))], ranks)
-        cache._pool.shutdown(wait=True)
-        cache._pool = None
+        ahead.follow([Want(k, 0, 1, 1000) for k in held + list(range(3, 10))], ranks)
+        ahead._pool.shutdown(wait=True)  # every download started has run
         for k in held:
             cache.release(k)
         return sorted(started)
@@ -410,16 +414,16 @@ def test_the_shards_of_the_next_epoch_are_fetched_before_it_begins(bucket, tmp_p
     loader._planner.peek(2)  # (made by now)
     this, _ = loader.store.locate(torch.cat([loader.plan(1, b)[0] for b in range(len(loader))]).numpy())
     after, _ = loader.store.locate(torch.cat([loader.plan(2, b)[0] for b in range(len(loader))]).numpy())
-    cache, told = loader.store.cache, []
-    real = cache.follow
+    ahead, told = loader.input.ahead, []
+    real = ahead.follow
 
     def follow(wants, ranks=1):  # what the cache wants right after the pass told it (batches read later,
         number = real(wants, ranks)  # on the producer threads, take entries off: looking after next() raced)
-        with cache._lock:
-            told.append({w.shard for w in cache._wanted})
+        with ahead._lock:
+            told.append({w.shard for w in ahead._wanted})
         return number
 
-    cache.follow = follow
+    ahead.follow = follow
     next(iter(loader))  # epoch 1 begins (its first shards read are no longer wanted ahead)
     wanted, only_after = told[0], set(after.tolist()) - set(this.tolist())
     assert only_after and only_after <= wanted <= set(this.tolist()) | only_after
@@ -440,15 +444,15 @@ def test_the_next_epoch_planned_after_its_pass_began_is_fetched_ahead_once_plann
 
     monkeypatch.setattr(planner, "plan_epoch", late)
     loader = _loader(bucket, tmp_path)
-    cache, seen = loader.store.cache, []
-    top_up = cache._top_up
+    ahead, seen = loader.input.ahead, []
+    top_up = ahead._top_up
 
     def looked():  # what the cache wants whenever it starts downloads, and the epoch its pass is in
-        with cache._lock:
-            seen.append((cache._epoch, {(w.epoch, w.shard) for w in cache._wanted}))
+        with ahead._lock:
+            seen.append((ahead._epoch, {(w.epoch, w.shard) for w in ahead._wanted}))
         top_up()
 
-    cache._top_up = looked
+    ahead._top_up = looked
     batches = iter(loader)
     try:
         got = [next(batches)]
@@ -473,16 +477,17 @@ def test_a_next_epoch_s_shard_read_in_full_before_it_is_followed_is_not_wanted_i
     is made: `follow_next` then leaves it out, and epoch 1's own pass does not want it again (its
     reads were taken off once; its count could never reach zero, and it was kept from eviction)."""
     cache = gpufeed.open("s3://bucket/train", cache_dir=tmp_path / "c", storage_options=bucket["options"]).cache
-    monkeypatch.setattr(cache, "_top_up", lambda: None)  # the lists only, no downloads
-    told = cache.follow([Want(0, 0, 5, 4)])
-    cache.read([0], [5])  # epoch 0 read in full
-    cache.read([1, 2], [3, 1])  # epoch 1's first batch, before its plan was made: no entry wants them
-    cache.follow_next([Want(1, 1, 3, 7), Want(2, 1, 2, 9)], told)
-    assert [(w.shard, w.epoch, w.left) for w in cache._wanted] == [(2, 1, 1)]
-    cache.follow([Want(1, 1, 3, 2), Want(2, 1, 2, 4)])  # epoch 1's pass
-    assert [(w.shard, w.epoch, w.left) for w in cache._wanted] == [(2, 1, 1)]
-    cache.follow_next([Want(3, 2, 4, 9)], told)  # a call from before that pass: too late, nothing
-    assert [(w.shard, w.epoch, w.left) for w in cache._wanted] == [(2, 1, 1)]
+    ahead = ReadAhead(cache)
+    monkeypatch.setattr(ahead, "_top_up", lambda: None)  # the lists only, no downloads
+    told = ahead.follow([Want(0, 0, 5, 4)])
+    ahead.read([0], [5])  # epoch 0 read in full
+    ahead.read([1, 2], [3, 1])  # epoch 1's first batch, before its plan was made: no entry wants them
+    ahead.follow_next([Want(1, 1, 3, 7), Want(2, 1, 2, 9)], told)
+    assert [(w.shard, w.epoch, w.left) for w in ahead._wanted] == [(2, 1, 1)]
+    ahead.follow([Want(1, 1, 3, 2), Want(2, 1, 2, 4)])  # epoch 1's pass
+    assert [(w.shard, w.epoch, w.left) for w in ahead._wanted] == [(2, 1, 1)]
+    ahead.follow_next([Want(3, 2, 4, 9)], told)  # a call from before that pass: too late, nothing
+    assert [(w.shard, w.epoch, w.left) for w in ahead._wanted] == [(2, 1, 1)]
 
 
 def test_a_failed_try_keeps_only_whole_files_and_the_next_fetches_the_rest(bucket, tmp_path, monkeypatch):

@@ -114,10 +114,12 @@ class ShardBytes(OfAStore):
     # batch k, and a batch made is decoded (its pixels on the device): 4 covers those in flight
     HELD_FOR = 4
 
-    def __init__(self, store):
+    def __init__(self, store, on_read: Callable[[list[int], list[int]], None] | None = None):
+        """`on_read(shards, counts)`: told of each batch's reads (a bucket's fetch ahead, `ReadAhead.read`)."""
         self.store, self.path = store, store.path
         self.shapes = np.asarray(store.shapes).view(np.ndarray)
         self._cache = getattr(store, "cache", None)  # a remote store's ShardCache
+        self._on_read = on_read
         self._held: dict[int, int] = {}  # shard -> the read that last used it
         self._reads = 0
         self._lock = threading.Lock()
@@ -175,7 +177,8 @@ class ShardBytes(OfAStore):
             for k in [k for k, last in self._held.items() if self._reads - last > self.HELD_FOR]:
                 del self._held[k]
                 self._cache.release(k)
-        self._cache.read(shards, counts)
+        if self._on_read is not None:
+            self._on_read(shards, counts)
 
     def close(self) -> None:
         with self._lock:

@@ -3,7 +3,7 @@ through a bounded local cache.
 
 Opening reads the manifest, then the store's own files (the labels, the jpeg sizes, fields) at once
 and checked as a shard's are (`fetch.Fetcher.checked`), into the cache folder;
-a shard is downloaded when first needed or ahead of the epoch plan (`ShardCache.follow`), its
+a shard is downloaded when first needed or ahead of the epoch plan (`readahead.ReadAhead`), its
 manifest checked against the digest the top manifest recorded and each of its files against the
 digests in its manifest, then kept until the cache needs room. Every rank of a machine may share
 one cache folder: a shard is downloaded once (an exclusive lock per shard while it is fetched), and
@@ -13,8 +13,10 @@ digest differs is named in one StoreError; a full cache disk is a StoreError say
 
 URLs are shown without credentials (`shown`), and `storage_options` are never logged.
 
-What runs where: the caller's threads download on demand (`ensure`); one `gpufeed-fetch` pool of a
-few threads downloads ahead of the plan (`follow`), never past `cache_limit`.
+What runs where: the caller's threads download on demand (`ensure`); a Loader's `ReadAhead`
+(`store/readahead.py`: one `gpufeed-fetch` pool of a few threads) downloads ahead of the plan,
+never past `cache_limit`, and gives the cache its eviction order (`ShardCache.order`); the requests
+themselves are `store/fetch.py`'s.
 """
 
 from __future__ import annotations
@@ -29,8 +31,7 @@ import shutil
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,7 +46,6 @@ from gpufeed.store.users import Registration, User
 
 log = logging.getLogger(__name__)
 
-FETCH_THREADS = 8  # shards downloaded ahead of the plan at once, per process (each its files at once)
 WAIT_FOR_ROOM = 120.0  # seconds a download waits for the machine's ranks to let go of shards in a full cache
 VERIFIED = ".verified"  # in a shard's cache folder: its digest, written once every file checked
 
@@ -128,18 +128,6 @@ def cache_folder(cache_dir: str | os.PathLike | None, url: str) -> Path:
     return folder
 
 
-@dataclass
-class Want:
-    """Samples of one shard that a rank has yet to read in one epoch: an entry of `ShardCache.follow`'s
-    list, which is in the order the rank first reads each. `last`: where its last sample is in the
-    rank's reading, counted in samples from the list's start."""
-
-    shard: int
-    epoch: int
-    left: int
-    last: int
-
-
 @dataclass(frozen=True)
 class Download:
     """A shard this process downloaded: when it began and ended (`time.monotonic()`), and whether the
@@ -164,26 +152,16 @@ class ShardCache:
         reclaim_downloads(folder)
         self._lock = threading.Lock()
         self._in_use: dict[int, tuple[int, int]] = {}  # shard -> (our uses, fd holding its shared lock)
-        self._pool: ThreadPoolExecutor | None = None
-        self._ahead: dict[int, Future] = {}
-        self._wanted: list[Want] = []  # what the rank has yet to read, in order (`follow`, `read`)
-        self._no_room: set[int] = set()  # fetched ahead but found no room: the nearest tried again after a read
-        self._failed: set[int] = set()  # fetched ahead and failed: not again until the next `follow`
-        self._finished: set[tuple[int, int]] = set()  # (epoch, shard) of later epochs read in full before their pass
-        self._epoch = -1  # the epoch `follow` was last given first
-        self._told = 0  # `follow` calls: `follow_next` extends only the last one's list
-        self._closed = False
-        self._read = 0  # samples the rank read since `follow`
-        self._most = 0  # the most samples one `read` reported
-        self._early: dict[int, int] = {}  # samples read of shards no entry wanted: the next pass's, read before it
-        self._ranks = 1  # this machine's ranks sharing the cache: each plans ahead within its part
+        # the eviction order, the caller's (`readahead.ReadAhead.places`): each shard this process will
+        # read by its place in that reading; none (the default) evicts the least recently used first
+        self.order: Callable[[], dict[int, int]] = dict
         self.downloaded = 0  # bytes this process downloaded
         self.fetched = 0  # shards this process downloaded
         # told of each shard this process downloads, on the thread that downloaded it (a benchmark's
         # timeline of the link: benchmarks/remote_bench.py sets it; nothing is kept here)
         self.on_download: Callable[[Download], None] | None = None
-        self._sizes = [s["bytes"] for s in manifest.shards]  # each shard's bytes, by number
-        biggest = max(self._sizes, default=0)
+        self.sizes = [s["bytes"] for s in manifest.shards]  # each shard's bytes, by number
+        biggest = max(self.sizes, default=0)
         if limit is not None and limit < biggest:
             raise StoreError(
                 f"{shown(url)}: cache_limit {limit} bytes is smaller than its largest shard ({biggest} bytes): raise it"
@@ -297,7 +275,7 @@ class ShardCache:
             try:
                 if self.present(k):
                     continue
-                reservation = self._make_room(self._sizes[k], k, wait)
+                reservation = self._make_room(self.sizes[k], k, wait)
                 if reservation is None:
                     return None
                 try:
@@ -337,6 +315,16 @@ class ShardCache:
                 fd = held
             self._in_use[k] = (uses + 1, fd)
 
+    def ensure_if_room(self, k: int) -> Path | None:
+        """`ensure` without waiting (a fetch ahead): None where shard `k` is being downloaded or read
+        elsewhere, or where the cache has no room for it now (nothing is evicted that a rank holds)."""
+        return self._ensure(k, wait=False)
+
+    def holding(self) -> set[int]:
+        """The shards this process holds (`hold`)."""
+        with self._lock:
+            return set(self._in_use)
+
     def held(self, k: int) -> bool:
         """Whether this process holds shard `k` (`hold`)."""
         with self._lock:
@@ -352,129 +340,12 @@ class ShardCache:
             else:
                 self._in_use[k] = (uses - 1, fd)
 
-    def follow(self, wants: Sequence[Want], ranks: int = 1) -> int:
-        """Download what the rank will read (`wants`, in the order it first reads each shard) ahead, on the
-        fetch pool, as far as this rank's part of the cache's limit (`ranks`: this machine's ranks
-        sharing it) allows beside the shards it holds; anything asked before is no longer wanted. What
-        was read already of the entries counts: the next epoch's first batches are read before its
-        pass begins (where that epoch was followed already, its entries keep their counts; else the
-        reads that no entry wanted are taken off). Returns this call's number, for `follow_next`."""
-        with self._lock:
-            self._told += 1
-            told = self._told
-            self._pool = self._pool or ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="gpufeed-fetch")
-            later = bool(wants) and wants[0].epoch > self._epoch
-            before = {(w.epoch, w.shard): w.left for w in self._wanted} if later else {}
-            self._epoch = wants[0].epoch if wants else self._epoch
-            early, self._early, self._read = self._early, {}, 0
-            wanted = []
-            for w in wants:
-                left = min(w.left, before.get((w.epoch, w.shard), w.left))
-                taken = min(left, early.get(w.shard, 0))
-                if taken:
-                    early[w.shard] -= taken
-                    self._read += taken
-                wanted.append(Want(w.shard, w.epoch, left - taken, w.last))
-            self._wanted = [w for w in wanted if w.left > 0 and (w.epoch, w.shard) not in self._finished]
-            self._ahead = {k: f for k, f in self._ahead.items() if not f.done()}
-            self._no_room.clear()
-            self._failed.clear()
-            self._finished.clear()
-            self._ranks = max(1, ranks)
-        self._top_up()
-        return told
-
-    def follow_next(self, wants: Sequence[Want], told: int) -> None:
-        """The next epoch's entries (`wants`, placed after the list `follow` was given), once its plan is
-        made, appended to what `follow` call `told` was given without them; nothing where another
-        `follow` came since, or that list had the next epoch's already. Reads of their shards that no
-        entry wanted (the next epoch's first batches, read as the pass ends) are taken off. Epoch 1's
-        plan is made after epoch 0's pass begins (both start then), and was never followed before
-        its own pass: the pass's last batches, reading epoch 1's first ahead, downloaded their shards
-        one after another (docs/benchmarks.md, "Training from a bucket")."""
-        with self._lock:
-            if told != self._told or any(w.epoch > self._epoch for w in self._wanted):
-                return
-            for w in wants:
-                taken = min(w.left, self._early.get(w.shard, 0))
-                if taken:
-                    self._early[w.shard] -= taken
-                if w.left > taken:
-                    self._wanted.append(Want(w.shard, w.epoch, w.left - taken, w.last))
-                else:  # read in full before its pass: not wanted then either
-                    self._finished.add((w.epoch, w.shard))
-        self._top_up()
-
-    def read(self, shards: Sequence[int], counts: Sequence[int]) -> None:
-        """The rank has read `counts[i]` samples of `shards[i]` (a batch's): what is read in full is no
-        longer wanted, and no longer kept from eviction ahead of what is; nor is an entry whose last
-        sample the reading passed by eight reads (a count that cannot reach zero: a sample read with
-        the next epoch's entry, or replaced by another).
-        Trimming the list at the batch's first shard instead kept shards read long ago wanted, and the
-        batches waited for more downloads of their own (docs/benchmarks.md, "Training from a bucket")."""
-        with self._lock:
-            for k, count in zip(shards, counts):
-                entry = next((w for w in self._wanted if w.shard == k), None)
-                if entry is not None:
-                    entry.left -= count
-                else:
-                    self._early[k] = self._early.get(k, 0) + count
-            self._read += sum(counts)
-            self._most = max(self._most, sum(counts))
-            passed = self._read - 8 * self._most
-            self._finished |= {(w.epoch, w.shard) for w in self._wanted if w.left <= 0 and w.epoch > self._epoch}
-            self._wanted = [w for w in self._wanted if w.left > 0 and w.last >= passed]
-            # room is made as the batches in flight let go of their shards: the nearest that found none tries again
-            self._no_room.discard(next((w.shard for w in self._wanted if w.shard in self._no_room), -1))
-        self._top_up()
-
-    def _top_up(self) -> None:
-        """Start downloads of the next wanted shards that fit in this rank's part of the cache beside the
-        shards it holds (the next one always: it is needed soon). Planning only half the cache ahead
-        left a cache of a quarter of the store downloading at half the link's rate (docs/benchmarks.md,
-        "Training from a bucket")."""
-        with self._lock:
-            if self._closed:
-                return
-            sizes = self._sizes
-            room = self.limit / self._ranks if self.limit is not None else float("inf")
-            room -= sum(sizes[k] for k in self._in_use)
-            planned = 0
-            for k in dict.fromkeys(w.shard for w in self._wanted):
-                if k in self._in_use:
-                    continue
-                if planned and planned + sizes[k] > room:
-                    break
-                planned += sizes[k]
-                busy = k in self._ahead and not self._ahead[k].done()
-                if not busy and k not in self._no_room and k not in self._failed and not self.present(k):
-                    self._ahead[k] = self._pool.submit(self._fetch_ahead, k)  # type: ignore[union-attr]  # (follow made it)
-
-    def _fetch_ahead(self, k: int) -> None:
-        try:
-            if self._ensure(k, wait=False) is None:
-                with self._lock:
-                    self._no_room.add(k)
-        except (StoreError, OSError) as e:  # said when the shard is needed (ensure raises there)
-            log.debug("gpufeed: fetching %s ahead failed: %s", self.manifest.shards[k]["name"], e)
-            with self._lock:
-                self._failed.add(k)
-        self._top_up()
-
-    def _wanted_at(self) -> dict[int, int]:
-        """Each wanted shard's place in the order the rank reads them (its first)."""
-        with self._lock:
-            places: dict[int, int] = {}
-            for w in self._wanted:
-                places.setdefault(w.shard, len(places))
-            return places
-
     def used(self) -> int:
         """Bytes of verified shards in the cache folder (every process's), counted under the lock that
         evictions take: a shard evicted during the count and another fetched in its room would both be
         counted otherwise (a download finishing during it had its room reserved before)."""
         with self.folder_errors(), self._exclusive_path(self.folder / "locks" / "space.lock"):
-            return sum(size for k, size in enumerate(self._sizes) if self.present(k))
+            return sum(size for k, size in enumerate(self.sizes) if self.present(k))
 
     def _make_room(self, size: int, k: int, wait: bool) -> Path | None:
         """Reserve `size` bytes for shard `k`'s download, evicting shards that no process holds (in
@@ -494,17 +365,17 @@ class ShardCache:
                 # or twice; the other way round it was counted by neither, and one shard too many came in
                 reserved = self._reserved()
                 present = [j for j in range(len(self.manifest.shards)) if j != k and self.present(j)]
-                used = sum(self._sizes[j] for j in present) + sum(reserved.values())
+                used = sum(self.sizes[j] for j in present) + sum(reserved.values())
                 victims = self._victims(present, k, wait)
                 if not wait:
-                    freeable = sum(self._sizes[j] for j in victims if self._evictable(j))
+                    freeable = sum(self.sizes[j] for j in victims if self._evictable(j))
                     if used - freeable + size > self.limit:
                         return None  # fetching ahead: evicting what may go would not make room, so evict nothing
                 for j in victims:
                     if used + size <= self.limit:
                         break
                     if self._evict(j):
-                        used -= self._sizes[j]
+                        used -= self.sizes[j]
                 if used + size <= self.limit:
                     reservation = self.folder / "reserved" / f"{k:05d}.{os.getpid()}.{threading.get_ident()}"
                     reservation.write_text(str(size))
@@ -530,7 +401,7 @@ class ShardCache:
         wants every shard present again, so each batch downloaded its own shards, one after another
         (55 % of the link against 79 % in the first epoch; docs/benchmarks.md, "Training from a
         bucket")."""
-        at = self._wanted_at()
+        at = self.order()
         # those read after this place may go (a k no longer wanted ahead: none the rank reads)
         after = -1 if wait else at.get(k, len(at))
 
@@ -634,10 +505,7 @@ class ShardCache:
                 told(Download(k, began, ended, ahead))
 
     def close(self) -> None:
-        with self._lock:
-            self._closed = True  # a fetch ahead, or a plan made late (`follow_next`), starts no more
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
+        """Let go of the shards this process holds, and leave the folder's readers."""
         with self._lock:
             for _, fd in self._in_use.values():
                 os.close(fd)

@@ -11,11 +11,13 @@ import functools
 import numpy as np
 import torch
 
-from gpufeed.loader.bytes import ShardBytes
+from gpufeed.loader.bytes import ByteSource, ShardBytes
 from gpufeed.loader.cores import local_ranks
 from gpufeed.loader.inputs.sharded import ShardedInput, checked_window
 from gpufeed.loader.sampler import Shards
-from gpufeed.store.remote import RemoteStore, Want
+from gpufeed.loader.tiers import Tier
+from gpufeed.store.readahead import ReadAhead, Want
+from gpufeed.store.remote import RemoteStore
 from gpufeed.store.sharded import ShardedStore
 
 
@@ -25,6 +27,7 @@ class RemoteInput(ShardedInput):
     def __init__(self, store: RemoteStore):
         super().__init__(store)
         store.cache.join()  # among its cache folder's readers before any sizing check
+        self.ahead = ReadAhead(store.cache)  # the downloads ahead of this rank's reading; the cache's eviction order
 
     def shards(self, window: int | None, batch_size: int) -> Shards | None:
         return _shards(self.store, window, batch_size)
@@ -34,12 +37,19 @@ class RemoteInput(ShardedInput):
         now where it is planned already, else once it is (`Planner.when_made`)."""
         super().begin(plan, epoch, start, planner)
         following = planner.ready(epoch + 1)
-        told = self.store.cache.follow(_shard_order(self.store, plan, epoch, start, following), local_ranks())
+        told = self.ahead.follow(_shard_order(self.store, plan, epoch, start, following), local_ranks())
         if following is None:
-            planner.when_made(epoch + 1, functools.partial(_follow_next, self.store, plan, epoch, start, told))
+            planner.when_made(
+                epoch + 1, functools.partial(_follow_next, self.store, self.ahead, plan, epoch, start, told)
+            )
+
+    def byte_source(self, tier: Tier) -> ByteSource:
+        self._bytes = ShardBytes(self.store, on_read=self.ahead.read)
+        return self._bytes
 
     def close(self) -> None:
         super().close()
+        self.ahead.close()
         self.store.close()
 
 
@@ -62,11 +72,11 @@ def _wants(store: RemoteStore, epoch: int, indices: torch.Tensor, base: int) -> 
     return [Want(int(found[j]), epoch, int(counts[j]), int(last[j])) for j in np.argsort(first, kind="stable")]
 
 
-def _follow_next(store: RemoteStore, plan, epoch: int, start: int, told: int, following) -> None:
-    """The next epoch's part of `_shard_order`, given to the cache once its plan (`following`) is made
-    after the pass began (`ShardCache.follow_next`)."""
+def _follow_next(store: RemoteStore, ahead: ReadAhead, plan, epoch: int, start: int, told: int, following) -> None:
+    """The next epoch's part of `_shard_order`, given to the read-ahead once its plan (`following`) is
+    made after the pass began (`ReadAhead.follow_next`)."""
     read_before = len(plan.indices) - plan.starts[start]  # this pass's samples, read first
-    store.cache.follow_next(_wants(store, epoch + 1, following.indices, read_before), told)
+    ahead.follow_next(_wants(store, epoch + 1, following.indices, read_before), told)
 
 
 def _shards(store: RemoteStore, asked: int | None, batch_size: int) -> Shards:
