@@ -126,6 +126,25 @@ class JpegBatcher:
         tries the next samples), never another replacement within it."""
         i = idx.numpy()
         started = self._started(i, params)
+        self._start_ahead(ahead, pace)
+        if not self._compiled:
+            self._compile(len(i), params)
+        t1 = time.perf_counter()
+        parts, failed = self.scheduler.finish(started, pin=self.fused)
+        t2 = time.perf_counter()
+        self.counters.add("decode", t2 - t1)
+        if failed:
+            instead = self._instead(idx, failed, params, replacing)
+            if instead is not None:
+                return instead
+        samples, labels, copies = self._stand_ins(i, failed)
+        images, targets = self._resized(parts, started, labels, params, len(i))
+        self.counters.add("resize", time.perf_counter() - t2)
+        return self._batch(i, images, targets, samples, failed, copies)
+
+    def _start_ahead(self, ahead: tuple[Upcoming, ...], pace: Pace | None) -> None:
+        """Start decoding the next batch (`ahead[0]`), and reading the one after it where the bytes are
+        read ahead (`ahead[1]`): both while this batch finishes."""
         if ahead:
             following = ahead[0].indices.numpy()
             self._forget_next()
@@ -133,39 +152,57 @@ class JpegBatcher:
         if self.images.reads_ahead and len(ahead) > 1:  # read while this batch and the next decode
             later = ahead[1].indices.numpy()
             self._reads.append(ReadAhead(later, self.images.read_later(later)))
-        if not self._compiled:
-            self._compile(len(i), params)
-        t1 = time.perf_counter()
-        parts, failed = self.scheduler.finish(started, pin=self.fused)
-        t2 = time.perf_counter()
-        self.counters.add("decode", t2 - t1)
-        shapes, boxes, labels = started.shapes, started.boxes, self._labels[i]
-        if failed and self.exact:
-            self._failed(idx, failed)  # raises under on_error="raise"
-        if failed and len(failed) == len(i) and self.exact:
-            return self._empty(i, failed, params)
-        if failed and len(failed) == len(i) and self.on_error == "skip":
+
+    def _instead(self, idx: torch.Tensor, failed: dict[int, str], params: Params, replacing: bool) -> Batch | None:
+        """The batch made instead of this one, whose samples `failed` did not decode, or None where it
+        goes on: each failure is told (`_failed`, which raises under on_error="raise"); where none
+        decoded, an evaluation's batch is empty, and a training batch is made of the next samples
+        (`_replaced`; a replacement whose samples all fail raises DecodeError)."""
+        if self.exact:
+            self._failed(idx, failed)
+            return self._empty(idx.numpy(), failed, params) if len(failed) == len(idx) else None
+        if len(failed) == len(idx) and self.on_error == "skip":
             if replacing:
-                raise DecodeError(f"none of samples {i.tolist()} decodes")
+                raise DecodeError(f"none of samples {idx.numpy().tolist()} decodes")
             self._failed(idx, failed)
             return self._replaced(idx, params)
-        if failed:
-            if not self.exact:
-                self._failed(idx, failed)
-            good = [p for p in range(len(i)) if p not in failed]
-            copies = {p: next((g for g in good if g > p), good[0]) for p in failed}
+        self._failed(idx, failed)
+        return None
+
+    def _stand_ins(self, i: np.ndarray, failed: dict[int, str]) -> tuple[np.ndarray, np.ndarray, dict[int, int]]:
+        """The batch's samples and labels with each failed position standing in for the next good one
+        (`copies`: failed position -> the good one it copies), so that a training batch stays full."""
+        samples, labels = i.copy(), self._labels[i]
+        good = [p for p in range(len(i)) if p not in failed]
+        copies = {p: next((g for g in good if g > p), good[0]) for p in failed}
+        if copies:
             labels[list(copies)] = labels[list(copies.values())]
-        samples = i.copy()
-        if failed:
             samples[list(copies)] = samples[list(copies.values())]
+        return samples, labels, copies
+
+    def _resized(self, parts, started, labels: np.ndarray, params: Params, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The decoded `parts` cropped and resized into the batch (the fused kernel on a GPU, roi_align on
+        a CPU), with its labels on the batch's device."""
+        shapes, boxes = started.shapes, started.boxes
         for part, positions in parts:  # boxes into each image's decoded pixels (a region, maybe DCT-reduced)
             boxes[positions] = into_pixels(boxes[positions], shapes[positions], part)
         if self.fused:
-            images, labels = self._gpu(parts, boxes, labels, params)
-        else:
-            images, labels = self._cpu(parts, boxes, params, len(i)), torch.from_numpy(labels)
-        self.counters.add("resize", time.perf_counter() - t2)
-        if failed and self.exact:  # each sample at most once: the failed ones are left out
+            return self._gpu(parts, boxes, labels, params)
+        return self._cpu(parts, boxes, params, n), torch.from_numpy(labels)
+
+    def _batch(
+        self,
+        i: np.ndarray,
+        images: torch.Tensor,
+        labels: torch.Tensor,
+        samples: np.ndarray,
+        failed: dict[int, str],
+        copies: dict[int, int],
+    ) -> Batch:
+        """The finished batch: in an evaluation without the samples that `failed` (each at most once),
+        else full, a failed position's image a copy of the one it stands in for."""
+        if failed and self.exact:
+            good = [p for p in range(len(i)) if p not in failed]
             kept = torch.tensor(good, device=images.device)
             return Batch(
                 images.index_select(0, kept),
@@ -176,9 +213,8 @@ class JpegBatcher:
                 skipped=self._skipped(i, failed),
                 shards=self.images.opened(i[good]) if self._fields else None,
             )
-        if failed:  # keep batches full: a failed sample becomes a copy of the next good one
-            for p, src in copies.items():
-                images[p] = images[src]
+        for p, src in copies.items():
+            images[p] = images[src]
         shards = self.images.opened(samples) if self._fields else None  # (each shard looked at: only for fields)
         return Batch(images, labels, None, final=True, samples=samples, shards=shards)
 
