@@ -128,12 +128,25 @@ def table(header: list[str], rows: list[list]) -> str:
 
 
 class Rows(dict):
-    """A benchmark's rows by name, each printed (one JSON line, flushed) as it is set: a run cut off by
-    a time limit still leaves the rows it finished in its log (a device call's output is all there is)."""
+    """A benchmark's rows by name, each printed (one JSON line, flushed) as it is set and, with `out`
+    (its --out), written there with the rows before it (`"partial": true`; `write` replaces it with
+    the whole record): a run cut off by a time limit, or ended by a crash, still leaves the rows it
+    finished, in its log and in its JSON."""
+
+    def __init__(self, out: str | None = None, script: str = ""):
+        super().__init__()
+        self.out, self.script = out, script
 
     def __setitem__(self, name, row) -> None:
         super().__setitem__(name, row)
         print(f"row {name}: {json.dumps(row, default=str)}", flush=True)
+        if self.out:
+            out = Path(self.out)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            partial = {"benchmark": Path(self.script).stem, "partial": True, "runs": dict(self)}
+            temp = out.with_name(out.name + ".part")
+            temp.write_text(json.dumps(partial, indent=1, default=str) + "\n")
+            os.replace(temp, out)
 
 
 def write(a: argparse.Namespace, script: str, runs, markdown: str, device: str = "cuda", **extra) -> dict:

@@ -30,7 +30,11 @@ to its last one trained on, with ResNet-18 in bf16 on batches of --batch):
   streaming and LitData (others.py: shards of --shard-size, uploaded to the bucket), read through
   the same link by each library's dataset and data loader (one worker a core, PIL decode and
   torchvision's crop and flip on the CPU, as neither decodes on the GPU): a cold epoch, a warm one,
-  and --epochs through a cache of the quarter rows' limit.
+  and --epochs through a cache of the quarter rows' limit. Each library runs in a process of its
+  own: one that fails leaves a "NAME: failed" row and the others' rows (the server is started
+  again if it died).
+
+With --out, the JSON holds every row measured so far (`"partial": true`) until the run ends.
 
 Each gpufeed row's JSON also says where its epoch spent the link (`downloads`, from the cache's
 records of each shard it downloaded): the shards that came, those downloaded on demand (a batch
@@ -251,25 +255,69 @@ def timeline(downloads, began: float, ended: float) -> dict:
             "last_ended_s": max((d.ended for d in mine), default=began) - began}
 
 
-def compare(a, work: Path, fs, link: str, step, limit: int, runs: dict) -> None:
+def compare(a, work: Path, served: Served, limit: int, runs: dict) -> None:
     """The --compare rows (others.py) into `runs`: per library a cold and a warm epoch, then --epochs
-    through a cache of `limit` bytes."""
+    through a cache of `limit` bytes, each library in a process of its own (`other_rows`), its rows
+    recorded as they come: a library that raises, or kills its process, costs its own rows only
+    (said in a "NAME: failed" row with the end of its error), and a server that died with it is
+    started again for the next (a LitData row that failed ended the whole benchmark, and no row of
+    that call was written)."""
     import others
-    from gpufeed.store.locations import parse_size
 
     names = others.available() if a.compare is None else [n for n in a.compare.split(",") if n]
-    workers = len(os.sched_getaffinity(0))
+    unknown = sorted(set(names) - set(others.LIBRARIES))
+    if unknown:
+        raise SystemExit(f"--compare {','.join(unknown)}: not one of {', '.join(others.LIBRARIES)}")
     for name in names:
-        local = others.write(name, work / "images", work / name, parse_size(a.shard_size, "--shard-size"))
-        fs.put(str(local), f"bench/{name}", recursive=True)
-        quarter = [f"quarter cache, epoch {k}" for k in range(a.epochs)]
-        for cache_limit, rows in ((None, ["cold", "warm"]), (limit, quarter)):
-            with tempfile.TemporaryDirectory(dir=work) as cache:
-                other = others.Other(name, f"s3://bench/{name}", Path(cache), link, (KEY, SECRET), a.batch, a.size,
-                                     a.device, workers, cache_limit)
-                for row, e in zip(rows, epochs(other, step, len(rows), a.device), strict=True):
-                    runs[f"{name}: {row}"] = e
-                del other  # its loader's workers end before its cache folder goes
+        if not served.alive():
+            served.restart()
+        spec = {"name": name, "work": str(work), "direct": served.direct, "link": served.link, "limit": limit,
+                "batch": a.batch, "size": a.size, "device": a.device, "model": a.model, "epochs": a.epochs,
+                "shard_size": a.shard_size}
+        child = subprocess.Popen([sys.executable, __file__, "--other", json.dumps(spec)], stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+        said: list[str] = []  # its error output, kept for a failure's row (read on a thread: a full pipe stalls it)
+        reader = threading.Thread(target=lambda: said.extend(child.stderr), daemon=True)  # type: ignore[arg-type]
+        reader.start()
+        for line in child.stdout:  # type: ignore[union-attr]
+            if line.startswith(OTHER_ROW):
+                row, figures = json.loads(line[len(OTHER_ROW):])
+                runs[f"{name}: {row}"] = figures
+        code = child.wait()
+        reader.join(10)
+        if code != 0:
+            runs[f"{name}: failed"] = {"exit": code, "error": "".join(said)[-1500:]}
+
+
+OTHER_ROW = "other-row "  # how `other_rows` prints a row to its parent
+
+
+def other_rows(spec: dict) -> None:
+    """The child process of `compare`: library `spec["name"]`'s photos written in its format, uploaded
+    to the bucket, then its rows, each printed to the parent as it is measured (`OTHER_ROW`)."""
+    import others
+    import s3fs
+
+    from gpufeed.bench.training import training_step
+    from gpufeed.store.locations import parse_size
+
+    os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")  # moto's region: a bucket made without a location
+    name, work = spec["name"], Path(spec["work"])
+    local = others.write(name, work / "images", work / name, parse_size(spec["shard_size"], "--shard-size"))
+    fs = s3fs.S3FileSystem(**options(spec["direct"]))
+    if not fs.exists("bench"):  # (a server started again: empty)
+        fs.mkdir("bench")
+    fs.put(str(local), f"bench/{name}", recursive=True)
+    step = training_step(spec["model"], spec["device"], 1000)
+    workers = len(os.sched_getaffinity(0))
+    quarter = [f"quarter cache, epoch {k}" for k in range(spec["epochs"])]
+    for cache_limit, rows in ((None, ["cold", "warm"]), (spec["limit"], quarter)):
+        with tempfile.TemporaryDirectory(dir=work) as cache:
+            other = others.Other(name, f"s3://bench/{name}", Path(cache), spec["link"], (KEY, SECRET), spec["batch"],
+                                 spec["size"], spec["device"], workers, cache_limit)
+            for row, e in zip(rows, epochs(other, step, len(rows), spec["device"]), strict=True):
+                print(OTHER_ROW + json.dumps([row, e], default=str), flush=True)
+            del other  # its loader's workers end before its cache folder goes
 
 
 def serve(rate: float, latency: float) -> None:
@@ -292,6 +340,7 @@ class Served:
     """`serve` in a child process: its `direct` and `link` URLs; `close()` ends it."""
 
     def __init__(self, rate: float, latency: float):
+        self.rate, self.latency = rate, latency
         self._proc = subprocess.Popen(
             [sys.executable, __file__, "--serve", str(rate), str(latency)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
@@ -303,6 +352,14 @@ class Served:
         except (ValueError, KeyError, TypeError):
             self._proc.kill()
             raise SystemExit(f"remote_bench: the S3 server's process did not start ({line!r})") from None
+
+    def alive(self) -> bool:
+        return self._proc.poll() is None
+
+    def restart(self) -> None:
+        """A new server and link (empty: the old one's bucket went with it), at new URLs."""
+        self.close()
+        self.__init__(self.rate, self.latency)  # type: ignore[misc]
 
     def close(self) -> None:
         self._proc.stdin.close()  # type: ignore[union-attr]
@@ -345,7 +402,7 @@ def _measure(a, work: Path) -> dict:
         gpufeed.pack(work / "images", work / "local", mode="jpeg", reencode=False, progress=False)
     served = Served(bits(a.link) / 8, seconds(a.latency))
     direct = served.direct
-    runs: dict = common.Rows()
+    runs: dict = common.Rows(a.out, __file__)
     try:
         fs = s3fs.S3FileSystem(**options(direct))
         fs.mkdir("bench")
@@ -393,7 +450,7 @@ def _measure(a, work: Path) -> dict:
             for k, e in enumerate(epochs(small, step, a.epochs, a.device)):
                 runs[f"quarter cache, epoch {k}"] = e
             small.close()
-        compare(a, work, fs, served.link, step, limit, runs)
+        compare(a, work, served, limit, runs)
     finally:
         served.close()
     limit = runs.pop("quarter cache")
@@ -407,6 +464,10 @@ def _measure(a, work: Path) -> dict:
              for name, what in PLAIN.items()]
     for name, r in runs.items():
         if name in PLAIN:
+            continue
+        if "error" in r:  # a library's process that failed: its last line
+            last = (r["error"].strip().splitlines() or [""])[-1][:80]
+            lines.append([name, "-", "", "", "", "", f"exit {r['exit']}: {last}"])
             continue
         got = "" if "downloaded" not in r else f"{r['downloaded'] / 1e6:,.1f} MB"
         d = r.get("downloads")
@@ -425,5 +486,7 @@ def _measure(a, work: Path) -> dict:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--serve"]:
         serve(float(sys.argv[2]), float(sys.argv[3]))
+    elif sys.argv[1:2] == ["--other"]:
+        other_rows(json.loads(sys.argv[2]))
     else:
         main()

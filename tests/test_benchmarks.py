@@ -30,7 +30,7 @@ SMOKES = {  # script: extra arguments of its smoke (each benchmark once; ddp_ben
     "store_open_bench": [],
     "shuffle_bench": [],
     "detection_bench": [],
-    "remote_bench": [],
+    "remote_bench": ["--compare", "litdata"],  # (not installed: a row that fails, and the others still written)
 }
 
 
@@ -79,6 +79,11 @@ def test_smoke(name, bench, tmp_path, capsys):
         assert cold["shards"] >= 2 and 0 < cold["busy_s"] <= written["runs"]["cold"]["seconds"]
         assert warm == {"shards": 0, "on_demand": 0, "busy_s": 0.0, "last_ended_s": 0.0}
         assert written["runs"]["fetch"]["bytes"] == written["runs"]["cold"]["downloaded"] > 0  # every shard
+        if importlib.util.find_spec("litdata") is None:  # its process failed: its row says so, the benchmark goes on
+            failed = written["runs"]["litdata: failed"]
+            assert failed["exit"] != 0 and "litdata" in failed["error"] and "partial" not in written
+        else:
+            assert written["runs"]["litdata: cold"]["images"] > 0
 
 
 def test_ddp_bench_reports_each_ranks_stages_under_torchrun(bench, tmp_path):
