@@ -14,10 +14,14 @@ RandomRotation(15) + Normalize, with every target.
 - **ops**: one batch's GPU time (CUDA events, median of `--repeats`) of the image ops (the Augment
   on a uint8 batch of photos of `--image`'s size) and of its instance masks (`augment.masks`, from
   the store's runs), and the host time of its boxes and keypoints.
-- **train**: torchvision's Mask R-CNN (ResNet-50 FPN, random init, bf16 autocast, SGD; its own
-  resize off: min_size = max_size = `--size`) trained `--steps` steps after `--warmup` on each feed.
+- **train**: each of `--models` (torchvision's Mask R-CNN, Keypoint R-CNN, RetinaNet or FCOS:
+  ResNet-50 FPN, random init, bf16 autocast, SGD; its own resize off: min_size = max_size = `--size`)
+  trained `--steps` steps after `--warmup` on one fixed batch of gpufeed's (the model's ceiling),
+  then on each feed; `--train-repeats` rounds, the rows interleaved; img/s median (min-max) and %
+  of the fixed batch.
 
     python benchmarks/detection_bench.py --n 2000 --workers 16 --out detection.json
+    # 3 models x 3 feeds x 3 repeats x (100 + 20) steps: on one H200, tens of minutes; fewer with --models
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ import torch
 import common
 
 SMOKE = dict(n=6, image="64x48", size=32, device="cpu", batch=2, workers=0, batches=2, warmup=1, steps=1,
-             repeats=1, workdir=None)
+             repeats=1, workdir=None, models="maskrcnn", train_repeats=1)
 K = 17
 FLIP = [0, 2, 1, 4, 3, 6, 5, 8, 7, 10, 9, 12, 11, 14, 13, 16, 15]  # COCO's persons: left and right swapped
 CATEGORIES = 10
@@ -222,24 +226,65 @@ def op_times(store: Path, a) -> dict:
             "keypoints_host_ms": points_ms, "instances": instances, "masks_of_image_ops": masks_ms / image_ms}
 
 
-def trainer(a):
-    """A Mask R-CNN step on (images, targets): random init, bf16 autocast, SGD."""
-    from torchvision.models.detection import maskrcnn_resnet50_fpn
+MODELS = {"maskrcnn": "Mask R-CNN", "keypointrcnn": "Keypoint R-CNN", "retinanet": "RetinaNet", "fcos": "FCOS"}
 
-    model = maskrcnn_resnet50_fpn(weights=None, weights_backbone=None, num_classes=CATEGORIES + 1, min_size=a.size,
-                                  max_size=a.size, image_mean=[0.0] * 3, image_std=[1.0] * 3).to(a.device)
-    model.train()
+
+def trainer(a, name: str = "maskrcnn"):
+    """A step of torchvision's detection model `name` (`MODELS`; ResNet-50 FPN, random init, bf16
+    autocast, SGD; its own resize off) on (images, targets), given the targets that model takes:
+    Mask R-CNN boxes, labels and masks; Keypoint R-CNN boxes and keypoints (every instance a person:
+    label 1; keypoints without a visibility get one); RetinaNet and FCOS boxes and labels."""
+    from torchvision.models import detection
+
+    kw = dict(weights=None, weights_backbone=None, min_size=a.size, max_size=a.size, image_mean=[0.0] * 3,
+              image_std=[1.0] * 3)
+    if name == "keypointrcnn":
+        model = detection.keypointrcnn_resnet50_fpn(num_classes=2, num_keypoints=K, **kw)
+    else:
+        model = getattr(detection, f"{name}_resnet50_fpn")(num_classes=CATEGORIES + 1, **kw)
+    model = model.to(a.device).train()
     opt = torch.optim.SGD(model.parameters(), lr=0.002, momentum=0.9)
 
+    def taken(t: dict) -> dict:
+        if name == "maskrcnn":
+            return {k: t[k] for k in ("boxes", "labels", "masks")}
+        if name == "keypointrcnn":
+            points = t["keypoints"]
+            if points.shape[-1] == 2:  # (the reference's KeyPoints: x, y)
+                points = torch.cat([points, torch.ones_like(points[..., :1])], -1)
+            return {"boxes": t["boxes"], "labels": torch.ones_like(t["labels"]), "keypoints": points.float()}
+        return {k: t[k] for k in ("boxes", "labels")}
+
     def step(images, targets):
-        plain = [{k: v for k, v in t.items() if k != "keypoints"} for t in targets]
         with torch.autocast(a.device.split(":")[0], dtype=torch.bfloat16, enabled=a.device != "cpu"):
-            loss = sum(model(list(images.float()), plain).values())
+            loss = sum(model(list(images.float()), [taken(t) for t in targets]).values())
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
 
     return step
+
+
+def train_rows(a, feeds_: dict) -> dict:
+    """Each of `--models` trained `--steps` steps after `--warmup`, fed one fixed batch (its ceiling)
+    and then each feed, `--train-repeats` times, the rows interleaved: img/s median (min-max)."""
+    samples: dict[str, list[float]] = {}
+    steps = {name: trainer(a, name) for name in a.models.split(",")}
+    make, unpack = feeds_["gpufeed"]
+    one = unpack(next(iter(make())))
+    for _ in range(a.train_repeats):
+        for model, step in steps.items():
+            rows = {"one fixed batch": (lambda: fixed(one), lambda b: b), **feeds_}
+            for feed, (make, unpack) in rows.items():
+                r = timed(cycle(make), unpack, a.device, a.steps, a.warmup, step)
+                samples.setdefault(f"{MODELS[model]}: {feed}", []).append(r["img_per_s"])
+    return {name: {"img_per_s": common.spread(values), "samples": values} for name, values in samples.items()}
+
+
+def fixed(batch):
+    """The same unpacked batch without end: a model's ceiling (its step alone, no loader)."""
+    while True:
+        yield batch
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -253,7 +298,11 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--batches", type=int, default=80, help="timed batches of the loader rows")
     p.add_argument("--warmup", type=int, default=20,
                    help="batches (and steps) before the timing: Triton compiles each kernel's variants in the first")
-    p.add_argument("--steps", type=int, default=20, help="timed Mask R-CNN steps of the train rows (0: none)")
+    p.add_argument("--steps", type=int, default=100, help="timed steps of each train row (0: no train rows)")
+    p.add_argument("--models", default="maskrcnn,keypointrcnn,retinanet",
+                   help=f"the train rows' models, comma-separated: {', '.join(MODELS)}")
+    p.add_argument("--train-repeats", type=int, default=3,
+                   help="the train rows' repeats, interleaved (each model: one fixed batch, gpufeed, the reference)")
     p.add_argument("--repeats", type=int, default=10, help="the ops rows' repeats")
     p.add_argument("--workdir", default=None, help="keeps the generated store (reused)")
     a = common.parse(p, argv, SMOKE)
@@ -269,14 +318,17 @@ def main(argv: list[str] | None = None) -> dict:
         for name, (make, unpack) in feeds_.items():
             runs[f"loader: {name}"] = timed(cycle(make), unpack, a.device, a.batches, a.warmup)
         runs["ops"] = op_times(store, a)
-        if a.steps:
-            for name, (make, unpack) in feeds_.items():
-                step = trainer(a)
-                runs[f"Mask R-CNN: {name}"] = timed(cycle(make), unpack, a.device, a.steps, a.warmup, step)
+        train = train_rows(a, feeds_) if a.steps else {}
     ops = runs.pop("ops")
     k = ops["kernels_ms"]
-    lines = [[name, f"{r['img_per_s']:,.0f}"] for name, r in runs.items()]
-    markdown = common.table(["row", "img/s"], lines) + "\n\n" + common.table(
+    lines = [[name, f"{r['img_per_s']:,.0f}", ""] for name, r in runs.items()]
+    for name, r in train.items():
+        model = name.split(":")[0]
+        ceiling = train.get(f"{model}: one fixed batch", {}).get("img_per_s", {}).get("median")
+        share = "" if not ceiling else f"{100 * r['img_per_s']['median'] / ceiling:.1f}"
+        lines.append([name, common.cell(r["samples"]), share])
+    runs |= train
+    markdown = common.table(["row", "img/s", "% of the fixed batch"], lines) + "\n\n" + common.table(
         ["one batch of " + str(a.batch), "ms"],
         [["image ops: GPU kernels / events around the call", f"{k['image_ops']:.3f} / {ops['image_ops_ms']:.2f}"],
          [f"instance masks, {ops['instances']}: GPU kernels / events around the call",
