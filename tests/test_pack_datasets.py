@@ -44,6 +44,18 @@ def test_a_torchvision_style_dataset_packs_like_its_images(tmp_path):
     assert all(torch.equal(store[i][0], files[i][0]) for i in range(6))
 
 
+def test_a_classes_attribute_that_is_not_names_names_no_class(tmp_path):
+    """A dataset's `classes` that is a count (not torchvision's list of names) names no class: the pack
+    failed with "'int' object is not iterable"."""
+
+    class Counted(Pictures):
+        classes = 2
+
+    gpufeed.pack(Counted(n=4), tmp_path / "s", size=24, workers=1, progress=False)
+    store = gpufeed.open(tmp_path / "s")
+    assert store.classes == [] and store.labels.tolist() == [0, 1, 0, 1]
+
+
 def test_tensors_arrays_bytes_and_paths(tmp_path):
     rgb = smooth(1, 20, 20)
     rgba = np.dstack([rgb, np.zeros((20, 20), np.uint8)])  # fully transparent: white, as for files

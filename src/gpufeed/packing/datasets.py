@@ -52,7 +52,12 @@ def dataset_source(dataset: Any, max_pixels: int = DEFAULT_MAX_PIXELS) -> Source
 
 
 def _classes(dataset: Any) -> list[str]:
+    """The class names a dataset gives: torchvision's `classes` (a list or tuple of them; anything
+    else there, such as a count of classes, names none: it failed the pack with a TypeError), or a
+    Hugging Face ClassLabel feature's names."""
     classes = getattr(dataset, "classes", None)  # torchvision
+    if not isinstance(classes, (list, tuple)):
+        classes = None
     if classes is None:  # Hugging Face: a ClassLabel feature
         features = getattr(dataset, "features", None) or {}
         for key in LABEL_KEYS:
