@@ -277,7 +277,7 @@ def compare(a, work: Path, served: Served, limit: int, runs: dict) -> None:
         child = subprocess.Popen([sys.executable, __file__, "--other", json.dumps(spec)], stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True)
         said: list[str] = []  # its error output, kept for a failure's row (read on a thread: a full pipe stalls it)
-        reader = threading.Thread(target=lambda: said.extend(child.stderr), daemon=True)  # type: ignore[arg-type]
+        reader = threading.Thread(target=said.extend, args=(child.stderr,), daemon=True)
         reader.start()
         for line in child.stdout:  # type: ignore[union-attr]
             if line.startswith(OTHER_ROW):

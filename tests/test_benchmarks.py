@@ -30,6 +30,7 @@ SMOKES = {  # script: extra arguments of its smoke (each benchmark once; ddp_ben
     "store_open_bench": [],
     "shuffle_bench": [],
     "detection_bench": [],
+    "segmentation_bench": [],
     "remote_bench": ["--compare", "litdata"],  # (not installed: a row that fails, and the others still written)
 }
 
