@@ -99,9 +99,10 @@ def gpufeed_targets(batch: dict) -> tuple[torch.Tensor, list[dict]]:
     return batch["image"], per_image(batch, "category")
 
 
-class Reference(torch.utils.data.Dataset):
-    """torchvision's reference detection pipeline over the store: decode, the targets as tv_tensors,
-    transforms.v2 (the same ops), SanitizeBoundingBoxes."""
+class StoreReference(torch.utils.data.Dataset):
+    """A torchvision reference pipeline over a gpufeed store (opened in each worker): item i's JPEG
+    decoded by torchvision.io as a `tv_tensors.Image`, then `item(store, i, image)`, with `transforms()`
+    (transforms.v2) made once a worker."""
 
     def __init__(self, store: Path, size: int):
         self.path, self.size, self.store, self.transform = store, size, None, None
@@ -115,17 +116,36 @@ class Reference(torch.utils.data.Dataset):
         import gpufeed
         from torchvision import tv_tensors
         from torchvision.io import decode_jpeg
-        from torchvision.transforms import v2
 
         if self.store is None:  # opened in the worker
             self.store = gpufeed.open(self.path)
-            self.transform = v2.Compose([
-                v2.RandomResizedCrop(self.size, scale=(0.3, 1), antialias=True), v2.RandomHorizontalFlip(),
-                v2.RandomRotation(15), v2.ToDtype(torch.float32, scale=True),
-                v2.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225]), v2.SanitizeBoundingBoxes()])
+            self.transform = self.transforms()
         s = self.store
         data = torch.from_numpy(np.asarray(s.data[int(s.offsets[i]):int(s.offsets[i + 1])]))
-        image = tv_tensors.Image(decode_jpeg(data))
+        return self.item(s, i, tv_tensors.Image(decode_jpeg(data)))
+
+    def transforms(self):
+        raise NotImplementedError
+
+    def item(self, store, i: int, image):
+        raise NotImplementedError
+
+
+class Reference(StoreReference):
+    """torchvision's reference detection pipeline over the store: decode, the targets as tv_tensors,
+    transforms.v2 (the same ops), SanitizeBoundingBoxes."""
+
+    def transforms(self):
+        from torchvision.transforms import v2
+
+        return v2.Compose([
+            v2.RandomResizedCrop(self.size, scale=(0.3, 1), antialias=True), v2.RandomHorizontalFlip(),
+            v2.RandomRotation(15), v2.ToDtype(torch.float32, scale=True),
+            v2.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225]), v2.SanitizeBoundingBoxes()])
+
+    def item(self, s, i: int, image):
+        from torchvision import tv_tensors
+
         hw = tuple(image.shape[-2:])
         target = {
             "boxes": tv_tensors.BoundingBoxes(torch.from_numpy(s.field("boxes", i)), format="XYXY", canvas_size=hw),

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 import common
+from detection_bench import StoreReference
 
 SMOKE = dict(n=6, image="64x48", size=32, device="cpu", batch=2, workers=0, warmup=1, steps=1, train_repeats=1,
              workdir=None)
@@ -79,36 +80,24 @@ def gpufeed_batch(batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
     return batch["image"], batch["masks"].long()
 
 
-class Reference(torch.utils.data.Dataset):
+class Reference(StoreReference):
     """torchvision's reference segmentation pipeline over the store: decode, the label map as a Mask,
     transforms.v2 (the same ops; 255 where the map takes a fill)."""
 
-    def __init__(self, store: Path, size: int):
-        self.path, self.size, self.store, self.transform = store, size, None, None
-
-    def __len__(self) -> int:
-        import gpufeed
-
-        return len(gpufeed.open(self.path))
-
-    def __getitem__(self, i: int):
-        import gpufeed
+    def transforms(self):
         from torchvision import tv_tensors
-        from torchvision.io import decode_jpeg
         from torchvision.transforms import v2
 
-        if self.store is None:  # opened in the worker
-            self.store = gpufeed.open(self.path)
-            fill = {tv_tensors.Image: 0, tv_tensors.Mask: IGNORE}
-            self.transform = v2.Compose([
-                v2.RandomResizedCrop(self.size, scale=(0.3, 1), antialias=True), v2.RandomHorizontalFlip(),
-                v2.RandomRotation(15, fill=fill), v2.ToDtype({tv_tensors.Image: torch.float32, "others": None},
-                                                             scale=True),
-                v2.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])
-        s = self.store
-        data = torch.from_numpy(np.asarray(s.data[int(s.offsets[i]):int(s.offsets[i + 1])]))
-        image, labels = tv_tensors.Image(decode_jpeg(data)), tv_tensors.Mask(torch.from_numpy(s.field("masks", i)))
-        image, labels = self.transform(image, labels)
+        fill = {tv_tensors.Image: 0, tv_tensors.Mask: IGNORE}
+        return v2.Compose([
+            v2.RandomResizedCrop(self.size, scale=(0.3, 1), antialias=True), v2.RandomHorizontalFlip(),
+            v2.RandomRotation(15, fill=fill), v2.ToDtype({tv_tensors.Image: torch.float32, "others": None}, scale=True),
+            v2.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])
+
+    def item(self, s, i: int, image):
+        from torchvision import tv_tensors
+
+        image, labels = self.transform(image, tv_tensors.Mask(torch.from_numpy(s.field("masks", i))))
         return image, labels.long()
 
 
