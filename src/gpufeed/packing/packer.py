@@ -370,18 +370,7 @@ def _pack_local(
             chunks = _chunks(src.entries, sink, raw_path, on_skip)
             for chunk, results in _bounded(executor, partial(worker.process, s=settings), chunks, 4 * workers):
                 stop.check()
-                for k, (item, done) in enumerate(zip(chunk.items, results)):
-                    error = done.error
-                    if error is None and item.hw is not None and tuple(done.source_hw or ()) != item.hw:
-                        error = _declared_size(item.hw, done.source_hw)
-                    if error is None:
-                        stored = (size, size) if mode == "raw" else done.hw
-                        error, values = fields.check(item.fields, Geometry(done.source_hw, stored, fit, mode))
-                    if error is None:
-                        sink.add(chunk.start + k, item.label, done.payload, done.hw, item.name)
-                        fields.add(values)
-                    else:
-                        on_skip(Skip(item.name, error))
+                _add(chunk, results, sink, fields, settings, on_skip)
                 bar.update(len(chunk.items))
                 bar.set_postfix(skipped=len(skipped), refresh=False)
         except BaseException:
@@ -397,19 +386,7 @@ def _pack_local(
         field_files, field_specs = fields.finish()
         files |= field_files
         stop.check()
-        fmt.Manifest(
-            mode=mode,
-            count=sink.count,
-            image_shape=[size, size, 3] if mode == "raw" else None,
-            classes=src.classes,
-            files=files,
-            skipped=skipped,
-            fields=field_specs,
-            # COCO's (id, name) pairs besides the settings `exist_ok` compares
-            settings={**recorded, **({"categories": sorted(src.categories.items())} if src.categories else {})},
-            gpufeed_version=__version__,
-            created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        ).write(work)
+        _manifest(work, settings, sink.count, src, files, skipped, field_specs, recorded)
         if shard_bytes is not None:  # the same samples, in shards (the report's bytes: the data's, as before)
             shard_in_place(work, shard_bytes, on_shard)
     stop.check()  # SIGTERM came as the store was being committed: it is complete, and the process ends
@@ -418,6 +395,41 @@ def _pack_local(
     report = PackReport(Path(dest), mode, sink.count, skipped, seconds, workers, stored)
     log.debug("%s", report.summary())
     return report
+
+
+def _add(chunk, results, sink, fields: FieldsSink, s: worker.Settings, on_skip) -> None:
+    """A chunk's images as the workers made them (`results`) into the store (`sink`) with their fields,
+    each in its place; one whose decoded size is not the size its source declared, whose fields don't
+    fit it, or that failed, is skipped with why (`on_skip`)."""
+    for k, (item, done) in enumerate(zip(chunk.items, results)):
+        error = done.error
+        if error is None and item.hw is not None and tuple(done.source_hw or ()) != item.hw:
+            error = _declared_size(item.hw, done.source_hw)
+        if error is None:
+            stored = (s.size, s.size) if s.mode == "raw" else done.hw
+            error, values = fields.check(item.fields, Geometry(done.source_hw, stored, s.fit, s.mode))
+        if error is None:
+            sink.add(chunk.start + k, item.label, done.payload, done.hw, item.name)
+            fields.add(values)
+        else:
+            on_skip(Skip(item.name, error))
+
+
+def _manifest(work: Path, s: worker.Settings, count: int, src, files, skipped, field_specs, recorded: dict) -> None:
+    """The store's manifest, written last into `work`: what it holds, what was skipped and why, and the
+    settings it was packed with (COCO's (id, name) pairs too, besides those `exist_ok` compares)."""
+    fmt.Manifest(
+        mode=s.mode,
+        count=count,
+        image_shape=[s.size, s.size, 3] if s.mode == "raw" else None,
+        classes=src.classes,
+        files=files,
+        skipped=skipped,
+        fields=field_specs,
+        settings={**recorded, **({"categories": sorted(src.categories.items())} if src.categories else {})},
+        gpufeed_version=__version__,
+        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    ).write(work)
 
 
 # the settings that make a store's samples what they are, by mode (the engine that packed them does not)
