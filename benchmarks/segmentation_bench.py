@@ -2,8 +2,8 @@
 model's own ceiling, in one call (issue 68).
 
 The store: `--n` generated photos (`--image`, q90 JPEGs), each with a label map (`masks`, uint8):
-5 to 20 ellipses of `--classes` categories over background 0, packed as a jpeg store. The augment:
-RandomResizedCrop(`--size`, scale 0.3-1) + a horizontal flip + RandomRotation(15) + Normalize, the
+detection_bench's 5 to 20 ellipses of its 10 categories over background 0, packed as a jpeg store.
+The augment: RandomResizedCrop(`--size`, scale 0.3-1) + a horizontal flip + RandomRotation(15) + Normalize, the
 label map through the same crops, flips and turns (nearest), 255 where the image takes a fill
 (`mask_fill=255`, the loss's ignore index).
 
@@ -25,35 +25,23 @@ import numpy as np
 import torch
 
 import common
-from detection_bench import StoreReference
+from detection_bench import CATEGORIES, Photos, StoreReference
 
 SMOKE = dict(n=6, image="64x48", size=32, device="cpu", batch=2, workers=0, warmup=1, steps=1, train_repeats=1,
              workdir=None)
 IGNORE = 255  # the label maps' fill, and the loss's ignore index
 
 
-class Maps:
-    """The generated photos and their label maps, made when packing asks for each."""
-
-    def __init__(self, n: int, width: int, height: int, classes: int):
-        self.n, self.width, self.height, self.classes = n, width, height, classes
-
-    def __len__(self) -> int:
-        return self.n
+class Maps(Photos):
+    """detection_bench's generated photos, each with its instances painted into one label map (each
+    ellipse its category, later ones over earlier ones), made when packing asks for each."""
 
     def __getitem__(self, k: int) -> dict:
-        from gpufeed.synth import natural_image
-
-        if not 0 <= k < self.n:
-            raise IndexError(k)
-        rng, width, height = np.random.default_rng(k), self.width, self.height
-        yy, xx = np.mgrid[:height, :width]
-        labels = np.zeros((height, width), np.uint8)
-        for _ in range(int(rng.integers(5, 21))):  # later ellipses over earlier ones
-            cx, cy = rng.uniform(0.1, 0.9) * width, rng.uniform(0.1, 0.9) * height
-            rx, ry = rng.uniform(0.03, 0.25) * width, rng.uniform(0.03, 0.25) * height
-            labels[((xx - cx) / rx) ** 2 + ((yy - cy) / ry) ** 2 < 1] = rng.integers(1, self.classes + 1)
-        return {"image": natural_image(rng, height, width, k), "label": 0, "masks": labels}
+        sample = super().__getitem__(k)
+        labels = np.zeros(sample["masks"].shape[1:], np.uint8)
+        for mask, category in zip(sample["masks"], sample["category"], strict=True):
+            labels[mask.astype(bool)] = category
+        return {"image": sample["image"], "label": 0, "masks": labels}
 
 
 def make_store(root: Path, a) -> Path:
@@ -61,9 +49,9 @@ def make_store(root: Path, a) -> Path:
     import gpufeed
 
     width, height = (int(x) for x in a.image.split("x"))
-    dest = root / f"store-{a.n}-{a.image}-{a.classes}"
+    dest = root / f"store-{a.n}-{a.image}"
     if not (dest / "manifest.json").exists():
-        gpufeed.pack(Maps(a.n, width, height, a.classes), dest, mode="jpeg", progress=False, overwrite=True)
+        gpufeed.pack(Maps(a.n, width, height), dest, mode="jpeg", progress=False, overwrite=True)
     return dest
 
 
@@ -118,7 +106,7 @@ def trainer(a):
     """A step of torchvision's `--model` on (images, label maps): random init, bf16 autocast, SGD."""
     from torchvision.models import segmentation
 
-    model = getattr(segmentation, a.model)(weights=None, weights_backbone=None, num_classes=a.classes + 1,
+    model = getattr(segmentation, a.model)(weights=None, weights_backbone=None, num_classes=CATEGORIES + 1,
                                            aux_loss=False).to(a.device).to(memory_format=torch.channels_last)
     model.train()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
@@ -140,7 +128,6 @@ def main(argv: list[str] | None = None) -> dict:
     p = common.parser(__doc__)
     p.add_argument("--n", type=int, default=2000, help="generated photos")
     p.add_argument("--image", default="640x480", help="their WIDTHxHEIGHT")
-    p.add_argument("--classes", type=int, default=20, help="categories besides the background")
     p.add_argument("--size", type=int, default=512, help="RandomResizedCrop's side")
     p.add_argument("--model", default="deeplabv3_resnet50", choices=["deeplabv3_resnet50", "fcn_resnet50"])
     p.add_argument("--device", default="cuda")
