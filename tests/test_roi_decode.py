@@ -14,6 +14,7 @@ import gpufeed
 from conftest import decoded, jpeg_bytes, save, smooth
 from gpufeed.augment import Normalize, RandomHorizontalFlip, RandomResizedCrop
 from gpufeed.decode.codecs import cpu
+from gpufeed.decode.codecs import pixels as px
 from gpufeed.decode import asks
 from gpufeed.decode.scheduling import choice, scheduler
 from gpufeed.decode.base import Decoded, Encoded, in_place, into_pixels, nvimgcodec_install
@@ -40,7 +41,7 @@ def test_a_region_that_cannot_be_decoded_alone_is_decoded_whole(monkeypatch, tmp
     def refuse(data, region):
         raise RuntimeError("refused")
 
-    monkeypatch.setattr(cpu, "_region", refuse)
+    monkeypatch.setattr(px, "region", refuse)
     data = _jpeg()
     pixels, region, _ = cpu.decode_one(data, None, (0, 0, 8, 8))
     assert region is None and torch.equal(pixels, decoded(data).permute(1, 2, 0))
@@ -56,7 +57,7 @@ def _refuse(data, region):
 def test_regions_decoded_whole_are_counted_and_said_once(monkeypatch, caplog):
     monkeypatch.setattr(scheduler, "roi_available", lambda: True)
     monkeypatch.setattr(choice, "_warned", set())
-    monkeypatch.setattr(cpu, "_region", _refuse)
+    monkeypatch.setattr(px, "region", _refuse)
     datas = [_jpeg() for _ in range(3)]
     offsets = np.cumsum([0] + [len(d) for d in datas])
     batch = Encoded.of(torch.cat(datas), offsets, np.arange(3))
@@ -77,7 +78,7 @@ def test_regions_decoded_whole_are_counted_and_said_once(monkeypatch, caplog):
 def test_roi_problem_says_why(monkeypatch):
     if cpu.roi_available():
         assert cpu.roi_problem() is None
-    monkeypatch.setattr(cpu, "_region", _refuse)
+    monkeypatch.setattr(px, "region", _refuse)
     assert cpu.roi_problem() == ("RuntimeError: no CPU backend" if cpu.roi_available() else
                                  f"nvImageCodec is not installed ({nvimgcodec_install()})")
     monkeypatch.setattr(cpu, "roi_available", lambda: False)
@@ -177,3 +178,27 @@ def test_images_in_place_are_addressed_from_the_shapes_the_store_records():
     view = [images[0], images[1][:, :, :2], images[2]]
     got = in_place(view, {}, np.array([[4, 6], [5, 2], [2, 2]]))  # right sizes, but a strided view
     assert got.strides[1].tolist() == [15, 3, 1] and got.sizes.tolist() == [[4, 6], [5, 2], [2, 2]]
+
+
+def test_whole_jpegs_go_to_nvimgcodec_where_it_loads_and_to_pillow_otherwise(monkeypatch, tmp_path):
+    """The decode workers and threads alike (`pixels.decode`): nvImageCodec's CPU backend decodes whole
+    JPEGs about twice as fast as Pillow, so Pillow takes only what it refuses and what is not a JPEG."""
+    by = []
+
+    def whole(data):
+        by.append("nvimgcodec")
+        return decoded(torch.from_numpy(data)).permute(1, 2, 0).numpy()
+
+    monkeypatch.setattr(px, "whole_by_nvimgcodec", lambda: True)
+    monkeypatch.setattr(px, "whole", whole)
+    data = _jpeg().numpy()
+    image, region, _ = px.decode(data, None, None)
+    assert by == ["nvimgcodec"] and region is None and image.shape == (90, 120, 3)
+    png = np.frombuffer(save(tmp_path / "x.png", smooth(0, 20, 30)).read_bytes(), np.uint8)
+    assert px.decode(png, None, None)[0].shape == (20, 30, 3) and by == ["nvimgcodec"]  # Pillow's
+    monkeypatch.setattr(px, "whole", lambda data: _refuse(data, None))  # a JPEG it refuses: Pillow's, the same pixels
+    assert np.array_equal(px.decode(data, None, None)[0], decoded(torch.from_numpy(data)).permute(1, 2, 0).numpy())
+    monkeypatch.setattr(px, "whole", whole)
+    monkeypatch.setattr(px, "whole_by_nvimgcodec", lambda: False)  # not installed: Pillow's, not tried
+    px.decode(data, None, None)
+    assert by == ["nvimgcodec"]

@@ -1,8 +1,8 @@
-"""CPU JPEG decoding on a thread pool.
+"""CPU JPEG decoding on a thread pool, by `pixels.decode` as the decode worker processes do.
 
 Whole JPEGs go to nvImageCodec's CPU backend (libjpeg-turbo) where it is installed: it lets go of the
-GIL for the whole decode, so threads scale; Pillow's full decode in threads holds the GIL longer,
-stalls, and slows the GPU decoders' host-side work
+GIL for the whole decode, so threads scale, and it is faster than Pillow on one core too; Pillow's
+full decode in threads holds the GIL longer, stalls, and slows the GPU decoders' host-side work
 (docs/benchmarks.md, "Kernels, copies and CPU decoding"), so Pillow decodes whole images only
 without nvImageCodec (the pixels are the same).
 When the planned crop is at least twice the output both ways, Pillow decodes at 1/2, 1/4 or
@@ -19,16 +19,14 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import io
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 import torch
-from PIL import Image
 
-from gpufeed.decode.asks import NO_REGION, Asks, Region, tries_region
+from gpufeed.decode.asks import NO_REGION, Asks, Region
 from gpufeed.decode.base import Decoded, Encoded, PinnedStaging, nvimgcodec_install, packed
 from gpufeed.decode.codecs import pixels
 from gpufeed.store.reader import as_tensor
@@ -51,32 +49,15 @@ def roi_problem() -> str | None:
     if not roi_available():
         return f"nvImageCodec is not installed ({nvimgcodec_install()})"
     try:
-        _region(torch.from_numpy(_tiny_jpeg()), (0, 0, 8, 8))
+        pixels.region(pixels.tiny_jpeg(), (0, 0, 8, 8))
     except Exception as e:  # noqa: BLE001  any failure is the answer
         return f"{type(e).__name__}: {e}"
     return None
 
 
-def _tiny_jpeg() -> np.ndarray:
-    """A 16x16 JPEG's bytes, writable (torch warns once per process, on stderr, when a tensor is made over
-    a read-only array: `gpufeed doctor` printed that warning)."""
-    buffer = io.BytesIO()
-    Image.new("RGB", (16, 16)).save(buffer, format="JPEG")
-    return np.frombuffer(bytearray(buffer.getvalue()), np.uint8)
-
-
-@functools.cache
 def whole_by_nvimgcodec() -> bool:
-    """Whether whole JPEGs go to nvImageCodec's CPU backend here: installed, and it decodes a tiny JPEG.
-    Asked once, on the first whole image: an install that can't load costs one failed try, not one
-    per image."""
-    if not roi_available():
-        return False
-    try:
-        pixels.whole(_tiny_jpeg())
-    except Exception:  # noqa: BLE001  any failure: Pillow decodes whole JPEGs instead
-        return False
-    return True
+    """Whether whole JPEGs go to nvImageCodec's CPU backend here (`pixels.whole_by_nvimgcodec`)."""
+    return roi_available() and pixels.whole_by_nvimgcodec()
 
 
 def roi_cost(shapes: np.ndarray, regions: np.ndarray) -> np.ndarray:
@@ -92,41 +73,13 @@ def roi_cost(shapes: np.ndarray, regions: np.ndarray) -> np.ndarray:
     return 0.66 * regions[:, 2] / h + 0.43 * area
 
 
-def _region(data: torch.Tensor, region: Region) -> torch.Tensor:
-    return torch.from_numpy(pixels.region(data.numpy(), region))
-
-
-def _whole(data: torch.Tensor) -> torch.Tensor:
-    return torch.from_numpy(pixels.whole(data.numpy()))
-
-
-def _pillow(data: torch.Tensor, reduce_to: tuple[int, int] | None) -> torch.Tensor:
-    return as_tensor(pixels.pillow(data.numpy(), reduce_to))  # read-only: Pillow's buffer, read once
-
-
-_JPEG_START = b"\xff\xd8"  # a JPEG's first marker: nvImageCodec decodes JPEGs whole, Pillow anything else
-
-
 def decode_one(
     data: torch.Tensor, reduce_to: tuple[int, int] | None, region: Region | None = None
 ) -> tuple[torch.Tensor, Region | None, float]:
-    """(contiguous HWC pixels, the `region` they are or None for the whole image, time it finished):
-    the finish time gives the pool's true rate. A DCT reduction (`reduce_to`) takes precedence over the
-    region; a region that can't be decoded alone is decoded whole.
-
-    HWC because libjpeg writes HWC: a CHW copy costs a large part of a decode
-    (docs/benchmarks.md, "Kernels, copies and CPU decoding"); the resize kernel reads either layout."""
-    if tries_region(reduce_to, region):
-        try:
-            return _region(data, region), region, time.perf_counter()  # type: ignore[arg-type]  # a box: tries_region
-        except Exception:  # noqa: BLE001  not installed, not a JPEG it reads: the whole image below says what's wrong
-            pass
-    if reduce_to is None and bytes(data[:2].numpy()) == _JPEG_START and whole_by_nvimgcodec():
-        try:
-            return _whole(data), None, time.perf_counter()
-        except Exception:  # noqa: BLE001  a JPEG it doesn't read: Pillow below says what's wrong, if anything
-            pass
-    return _pillow(data, reduce_to), None, time.perf_counter()
+    """`pixels.decode` on a tensor's bytes: (contiguous HWC pixels, the `region` they are or None for the
+    whole image, time it finished)."""
+    image, region, finished = pixels.decode(data.numpy(), reduce_to, region)
+    return as_tensor(image), region, finished  # Pillow's are read-only: its buffer, read once
 
 
 @dataclass

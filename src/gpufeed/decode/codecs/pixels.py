@@ -139,14 +139,49 @@ def as_asked(
     return image, region, False
 
 
+@functools.cache
+def whole_by_nvimgcodec() -> bool:
+    """Whether whole JPEGs go to nvImageCodec's CPU backend in this process: installed, and it decodes a
+    tiny JPEG. Asked once, on the first whole image: an install that can't load costs one failed try,
+    not one per image."""
+    try:
+        whole(tiny_jpeg())
+    except Exception:  # noqa: BLE001  not installed or not loadable: Pillow decodes whole JPEGs instead
+        return False
+    return True
+
+
+def tiny_jpeg() -> np.ndarray:
+    """A 16x16 JPEG's bytes, writable (torch warns once per process, on stderr, when a tensor is made over
+    a read-only array: `gpufeed doctor` printed that warning)."""
+    buffer = io.BytesIO()
+    Image.new("RGB", (16, 16)).save(buffer, format="JPEG")
+    return np.frombuffer(bytearray(buffer.getvalue()), np.uint8)
+
+
+_JPEG_START = b"\xff\xd8"  # a JPEG's first marker: nvImageCodec decodes JPEGs whole, Pillow anything else
+
+
 def decode(
     data: np.ndarray, reduce_to: tuple[int, int] | None, box: Region | None = None
 ) -> tuple[np.ndarray, Region | None, float]:
-    """(contiguous HWC pixels, the region they are or None for the whole image, time it finished), as
-    `decode.codecs.cpu.decode_one` gives, with Pillow decoding whole images."""
+    """(contiguous HWC pixels, the region `box` they are or None for the whole image, time it finished):
+    the finish time gives the decoders' true rate. A DCT reduction (`reduce_to`) takes precedence over
+    the region, decoded by Pillow; a region that can't be decoded alone is decoded whole. Whole JPEGs go
+    to nvImageCodec's CPU backend where it loads: about 1.3-2x Pillow's rate on photo-like JPEGs on
+    one core (Pillow decodes into 4-byte pixels and copies them out), the same pixels; Pillow takes
+    what it refuses and says what's wrong, if anything.
+
+    HWC because libjpeg writes HWC: a CHW copy costs a large part of a decode
+    (docs/benchmarks.md, "Kernels, copies and CPU decoding"); the resize kernel reads either layout."""
     if tries_region(reduce_to, box):
         try:
             return region(data, box), box, time.perf_counter()  # type: ignore[arg-type]  # a box: tries_region
         except Exception:  # noqa: BLE001  not installed, not a JPEG it reads: the whole image below says what's wrong
+            pass
+    if reduce_to is None and bytes(data[:2]) == _JPEG_START and whole_by_nvimgcodec():
+        try:
+            return whole(data), None, time.perf_counter()
+        except Exception:  # noqa: BLE001  a JPEG it doesn't read: Pillow below says what's wrong, if anything
             pass
     return pillow(data, reduce_to), None, time.perf_counter()
