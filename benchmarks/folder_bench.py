@@ -1,7 +1,8 @@
 """Reading a folder of images in place against reading the store packed from it, and DALI's
 `readers.file` on the same folder where nvidia-dali is installed (a benchmark-only import).
 
-The folder: `--n` q90 JPEGs, of which a fraction `--mixed` are made PNG, progressive JPEGs or
+The folder: `--n` JPEGs (`--data photos`, the default: photo-like ones of ImageNet's spread of sizes
+and qualities, benchmarks/photos.py; `--data smooth`: generated `--image` sized q90 ones), of which a fraction `--mixed` are made PNG, progressive JPEGs or
 EXIF-rotated photos in turn (what the decoders can't read as they are: the in-place reader
 re-encodes them once, when it builds its index). Times: building the index (cold, no cache file),
 opening with the cached index, and one evaluation pass (Resize(256), CenterCrop(224), Normalize,
@@ -10,6 +11,9 @@ its bytes kept (`reencode=False`), over that store again with the same Loader (i
 nothing left to start), and through DALI (its pipeline build timed too); the CUDA context is made
 before them all. Each pass is timed from the constructor call: to its return ("construct"), to the
 first batch on the device ("first batch") and to the last ("pass"); img/s is images over the whole.
+gpufeed's passes also give where the time went (the Loader's `stats()["start"]`, seconds from the
+constructor call): Triton's once-a-process work done (0: before the constructor), the last decode
+worker's ready heard, the GPU decoders taken into use, and the rate after the first batch.
 The rows are interleaved over `--rounds`, so host drift hits each alike; the table gives median
 (min-max) over the rounds.
 
@@ -31,6 +35,7 @@ import torch
 
 import common
 import feeds
+import photos
 
 SMOKE = dict(n=16, image="64x48", size=32, device="cpu", batch=4, rounds=1, root=None, mixed=0.25)
 
@@ -45,11 +50,33 @@ class Pass:
     total: float
     images: int
     decoded_by: dict | None = None  # gpufeed's: images per decoder (the GPU decoders join once open)
+    after_first: float | None = None  # img/s from the first batch on the device to the last
     stats: dict | None = None  # gpufeed's: the Loader's stats() at the pass's end (seconds since its start)
 
     @property
     def rate(self) -> float:
         return self.images / self.total
+
+
+def split(runs: list[Pass]) -> list[str]:
+    """Median seconds from the constructor call to Triton's work done (0: before it), the last decode
+    worker ready, the GPU decoders in use: "-" where no run had it (DALI; a CPU)."""
+    def median(key):
+        values = []
+        for r in runs:
+            at = ((r.stats or {}).get("start") or {}).get(key)
+            if isinstance(at, list):
+                at = max(at) if at else None
+            if at is not None:
+                values.append(max(0.0, at))
+        return f"{statistics.median(values):.3f}" if values else "-"
+
+    return [median("triton_ready_s"), median("workers_ready_s"), median("gpu_decoders_in_use_s")]
+
+
+def after_first(runs: list[Pass]) -> str:
+    rates = [r.after_first for r in runs if r.after_first]
+    return common.cell(rates) if rates else "-"
 
 
 def gpufeed_passes(path: Path, device: str, batch: int, size: int, passes: int = 1) -> list[Pass]:
@@ -64,20 +91,22 @@ def gpufeed_passes(path: Path, device: str, batch: int, size: int, passes: int =
     construct = time.perf_counter() - t0
     out = []
     for k in range(passes):
-        first, count = None, 0
+        first, first_count, count = None, 0, 0
         if k:
             t0, construct = time.perf_counter(), 0.0
         for images, _ in loader:
+            count += len(images)
             if first is None:
                 sync(device)
-                first = time.perf_counter() - t0
-            count += len(images)
+                first, first_count = time.perf_counter() - t0, count
         sync(device)
         total = time.perf_counter() - t0
+        after = (count - first_count) / (total - first) if first is not None and total > first else None
         decoded = dict(loader.stats().get("decoded_by", {}))
         if out:  # the loader's counts are since its start: this pass's alone
             decoded = {k: v - sum(p.decoded_by.get(k, 0) for p in out) for k, v in decoded.items()}  # type: ignore[union-attr]
-        out.append(Pass(construct, first or 0.0, total, count, decoded, json.loads(json.dumps(loader.stats(), default=str))))
+        stats = json.loads(json.dumps(loader.stats(), default=str))
+        out.append(Pass(construct, first or 0.0, total, count, decoded, after, stats))
     loader.close()
     return out
 
@@ -145,7 +174,10 @@ def mix(images: Path, fraction: float) -> int:
 def main(argv: list[str] | None = None) -> dict:
     p = common.parser(__doc__)
     p.add_argument("--n", type=int, default=2000, help="images (4 classes)")
-    p.add_argument("--image", default="500x375", help="generated images' WIDTHxHEIGHT (q90 JPEGs)")
+    p.add_argument("--data", choices=feeds.DATA, default="photos",
+                   help="photos: photo-like JPEGs of ImageNet's spread of sizes and qualities (photos.py); "
+                   "smooth: generated ones, one size")
+    p.add_argument("--image", default="500x375", help="--data smooth: the images' WIDTHxHEIGHT (q90 JPEGs)")
     p.add_argument("--size", type=int, default=224, help="CenterCrop's side (Resize to size*8/7 first)")
     p.add_argument("--device", default="cuda")
     p.add_argument("--batch", type=int, default=256)
@@ -168,11 +200,16 @@ def main(argv: list[str] | None = None) -> dict:
     with common.workdir(a.root, "gpufeed-folder-bench-") as root:
         os.environ["XDG_CACHE_HOME"] = str(root / "cache")  # the index and re-encoded images: not in ~/.cache
         width, height = (int(x) for x in a.image.split("x"))
-        made = root / f"made-{a.n}-{a.image}-{a.mixed}.json"  # a kept --root's folder and store, reused
+        kind = a.image if a.data == "smooth" else a.data
+        made = root / f"made-{a.n}-{kind}-{a.mixed}.json"  # a kept --root's folder and store, reused
         if made.exists():
             images, mixed = root / "images", json.loads(made.read_text())["mixed"]
         else:
-            images = make_image_folder(root / "images", per_class=max(1, a.n // 4), classes=4, width=width, height=height)
+            shutil.rmtree(root / "images", ignore_errors=True)  # another --data's or --n's
+            if a.data == "photos":
+                images = photos.make_folder(root / "images", a.n, classes=4)
+            else:
+                images = make_image_folder(root / "images", per_class=max(1, a.n // 4), classes=4, width=width, height=height)
             mixed = mix(images, a.mixed)
             gpufeed.pack(images, root / "store", mode="jpeg", reencode=False, progress=False, overwrite=True)
             made.write_text(json.dumps({"mixed": mixed}))
@@ -210,7 +247,7 @@ def main(argv: list[str] | None = None) -> dict:
         results["gpufeed, folder in place, steady state (second pass)"] = again
         results["gpufeed, packed store, steady state (third pass)"] = steady
     print(
-        f"{a.n} images {a.image} ({mixed} PNG, progressive or rotated), device {a.device}: index built (and "
+        f"{a.n} images {kind} ({mixed} PNG, progressive or rotated), device {a.device}: index built (and "
         f"those re-encoded) in {'-' if cold is None else f'{cold:.2f}'} s, opened with the cached index in {warm:.3f} s"
     )
     lines = [
@@ -218,13 +255,17 @@ def main(argv: list[str] | None = None) -> dict:
             name,
             common.cell([r.rate for r in runs]),
             f"{statistics.median(r.construct for r in runs):.3f}",
+            *split(runs),
             f"{statistics.median(r.first for r in runs):.3f}",
             f"{statistics.median(r.total for r in runs):.2f}",
+            after_first(runs),
             ", ".join(f"{r.rate:,.0f}" for r in runs),
         ]
         for name, runs in results.items()
     ]
-    markdown = common.table(["reader", "img/s", "construct s", "first batch s", "pass s", "rounds"], lines)
+    header = ["reader", "img/s", "construct s", "Triton ready s", "workers ready s", "GPU decoders s", "first batch s",
+              "pass s", "img/s after the first batch", "rounds"]
+    markdown = common.table(header, lines)
     raw = {name: [vars(r) for r in runs] for name, runs in results.items()}
     return common.write(a, __file__, raw, markdown, a.device, index_build_s=cold, index_cached_open_s=warm)
 

@@ -50,6 +50,9 @@ def test_gpu_batches_match_cpu_batches_and_use_both_decoders(store):
         assert (g.cpu() - c).abs().mean() < 0.05, (g.cpu() - c).abs().mean()
     counts = gpu.stats()["decoded_by"]
     assert all(counts.get(name, 0) > 0 for name in names) and counts.get("failed", 0) == 0, counts
+    start = gpu.stats()["start"]  # where the start went: Triton's work ahead ended before the first batch
+    assert start["triton_ready_s"] is not None and start["triton_ready_s"] <= start["first_batch_s"], start
+    assert "triton_ready_s" not in cpu.stats()["start"]
 
 
 def test_corrupt_sample_replaced_on_gpu(store, tmp_path, caplog):

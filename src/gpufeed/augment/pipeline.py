@@ -15,6 +15,7 @@ import functools
 import importlib
 import logging
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any, overload
 
@@ -424,6 +425,13 @@ def _kernels(module: str):
 
 _ahead: list[threading.Thread] = []  # Triton's once-a-process work, on its thread (`triton_ahead`)
 _AHEAD = threading.Lock()
+_triton_done: list[float] = []  # when that work ended (time.perf_counter), once it has
+
+
+def triton_ready_at() -> float | None:
+    """When Triton's once-a-process work ahead (`triton_ahead`) ended, by time.perf_counter; None if it
+    was not started (a CPU) or has not ended (for `Loader.stats()["start"]`)."""
+    return _triton_done[0] if _triton_done else None
 
 
 def triton_ahead(device: torch.device) -> None:
@@ -460,6 +468,8 @@ def _prepare_triton(device: torch.device) -> None:
             make_backend(driver.active.get_current_target()).hash()
     except Exception as e:  # noqa: BLE001  another Triton's internals: its first kernel does this instead
         log.debug("Triton's work ahead stopped: %s", e)
+    finally:
+        _triton_done.append(time.perf_counter())
 
 
 @functools.cache

@@ -30,7 +30,7 @@ import torch
 
 from gpufeed.augment.keypoints import check_flip_index
 from gpufeed.augment.masks import DTYPES as MASK_DTYPES
-from gpufeed.augment.pipeline import Augment, triton_ahead
+from gpufeed.augment.pipeline import Augment, triton_ahead, triton_ready_at
 from gpufeed.decode.scheduling.choice import load_ahead
 from gpufeed.decode.tuning import Tuning
 from gpufeed.loader.batch import Batch, Skipped
@@ -704,13 +704,17 @@ class Loader:
     def stats(self) -> dict:
         """Per-stage times (among them the consumer's: "wait" for batches, and "consumer" between taking
         one and asking for the next), bytes moved, tier, consumer stalls, how the loader started ("start":
-        seconds from the constructor's call to its return, to the first batch handed over, and for jpeg
+        seconds from the constructor's call to its return, to the first batch handed over, on a GPU to
+        the end of Triton's once-a-process work (negative: it ended before), and for jpeg
         stores to the GPU decoders taken into use and to each decode worker's `Ready`), and for jpeg
         stores the decoders, how many images each decoded (and CPU fallbacks, failures), their rates in img/s, and the
         decode seconds spent until the GPU decoders were done and on the CPU's share after that
         (with worker processes, also their wall and CPU seconds: CPU well below wall means starved)."""
         out = self.counters.as_dict()
-        out["start"] = self.counters.start(self.jpeg.started() if self.jpeg is not None else None)
+        started = self.jpeg.started() if self.jpeg is not None else {}
+        if self.device.type == "cuda":
+            started["triton_ready"] = triton_ready_at()
+        out["start"] = self.counters.start(started)
         if self.jpeg is not None:
             out |= self.jpeg.stats()
         return out
