@@ -27,6 +27,7 @@ import argparse
 import functools
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -225,6 +226,13 @@ def _steps(each: list) -> dict:
     return out
 
 
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now, for torchrun's rendezvous."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def run(a: argparse.Namespace, store: Path, cache: str, epochs: int, world: int, work: Path, bind: bool,
         row: str | None = None) -> dict:
     """One configuration at `world` ranks: each rank's figures and their sums. `row`: `--train`'s
@@ -239,8 +247,9 @@ def run(a: argparse.Namespace, store: Path, cache: str, epochs: int, world: int,
     if a.inline:
         worker(parser().parse_args([*args, "--inline"]))
     else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={world}", "--master-port=29517",
-               __file__, *args]
+        # a free port, not a fixed one: two runs at once (a parallel test run) met at the same rendezvous
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={world}", "--master-addr=127.0.0.1",
+               f"--master-port={free_port()}", __file__, *args]
         subprocess.run(cmd, check=True, env={**os.environ, "NCCL_NVLS_ENABLE": "0", "OMP_NUM_THREADS": "1"})
     ranks = [json.loads(Path(f"{report}.rank{r}.json").read_text()) for r in range(world)]
     per_gpu = [r["img_per_s"] for r in ranks]

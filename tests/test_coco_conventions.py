@@ -83,7 +83,7 @@ def reference(path: Path, images: Path, crowd: bool = False) -> dict[int, dict]:
     `ConvertCocoPolysToMask` reads it (crowd annotations left out, boxes xywh to xyxy clamped to the
     image and empty ones dropped, labels the category ids, masks by pycocotools, keypoints as in the
     file); `crowd=True` keeps the crowd ones."""
-    from pycocotools import mask as coco_mask
+    coco_mask = pytest.importorskip("pycocotools.mask")  # the test extra's; optional elsewhere
     from torchvision.datasets import CocoDetection
 
     out = {}

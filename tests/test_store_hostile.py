@@ -112,12 +112,13 @@ def test_a_damaged_text_or_json_value_is_named(store_path):
 
 def test_a_deeply_nested_json_value_is_a_store_error(tmp_path):
     data = dicts(2)
-    data[1]["meta"] = {"k": [1, "x"] + ["x" * 2000]}
+    deep = 200_000  # deeper than any Python parses: 1,001 was enough for 3.11, not for 3.12's C limit
+    data[1]["meta"] = {"k": [1, "x"] + ["x" * 2 * deep]}
     gpufeed.pack(data, tmp_path / "s", size=16, workers=1, progress=False)
     path = tmp_path / "s" / "field.meta.bin"
     raw = path.read_bytes()
-    start = raw.index(b"x" * 2000)
-    path.write_bytes(raw[:start - 1] + b"[" * 1001 + b"]" * 1001 + raw[start + 2001:])  # the same size
+    start = raw.index(b"x" * 2 * deep)
+    path.write_bytes(raw[:start - 1] + b"[" * (deep + 1) + b"]" * (deep + 1) + raw[start + 2 * deep + 1:])  # the same size
     with pytest.raises(StoreError, match="field 'meta' of sample 1: not JSON .*nested too deeply"):
         gpufeed.open(tmp_path / "s").field("meta", 1)
 
