@@ -13,7 +13,9 @@ before them all. Each pass is timed from the constructor call: to its return ("c
 first batch on the device ("first batch") and to the last ("pass"); img/s is images over the whole.
 gpufeed's passes also give where the time went (the Loader's `stats()["start"]`, seconds from the
 constructor call): Triton's once-a-process work done (0: before the constructor), the last decode
-worker's ready heard, the GPU decoders taken into use, and the rate after the first batch.
+worker's ready heard, the GPU decoders taken into use, and the rate after the first batch; and
+each decode worker's start in steps: to its `main` (interpreter, numpy), imports, nvImageCodec's
+decoder, heard.
 The rows are interleaved over `--rounds`, so host drift hits each alike; the table gives median
 (min-max) over the rounds.
 
@@ -266,6 +268,11 @@ def main(argv: list[str] | None = None) -> dict:
     header = ["reader", "img/s", "construct s", "Triton ready s", "workers ready s", "GPU decoders s", "first batch s",
               "pass s", "img/s after the first batch", "rounds"]
     markdown = common.table(header, lines)
+    for name in ("gpufeed, folder in place", "gpufeed, packed store"):  # where the workers' start went
+        steps = [(r.stats or {}).get("workers_start_s") for r in results.get(name, [])]
+        if any(steps):
+            markdown += f"\n\n{name}: a decode worker's start, seconds (median over the workers, by round): " + "; ".join(
+                ", ".join(f"{k} {v:.3f}" for k, v in step.items()) for step in steps if step)
     raw = {name: [vars(r) for r in runs] for name, runs in results.items()}
     return common.write(a, __file__, raw, markdown, a.device, index_build_s=cold, index_cached_open_s=warm)
 

@@ -69,6 +69,15 @@ def pool(store):
     workers.close()
 
 
+def test_where_each_workers_start_went_is_told(pool):
+    """Each worker says when its steps ended (one clock for every process): the median step times add
+    up to the start, from being spawned to being heard ready."""
+    steps = pool.start_seconds()
+    assert set(steps) == {"python", "imports", "codec", "heard"} and all(v >= 0 for v in steps.values()), steps
+    first = min(w.spawned_at for w in pool._workers)
+    assert 0 < sum(steps.values()) <= max(pool.ready_times) - first + 1e-3
+
+
 def test_processes_decode_the_same_pixels_as_threads(store, pool):
     idx = list(range(len(store)))
     datas, shapes = _inputs(store, idx)

@@ -74,6 +74,7 @@ class JpegPipelines:
         ]
         if self.workers is not None:
             out["decode_seconds"] |= dict(self.workers.busy)
+            out["workers_start_s"] = self.workers.start_seconds()
         return out
 
     def close(self) -> None:

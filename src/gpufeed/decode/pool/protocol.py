@@ -101,9 +101,14 @@ class WorkerSetup:
 
 @dataclass
 class Ready:
-    """A worker has imported its decoders and takes tickets."""
+    """A worker has imported its decoders and takes tickets; when (time.perf_counter, one clock for
+    every process of the machine) its `main` began, its decoders' modules were imported, and
+    nvImageCodec's decoder was made: where a worker's start goes (`DecodeWorkers.start_seconds`)."""
 
     pid: int
+    began: float = 0.0
+    imported: float = 0.0
+    warmed: float = 0.0
 
 
 def board(buffer, rows: int) -> np.ndarray:

@@ -123,7 +123,8 @@ class Relay:
             worker.dead = worker.dead or f"exit code {worker.proc.returncode}"
             return
         if isinstance(message, protocol.Ready):
-            self.workers[k].ready, self.workers[k].ready_at = True, time.perf_counter()
+            worker = self.workers[k]
+            worker.ready, worker.ready_at, worker.said = True, time.perf_counter(), message
 
 
 def _stop(workers: list[spawn.Worker], tickets_w: int, fds: list[int], keep: list) -> None:

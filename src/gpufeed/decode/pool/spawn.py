@@ -26,6 +26,8 @@ class Worker:
     proc: subprocess.Popen
     ready: bool = False
     ready_at: float | None = None  # when its `Ready` was heard (time.perf_counter)
+    spawned_at: float = 0.0  # when it was started (time.perf_counter)
+    said: protocol.Ready | None = None  # its `Ready`, with when its start's steps ended
     dead: str | None = None  # why, once it is gone
 
 
@@ -41,14 +43,15 @@ def start(setup: protocol.WorkerSetup, count: int) -> list[Worker]:
     shared = tuple(fd for fd in (setup.board_fd, setup.tickets_fd, setup.done_fd, setup.files_fd) if fd >= 0)
     return [
         Worker(
-            subprocess.Popen(
+            spawned_at=time.perf_counter(),
+            proc=subprocess.Popen(
                 [sys.executable, "-m", "gpufeed.decode.pool.worker", json.dumps(replace(setup, index=k).__dict__)],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 env=env,
                 close_fds=True,
                 pass_fds=shared,
-            )
+            ),
         )
         for k in range(count)
     ]

@@ -36,11 +36,13 @@ def _watch(parent: int) -> None:
 
 
 def main() -> None:
+    began = time.perf_counter()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the loader's to handle; it stops us
     setup = protocol.WorkerSetup(**json.loads(sys.argv[1]))
     threading.Thread(target=_watch, args=(setup.parent,), daemon=True).start()
     from gpufeed.decode.codecs import pixels
 
+    imported = time.perf_counter()
     data = np.zeros(0, np.uint8)
     if setup.store:
         data = np.memmap(setup.store, dtype=np.uint8, mode="r", offset=setup.offset, shape=(setup.nbytes,))
@@ -49,7 +51,7 @@ def main() -> None:
     files = protocol.FileTable(mmap.mmap(setup.files_fd, setup.files_size)) if setup.files_fd >= 0 else None
     segments: dict[int, tuple[int, np.ndarray]] = {}  # loader's fd -> (segment id, its pixels)
     pixels.warm()  # ready means decoding at full pace from the first image
-    protocol.write(sys.stdout.fileno(), protocol.Ready(os.getpid()))
+    protocol.write(sys.stdout.fileno(), protocol.Ready(os.getpid(), began, imported, time.perf_counter()))
     while True:
         ticket = os.read(setup.tickets_fd, protocol.TICKET.itemsize)
         if len(ticket) != protocol.TICKET.itemsize:  # closed: the loader is done with us

@@ -144,6 +144,25 @@ class DecodeWorkers:
         """When each worker ready so far was heard saying so (time.perf_counter), in order."""
         return sorted(w.ready_at for w in self._workers if w.ready_at is not None)
 
+    def start_seconds(self) -> dict[str, float]:
+        """Where the ready workers' start went, medians over them in seconds: from being started to their
+        `main` (the interpreter, numpy), importing the decoders (Pillow), making nvImageCodec's decoder
+        (`pixels.warm`), and from saying so to being heard; {} before any is ready."""
+        steps = [
+            (
+                w.said.began - w.spawned_at,
+                w.said.imported - w.said.began,
+                w.said.warmed - w.said.imported,
+                w.ready_at - w.said.warmed,
+            )
+            for w in self._workers
+            if w.said is not None and w.ready_at is not None
+        ]
+        if not steps:
+            return {}
+        medians = np.median(np.array(steps), axis=0)
+        return {name: round(float(m), 4) for name, m in zip(("python", "imports", "codec", "heard"), medians)}
+
     def wait_ready(self, timeout: float = 60.0) -> bool:
         """Wait until every worker is ready (or dead); whether all of them are ready."""
         deadline = time.monotonic() + timeout
