@@ -121,7 +121,7 @@ class StoreReference(torch.utils.data.Dataset):
             self.store = gpufeed.open(self.path)
             self.transform = self.transforms()
         s = self.store
-        data = torch.from_numpy(np.asarray(s.data[int(s.offsets[i]):int(s.offsets[i + 1])]))
+        data = torch.from_numpy(np.array(s.data[int(s.offsets[i]):int(s.offsets[i + 1])]))  # a copy, as a file read
         return self.item(s, i, tv_tensors.Image(decode_jpeg(data)))
 
     def transforms(self):
@@ -285,19 +285,21 @@ def trainer(a, name: str = "maskrcnn"):
     return step
 
 
-def train_rows(a, feeds_: dict) -> dict:
+def train_rows(a, feeds_: dict, each: dict) -> dict:
     """Each of `--models` trained `--steps` steps after `--warmup`, fed one fixed batch (its ceiling)
-    and then each feed, `--train-repeats` times, the rows interleaved: img/s median (min-max)."""
+    and then each feed, `--train-repeats` times, the rows interleaved: img/s median (min-max). Every
+    run goes into `each` as it ends."""
     samples: dict[str, list[float]] = {}
     steps = {name: trainer(a, name) for name in a.models.split(",")}
     make, unpack = feeds_["gpufeed"]
     one = unpack(next(iter(make())))
-    for _ in range(a.train_repeats):
+    for k in range(a.train_repeats):
         for model, step in steps.items():
             rows = {"one fixed batch": (lambda: fixed(one), lambda b: b), **feeds_}
             for feed, (make, unpack) in rows.items():
                 r = timed(cycle(make), unpack, a.device, a.steps, a.warmup, step)
                 samples.setdefault(f"{MODELS[model]}: {feed}", []).append(r["img_per_s"])
+                each[f"{MODELS[model]}: {feed}, round {k + 1}"] = r
     return {name: {"img_per_s": common.spread(values), "samples": values} for name, values in samples.items()}
 
 
@@ -328,6 +330,7 @@ def main(argv: list[str] | None = None) -> dict:
     a = common.parse(p, argv, SMOKE)
     width, height = (int(x) for x in a.image.split("x"))
     runs: dict = {}
+    each = common.Rows(a.out, __file__)  # every row and train run as it ends: a time limit keeps what ran
     with common.workdir(a.workdir, "gpufeed-detection-bench-") as root:
         store = make_store(root, a.n, width, height)
         feeds_ = {
@@ -336,9 +339,9 @@ def main(argv: list[str] | None = None) -> dict:
                                                             lambda b: reference_targets(b, a.device)),
         }
         for name, (make, unpack) in feeds_.items():
-            runs[f"loader: {name}"] = timed(cycle(make), unpack, a.device, a.batches, a.warmup)
-        runs["ops"] = op_times(store, a)
-        train = train_rows(a, feeds_) if a.steps else {}
+            runs[f"loader: {name}"] = each[f"loader: {name}"] = timed(cycle(make), unpack, a.device, a.batches, a.warmup)
+        runs["ops"] = each["ops"] = op_times(store, a)
+        train = train_rows(a, feeds_, each) if a.steps else {}
     ops = runs.pop("ops")
     k = ops["kernels_ms"]
     lines = [[name, f"{r['img_per_s']:,.0f}", ""] for name, r in runs.items()]

@@ -139,6 +139,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--workdir", default=None, help="keeps the generated store (reused)")
     a = common.parse(p, argv, SMOKE)
     samples: dict[str, list[float]] = {}
+    each = common.Rows(a.out, __file__)  # every run as it ends: a time limit keeps what ran
     with common.workdir(a.workdir, "gpufeed-segmentation-bench-") as root:
         store = make_store(root, a)
         feeds = {
@@ -149,10 +150,11 @@ def main(argv: list[str] | None = None) -> dict:
         one = gpufeed_batch(next(iter(gpufeed_loader(store, a))))
         rows = {"one fixed batch": (lambda: fixed(one), lambda b: b), **feeds}
         step = trainer(a)
-        for _ in range(a.train_repeats):
+        for k in range(a.train_repeats):
             for name, (make, unpack) in rows.items():
                 r = timed(cycle(make), unpack, a.device, a.steps, a.warmup, step)
                 samples.setdefault(name, []).append(r["img_per_s"])
+                each[f"{name}, round {k + 1}"] = r
     runs = {name: {"img_per_s": common.spread(values), "samples": values} for name, values in samples.items()}
     ceiling = runs["one fixed batch"]["img_per_s"]["median"]
     lines = [[name, common.cell(r["samples"]), f"{100 * r['img_per_s']['median'] / ceiling:.1f}"]
