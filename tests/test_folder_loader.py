@@ -206,6 +206,40 @@ def test_the_index_is_cached_and_refreshed_for_changed_files(tmp_path, monkeypat
     assert [os.path.basename(c) for c in calls] == ["02.jpg"] and tuple(store.shapes[k]) == (50, 44)
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_folder_changed_since_its_index_was_cached_is_read_as_it_is_now(tmp_path, workers):
+    """The cached index against a folder changed since: a file renamed into the other class, one added,
+    one deleted and one rewritten with other pixels of the same size. A pass reads every file there
+    now exactly once, with its class and its pixels, and nothing that has gone."""
+    rng = np.random.default_rng(5)
+    root = tmp_path / "img"
+
+    def save(path, k):  # one size: batches of them stack without augment ops
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(natural_image(rng, 32, 40, k)).save(path, quality=90)
+
+    for k in range(8):
+        save(root / f"c{k % 2}" / f"{k:02d}.jpg", k)
+    folder.FolderStore(root).close()  # the index cached
+    os.rename(root / "c0" / "00.jpg", root / "c1" / "moved.jpg")
+    (root / "c1" / "01.jpg").unlink()
+    save(root / "c0" / "new.jpg", 8)
+    save(root / "c0" / "02.jpg", 9)  # other pixels, the same size
+    loader = gpufeed.Loader(root, batch_size=3, device="cpu", num_workers=workers, shuffle=False, drop_last=False,
+                            fields=("image", "label", "source"), dtype=torch.uint8)
+    seen = {}
+    for batch in loader:
+        for image, label, source in zip(batch["image"], batch["label"], batch["source"]):
+            assert source not in seen
+            seen[source] = (image, int(label))
+    files = sorted(str(p) for p in root.rglob("*.jpg"))
+    assert sorted(seen) == files and len(files) == 8
+    for source, (image, label) in seen.items():
+        assert label == {"c0": 0, "c1": 1}[Path(source).parent.name], source
+        assert torch.equal(image, torch.from_numpy(np.array(Image.open(source))).permute(2, 0, 1)), source
+    loader.close()
+
+
 def test_a_damaged_index_cache_is_read_again_not_trusted(tmp_path):
     root = _jpegs(tmp_path / "img", n=4)
     want = folder.FolderStore(root)
