@@ -9,7 +9,9 @@ opening with the cached index, and one evaluation pass (Resize(256), CenterCrop(
 float16) over the folder (and a second with the same Loader), over a jpeg store packed from it with
 its bytes kept (`reencode=False`), over that store again with the same Loader (its steady state:
 nothing left to start), and through DALI (its pipeline build timed too); the CUDA context is made
-before them all. Each pass is timed from the constructor call: to its return ("construct"), to the
+before them all. Each of those is the process's first Loader (no decode worker running: they are
+stopped before each row); a next Loader made right after each (an evaluation each epoch) takes the
+running workers, and its pass is a row of its own. Each pass is timed from the constructor call: to its return ("construct"), to the
 first batch on the device ("first batch") and to the last ("pass"); img/s is images over the whole.
 gpufeed's passes also give where the time went (the Loader's `stats()["start"]`, seconds from the
 constructor call): Triton's once-a-process work done (0: before the constructor), the last decode
@@ -191,6 +193,7 @@ def main(argv: list[str] | None = None) -> dict:
                    "--root's cached index is used as it is, for runs that compare trees)")
     a = common.parse(p, argv, SMOKE)
     import gpufeed
+    from gpufeed.decode.pool.shared import stop_idle
     from gpufeed.loader import folder
     from gpufeed.synth import make_image_folder
 
@@ -226,17 +229,24 @@ def main(argv: list[str] | None = None) -> dict:
         warm = time.perf_counter() - t0
         steady: list[Pass] = []
         again: list[Pass] = []
+        next_loader: dict[str, list[Pass]] = {"store": [], "folder": []}
 
         def packed() -> Pass:
-            """The store's first pass; its third, with the same Loader, is its steady state."""
+            """The store's first pass, the process's first Loader (no decode worker running); its third,
+            with the same Loader, is its steady state; then a next Loader's (the workers kept running)."""
+            stop_idle()
             first, _, third = gpufeed_passes(root / "store", a.device, a.batch, a.size, passes=3)
             steady.append(third)
+            next_loader["store"] += gpufeed_passes(root / "store", a.device, a.batch, a.size)
             return first
 
         def in_place() -> Pass:
-            """The folder's first pass; its second, with the same Loader, is its steady state."""
+            """The folder's first pass (as the store's); its second, with the same Loader, is its steady
+            state; then a next Loader's."""
+            stop_idle()
             first, second = gpufeed_passes(images, a.device, a.batch, a.size, passes=2)
             again.append(second)
+            next_loader["folder"] += gpufeed_passes(images, a.device, a.batch, a.size)
             return first
 
         rows = {"gpufeed, folder in place": in_place, "gpufeed, packed store": packed}
@@ -246,8 +256,11 @@ def main(argv: list[str] | None = None) -> dict:
         for _ in range(a.rounds):
             for name, run in rows.items():
                 results[name].append(run())
+        stop_idle()
         results["gpufeed, folder in place, steady state (second pass)"] = again
         results["gpufeed, packed store, steady state (third pass)"] = steady
+        results["gpufeed, folder in place, a next Loader (workers running)"] = next_loader["folder"]
+        results["gpufeed, packed store, a next Loader (workers running)"] = next_loader["store"]
     print(
         f"{a.n} images {kind} ({mixed} PNG, progressive or rotated), device {a.device}: index built (and "
         f"those re-encoded) in {'-' if cold is None else f'{cold:.2f}'} s, opened with the cached index in {warm:.3f} s"

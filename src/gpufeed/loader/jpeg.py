@@ -75,6 +75,7 @@ class JpegPipelines:
         if self.workers is not None:
             out["decode_seconds"] |= dict(self.workers.busy)
             out["workers_start_s"] = self.workers.start_seconds()
+            out["workers_reused"] = self.workers.reused  # started for an earlier loader of this process
         return out
 
     def close(self) -> None:

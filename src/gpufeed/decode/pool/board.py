@@ -1,6 +1,5 @@
 """The decode workers' job board, as the loader sees it: shared rows (`protocol.BOARD`) in a memfd,
-which shares take and give back, filled with a share's requests and read for its results; and, for
-a folder read in place, the table of its files the rows name by number (`protocol.FileTable`)."""
+which shares take and give back, filled with a share's requests and read for its results."""
 
 from __future__ import annotations
 
@@ -32,22 +31,21 @@ class Results:
     cut: int  # images decoded whole and cut to their region (`protocol.Status.CUT`)
 
 
-class Board:
-    """`ROWS` shared rows; workers open them through the memfd they inherit (`fd`), and the file table
-    of `files` (if given) through `files_fd` (`files_size` bytes; -1 and 0 without one)."""
+def source(described: bytes) -> Segment:
+    """A loader's `protocol.Source` (what its rows read), in a memfd the workers open through /proc."""
+    made = Segment(len(described), torch.device("cpu"))
+    made.tensor.numpy()[:] = np.frombuffer(described, np.uint8)
+    return made
 
-    def __init__(self, rows: int = ROWS, files=None):
+
+class Board:
+    """`ROWS` shared rows; workers open them through the memfd they inherit (`fd`)."""
+
+    def __init__(self, rows: int = ROWS):
         self.size = rows
         self._segment = Segment(rows * protocol.BOARD.itemsize, torch.device("cpu"))
         self.fd = self._segment.fd
         self.rows = protocol.board(self._segment.tensor.numpy(), rows)
-        self._files = None
-        if files is not None:
-            table = protocol.FileTable.pack(files)
-            self._files = Segment(len(table), torch.device("cpu"))
-            self._files.tensor.numpy()[:] = np.frombuffer(table, np.uint8)
-        self.files_fd = -1 if self._files is None else self._files.fd
-        self.files_size = 0 if self._files is None else self._files.nbytes
 
     def room(self, n: int, taken: list[tuple[int, int]]) -> int | None:
         """The first row of `n` rows free of the `taken` ranges [start, stop), or None."""
@@ -58,10 +56,14 @@ class Board:
             start = max(start, b)
         return start if start + n <= self.size else None
 
-    def post(self, start: int, begins, ends, files, at, capacity, segment: Segment, asks: Asks) -> None:
-        """Requests into rows [start, start + len(at)): byte ranges (of file `files`, or -1 for the
-        store), where the pixels go in `segment` and how much they may take, what to decode."""
+    def post(
+        self, start: int, source: Segment, begins, ends, files, at, capacity, segment: Segment, asks: Asks
+    ) -> None:
+        """Requests into rows [start, start + len(at)): byte ranges of `source` (a `protocol.Source`; of its
+        file `files`, or -1 for its store), where the pixels go in `segment` and how much they may
+        take, what to decode."""
         rows = self.rows[start : start + len(at)]
+        rows["source_fd"], rows["source_id"], rows["source_size"] = source.fd, source.id, source.nbytes
         rows["begin"], rows["end"], rows["file"], rows["at"], rows["capacity"] = begins, ends, files, at, capacity
         rows["segment_fd"], rows["segment_id"], rows["segment_size"] = segment.fd, segment.id, segment.nbytes
         rows["reduce_to"], rows["region"] = asks.reduce_to, asks.regions
@@ -112,5 +114,3 @@ class Board:
 
     def close(self) -> None:
         self._segment.close()
-        if self._files is not None:
-            self._files.close()

@@ -4,6 +4,7 @@ worker will answer (decoded on threads instead)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 from gpufeed.decode.asks import Asks
@@ -15,8 +16,17 @@ UNCLAIMED_GRACE = 0.05  # seconds a ticket may be read yet untaken before its re
 
 
 @dataclass
+class Tally:
+    """One loader's count of what the workers (and threads, for them) decoded: seconds by kind (the
+    workers' wall and CPU seconds, the threads' wall seconds, shared segments made) and images."""
+
+    busy: Counter = field(default_factory=Counter)
+    decoded: int = 0
+
+
+@dataclass
 class Job:
-    """One batch's CPU share: board rows [start, start + n)."""
+    """One batch's CPU share: board rows [start, start + n), of the loader counting into `tally`."""
 
     start: int
     share: int  # its number (mod 2**32), in its tickets and their answers
@@ -26,8 +36,11 @@ class Job:
     sequence: dict[int, int]  # each ticket's first row -> its place in the ticket pipe (all tickets ever written)
     pending: dict[int, int] = field(default_factory=dict)  # first row -> rows, of the tickets not answered
     unclaimed: dict[int, float] = field(default_factory=dict)  # read but not taken, when first seen so
-    stopped: bool = False  # tickets left unanswered because the pool was stopped
+    stopped: bool = False  # tickets left unanswered because the pool, or its loader, was stopped
     busy: float = 0.0  # seconds the workers (and threads, for lost tickets) spent decoding its images
+    tally: Tally = field(default_factory=Tally)
+    source: Segment | None = None  # what its rows read from: kept open while its tickets may be read
+    orphan: bool = False  # its loader is gone: its rows are given back once its tickets are answered
 
     @property
     def n(self) -> int:

@@ -1,11 +1,10 @@
 """What crosses between the loader and its CPU decode workers, and how.
 
-Three shared things, made by the loader and handed to every worker when it starts (and, for a
-folder read in place, a table of its files, `FileTable`):
+Three shared things, made by the loader's process and handed to every worker when it starts:
 
 - the job board (`BOARD`): a table in shared memory with one row per image to decode, which the
-  loader fills (byte range, where the pixels go, DCT size or region) and the worker completes
-  (size as decoded, region, or why it failed);
+  loader fills (its source and byte range, where the pixels go, DCT size or region) and the worker
+  completes (size as decoded, region, or why it failed);
 - the ticket pipe: the loader writes one `TICKET` record per run of board rows, all of a share's
   in one write; an idle worker reads one ticket at a time (a pipe hands each record to one reader
   whole: a write of at most PIPE_BUF bytes is never split), so the workers balance themselves and
@@ -16,7 +15,9 @@ folder read in place, a table of its files, `FileTable`):
 A worker also writes `Ready` (pickled, behind an 8-byte length) once on its own stdout, and then
 nothing: the loader sees that pipe close when the worker is gone. Pixels never cross a pipe: a
 worker writes them into a shared `Segment` (a memfd of the loader's process, which the worker opens
-through /proc), at the offset its row names.
+through /proc), at the offset its row names. What a row's bytes are read from is named the same
+way: a `Source` memfd (a store file's path and range, or a folder's table of files), one per loader,
+so the workers serve every loader of their process (`shared`) and learn of a new one from its rows.
 """
 
 from __future__ import annotations
@@ -50,9 +51,12 @@ class Status(IntEnum):
 BOARD = np.dtype(
     [
         # the loader's request
+        ("source_fd", "<i4"),
+        ("source_id", "<i4"),
+        ("source_size", "<i8"),  # what the bytes are read from (a `Source`), as /proc/PID/fd/FD
         ("begin", "<i8"),
-        ("end", "<i8"),  # bytes of the store (or of file `file`, a folder read in place)
-        ("file", "<i8"),  # index into the file table, or -1
+        ("end", "<i8"),  # bytes of the source's store (or of its file `file`, a folder read in place)
+        ("file", "<i8"),  # index into the source's file table, or -1
         ("at", "<i8"),
         ("capacity", "<i8"),  # where its pixels go in the segment, and the bytes reserved: as asked
         ("segment_fd", "<i4"),
@@ -86,17 +90,12 @@ MAX_TICKETS_PER_WRITE = 4096 // TICKET.itemsize  # one write of at most PIPE_BUF
 class WorkerSetup:
     """The worker's command line (JSON)."""
 
-    store: str  # file holding the encoded bytes ("" for a folder read in place: rows name their files)
-    offset: int  # where they start in it
-    nbytes: int
     parent: int  # the loader's pid: the worker exits when its parent is no longer this process
     index: int  # this worker's number, in its DONE records
     board_fd: int  # the job board (a memfd the worker inherits) and its rows
     board_rows: int
     tickets_fd: int  # the ticket pipe's read end
     done_fd: int  # the done pipe's write end
-    files_fd: int = -1  # a folder read in place: the file table (`FileTable`), inherited
-    files_size: int = 0
 
 
 @dataclass
@@ -162,6 +161,33 @@ class FileTable:
 
     def __getitem__(self, k: int) -> str:
         return os.fsdecode(bytes(self._names[int(self._ends[k]) : int(self._ends[k + 1])]))
+
+
+class Source:
+    """What one loader's rows read their bytes from, as the bytes of its memfd: an 8-byte kind, then for
+    a store its file's offset and size (int64) and its path, for a folder read in place a `FileTable`."""
+
+    STORE, FILES = b"store\0\0\0", b"files\0\0\0"
+    _RANGE = struct.Struct("<qq")
+
+    @classmethod
+    def of_store(cls, path: str, offset: int, nbytes: int) -> bytes:
+        return cls.STORE + cls._RANGE.pack(offset, nbytes) + os.fsencode(path)
+
+    @classmethod
+    def of_files(cls, paths) -> bytes:
+        return cls.FILES + FileTable.pack(paths)
+
+    @classmethod
+    def parse(cls, buffer) -> tuple[str, int, int] | FileTable:
+        """(path, offset, nbytes) of a store, or a folder's `FileTable`."""
+        kind, rest = bytes(buffer[:8]), memoryview(buffer)[8:]
+        if kind == cls.FILES:
+            return FileTable(rest)
+        if kind != cls.STORE:
+            raise ValueError(f"not a decode source: its kind is {kind!r}")
+        offset, nbytes = cls._RANGE.unpack(bytes(rest[: cls._RANGE.size]))
+        return os.fsdecode(bytes(rest[cls._RANGE.size :])), offset, nbytes
 
 
 def write(fd: int, message) -> None:

@@ -33,14 +33,15 @@ class Worker:
 
 def start(setup: protocol.WorkerSetup, count: int) -> list[Worker]:
     """`count` workers on `setup` (numbered 0..count-1), started now (each says `protocol.Ready` once
-    it decodes); they inherit the board, the pipes' worker ends and the file table, nothing else."""
+    it decodes); they inherit the board and the pipes' worker ends, nothing else (what the rows read
+    and the pixels' segments they open through /proc)."""
     env = dict(
         os.environ,
         CUDA_VISIBLE_DEVICES="",
         OMP_NUM_THREADS="1",
         PYTHONPATH=os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
     )
-    shared = tuple(fd for fd in (setup.board_fd, setup.tickets_fd, setup.done_fd, setup.files_fd) if fd >= 0)
+    shared = (setup.board_fd, setup.tickets_fd, setup.done_fd)
     return [
         Worker(
             spawned_at=time.perf_counter(),

@@ -5,7 +5,8 @@ Started with exec, not fork or multiprocessing: it never imports the user's `__m
 no threads or locks with the loader. It has no GPU (CUDA_VISIBLE_DEVICES is empty) and no torch (it
 starts in a fraction of a second), and loads nvImageCodec's region decoder before it says it is
 ready. It takes tickets from the pipe all workers share, decodes the job board's rows each names
-into the loader's shared segments, completes the rows and writes a DONE record (`protocol`). It
+(from the source each row names: any loader of the process) into the loader's shared segments,
+completes the rows and writes a DONE record (`protocol`). It
 ends when the ticket pipe closes (the loader stopped the workers or died), or within `WATCH`
 seconds of its parent process going away, however that happened (SIGKILL included).
 """
@@ -43,13 +44,8 @@ def main() -> None:
     from gpufeed.decode.codecs import pixels
 
     imported = time.perf_counter()
-    data = np.zeros(0, np.uint8)
-    if setup.store:
-        data = np.memmap(setup.store, dtype=np.uint8, mode="r", offset=setup.offset, shape=(setup.nbytes,))
-        data = data.view(np.ndarray)
     rows = protocol.board(mmap.mmap(setup.board_fd, setup.board_rows * protocol.BOARD.itemsize), setup.board_rows)
-    files = protocol.FileTable(mmap.mmap(setup.files_fd, setup.files_size)) if setup.files_fd >= 0 else None
-    segments: dict[int, tuple[int, np.ndarray]] = {}  # loader's fd -> (segment id, its pixels)
+    maps = Maps(setup.parent)
     pixels.warm()  # ready means decoding at full pace from the first image
     protocol.write(sys.stdout.fileno(), protocol.Ready(os.getpid(), began, imported, time.perf_counter()))
     while True:
@@ -59,23 +55,88 @@ def main() -> None:
         first, count, share, _ = np.frombuffer(ticket, protocol.TICKET)[0].tolist()
         rows[first : first + count]["worker"] = setup.index  # taken: the loader knows whose it is if we die
         wall, cpu = time.perf_counter(), time.process_time()
+        maps.prune()
         for r in range(first, first + count):
-            _one(rows[r : r + 1], data, files, segments, setup.parent, pixels)
+            _one(rows[r : r + 1], maps, pixels)
         done = np.array(
             [(first, count, share, setup.index, time.perf_counter() - wall, time.process_time() - cpu)], protocol.DONE
         )
         os.write(setup.done_fd, done.tobytes())
 
 
-def _one(row: np.ndarray, data: np.ndarray, files, segments: dict, parent: int, codec) -> None:
+class Maps:
+    """The loader's memfds this worker has mapped (sources and segments), by their fd in the loader and
+    checked by id and inode; one the loader has closed since is let go within `PRUNE` seconds of the
+    next ticket, so a loader gone from the process holds no memory here."""
+
+    PRUNE = 1.0
+
+    def __init__(self, parent: int):
+        self.parent = parent
+        self._mapped: dict[int, tuple[int, int, object]] = {}  # fd -> (id, inode, what it holds)
+        self._pruned = time.monotonic()
+
+    def get(self, fd: int, id_: int, size: int, make):
+        """What `make(map)` made of the loader's memfd `fd` (mapped once; again if `fd` now names another)."""
+        known = self._mapped.get(fd)
+        if known is None or known[0] != id_:
+            handle = os.open(f"/proc/{self.parent}/fd/{fd}", os.O_RDWR)
+            try:
+                inode, mapped = os.fstat(handle).st_ino, mmap.mmap(handle, size)
+            finally:
+                os.close(handle)
+            known = self._mapped[fd] = (id_, inode, make(mapped))
+        return known[2]
+
+    def prune(self) -> None:
+        """Let go of what the loader closed (its fd gone or naming another file)."""
+        now = time.monotonic()
+        if now - self._pruned < self.PRUNE:
+            return
+        self._pruned = now
+        for fd, (_, inode, _) in list(self._mapped.items()):
+            try:
+                gone = os.stat(f"/proc/{self.parent}/fd/{fd}").st_ino != inode
+            except OSError:
+                gone = True
+            if gone:
+                del self._mapped[fd]
+
+    def segment(self, row) -> np.ndarray:
+        """The pixels' segment a row writes into."""
+        return self.get(int(row["segment_fd"]), int(row["segment_id"]), int(row["segment_size"]), _pixels)
+
+    def source(self, row):
+        """What a row's bytes are read from: a store's bytes (a numpy view of its file), or a folder's
+        `FileTable`."""
+        return self.get(int(row["source_fd"]), int(row["source_id"]), int(row["source_size"]), _source)
+
+
+def _pixels(mapped: mmap.mmap) -> np.ndarray:
+    return np.frombuffer(mapped, dtype=np.uint8)
+
+
+def _source(mapped: mmap.mmap):
+    parsed = protocol.Source.parse(mapped)
+    if isinstance(parsed, protocol.FileTable):
+        return parsed
+    path, offset, nbytes = parsed
+    return np.memmap(path, dtype=np.uint8, mode="r", offset=offset, shape=(nbytes,)).view(np.ndarray)
+
+
+def _one(row: np.ndarray, maps: Maps, codec) -> None:
     """Decode the image of one board row (a view of length 1) with `codec` (`decode.codecs.pixels`) and
     complete the row. Its pixels take no more than the room the row reserved: a region asked for
     and refused alone is decoded whole and cut to it (the row says so)."""
     job = row[0]
     try:
         begin, end = int(job["begin"]), int(job["end"])
-        encoded = data[begin:end] if job["file"] < 0 else _read(files[int(job["file"])], begin, end)
-        out = _segment(segments, int(job["segment_fd"]), int(job["segment_id"]), int(job["segment_size"]), parent)
+        source = maps.source(job)
+        if isinstance(source, protocol.FileTable):
+            encoded = _read(source[int(job["file"])], begin, end)
+        else:
+            encoded = source[begin:end]
+        out = maps.segment(job)
         reduce_to, box = asked(job["reduce_to"].tolist(), job["region"].tolist())
         image, region, done = codec.decode(encoded, reduce_to, box)
         image, region, cut = codec.as_asked(image, region, reduce_to, box)
@@ -99,19 +160,6 @@ def _read(path: str, begin: int, end: int) -> np.ndarray:
     if len(data) != end - begin:
         raise OSError(f"{path}: {len(data)} bytes where the index says {end - begin} (changed since)")
     return np.frombuffer(data, np.uint8)
-
-
-def _segment(segments: dict, segment_fd: int, segment_id: int, size: int, parent: int) -> np.ndarray:
-    """The segment a row writes into, mapped once (again if its fd number now names another)."""
-    known = segments.get(segment_fd)
-    if known is None or known[0] != segment_id:
-        fd = os.open(f"/proc/{parent}/fd/{segment_fd}", os.O_RDWR)
-        try:
-            mapped = mmap.mmap(fd, size)
-        finally:
-            os.close(fd)
-        known = segments[segment_fd] = (segment_id, np.frombuffer(mapped, dtype=np.uint8))
-    return known[1]
 
 
 if __name__ == "__main__":

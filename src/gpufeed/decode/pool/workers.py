@@ -12,12 +12,13 @@ lets go of it in every op, waits): a share is a few numpy assignments into the j
 of all its tickets, and, when it is wanted, reads of the done records by the thread that waits for
 it, with no thread of ours in between (`protocol` has the board and the records).
 
-Lifecycle: workers start in the background; until one says `Ready`, `threads` is 0 and the
-scheduler gives the CPU no share (the GPU decoders serve the first batches). Workers end when the
-ticket pipe closes (at `close()`, when the pool is garbage-collected or the interpreter exits, or
-when the loader's process dies) and within a quarter second of their parent going away, SIGKILL
-included. A worker that dies is named in one warning; the tickets it held (or that nobody can take
-any more) are decoded on threads, and the others go on.
+Lifecycle: the workers are the process's (`shared`): a loader takes running ones where there are
+(no start at all), else they start in the background; until one says `Ready`, `threads` is 0 and
+the scheduler gives the CPU no share (the GPU decoders serve the first batches). A loader gives them
+back at `close()` or when it is garbage-collected; they end `shared.IDLE_SECONDS` after the last
+loader gave them back, when the interpreter exits, or within a quarter second of their process
+going away, SIGKILL included. A worker that dies is named in one warning; the tickets it held (or
+that nobody can take any more) are decoded on threads, and the others go on.
 
 Pixels: a batch's CPU share is decoded into a `segment.Segment` of the loader's process, page-locked
 on a GPU, so its pixels reach the device in one DMA copy.
@@ -25,12 +26,10 @@ on a GPU, so its pixels reach the device in one DMA copy.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import math
-import os
-import threading
 import time
+import weakref
 from collections import Counter
 
 import numpy as np
@@ -39,10 +38,8 @@ import torch
 from gpufeed.decode.asks import Asks
 from gpufeed.decode.base import Decoded, Encoded, PinnedStaging, WorkersStopped, hwc_strides, in_place, to_device
 from gpufeed.decode.codecs.cpu import CpuDecoder
-from gpufeed.decode.pool import protocol, spawn
-from gpufeed.decode.pool.board import Board
-from gpufeed.decode.pool.jobs import Job
-from gpufeed.decode.pool.relay import Relay
+from gpufeed.decode.pool import board, protocol, shared, spawn
+from gpufeed.decode.pool.jobs import Job, Tally
 from gpufeed.decode.pool.segment import Segment, unavailable
 
 log = logging.getLogger(__name__)
@@ -51,10 +48,11 @@ STOPPED = "the JPEG decode workers were stopped (the loader was closed, or the i
 
 
 class DecodeWorkers:
-    """`workers` CPU decode processes over one store's encoded bytes (`data`, a memory map of the
-    store's file; None for a folder read in place, whose `files` the rows name by index), used as
-    the CPU decoder (`submit`, `collect`) of every pipeline of a loader, from their threads at once.
-    Raises RuntimeError where processes can't be used here."""
+    """`workers` CPU decode processes (the process's, shared with its other loaders: `shared`) over one
+    store's encoded bytes (`data`, a memory map of the store's file; None for a folder read in place,
+    whose `files` the rows name by index), used as the CPU decoder (`submit`, `collect`) of every
+    pipeline of a loader, from their threads at once. Raises RuntimeError where processes can't be
+    used here."""
 
     name = "cpu"
 
@@ -73,33 +71,20 @@ class DecodeWorkers:
         if data is not None and (not isinstance(data, np.memmap) or data.filename is None):
             raise RuntimeError("decode workers read the store from its file; these bytes have none")
         self.device, self.size = device, workers
-        self._board = Board(files=files)
         self._base, self._nbytes = (0, 0) if data is None else (data.ctypes.data, data.nbytes)
-        store = ("", 0) if data is None else (str(data.filename), int(data.offset))
-        setup = protocol.WorkerSetup(
-            store=store[0],
-            offset=store[1],
-            nbytes=self._nbytes,
-            parent=os.getpid(),
-            index=0,
-            board_fd=self._board.fd,
-            board_rows=self._board.size,
-            tickets_fd=-1,
-            done_fd=-1,
-            files_fd=self._board.files_fd,
-            files_size=self._board.files_size,
+        described = (
+            protocol.Source.of_files(files or [])
+            if data is None
+            else protocol.Source.of_store(str(data.filename), int(data.offset), self._nbytes)
         )
-        self._relay = Relay(setup, workers, [self._board])
+        self._source = board.source(described)
         self._staging = PinnedStaging(alloc=self._segment)  # the pixels' segments
-        self._jobs: dict[int, Job] = {}  # by first row
-        self._tickets: dict[int, Job] = {}  # every pending ticket's first row -> its job
-        self._shares = itertools.count()
-        self._lock = threading.RLock()  # the jobs, the workers' states, the ticket pipe
-        self._local = threading.local()  # per pipeline thread: its thread decoder
-        self._thread_decoders: list[CpuDecoder] = []
+        self.tally = Tally()
+        self.made_at = time.perf_counter()
+        self._pool = shared.take(workers)
+        self.reused = self._pool.taken > 1  # its workers were started for an earlier loader
+        self._stop = weakref.finalize(self, shared.release, self._pool, self.tally)
         self._said: set[str] = set()
-        self.busy: Counter = Counter()  # the workers' seconds: wall, and CPU (below wall: starved of cores)
-        self.decoded = 0  # images decoded (or failed) in `busy_seconds`: by the workers, and by threads for them
 
     def _segment(self, nbytes: int) -> Segment:
         """A new shared segment for the pixels of CPU shares (page-locked on a GPU: counted, as it takes a while)."""
@@ -110,12 +95,28 @@ class DecodeWorkers:
         return made
 
     @property
-    def _workers(self) -> list[spawn.Worker]:
-        return self._relay.workers
+    def stopped(self) -> bool:
+        """Closed, or the workers were stopped (the interpreter is exiting)."""
+        return not self._stop.alive or not self._pool.alive
 
     @property
-    def _stop(self):
-        return self._relay.stop
+    def busy(self) -> Counter:
+        """Seconds by kind: the workers' wall and CPU seconds (CPU below wall: starved of cores), the
+        threads' seconds decoding for them, shared segments made and the seconds that took."""
+        return self.tally.busy
+
+    @property
+    def decoded(self) -> int:
+        """Images decoded (or failed) in `busy_seconds`: by the workers, and by threads for them."""
+        return self.tally.decoded
+
+    @property
+    def _workers(self) -> list[spawn.Worker]:
+        return self._pool.workers
+
+    @property
+    def _relay(self):
+        return self._pool.relay
 
     @property
     def pids(self) -> list[int]:
@@ -124,13 +125,13 @@ class DecodeWorkers:
     @property
     def threads(self) -> int:
         """Workers ready to decode (0 while they start): the scheduler sizes the CPU's share by it."""
-        return len(self._relay.live(self._answered, self._died))
+        return len(self._pool.live(wait=False))
 
     @property
     def busy_seconds(self) -> float:
-        """The workers' seconds decoding, summed (a worker's rate is images over these), and those of
-        the threads that decoded what no worker could."""
-        return self.busy["workers_wall"] + sum(threads.busy_seconds for threads in self._thread_decoders)
+        """The workers' seconds decoding this loader's images, summed (a worker's rate is images over
+        these), and those of the threads that decoded what no worker could."""
+        return self.busy["workers_wall"] + self.busy["threads_wall"]
 
     @property
     def rate(self) -> float:
@@ -141,8 +142,9 @@ class DecodeWorkers:
 
     @property
     def ready_times(self) -> list[float]:
-        """When each worker ready so far was heard saying so (time.perf_counter), in order."""
-        return sorted(w.ready_at for w in self._workers if w.ready_at is not None)
+        """When each worker ready so far was ready for this loader (time.perf_counter), in order: heard
+        saying so, or this loader's making for workers it found running (`reused`)."""
+        return sorted(max(w.ready_at, self.made_at) for w in self._workers if w.ready_at is not None)
 
     def start_seconds(self) -> dict[str, float]:
         """Where the ready workers' start went, medians over them in seconds: from being started to their
@@ -166,7 +168,7 @@ class DecodeWorkers:
     def wait_ready(self, timeout: float = 60.0) -> bool:
         """Wait until every worker is ready (or dead); whether all of them are ready."""
         deadline = time.monotonic() + timeout
-        while self._relay.starting() and time.monotonic() < deadline:
+        while self._pool.starting() and time.monotonic() < deadline:
             self._poll(0.01)
         return all(w.ready for w in self._workers)
 
@@ -178,7 +180,7 @@ class DecodeWorkers:
         n = len(asks)
         if not n:
             return None
-        if not self._stop.alive:
+        if self.stopped:
             raise WorkersStopped(STOPPED)
         capacity = asks.nbytes(shapes)  # as asked: a region's pixels, or a DCT-reduced image's, not the whole
         at = np.cumsum(capacity) - capacity
@@ -192,7 +194,7 @@ class DecodeWorkers:
         except BaseException:
             self._staging.give_back(segment, None)
             raise
-        if not self._stop.alive:  # stopped while waiting: its staging was drained, and this goes with it
+        if self.stopped:  # stopped while waiting: its staging was drained, and this goes with it
             segment.close()
             raise WorkersStopped(STOPPED)
         if not live:
@@ -206,35 +208,13 @@ class DecodeWorkers:
             begins, files = batch.file_begins, batch.file_index  # type: ignore[assignment]
             ends = begins + (batch.ends - batch.begins)
         size = math.ceil(n / (self.tickets * len(live)))
-        with self._lock:
-            start = self._board.room(n, [(j.start, j.start + j.n) for j in self._jobs.values()])
-            if start is None:
-                self._staging.give_back(segment, None)
-                self._say(f"no room on the decode workers' board for {n} images: decoded on threads")
-                return self._fallback().submit(batch, shapes, asks)
-            self._board.post(start, begins, ends, files, at, capacity, segment, asks)
-            firsts = np.arange(start, start + n, size)
-            tickets = np.empty(len(firsts), protocol.TICKET)
-            share = next(self._shares) % (1 << 32)
-            tickets["row"], tickets["count"], tickets["share"], tickets["spare"] = (
-                firsts,
-                np.minimum(size, start + n - firsts),
-                share,
-                0,
-            )
-            job = Job(
-                start=start,
-                share=share,
-                segment=segment,
-                batch=batch,
-                asks=asks,
-                sequence={},
-                pending=dict(zip(firsts.tolist(), tickets["count"].tolist())),
-            )
-            self._jobs[start] = job
-            self._tickets.update(dict.fromkeys(job.pending, job))
-            first = self._relay.send(tickets)
-            job.sequence = dict(zip(firsts.tolist(), range(first, first + len(firsts))))
+        job = self._pool.post(
+            self._source, batch, asks, (begins, ends, files), (at, capacity, segment), size, self.tally
+        )
+        if job is None:
+            self._staging.give_back(segment, None)
+            self._say(f"no room on the decode workers' board for {n} images: decoded on threads")
+            return self._fallback().submit(batch, shapes, asks)
         return job
 
     def collect(self, job, device: torch.device, pin: bool) -> Decoded:
@@ -244,19 +224,13 @@ class DecodeWorkers:
         if not isinstance(job, Job):
             threads = self._fallback()
             part = threads.collect(job, device, pin)
-            self.decoded += len(job)
+            self.tally.decoded += len(job)
+            self.busy.update(threads_wall=part.busy)  # type: ignore[call-overload]  # (floats: as above)
             return part
-        while job.pending and not job.stopped:
-            self._poll(0.1)
-            if any(w.dead is not None for w in self._workers):
-                self._recover()
-        with self._lock:
-            del self._jobs[job.start]
-            for first in job.pending:
-                self._tickets.pop(first, None)
-        if job.stopped:
+        self._pool.wait(job)
+        got = self._pool.finish(job)
+        if got is None:
             raise WorkersStopped(STOPPED)
-        got = self._board.results(job.start, job.n)
         end = int(got.offsets[-1] + got.sizes[-1].prod() * 3) if len(got.kept) else 0
         base, on_done = to_device(job.segment.tensor, end, device, self._staging, job.segment, pin)
         return Decoded(
@@ -283,91 +257,31 @@ class DecodeWorkers:
 
     def _live(self, wait: bool) -> list[int]:
         """Indices of the ready, living workers; with `wait`, wait for one while any is starting."""
-        while True:
-            live = self._relay.live(self._answered, self._died)
-            if live or not wait or not self._relay.starting() or not self._stop.alive:
-                return live
-            time.sleep(0.01)
+        if not self._stop.alive:
+            return []
+        return self._pool.live(wait)
 
     def _poll(self, timeout: float) -> None:
-        """Read what the workers sent (waiting up to `timeout` for something); once they were
-        stopped, every share still waiting for them is stopped."""
-        if not self._relay.poll(timeout, self._answered, self._died):
-            with self._lock:
-                for job in self._jobs.values():
-                    job.stopped = job.stopped or bool(job.pending)
+        """Read what the workers sent, waiting up to `timeout` (`shared.WorkerPool.poll`)."""
+        self._pool.poll(timeout)
 
     def _answered(self, records: np.ndarray) -> None:
-        """Done records: their tickets are answered."""
-        wall, cpu = float(records["wall"].sum()), float(records["cpu"].sum())
-        self.busy.update(workers_wall=wall, workers_cpu=cpu)  # type: ignore[call-overload]  # (floats: as above)
-        self.decoded += int(records["count"].sum())
-        with self._lock:
-            answers = zip(records["row"].tolist(), records["share"].tolist(), records["wall"].tolist())
-            for first, share, wall in answers:
-                job = self._tickets.get(first)
-                if job is not None and job.share == share:  # else a late answer for rows now another share's
-                    del self._tickets[first]
-                    job.pending.pop(first, None)
-                    job.busy += wall
-
-    def _died(self, k: int, why: str) -> None:
-        """Worker `k` is found gone (said once, unless the pool is stopping; `_recover` takes its tickets)."""
-        worker = self._workers[k]
-        if worker.dead is None and self._stop.alive:
-            left = sum(w.dead is None for w in self._workers) - 1
-            self._say(
-                f"JPEG decode worker {worker.proc.pid} stopped ({why}); {left} of "
-                f"{len(self._workers)} workers remain, its images are decoded on threads"
-            )
-
-    def _recover(self) -> None:
-        """Decode on threads the tickets no living worker will answer (`Job.lost`)."""
-        now, dead = time.monotonic(), [w.dead is not None for w in self._workers]
-        unread = self._relay.unread()
-        if unread is None:
-            return
-        with self._lock:
-            read_upto = self._relay.written - unread  # the tickets before it were read
-            for job in list(self._jobs.values()):
-                for first, count in job.lost(self._board, dead, read_upto, now).items():
-                    self._on_threads(job, first, count)
-                    del job.pending[first]
-                    self._tickets.pop(first, None)
-
-    def _on_threads(self, job: Job, first: int, count: int) -> None:
-        """Decode a lost ticket's rows on threads, into the segment, and complete the rows."""
-        positions = list(range(first - job.start, first - job.start + count))
-        threads = self._fallback()
-        part = threads.collect(
-            threads.submit(job.batch.take(positions), None, job.asks.take(positions)), torch.device("cpu"), False
-        )
-        job.busy += part.busy
-        self.decoded += count
-        self._board.answer(job.start, positions, part, job.asks, job.segment, part.done_at)
+        self._pool._answered(records)
 
     def _fallback(self) -> CpuDecoder:
-        """This thread's decoder on threads (a thread decoder serves one caller at a time)."""
-        threads = getattr(self._local, "threads", None)
-        if threads is None:
-            threads = self._local.threads = CpuDecoder(max(1, self.size))
-            with self._lock:
-                self._thread_decoders.append(threads)
-        if not any(w.dead is None for w in self._workers):
-            self._say(f"no JPEG decode worker is left: the CPU decodes on {threads.threads} threads")
-        return threads
+        """This thread's decoder on threads."""
+        return self._pool.fallback()
 
     def _say(self, message: str) -> None:
-        with self._lock:
-            if message in self._said:
-                return
+        if message not in self._said:
             self._said.add(message)
-        log.warning("gpufeed: %s", message)
+            log.warning("gpufeed: %s", message)
 
     def close(self) -> None:
-        """Stop the workers (also done when the pool is garbage-collected or the interpreter exits)."""
+        """Give the workers back (also done when this is garbage-collected or the interpreter exits): a
+        share still waiting is stopped."""
         self._stop()
-        for threads in self._thread_decoders:
-            threads.close()
         for segment in self._staging.drain():
             segment.close()
+        if not self._pool.holds(self.tally):  # else the shares left to the pool keep it until answered
+            self._source.close()
