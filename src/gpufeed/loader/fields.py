@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from gpufeed.augment.boxes import padded, transform_boxes_kept
-from gpufeed.augment.keypoints import transform_keypoints
+from gpufeed.augment.keypoints import check_flip_index, transform_keypoints
 from gpufeed.augment.masks import DTYPES, transform_masks
 from gpufeed.augment.params import Params
 from gpufeed.loader.stats import Stats
@@ -36,6 +36,41 @@ class FieldRequest:
     keypoint_flip: np.ndarray | None = None  # the point each keypoint becomes when mirrored (`augment.keypoints`)
     mask_fill: int = 0  # a label map's value where its image takes a fill (`augment.masks`)
     keep_crowd: bool = False  # yield the instances the store's "iscrowd" marks too (else left out: `_crowd`)
+
+    @staticmethod
+    def check(
+        names: tuple[str, ...] | None, store, keypoint_flip, mask_fill: int, keep_crowd: bool
+    ) -> np.ndarray | None:
+        """Refuse, naming the store, a `Loader`'s field arguments that don't fit `names` or `store`:
+        each name is a field of the store (or "label", "source", "image"), `keypoint_flip` is a
+        permutation of its keypoints (returned as an array), `mask_fill` a value its label maps hold,
+        `keep_crowd` a bool for instance fields."""
+        asked = set(names or ())
+        if keypoint_flip is not None and "keypoints" not in asked:
+            raise ValueError(f"{store.path}: keypoint_flip is for fields=(..., 'keypoints', ...)")
+        if mask_fill != 0 and "masks" not in asked:
+            raise ValueError(f"{store.path}: mask_fill is for fields=(..., 'masks', ...)")
+        if not isinstance(keep_crowd, bool):
+            raise ValueError(f"{store.path}: keep_crowd must be True or False, got {keep_crowd!r}")
+        if keep_crowd and not PER_INSTANCE & asked:
+            raise ValueError(f"{store.path}: keep_crowd is for fields=(..., 'boxes', 'keypoints' or 'masks', ...)")
+        for name in names or ():
+            if name not in ("label", "source", "image"):
+                try:
+                    store.column(name)
+                except KeyError as e:
+                    raise ValueError(e.args[0]) from None
+        if "masks" in asked:
+            spec = store.fields["masks"]
+            info = torch.iinfo(DTYPES[spec["dtype"]])
+            if isinstance(mask_fill, bool) or not isinstance(mask_fill, int) or not info.min <= mask_fill <= info.max:
+                raise ValueError(
+                    f"{store.path}: mask_fill={mask_fill!r} is not an int a {spec['dtype']} label map holds "
+                    f"({info.min}..{info.max})"
+                )
+        if keypoint_flip is None:
+            return None
+        return check_flip_index(keypoint_flip, store.fields["keypoints"]["points"], str(store.path))
 
 
 class FieldBatch(dict):

@@ -28,8 +28,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from gpufeed.augment.keypoints import check_flip_index
-from gpufeed.augment.masks import DTYPES as MASK_DTYPES
 from gpufeed.augment.pipeline import Augment, triton_ahead, triton_ready_at
 from gpufeed.decode.scheduling.choice import load_ahead
 from gpufeed.decode.tuning import Tuning
@@ -191,12 +189,37 @@ def aspect_groups(sizes: tuple[int, int] | torch.Tensor, n: int, factor: bool | 
     return np.full(n, np.digitize(sizes[1] / sizes[0], bounds), np.int64)
 
 
-def _check_augment(
-    augment: Augment, path: object, sizes: tuple[int, int] | torch.Tensor, size_divisible: int | None
-) -> None:
+def _default_augment(store, augment: Sequence | None, dtype: torch.dtype, group_by_aspect: bool | int):
+    """(augment, dtype, one size) as the Loader uses them: a jpeg store of one image size (its (h, w),
+    else None) needs no ops and then yields its images as stored, in uint8; a jpeg store of many sizes
+    needs ops that end in one; `group_by_aspect` pads whatever the ops leave."""
+    if group_by_aspect is not False and augment is None:
+        augment = []  # padded to one shape per batch
+    one_size = _one_size(store) if store.mode == "jpeg" and group_by_aspect is False else None
+    if store.mode == "jpeg" and not augment and group_by_aspect is False:
+        if one_size is None:
+            raise ValueError(
+                f"{store.path}: a jpeg store holds images of different sizes; give augment ops "
+                "that end in a fixed size, e.g. [RandomResizedCrop(224), Normalize()]"
+            )
+        if augment is None:  # uint8 batches of the images as stored, as from a raw store
+            augment, dtype = [], torch.uint8
+    return augment, dtype, one_size
+
+
+def _check_augment(augment: Augment, store, sizes: tuple[int, int] | torch.Tensor, size_divisible: int | None) -> None:
     """Refuse an op list that can't yield one batch shape from this store, when the Loader is built
     rather than at the first batch: drawn once on the store's extreme image sizes (smallest and largest
-    side, widest and tallest); with `size_divisible`, as one padded batch."""
+    side, widest and tallest); with `size_divisible`, as one padded batch. A batch op (MixUp, CutMix)
+    needs the store's labels in its classes."""
+    mixer, labels = augment.batch_op, store.labels
+    if mixer is not None and len(labels) and (int(labels.min()) < 0 or int(labels.max()) >= mixer.num_classes):
+        raise ValueError(
+            f"{store.path}: {type(mixer).__name__}(num_classes={mixer.num_classes}) needs "
+            f"labels in 0..{mixer.num_classes - 1}; the store's are "
+            f"{int(labels.min())}..{int(labels.max())} (-1: unlabelled)"
+        )
+    path = store.path
     height: int | torch.Tensor
     width: int | torch.Tensor
     if isinstance(sizes, torch.Tensor):
@@ -422,31 +445,8 @@ class Loader:
         self.input = open_input(store, cache_dir, cache_limit, storage_options)
         self.store = self.input.store
         self.fields = tuple(fields) if fields is not None else None
-        if keypoint_flip is not None and "keypoints" not in (self.fields or ()):
-            raise ValueError(f"{self.store.path}: keypoint_flip is for fields=(..., 'keypoints', ...)")
-        if mask_fill != 0 and "masks" not in (self.fields or ()):
-            raise ValueError(f"{self.store.path}: mask_fill is for fields=(..., 'masks', ...)")
-        if not isinstance(keep_crowd, bool):
-            raise ValueError(f"{self.store.path}: keep_crowd must be True or False, got {keep_crowd!r}")
-        if keep_crowd and not {"boxes", "keypoints", "masks"} & set(self.fields or ()):
-            raise ValueError(f"{self.store.path}: keep_crowd is for fields=(..., 'boxes', 'keypoints' or 'masks', ...)")
-        for name in self.fields or ():
-            if name not in ("label", "source", "image"):
-                try:
-                    self.store.column(name)
-                except KeyError as e:
-                    raise ValueError(e.args[0]) from None
-        if group_by_aspect is not False and augment is None:
-            augment = []  # padded to one shape per batch
-        one_size = _one_size(self.store) if self.store.mode == "jpeg" and group_by_aspect is False else None
-        if self.store.mode == "jpeg" and not augment and group_by_aspect is False:
-            if one_size is None:
-                raise ValueError(
-                    f"{self.store.path}: a jpeg store holds images of different sizes; give augment ops "
-                    "that end in a fixed size, e.g. [RandomResizedCrop(224), Normalize()]"
-                )
-            if augment is None:  # uint8 batches of the images as stored, as from a raw store
-                augment, dtype = [], torch.uint8
+        flip = FieldRequest.check(self.fields, self.store, keypoint_flip, mask_fill, keep_crowd)
+        augment, dtype, one_size = _default_augment(self.store, augment, dtype, group_by_aspect)
         self.device = resolve_device(device)
         self.rank, self.world_size = resolve_rank(rank, world_size)
         shape = self.store.image_shape or one_size  # a jpeg store of one size is planned as a raw store
@@ -472,15 +472,7 @@ class Loader:
         self.size_divisible = None if group_by_aspect is False else size_divisible
         self._group_by_aspect = group_by_aspect
         if self.augment is not None:
-            _check_augment(self.augment, self.store.path, sizes, self.size_divisible)
-            mixer = self.augment.batch_op
-            labels = self.store.labels
-            if mixer is not None and len(labels) and (int(labels.min()) < 0 or int(labels.max()) >= mixer.num_classes):
-                raise ValueError(
-                    f"{self.store.path}: {type(mixer).__name__}(num_classes={mixer.num_classes}) needs "
-                    f"labels in 0..{mixer.num_classes - 1}; the store's are "
-                    f"{int(labels.min())}..{int(labels.max())} (-1: unlabelled)"
-                )
+            _check_augment(self.augment, self.store, sizes, self.size_divisible)
         self.output = Output(
             self.device, self.augment, dtype if self.augment is not None else torch.uint8, channels_last
         )
@@ -539,19 +531,6 @@ class Loader:
             self._pid,
         )
         self._shut_down.atexit = False
-        flip = (
-            check_flip_index(keypoint_flip, self.store.fields["keypoints"]["points"], str(self.store.path))
-            if keypoint_flip is not None
-            else None
-        )
-        if "masks" in (self.fields or ()):
-            spec = self.store.fields["masks"]
-            info = torch.iinfo(MASK_DTYPES[spec["dtype"]])
-            if isinstance(mask_fill, bool) or not isinstance(mask_fill, int) or not info.min <= mask_fill <= info.max:
-                raise ValueError(
-                    f"{self.store.path}: mask_fill={mask_fill!r} is not an int a {spec['dtype']} label map holds "
-                    f"({info.min}..{info.max})"
-                )
         self._fields = (
             None
             if self.fields is None
