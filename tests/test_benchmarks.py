@@ -24,6 +24,7 @@ SMOKES = {  # script: extra arguments of its smoke (each benchmark once; ddp_ben
     "ddp_bench": [],
     "ddp_bench --train": ["--train", "resnet18"],
     "folder_bench": [],
+    "index_bench": [],
     "pack_bench": [],
     "start_bench": [],
     "augment_chain_bench": [],

@@ -61,6 +61,7 @@ from gpufeed.sources.images import (
     JPEG_QUALITY,
     BadImage,
     kept_as_is,
+    plain_jpeg_size,
     truncated_jpeg,
     upright_jpeg,
 )
@@ -75,8 +76,9 @@ JPEG_MAX_SIDE = 65535  # a JPEG frame header's limit
 # the fewest bytes a baseline JPEG of this many pixels can take is above pixels / 256 (each 8x8 block
 # costs at least two bits); an entry claiming more pixels than that for its bytes is read again
 PIXELS_PER_BYTE = 256
-HEADER_BYTES = 1 << 18  # enough for a JPEG's markers up to its frame header, EXIF thumbnails included
-TAIL_BYTES = 1 << 16  # a JPEG's last bytes, where its end-of-image marker is (HEADER_BYTES apart from its head)
+HEADER_BYTES = 1 << 16  # enough for a JPEG's markers up to its scan, an EXIF thumbnail included (else read whole)
+INDEX_RUN = 64  # files a thread indexes per task
+TAIL_BYTES = 1 << 12  # a JPEG's last bytes, where its end-of-image marker is (else read whole: a long trailer)
 
 
 @dataclass
@@ -169,9 +171,14 @@ class FolderStore:
 
             sizes, files = listing.sizes, listing.files
             fresh = [k for k, key in enumerate(keys) if not _fits(cached.get(key), sizes[k], stats[files[k]], made, k)]
-        found = self._pool.map(lambda k: _index(listing.item(k), Path(made(k))), fresh)
-        for k, entry in zip(fresh, found):
-            cached[keys[k]] = entry
+
+        def index(ks: list[int]) -> list[list[int] | str]:
+            return [_index(listing.item(k), Path(made(k))) for k in ks]
+
+        runs = [fresh[a : a + INDEX_RUN] for a in range(0, len(fresh), INDEX_RUN)]  # a task per file cost more
+        for ks, entries in zip(runs, self._pool.map(index, runs)):
+            for k, entry in zip(ks, entries):
+                cached[keys[k]] = entry
         if fresh or len(cached) != len(keys):  # new entries, or ones of files gone
             _save(cache_path, {key: cached[key] for key in keys})
             _prune(self.upright, {_upright_name(key) for key in keys if _reencoded(cached[key])})
@@ -429,15 +436,16 @@ def _fits(entry: object, size: int, stat: str, made: Callable[[int], str], k: in
     return got == expected and 1 <= h <= JPEG_MAX_SIDE and 1 <= w <= JPEG_MAX_SIDE and h * w <= PIXELS_PER_BYTE * got
 
 
-def _open_regular(path: str) -> int:
-    """A descriptor of `path` for reading, which must be a regular file: a FIFO or device named like an
-    image would block or never end (opened without blocking, then checked)."""
+def _open_regular(path: str) -> tuple[int, int]:
+    """A descriptor of `path` for reading, which must be a regular file (a FIFO or device named like an
+    image would block or never end: opened without blocking, then checked; O_NONBLOCK changes nothing
+    for a regular file's reads), and its size."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     try:
-        if not stat_module.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat_module.S_ISREG(st.st_mode):
             raise OSError(f"{path}: not a regular file (a FIFO, device or socket)")
-        os.set_blocking(fd, True)
-        return fd
+        return fd, st.st_size
     except BaseException:
         os.close(fd)
         raise
@@ -445,46 +453,53 @@ def _open_regular(path: str) -> int:
 
 def _index(x: _Listed, made: Path) -> list[int] | str:
     """`x`'s index entry: [height, width, bytes] of an upright RGB baseline JPEG, read as it is; else
-    [height, width, bytes, 1] once it is re-encoded into `made`; else why it can't be read."""
+    [height, width, bytes, 1] once it is re-encoded into `made`; else why it can't be read. Reads its
+    head (and tail) alone where the header says enough (`plain_jpeg_size`), with a call each, no file
+    object: this runs per file of a folder of a million."""
     try:
-        with open(_open_regular(x.file), "rb") as f:
-            size = x.size if x.size >= 0 else os.fstat(f.fileno()).st_size
-            if size > MAX_FILE_BYTES:
-                return f"{size} bytes, more than any image gpufeed reads ({MAX_FILE_BYTES})"
-            f.seek(x.begin)
-            head = f.read(min(size, HEADER_BYTES))
-            try:
-                img = Image.open(io.BytesIO(head))
-            except (OSError, SyntaxError):
-                if size <= HEADER_BYTES:
-                    raise
-                f.seek(x.begin)  # markers (an ICC profile, XMP) longer than the head: read it all
-                head = f.read(size)
-                img = Image.open(io.BytesIO(head))
-            w, h = img.size
-            if kept_as_is(img, JPEG_MAX_SIDE):
-                return _cut_short(f, x.begin, size, head) or [h, w, size]
-            if len(head) < size:
-                f.seek(x.begin)
-                head = f.read(size)
-        return _reencode(head, made)
+        fd, whole = _open_regular(x.file)
+        try:
+            return _entry(fd, x.size if x.size >= 0 else whole, x.begin, made)
+        finally:
+            os.close(fd)
     except Image.UnidentifiedImageError:
         return "not an image Pillow can identify"
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
         return f"unreadable: {e}"
 
 
-def _cut_short(f, begin: int, size: int, head: bytes) -> str | None:
-    """Why a JPEG read as it is (`size` bytes at `begin` of the open file `f`, the first of them in
+def _entry(fd: int, size: int, begin: int, made: Path) -> list[int] | str:
+    """`_index` for the image of `size` bytes at `begin` of the open file `fd`."""
+    if size > MAX_FILE_BYTES:
+        return f"{size} bytes, more than any image gpufeed reads ({MAX_FILE_BYTES})"
+    head = os.pread(fd, min(size, HEADER_BYTES), begin)
+    plain = plain_jpeg_size(head, JPEG_MAX_SIDE)  # most photos: no Pillow needed
+    if plain is not None:
+        return _cut_short(fd, begin, size, head) or [*plain, size]
+    try:
+        img = Image.open(io.BytesIO(head))
+    except (OSError, SyntaxError):
+        if size <= HEADER_BYTES:
+            raise
+        head = os.pread(fd, size, begin)  # markers (an ICC profile, XMP) longer than the head: read it all
+        img = Image.open(io.BytesIO(head))
+    w, h = img.size
+    if kept_as_is(img, JPEG_MAX_SIDE):
+        return _cut_short(fd, begin, size, head) or [h, w, size]
+    if len(head) < size:
+        head = os.pread(fd, size, begin)
+    return _reencode(head, made)
+
+
+def _cut_short(fd: int, begin: int, size: int, head: bytes) -> str | None:
+    """Why a JPEG read as it is (`size` bytes at `begin` of the open file `fd`, the first of them in
     `head`) ends before its image does, or None, as `gpufeed pack` checks it (`truncated_jpeg`). A
     file longer than its head is looked for the end-of-image marker in its last TAIL_BYTES first (one
     more read); only one with none there (cut short, or a long trailer after its image) is read whole."""
     if len(head) < size:
-        f.seek(begin + size - TAIL_BYTES)
-        if b"\xff\xd9" in f.read(TAIL_BYTES):
+        if b"\xff\xd9" in os.pread(fd, TAIL_BYTES, begin + size - TAIL_BYTES):
             return None
-        f.seek(begin)
-        head = f.read(size)
+        head = os.pread(fd, size, begin)
     return truncated_jpeg(head)
 
 
@@ -544,7 +559,7 @@ def _save(path: Path, entries: dict) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=".gpufeed-index-", delete=False) as f:
             written = f.name
-            json.dump({"version": INDEX_VERSION, "entries": entries}, f)
+            f.write(json.dumps({"version": INDEX_VERSION, "entries": entries}))  # (json.dump: no C encoder)
         os.replace(written, path)
     except OSError as e:
         if written is not None:  # a half-written file is not left beside the images

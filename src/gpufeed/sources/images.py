@@ -10,6 +10,7 @@ import math
 import warnings
 from collections.abc import Callable
 from contextlib import contextmanager
+from typing import Literal
 
 import numpy as np
 from PIL import Image, ImageOps
@@ -71,12 +72,84 @@ def truncated_jpeg(data: bytes) -> str | None:
             pos += 2 + int.from_bytes(data[pos + 2 : pos + 4], "big")
             if marker == 0xDA:  # start of scan: the image data follows its header
                 break
-    if data.find(b"\xff\xd9", pos) < 0:
+    if data.rfind(b"\xff\xd9", pos) < 0:  # (from the end: where a whole JPEG's is)
         return (
             f"truncated JPEG: no end-of-image marker after its image data ({len(data)} bytes; "
             "cut short in a download or copy?)"
         )
     return None
+
+
+_SEQUENTIAL = (0xC0, 0xC1)  # baseline and extended sequential Huffman frames: what is kept as it is
+_EXIF, _XMP = b"Exif\x00\x00", b"http://ns.adobe.com/xap/1.0/"
+_ORIENTATION = 0x0112
+
+
+def plain_jpeg_size(head: bytes, max_side: int) -> tuple[int, int] | None:
+    """(height, width) of a JPEG whose header (`head`: its first bytes, up to its scan at least) alone
+    shows that `kept_as_is` holds: one sequential Huffman frame of 8-bit samples, three components,
+    sides within `max_side` and pixels within Pillow's guard, and no orientation but 1 (one EXIF block,
+    no XMP). None for anything else, or anything unusual in the header: Pillow then decides, as
+    before. Opening with Pillow took 3/4 of a folder index's time per file (issue 65)."""
+    if head[:3] != b"\xff\xd8\xff":
+        return None
+    pos, size, exif = 2, None, None
+    while pos + 4 <= len(head):
+        if head[pos] != 0xFF:
+            return None  # stray bytes between segments: Pillow's walk decides
+        marker = head[pos + 1]
+        if marker == 0xDA:  # start of scan: the header is complete
+            if size is None or (exif is not None and _exif_orientation(exif) != 1):
+                return None
+            return size
+        if marker == 0xFF or marker in _STANDALONE or marker == 0xD8:
+            return None
+        length = int.from_bytes(head[pos + 2 : pos + 4], "big")
+        end, segment = pos + 2 + length, head[pos + 4 : pos + 2 + length]
+        if length < 2 or end > len(head):
+            return None
+        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):  # a frame header (SOFn)
+            if size is not None or marker not in _SEQUENTIAL or len(segment) < 6:
+                return None
+            precision, h, w, components = (
+                segment[0],
+                int.from_bytes(segment[1:3], "big"),
+                int.from_bytes(segment[3:5], "big"),
+                segment[5],
+            )
+            if precision != 8 or components != 3 or not (0 < h <= max_side and 0 < w <= max_side):
+                return None
+            if Image.MAX_IMAGE_PIXELS is not None and h * w > Image.MAX_IMAGE_PIXELS:
+                return None
+            size = (h, w)
+        elif marker == 0xE1:  # APP1: EXIF (one) or XMP (Pillow reads an orientation there too)
+            if not segment.startswith(_EXIF) or exif is not None:
+                return None
+            exif = segment[len(_EXIF) :]
+        pos = end
+    return None
+
+
+def _exif_orientation(tiff: bytes) -> int | None:
+    """The orientation tag of an EXIF block's first IFD (1 where it has none), or None where the block
+    is not plainly readable."""
+    if len(tiff) < 8 or tiff[:2] not in (b"II", b"MM"):
+        return None
+    order: Literal["little", "big"] = "little" if tiff[:2] == b"II" else "big"
+    if int.from_bytes(tiff[2:4], order) != 42:
+        return None
+    ifd = int.from_bytes(tiff[4:8], order)
+    if ifd < 8 or ifd + 2 > len(tiff):
+        return None
+    count = int.from_bytes(tiff[ifd : ifd + 2], order)
+    if ifd + 2 + 12 * count > len(tiff):
+        return None
+    for k in range(count):
+        entry = tiff[ifd + 2 + 12 * k : ifd + 14 + 12 * k]
+        if int.from_bytes(entry[0:2], order) == _ORIENTATION:
+            kind, n = int.from_bytes(entry[2:4], order), int.from_bytes(entry[4:8], order)
+            return int.from_bytes(entry[8:10], order) if kind == 3 and n == 1 else None
+    return 1
 
 
 @contextmanager

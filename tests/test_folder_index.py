@@ -1,0 +1,113 @@
+"""A folder's index reads most JPEG headers without Pillow (`sources.images.plain_jpeg_size`, issue 65):
+wherever it decides alone, Pillow decides the same (kept as it is, the same size); anything else it
+leaves to Pillow; and a folder indexed with it serves what the Pillow-only index served."""
+
+from __future__ import annotations
+
+import io
+import struct
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import gpufeed
+from gpufeed.augment import CenterCrop, Resize
+from gpufeed.loader import folder
+from gpufeed.sources.images import kept_as_is, plain_jpeg_size
+from gpufeed.synth import natural_image
+
+MAX_SIDE = 4096
+
+
+def _jpeg(array: np.ndarray, mode: str = "RGB", **kw) -> bytes:
+    out = io.BytesIO()
+    Image.fromarray(array).convert(mode).save(out, format="JPEG", **kw)
+    return out.getvalue()
+
+
+def _exif(orientation: int | None, order: str) -> bytes:
+    """An APP1 EXIF block's TIFF data (after "Exif\\0\\0"), IFD0 holding one orientation tag (or an
+    unrelated tag), in byte order `order` ("II" or "MM")."""
+    e = "<" if order == "II" else ">"
+    tag, value = (0x0112, orientation) if orientation is not None else (0x010F, 0)
+    entry = struct.pack(f"{e}HHI", tag, 3, 1) + struct.pack(f"{e}H", value) + b"\0\0"
+    return order.encode() + struct.pack(f"{e}HI", 42, 8) + struct.pack(f"{e}H", 1) + entry + b"\0\0\0\0"
+
+
+def _with_app1(jpeg: bytes, payload: bytes) -> bytes:
+    """`jpeg` with an APP1 segment of `payload` right after its SOI."""
+    return jpeg[:2] + b"\xff\xe1" + struct.pack(">H", len(payload) + 2) + payload + jpeg[2:]
+
+
+def _variants() -> dict[str, bytes]:
+    rng = np.random.default_rng(3)
+    photo = natural_image(rng, 75, 101, 1)
+    plain = _jpeg(photo, quality=90)
+    return {
+        "baseline": plain,
+        "baseline 4:4:4": _jpeg(photo, quality=95, subsampling=0),
+        "optimized": _jpeg(photo, quality=80, optimize=True),
+        "progressive": _jpeg(photo, quality=90, progressive=True),
+        "gray": _jpeg(photo, "L", quality=90),
+        "cmyk": _jpeg(photo, "CMYK", quality=90),
+        "exif upright II": _with_app1(plain, b"Exif\0\0" + _exif(1, "II")),
+        "exif upright MM": _with_app1(plain, b"Exif\0\0" + _exif(1, "MM")),
+        "exif no orientation": _with_app1(plain, b"Exif\0\0" + _exif(None, "II")),
+        "exif rotated II": _with_app1(plain, b"Exif\0\0" + _exif(6, "II")),
+        "exif rotated MM": _with_app1(plain, b"Exif\0\0" + _exif(3, "MM")),
+        "exif garbled": _with_app1(plain, b"Exif\0\0" + b"XX" + bytes(20)),
+        "xmp": _with_app1(plain, b"http://ns.adobe.com/xap/1.0/\0<x:xmpmeta tiff:Orientation=\"6\"/>"),
+        "two exif blocks": _with_app1(_with_app1(plain, b"Exif\0\0" + _exif(1, "II")), b"Exif\0\0" + _exif(6, "II")),
+        "png": (lambda b: (Image.fromarray(photo).save(b, format="PNG"), b.getvalue())[1])(io.BytesIO()),
+        "cut inside the header": plain[:40],
+    }
+
+
+@pytest.mark.parametrize("name", list(_variants()))
+def test_a_header_read_alone_decides_as_pillow_does(name):
+    data = _variants()[name]
+    fast = plain_jpeg_size(data, MAX_SIDE)
+    try:
+        img = Image.open(io.BytesIO(data))
+        pillow = (img.size[1], img.size[0]) if kept_as_is(img, MAX_SIDE) else None
+    except (OSError, SyntaxError):
+        pillow = None
+    if fast is not None:  # where it decides alone, as Pillow
+        assert fast == pillow, name
+    expected_alone = {"baseline", "baseline 4:4:4", "optimized", "exif upright II", "exif upright MM",
+                      "exif no orientation"}
+    assert (fast is not None) == (name in expected_alone), (name, fast, pillow)
+
+
+def test_a_side_over_the_limit_is_left_to_pillow():
+    data = _variants()["baseline"]
+    assert plain_jpeg_size(data, 100) is None and plain_jpeg_size(data, 101) == (75, 101)
+
+
+def test_a_folder_indexed_without_pillow_serves_what_pillow_indexed(tmp_path, monkeypatch):
+    """Every variant in a folder (those needing it re-encoded, those unreadable skipped): the index made
+    with the header path and one made with Pillow alone give the same files, sizes, skips and batches."""
+    root = tmp_path / "img"
+    for k, (name, data) in enumerate(_variants().items()):
+        path = root / f"c{k % 2}" / f"{k:02d}.jpg"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    ops = [Resize(40), CenterCrop(32)]
+
+    def index(cache: str):
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / cache))
+        store = folder.FolderStore(root)
+        loader = gpufeed.Loader(store, batch_size=4, device="cpu", shuffle=False, drop_last=False, augment=ops,
+                                num_workers=0, fields=("label", "source"))
+        return store, [b for b in loader]
+
+    fast_store, fast = index("fast")
+    monkeypatch.setattr(folder, "plain_jpeg_size", lambda head, side: None)
+    slow_store, slow = index("pillow")
+    assert fast_store.skipped == slow_store.skipped and len(fast_store.skipped) == 1  # the one cut in its header
+    assert np.array_equal(fast_store.shapes, slow_store.shapes) and fast_store.reencoded == slow_store.reencoded
+    assert len(fast) == len(slow)
+    for a, b in zip(fast, slow):
+        assert torch.equal(a["image"], b["image"]) and a["source"] == b["source"]
