@@ -5,7 +5,10 @@ leaves to Pillow; and a folder indexed with it serves what the Pillow-only index
 from __future__ import annotations
 
 import io
+import json
+import logging
 import struct
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -15,6 +18,7 @@ from PIL import Image
 import gpufeed
 from gpufeed.augment import CenterCrop, Resize
 from gpufeed.loader import folder
+from gpufeed.sources import headers, indexer
 from gpufeed.sources.images import kept_as_is, plain_jpeg_size
 from gpufeed.synth import natural_image
 
@@ -104,10 +108,50 @@ def test_a_folder_indexed_without_pillow_serves_what_pillow_indexed(tmp_path, mo
         return store, [b for b in loader]
 
     fast_store, fast = index("fast")
-    monkeypatch.setattr(folder, "plain_jpeg_size", lambda head, side: None)
+    monkeypatch.setattr(headers, "plain_jpeg_size", lambda head, side: None)
     slow_store, slow = index("pillow")
     assert fast_store.skipped == slow_store.skipped and len(fast_store.skipped) == 1  # the one cut in its header
     assert np.array_equal(fast_store.shapes, slow_store.shapes) and fast_store.reencoded == slow_store.reencoded
     assert len(fast) == len(slow)
     for a, b in zip(fast, slow):
         assert torch.equal(a["image"], b["image"]) and a["source"] == b["source"]
+
+
+def _variant_folder(root):
+    for k, data in enumerate(_variants().values()):
+        path = root / f"c{k % 2}" / f"{k:02d}.jpg"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    return root
+
+
+def test_index_processes_make_the_index_threads_make(tmp_path, monkeypatch, caplog):
+    """A folder of many files is indexed by processes (`sources.indexer`, here from 1 file on, 2 of them):
+    the same entries, skips and re-encoded copies as threads; where they fail, threads index it and
+    a warning says so."""
+    root = _variant_folder(tmp_path / "img")
+
+    def index(cache: str):
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / cache))
+        store = folder.FolderStore(root)
+        return store, json.loads(folder._cache_path(root).read_text())["entries"]
+
+    threads, by_threads = index("threads")
+    monkeypatch.setattr(folder, "PROCESSES_FROM", 1)
+    monkeypatch.setattr(folder, "rank_cores", lambda: SimpleNamespace(usable=2))
+    asked = []
+    real = indexer.entries
+    monkeypatch.setattr(indexer, "entries", lambda jobs, n: asked.append((len(jobs), n)) or real(jobs, n))
+    procs, by_processes = index("processes")
+    assert asked == [(len(_variants()), 2)]
+    assert by_processes == by_threads and procs.skipped == threads.skipped
+    assert np.array_equal(procs.shapes, threads.shapes) and procs.reencoded == threads.reencoded > 0
+    assert sorted(p.name for p in procs.upright.glob("*.jpg")) == sorted(p.name for p in threads.upright.glob("*.jpg"))
+
+    def broken(jobs, n):
+        raise indexer.IndexFailed("index process 1 ended without its entries (killed)")
+
+    monkeypatch.setattr(indexer, "entries", broken)
+    with caplog.at_level(logging.WARNING, logger="gpufeed"):
+        again, by_fallback = index("fallback")
+    assert by_fallback == by_threads and "index processes failed" in caplog.text and "killed" in caplog.text

@@ -26,6 +26,7 @@ from gpufeed.decode.tuning import Tuning
 from gpufeed.augment import Normalize, RandomResizedCrop
 from gpufeed.loader import folder
 from gpufeed.loader.jpeg import DecodeError
+from gpufeed.sources import headers
 from gpufeed.sources import SourceError
 from conftest import mixed_folder
 from gpufeed.synth import natural_image
@@ -175,8 +176,8 @@ def test_reencoded_images_are_made_once_and_follow_their_files(tmp_path, monkeyp
     assert len(copies) == made.reencoded == 8
     made.close()
     calls = []
-    real = folder._reencode
-    monkeypatch.setattr(folder, "_reencode", lambda data, to: calls.append(to) or real(data, to))
+    real = headers.reencode
+    monkeypatch.setattr(headers, "reencode", lambda data, to: calls.append(to) or real(data, to))
     folder.FolderStore(root).close()
     assert calls == []  # reused
     copies[0].write_bytes(b"x")  # a copy damaged or cut short: made again

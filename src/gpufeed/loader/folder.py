@@ -26,11 +26,9 @@ import functools
 import gc
 import glob
 import hashlib
-import io
 import json
 import logging
 import os
-import stat as stat_module
 import tarfile
 import tempfile
 from collections.abc import Callable, Iterator
@@ -41,30 +39,23 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image
 
 from gpufeed.decode.base import Encoded
 from gpufeed.loader.bytes import WorkerView
+from gpufeed.loader.cores import rank_cores
 from gpufeed.sources import (
-    MAX_FILE_BYTES,
     TAR_IMAGE_EXTS,
     TAR_SUFFIXES,
     Item,
     Skip,
     SourceError,
+    headers,
+    indexer,
     open_source,
     tar_key,
     tar_label,
 )
-from gpufeed.sources.images import (
-    DEFAULT_MAX_PIXELS,
-    JPEG_QUALITY,
-    BadImage,
-    kept_as_is,
-    plain_jpeg_size,
-    truncated_jpeg,
-    upright_jpeg,
-)
+from gpufeed.sources.headers import JPEG_MAX_SIDE
 from gpufeed.store.format import MANIFEST
 
 log = logging.getLogger(__name__)
@@ -72,13 +63,12 @@ log = logging.getLogger(__name__)
 # into the folder beside the index, or the reason an image can't be read (4: JPEGs cut short are found
 # when indexed, as packing finds them; a version 3 index served them, and they failed at each load)
 INDEX_VERSION = 4
-JPEG_MAX_SIDE = 65535  # a JPEG frame header's limit
 # the fewest bytes a baseline JPEG of this many pixels can take is above pixels / 256 (each 8x8 block
 # costs at least two bits); an entry claiming more pixels than that for its bytes is read again
 PIXELS_PER_BYTE = 256
-HEADER_BYTES = 1 << 16  # enough for a JPEG's markers up to its scan, an EXIF thumbnail included (else read whole)
 INDEX_RUN = 64  # files a thread indexes per task
-TAIL_BYTES = 1 << 12  # a JPEG's last bytes, where its end-of-image marker is (else read whole: a long trailer)
+PROCESSES_FROM = 20_000  # headers to read from which processes read them (`sources.indexer`; 0.2 s to start)
+MAX_INDEX_PROCESSES = 16
 
 
 @dataclass
@@ -172,18 +162,30 @@ class FolderStore:
             sizes, files = listing.sizes, listing.files
             fresh = [k for k, key in enumerate(keys) if not _fits(cached.get(key), sizes[k], stats[files[k]], made, k)]
 
-        def index(ks: list[int]) -> list[list[int] | str]:
-            return [_index(listing.item(k), Path(made(k))) for k in ks]
-
-        runs = [fresh[a : a + INDEX_RUN] for a in range(0, len(fresh), INDEX_RUN)]  # a task per file cost more
-        for ks, entries in zip(runs, self._pool.map(index, runs)):
-            for k, entry in zip(ks, entries):
-                cached[keys[k]] = entry
+        for k, entry in zip(fresh, self._entries(listing, fresh, made)):
+            cached[keys[k]] = entry
         if fresh or len(cached) != len(keys):  # new entries, or ones of files gone
             _save(cache_path, {key: cached[key] for key in keys})
             _prune(self.upright, {_upright_name(key) for key in keys if _reencoded(cached[key])})
         with _collector_paused():
             self._arrange(listing, keys, cached, fresh, made)
+
+    def _entries(self, listing: _Listing, fresh: list[int], made: Callable[[int], str]) -> list[list[int] | str]:
+        """The index entries of images `fresh`: by processes where there are many and this rank has the
+        cores (`sources.indexer`), else on the folder's threads, a run of files per task."""
+        processes = min(MAX_INDEX_PROCESSES, rank_cores().usable)
+        if len(fresh) >= PROCESSES_FROM and processes > 1:
+            jobs = [(listing.files[k], listing.begins[k], listing.sizes[k], made(k)) for k in fresh]
+            try:
+                return indexer.entries(jobs, processes)
+            except (indexer.IndexFailed, OSError) as e:
+                log.warning("gpufeed: %s: index processes failed (%s); indexed on threads (slower)", self.path, e)
+
+        def index(ks: list[int]) -> list[list[int] | str]:
+            return [_index(listing.item(k), Path(made(k))) for k in ks]
+
+        runs = [fresh[a : a + INDEX_RUN] for a in range(0, len(fresh), INDEX_RUN)]  # a task per file cost more
+        return [entry for part in self._pool.map(index, runs) for entry in part]
 
     def _arrange(
         self, listing: _Listing, keys: list[str], cached: dict, fresh: list[int], made: Callable[[int], str]
@@ -436,92 +438,9 @@ def _fits(entry: object, size: int, stat: str, made: Callable[[int], str], k: in
     return got == expected and 1 <= h <= JPEG_MAX_SIDE and 1 <= w <= JPEG_MAX_SIDE and h * w <= PIXELS_PER_BYTE * got
 
 
-def _open_regular(path: str) -> tuple[int, int]:
-    """A descriptor of `path` for reading, which must be a regular file (a FIFO or device named like an
-    image would block or never end: opened without blocking, then checked; O_NONBLOCK changes nothing
-    for a regular file's reads), and its size."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    try:
-        st = os.fstat(fd)
-        if not stat_module.S_ISREG(st.st_mode):
-            raise OSError(f"{path}: not a regular file (a FIFO, device or socket)")
-        return fd, st.st_size
-    except BaseException:
-        os.close(fd)
-        raise
-
-
 def _index(x: _Listed, made: Path) -> list[int] | str:
-    """`x`'s index entry: [height, width, bytes] of an upright RGB baseline JPEG, read as it is; else
-    [height, width, bytes, 1] once it is re-encoded into `made`; else why it can't be read. Reads its
-    head (and tail) alone where the header says enough (`plain_jpeg_size`), with a call each, no file
-    object: this runs per file of a folder of a million."""
-    try:
-        fd, whole = _open_regular(x.file)
-        try:
-            return _entry(fd, x.size if x.size >= 0 else whole, x.begin, made)
-        finally:
-            os.close(fd)
-    except Image.UnidentifiedImageError:
-        return "not an image Pillow can identify"
-    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
-        return f"unreadable: {e}"
-
-
-def _entry(fd: int, size: int, begin: int, made: Path) -> list[int] | str:
-    """`_index` for the image of `size` bytes at `begin` of the open file `fd`."""
-    if size > MAX_FILE_BYTES:
-        return f"{size} bytes, more than any image gpufeed reads ({MAX_FILE_BYTES})"
-    head = os.pread(fd, min(size, HEADER_BYTES), begin)
-    plain = plain_jpeg_size(head, JPEG_MAX_SIDE)  # most photos: no Pillow needed
-    if plain is not None:
-        return _cut_short(fd, begin, size, head) or [*plain, size]
-    try:
-        img = Image.open(io.BytesIO(head))
-    except (OSError, SyntaxError):
-        if size <= HEADER_BYTES:
-            raise
-        head = os.pread(fd, size, begin)  # markers (an ICC profile, XMP) longer than the head: read it all
-        img = Image.open(io.BytesIO(head))
-    w, h = img.size
-    if kept_as_is(img, JPEG_MAX_SIDE):
-        return _cut_short(fd, begin, size, head) or [h, w, size]
-    if len(head) < size:
-        head = os.pread(fd, size, begin)
-    return _reencode(head, made)
-
-
-def _cut_short(fd: int, begin: int, size: int, head: bytes) -> str | None:
-    """Why a JPEG read as it is (`size` bytes at `begin` of the open file `fd`, the first of them in
-    `head`) ends before its image does, or None, as `gpufeed pack` checks it (`truncated_jpeg`). A
-    file longer than its head is looked for the end-of-image marker in its last TAIL_BYTES first (one
-    more read); only one with none there (cut short, or a long trailer after its image) is read whole."""
-    if len(head) < size:
-        if b"\xff\xd9" in os.pread(fd, TAIL_BYTES, begin + size - TAIL_BYTES):
-            return None
-        head = os.pread(fd, size, begin)
-    return truncated_jpeg(head)
-
-
-def _reencode(data: bytes, made: Path) -> list[int] | str:
-    """Re-encode an image as `gpufeed pack` does (upright, RGB, baseline, its default quality) into
-    `made`, written whole or not at all; its entry, or why not."""
-    try:
-        encoded, (h, w), _ = upright_jpeg(data, JPEG_QUALITY, JPEG_MAX_SIDE, DEFAULT_MAX_PIXELS)
-    except BadImage as e:
-        return str(e)
-    written = None
-    try:
-        made.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=made.parent, prefix=".gpufeed-", suffix=".part", delete=False) as f:
-            written = f.name
-            f.write(encoded)
-        os.replace(written, made)
-    except OSError as e:
-        if written is not None:
-            Path(written).unlink(missing_ok=True)
-        return f"needs re-encoding (not an upright RGB baseline JPEG), and {made.parent} can't be written ({e})"
-    return [h, w, len(encoded), 1]
+    """`x`'s index entry (`headers.entry`), on one of the folder's threads."""
+    return headers.entry(x.file, x.begin, x.size, made)
 
 
 def _prune(folder: Path, kept: set[str]) -> None:

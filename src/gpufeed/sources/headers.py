@@ -1,0 +1,126 @@
+"""What a folder's index says of each image, from its header: its size and bytes where it is read as
+it is, or it re-encoded once (`sources.images.upright_jpeg`), or why it can't be read
+(`loader.folder` caches these). Torch-free: the index processes run it too (`sources.indexer`).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import stat as stat_module
+import tempfile
+from pathlib import Path
+
+from PIL import Image
+
+from gpufeed.sources.entries import MAX_FILE_BYTES
+from gpufeed.sources.images import (
+    DEFAULT_MAX_PIXELS,
+    JPEG_QUALITY,
+    BadImage,
+    kept_as_is,
+    plain_jpeg_size,
+    truncated_jpeg,
+    upright_jpeg,
+)
+
+JPEG_MAX_SIDE = 65535  # a JPEG frame header's limit
+# a JPEG's markers up to its scan: most fit the first read (a cold page cache reads no more of the file);
+# an EXIF thumbnail, an ICC profile may take the second; longer ones are read whole
+HEADER_BYTES = 1 << 14
+LONG_HEADER_BYTES = 1 << 18
+TAIL_BYTES = 1 << 12  # a JPEG's last bytes, where its end-of-image marker is (else read whole: a long trailer)
+
+
+def _open_regular(path: str) -> tuple[int, int]:
+    """A descriptor of `path` for reading, which must be a regular file (a FIFO or device named like an
+    image would block or never end: opened without blocking, then checked; O_NONBLOCK changes nothing
+    for a regular file's reads), and its size."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        st = os.fstat(fd)
+        if not stat_module.S_ISREG(st.st_mode):
+            raise OSError(f"{path}: not a regular file (a FIFO, device or socket)")
+        return fd, st.st_size
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def entry(file: str, begin: int, size: int, made: Path) -> list[int] | str:
+    """The index entry of the image of `size` bytes at `begin` of `file` (-1: the whole file):
+    [height, width, bytes] of an upright RGB baseline JPEG, read as it is; else [height, width, bytes,
+    1] once it is re-encoded into `made`; else why it can't be read. Reads its head (and tail) alone
+    where the header says enough (`plain_jpeg_size`), with a call each, no file object: this runs per
+    file of a folder of a million."""
+    try:
+        fd, whole = _open_regular(file)
+        try:
+            # only its head and tail are read: the kernel's read-ahead would fetch the rest from disk too
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+            return _entry(fd, size if size >= 0 else whole, begin, made)
+        finally:
+            os.close(fd)
+    except Image.UnidentifiedImageError:
+        return "not an image Pillow can identify"
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
+        return f"unreadable: {e}"
+
+
+def _entry(fd: int, size: int, begin: int, made: Path) -> list[int] | str:
+    """`entry` for the image of `size` bytes at `begin` of the open file `fd`."""
+    if size > MAX_FILE_BYTES:
+        return f"{size} bytes, more than any image gpufeed reads ({MAX_FILE_BYTES})"
+    head = os.pread(fd, min(size, HEADER_BYTES), begin)
+    plain = plain_jpeg_size(head, JPEG_MAX_SIDE)  # most photos: no Pillow needed
+    if plain is None and len(head) < size:  # maybe markers longer than the head (an EXIF thumbnail)
+        head = os.pread(fd, min(size, LONG_HEADER_BYTES), begin)
+        plain = plain_jpeg_size(head, JPEG_MAX_SIDE)
+    if plain is not None:
+        return _cut_short(fd, begin, size, head) or [*plain, size]
+    try:
+        img = Image.open(io.BytesIO(head))
+    except (OSError, SyntaxError):
+        if size <= len(head):
+            raise
+        head = os.pread(fd, size, begin)  # markers (an ICC profile, XMP) longer than the head: read it all
+        img = Image.open(io.BytesIO(head))
+    w, h = img.size
+    if kept_as_is(img, JPEG_MAX_SIDE):
+        return _cut_short(fd, begin, size, head) or [h, w, size]
+    if len(head) < size:
+        head = os.pread(fd, size, begin)
+    return reencode(head, made)
+
+
+def _cut_short(fd: int, begin: int, size: int, head: bytes) -> str | None:
+    """Why a JPEG read as it is (`size` bytes at `begin` of the open file `fd`, the first of them in
+    `head`) ends before its image does, or None, as `gpufeed pack` checks it (`truncated_jpeg`). A
+    file longer than its head is looked for the end-of-image marker in its last TAIL_BYTES first (one
+    more read); only one with none there (cut short, or a long trailer after its image) is read whole."""
+    if len(head) < size:
+        if b"\xff\xd9" in os.pread(fd, TAIL_BYTES, begin + size - TAIL_BYTES):
+            return None
+        head = os.pread(fd, size, begin)
+    return truncated_jpeg(head)
+
+
+def reencode(data: bytes, made: Path) -> list[int] | str:
+    """Re-encode an image as `gpufeed pack` does (upright, RGB, baseline, its default quality) into
+    `made`, written whole or not at all; its entry, or why not."""
+    try:
+        encoded, (h, w), _ = upright_jpeg(data, JPEG_QUALITY, JPEG_MAX_SIDE, DEFAULT_MAX_PIXELS)
+    except BadImage as e:
+        return str(e)
+    written = None
+    try:
+        made.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=made.parent, prefix=".gpufeed-", suffix=".part", delete=False) as f:
+            written = f.name
+            f.write(encoded)
+        os.replace(written, made)
+    except OSError as e:
+        if written is not None:
+            Path(written).unlink(missing_ok=True)
+        return f"needs re-encoding (not an upright RGB baseline JPEG), and {made.parent} can't be written ({e})"
+    return [h, w, len(encoded), 1]

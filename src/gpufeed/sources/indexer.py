@@ -1,0 +1,113 @@
+"""A large folder's index made by processes: `entries` splits the images among `processes` fresh
+interpreters (`python -m gpufeed.sources.indexer`), each reading its run of headers
+(`headers.entry`).
+
+Why processes: reading a header is mostly Python (the marker walk, the entry), which holds the GIL,
+so threads of one process index no faster than one thread with the page cache warm
+(docs/benchmarks.md, "Indexing a folder"); ImageNet's 1.28M files on one core take over a minute.
+Why exec and not multiprocessing: as the decode workers (`decode.pool.spawn`), a process started
+with exec shares no threads or locks with the loader's and never imports the user's `__main__`. It
+imports no torch (0.2 s to start). It reads its request (a pickled list of (file, begin, bytes,
+where a re-encoded copy goes)) from stdin, writes the entries, pickled, to stdout, and exits; it
+also exits within a quarter second of its parent going away.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from gpufeed.sources import headers
+
+SRC = Path(__file__).resolve().parents[2]  # the folder gpufeed is imported from, for the processes' path
+WATCH = 0.25  # seconds between a process's looks at whether its parent is still there
+
+Job = tuple[str, int, int, str]  # (file, begin, bytes or -1 for the whole file, where a re-encoded copy goes)
+
+
+class IndexFailed(Exception):
+    """An index process ended without its entries (it was killed, or could not start)."""
+
+
+IN_FLIGHT = 16  # headers read at once over all the processes: a cold page cache waits on the disk
+
+
+def entries(jobs: Sequence[Job], processes: int) -> list[list[int] | str]:
+    """Each job's index entry (`headers.entry`), made by `processes` processes at once, in the jobs'
+    order, each reading on `IN_FLIGHT // processes` threads (one: the GIL's, with the page cache warm;
+    more overlap a cold cache's reads). Raises IndexFailed, naming the process, where one ends
+    without its entries."""
+    threads = max(1, IN_FLIGHT // max(1, processes))
+    step = -(-len(jobs) // max(1, processes))
+    runs = [list(jobs[a : a + step]) for a in range(0, len(jobs), step)]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "gpufeed.sources.indexer", str(os.getpid()), str(threads)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            close_fds=True,
+        )
+        for _ in runs
+    ]
+    try:
+        with ThreadPoolExecutor(len(procs), thread_name_prefix="gpufeed-index") as pool:
+            found = list(pool.map(_ask, procs, runs))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+    return [e for part in found for e in part]
+
+
+def _ask(proc: subprocess.Popen, run: list[Job]) -> list[list[int] | str]:
+    """Send `run` to `proc` and read back its entries."""
+    out, err = proc.communicate(pickle.dumps(run, protocol=pickle.HIGHEST_PROTOCOL))
+    if proc.returncode != 0:
+        why = err.decode(errors="replace").strip().splitlines()[-1:] or [f"exit code {proc.returncode}"]
+        raise IndexFailed(f"index process {proc.pid} ended without its entries ({why[0]})")
+    try:
+        got = pickle.loads(out)
+    except Exception as e:  # noqa: BLE001  whatever a broken pipe's bytes unpickle to
+        raise IndexFailed(f"index process {proc.pid} answered unreadably ({type(e).__name__})") from None
+    if not isinstance(got, list) or len(got) != len(run):
+        raise IndexFailed(
+            f"index process {proc.pid} answered {len(got) if isinstance(got, list) else '?'} "
+            f"entries for {len(run)} images"
+        )
+    return got
+
+
+def _watch(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(WATCH)
+    os._exit(0)
+
+
+def main() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the loader's to handle
+    threading.Thread(target=_watch, args=(int(sys.argv[1]),), daemon=True).start()
+    run = pickle.load(sys.stdin.buffer)
+
+    def some(part: list[Job]) -> list[list[int] | str]:
+        return [headers.entry(file, begin, size, Path(made)) for file, begin, size, made in part]
+
+    with ThreadPoolExecutor(int(sys.argv[2])) as pool:
+        found = [e for part in pool.map(some, [run[a : a + 64] for a in range(0, len(run), 64)]) for e in part]
+    sys.stdout.buffer.write(pickle.dumps(found, protocol=pickle.HIGHEST_PROTOCOL))
+    sys.stdout.buffer.flush()
+
+
+if __name__ == "__main__":
+    main()
