@@ -194,7 +194,7 @@ def test_the_index_is_cached_and_refreshed_for_changed_files(tmp_path, monkeypat
     root = _jpegs(tmp_path / "img", n=8)
     calls = []
     real = folder._index
-    monkeypatch.setattr(folder, "_index", lambda x, made: calls.append(x.name) or real(x, made))
+    monkeypatch.setattr(folder, "_index", lambda job: calls.append(job.name) or real(job))
     folder.FolderStore(root).close()
     assert len(calls) == 8 and folder._cache_path(root).is_file()
     calls.clear()

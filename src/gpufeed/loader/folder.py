@@ -150,42 +150,54 @@ class FolderStore:
             cache_path = _cache_path(self.path)
             self.upright = cache_path.with_suffix(".upright")  # the images re-encoded, as packing would
             cached = _load(cache_path)
-            unique = list(dict.fromkeys(listing.files))  # a tar shard holds many
-            stats = {f: _stat(f) for f in unique}  # (on threads: slower, each stat's GIL hand-over costs more)
-            keys = [f"{name}|{stats[f]}" for name, f in zip(listing.names, listing.files)]
             upright = os.fspath(self.upright)
-
-            def made(k: int) -> str:
-                """Where image k is kept re-encoded (named by its key: asked for those alone, a hash each)."""
-                return os.path.join(upright, _upright_name(keys[k]))
-
             sizes, files = listing.sizes, listing.files
-            fresh = [k for k, key in enumerate(keys) if not _fits(cached.get(key), sizes[k], stats[files[k]], made, k)]
+            keys: list[str | None] = [None] * len(files)
+            fresh = list(range(len(files)))  # a cold build: each file's stat is taken as it is opened
+            if cached:  # the entries are for files as they were: look at each file first
+                unique = list(dict.fromkeys(files))  # a tar shard holds many
+                stats = {f: headers.file_stat(f) for f in unique}  # (on threads: slower, each a GIL hand-over)
+                keys = [f"{name}|{stats[f]}" for name, f in zip(listing.names, files)]
 
-        for k, entry in zip(fresh, self._entries(listing, fresh, made)):
-            cached[keys[k]] = entry
-        if fresh or len(cached) != len(keys):  # new entries, or ones of files gone
-            _save(cache_path, {key: cached[key] for key in keys})
-            _prune(self.upright, {_upright_name(key) for key in keys if _reencoded(cached[key])})
+                def made_now(k: int) -> str:
+                    return os.path.join(upright, headers.upright_name(keys[k]))  # type: ignore[arg-type]
+
+                fresh = [
+                    k
+                    for k, key in enumerate(keys)
+                    if not _fits(cached.get(key), sizes[k], stats[files[k]], made_now, k)
+                ]
+        jobs = [headers.Job(files[k], listing.begins[k], sizes[k], listing.names[k], upright, keys[k]) for k in fresh]
+        for k, (entry, key) in zip(fresh, self._entries(jobs)):
+            keys[k] = key
+            cached[key] = entry
+        known: list[str] = keys  # type: ignore[assignment]  # every image's, now
+
+        def made(k: int) -> str:
+            """Where image k is kept re-encoded (named by its key: asked for those alone, a hash each)."""
+            return os.path.join(upright, headers.upright_name(known[k]))
+
+        if fresh or len(cached) != len(known):  # new entries, or ones of files gone
+            _save(cache_path, {key: cached[key] for key in known})
+            _prune(self.upright, {headers.upright_name(key) for key in known if _reencoded(cached[key])})
         with _collector_paused():
-            self._arrange(listing, keys, cached, fresh, made)
+            self._arrange(listing, known, cached, fresh, made)
 
-    def _entries(self, listing: _Listing, fresh: list[int], made: Callable[[int], str]) -> list[list[int] | str]:
-        """The index entries of images `fresh`: by processes where there are many and this rank has the
-        cores (`sources.indexer`), else on the folder's threads, a run of files per task."""
+    def _entries(self, jobs: list[headers.Job]) -> list[tuple[list[int] | str, str]]:
+        """The index entries and keys of `jobs`: by processes where there are many and this rank has
+        the cores (`sources.indexer`), else on the folder's threads, a run of files per task."""
         processes = min(MAX_INDEX_PROCESSES, rank_cores().usable)
-        if len(fresh) >= PROCESSES_FROM and processes > 1:
-            jobs = [(listing.files[k], listing.begins[k], listing.sizes[k], made(k)) for k in fresh]
+        if len(jobs) >= PROCESSES_FROM and processes > 1:
             try:
                 return indexer.entries(jobs, processes)
             except (indexer.IndexFailed, OSError) as e:
                 log.warning("gpufeed: %s: index processes failed (%s); indexed on threads (slower)", self.path, e)
 
-        def index(ks: list[int]) -> list[list[int] | str]:
-            return [_index(listing.item(k), Path(made(k))) for k in ks]
+        def index(run: list[headers.Job]) -> list[tuple[list[int] | str, str]]:
+            return [_index(job) for job in run]
 
-        runs = [fresh[a : a + INDEX_RUN] for a in range(0, len(fresh), INDEX_RUN)]  # a task per file cost more
-        return [entry for part in self._pool.map(index, runs) for entry in part]
+        runs = [jobs[a : a + INDEX_RUN] for a in range(0, len(jobs), INDEX_RUN)]  # a task per file cost more
+        return [found for part in self._pool.map(index, runs) for found in part]
 
     def _arrange(
         self, listing: _Listing, keys: list[str], cached: dict, fresh: list[int], made: Callable[[int], str]
@@ -386,24 +398,8 @@ def _list_tars(shards: list[str]) -> _Listing:
     return listing
 
 
-def _stat(path: str) -> str:
-    """What a cached entry is for: the file's size, modification and change times, device and inode
-    (an index copied from elsewhere, or made before the file was replaced, matches none of it)."""
-    try:
-        st = os.stat(path)
-        return f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_dev}:{st.st_ino}"
-    except OSError:
-        return "missing"
-
-
 def _reencoded(entry: list[int] | str) -> bool:
     return isinstance(entry, list) and len(entry) == 4
-
-
-def _upright_name(key: str) -> str:
-    """The file an image re-encoded is kept in, named by its index key (its name and file's stat). A name
-    need not be UTF-8 (Python keeps its other bytes as surrogates): hashed as the bytes it is."""
-    return hashlib.sha1(os.fsencode(key)).hexdigest()[:24] + ".jpg"
 
 
 def _fits(entry: object, size: int, stat: str, made: Callable[[int], str], k: int) -> bool:
@@ -438,9 +434,9 @@ def _fits(entry: object, size: int, stat: str, made: Callable[[int], str], k: in
     return got == expected and 1 <= h <= JPEG_MAX_SIDE and 1 <= w <= JPEG_MAX_SIDE and h * w <= PIXELS_PER_BYTE * got
 
 
-def _index(x: _Listed, made: Path) -> list[int] | str:
-    """`x`'s index entry (`headers.entry`), on one of the folder's threads."""
-    return headers.entry(x.file, x.begin, x.size, made)
+def _index(job: headers.Job) -> tuple[list[int] | str, str]:
+    """`job`'s index entry and key (`headers.entry`), on one of the folder's threads."""
+    return headers.entry(job)
 
 
 def _prune(folder: Path, kept: set[str]) -> None:

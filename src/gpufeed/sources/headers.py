@@ -5,10 +5,12 @@ it is, or it re-encoded once (`sources.images.upright_jpeg`), or why it can't be
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import stat as stat_module
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from PIL import Image
@@ -32,39 +34,65 @@ LONG_HEADER_BYTES = 1 << 18
 TAIL_BYTES = 1 << 12  # a JPEG's last bytes, where its end-of-image marker is (else read whole: a long trailer)
 
 
-def _open_regular(path: str) -> tuple[int, int]:
-    """A descriptor of `path` for reading, which must be a regular file (a FIFO or device named like an
-    image would block or never end: opened without blocking, then checked; O_NONBLOCK changes nothing
-    for a regular file's reads), and its size."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+def stat_key(st: os.stat_result | None) -> str:
+    """What a cached entry is for: the file's size, modification and change times, device and inode
+    (an index copied from elsewhere, or made before the file was replaced, matches none of it)."""
+    return "missing" if st is None else f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_dev}:{st.st_ino}"
+
+
+def file_stat(path: str) -> str:
+    """`stat_key` of the file at `path` ("missing" where it can't be looked at)."""
+    try:
+        return stat_key(os.stat(path))
+    except OSError:
+        return "missing"
+
+
+def upright_name(key: str) -> str:
+    """The file an image re-encoded is kept in, named by its index key (its name and file's stat). A name
+    need not be UTF-8 (Python keeps its other bytes as surrogates): hashed as the bytes it is."""
+    return hashlib.sha1(os.fsencode(key)).hexdigest()[:24] + ".jpg"
+
+
+@dataclass(frozen=True)
+class Job:
+    """One image to index: `size` bytes at `begin` of `file` (-1: the whole file), named `name`; its
+    re-encoded copy, if it needs one, goes into the folder `upright` named by its key (`key`: its name
+    and its file's stat, where the caller looked already; else from the file as it is opened)."""
+
+    file: str
+    begin: int
+    size: int
+    name: str
+    upright: str
+    key: str | None = None
+
+
+def entry(job: Job) -> tuple[list[int] | str, str]:
+    """The image's index entry and key: [height, width, bytes] of an upright RGB baseline JPEG, read as
+    it is; else [height, width, bytes, 1] once it is re-encoded; else why it can't be read. Reads its
+    head (and tail) alone where the header says enough (`plain_jpeg_size`), with a call each, no file
+    object: this runs per file of a folder of a million."""
+    try:
+        fd = os.open(job.file, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO named like an image would block
+    except OSError as e:
+        return f"unreadable: {e}", job.key or f"{job.name}|{file_stat(job.file)}"
     try:
         st = os.fstat(fd)
-        if not stat_module.S_ISREG(st.st_mode):
-            raise OSError(f"{path}: not a regular file (a FIFO, device or socket)")
-        return fd, st.st_size
-    except BaseException:
-        os.close(fd)
-        raise
-
-
-def entry(file: str, begin: int, size: int, made: Path) -> list[int] | str:
-    """The index entry of the image of `size` bytes at `begin` of `file` (-1: the whole file):
-    [height, width, bytes] of an upright RGB baseline JPEG, read as it is; else [height, width, bytes,
-    1] once it is re-encoded into `made`; else why it can't be read. Reads its head (and tail) alone
-    where the header says enough (`plain_jpeg_size`), with a call each, no file object: this runs per
-    file of a folder of a million."""
-    try:
-        fd, whole = _open_regular(file)
+        key = job.key or f"{job.name}|{stat_key(st)}"
+        if not stat_module.S_ISREG(st.st_mode):  # a FIFO or device would block or never end
+            return f"unreadable: {job.file}: not a regular file (a FIFO, device or socket)", key
+        # only its head and tail are read: the kernel's read-ahead would fetch the rest from disk too
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+        made = Path(job.upright) / upright_name(key)
         try:
-            # only its head and tail are read: the kernel's read-ahead would fetch the rest from disk too
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
-            return _entry(fd, size if size >= 0 else whole, begin, made)
-        finally:
-            os.close(fd)
-    except Image.UnidentifiedImageError:
-        return "not an image Pillow can identify"
-    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
-        return f"unreadable: {e}"
+            return _entry(fd, job.size if job.size >= 0 else st.st_size, job.begin, made), key
+        except Image.UnidentifiedImageError:
+            return "not an image Pillow can identify", key
+        except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
+            return f"unreadable: {e}", key
+    finally:
+        os.close(fd)
 
 
 def _entry(fd: int, size: int, begin: int, made: Path) -> list[int] | str:

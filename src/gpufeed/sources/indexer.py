@@ -7,8 +7,8 @@ so threads of one process index no faster than one thread with the page cache wa
 (docs/benchmarks.md, "Indexing a folder"); ImageNet's 1.28M files on one core take over a minute.
 Why exec and not multiprocessing: as the decode workers (`decode.pool.spawn`), a process started
 with exec shares no threads or locks with the loader's and never imports the user's `__main__`. It
-imports no torch (0.2 s to start). It reads its request (a pickled list of (file, begin, bytes,
-where a re-encoded copy goes)) from stdin, writes the entries, pickled, to stdout, and exits; it
+imports no torch (0.2 s to start). It reads its request (a pickled list of `headers.Job`) from
+stdin, writes the (entry, key) of each, pickled, to stdout, and exits; it
 also exits within a quarter second of its parent going away.
 """
 
@@ -26,11 +26,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from gpufeed.sources import headers
+from gpufeed.sources.headers import Job
 
 SRC = Path(__file__).resolve().parents[2]  # the folder gpufeed is imported from, for the processes' path
 WATCH = 0.25  # seconds between a process's looks at whether its parent is still there
-
-Job = tuple[str, int, int, str]  # (file, begin, bytes or -1 for the whole file, where a re-encoded copy goes)
 
 
 class IndexFailed(Exception):
@@ -40,7 +39,7 @@ class IndexFailed(Exception):
 IN_FLIGHT = 16  # headers read at once over all the processes: a cold page cache waits on the disk
 
 
-def entries(jobs: Sequence[Job], processes: int) -> list[list[int] | str]:
+def entries(jobs: Sequence[Job], processes: int) -> list[tuple[list[int] | str, str]]:
     """Each job's index entry (`headers.entry`), made by `processes` processes at once, in the jobs'
     order, each reading on `IN_FLIGHT // processes` threads (one: the GIL's, with the page cache warm;
     more overlap a cold cache's reads). Raises IndexFailed, naming the process, where one ends
@@ -71,7 +70,7 @@ def entries(jobs: Sequence[Job], processes: int) -> list[list[int] | str]:
     return [e for part in found for e in part]
 
 
-def _ask(proc: subprocess.Popen, run: list[Job]) -> list[list[int] | str]:
+def _ask(proc: subprocess.Popen, run: list[Job]) -> list[tuple[list[int] | str, str]]:
     """Send `run` to `proc` and read back its entries."""
     out, err = proc.communicate(pickle.dumps(run, protocol=pickle.HIGHEST_PROTOCOL))
     if proc.returncode != 0:
@@ -100,8 +99,8 @@ def main() -> None:
     threading.Thread(target=_watch, args=(int(sys.argv[1]),), daemon=True).start()
     run = pickle.load(sys.stdin.buffer)
 
-    def some(part: list[Job]) -> list[list[int] | str]:
-        return [headers.entry(file, begin, size, Path(made)) for file, begin, size, made in part]
+    def some(part: list[Job]) -> list[tuple[list[int] | str, str]]:
+        return [headers.entry(job) for job in part]
 
     with ThreadPoolExecutor(int(sys.argv[2])) as pool:
         found = [e for part in pool.map(some, [run[a : a + 64] for a in range(0, len(run), 64)]) for e in part]
