@@ -155,3 +155,17 @@ def test_index_processes_make_the_index_threads_make(tmp_path, monkeypatch, capl
     with caplog.at_level(logging.WARNING, logger="gpufeed"):
         again, by_fallback = index("fallback")
     assert by_fallback == by_threads and "index processes failed" in caplog.text and "killed" in caplog.text
+
+
+def test_an_index_process_that_fails_is_named_and_none_is_left(tmp_path, monkeypatch):
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\necho 'MemoryError: the machine ran out' >&2\nexit 3\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(indexer.sys, "executable", str(fake))
+    started = []
+    real_popen = indexer.subprocess.Popen
+    monkeypatch.setattr(indexer.subprocess, "Popen", lambda *a, **kw: started.append(real_popen(*a, **kw)) or started[-1])
+    jobs = [headers.Job(str(tmp_path / f"{k}.jpg"), 0, -1, f"{k}.jpg", str(tmp_path)) for k in range(4)]
+    with pytest.raises(indexer.IndexFailed, match="ended without its entries .MemoryError: the machine ran out"):
+        indexer.entries(jobs, 2)
+    assert len(started) == 2 and all(p.returncode is not None for p in started)

@@ -59,13 +59,16 @@ def entries(jobs: Sequence[Job], processes: int) -> list[tuple[list[int] | str, 
         )
         for _ in runs
     ]
+    pool = ThreadPoolExecutor(len(procs), thread_name_prefix="gpufeed-index")
     try:
-        with ThreadPoolExecutor(len(procs), thread_name_prefix="gpufeed-index") as pool:
-            found = list(pool.map(_ask, procs, runs))
-    finally:
+        asked = [pool.submit(_ask, proc, run) for proc, run in zip(procs, runs)]
+        found = [f.result() for f in asked]
+    finally:  # (Ctrl-C, or one failed: the others are stopped, not waited for)
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()
+        pool.shutdown(wait=True)
+        for proc in procs:
             proc.wait()
     return [e for part in found for e in part]
 
