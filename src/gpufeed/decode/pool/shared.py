@@ -22,6 +22,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import sys
 import threading
 import time
 
@@ -312,10 +313,18 @@ def release(pool: WorkerPool, tally: Tally) -> None:
                 del _pools[pool.size]
             pool.stop()
             return
-        timer = pool._idle = threading.Timer(IDLE_SECONDS, _retire, args=(pool,))
+        timer = threading.Timer(IDLE_SECONDS, _retire, args=(pool,))
         timer.daemon = True
         timer.name = "gpufeed-idle-workers"
-        timer.start()
+        try:
+            if sys.is_finalizing():
+                raise RuntimeError("the interpreter is exiting")
+            timer.start()  # (a loader's finalizer run at exit: no thread may start then, from Python 3.12)
+        except RuntimeError:
+            del _pools[pool.size]
+            pool.stop()
+            return
+        pool._idle = timer
 
 
 def _retire(pool: WorkerPool) -> None:
