@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import threading
 import time
 
@@ -416,8 +417,12 @@ def test_a_ticket_read_but_never_taken_is_decoded_on_threads(store, caplog):
         workers._workers[0].proc.wait()
         inputs = _inputs(store, range(0, 8))
         with caplog.at_level(logging.WARNING, logger="gpufeed"):
-            job = workers.submit(*inputs)
-            stolen = os.read(workers._relay._tickets_r, protocol.TICKET.itemsize)  # read, never taken
+            os.kill(workers.pids[1], signal.SIGSTOP)  # (else it may take every ticket before the read below)
+            try:
+                job = workers.submit(*inputs)
+                stolen = os.read(workers._relay._tickets_r, protocol.TICKET.itemsize)  # read, never taken
+            finally:
+                os.kill(workers.pids[1], signal.SIGCONT)
             assert len(stolen) == protocol.TICKET.itemsize
             got: list = []
             collect = threading.Thread(target=lambda: got.append(workers.collect(job, CPU, pin=False)), daemon=True)

@@ -185,3 +185,32 @@ def test_a_worker_lets_go_of_what_the_loader_closed(monkeypatch):
     assert maps.get(reused.fd, reused.id, 64, worker._pixels)[0] == 3
     kept.close()
     reused.close()
+
+
+def test_a_row_naming_a_closed_fd_now_given_to_another_memfd_fails_instead_of_reading_it():
+    """A row's memfd is checked by its inode: where the loader closed it and the fd number went to
+    another memfd (another loader's source or segment), the worker's open fails the row."""
+    maps = worker.Maps(os.getpid())
+    gone = Segment(64, CPU)
+    fd, inode = gone.fd, gone.id
+    gone.close()
+    other = Segment(64, CPU)  # takes the lowest free fd: the closed one's
+    assert other.fd == fd and other.id != inode
+    with pytest.raises(OSError, match="names another file"):
+        maps.get(fd, inode, 64, worker._pixels)
+    other.close()
+
+
+def test_no_share_is_posted_once_its_loader_gave_the_workers_back(stores):
+    """A producer still running as its loader closes gets WorkersStopped for its next share, not rows
+    on the board that name the loader's closed files."""
+    from gpufeed.decode.base import WorkersStopped
+
+    a = gpufeed.open(stores[0])
+    workers = DecodeWorkers(a.data, 2)
+    assert workers.wait_ready(60)
+    workers._pool.leave(workers.tally)  # what close() does first, from another thread
+    with pytest.raises(WorkersStopped):
+        workers.submit(*_inputs(a, range(4)))
+    assert not workers._pool.holds(workers.tally)
+    workers.close()

@@ -22,6 +22,7 @@ class Tally:
 
     busy: Counter = field(default_factory=Counter)
     decoded: int = 0
+    left: bool = False  # its loader gave the workers back: no share of it is taken on since
 
 
 @dataclass

@@ -52,7 +52,7 @@ BOARD = np.dtype(
     [
         # the loader's request
         ("source_fd", "<i4"),
-        ("source_id", "<i4"),
+        ("source_id", "<i8"),  # its memfd's inode: checked by the worker that opens it
         ("source_size", "<i8"),  # what the bytes are read from (a `Source`), as /proc/PID/fd/FD
         ("begin", "<i8"),
         ("end", "<i8"),  # bytes of the source's store (or of its file `file`, a folder read in place)
@@ -60,7 +60,7 @@ BOARD = np.dtype(
         ("at", "<i8"),
         ("capacity", "<i8"),  # where its pixels go in the segment, and the bytes reserved: as asked
         ("segment_fd", "<i4"),
-        ("segment_id", "<i4"),
+        ("segment_id", "<i8"),  # its memfd's inode, as source_id
         ("segment_size", "<i8"),  # the segment, as /proc/PID/fd/FD
         ("reduce_to", "<i4", (2,)),  # (w, h) to DCT-reduce towards; (0, 0): no reduction
         ("region", "<i4", (4,)),  # (y0, x0, y1, x1) to decode alone; all -1: the whole image

@@ -7,7 +7,6 @@ page-locked (registered with CUDA), so its pixels reach the device in one DMA co
 
 from __future__ import annotations
 
-import itertools
 import mmap
 import os
 import weakref
@@ -28,13 +27,14 @@ def unavailable() -> str | None:
 class Segment:
     """A shared buffer of `nbytes` that workers open as /proc/PID/fd/FD; page-locked if `device` is CUDA."""
 
-    _ids = itertools.count()
-
     def __init__(self, nbytes: int, device: torch.device):
         self.fd = os.memfd_create("gpufeed-decode", os.MFD_CLOEXEC)
         self._close_fd = weakref.finalize(self, os.close, self.fd)  # also when dropped without close()
-        self.id, self.nbytes = next(Segment._ids), nbytes
+        self.nbytes = nbytes
         try:
+            # its memfd's inode: a worker that opens /proc/PID/fd/FD checks it finds this segment there, not
+            # another the fd number was given to since (a row can outlive its loader's close, `shared`)
+            self.id = os.fstat(self.fd).st_ino
             os.ftruncate(self.fd, nbytes)
             self._map = mmap.mmap(self.fd, nbytes)
         except OSError:

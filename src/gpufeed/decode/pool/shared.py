@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from gpufeed.decode.asks import Asks
-from gpufeed.decode.base import Encoded
+from gpufeed.decode.base import Encoded, WorkersStopped
 from gpufeed.decode.codecs.cpu import CpuDecoder
 from gpufeed.decode.pool import protocol, spawn
 from gpufeed.decode.pool.board import Board, Results
@@ -44,6 +44,19 @@ IDLE_SECONDS = 30.0  # how long workers no loader holds wait for the next one
 
 _pools: dict[int, WorkerPool] = {}  # this process's pools in use or idle, by worker count
 _registry = threading.RLock()  # (reentrant: a loader's finalizer may run in a collection under it)
+_inherited: list[WorkerPool] = []  # a forked child's copies of its parent's pools: kept, never used
+
+
+def _forked() -> None:
+    """In a forked child: its parent's pools are not its own (a lock held by a parent's thread at the
+    fork would never be let go here)."""
+    global _registry
+    _inherited.extend(_pools.values())
+    _pools.clear()
+    _registry = threading.RLock()
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 class WorkerPool:
@@ -64,7 +77,7 @@ class WorkerPool:
         self._shares = itertools.count()
         self._lock = threading.RLock()  # the jobs, the workers' states, the ticket pipe
         self._local = threading.local()  # per thread: its thread decoder
-        self._thread_decoders: list[CpuDecoder] = []
+        self._thread_decoders: list[tuple[threading.Thread, CpuDecoder]] = []
         self._said: set[str] = set()
 
     @property
@@ -111,6 +124,8 @@ class WorkerPool:
         begins, ends, files = ranges
         at, capacity, segment = room
         with self._lock:
+            if tally.left:  # given back meanwhile (a producer still running as its loader closed)
+                raise WorkersStopped("the loader gave its decode workers back")
             for gone in [j for j in self._jobs.values() if j.orphan and not j.pending]:
                 self._forget(gone)
             start = self.board.room(n, [(j.start, j.start + j.n) for j in self._jobs.values()])
@@ -171,12 +186,15 @@ class WorkerPool:
             self._tickets.pop(first, None)
 
     def leave(self, tally: Tally) -> None:
-        """The loader counting into `tally` is gone: its shares are stopped (a thread waiting for one
-        wakes) and their rows given back once answered (by `_answered`, or the next `post`). Only marks
-        them: a finalizer may run this in a collection inside this pool's own calls."""
-        for job in list(self._jobs.values()):
-            if job.tally is tally:
-                job.orphan = job.stopped = True
+        """The loader counting into `tally` is gone: no share of it is posted from now on, and its shares
+        are stopped (a thread waiting for one wakes) and their rows given back once answered (by
+        `_answered`, or the next `post`). Only marks them: a finalizer may run this in a collection
+        inside this pool's own calls (under its lock, which is reentrant)."""
+        with self._lock:
+            tally.left = True
+            for job in list(self._jobs.values()):
+                if job.tally is tally:
+                    job.orphan = job.stopped = True
 
     def holds(self, tally: Tally) -> bool:
         """Whether shares of the loader counting into `tally` are still on the board."""
@@ -258,8 +276,12 @@ class WorkerPool:
         threads = getattr(self._local, "threads", None)
         if threads is None:
             threads = self._local.threads = CpuDecoder(max(1, self.size))
-            with self._lock:
-                self._thread_decoders.append(threads)
+            with self._lock:  # those of threads gone (loaders' producers over the pool's life) are closed
+                gone = [d for t, d in self._thread_decoders if not t.is_alive()]
+                self._thread_decoders = [(t, d) for t, d in self._thread_decoders if t.is_alive()]
+                self._thread_decoders.append((threading.current_thread(), threads))
+            for decoder in gone:
+                decoder.close()
         if not any(w.dead is None for w in self.workers):
             self.say(f"no JPEG decode worker is left: the CPU decodes on {threads.threads} threads")
         return threads
@@ -279,25 +301,28 @@ class WorkerPool:
                 job.stopped = True
             self._jobs.clear()
             self._tickets.clear()
-        for threads in self._thread_decoders:
+        for _, threads in self._thread_decoders:
             threads.close()
 
 
 def take(size: int) -> WorkerPool:
     """This process's pool of `size` workers, started now if none is running (or the one running lost
     a worker); the caller holds it until `release`."""
+    retired = None
     with _registry:
         pool = _pools.get(size)
         if pool is None or not pool.healthy():
             if pool is not None and pool.users == 0 and pool.pid == os.getpid():
-                pool.stop()
+                retired = pool
             pool = _pools[size] = WorkerPool(size)
         pool.users += 1
         pool.taken += 1
         if pool._idle is not None:
             pool._idle.cancel()
             pool._idle = None
-        return pool
+    if retired is not None:  # (outside the registry's lock: stopping waits for the processes)
+        retired.stop()
+    return pool
 
 
 def release(pool: WorkerPool, tally: Tally) -> None:
@@ -308,23 +333,22 @@ def release(pool: WorkerPool, tally: Tally) -> None:
         pool.users -= 1
         if pool.users > 0 or pool.pid != os.getpid():
             return
-        if _pools.get(pool.size) is not pool or not pool.healthy() or IDLE_SECONDS <= 0:
-            if _pools.get(pool.size) is pool:
-                del _pools[pool.size]
-            pool.stop()
-            return
-        timer = threading.Timer(IDLE_SECONDS, _retire, args=(pool,))
-        timer.daemon = True
-        timer.name = "gpufeed-idle-workers"
-        try:
-            if sys.is_finalizing():
-                raise RuntimeError("the interpreter is exiting")
-            timer.start()  # (a loader's finalizer run at exit: no thread may start then, from Python 3.12)
-        except RuntimeError:
+        stop = _pools.get(pool.size) is not pool or not pool.healthy() or IDLE_SECONDS <= 0
+        if not stop:
+            timer = threading.Timer(IDLE_SECONDS, _retire, args=(pool,))
+            timer.daemon = True
+            timer.name = "gpufeed-idle-workers"
+            try:
+                if sys.is_finalizing():
+                    raise RuntimeError("the interpreter is exiting")
+                timer.start()  # (a loader's finalizer run at exit: no thread may start then, from Python 3.12)
+                pool._idle = timer
+            except RuntimeError:
+                stop = True
+        if stop and _pools.get(pool.size) is pool:
             del _pools[pool.size]
-            pool.stop()
-            return
-        pool._idle = timer
+    if stop:  # (outside the registry's lock: stopping waits for the processes)
+        pool.stop()
 
 
 def _retire(pool: WorkerPool) -> None:

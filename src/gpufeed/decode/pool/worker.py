@@ -66,8 +66,8 @@ def main() -> None:
 
 class Maps:
     """The loader's memfds this worker has mapped (sources and segments), by their fd in the loader and
-    checked by id and inode; one the loader has closed since is let go within `PRUNE` seconds of the
-    next ticket, so a loader gone from the process holds no memory here."""
+    checked by their inode (a row's id); one the loader has closed since is let go within `PRUNE`
+    seconds of the next ticket, so a loader gone from the process holds no memory here."""
 
     PRUNE = 1.0
 
@@ -82,7 +82,10 @@ class Maps:
         if known is None or known[0] != id_:
             handle = os.open(f"/proc/{self.parent}/fd/{fd}", os.O_RDWR)
             try:
-                inode, mapped = os.fstat(handle).st_ino, mmap.mmap(handle, size)
+                inode = os.fstat(handle).st_ino
+                if inode != id_:  # the loader closed what the row names, and gave its fd number to another
+                    raise OSError(f"the loader's fd {fd} names another file than this row's")
+                mapped = mmap.mmap(handle, size)
             finally:
                 os.close(handle)
             known = self._mapped[fd] = (id_, inode, make(mapped))

@@ -208,9 +208,13 @@ class DecodeWorkers:
             begins, files = batch.file_begins, batch.file_index  # type: ignore[assignment]
             ends = begins + (batch.ends - batch.begins)
         size = math.ceil(n / (self.tickets * len(live)))
-        job = self._pool.post(
-            self._source, batch, asks, (begins, ends, files), (at, capacity, segment), size, self.tally
-        )
+        try:
+            job = self._pool.post(
+                self._source, batch, asks, (begins, ends, files), (at, capacity, segment), size, self.tally
+            )
+        except WorkersStopped:  # given back meanwhile
+            self._staging.give_back(segment, None)
+            raise
         if job is None:
             self._staging.give_back(segment, None)
             self._say(f"no room on the decode workers' board for {n} images: decoded on threads")
