@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from PIL import Image
+from PIL import Image, ImageFile
 
 import gpufeed
 from gpufeed.augment import CenterCrop, Resize
@@ -45,6 +45,25 @@ def _with_app1(jpeg: bytes, payload: bytes) -> bytes:
     return jpeg[:2] + b"\xff\xe1" + struct.pack(">H", len(payload) + 2) + payload + jpeg[2:]
 
 
+def _mpo(photo: np.ndarray) -> bytes:
+    """Two pictures in one file (a camera's multi-picture JPEG): Pillow opens it as MPO."""
+    out = io.BytesIO()
+    Image.fromarray(photo).save(out, format="MPO", save_all=True, append_images=[Image.fromarray(photo[::-1])])
+    return out.getvalue()
+
+
+def _with_dqt_tail(jpeg: bytes) -> bytes:
+    """`jpeg` with a quantization table segment holding a byte after its table (Pillow refuses it)."""
+    table = b"\x00" + bytes(range(1, 65))
+    return jpeg[:2] + b"\xff\xdb" + struct.pack(">H", len(table) + 3) + table + b"\x00" + jpeg[2:]
+
+
+def _exif_twice(first: int, second: int) -> bytes:
+    """An EXIF block whose first IFD names the orientation twice (Pillow keeps the last)."""
+    entries = b"".join(struct.pack("<HHI", 0x0112, 3, 1) + struct.pack("<H", v) + b"\0\0" for v in (first, second))
+    return b"II" + struct.pack("<HI", 42, 8) + struct.pack("<H", 2) + entries + b"\0\0\0\0"
+
+
 def _variants() -> dict[str, bytes]:
     rng = np.random.default_rng(3)
     photo = natural_image(rng, 75, 101, 1)
@@ -65,6 +84,10 @@ def _variants() -> dict[str, bytes]:
         "xmp": _with_app1(plain, b"http://ns.adobe.com/xap/1.0/\0<x:xmpmeta tiff:Orientation=\"6\"/>"),
         "two exif blocks": _with_app1(_with_app1(plain, b"Exif\0\0" + _exif(1, "II")), b"Exif\0\0" + _exif(6, "II")),
         "png": (lambda b: (Image.fromarray(photo).save(b, format="PNG"), b.getvalue())[1])(io.BytesIO()),
+        "mpo": _mpo(photo),
+        "dqt with bytes over": _with_dqt_tail(plain),
+        "two orientation tags": _with_app1(plain, b"Exif\0\0" + _exif_twice(1, 6)),
+        "jfif cut short": plain[:2] + b"\xff\xe0\x00\x06JFIF" + plain[2:],
         "cut inside the header": plain[:40],
     }
 
@@ -110,7 +133,7 @@ def test_a_folder_indexed_without_pillow_serves_what_pillow_indexed(tmp_path, mo
     fast_store, fast = index("fast")
     monkeypatch.setattr(headers, "plain_jpeg_size", lambda head, side: None)
     slow_store, slow = index("pillow")
-    assert fast_store.skipped == slow_store.skipped and len(fast_store.skipped) == 1  # the one cut in its header
+    assert fast_store.skipped == slow_store.skipped and len(fast_store.skipped) == 3  # cut in its header; JFIF and DQT segments Pillow refuses
     assert np.array_equal(fast_store.shapes, slow_store.shapes) and fast_store.reencoded == slow_store.reencoded
     assert len(fast) == len(slow)
     for a, b in zip(fast, slow):
@@ -125,11 +148,30 @@ def _variant_folder(root):
     return root
 
 
+class _Plugin(ImageFile.ImageFile):
+    """A format only this process's Pillow reads (as a plugin a user registered): b"GPFK", then the
+    width and height (uint16), then RGB pixels."""
+
+    format = "GPFK"
+
+    def _open(self) -> None:
+        head = self.fp.read(8)
+        if head[:4] != b"GPFK":
+            raise SyntaxError("not GPFK")
+        w, h = struct.unpack("<HH", head[4:8])
+        self._mode, self._size = "RGB", (w, h)
+        self.tile = [ImageFile._Tile("raw", (0, 0, w, h), 8, ("RGB", 0, 1))]
+
+
 def test_index_processes_make_the_index_threads_make(tmp_path, monkeypatch, caplog):
     """A folder of many files is indexed by processes (`sources.indexer`, here from 1 file on, 2 of them):
-    the same entries, skips and re-encoded copies as threads; where they fail, threads index it and
-    a warning says so."""
+    the same entries, skips and re-encoded copies as threads, an image of a format only a plugin of
+    this process reads included (indexed here again); where they fail, threads index it and a
+    warning says so."""
     root = _variant_folder(tmp_path / "img")
+    monkeypatch.setitem(Image.OPEN, "GPFK", (_Plugin, lambda prefix: prefix[:4] == b"GPFK"))
+    monkeypatch.setattr(Image, "ID", [*Image.ID, "GPFK"])
+    (root / "c0" / "plugin.jpg").write_bytes(b"GPFK" + struct.pack("<HH", 20, 12) + bytes(range(240)) * 3)
 
     def index(cache: str):
         monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / cache))
@@ -143,9 +185,11 @@ def test_index_processes_make_the_index_threads_make(tmp_path, monkeypatch, capl
     real = indexer.entries
     monkeypatch.setattr(indexer, "entries", lambda jobs, n: asked.append((len(jobs), n)) or real(jobs, n))
     procs, by_processes = index("processes")
-    assert asked == [(len(_variants()), 2)]
+    assert asked == [(len(_variants()) + 1, 2)]
     assert by_processes == by_threads and procs.skipped == threads.skipped
     assert np.array_equal(procs.shapes, threads.shapes) and procs.reencoded == threads.reencoded > 0
+    plugin = next(v for k, v in by_processes.items() if k.endswith("plugin.jpg|" + k.split("|", 1)[1]))
+    assert plugin == [12, 20, plugin[2], 1]  # read by this process's plugin, re-encoded
     assert sorted(p.name for p in procs.upright.glob("*.jpg")) == sorted(p.name for p in threads.upright.glob("*.jpg"))
 
     def broken(jobs, n):
@@ -169,3 +213,21 @@ def test_an_index_process_that_fails_is_named_and_none_is_left(tmp_path, monkeyp
     with pytest.raises(indexer.IndexFailed, match="ended without its entries .MemoryError: the machine ran out"):
         indexer.entries(jobs, 2)
     assert len(started) == 2 and all(p.returncode is not None for p in started)
+
+
+def test_a_file_cut_short_is_found_though_an_exif_thumbnail_ends_in_its_last_bytes(tmp_path):
+    """A JPEG with a long EXIF thumbnail (its own end-of-image marker), cut soon after its scan starts:
+    its last bytes hold the thumbnail's marker, not the image's, and it is refused as packing refuses it."""
+    rng = np.random.default_rng(4)
+    plain = _jpeg(natural_image(rng, 120, 160, 2), quality=90)
+    thumbnail = _jpeg(natural_image(rng, 240, 320, 3), quality=98)
+    assert len(thumbnail) > headers.HEADER_BYTES
+    whole = _with_app1(plain, b"Exif\0\0" + _exif(1, "II") + thumbnail)
+    scan = whole.rindex(b"\xff\xda")  # the image's scan (the thumbnail's comes first)
+    cut = whole[: scan + 200]
+    path = tmp_path / "cut.jpg"
+    path.write_bytes(cut)
+    found = headers.entry(headers.Job(str(path), 0, -1, "cut.jpg", str(tmp_path / "up")))
+    assert isinstance(found.entry, str) and "truncated" in found.entry, found
+    path.write_bytes(whole)  # the whole file is kept as it is
+    assert headers.entry(headers.Job(str(path), 0, -1, "w.jpg", str(tmp_path / "up"))).entry == [120, 160, len(whole)]

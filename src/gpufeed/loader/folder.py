@@ -22,6 +22,7 @@ no decoder can read is reported by path (`store.skipped`, one warning).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import gc
 import glob
@@ -31,6 +32,7 @@ import logging
 import os
 import tarfile
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -183,17 +185,26 @@ class FolderStore:
         with _collector_paused():
             self._arrange(listing, known, cached, fresh, made)
 
-    def _entries(self, jobs: list[headers.Job]) -> list[tuple[list[int] | str, str]]:
+    def _entries(self, jobs: list[headers.Job]) -> list[headers.Indexed]:
         """The index entries and keys of `jobs`: by processes where there are many and this rank has
-        the cores (`sources.indexer`), else on the folder's threads, a run of files per task."""
+        the cores (`sources.indexer`; what Pillow there can't identify, maybe a format a plugin of this
+        process reads, again here), else on the folder's threads, a run of files per task."""
         processes = min(MAX_INDEX_PROCESSES, rank_cores().usable)
         if len(jobs) >= PROCESSES_FROM and processes > 1:
             try:
-                return indexer.entries(jobs, processes)
+                found = indexer.entries(jobs, processes)
             except (indexer.IndexFailed, OSError) as e:
                 log.warning("gpufeed: %s: index processes failed (%s); indexed on threads (slower)", self.path, e)
+            else:
+                again = [k for k, f in enumerate(found) if f.entry == headers.UNIDENTIFIED]
+                redone = self._on_threads([dataclasses.replace(jobs[k], key=found[k].key) for k in again])
+                for k, f in zip(again, redone):
+                    found[k] = f
+                return found
+        return self._on_threads(jobs)
 
-        def index(run: list[headers.Job]) -> list[tuple[list[int] | str, str]]:
+    def _on_threads(self, jobs: list[headers.Job]) -> list[headers.Indexed]:
+        def index(run: list[headers.Job]) -> list[headers.Indexed]:
             return [_index(job) for job in run]
 
         runs = [jobs[a : a + INDEX_RUN] for a in range(0, len(jobs), INDEX_RUN)]  # a task per file cost more
@@ -434,15 +445,18 @@ def _fits(entry: object, size: int, stat: str, made: Callable[[int], str], k: in
     return got == expected and 1 <= h <= JPEG_MAX_SIDE and 1 <= w <= JPEG_MAX_SIDE and h * w <= PIXELS_PER_BYTE * got
 
 
-def _index(job: headers.Job) -> tuple[list[int] | str, str]:
+def _index(job: headers.Job) -> headers.Indexed:
     """`job`'s index entry and key (`headers.entry`), on one of the folder's threads."""
     return headers.entry(job)
 
 
 def _prune(folder: Path, kept: set[str]) -> None:
-    """Remove the re-encoded images no entry names any more (their file changed or went)."""
+    """Remove the re-encoded images no entry names any more (their file changed or went), and copies a
+    killed index left half-written over an hour ago (a newer one may be another process's, writing)."""
     try:
         gone = [p for p in folder.glob("*.jpg") if p.name not in kept]
+        old = time.time() - 3600
+        gone += [p for p in folder.glob(".gpufeed-*.part") if p.stat().st_mtime < old]
     except OSError:
         return
     for p in gone:

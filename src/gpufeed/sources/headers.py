@@ -12,6 +12,7 @@ import stat as stat_module
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from PIL import Image
 
@@ -22,11 +23,13 @@ from gpufeed.sources.images import (
     BadImage,
     kept_as_is,
     plain_jpeg_size,
+    scan_data_start,
     truncated_jpeg,
     upright_jpeg,
 )
 
 JPEG_MAX_SIDE = 65535  # a JPEG frame header's limit
+UNIDENTIFIED = "not an image Pillow can identify"
 # a JPEG's markers up to its scan: most fit the first read (a cold page cache reads no more of the file);
 # an EXIF thumbnail, an ICC profile may take the second; longer ones are read whole
 HEADER_BYTES = 1 << 14
@@ -68,29 +71,36 @@ class Job:
     key: str | None = None
 
 
-def entry(job: Job) -> tuple[list[int] | str, str]:
+class Indexed(NamedTuple):
+    """An image's index entry (`entry`) and the key it is kept under."""
+
+    entry: list[int] | str
+    key: str
+
+
+def entry(job: Job) -> Indexed:
     """The image's index entry and key: [height, width, bytes] of an upright RGB baseline JPEG, read as
     it is; else [height, width, bytes, 1] once it is re-encoded; else why it can't be read. Reads its
     head (and tail) alone where the header says enough (`plain_jpeg_size`), with a call each, no file
     object: this runs per file of a folder of a million."""
+    key = job.key
     try:
         fd = os.open(job.file, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO named like an image would block
     except OSError as e:
-        return f"unreadable: {e}", job.key or f"{job.name}|{file_stat(job.file)}"
+        return Indexed(f"unreadable: {e}", key or f"{job.name}|{file_stat(job.file)}")
     try:
         st = os.fstat(fd)
-        key = job.key or f"{job.name}|{stat_key(st)}"
+        key = key or f"{job.name}|{stat_key(st)}"
         if not stat_module.S_ISREG(st.st_mode):  # a FIFO or device would block or never end
-            return f"unreadable: {job.file}: not a regular file (a FIFO, device or socket)", key
+            return Indexed(f"unreadable: {job.file}: not a regular file (a FIFO, device or socket)", key)
         # only its head and tail are read: the kernel's read-ahead would fetch the rest from disk too
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
         made = Path(job.upright) / upright_name(key)
-        try:
-            return _entry(fd, job.size if job.size >= 0 else st.st_size, job.begin, made), key
-        except Image.UnidentifiedImageError:
-            return "not an image Pillow can identify", key
-        except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
-            return f"unreadable: {e}", key
+        return Indexed(_entry(fd, job.size if job.size >= 0 else st.st_size, job.begin, made), key)
+    except Image.UnidentifiedImageError:
+        return Indexed(UNIDENTIFIED, key or f"{job.name}|{file_stat(job.file)}")
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
+        return Indexed(f"unreadable: {e}", key or f"{job.name}|{file_stat(job.file)}")
     finally:
         os.close(fd)
 
@@ -125,9 +135,12 @@ def _cut_short(fd: int, begin: int, size: int, head: bytes) -> str | None:
     """Why a JPEG read as it is (`size` bytes at `begin` of the open file `fd`, the first of them in
     `head`) ends before its image does, or None, as `gpufeed pack` checks it (`truncated_jpeg`). A
     file longer than its head is looked for the end-of-image marker in its last TAIL_BYTES first (one
-    more read); only one with none there (cut short, or a long trailer after its image) is read whole."""
+    more read), where they lie after its image data starts (before, the marker could be an EXIF
+    thumbnail's); only one with none there (cut short, or a long trailer after its image) is read whole."""
     if len(head) < size:
-        if b"\xff\xd9" in os.pread(fd, TAIL_BYTES, begin + size - TAIL_BYTES):
+        start = scan_data_start(head)
+        after = isinstance(start, int) and start <= size - TAIL_BYTES
+        if after and b"\xff\xd9" in os.pread(fd, TAIL_BYTES, begin + size - TAIL_BYTES):
             return None
         head = os.pread(fd, size, begin)
     return truncated_jpeg(head)

@@ -54,6 +54,20 @@ def truncated_jpeg(data: bytes) -> str | None:
     image data (bytes after it, as a motion photo appends, are fine). Pillow and the Loader's decoders
     refuse a JPEG cut short, yet its header alone opens: one kept as it is (packed with reencode=False,
     or read in place) is checked with this. Cheap: a walk over the header's segments and one search."""
+    pos = scan_data_start(data)
+    if isinstance(pos, str):
+        return pos
+    if data.rfind(b"\xff\xd9", pos) < 0:  # (from the end: where a whole JPEG's is)
+        return (
+            f"truncated JPEG: no end-of-image marker after its image data ({len(data)} bytes; "
+            "cut short in a download or copy?)"
+        )
+    return None
+
+
+def scan_data_start(data: bytes) -> int | str:
+    """Where the JPEG `data`'s image data starts (after its start-of-scan header), or why its header
+    ends first."""
     pos = 2  # after SOI
     while True:
         if pos + 4 > len(data):
@@ -71,26 +85,23 @@ def truncated_jpeg(data: bytes) -> str | None:
         else:
             pos += 2 + int.from_bytes(data[pos + 2 : pos + 4], "big")
             if marker == 0xDA:  # start of scan: the image data follows its header
-                break
-    if data.rfind(b"\xff\xd9", pos) < 0:  # (from the end: where a whole JPEG's is)
-        return (
-            f"truncated JPEG: no end-of-image marker after its image data ({len(data)} bytes; "
-            "cut short in a download or copy?)"
-        )
-    return None
+                return pos
 
 
 _SEQUENTIAL = (0xC0, 0xC1)  # baseline and extended sequential Huffman frames: what is kept as it is
-_EXIF, _XMP = b"Exif\x00\x00", b"http://ns.adobe.com/xap/1.0/"
+_PLAIN_SEGMENTS = {0xC4, 0xDB, 0xDD, 0xFE, *range(0xE0, 0xF0)}  # DHT, DQT, DRI, COM, APPn: all else to Pillow
+_EXIF = b"Exif\x00\x00"
 _ORIENTATION = 0x0112
 
 
 def plain_jpeg_size(head: bytes, max_side: int) -> tuple[int, int] | None:
     """(height, width) of a JPEG whose header (`head`: its first bytes, up to its scan at least) alone
-    shows that `kept_as_is` holds: one sequential Huffman frame of 8-bit samples, three components,
-    sides within `max_side` and pixels within Pillow's guard, and no orientation but 1 (one EXIF block,
-    no XMP). None for anything else, or anything unusual in the header: Pillow then decides, as
-    before. Opening with Pillow took 3/4 of a folder index's time per file (issue 65)."""
+    shows that Pillow opens it as a JPEG and `kept_as_is` holds: one sequential Huffman frame of
+    8-bit samples, three components, sides within `max_side` and pixels within Pillow's guard, no
+    orientation but 1 (at most one EXIF block, no other APP1), no multi-picture (MPF) block, and only
+    the segments Pillow reads without fail as they are here. None for anything else, or anything
+    unusual: Pillow then decides, as before. Opening with Pillow took 3/4 of a folder index's time
+    per file (issue 65)."""
     if head[:3] != b"\xff\xd8\xff":
         return None
     pos, size, exif = 2, None, None
@@ -102,14 +113,14 @@ def plain_jpeg_size(head: bytes, max_side: int) -> tuple[int, int] | None:
             if size is None or (exif is not None and _exif_orientation(exif) != 1):
                 return None
             return size
-        if marker == 0xFF or marker in _STANDALONE or marker == 0xD8:
+        if marker not in _PLAIN_SEGMENTS and marker not in _SEQUENTIAL:
             return None
         length = int.from_bytes(head[pos + 2 : pos + 4], "big")
         end, segment = pos + 2 + length, head[pos + 4 : pos + 2 + length]
-        if length < 2 or end > len(head):
+        if length < 2 or end > len(head) or not _plain_segment(marker, segment):
             return None
-        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):  # a frame header (SOFn)
-            if size is not None or marker not in _SEQUENTIAL or len(segment) < 6:
+        if marker in _SEQUENTIAL:
+            if size is not None or len(segment) < 6:
                 return None
             precision, h, w, components = (
                 segment[0],
@@ -122,7 +133,7 @@ def plain_jpeg_size(head: bytes, max_side: int) -> tuple[int, int] | None:
             if Image.MAX_IMAGE_PIXELS is not None and h * w > Image.MAX_IMAGE_PIXELS:
                 return None
             size = (h, w)
-        elif marker == 0xE1:  # APP1: EXIF (one) or XMP (Pillow reads an orientation there too)
+        elif marker == 0xE1:  # APP1: one EXIF block (Pillow joins several; an XMP one has an orientation too)
             if not segment.startswith(_EXIF) or exif is not None:
                 return None
             exif = segment[len(_EXIF) :]
@@ -130,9 +141,29 @@ def plain_jpeg_size(head: bytes, max_side: int) -> tuple[int, int] | None:
     return None
 
 
+def _plain_segment(marker: int, segment: bytes) -> bool:
+    """Whether Pillow reads this segment without fail and it leaves the image a plain JPEG."""
+    if marker == 0xDB:  # quantization tables, each 65 or 129 bytes: Pillow refuses bytes left over
+        while segment:
+            need = 65 if segment[0] < 16 else 129
+            if len(segment) < need:
+                return False
+            segment = segment[need:]
+        return True
+    if marker == 0xE0 and segment.startswith(b"JFIF"):
+        return len(segment) >= 7  # its version
+    if marker == 0xE2:  # a multi-picture (MPO) block makes it another format; an ICC chunk's header
+        return not segment.startswith(b"MPF\x00") and (not segment.startswith(b"ICC_PROFILE\x00") or len(segment) >= 14)
+    if marker == 0xED:  # Photoshop's resource blocks: Pillow's walk over them can fail
+        return not segment.startswith(b"Photoshop 3.0\x00")
+    if marker == 0xEE and segment.startswith(b"Adobe"):
+        return len(segment) >= 7
+    return True
+
+
 def _exif_orientation(tiff: bytes) -> int | None:
     """The orientation tag of an EXIF block's first IFD (1 where it has none), or None where the block
-    is not plainly readable."""
+    is not plainly readable or names it more than once."""
     if len(tiff) < 8 or tiff[:2] not in (b"II", b"MM"):
         return None
     order: Literal["little", "big"] = "little" if tiff[:2] == b"II" else "big"
@@ -144,12 +175,13 @@ def _exif_orientation(tiff: bytes) -> int | None:
     count = int.from_bytes(tiff[ifd : ifd + 2], order)
     if ifd + 2 + 12 * count > len(tiff):
         return None
+    found = []
     for k in range(count):
         entry = tiff[ifd + 2 + 12 * k : ifd + 14 + 12 * k]
         if int.from_bytes(entry[0:2], order) == _ORIENTATION:
             kind, n = int.from_bytes(entry[2:4], order), int.from_bytes(entry[4:8], order)
-            return int.from_bytes(entry[8:10], order) if kind == 3 and n == 1 else None
-    return 1
+            found.append(int.from_bytes(entry[8:10], order) if kind == 3 and n == 1 else None)
+    return 1 if not found else found[0] if len(found) == 1 else None
 
 
 @contextmanager

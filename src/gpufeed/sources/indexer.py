@@ -7,8 +7,8 @@ so threads of one process index no faster than one thread with the page cache wa
 (docs/benchmarks.md, "Indexing a folder"); ImageNet's 1.28M files on one core take over a minute.
 Why exec and not multiprocessing: as the decode workers (`decode.pool.spawn`), a process started
 with exec shares no threads or locks with the loader's and never imports the user's `__main__`. It
-imports no torch (0.2 s to start). It reads its request (a pickled list of `headers.Job`) from
-stdin, writes the (entry, key) of each, pickled, to stdout, and exits; it
+imports no torch (0.2 s to start). It reads its `Request` (pickled: Pillow's settings, a list of
+`headers.Job`) from stdin, writes an `headers.Indexed` of each, pickled, to stdout, and exits; it
 also exits within a quarter second of its parent going away.
 """
 
@@ -23,10 +23,13 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
+from PIL import Image, ImageFile
+
 from gpufeed.sources import headers
-from gpufeed.sources.headers import Job
+from gpufeed.sources.headers import Indexed, Job
 
 SRC = Path(__file__).resolve().parents[2]  # the folder gpufeed is imported from, for the processes' path
 WATCH = 0.25  # seconds between a process's looks at whether its parent is still there
@@ -39,7 +42,7 @@ class IndexFailed(Exception):
 IN_FLIGHT = 16  # headers read at once over all the processes: a cold page cache waits on the disk
 
 
-def entries(jobs: Sequence[Job], processes: int) -> list[tuple[list[int] | str, str]]:
+def entries(jobs: Sequence[Job], processes: int) -> list[Indexed]:
     """Each job's index entry (`headers.entry`), made by `processes` processes at once, in the jobs'
     order, each reading on `IN_FLIGHT // processes` threads (one: the GIL's, with the page cache warm;
     more overlap a cold cache's reads). Raises IndexFailed, naming the process, where one ends
@@ -48,22 +51,29 @@ def entries(jobs: Sequence[Job], processes: int) -> list[tuple[list[int] | str, 
     step = -(-len(jobs) // max(1, processes))
     runs = [list(jobs[a : a + step]) for a in range(0, len(jobs), step)]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "gpufeed.sources.indexer", str(os.getpid()), str(threads)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=env,
-            close_fds=True,
-        )
-        for _ in runs
-    ]
-    pool = ThreadPoolExecutor(len(procs), thread_name_prefix="gpufeed-index")
+    # what of Pillow's state decides an entry goes with the request (its plugins can't: the caller
+    # indexes again what the processes' Pillow did not identify)
+    pillow: dict[str, object] = {
+        "MAX_IMAGE_PIXELS": Image.MAX_IMAGE_PIXELS,
+        "LOAD_TRUNCATED_IMAGES": ImageFile.LOAD_TRUNCATED_IMAGES,
+    }
+    procs: list[subprocess.Popen] = []
+    pool = ThreadPoolExecutor(len(runs), thread_name_prefix="gpufeed-index")
     try:
-        asked = [pool.submit(_ask, proc, run) for proc, run in zip(procs, runs)]
+        for _ in runs:
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "gpufeed.sources.indexer", str(os.getpid()), str(threads)],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    env=env,
+                    close_fds=True,
+                )
+            )
+        asked = [pool.submit(_ask, proc, Request(pillow, run)) for proc, run in zip(procs, runs)]
         found = [f.result() for f in asked]
-    finally:  # (Ctrl-C, or one failed: the others are stopped, not waited for)
+    finally:  # (Ctrl-C, or one failed or did not start: the others are stopped, not waited for)
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()
@@ -73,9 +83,18 @@ def entries(jobs: Sequence[Job], processes: int) -> list[tuple[list[int] | str, 
     return [e for part in found for e in part]
 
 
-def _ask(proc: subprocess.Popen, run: list[Job]) -> list[tuple[list[int] | str, str]]:
-    """Send `run` to `proc` and read back its entries."""
-    out, err = proc.communicate(pickle.dumps(run, protocol=pickle.HIGHEST_PROTOCOL))
+@dataclass
+class Request:
+    """What an index process is asked: Pillow's settings to take, and its run of images."""
+
+    pillow: dict[str, object]
+    jobs: list[Job]
+
+
+def _ask(proc: subprocess.Popen, request: Request) -> list[Indexed]:
+    """Send `request` to `proc` and read back its entries."""
+    run = request.jobs
+    out, err = proc.communicate(pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL))
     if proc.returncode != 0:
         why = err.decode(errors="replace").strip().splitlines()[-1:] or [f"exit code {proc.returncode}"]
         raise IndexFailed(f"index process {proc.pid} ended without its entries ({why[0]})")
@@ -100,9 +119,12 @@ def _watch(parent: int) -> None:
 def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the loader's to handle
     threading.Thread(target=_watch, args=(int(sys.argv[1]),), daemon=True).start()
-    run = pickle.load(sys.stdin.buffer)
+    request = pickle.load(sys.stdin.buffer)
+    Image.MAX_IMAGE_PIXELS = request.pillow["MAX_IMAGE_PIXELS"]
+    ImageFile.LOAD_TRUNCATED_IMAGES = request.pillow["LOAD_TRUNCATED_IMAGES"]
+    run = request.jobs
 
-    def some(part: list[Job]) -> list[tuple[list[int] | str, str]]:
+    def some(part: list[Job]) -> list[Indexed]:
         return [headers.entry(job) for job in part]
 
     with ThreadPoolExecutor(int(sys.argv[2])) as pool:
