@@ -131,7 +131,7 @@ def test_a_folder_indexed_without_pillow_serves_what_pillow_indexed(tmp_path, mo
         return store, [b for b in loader]
 
     fast_store, fast = index("fast")
-    monkeypatch.setattr(headers, "plain_jpeg_size", lambda head, side: None)
+    monkeypatch.setattr(headers, "plain_jpeg_header", lambda head, side: None)
     slow_store, slow = index("pillow")
     assert fast_store.skipped == slow_store.skipped and len(fast_store.skipped) == 3  # cut in its header; JFIF and DQT segments Pillow refuses
     assert np.array_equal(fast_store.shapes, slow_store.shapes) and fast_store.reencoded == slow_store.reencoded

@@ -22,7 +22,7 @@ from gpufeed.sources.images import (
     JPEG_QUALITY,
     BadImage,
     kept_as_is,
-    plain_jpeg_size,
+    plain_jpeg_header,
     scan_data_start,
     truncated_jpeg,
     upright_jpeg,
@@ -81,7 +81,7 @@ class Indexed(NamedTuple):
 def entry(job: Job) -> Indexed:
     """The image's index entry and key: [height, width, bytes] of an upright RGB baseline JPEG, read as
     it is; else [height, width, bytes, 1] once it is re-encoded; else why it can't be read. Reads its
-    head (and tail) alone where the header says enough (`plain_jpeg_size`), with a call each, no file
+    head (and tail) alone where the header says enough (`plain_jpeg_header`), with a call each, no file
     object: this runs per file of a folder of a million."""
     key = job.key
     try:
@@ -110,12 +110,13 @@ def _entry(fd: int, size: int, begin: int, made: Path) -> list[int] | str:
     if size > MAX_FILE_BYTES:
         return f"{size} bytes, more than any image gpufeed reads ({MAX_FILE_BYTES})"
     head = os.pread(fd, min(size, HEADER_BYTES), begin)
-    plain = plain_jpeg_size(head, JPEG_MAX_SIDE)  # most photos: no Pillow needed
+    plain = plain_jpeg_header(head, JPEG_MAX_SIDE)  # most photos: no Pillow needed
     if plain is None and len(head) < size:  # maybe markers longer than the head (an EXIF thumbnail)
         head = os.pread(fd, min(size, LONG_HEADER_BYTES), begin)
-        plain = plain_jpeg_size(head, JPEG_MAX_SIDE)
+        plain = plain_jpeg_header(head, JPEG_MAX_SIDE)
     if plain is not None:
-        return _cut_short(fd, begin, size, head) or [*plain, size]
+        h, w, scan = plain
+        return _cut_short(fd, begin, size, head, scan) or [h, w, size]
     try:
         img = Image.open(io.BytesIO(head))
     except (OSError, SyntaxError):
@@ -131,14 +132,14 @@ def _entry(fd: int, size: int, begin: int, made: Path) -> list[int] | str:
     return reencode(head, made)
 
 
-def _cut_short(fd: int, begin: int, size: int, head: bytes) -> str | None:
+def _cut_short(fd: int, begin: int, size: int, head: bytes, scan: int | str | None = None) -> str | None:
     """Why a JPEG read as it is (`size` bytes at `begin` of the open file `fd`, the first of them in
     `head`) ends before its image does, or None, as `gpufeed pack` checks it (`truncated_jpeg`). A
     file longer than its head is looked for the end-of-image marker in its last TAIL_BYTES first (one
-    more read), where they lie after its image data starts (before, the marker could be an EXIF
+    more read), where they lie after its image data starts (`scan`, where known) (before, the marker could be an EXIF
     thumbnail's); only one with none there (cut short, or a long trailer after its image) is read whole."""
     if len(head) < size:
-        start = scan_data_start(head)
+        start = scan_data_start(head) if scan is None else scan  # (where the header walk found it)
         after = isinstance(start, int) and start <= size - TAIL_BYTES
         if after and b"\xff\xd9" in os.pread(fd, TAIL_BYTES, begin + size - TAIL_BYTES):
             return None

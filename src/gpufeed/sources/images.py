@@ -95,13 +95,19 @@ _ORIENTATION = 0x0112
 
 
 def plain_jpeg_size(head: bytes, max_side: int) -> tuple[int, int] | None:
-    """(height, width) of a JPEG whose header (`head`: its first bytes, up to its scan at least) alone
-    shows that Pillow opens it as a JPEG and `kept_as_is` holds: one sequential Huffman frame of
-    8-bit samples, three components, sides within `max_side` and pixels within Pillow's guard, no
-    orientation but 1 (at most one EXIF block, no other APP1), no multi-picture (MPF) block, and only
-    the segments Pillow reads without fail as they are here. None for anything else, or anything
-    unusual: Pillow then decides, as before. Opening with Pillow took 3/4 of a folder index's time
-    per file (issue 65)."""
+    """`plain_jpeg_header`'s (height, width), or None."""
+    found = plain_jpeg_header(head, max_side)
+    return None if found is None else (found[0], found[1])
+
+
+def plain_jpeg_header(head: bytes, max_side: int) -> tuple[int, int, int] | None:
+    """(height, width, where its image data starts) of a JPEG whose header (`head`: its first bytes, up
+    to its scan at least) alone shows that Pillow opens it as a JPEG and `kept_as_is` holds: one
+    sequential Huffman frame of 8-bit samples, three components, sides within `max_side` and pixels
+    within Pillow's guard, no orientation but 1 (at most one EXIF block, no other APP1), no
+    multi-picture (MPF) block, and only the segments Pillow reads without fail as they are here. None
+    for anything else, or anything unusual: Pillow then decides, as before. Opening with Pillow took
+    3/4 of a folder index's time per file (issue 65)."""
     if head[:3] != b"\xff\xd8\xff":
         return None
     pos, size, exif = 2, None, None
@@ -112,7 +118,7 @@ def plain_jpeg_size(head: bytes, max_side: int) -> tuple[int, int] | None:
         if marker == 0xDA:  # start of scan: the header is complete
             if size is None or (exif is not None and _exif_orientation(exif) != 1):
                 return None
-            return size
+            return (*size, pos + 2 + int.from_bytes(head[pos + 2 : pos + 4], "big"))
         if marker not in _PLAIN_SEGMENTS and marker not in _SEQUENTIAL:
             return None
         length = int.from_bytes(head[pos + 2 : pos + 4], "big")
