@@ -7,8 +7,9 @@ so threads of one process index no faster than one thread with the page cache wa
 (docs/benchmarks.md, "Indexing a folder"); ImageNet's 1.28M files on one core take over a minute.
 Why exec and not multiprocessing: as the decode workers (`decode.pool.spawn`), a process started
 with exec shares no threads or locks with the loader's and never imports the user's `__main__`. It
-imports no torch (0.2 s to start). It reads its `Request` (pickled: Pillow's settings, a list of
-`headers.Job`) from stdin, writes an `headers.Indexed` of each, pickled, to stdout, and exits; it
+imports no torch (0.2 s to start). It reads its `Request` (pickled: Pillow's settings, its run of
+`headers.Job`s) from stdin, writes its `Answer` (their entries and keys), pickled, to stdout, and
+exits; it
 also exits within a quarter second of its parent going away.
 """
 
@@ -71,7 +72,7 @@ def entries(jobs: Sequence[Job], processes: int) -> list[Indexed]:
                     close_fds=True,
                 )
             )
-        asked = [pool.submit(_ask, proc, Request(pillow, run)) for proc, run in zip(procs, runs)]
+        asked = [pool.submit(_ask, proc, Request.of(pillow, run)) for proc, run in zip(procs, runs)]
         found = [f.result() for f in asked]
     finally:  # (Ctrl-C, or one failed or did not start: the others are stopped, not waited for)
         for proc in procs:
@@ -85,15 +86,44 @@ def entries(jobs: Sequence[Job], processes: int) -> list[Indexed]:
 
 @dataclass
 class Request:
-    """What an index process is asked: Pillow's settings to take, and its run of images."""
+    """What an index process is asked: Pillow's settings to take, and its run of images as columns of
+    `headers.Job`'s fields (a pipe carries a few lists faster than an object per image)."""
 
     pillow: dict[str, object]
-    jobs: list[Job]
+    files: list[str]
+    begins: list[int]
+    sizes: list[int]
+    names: list[str]
+    uprights: list[str]
+    keys: list[str | None]
+
+    @classmethod
+    def of(cls, pillow: dict[str, object], jobs: list[Job]) -> Request:
+        return cls(
+            pillow,
+            [j.file for j in jobs],
+            [j.begin for j in jobs],
+            [j.size for j in jobs],
+            [j.name for j in jobs],
+            [j.upright for j in jobs],
+            [j.key for j in jobs],
+        )
+
+    def jobs(self) -> list[Job]:
+        columns = zip(self.files, self.begins, self.sizes, self.names, self.uprights, self.keys)
+        return [Job(*fields) for fields in columns]
+
+
+@dataclass
+class Answer:
+    """An index process's entries and keys (`headers.Indexed`'s fields), as columns in its run's order."""
+
+    entries: list[list[int] | str]
+    keys: list[str]
 
 
 def _ask(proc: subprocess.Popen, request: Request) -> list[Indexed]:
     """Send `request` to `proc` and read back its entries."""
-    run = request.jobs
     out, err = proc.communicate(pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL))
     if proc.returncode != 0:
         why = err.decode(errors="replace").strip().splitlines()[-1:] or [f"exit code {proc.returncode}"]
@@ -102,12 +132,11 @@ def _ask(proc: subprocess.Popen, request: Request) -> list[Indexed]:
         got = pickle.loads(out)
     except Exception as e:  # noqa: BLE001  whatever a broken pipe's bytes unpickle to
         raise IndexFailed(f"index process {proc.pid} answered unreadably ({type(e).__name__})") from None
-    if not isinstance(got, list) or len(got) != len(run):
+    if not isinstance(got, Answer) or not len(got.entries) == len(got.keys) == len(request.files):
         raise IndexFailed(
-            f"index process {proc.pid} answered {len(got) if isinstance(got, list) else '?'} "
-            f"entries for {len(run)} images"
+            f"index process {proc.pid} answered {type(got).__name__}, not the entries of {len(request.files)} images"
         )
-    return got
+    return [Indexed(e, k) for e, k in zip(got.entries, got.keys)]
 
 
 def _watch(parent: int) -> None:
@@ -122,14 +151,18 @@ def main() -> None:
     request = pickle.load(sys.stdin.buffer)
     Image.MAX_IMAGE_PIXELS = request.pillow["MAX_IMAGE_PIXELS"]
     ImageFile.LOAD_TRUNCATED_IMAGES = request.pillow["LOAD_TRUNCATED_IMAGES"]
-    run = request.jobs
+    run = request.jobs()
 
     def some(part: list[Job]) -> list[Indexed]:
         return [headers.entry(job) for job in part]
 
     with ThreadPoolExecutor(int(sys.argv[2])) as pool:
         found = [e for part in pool.map(some, [run[a : a + 64] for a in range(0, len(run), 64)]) for e in part]
-    sys.stdout.buffer.write(pickle.dumps(found, protocol=pickle.HIGHEST_PROTOCOL))
+    # (this module runs as __main__ here: the answer is pickled as the class the caller imported)
+    from gpufeed.sources.indexer import Answer as Named
+
+    answer = Named([f.entry for f in found], [f.key for f in found])
+    sys.stdout.buffer.write(pickle.dumps(answer, protocol=pickle.HIGHEST_PROTOCOL))
     sys.stdout.buffer.flush()
 
 
