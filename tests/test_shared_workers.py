@@ -214,3 +214,19 @@ def test_no_share_is_posted_once_its_loader_gave_the_workers_back(stores):
         workers.submit(*_inputs(a, range(4)))
     assert not workers._pool.holds(workers.tally)
     workers.close()
+
+
+def test_relative_paths_are_read_where_each_loader_was_made(stores, tmp_path, monkeypatch):
+    """Workers started for a loader in one working folder serve a loader made in another: a store and a
+    folder named by relative paths are read from where their loader's process was when it was made
+    (before, each loader's workers started there; the README's bucket example failed so)."""
+    a, b, folder = stores
+    want = {name: _batches(_loader(path, 0)) for name, path in (("b", b), ("folder", folder))}
+    monkeypatch.chdir(a.parent)
+    first = _loader(a.name, 2)
+    assert len(_batches(first)) == 3
+    for name, path in (("b", b), ("folder", folder)):
+        monkeypatch.chdir(path.parent)
+        again = _loader(path.name, 2)
+        assert again.stats()["workers_reused"]
+        _same(_batches(again), want[name])

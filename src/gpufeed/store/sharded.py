@@ -182,7 +182,8 @@ class ShardedStore(Described):
         return shard, indices - self.starts[shard]
 
     def check_unchanged(self) -> None:
-        for shard in self._shards.values():
+        # (a copy: a producer making the next epoch's first batches may open another shard meanwhile)
+        for shard in list(self._shards.values()):
             shard.check_unchanged()
 
     @property

@@ -154,13 +154,14 @@ class FileTable:
         ends = np.cumsum([0] + [len(n) for n in names], dtype=np.int64)
         return np.int64(len(names)).tobytes() + ends.tobytes() + b"".join(names)
 
-    def __init__(self, buffer):
+    def __init__(self, buffer, cwd: str = ""):
+        self.cwd = cwd  # where relative paths are (os.path.join keeps an absolute one)
         count = int(np.frombuffer(buffer, np.int64, 1)[0])
         self._ends = np.frombuffer(buffer, np.int64, count + 1, offset=8)
         self._names = memoryview(buffer)[8 * (count + 2) :]
 
     def __getitem__(self, k: int) -> str:
-        return os.fsdecode(bytes(self._names[int(self._ends[k]) : int(self._ends[k + 1])]))
+        return os.path.join(self.cwd, os.fsdecode(bytes(self._names[int(self._ends[k]) : int(self._ends[k + 1])])))
 
 
 class Source:
@@ -172,18 +173,23 @@ class Source:
 
     @classmethod
     def of_store(cls, path: str, offset: int, nbytes: int) -> bytes:
-        return cls.STORE + cls._RANGE.pack(offset, nbytes) + os.fsencode(path)
+        """A store file's bytes (a relative path as this process's working folder resolves it now: the
+        workers were started in another, maybe, for an earlier loader)."""
+        return cls.STORE + cls._RANGE.pack(offset, nbytes) + os.fsencode(os.path.abspath(path))
 
     @classmethod
     def of_files(cls, paths) -> bytes:
-        return cls.FILES + FileTable.pack(paths)
+        """A folder's files, relative paths among them resolved in this process's working folder now."""
+        cwd = os.fsencode(os.getcwd())
+        return cls.FILES + struct.pack("<q", len(cwd)) + cwd + FileTable.pack(paths)
 
     @classmethod
     def parse(cls, buffer) -> tuple[str, int, int] | FileTable:
         """(path, offset, nbytes) of a store, or a folder's `FileTable`."""
         kind, rest = bytes(buffer[:8]), memoryview(buffer)[8:]
         if kind == cls.FILES:
-            return FileTable(rest)
+            (size,) = struct.unpack("<q", bytes(rest[:8]))
+            return FileTable(rest[8 + size :], os.fsdecode(bytes(rest[8 : 8 + size])))
         if kind != cls.STORE:
             raise ValueError(f"not a decode source: its kind is {kind!r}")
         offset, nbytes = cls._RANGE.unpack(bytes(rest[: cls._RANGE.size]))
