@@ -230,3 +230,35 @@ def test_relative_paths_are_read_where_each_loader_was_made(stores, tmp_path, mo
         again = _loader(path.name, 2)
         assert again.stats()["workers_reused"]
         _same(_batches(again), want[name])
+
+
+def test_two_loaders_decode_on_the_same_workers_at_once_from_two_threads(stores):
+    """A training loader and an evaluation loader each submit and collect their own shares from a
+    thread of their own at the same time: every reply goes to its own share, pixels and all."""
+    import threading
+
+    a, b = gpufeed.open(stores[0]), gpufeed.open(stores[1])
+    clients = [DecodeWorkers(a.data, 2), DecodeWorkers(b.data, 2)]
+    assert clients[0].pids == clients[1].pids
+    failures: list = []
+
+    def run(client, store, idx):
+        try:
+            for _ in range(6):
+                inputs = _inputs(store, idx)
+                got = client.collect(client.submit(*inputs), CPU, pin=False)
+                images = [got.base[o : o + h * w * 3].view(h, w, 3).permute(2, 0, 1)
+                          for o, (h, w) in zip(got.offsets.tolist(), got.sizes.tolist())]
+                assert got.failed == {} and all(torch.equal(x, decoded(d)) for x, d in zip(images, inputs[0].tensors()))
+        except BaseException as e:  # reported by the test's thread
+            failures.append(e)
+
+    threads = [threading.Thread(target=run, args=args) for args in
+               ((clients[0], a, range(12)), (clients[1], b, range(9)))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not failures and not any(t.is_alive() for t in threads), failures
+    for client in clients:
+        client.close()
