@@ -21,7 +21,7 @@ from typing import Any
 
 def process_pool(workers: int) -> ProcessPoolExecutor:
     """A pool of `workers` processes, forked or spawned as above, that die with this process."""
-    return ProcessPoolExecutor(workers, mp_context=_context(), initializer=_watch_parent, initargs=(os.getpid(),))
+    return ProcessPoolExecutor(workers, mp_context=_context(), initializer=watch_parent, initargs=(os.getpid(),))
 
 
 def _threads() -> int:
@@ -70,9 +70,10 @@ def _context() -> multiprocessing.context.BaseContext:
     return _SpawnWithoutMainContext()
 
 
-def _watch_parent(parent: int) -> None:
-    """In a pool's worker: end this process within a quarter second of its parent going away, however
-    the parent ended (SIGKILL included); a worker waiting on the pool's queue would never notice."""
+def watch_parent(parent: int) -> None:
+    """In a pool's worker (or any child gpufeed starts): end this process within a quarter second of its
+    parent going away, however the parent ended (SIGKILL included); a worker waiting on the pool's
+    queue would never notice."""
 
     def watch() -> None:
         while os.getppid() == parent:

@@ -84,10 +84,14 @@ def entry(job: Job) -> Indexed:
     head (and tail) alone where the header says enough (`plain_jpeg_header`), with a call each, no file
     object: this runs per file of a folder of a million."""
     key = job.key
+
+    def looked() -> str:  # its key where the file could not be opened or looked at
+        return key or f"{job.name}|{file_stat(job.file)}"
+
     try:
         fd = os.open(job.file, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO named like an image would block
     except OSError as e:
-        return Indexed(f"unreadable: {e}", key or f"{job.name}|{file_stat(job.file)}")
+        return Indexed(f"unreadable: {e}", looked())
     try:
         st = os.fstat(fd)
         key = key or f"{job.name}|{stat_key(st)}"
@@ -98,9 +102,9 @@ def entry(job: Job) -> Indexed:
         made = Path(job.upright) / upright_name(key)
         return Indexed(_entry(fd, job.size if job.size >= 0 else st.st_size, job.begin, made), key)
     except Image.UnidentifiedImageError:
-        return Indexed(UNIDENTIFIED, key or f"{job.name}|{file_stat(job.file)}")
+        return Indexed(UNIDENTIFIED, looked())
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
-        return Indexed(f"unreadable: {e}", key or f"{job.name}|{file_stat(job.file)}")
+        return Indexed(f"unreadable: {e}", looked())
     finally:
         os.close(fd)
 
@@ -136,8 +140,9 @@ def _cut_short(fd: int, begin: int, size: int, head: bytes, scan: int | str | No
     """Why a JPEG read as it is (`size` bytes at `begin` of the open file `fd`, the first of them in
     `head`) ends before its image does, or None, as `gpufeed pack` checks it (`truncated_jpeg`). A
     file longer than its head is looked for the end-of-image marker in its last TAIL_BYTES first (one
-    more read), where they lie after its image data starts (`scan`, where known) (before, the marker could be an EXIF
-    thumbnail's); only one with none there (cut short, or a long trailer after its image) is read whole."""
+    more read), where they lie after its image data starts (`scan`, where the caller knows it; before
+    it, the marker could be an EXIF thumbnail's); only one with none there (cut short, or a long
+    trailer after its image) is read whole."""
     if len(head) < size:
         start = scan_data_start(head) if scan is None else scan  # (where the header walk found it)
         after = isinstance(start, int) and start <= size - TAIL_BYTES

@@ -20,8 +20,6 @@ import pickle
 import signal
 import subprocess
 import sys
-import threading
-import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -29,11 +27,11 @@ from pathlib import Path
 
 from PIL import Image, ImageFile
 
+from gpufeed.processes import watch_parent
 from gpufeed.sources import headers
 from gpufeed.sources.headers import Indexed, Job
 
 SRC = Path(__file__).resolve().parents[2]  # the folder gpufeed is imported from, for the processes' path
-WATCH = 0.25  # seconds between a process's looks at whether its parent is still there
 
 
 class IndexFailed(Exception):
@@ -139,15 +137,9 @@ def _ask(proc: subprocess.Popen, request: Request) -> list[Indexed]:
     return [Indexed(e, k) for e, k in zip(got.entries, got.keys)]
 
 
-def _watch(parent: int) -> None:
-    while os.getppid() == parent:
-        time.sleep(WATCH)
-    os._exit(0)
-
-
 def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the loader's to handle
-    threading.Thread(target=_watch, args=(int(sys.argv[1]),), daemon=True).start()
+    watch_parent(int(sys.argv[1]))
     request = pickle.load(sys.stdin.buffer)
     Image.MAX_IMAGE_PIXELS = request.pillow["MAX_IMAGE_PIXELS"]
     ImageFile.LOAD_TRUNCATED_IMAGES = request.pillow["LOAD_TRUNCATED_IMAGES"]

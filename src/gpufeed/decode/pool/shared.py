@@ -89,12 +89,9 @@ class WorkerPool:
         return self.relay.alive
 
     def healthy(self) -> bool:
-        """Running, in this process, with no worker gone: a new loader may take it."""
-        return (
-            self.alive
-            and self.pid == os.getpid()
-            and all(w.dead is None and w.proc.poll() is None for w in self.workers)
-        )
+        """Running with no worker gone: a new loader may take it (the registry holds this process's
+        pools alone: `_forked`)."""
+        return self.alive and all(w.dead is None and w.proc.poll() is None for w in self.workers)
 
     def starting(self) -> bool:
         return self.relay.starting()
@@ -312,7 +309,7 @@ def take(size: int) -> WorkerPool:
     with _registry:
         pool = _pools.get(size)
         if pool is None or not pool.healthy():
-            if pool is not None and pool.users == 0 and pool.pid == os.getpid():
+            if pool is not None and pool.users == 0:
                 retired = pool
             pool = _pools[size] = WorkerPool(size)
         pool.users += 1
@@ -365,7 +362,7 @@ def _retire(pool: WorkerPool) -> None:
 def stop_idle() -> int:
     """Stop every pool no loader holds now, without waiting for its timer; how many were stopped."""
     with _registry:
-        idle = [p for p in _pools.values() if p.users == 0 and p.pid == os.getpid()]
+        idle = [p for p in _pools.values() if p.users == 0]
         for pool in idle:
             del _pools[pool.size]
             if pool._idle is not None:

@@ -73,23 +73,23 @@ class Maps:
 
     def __init__(self, parent: int):
         self.parent = parent
-        self._mapped: dict[int, tuple[int, int, object]] = {}  # fd -> (id, inode, what it holds)
+        self._mapped: dict[int, tuple[int, object]] = {}  # fd -> (its inode, what it holds)
         self._pruned = time.monotonic()
 
-    def get(self, fd: int, id_: int, size: int, make):
-        """What `make(map)` made of the loader's memfd `fd` (mapped once; again if `fd` now names another)."""
+    def get(self, fd: int, inode: int, size: int, make):
+        """What `make(map)` made of the loader's memfd `fd` whose inode the row says (mapped once; again
+        if `fd` now names another)."""
         known = self._mapped.get(fd)
-        if known is None or known[0] != id_:
+        if known is None or known[0] != inode:
             handle = os.open(f"/proc/{self.parent}/fd/{fd}", os.O_RDWR)
             try:
-                inode = os.fstat(handle).st_ino
-                if inode != id_:  # the loader closed what the row names, and gave its fd number to another
+                if os.fstat(handle).st_ino != inode:  # the loader closed the row's, and gave its fd to another
                     raise OSError(f"the loader's fd {fd} names another file than this row's")
                 mapped = mmap.mmap(handle, size)
             finally:
                 os.close(handle)
-            known = self._mapped[fd] = (id_, inode, make(mapped))
-        return known[2]
+            known = self._mapped[fd] = (inode, make(mapped))
+        return known[1]
 
     def prune(self) -> None:
         """Let go of what the loader closed (its fd gone or naming another file)."""
@@ -97,7 +97,7 @@ class Maps:
         if now - self._pruned < self.PRUNE:
             return
         self._pruned = now
-        for fd, (_, inode, _) in list(self._mapped.items()):
+        for fd, (inode, _) in list(self._mapped.items()):
             try:
                 gone = os.stat(f"/proc/{self.parent}/fd/{fd}").st_ino != inode
             except OSError:
