@@ -19,21 +19,26 @@ from pathlib import Path
 import common
 import photos
 
-SMOKE = dict(files=40, photos=4, threads="1,4", root=None, cold_cache=False)
+SMOKE = dict(files=40, photos=4, threads="1,4", root=None, cold_cache=False, links=False)
 
 
-def _make(root: Path, files: int, count: int) -> Path:
-    """`files` JPEGs in folders of 1,300, copies of `count` photos (kept in `root`: made once)."""
-    folder = root / f"folder-{files}"
+def _make(root: Path, files: int, count: int, links: bool) -> Path:
+    """`files` JPEGs in folders of 1,300, copies of `count` photos, or hard links to them where
+    `links` (kept in `root`: made once)."""
+    folder = root / f"folder-{files}{'-links' if links else ''}"
     if (folder / ".complete").exists():
         return folder
     shutil.rmtree(folder, ignore_errors=True)
-    made = photos.make_folder(root / "photos", count, classes=1)
-    blobs = [p.read_bytes() for p in sorted(made.rglob("*.jpg"))]
+    made = sorted(photos.make_folder(root / "photos", count, classes=1).rglob("*.jpg"))
+    blobs = [] if links else [p.read_bytes() for p in made]
     for k in range(files):
         if k % 1300 == 0:
             (folder / f"n{k // 1300:05d}").mkdir(parents=True)
-        (folder / f"n{k // 1300:05d}" / f"{k:08d}.jpg").write_bytes(blobs[k % len(blobs)])
+        path = folder / f"n{k // 1300:05d}" / f"{k:08d}.jpg"
+        if links:
+            os.link(made[k % len(made)], path)
+        else:
+            path.write_bytes(blobs[k % len(blobs)])
     (folder / ".complete").touch()
     return folder
 
@@ -56,14 +61,17 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--root", default=None, help="work folder, kept, its folder reused (default: a temporary one)")
     p.add_argument("--cold-cache", action=argparse.BooleanOptionalAction, default=True,
                    help="also index with the page cache dropped (root only: the whole machine's)")
+    p.add_argument("--links", action="store_true",
+                   help="hard links to the photos, not copies: ImageNet's file count on a disk too small for"
+                        " its bytes (each file's pages are then the photos', always cached: no cold-cache row)")
     a = common.parse(p, argv, SMOKE)
     from gpufeed.loader import folder as folder_module
 
     rows = common.Rows(a.out, __file__)
     with common.workdir(a.root, "gpufeed-index-bench-") as root:
-        images = _make(root, a.files, a.photos)
+        images = _make(root, a.files, a.photos, a.links)
         os.environ["XDG_CACHE_HOME"] = str(root / "cache")
-        for cache in ("warm", "cold") if a.cold_cache else ("warm",):
+        for cache in ("warm", "cold") if a.cold_cache and not a.links else ("warm",):
             for threads in (int(t) for t in a.threads.split(",")):
                 shutil.rmtree(root / "cache", ignore_errors=True)
                 if cache == "cold" and not _drop_page_cache():
@@ -78,7 +86,7 @@ def main(argv: list[str] | None = None) -> dict:
         rows["opened with the cached index"] = {"seconds": time.perf_counter() - t0, "files": a.files}
     lines = [[name, f"{r['seconds']:.2f}", f"{r['files'] / r['seconds']:,.0f}"] for name, r in rows.items()]
     cores = len(os.sched_getaffinity(0))
-    markdown = f"{a.files:,} files, {cores} cores\n\n" + common.table(["index", "s", "files/s"], lines)
+    markdown = f"{a.files:,} files{' (hard links)' if a.links else ''}, {cores} cores\n\n" + common.table(["index", "s", "files/s"], lines)
     return common.write(a, __file__, dict(rows), markdown, "cpu", files=a.files, cores=cores)
 
 
