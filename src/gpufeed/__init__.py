@@ -13,12 +13,13 @@ from gpufeed._version import __version__
 
 if TYPE_CHECKING:  # what type checkers see of the names imported on first use
     from gpufeed import augment, nn
-    from gpufeed.loader import Loader
+    from gpufeed.loader import Clip, Loader
     from gpufeed.packing import PackError, PackReport, SourceError, pack
     from gpufeed.store import Store, StoreError, VerifyResult, verify
     from gpufeed.store import open_store as open
 
 _EXPORTS = {
+    "Clip": ("gpufeed.loader", "Clip"),
     "Loader": ("gpufeed.loader", "Loader"),
     "PackError": ("gpufeed.packing", "PackError"),
     "PackReport": ("gpufeed.packing", "PackReport"),
@@ -34,6 +35,7 @@ _EXPORTS = {
 }
 # spelled out for static tools; tests/test_lint.py checks it is sorted(_EXPORTS + __version__)
 __all__ = [
+    "Clip",
     "Loader",
     "PackError",
     "PackReport",

@@ -32,6 +32,7 @@ from gpufeed.augment.pipeline import Augment, triton_ahead, triton_ready_at
 from gpufeed.decode.scheduling.choice import load_ahead
 from gpufeed.decode.tuning import Tuning
 from gpufeed.loader.batch import Batch, Skipped
+from gpufeed.loader.clips import Clip
 from gpufeed.loader.feeds import HostGather, device_feed, host_feed
 from gpufeed.loader.fields import FieldRequest, batch_dict
 from gpufeed.loader.inputs import Input, open_input, reads_in_place
@@ -41,6 +42,7 @@ from gpufeed.loader.producer import CLOSE_WAIT, Carried, Production
 from gpufeed.loader.sampler import Segment, ShardedBatchSampler, check_epoch, check_seed, resolve_rank
 from gpufeed.loader.settings import Decoding, Output, resolve_device
 from gpufeed.loader.stats import Stats, stage_range
+from gpufeed.loader.video import VideoClips, check_video, video_batch_dict, video_feed
 from gpufeed.transfer.gather import Gatherer
 from gpufeed.transfer.ring import PinnedRing
 
@@ -63,7 +65,7 @@ def _close_all() -> None:
             loader.close()
 
 
-def _shut_down(production, jpeg, gather, source: Input, planner, tier, pid: int) -> None:
+def _shut_down(production, decoding, gather, source: Input, planner, tier, pid: int) -> None:
     """Stop a loader's threads and decode workers, in order, and return once they have ended: the
     producers first, each after the batch it makes (nothing uses the decoders they stop next), then
     the decoders (waiting for a batch a pipeline started ahead: its GPU decode may still read the
@@ -76,8 +78,8 @@ def _shut_down(production, jpeg, gather, source: Input, planner, tier, pid: int)
     producers.stop()
     production.drop_carried()
     finished = producers.join(CLOSE_WAIT)
-    if jpeg is not None:
-        jpeg.close()
+    if decoding is not None:  # the JPEG pipelines, or a video store's decode threads
+        decoding.close()
     if not finished and not producers.join(CLOSE_WAIT):
         log.warning("gpufeed.Loader.close: a producer thread did not end within %.0f s", 2 * CLOSE_WAIT)
     gather.close()
@@ -195,12 +197,13 @@ def _default_augment(store, augment: Sequence | None, dtype: torch.dtype, group_
     needs ops that end in one; `group_by_aspect` pads whatever the ops leave."""
     if group_by_aspect is not False and augment is None:
         augment = []  # padded to one shape per batch
-    one_size = _one_size(store) if store.mode == "jpeg" and group_by_aspect is False else None
-    if store.mode == "jpeg" and not augment and group_by_aspect is False:
+    encoded = store.mode in ("jpeg", "video")
+    one_size = _one_size(store) if encoded and group_by_aspect is False else None
+    if encoded and not augment and group_by_aspect is False:
         if one_size is None:
             raise ValueError(
-                f"{store.path}: a jpeg store holds images of different sizes; give augment ops "
-                "that end in a fixed size, e.g. [RandomResizedCrop(224), Normalize()]"
+                f"{store.path}: a {store.mode} store holds {'images' if store.mode == 'jpeg' else 'frames'} of "
+                "different sizes; give augment ops that end in a fixed size, e.g. [RandomResizedCrop(224), Normalize()]"
             )
         if augment is None:  # uint8 batches of the images as stored, as from a raw store
             augment, dtype = [], torch.uint8
@@ -396,6 +399,13 @@ class Loader:
             also get "image_size" (N, 2): each image's (h, w) at the top left. Part of the order
             (`sampler`): deterministic and resumable as any other.
         size_divisible: with `group_by_aspect`, the multiple each batch's height and width are padded to.
+        clip: a video store (`pack(..., mode="video")`): the clips each sample is (`gpufeed.Clip`: frames,
+            stride or fps, one random clip a video each epoch or `clips_per_video` evenly spread, the
+            batch's layout; default `Clip()`). Every frame of a clip gets the same augment draw, each
+            clip its own; batches are (N, T, C, H, W) (or `layout="NCTHW"`), labels the videos'.
+            `num_workers` is then the decode threads (default: this rank's cores); `fields` may ask
+            for "label", "video" (each clip's video, its store index) and "frames" ((N, T) indices of
+            its frames in the video).
         tuning: jpeg: the JPEG path's measured settings (`gpufeed.decode.tuning.Tuning`), for
             benchmarks that compare others; the default is what measurements chose.
 
@@ -437,6 +447,7 @@ class Loader:
         group_by_aspect: bool | int = False,
         size_divisible: int = 32,
         keep_crowd: bool = False,
+        clip: Clip | None = None,
     ):
         called = time.perf_counter()
         seed = check_seed(seed)  # before anything starts: a str or None seed used to fail at the first batch
@@ -445,15 +456,22 @@ class Loader:
         self.input = open_input(store, cache_dir, cache_limit, storage_options)
         self.store = self.input.store
         self.fields = tuple(fields) if fields is not None else None
-        flip = FieldRequest.check(self.fields, self.store, keypoint_flip, mask_fill, keep_crowd)
+        self.clip = check_video(self.store, clip, self.fields, augment, group_by_aspect)
+        video_fields = self.clip is not None and self.fields is not None
+        flip = (
+            None if video_fields else FieldRequest.check(self.fields, self.store, keypoint_flip, mask_fill, keep_crowd)
+        )
         augment, dtype, one_size = _default_augment(self.store, augment, dtype, group_by_aspect)
         self.device = resolve_device(device)
         self.rank, self.world_size = resolve_rank(rank, world_size)
         shape = self.store.image_shape or one_size  # a jpeg store of one size is planned as a raw store
         sizes = torch.from_numpy(np.array(self.store.shapes)) if shape is None else (shape[0], shape[1])
+        per_video = self.clip.per_video if self.clip is not None else 1
+        if isinstance(sizes, torch.Tensor) and per_video > 1:  # a sample is a clip: its video's size
+            sizes = sizes.repeat_interleave(per_video, 0)
         shards = self.input.shards(shuffle_window, batch_size)
         self.batch_sampler = ShardedBatchSampler(
-            len(self.store),
+            len(self.store) * per_video,
             batch_size,
             shuffle=shuffle,
             seed=seed,
@@ -486,7 +504,10 @@ class Loader:
         self.counters = Stats(self.tier.name, origin=called)
         self._production = Production(max(1, prefetch), self.counters)
         self.jpeg: JpegPipelines | None = None
-        if self.store.mode == "jpeg":
+        self.video: VideoClips | None = None
+        if self.clip is not None:
+            self.video = VideoClips(self.store, self.clip, seed, self.device, num_workers, batch_size)
+        elif self.store.mode == "jpeg":
             images = self.input.byte_source(self.tier)
             decoding = Decoding(
                 decoders,
@@ -523,7 +544,7 @@ class Loader:
             self,
             _collected,
             self._production,
-            self.jpeg,
+            self.jpeg if self.jpeg is not None else self.video,
             self.gather,
             self.input,
             self._planner,
@@ -533,7 +554,7 @@ class Loader:
         self._shut_down.atexit = False
         self._fields = (
             None
-            if self.fields is None
+            if self.fields is None or video_fields
             else FieldRequest(self.fields, self.store, self.device, on_error, flip, mask_fill, keep_crowd)
         )
         self.counters.mark("constructor")
@@ -747,6 +768,8 @@ class Loader:
         if self.jpeg is not None:
             next_plan = functools.partial(self._planner.peek, epoch + 1) if self.tuning.carry else None
             batches = jpeg_feed(self.jpeg.pipelines, self._production, plan, start, epoch, next_plan, carried)
+        elif self.video is not None:
+            batches = video_feed(plan, start, epoch, self.video, self.store.labels, self._production, self.copy_stream)
         elif self.tier.gathers_on_device:
             fused = self.augment is not None and self.tier.name in self.tuning.fused_gather
             # (a tier that gathers on the device: a CUDA device, which has a copy stream)
@@ -789,6 +812,8 @@ class Loader:
             out = self._augment(batch)
         self.counters.add("augment", time.perf_counter() - t0)
         self.counters.mark("first_batch")
+        if self.video is not None and self.fields is not None:
+            return video_batch_dict(self.fields, *out, self.video.clips(self.epoch, batch.samples.numpy()))  # type: ignore[union-attr]
         if self._fields is None:
             return out
         fields = self._fields
@@ -807,6 +832,10 @@ class Loader:
         else:
             fmt = torch.channels_last if self.channels_last else torch.contiguous_format
             images = batch.images.permute(0, 3, 1, 2).contiguous(memory_format=fmt)
+        if self.clip is not None:  # N * T frames, one clip's frames after another
+            images = images.unflatten(0, (-1, self.clip.frames))
+            if self.clip.layout == "NCTHW":
+                images = images.transpose(1, 2)
         self.counters.count(len(batch.labels))
         if self.augment is not None and self.augment.batch_op is not None:  # drawn from (seed, epoch, batch)
             mixed = ((self.seed * 1_000_003 + self.epoch) * 1_000_033 + self._batch) % (1 << 64)  # manual_seed's range

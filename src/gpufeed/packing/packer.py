@@ -16,6 +16,7 @@ from datetime import datetime, timezone
 from functools import partial
 from pathlib import Path
 
+import numpy as np
 from tqdm import tqdm
 
 from gpufeed._version import __version__
@@ -25,7 +26,7 @@ from gpufeed.packing.fields import FieldsSink, Geometry
 from gpufeed.packing.imaging import DEFAULT_MAX_PIXELS
 from gpufeed.packing.report import PackReport as PackReport  # (its home before report.py: re-exported)
 from gpufeed.packing.sigterm import sigterm_stops
-from gpufeed.packing.sinks import JpegSink, RawSink
+from gpufeed.packing.sinks import JpegSink, RawSink, VideoSink
 from gpufeed.packing.upload import pack_to_url
 from gpufeed.sources import Item, Skip, open_source
 from gpufeed.sources.images import JPEG_QUALITY
@@ -63,6 +64,45 @@ def _check_args(mode: str, size: int, fit: str, quality: int, max_side: int, on_
         raise ValueError(f"quality must be in 1..100, got {quality}")
     if size < 1 or max_side < 1:
         raise ValueError(f"size and max_side must be positive, got {size} and {max_side}")
+
+
+def _check_video_args(mode: str, short_side: int | None, gop: int | None, fps: float | None) -> None:
+    if mode != "video":
+        if (short_side, gop, fps) != (None, None, None):
+            raise ValueError(f"short_side, gop and fps re-encode videos (mode='video'), not a {mode} store")
+        return
+    if short_side is not None and (not isinstance(short_side, int) or short_side < 16):
+        raise ValueError(f"short_side must be an int of at least 16 pixels, got {short_side!r}")
+    if gop is not None and (not isinstance(gop, int) or gop < 1):
+        raise ValueError(f"gop must be a positive int (frames), got {gop!r}")
+    if fps is not None and not (isinstance(fps, (int, float)) and 0 < fps <= 1000):
+        raise ValueError(f"fps must be a frame rate in (0, 1000], got {fps!r}")
+
+
+def clip_bounds(index, fields: dict | None) -> tuple[str | None, tuple[int, int], dict | None]:
+    """(why not, the frames [first, end) a video's clips come from, its other fields): a list's "start"
+    and "end" columns, in seconds from its first frame (Kinetics' clip bounds), taken out of its fields;
+    without them, every frame."""
+    rest = dict(fields or {})
+    start, end = rest.pop("start", None), rest.pop("end", None)
+    seconds = index.seconds
+    try:
+        a = 0 if _blank(start) else int(np.searchsorted(seconds, float(start) - 1e-6))
+        b = len(seconds) if _blank(end) else int(np.searchsorted(seconds, float(end) - 1e-6))
+    except (TypeError, ValueError):
+        return f"start and end must be seconds, got {start!r} and {end!r}", (0, 0), None
+    if not 0 <= a < b <= len(seconds):
+        return (
+            f"no frame within start {start} s and end {end} s (the video's frames span {seconds[-1]:.3f} s)",
+            (0, 0),
+            None,
+        )
+    return None, (a, b), rest or None
+
+
+def _blank(value: object) -> bool:
+    """A list's cell left empty (a CSV's empty cell is read as NaN, a JSONL key may be null)."""
+    return value is None or value == "" or (isinstance(value, float) and value != value)
 
 
 def _check_places(source, dest: str | os.PathLike) -> None:
@@ -202,6 +242,9 @@ def pack(
     storage_options: dict | None = None,
     images: str | os.PathLike | None = None,
     exist_ok: bool = False,
+    short_side: int | None = None,
+    gop: int | None = None,
+    fps: float | None = None,
 ) -> PackReport:
     """Pack `source` into a store at `dest`, on all cores; the store appears only once complete.
 
@@ -214,7 +257,10 @@ def pack(
             keys, a tar sample's .json/.txt/.npy members and a dataset dict's further keys become
             per-sample fields (see `packing.fields`).
         dest: the store directory to create. One pack at a time may write it.
-        mode: "raw" (size x size uint8 pixels) or "jpeg" (encoded bytes).
+        mode: "raw" (size x size uint8 pixels), "jpeg" (encoded bytes) or "video" (video files, each
+            kept as it is with its frame index, or re-encoded: `short_side`, `gop`, `fps`; the source a
+            folder of videos, a .csv/.jsonl list with optional start and end columns in seconds, or
+            tar shards; each file decoded once, a broken one skipped with the reason).
         size, fit: raw: the side, and "crop", "stretch" or "pad" to make an image square.
         quality, max_side, reencode: jpeg: re-encode quality, longest side kept, and whether
             upright RGB baseline JPEGs within max_side are re-encoded (False keeps their bytes).
@@ -236,6 +282,9 @@ def pack(
             settings, and return its report (seconds 0, workers 0) without packing: a script that
             packs, then trains, runs again as it is. A store there packed otherwise is an error, or
             with `overwrite=True` replaced. (A local `dest` only.)
+        short_side, gop, fps: video: re-encode each video as H.264 in MP4 with this short side, a
+            keyframe every `gop` frames (a clip then never decodes more than one GOP it drops) and
+            this frame rate; any one given re-encodes (None each: the files are stored as they are).
 
     Returns:
         A `PackReport`: count, skipped files with reasons, seconds, workers, bytes.
@@ -263,7 +312,12 @@ def pack(
         engine=engine,
         ray_address=ray_address,
         images=images,
+        short_side=short_side,
+        gop=gop,
+        fps=fps,
     )
+    if mode == "video" and (is_url(dest) or shard_size is not None):
+        raise ValueError(f"{dest}: a video store is one folder on this machine (not sharded, not in a bucket) for now")
     if is_url(dest):
         if exist_ok:
             raise ValueError(f"{dest}: exist_ok is for a destination on this machine, not a URL")
@@ -311,15 +365,19 @@ def _pack_local(
     images: str | os.PathLike | None,
     exist_ok: bool = False,
     on_shard: Callable[[str, Path], None] | None = None,
+    short_side: int | None = None,
+    gop: int | None = None,
+    fps: float | None = None,
 ) -> PackReport:
     """`pack` into a folder on this machine (its arguments); `on_shard(name, folder)`: called as each
     shard of a sharded store is finished (`upload` sends it to the bucket then)."""
     shard_bytes = parse_size(shard_size, "shard_size")
     _check_args(mode, size, fit, quality, max_side, on_error, engine)
+    _check_video_args(mode, short_side, gop, fps)
     _check_places(source, dest)
     if images is not None:
         _check_places(images, dest)  # a COCO file's images: never inside the destination it replaces
-    settings = worker.Settings(mode, size, fit, quality, max_side, reencode, max_pixels)
+    settings = worker.Settings(mode, size, fit, quality, max_side, reencode, max_pixels, short_side, gop, fps)
     dataset = dataset_source(source, max_pixels) if is_dataset(source) else None  # (lists nothing yet)
     recorded = {
         "source": dataset.description if dataset is not None else os.fspath(source),  # type: ignore[arg-type]
@@ -330,13 +388,18 @@ def _pack_local(
         "reencode": reencode,
         "max_pixels": max_pixels,
         "engine": engine,
+        **({"short_side": short_side, "gop": gop, "fps": fps} if mode == "video" else {}),
     }
     if exist_ok and os.path.lexists(dest):
         kept = _existing(Path(dest), mode, recorded, shard_bytes is not None, overwrite, dataset is None)
         if kept is not None:
             log.debug("%s", kept.summary())
             return kept
-    src = dataset if dataset is not None else open_source(source, storage_options, images)  # type: ignore[arg-type]
+    if mode == "video" and dataset is not None:
+        raise ValueError("videos are packed from files (a folder, a .csv/.jsonl list or tar shards), not a dataset")
+    src = (
+        dataset if dataset is not None else open_source(source, storage_options, images, videos=mode == "video")  # type: ignore[arg-type]
+    )
     skipped: list[dict[str, str]] = []
 
     def on_skip(s: Skip) -> bool:
@@ -352,7 +415,7 @@ def _pack_local(
         atomic_store_dir(dest, overwrite) as work,
         ExitStack() as opened,
     ):
-        sink = RawSink(work, size) if mode == "raw" else JpegSink(work)
+        sink = RawSink(work, size) if mode == "raw" else VideoSink(work) if mode == "video" else JpegSink(work)
         opened.push(_abandoned_on_error(sink))
         fields = FieldsSink(work)
         opened.push(_abandoned_on_error(fields))
@@ -405,11 +468,18 @@ def _add(chunk, results, sink, fields: FieldsSink, s: worker.Settings, on_skip) 
         error = done.error
         if error is None and item.hw is not None and tuple(done.source_hw or ()) != item.hw:
             error = _declared_size(item.hw, done.source_hw)
+        given = item.fields
+        clip = (0, 0)
+        if error is None and done.video is not None:
+            error, clip, given = clip_bounds(done.video, given)
         if error is None:
             stored = (s.size, s.size) if s.mode == "raw" else done.hw
-            error, values = fields.check(item.fields, Geometry(done.source_hw, stored, s.fit, s.mode))
+            error, values = fields.check(given, Geometry(done.source_hw, stored, s.fit, s.mode))
         if error is None:
-            sink.add(chunk.start + k, item.label, done.payload, done.hw, item.name)
+            if done.video is not None:
+                sink.add_video(item.label, done.payload, done.video, clip, item.name)
+            else:
+                sink.add(chunk.start + k, item.label, done.payload, done.hw, item.name)
             fields.add(values)
         else:
             on_skip(Skip(item.name, error))
@@ -436,6 +506,7 @@ def _manifest(work: Path, s: worker.Settings, count: int, src, files, skipped, f
 _DECISIVE = {
     "raw": ("source", "size", "fit", "max_pixels"),
     "jpeg": ("source", "quality", "max_side", "reencode", "max_pixels"),
+    "video": ("source", "short_side", "gop", "fps"),
 }
 
 

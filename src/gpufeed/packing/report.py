@@ -30,15 +30,16 @@ class PackReport:
     def summary(self) -> str:
         """What to print: count, size, speed (or that a complete store was kept), and how many files were
         skipped for each reason, with a few of them (`packing.skips`)."""
+        what, rate = ("videos", "videos/s") if self.mode == "video" else ("images", "img/s")
         if self.kept:
             lines = [
-                f"kept {self.dest}: {self.count} images ({self.mode}, {self.bytes / 1e6:.1f} MB) packed before "
+                f"kept {self.dest}: {self.count} {what} ({self.mode}, {self.bytes / 1e6:.1f} MB) packed before "
                 "from the same source with the same settings; nothing packed"
             ]
         else:
             lines = [
-                f"packed {self.count} images into {self.dest} ({self.mode}, {self.bytes / 1e6:.1f} MB) "
-                f"in {self.seconds:.1f} s: {self.images_per_s:.0f} img/s on {self.workers} worker(s)"
+                f"packed {self.count} {what} into {self.dest} ({self.mode}, {self.bytes / 1e6:.1f} MB) "
+                f"in {self.seconds:.1f} s: {self.images_per_s:.0f} {rate} on {self.workers} worker(s)"
             ]
         lines += summarize_skipped(self.skipped, "each in manifest.json; gpufeed inspect --all-skipped lists them")
         return "\n".join(lines)

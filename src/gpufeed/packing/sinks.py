@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gpufeed.sources.videos import VideoIndex
 from gpufeed.store import format as fmt
 from gpufeed.store.writer import HashingWriter, file_digest
 
@@ -160,4 +161,34 @@ class JpegSink:
             fmt.JPEG_SHAPES: write_array(w / fmt.JPEG_SHAPES, np.asarray(self.shapes, dtype="<i4")),
             fmt.LABELS: write_array(w / fmt.LABELS, np.asarray(self.labels, dtype="<i8")),
             **self.sources.finish(),
+        }
+
+
+class VideoSink(JpegSink):
+    """A jpeg sink whose samples are video files, with their frame index (`store.format`, video mode)."""
+
+    def __init__(self, work: Path):
+        super().__init__(work)
+        self.frames: array = array("q")
+        self.frame_offsets: array = array("q", [0])
+        self.timing: array = array("q")
+
+    def add_video(self, label: int, encoded: bytes, index: VideoIndex, clip: tuple[int, int], source: str) -> None:
+        """Video `encoded` (`index`: its frames), its clips taken from frames [clip[0], clip[1])."""
+        self.add(0, label, encoded, (index.height, index.width), source)
+        rows = np.stack([index.pts, index.keyframe.astype(np.int64), index.packet_bytes], axis=1)
+        self.frames.extend(rows.astype(np.int64).ravel().tolist())
+        self.frame_offsets.append(self.frame_offsets[-1] + len(index))
+        tb = index.time_base
+        self.timing.extend([tb.numerator, tb.denominator, index.stream, clip[0], clip[1]])
+
+    def finish(self) -> dict[str, dict[str, object]]:
+        w = self.work
+        return {
+            **super().finish(),
+            fmt.VIDEO_FRAMES: write_array(w / fmt.VIDEO_FRAMES, np.asarray(self.frames, dtype="<i8")),
+            fmt.VIDEO_FRAME_OFFSETS: write_array(
+                w / fmt.VIDEO_FRAME_OFFSETS, np.asarray(self.frame_offsets, dtype="<i8")
+            ),
+            fmt.VIDEO_TIMING: write_array(w / fmt.VIDEO_TIMING, np.asarray(self.timing, dtype="<i8")),
         }

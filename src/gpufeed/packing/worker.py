@@ -17,6 +17,7 @@ from gpufeed.packing import imaging
 from gpufeed.packing.imaging import BadImage
 from gpufeed.sources import MAX_FILE_BYTES, Item
 from gpufeed.sources.images import upright_jpeg
+from gpufeed.sources.videos import MAX_VIDEO_BYTES, VideoError, VideoIndex, index_video, reencode_video
 from gpufeed.store.format import raw_item_bytes
 
 
@@ -29,6 +30,10 @@ class Settings:
     max_side: int
     reencode: bool
     max_pixels: int
+    # video: the re-encoding asked for (None each: kept as it is), see `sources.videos.reencode_video`
+    short_side: int | None = None
+    gop: int | None = None
+    fps: float | None = None
 
 
 @dataclass
@@ -46,11 +51,12 @@ class Packed:
     payload: bytes | np.ndarray | None = None  # jpeg: encoded bytes; raw: pixels a remote worker returns
     hw: tuple[int, int] | None = None  # jpeg: the stored image's (h, w)
     source_hw: tuple[int, int] | None = None  # the full image's (h, w) upright: the frame of its boxes
+    video: VideoIndex | None = None  # video: the stored file's frame index
 
 
-def _read(item: Item) -> bytes:
+def _read(item: Item, limit: int = MAX_FILE_BYTES) -> bytes:
     """The file's bytes: a regular file only (a FIFO would block forever, /dev/zero never end), at
-    most MAX_FILE_BYTES of it."""
+    most `limit` of it."""
     if item.data is not None:
         return item.data
     try:
@@ -60,16 +66,16 @@ def _read(item: Item) -> bytes:
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode):
                 raise BadImage("not a regular file (a FIFO, device or socket)")
-            if info.st_size > MAX_FILE_BYTES:
-                raise BadImage(f"{info.st_size} bytes, more than any image gpufeed packs ({MAX_FILE_BYTES})")
+            if info.st_size > limit:
+                raise BadImage(f"{info.st_size} bytes, more than gpufeed packs ({limit})")
             with os.fdopen(fd, "rb", closefd=False) as f:
-                data = f.read(MAX_FILE_BYTES + 1)
+                data = f.read(limit + 1)
         finally:
             os.close(fd)
     except OSError as e:
         raise BadImage(f"unreadable: {e.strerror or e}") from None
-    if len(data) > MAX_FILE_BYTES:
-        raise BadImage(f"grew past {MAX_FILE_BYTES} bytes while being read")
+    if len(data) > limit:
+        raise BadImage(f"grew past {limit} bytes while being read")
     if not data:
         raise BadImage("empty file (0 bytes)")
     return data
@@ -85,6 +91,18 @@ def _jpeg(data: bytes, s: Settings) -> Packed:
             return Packed(payload=data, hw=kept, source_hw=kept)
     encoded, hw, source_hw = upright_jpeg(data, s.quality, s.max_side, s.max_pixels)  # as a folder read in place
     return Packed(payload=encoded, hw=hw, source_hw=source_hw)
+
+
+def _video(data: bytes, s: Settings) -> Packed:
+    """The video as stored (re-encoded where asked) and its frame index, from decoding it once."""
+    try:
+        if s.short_side is not None or s.gop is not None or s.fps is not None:
+            data = reencode_video(data, s.short_side, s.gop, s.fps)
+        index = index_video(data)
+    except VideoError as e:
+        raise BadImage(str(e)) from None
+    hw = (index.height, index.width)
+    return Packed(payload=data, hw=hw, source_hw=hw, video=index)
 
 
 def process(chunk: Chunk, s: Settings) -> list[Packed]:
@@ -103,6 +121,9 @@ def process(chunk: Chunk, s: Settings) -> list[Packed]:
     with imaging.own_bomb_guard():
         for k, item in enumerate(chunk.items):
             try:
+                if s.mode == "video":
+                    results.append(_video(_read(item, MAX_VIDEO_BYTES), s))
+                    continue
                 data = _read(item)
                 if s.mode == "raw":
                     img, source_hw = imaging.decode_sized(data, "raw", s.size, s.fit, s.max_side, s.max_pixels)

@@ -34,12 +34,18 @@ __all__ = [
 
 
 def open_source(
-    source: str | os.PathLike, storage_options: dict | None = None, images: str | os.PathLike | None = None
+    source: str | os.PathLike,
+    storage_options: dict | None = None,
+    images: str | os.PathLike | None = None,
+    videos: bool = False,
 ) -> Source:
     """Recognise `source` and return its entries; raises SourceError if it cannot be used. A URL (tar
     shards or a list in a bucket, any fsspec URL; `storage_options` are fsspec's) is read through
-    fsspec (`sources.remote`). A COCO annotation file (.json) reads its images from `images`."""
+    fsspec (`sources.remote`). A COCO annotation file (.json) reads its images from `images`.
+    `videos`: a folder's or tar's videos (a local folder, list or tar shards), not its images."""
     text = os.fspath(source)
+    if videos:
+        return _video_source(text)
     if is_url(text):
         from gpufeed.sources.remote import remote_source  # fsspec only where it is asked for
 
@@ -62,3 +68,28 @@ def open_source(
     if is_coco(path):
         return coco_source(path, images)
     raise SourceError(f"{path}: not a folder, .csv/.jsonl list, COCO .json or .tar/.tar.gz/.tgz shard")
+
+
+def _video_source(text: str) -> Source:
+    """A folder of videos (class folders or flat), a .csv/.jsonl list of them (path,label and, for
+    a clip range in seconds, start and end columns) or tar shards with a video member per sample."""
+    from gpufeed.sources.videos import MAX_VIDEO_BYTES, TAR_VIDEO_EXTS, VIDEO_EXTS
+
+    if is_url(text):
+        raise SourceError(f"{text}: videos are packed from this machine's files (a folder, list or tar shards)")
+    shards = sorted(glob.glob(text)) if glob.has_magic(text) else None
+    if shards is not None:
+        if not shards:
+            raise SourceError(f"{text}: no file matches this pattern")
+        return tar_source(text, shards, TAR_VIDEO_EXTS, MAX_VIDEO_BYTES)
+    path = Path(text)
+    if not path.exists():
+        raise SourceError(f"{path}: no such file or directory")
+    if path.is_dir():
+        return folder_source(path, VIDEO_EXTS)
+    lower = path.name.lower()
+    if lower.endswith(TAR_SUFFIXES):
+        return tar_source(text, [text], TAR_VIDEO_EXTS, MAX_VIDEO_BYTES)
+    if lower.endswith((".csv", ".jsonl")):
+        return list_source(path)
+    raise SourceError(f"{path}: not a folder of videos, .csv/.jsonl list or .tar shard")

@@ -14,8 +14,8 @@ from gpufeed.sources.entries import Entry, Item, Skip, Source, count_items
 IMAGE_EXTS = frozenset(Image.registered_extensions())
 
 
-def _walk(directory: str, seen: set[tuple[int, int]]) -> Iterator[str | Skip]:
-    """Image files under `directory`, sorted, following symlinks but never looping."""
+def _walk(directory: str, seen: set[tuple[int, int]], exts: frozenset[str] = IMAGE_EXTS) -> Iterator[str | Skip]:
+    """Files of `exts` (images) under `directory`, sorted, following symlinks but never looping."""
     try:
         st = os.stat(directory)
         entries = sorted(os.scandir(directory), key=lambda e: e.name)
@@ -31,11 +31,12 @@ def _walk(directory: str, seen: set[tuple[int, int]]) -> Iterator[str | Skip]:
         if name.startswith("."):
             yield Skip(entry.path, "hidden file or folder (dotfile)", fatal=False)
         elif _is_dir(entry):
-            yield from _walk(entry.path, seen)
-        elif (ext := _extension(name)).lower() in IMAGE_EXTS:
+            yield from _walk(entry.path, seen, exts)
+        elif (ext := _extension(name)).lower() in exts:
             yield entry.path  # a broken or looping link fails when read, with the reason
         else:
-            yield Skip(entry.path, f"not an image file (extension {ext or 'none'!r})", fatal=False)
+            what = "an image" if exts is IMAGE_EXTS else "a video"
+            yield Skip(entry.path, f"not {what} file (extension {ext or 'none'!r})", fatal=False)
 
 
 def _extension(name: str) -> str:
@@ -53,13 +54,15 @@ def _is_dir(entry: os.DirEntry) -> bool:
         return False
 
 
-def folder_source(root: Path) -> Source:
+def folder_source(root: Path, exts: frozenset[str] = IMAGE_EXTS) -> Source:
+    """The files of `exts` (images; `sources.videos.VIDEO_EXTS` for videos) under `root`: in class
+    folders (labels by sorted name), or flat (label -1)."""
     children = sorted(os.scandir(root), key=lambda e: e.name)
     class_dirs = [e for e in children if not e.name.startswith(".") and _is_dir(e)]
     entries: list[Entry] = []
     seen: set[tuple[int, int]] = set()
     if not class_dirs:
-        for found in _walk(str(root), seen):
+        for found in _walk(str(root), seen, exts):
             entries.append(found if isinstance(found, Skip) else Item(found, -1, path=found))
         return Source(f"flat folder {root}", [], iter(entries), count_items(entries))
     seen.add((os.stat(root).st_dev, os.stat(root).st_ino))
@@ -70,6 +73,6 @@ def folder_source(root: Path) -> Source:
             entries.append(Skip(e.path, "not inside a class folder (ImageFolder layout)", fatal=False))
     classes = [d.name for d in class_dirs]
     for label, d in enumerate(class_dirs):
-        for found in _walk(d.path, seen):
+        for found in _walk(d.path, seen, exts):
             entries.append(found if isinstance(found, Skip) else Item(found, label, path=found))
     return Source(f"image folder {root} ({len(classes)} classes)", classes, iter(entries), count_items(entries))

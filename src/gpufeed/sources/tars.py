@@ -8,6 +8,7 @@ import io
 import os
 import tarfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 from gpufeed.sources.cells import tar_fields
 from gpufeed.sources.entries import MAX_FILE_BYTES, Entry, Item, Skip, Source, is_int
@@ -16,16 +17,32 @@ TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz")
 TAR_IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
 
 
-def tar_source(text: str, shards: list[str]) -> Source:
-    return Source(f"{len(shards)} tar shard(s) {text}", [], _tar_entries(shards), None, kind="tar")
+@dataclass(frozen=True)
+class _Wanted:
+    """The members a sample is made of (`exts`, in order of preference) and the most bytes of one."""
+
+    exts: tuple[str, ...]
+    max_bytes: int
 
 
-def _tar_entries(shards: list[str]) -> Iterator[Entry]:
+_IMAGES = _Wanted(TAR_IMAGE_EXTS, MAX_FILE_BYTES)
+
+
+def tar_source(
+    text: str, shards: list[str], exts: tuple[str, ...] = TAR_IMAGE_EXTS, max_bytes: int = MAX_FILE_BYTES
+) -> Source:
+    """WebDataset shards' samples: each one's first member of `exts` (images, or videos), at most
+    `max_bytes` each, with its .cls label and .json/.txt/.npy fields."""
+    entries = _tar_entries(shards, _Wanted(exts, max_bytes))
+    return Source(f"{len(shards)} tar shard(s) {text}", [], entries, None, kind="tar")
+
+
+def _tar_entries(shards: list[str], wanted: _Wanted) -> Iterator[Entry]:
     for shard in shards:
         try:
             size = os.path.getsize(shard)
             with tarfile.open(shard, mode="r|*") as tar:
-                yield from _tar_samples(shard, tar, size)
+                yield from _tar_samples(shard, tar, size, wanted)
         except (OSError, tarfile.TarError, EOFError) as e:
             yield Skip(shard, f"unreadable tar shard (rest of shard lost): {e}")
 
@@ -53,7 +70,7 @@ def tar_label(cls: bytes | None) -> int:
     return int(text)
 
 
-def _tar_samples(shard: str, tar: tarfile.TarFile, size: int | None) -> Iterator[Entry]:
+def _tar_samples(shard: str, tar: tarfile.TarFile, size: int | None, kinds: _Wanted = _IMAGES) -> Iterator[Entry]:
     """Group consecutive members by WebDataset key (name up to the first dot of the basename). A member
     whose data the shard does not hold ends the shard there: the sample before it is kept (its members
     all came before), the member is skipped with the reason, and nothing is read past the file's end
@@ -63,11 +80,11 @@ def _tar_samples(shard: str, tar: tarfile.TarFile, size: int | None) -> Iterator
     parts: dict[str, bytes] = {}
     for member in tar:
         named = None if member.isdir() else tar_key(member.name)
-        wanted = named is not None and member.isfile() and member.size <= MAX_FILE_BYTES
+        wanted = named is not None and member.isfile() and member.size <= kinds.max_bytes
         data, cut = _member_data(tar, member, end, wanted)
         if cut is not None:
             if key is not None and (named is None or named[0] != key):
-                yield _tar_sample(shard, key, parts)
+                yield _tar_sample(shard, key, parts, kinds.exts)
             yield Skip(f"{shard}:{member.name}", cut)
             return
         if named is None:
@@ -75,19 +92,17 @@ def _tar_samples(shard: str, tar: tarfile.TarFile, size: int | None) -> Iterator
         if not member.isfile():  # links, devices, FIFOs: nothing a sample is read from
             yield Skip(f"{shard}:{member.name}", "not a regular file in the tar (a link, device or FIFO)")
             continue
-        if member.size > MAX_FILE_BYTES:
-            yield Skip(
-                f"{shard}:{member.name}", f"{member.size} bytes, more than any image gpufeed packs ({MAX_FILE_BYTES})"
-            )
+        if member.size > kinds.max_bytes:
+            yield Skip(f"{shard}:{member.name}", f"{member.size} bytes, more than gpufeed packs ({kinds.max_bytes})")
             continue
         member_key, ext = named
         if member_key != key and key is not None:
-            yield _tar_sample(shard, key, parts)
+            yield _tar_sample(shard, key, parts, kinds.exts)
             parts = {}
         key = member_key
         parts[ext] = data  # type: ignore[assignment]  # bytes: a wanted regular file, read whole (else `cut`)
     if key is not None:
-        yield _tar_sample(shard, key, parts)
+        yield _tar_sample(shard, key, parts, kinds.exts)
 
 
 def _member_data(
@@ -118,11 +133,11 @@ def _member_data(
         return None, f"{lost}, past the end of the shard or through damaged data ({e})"
 
 
-def _tar_sample(shard: str, key: str, parts: dict[str, bytes]) -> Entry:
+def _tar_sample(shard: str, key: str, parts: dict[str, bytes], exts: tuple[str, ...]) -> Entry:
     name = f"{shard}:{key}"
-    image = next((parts[e] for e in TAR_IMAGE_EXTS if e in parts), None)
+    image = next((parts[e] for e in exts if e in parts), None)
     if image is None:
-        return Skip(name, f"no image member ({'/'.join(TAR_IMAGE_EXTS)})")
+        return Skip(name, f"no {'image' if exts == TAR_IMAGE_EXTS else 'video'} member ({'/'.join(exts)})")
     label = -1
     try:
         label = tar_label(parts.get("cls"))

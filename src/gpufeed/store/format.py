@@ -22,6 +22,18 @@ A store is a directory::
       data.bin        uint8[...]          encoded JPEG bytes, back to back
       offsets.i64     int64[N + 1]        sample i is data.bin[offsets[i]:offsets[i + 1]]
       shapes.i32      int32[N, 2]         (height, width) of each encoded image
+    video mode (clips are sampled and decoded by the Loader; `sources.videos` reads the index):
+      data.bin        uint8[...]          each video's container file (MP4, MKV, WebM) as it was, or
+                                          as `pack` re-encoded it, back to back
+      offsets.i64     int64[N + 1]        video i is data.bin[offsets[i]:offsets[i + 1]]
+      shapes.i32      int32[N, 2]         (height, width) of its frames
+      frames.i64      int64[F, 3]         every frame of every video in presentation order: its pts
+                                          (in the stream's time base), 1 for a keyframe else 0, its
+                                          packet's bytes; what random access needs without demuxing
+      frame_offsets.i64 int64[N + 1]      video i's frames are frames.i64 rows [f[i], f[i + 1])
+      timing.i64      int64[N, 5]         the time base (numerator, denominator), the video stream's
+                                          index in its container, and the frames clips are taken
+                                          from, [first, end) (a list's start/end bounds; else all)
 
 A sample's masks are k planes of the stored image's h x w pixels: one label map (k = 1, the spec's
 "instances" false) or one 0/1 mask per instance (instances true, any k, in step with the sample's
@@ -73,7 +85,8 @@ SHARDS = "shards"  # the folder of a sharded store's shards
 SOURCES_SINCE = 2  # the format version that added sources.bin and sources.i64
 FIELDS_SINCE = 3  # the format version that added per-sample fields
 MANIFEST = "manifest.json"
-MODES = ("raw", "jpeg")
+MODES = ("raw", "jpeg", "video")
+ENCODED_MODES = ("jpeg", "video")  # data.bin, offsets.i64 and shapes.i32: encoded bytes per sample
 CHECKSUM = "sha256-tree-64MiB"
 CHECKSUM_BLOCK = 64 << 20
 FITS = ("crop", "stretch", "pad")
@@ -85,6 +98,11 @@ JPEG_OFFSETS = "offsets.i64"
 JPEG_SHAPES = "shapes.i32"
 SOURCES = "sources.bin"
 SOURCE_OFFSETS = "sources.i64"
+VIDEO_FRAMES = "frames.i64"
+VIDEO_FRAME_OFFSETS = "frame_offsets.i64"
+VIDEO_TIMING = "timing.i64"
+VIDEO_FRAME_COLUMNS = 3  # pts, keyframe, packet bytes
+VIDEO_TIMING_COLUMNS = 5  # time base numerator, denominator, stream index, first frame, end frame
 
 DTYPES: dict[str, np.dtype] = {
     LABELS: np.dtype("<i8"),
@@ -94,6 +112,9 @@ DTYPES: dict[str, np.dtype] = {
     JPEG_SHAPES: np.dtype("<i4"),
     SOURCES: np.dtype("u1"),
     SOURCE_OFFSETS: np.dtype("<i8"),
+    VIDEO_FRAMES: np.dtype("<i8"),
+    VIDEO_FRAME_OFFSETS: np.dtype("<i8"),
+    VIDEO_TIMING: np.dtype("<i8"),
 }
 
 
@@ -176,7 +197,8 @@ def data_files(
     extra = tuple(f for name, spec in (fields or {}).items() for f in field_files(name, spec))
     if mode == "raw":
         return (RAW_IMAGES, LABELS, *sources, *extra)
-    return (JPEG_DATA, JPEG_OFFSETS, JPEG_SHAPES, LABELS, *sources, *extra)
+    video = (VIDEO_FRAMES, VIDEO_FRAME_OFFSETS, VIDEO_TIMING) if mode == "video" else ()
+    return (JPEG_DATA, JPEG_OFFSETS, JPEG_SHAPES, LABELS, *video, *sources, *extra)
 
 
 def shard_name(k: int) -> str:
@@ -268,6 +290,8 @@ class Manifest:
             raise StoreError(f"{path}: unknown mode {self.mode!r}")
         if not _is_int(self.count) or self.count < 0:
             raise StoreError(f"{path}: bad sample count {self.count!r}")
+        if self.mode == "video" and (self.version >= SHARDED_SINCE or self.version < FIELDS_SINCE):
+            raise StoreError(f"{path}: a video store is of format version {UNSHARDED_VERSION}, not {self.version}")
         if self.fields and self.version < FIELDS_SINCE:
             raise StoreError(
                 f"{path}: store format version {self.version} holds no fields, yet the manifest lists some"
@@ -335,6 +359,12 @@ class Manifest:
         if self.mode == "raw":
             side = self.image_shape[0]  # type: ignore[index]  # (raw: [S, S, 3])
             return {RAW_IMAGES: n * raw_item_bytes(side), LABELS: n * 8, **sources}
+        if self.mode == "video":
+            sources |= {
+                VIDEO_FRAMES: None,
+                VIDEO_FRAME_OFFSETS: (n + 1) * 8,
+                VIDEO_TIMING: n * VIDEO_TIMING_COLUMNS * 8,
+            }
         return {JPEG_DATA: None, JPEG_OFFSETS: (n + 1) * 8, JPEG_SHAPES: n * 8, LABELS: n * 8, **sources}
 
 

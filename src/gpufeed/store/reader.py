@@ -8,12 +8,14 @@ import io
 import json
 import os
 import warnings
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
 import torch
 from PIL import Image
 
+from gpufeed.sources.videos import VideoIndex
 from gpufeed.store import format as fmt
 from gpufeed.store.fields import FieldColumn
 from gpufeed.store.format import Manifest, StoreError
@@ -185,6 +187,8 @@ class Store(Described):
             )
             not_positive = (self.shapes <= 0).any(axis=1)  # (an array: numpy's stubs allow a scalar)
             _check_entries(self.path / fmt.JPEG_SHAPES, not_positive, "is not a positive size")  # type: ignore[arg-type]
+            if m.mode == "video":
+                self._open_video_index()
         self._sources = self._source_offsets = None
         if m.version >= fmt.SOURCES_SINCE:
             self._sources = self._open(fmt.SOURCES, (m.files[fmt.SOURCES]["bytes"],))
@@ -205,6 +209,44 @@ class Store(Described):
         _check_entries(
             self.path / fmt.LABELS, bad, f"is not -1 or a class of {len(m.classes)}" if m.classes else "is below -1"
         )
+
+    def _open_video_index(self) -> None:
+        """A video store's frame index (`frames`, `frame_offsets`, `timing`), range-checked as the
+        offsets are: the loader seeks with it."""
+        m = self.manifest
+        n_frames = m.files[fmt.VIDEO_FRAMES]["bytes"] // (8 * fmt.VIDEO_FRAME_COLUMNS)
+        self.frames = self._open(fmt.VIDEO_FRAMES, (n_frames, fmt.VIDEO_FRAME_COLUMNS))
+        self.frame_offsets = self._open(fmt.VIDEO_FRAME_OFFSETS, (m.count + 1,))
+        self.timing = self._open(fmt.VIDEO_TIMING, (m.count, fmt.VIDEO_TIMING_COLUMNS))
+        ends = self.frame_offsets
+        _check_entries(
+            self.path / fmt.VIDEO_FRAME_OFFSETS,
+            np.concatenate([ends[:1] != 0, np.diff(ends) <= 0]) | (ends > n_frames),
+            f"is out of order or past the {n_frames} frames of " + fmt.VIDEO_FRAMES,
+        )
+        counts = np.diff(ends)
+        t = self.timing
+        _check_entries(
+            self.path / fmt.VIDEO_TIMING,
+            (t[:, 0] <= 0) | (t[:, 1] <= 0) | (t[:, 2] < 0) | (t[:, 3] < 0) | (t[:, 4] <= t[:, 3]) | (t[:, 4] > counts),
+            "is not a time base, a stream and a frame range [first, end) within the video",
+        )
+
+    def video(self, i: int) -> VideoIndex:
+        """Video `i`'s frame index (video stores): pts, keyframes, packet bytes, time base, frame size."""
+        if self.mode != "video":
+            raise TypeError(f"{self.path}: video() needs a video store, this one is {self.mode}")
+        i = self._index(i)
+        a, b = int(self.frame_offsets[i]), int(self.frame_offsets[i + 1])
+        rows = np.asarray(self.frames[a:b])
+        num, den, stream = (int(v) for v in self.timing[i, :3])
+        h, w = (int(v) for v in self.shapes[i])
+        return VideoIndex(rows[:, 0], rows[:, 1] != 0, rows[:, 2], Fraction(num, den), h, w, "", stream)
+
+    def clip_range(self, i: int) -> tuple[int, int]:
+        """The frames [first, end) of video `i` its clips are taken from (a list's start/end bounds)."""
+        i = self._index(i)
+        return int(self.timing[i, 3]), int(self.timing[i, 4])
 
     def _open(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
         self._mapped[name] = array = _map(self.path, self.manifest, name, shape)
@@ -233,9 +275,10 @@ class Store(Described):
         return sum(f["bytes"] for f in self.manifest.files.values())
 
     def encoded(self, i: int) -> torch.Tensor:
-        """The stored JPEG bytes of sample `i` (jpeg stores only), as a uint8 tensor."""
-        if self.mode != "jpeg":
-            raise TypeError(f"{self.path}: encoded() needs a jpeg store, this one is {self.mode}")
+        """The stored bytes of sample `i` (a jpeg store's JPEG, a video store's container file), as a uint8
+        tensor."""
+        if self.mode == "raw":
+            raise TypeError(f"{self.path}: encoded() needs a jpeg or video store, this one is {self.mode}")
         i = self._index(i)
         start, end = int(self.offsets[i]), int(self.offsets[i + 1])
         return as_tensor(self.data[start:end])
@@ -272,9 +315,20 @@ class Store(Described):
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
         """(uint8 CHW image, label) of sample `i`: a read-only view for raw stores, decoded for jpeg (by
-        Pillow, RGB, into a tensor of its own)."""
+        Pillow, RGB, into a tensor of its own); for a video store, (uint8 TCHW frames, label), every frame
+        of the video's clip range, decoded by PyAV."""
         i = self._index(i)
         label = int(self._labels[i])
+        if self.mode == "video":  # every frame of its clip range: (T, C, H, W)
+            from gpufeed.decode.codecs.video import ClipRequest, decode_clip
+
+            index = self.video(i)
+            first, end = self.clip_range(i)
+            start, stop = int(self.offsets[i]), int(self.offsets[i + 1])
+            request = ClipRequest(
+                self.data[start:stop].data, index.pts, index.keyframe, index.stream, np.arange(first, end)
+            )
+            return torch.from_numpy(decode_clip(request)).permute(0, 3, 1, 2), label
         if self.mode == "raw":
             return as_tensor(self.images[i]).permute(2, 0, 1), label
         # (numpy's stubs give an ndarray the buffer protocol from Python 3.12 on)

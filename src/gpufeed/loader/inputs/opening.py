@@ -10,6 +10,7 @@ from gpufeed.loader.inputs.folder import FolderInput
 from gpufeed.loader.inputs.packed import PackedInput
 from gpufeed.loader.inputs.remote import RemoteInput
 from gpufeed.loader.inputs.sharded import ShardedInput
+from gpufeed.loader.inputs.video import VideoInput
 from gpufeed.store.locations import is_url
 from gpufeed.store.opening import open_store
 from gpufeed.store.reader import Store
@@ -50,4 +51,6 @@ def open_input(store, cache_dir=None, cache_limit=None, storage_options=None) ->
         return RemoteInput(opened)
     if isinstance(opened, ShardedStore):
         return ShardedInput(opened)
+    if opened.mode == "video":
+        return VideoInput(opened)
     return PackedInput(opened)

@@ -1,0 +1,200 @@
+"""Videos as a source: what a video store keeps of each file (`VideoIndex`: every frame's presentation
+time, keyframes and packet sizes, found by decoding the file once, so a broken one is caught at pack
+time, not in training), and the optional re-encoding that bounds what a clip costs to decode.
+
+PyAV (FFmpeg) reads and writes them: an optional dependency (`pip install gpufeed[video]`), imported
+where a video is first touched. Nothing here imports torch: the decode workers use the same reader.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+
+import numpy as np
+
+# what a folder or tar of videos is read for (case-insensitive)
+VIDEO_EXTS = frozenset({".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi"})
+TAR_VIDEO_EXTS = ("mp4", "m4v", "mov", "mkv", "webm", "avi")
+MAX_VIDEO_BYTES = 4 << 30  # the largest video file pack reads (a worker holds one whole)
+MAX_VIDEO_FRAMES = 1 << 20  # a bound on what one file can make the index hold (about 10 h at 30 fps)
+
+
+class VideoError(ValueError):
+    """A video can't be read as a store needs it; the message is the reason (the caller names the file)."""
+
+
+def pyav():
+    """The `av` module, or ImportError naming the extra that installs it."""
+    try:
+        import av
+    except ImportError as e:
+        raise ImportError(
+            "video needs PyAV (FFmpeg's libraries for Python): pip install 'gpufeed[video]' (or: pip install av)"
+        ) from e
+    av.logging.set_level(av.logging.PANIC)  # FFmpeg's own prints: each error becomes a VideoError instead
+    return av
+
+
+@dataclass(frozen=True)
+class VideoIndex:
+    """One video's frames in presentation order: `pts` (int64, in `time_base` seconds), `keyframe`
+    (bool) and `packet_bytes`; the frame size, the codec and the stream's index in its container."""
+
+    pts: np.ndarray
+    keyframe: np.ndarray
+    packet_bytes: np.ndarray
+    time_base: Fraction
+    height: int
+    width: int
+    codec: str
+    stream: int
+
+    def __len__(self) -> int:
+        return len(self.pts)
+
+    @property
+    def seconds(self) -> np.ndarray:
+        """Each frame's presentation time in seconds from the first frame's."""
+        return (self.pts - self.pts[0]).astype(np.float64) * float(self.time_base)
+
+
+def index_video(data: bytes | memoryview, max_frames: int = MAX_VIDEO_FRAMES) -> VideoIndex:
+    """Decode the first video stream of `data` (a container file's bytes) once, frame by frame, and
+    index it. Raises VideoError with the reason where it is not a container PyAV opens, has no video
+    stream or frames, or decodes to fewer frames than its packets (truncated or damaged): such a file
+    would fail, or silently repeat frames, in training."""
+    av = pyav()
+    try:
+        container = av.open(io.BytesIO(data), mode="r", metadata_errors="ignore")
+    except (av.FFmpegError, ValueError, UnicodeDecodeError) as e:
+        raise VideoError(f"not a video container PyAV can open ({_reason(e)})") from None
+    with container:
+        stream = next((s for s in container.streams if s.type == "video"), None)
+        if stream is None:
+            raise VideoError("no video stream")
+        if stream.codec_context is None or not stream.codec_context.name:
+            raise VideoError("a video stream of a codec this FFmpeg can't decode")
+        codec = stream.codec_context.name
+        number = stream.index  # (read while the container is open: PyAV's stream dies with it)
+        time_base = Fraction(stream.time_base) if stream.time_base else Fraction(1, 90000)
+        sizes: dict[int, int] = {}
+        pts: list[int] = []
+        keys: list[bool] = []
+        height = width = 0
+        try:
+            for packet in container.demux(stream):
+                if packet.size and packet.pts is not None:
+                    sizes[packet.pts] = packet.size
+                for frame in packet.decode():
+                    if frame.pts is None:
+                        raise VideoError("a frame without a presentation time (a raw stream; remux it into MP4/MKV)")
+                    if len(pts) >= max_frames:
+                        raise VideoError(f"more than {max_frames} frames")
+                    if not height:
+                        height, width = frame.height, frame.width
+                    elif (frame.height, frame.width) != (height, width):
+                        raise VideoError(
+                            f"its frame size changes ({height}x{width} to {frame.height}x{frame.width}); "
+                            "re-encode it (pack's short_side)"
+                        )
+                    pts.append(frame.pts)
+                    keys.append(bool(frame.key_frame))
+        except av.FFmpegError as e:
+            raise VideoError(f"damaged after {len(pts)} frames ({_reason(e)})") from None
+    if not pts:
+        raise VideoError("no frames")
+    if len(sizes) > len(pts):
+        raise VideoError(f"{len(sizes)} packets decode to {len(pts)} frames (truncated or damaged)")
+    order = np.argsort(np.asarray(pts, np.int64), kind="stable")
+    ordered = np.asarray(pts, np.int64)[order]
+    if (np.diff(ordered) <= 0).any():
+        raise VideoError("two frames with one presentation time")
+    keyframe = np.asarray(keys, bool)[order]
+    if not keyframe[0]:
+        raise VideoError("its first frame is not a keyframe (a cut stream)")
+    return VideoIndex(
+        pts=ordered,
+        keyframe=keyframe,
+        packet_bytes=np.asarray([sizes.get(int(p), 0) for p in ordered], np.int64),
+        time_base=time_base,
+        height=height,
+        width=width,
+        codec=codec,
+        stream=number,
+    )
+
+
+def reencode_video(
+    data: bytes | memoryview,
+    short_side: int | None = None,
+    gop: int | None = None,
+    fps: float | None = None,
+    crf: int = 23,
+    codec: str = "libx264",
+) -> bytes:
+    """`data`'s first video stream as a new MP4 (H.264 by default): the short side scaled to
+    `short_side` (even sides), a keyframe every `gop` frames and no others (so a clip never decodes
+    more than one GOP it drops), frames taken at `fps` (the nearest earlier frame for each tick);
+    audio dropped. Raises VideoError where `data` can't be decoded."""
+    av = pyav()
+    try:
+        source = av.open(io.BytesIO(data), mode="r", metadata_errors="ignore")
+    except (av.FFmpegError, ValueError) as e:
+        raise VideoError(f"not a video container PyAV can open ({_reason(e)})") from None
+    out = io.BytesIO()
+    with source:
+        stream = next((s for s in source.streams if s.type == "video"), None)
+        if stream is None:
+            raise VideoError("no video stream")
+        rate = Fraction(fps).limit_denominator(1001) if fps else Fraction(stream.average_rate or 25)
+        with av.open(out, mode="w", format="mp4") as sink:
+            target = None
+            written = 0
+            try:
+                for frame in source.decode(stream):
+                    if frame.pts is None:
+                        continue
+                    if target is None:
+                        h, w = _scaled(frame.height, frame.width, short_side)
+                        target = sink.add_stream(codec, rate=rate)
+                        target.width, target.height, target.pix_fmt = w, h, "yuv420p"
+                        options = {"crf": str(crf), "preset": "veryfast"}
+                        if gop:
+                            options |= {"g": str(gop), "keyint_min": str(gop), "sc_threshold": "0"}
+                            target.codec_context.gop_size = gop
+                        target.options = options
+                        t0 = frame.pts * frame.time_base
+                    # with fps, the frame stands for every tick since the last one (none where it is early)
+                    due = math.floor((frame.pts * frame.time_base - t0) * rate) + 1 if fps else written + 1
+                    picture = frame.reformat(width=target.width, height=target.height, format="yuv420p")
+                    while written < due:
+                        picture.pts, picture.time_base = written, 1 / rate
+                        for packet in target.encode(picture):
+                            sink.mux(packet)
+                        written += 1
+                if target is None:
+                    raise VideoError("no frames")
+                for packet in target.encode(None):
+                    sink.mux(packet)
+            except av.FFmpegError as e:
+                raise VideoError(f"can't be re-encoded ({_reason(e)})") from None
+    return out.getvalue()
+
+
+def _scaled(height: int, width: int, short_side: int | None) -> tuple[int, int]:
+    """(h, w) with the short side `short_side` (None: as it is), both even (4:2:0 needs it)."""
+    if short_side is None:
+        h, w = height, width
+    elif height <= width:
+        h, w = short_side, round(width * short_side / height)
+    else:
+        h, w = round(height * short_side / width), short_side
+    return max(2, h - h % 2), max(2, w - w % 2)
+
+
+def _reason(e: BaseException) -> str:
+    text = getattr(e, "strerror", None) or str(e)
+    return text.strip() or type(e).__name__

@@ -1,0 +1,322 @@
+"""Video stores: packing and the frame index against PyAV's own decode, bad files skipped with the
+reason, clips (which frames, one augment draw per clip), seeded order, resume and exactly-once
+evaluation clips over ranks. Videos are made here (libx264 through PyAV), each frame's brightness
+encoding its index (`synth.natural_video(step=)`)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import tarfile
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+av = pytest.importorskip("av")
+
+from gpufeed import Clip, Loader, Store, pack, synth  # noqa: E402
+from gpufeed.augment import RandomHorizontalFlip, RandomResizedCrop  # noqa: E402
+from gpufeed.sources.videos import index_video  # noqa: E402
+
+STEP = 6  # brightness added per frame index: frame t of a test video is its still image + STEP * t
+
+
+@pytest.fixture(scope="module")
+def videos(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("videos") / "v"
+    return synth.make_video_folder(root, per_class=3, classes=2, frames=(18, 30), height=48, width=64, gop=8, step=STEP)
+
+
+@pytest.fixture(scope="module")
+def store(videos: Path, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("store") / "s"
+    pack(videos, out, mode="video", progress=False, workers=1)
+    return out
+
+
+def _pyav_frames(path: Path) -> tuple[list[int], list[bool], Fraction]:
+    with av.open(str(path)) as c:
+        stream = c.streams.video[0]
+        frames = [(f.pts, f.key_frame) for f in c.decode(stream)]
+        tb = Fraction(stream.time_base)
+    frames.sort()
+    return [p for p, _ in frames], [bool(k) for _, k in frames], tb
+
+
+def _index_of(frame: torch.Tensor, still: torch.Tensor) -> int:
+    """A test frame's index from its brightness over its video's still image (frame 0)."""
+    return int(round(float((frame.float() - still.float()).mean()) / STEP))
+
+
+def test_the_index_is_pyavs_frames_and_timestamps(videos: Path, store: Path):
+    s = Store(store)
+    files = sorted(videos.rglob("*.mp4"))
+    assert len(s) == len(files) == 6
+    for i, path in enumerate(files):
+        assert s.source(i) == str(path)
+        pts, keys, tb = _pyav_frames(path)
+        index = s.video(i)
+        assert index.pts.tolist() == pts and index.keyframe.tolist() == keys and index.time_base == tb
+        assert np.flatnonzero(index.keyframe).tolist() == list(range(0, len(pts), 8))  # gop 8
+        assert (index.packet_bytes > 0).all()
+        assert s.clip_range(i) == (0, len(pts))
+        frames, label = s[i]
+        assert frames.shape == (len(pts), 3, 48, 64) and label == i // 3
+        assert [_index_of(f, frames[0]) for f in frames] == list(range(len(pts)))
+
+
+def _write(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+def _audio_only() -> bytes:
+    out = io.BytesIO()
+    with av.open(out, mode="w", format="matroska") as c:
+        stream = c.add_stream("pcm_s16le", rate=8000)
+        frame = av.AudioFrame.from_ndarray(np.zeros((1, 800), np.int16), format="s16", layout="mono")
+        frame.sample_rate = 8000
+        for packet in stream.encode(frame):
+            c.mux(packet)
+        for packet in stream.encode(None):
+            c.mux(packet)
+    return out.getvalue()
+
+
+def test_bad_videos_are_skipped_with_the_reason(tmp_path: Path):
+    folder = tmp_path / "v" / "a"
+    folder.mkdir(parents=True)
+    good = synth.encode_video(synth.natural_video(np.random.default_rng(0), 20, 48, 64), gop=8)
+    _write(folder / "good.mp4", good)
+    _write(folder / "truncated.mp4", good[: len(good) // 2])
+    _write(folder / "garbage.mp4", b"\x00not a video" * 100)
+    _write(folder / "sound.mkv", _audio_only())
+    _write(folder / "empty.mp4", b"")
+    report = pack(tmp_path / "v", tmp_path / "s", mode="video", progress=False, workers=1)
+    assert report.count == 1
+    reasons = {Path(s["path"]).name: s["reason"] for s in report.skipped}
+    assert set(reasons) == {"truncated.mp4", "garbage.mp4", "sound.mkv", "empty.mp4"}
+    assert "no video stream" in reasons["sound.mkv"]
+    assert "empty file" in reasons["empty.mp4"]
+    assert "can open" in reasons["garbage.mp4"] or "damaged" in reasons["garbage.mp4"]
+    assert reasons["truncated.mp4"]
+
+
+def test_a_truncated_stream_is_caught_where_its_container_opens(tmp_path: Path):
+    """An MKV cut short still opens (its index is at the front): its lost frames are found by decoding."""
+    clip = synth.natural_video(np.random.default_rng(1), 30, 48, 64)
+    whole = synth.encode_video(clip, gop=8, container="matroska")
+    assert len(index_video(whole)) == 30
+    cut = whole[: int(len(whole) * 0.6)]
+    try:
+        index = index_video(cut)
+    except ValueError as e:  # a VideoError: damaged, or packets without frames
+        assert str(e)
+    else:
+        assert len(index) < 30  # what was kept is what decodes: never a frame that isn't there
+
+
+def test_variable_frame_rate_timestamps_and_fps_clips(tmp_path: Path):
+    rng = np.random.default_rng(2)
+    still = synth.natural_video(rng, 12, 48, 64, step=STEP)
+    ticks = [0, 1, 2, 4, 5, 9, 10, 11, 15, 16, 20, 21]  # in 1/30 s: gaps of 1 to 5 ticks
+    folder = tmp_path / "v" / "a"
+    folder.mkdir(parents=True)
+    _write(folder / "vfr.mkv", synth.encode_video(still, fps=30, gop=4, container="matroska", pts=ticks, crf=12))
+    pack(tmp_path / "v", tmp_path / "s", mode="video", progress=False, workers=1)
+    s = Store(tmp_path / "s")
+    seconds = s.video(0).seconds
+    assert np.allclose(seconds, np.array(ticks) / 30, atol=1e-3)
+    # 6 frames at 10 fps from the start (evaluation, one clip: centred; the range is 0.7 s, the clip 0.5 s)
+    loader = Loader(
+        tmp_path / "s",
+        batch_size=1,
+        device="cpu",
+        shuffle=False,
+        drop_last=False,
+        clip=Clip(frames=6, fps=10, clips_per_video=1),
+        fields=["frames"],
+    )
+    (batch,) = list(loader)
+    t0 = 0.1  # (0.7 - 0.5) / 2
+    expect = [int(np.searchsorted(seconds, t0 + j / 10 + 1e-9, side="right") - 1) for j in range(6)]
+    assert batch["frames"][0].tolist() == expect
+    got = [_index_of(f, s[0][0][0]) for f in batch["image"][0]]
+    assert got == expect
+
+
+def test_each_clip_holds_its_frames_at_the_stride(store: Path):
+    s = Store(store)
+    loader = Loader(
+        store, batch_size=4, device="cpu", clip=Clip(frames=5, stride=3), fields=["video", "frames"], drop_last=False
+    )
+    seen = 0
+    for batch in loader:
+        clips, videos, frames = batch["image"], batch["video"], batch["frames"]
+        assert clips.shape[1:] == (5, 3, 48, 64) and clips.dtype == torch.uint8
+        for clip, v, f in zip(clips, videos.tolist(), frames.tolist()):
+            assert np.diff(f).tolist() == [3] * 4
+            assert f[0] >= 0 and f[-1] < len(s.video(v))
+            still = s[v][0][0]
+            assert [_index_of(x, still) for x in clip] == f
+            seen += 1
+    assert seen == len(s)
+
+
+def test_a_short_video_repeats_its_last_frame(store: Path):
+    s = Store(store)
+    n = min(len(s.video(i)) for i in range(len(s)))
+    loader = Loader(store, batch_size=6, device="cpu", shuffle=False, clip=Clip(frames=n + 4), fields=["frames"])
+    frames = next(iter(loader))["frames"]
+    shortest = [i for i in range(len(s)) if len(s.video(i)) == n][0]
+    assert frames[shortest].tolist() == list(range(n)) + [n - 1] * 4
+
+
+def test_one_augment_draw_per_clip_and_another_for_each_clip(store: Path):
+    ops = [RandomResizedCrop(24, scale=(0.2, 0.6)), RandomHorizontalFlip()]
+    loader = Loader(
+        store,
+        batch_size=6,
+        device="cpu",
+        clip=Clip(frames=4, stride=2),
+        augment=ops,
+        dtype=torch.float32,
+        fields=["frames"],
+        seed=3,
+    )
+    batch = next(iter(loader))
+    clips, frames = batch["image"] * 255, batch["frames"]  # (float output without Normalize: 0..1)
+    assert clips.shape == (6, 4, 3, 24, 24)
+    firsts = []
+    for clip, f in zip(clips, frames.tolist()):
+        for t in range(1, 4):
+            diff = clip[t] - clip[0]  # the same crop: a uniform brightness step (up to the codec's error)
+            assert abs(float(diff.mean()) - STEP * (f[t] - f[0])) < 2.5
+            assert float(diff.std()) < 3.0
+        firsts.append(clip[0])
+    # each clip its own draw: no two clips' first frames alike
+    spread = [float((a - b).abs().mean()) for i, a in enumerate(firsts) for b in firsts[i + 1 :]]
+    assert min(spread) > 1.0
+
+
+def _clips(loader: Loader) -> list[tuple[int, int]]:
+    return [(v, f[0]) for b in loader for v, f in zip(b["video"].tolist(), b["frames"].tolist())]
+
+
+def test_clips_are_seeded_per_epoch_and_resume(store: Path):
+    def make(seed):
+        return Loader(
+            store,
+            batch_size=2,
+            device="cpu",
+            clip=Clip(frames=4),
+            seed=seed,
+            fields=["video", "frames"],
+        )
+    a, b = make(7), make(7)
+    first = _clips(a)
+    assert first == _clips(b)
+    assert _clips(a) != first  # epoch 1: another order and other clips
+    assert _clips(make(8)) != first
+    c = make(7)
+    it = iter(c)
+    taken = next(it)
+    state = c.state_dict()
+    d = make(7)
+    d.load_state_dict(state)
+    rest = _clips(d)
+    whole = [(v, f[0]) for v, f in zip(taken["video"].tolist(), taken["frames"].tolist())] + rest
+    assert whole == first
+
+
+def test_evaluation_clips_exactly_once_over_ranks(store: Path):
+    s = Store(store)
+    k = 3
+    got = []
+    for rank in range(2):
+        loader = Loader(
+            store,
+            batch_size=4,
+            device="cpu",
+            shuffle=False,
+            drop_last=False,
+            pad=False,
+            rank=rank,
+            world_size=2,
+            clip=Clip(frames=4, stride=2, clips_per_video=k),
+            fields=["video", "frames"],
+        )
+        got += _clips(loader)
+    assert len(got) == len(set(got)) == k * len(s)
+    for v in range(len(s)):
+        starts = sorted(f for video, f in got if video == v)
+        n = len(s.video(v))
+        room = n - 7
+        assert starts == [0, round(room / 2), room]
+
+
+def test_a_lists_start_and_end_bound_the_clips(videos: Path, tmp_path: Path):
+    files = sorted(videos.rglob("*.mp4"))
+    with open(tmp_path / "list.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["path", "label", "start", "end"])
+        w.writerow([files[0], "a", 0.1, 0.4])  # 30 fps: frames 3..11
+        w.writerow([files[1], "b", "", ""])
+        w.writerow([files[2], "b", 5.0, 6.0])  # past its end: skipped
+    report = pack(tmp_path / "list.csv", tmp_path / "s", mode="video", progress=False, workers=1)
+    assert report.count == 2 and "no frame within" in report.skipped[0]["reason"]
+    s = Store(tmp_path / "s")
+    assert s.clip_range(0) == (3, 12)
+    assert s.clip_range(1) == (0, len(s.video(1)))
+    loader = Loader(
+        tmp_path / "s", batch_size=2, device="cpu", clip=Clip(frames=3, stride=2), fields=["video", "frames"]
+    )
+    for _ in range(3):
+        for b in loader:
+            for v, f in zip(b["video"].tolist(), b["frames"].tolist()):
+                if v == 0:
+                    assert f[0] >= 3 and f[-1] < 12
+
+
+def test_reencoded_store_short_side_and_gop(videos: Path, tmp_path: Path):
+    pack(videos, tmp_path / "s", mode="video", progress=False, workers=1, short_side=32, gop=4, fps=15)
+    s = Store(tmp_path / "s")
+    assert s.shapes.tolist() == [[32, 42]] * len(s)
+    for i in range(len(s)):
+        index = s.video(i)
+        assert np.flatnonzero(index.keyframe).tolist() == list(range(0, len(index), 4))
+        assert np.allclose(np.diff(index.seconds), 1 / 15, atol=2e-3)
+    with pytest.raises(ValueError, match="gop"):
+        pack(videos, tmp_path / "t", mode="video", gop=0, progress=False)
+    with pytest.raises(ValueError, match="re-encode videos"):
+        pack(videos, tmp_path / "t", mode="jpeg", short_side=32, progress=False)
+
+
+def test_tar_shards_of_videos(videos: Path, tmp_path: Path):
+    with tarfile.open(tmp_path / "shard.tar", "w") as tar:
+        for k, path in enumerate(sorted(videos.rglob("*.mp4"))):
+            tar.add(path, arcname=f"{k:04d}.mp4")
+            cls = str(k % 2).encode()
+            info = tarfile.TarInfo(f"{k:04d}.cls")
+            info.size = len(cls)
+            tar.addfile(info, io.BytesIO(cls))
+        info = tarfile.TarInfo("9999.txt")
+        info.size = 2
+        tar.addfile(info, io.BytesIO(b"hi"))
+    report = pack(tmp_path / "shard.tar", tmp_path / "s", mode="video", progress=False, workers=1)
+    assert report.count == 6 and "no video member" in report.skipped[0]["reason"]
+    assert Store(tmp_path / "s").labels.tolist() == [0, 1, 0, 1, 0, 1]
+
+
+def test_clip_arguments_are_checked(store: Path, image_folder: Path, tmp_path: Path):
+    for bad in (dict(frames=0), dict(stride=0), dict(fps=-1), dict(clips_per_video=0), dict(layout="TNCHW")):
+        with pytest.raises(ValueError):
+            Clip(**bad)
+    with pytest.raises(ValueError, match="fields"):
+        Loader(store, device="cpu", clip=Clip(), fields=["boxes"])
+    pack(image_folder, tmp_path / "jpeg", mode="jpeg", progress=False, workers=1)
+    with pytest.raises(ValueError, match="video store"):
+        Loader(tmp_path / "jpeg", device="cpu", clip=Clip())
