@@ -32,7 +32,8 @@ SMOKES = {  # script: extra arguments of its smoke (each benchmark once; ddp_ben
     "shuffle_bench": [],
     "detection_bench": [],
     "segmentation_bench": [],
-    "remote_bench": ["--compare", "litdata"],  # (not installed: a row that fails, and the others still written)
+    "remote_bench": ["--compare", "litdata"],
+    "video_bench": [],  # (not installed: a row that fails, and the others still written)
 }
 
 

@@ -73,7 +73,7 @@ def open_source(
 def _video_source(text: str) -> Source:
     """A folder of videos (class folders or flat), a .csv/.jsonl list of them (path,label and, for
     a clip range in seconds, start and end columns) or tar shards with a video member per sample."""
-    from gpufeed.sources.videos import MAX_VIDEO_BYTES, TAR_VIDEO_EXTS, VIDEO_EXTS
+    from gpufeed.sources.videos import TAR_VIDEOS, VIDEO_EXTS
 
     if is_url(text):
         raise SourceError(f"{text}: videos are packed from this machine's files (a folder, list or tar shards)")
@@ -81,7 +81,7 @@ def _video_source(text: str) -> Source:
     if shards is not None:
         if not shards:
             raise SourceError(f"{text}: no file matches this pattern")
-        return tar_source(text, shards, TAR_VIDEO_EXTS, MAX_VIDEO_BYTES)
+        return tar_source(text, shards, TAR_VIDEOS)
     path = Path(text)
     if not path.exists():
         raise SourceError(f"{path}: no such file or directory")
@@ -89,7 +89,7 @@ def _video_source(text: str) -> Source:
         return folder_source(path, VIDEO_EXTS)
     lower = path.name.lower()
     if lower.endswith(TAR_SUFFIXES):
-        return tar_source(text, [text], TAR_VIDEO_EXTS, MAX_VIDEO_BYTES)
+        return tar_source(text, [text], TAR_VIDEOS)
     if lower.endswith((".csv", ".jsonl")):
         return list_source(path)
     raise SourceError(f"{path}: not a folder of videos, .csv/.jsonl list or .tar shard")

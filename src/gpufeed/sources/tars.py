@@ -18,26 +18,27 @@ TAR_IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
 
 
 @dataclass(frozen=True)
-class _Wanted:
-    """The members a sample is made of (`exts`, in order of preference) and the most bytes of one."""
+class Wanted:
+    """What a tar sample is read for: the members it is made of (`exts`, in order of preference), the
+    most bytes of one, and what to call it."""
 
     exts: tuple[str, ...]
     max_bytes: int
+    what: str = "image"
 
 
-_IMAGES = _Wanted(TAR_IMAGE_EXTS, MAX_FILE_BYTES)
+def _images() -> Wanted:
+    return Wanted(TAR_IMAGE_EXTS, MAX_FILE_BYTES)
 
 
-def tar_source(
-    text: str, shards: list[str], exts: tuple[str, ...] = TAR_IMAGE_EXTS, max_bytes: int = MAX_FILE_BYTES
-) -> Source:
-    """WebDataset shards' samples: each one's first member of `exts` (images, or videos), at most
-    `max_bytes` each, with its .cls label and .json/.txt/.npy fields."""
-    entries = _tar_entries(shards, _Wanted(exts, max_bytes))
+def tar_source(text: str, shards: list[str], videos: Wanted | None = None) -> Source:
+    """WebDataset shards' samples: each one's image member (or, with `videos`, the kind of member it
+    names, e.g. `sources.videos.TAR_VIDEOS`), with its .cls label and .json/.txt/.npy fields."""
+    entries = _tar_entries(shards, videos or _images())
     return Source(f"{len(shards)} tar shard(s) {text}", [], entries, None, kind="tar")
 
 
-def _tar_entries(shards: list[str], wanted: _Wanted) -> Iterator[Entry]:
+def _tar_entries(shards: list[str], wanted: Wanted) -> Iterator[Entry]:
     for shard in shards:
         try:
             size = os.path.getsize(shard)
@@ -70,11 +71,12 @@ def tar_label(cls: bytes | None) -> int:
     return int(text)
 
 
-def _tar_samples(shard: str, tar: tarfile.TarFile, size: int | None, kinds: _Wanted = _IMAGES) -> Iterator[Entry]:
+def _tar_samples(shard: str, tar: tarfile.TarFile, size: int | None, kinds: Wanted | None = None) -> Iterator[Entry]:
     """Group consecutive members by WebDataset key (name up to the first dot of the basename). A member
     whose data the shard does not hold ends the shard there: the sample before it is kept (its members
     all came before), the member is skipped with the reason, and nothing is read past the file's end
     (`size`: the shard file's bytes, which bound an uncompressed shard's members)."""
+    kinds = kinds or _images()
     end = size if getattr(tar.fileobj, "comptype", None) == "tar" else None
     key: str | None = None
     parts: dict[str, bytes] = {}
@@ -84,7 +86,7 @@ def _tar_samples(shard: str, tar: tarfile.TarFile, size: int | None, kinds: _Wan
         data, cut = _member_data(tar, member, end, wanted)
         if cut is not None:
             if key is not None and (named is None or named[0] != key):
-                yield _tar_sample(shard, key, parts, kinds.exts)
+                yield _tar_sample(shard, key, parts, kinds)
             yield Skip(f"{shard}:{member.name}", cut)
             return
         if named is None:
@@ -93,16 +95,19 @@ def _tar_samples(shard: str, tar: tarfile.TarFile, size: int | None, kinds: _Wan
             yield Skip(f"{shard}:{member.name}", "not a regular file in the tar (a link, device or FIFO)")
             continue
         if member.size > kinds.max_bytes:
-            yield Skip(f"{shard}:{member.name}", f"{member.size} bytes, more than gpufeed packs ({kinds.max_bytes})")
+            yield Skip(
+                f"{shard}:{member.name}",
+                f"{member.size} bytes, more than any {kinds.what} gpufeed packs ({kinds.max_bytes})",
+            )
             continue
         member_key, ext = named
         if member_key != key and key is not None:
-            yield _tar_sample(shard, key, parts, kinds.exts)
+            yield _tar_sample(shard, key, parts, kinds)
             parts = {}
         key = member_key
         parts[ext] = data  # type: ignore[assignment]  # bytes: a wanted regular file, read whole (else `cut`)
     if key is not None:
-        yield _tar_sample(shard, key, parts, kinds.exts)
+        yield _tar_sample(shard, key, parts, kinds)
 
 
 def _member_data(
@@ -133,11 +138,11 @@ def _member_data(
         return None, f"{lost}, past the end of the shard or through damaged data ({e})"
 
 
-def _tar_sample(shard: str, key: str, parts: dict[str, bytes], exts: tuple[str, ...]) -> Entry:
+def _tar_sample(shard: str, key: str, parts: dict[str, bytes], kinds: Wanted) -> Entry:
     name = f"{shard}:{key}"
-    image = next((parts[e] for e in exts if e in parts), None)
+    image = next((parts[e] for e in kinds.exts if e in parts), None)
     if image is None:
-        return Skip(name, f"no {'image' if exts == TAR_IMAGE_EXTS else 'video'} member ({'/'.join(exts)})")
+        return Skip(name, f"no {kinds.what} member ({'/'.join(kinds.exts)})")
     label = -1
     try:
         label = tar_label(parts.get("cls"))

@@ -15,10 +15,12 @@ from fractions import Fraction
 
 import numpy as np
 
+from gpufeed.sources.tars import Wanted
+
 # what a folder or tar of videos is read for (case-insensitive)
 VIDEO_EXTS = frozenset({".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi"})
-TAR_VIDEO_EXTS = ("mp4", "m4v", "mov", "mkv", "webm", "avi")
 MAX_VIDEO_BYTES = 4 << 30  # the largest video file pack reads (a worker holds one whole)
+TAR_VIDEOS = Wanted(("mp4", "m4v", "mov", "mkv", "webm", "avi"), MAX_VIDEO_BYTES, "video")  # a tar sample's
 MAX_VIDEO_FRAMES = 1 << 20  # a bound on what one file can make the index hold (about 10 h at 30 fps)
 
 

@@ -1,0 +1,175 @@
+"""Video clips on one GPU (issue 67): decode alone and in training, on generated footage (a camera
+panning over a natural image, objects moving, sensor noise: `synth.natural_video`) encoded with
+libx264 at `--height` x `--width`, `--gop`, `--seconds` long, made here.
+
+Rows, interleaved over `--rounds` (each row's median and range):
+- decode alone: `Loader(store, clip=Clip(--frames, stride=2))` to `--size`² bf16 on the device
+  (RandomResizedCrop, flip, Normalize), `--threads` decode threads and one; and plain PyAV decoding
+  the same clips in one thread (what one DataLoader worker does): clips/s and frames/s;
+- training (`--model`, a torchvision video model, bf16, channels_last_3d, `--train-size`², NCTHW):
+  the synthetic ceiling (one batch given again) and the model fed by gpufeed, with % of the ceiling.
+
+    python benchmarks/video_bench.py --videos 96 --rounds 2 --out video.json
+"""
+
+from __future__ import annotations
+
+import time
+
+import common
+import numpy as np
+import torch
+
+SMOKE = dict(videos=4, seconds=1.0, height=48, width=64, frames=4, size=32, train_size=32, batch=2, batches=2,
+             steps=2, warmup=1, rounds=1, threads=2, device="cpu", model="none", root=None)
+
+
+def _epochs(loader):
+    """The loader's batches, epoch after epoch."""
+    while True:
+        yield from loader
+
+
+def _clips_per_s(loader, batches: int, sync) -> tuple[float, int]:
+    it = _epochs(loader)
+    next(it)  # the first batch: the pass's start, not its rate
+    sync()
+    t0, n = time.perf_counter(), 0
+    for _ in range(batches):
+        x, _ = next(it)
+        n += x.shape[0]
+    sync()
+    it.close()
+    return n / (time.perf_counter() - t0), n
+
+
+def _pyav_clips(store, clips: int, frames: int, stride: int) -> float:
+    """Clips/s of plain PyAV in this thread: open, seek to the keyframe before, decode, keep the frames."""
+    from gpufeed.decode.codecs.video import ClipRequest, decode_clip
+
+    rng = np.random.default_rng(0)
+    t0 = time.perf_counter()
+    for k in range(clips):
+        i = k % len(store)
+        index = store.video(i)
+        span = (frames - 1) * stride + 1
+        start = int(rng.integers(0, max(1, len(index) - span)))
+        wanted = np.minimum(start + np.arange(frames) * stride, len(index) - 1)
+        a, b = int(store.offsets[i]), int(store.offsets[i + 1])
+        decode_clip(ClipRequest(store.data[a:b].data, index.pts, index.keyframe, index.stream, wanted))
+    return clips / (time.perf_counter() - t0)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = common.parser(__doc__)
+    p.add_argument("--videos", type=int, default=96)
+    p.add_argument("--seconds", type=float, default=4.0)
+    p.add_argument("--height", type=int, default=320)
+    p.add_argument("--width", type=int, default=568)
+    p.add_argument("--gop", type=int, default=32)
+    p.add_argument("--frames", type=int, default=16)
+    p.add_argument("--size", type=int, default=224, help="decode-alone rows' crop side")
+    p.add_argument("--batch", type=int, default=16, help="clips per batch")
+    p.add_argument("--batches", type=int, default=30)
+    p.add_argument("--threads", type=int, default=None, help="decode threads (default: every core)")
+    p.add_argument("--model", default="r2plus1d_18", help="torchvision video model, or none")
+    p.add_argument("--train-size", type=int, default=112)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--root", default=None, help="work folder, kept, its videos and store reused")
+    a = common.parse(p, argv, SMOKE)
+    from gpufeed import Clip, Loader, Store, pack, synth
+    from gpufeed.augment import Normalize, RandomHorizontalFlip, RandomResizedCrop
+
+    device = torch.device(a.device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    rows = common.Rows(a.out, __file__)
+    runs: dict[str, list[float]] = {}
+    with common.workdir(a.root, "gpufeed-video-bench-") as root:
+        frames = max(2, int(a.seconds * 30))
+        folder = root / f"videos-{a.videos}-{a.height}x{a.width}-{frames}-g{a.gop}"
+        if not folder.exists():
+            synth.make_video_folder(folder, per_class=a.videos // 4 or 1, classes=min(4, a.videos),
+                                    frames=(frames, frames), height=a.height, width=a.width, gop=a.gop)
+        store_path = folder.with_suffix(".store")
+        if not store_path.exists():
+            t0 = time.perf_counter()
+            report = pack(folder, store_path, mode="video", progress=False)
+            rows["packed"] = {"videos": report.count, "seconds": time.perf_counter() - t0, "bytes": report.bytes}
+        store = Store(store_path)
+        ops = [RandomResizedCrop(a.size), RandomHorizontalFlip(), Normalize()]
+        clip = Clip(frames=a.frames, stride=2)
+        for r in range(a.rounds):
+            for threads in dict.fromkeys([a.threads, 1]):
+                loader = Loader(store, batch_size=a.batch, device=device, augment=ops, dtype=torch.bfloat16,
+                                clip=clip, num_workers=threads, seed=r)
+                rate, n = _clips_per_s(loader, a.batches, sync)
+                name = f"gpufeed, {loader.video.threads} decode threads"  # type: ignore[union-attr]
+                runs.setdefault(name, []).append(rate)
+                rows[f"{name}, round {r}"] = {"clips_per_s": rate, "frames_per_s": rate * a.frames, "clips": n}
+                loader.close()
+            rate = _pyav_clips(store, max(4, a.batch * 2), a.frames, 2)
+            runs.setdefault("PyAV, one thread", []).append(rate)
+            rows[f"PyAV, one thread, round {r}"] = {"clips_per_s": rate, "frames_per_s": rate * a.frames}
+            if a.model != "none":
+                _train(a, store, device, sync, runs, rows, r)
+    lines = [[name, common.cell(v, "{:,.1f}"), common.cell([x * a.frames for x in v])] for name, v in runs.items()]
+    markdown = (
+        f"{len(store)} videos {a.height}x{a.width}, GOP {a.gop}, clips of {a.frames} frames stride 2 "
+        f"to {a.size}² bf16 (training: {a.model} at {a.train_size}²), batch {a.batch}\n\n"
+        + common.table(["row", "clips/s", "frames/s"], lines)
+    )
+    return common.write(a, __file__, runs, markdown, a.device)
+
+
+def _train(a, store, device, sync, runs, rows, r: int) -> None:
+    """The model's synthetic ceiling, then the model fed by gpufeed, in clips/s."""
+    import torchvision
+
+    from gpufeed import Clip, Loader
+    from gpufeed.augment import Normalize, RandomHorizontalFlip, RandomResizedCrop
+
+    model = getattr(torchvision.models.video, a.model)(num_classes=400).to(device, memory_format=torch.channels_last_3d)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+    def step(x, y):
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    shape = (a.batch, 3, a.frames, a.train_size, a.train_size)
+    x = torch.randn(shape, device=device).to(memory_format=torch.channels_last_3d)
+    y = torch.randint(0, 400, (a.batch,), device=device)
+    for _ in range(a.warmup):
+        step(x, y)
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(a.steps):
+        step(x, y)
+    sync()
+    ceiling = a.steps * a.batch / (time.perf_counter() - t0)
+    runs.setdefault(f"{a.model}, synthetic ceiling", []).append(ceiling)
+    rows[f"{a.model}, synthetic ceiling, round {r}"] = {"clips_per_s": ceiling}
+    ops = [RandomResizedCrop(a.train_size), RandomHorizontalFlip(), Normalize()]
+    loader = Loader(store, batch_size=a.batch, device=device, augment=ops, dtype=torch.bfloat16,
+                    clip=Clip(frames=a.frames, stride=2, layout="NCTHW"), num_workers=a.threads, seed=r)
+    batches = _epochs(loader)
+    for done in range(a.warmup + a.steps):
+        if done == a.warmup:
+            sync()
+            t0 = time.perf_counter()
+        xb, yb = next(batches)
+        step(xb.contiguous(memory_format=torch.channels_last_3d), yb % 400)
+    batches.close()
+    sync()
+    fed = a.steps * a.batch / (time.perf_counter() - t0)
+    loader.close()
+    runs.setdefault(f"{a.model} fed by gpufeed", []).append(fed)
+    rows[f"{a.model} fed by gpufeed, round {r}"] = {"clips_per_s": fed, "of_ceiling": fed / ceiling}
+
+if __name__ == "__main__":
+    main()
