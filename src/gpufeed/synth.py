@@ -192,15 +192,26 @@ def make_video_folder(
     30 fps (`natural_video`; `step` as there), and its root."""
     root = Path(root)
     suffix = ".webm" if codec == "libvpx-vp9" else ".mp4"
+    jobs = []
     for c in range(classes):
         folder = root / f"class_{c:03d}"
         folder.mkdir(parents=True, exist_ok=True)
-        rng = np.random.default_rng([seed, c])
-        for i in range(per_class):
-            count = int(rng.integers(frames[0], frames[1] + 1))
-            clip = natural_video(rng, count, height, width, c, step)
-            container = "webm" if suffix == ".webm" else "mp4"
-            (folder / f"{i:06d}{suffix}").write_bytes(
-                encode_video(clip, codec=codec, gop=gop, container=container, crf=12 if step else 23)
-            )
+        jobs += [
+            (folder / f"{i:06d}{suffix}", c, i, frames, height, width, codec, gop, seed, step) for i in range(per_class)
+        ]
+    if len(jobs) <= 8:  # a test's handful: starting processes would take longer
+        for job in jobs:
+            _write_video(job)
+        return root
+    with process_pool(min(len(jobs), os.cpu_count() or 1)) as pool:
+        list(pool.map(_write_video, jobs))
     return root
+
+
+def _write_video(job: tuple) -> None:
+    path, label, i, frames, height, width, codec, gop, seed, step = job
+    rng = np.random.default_rng([seed, label, i])
+    count = int(rng.integers(frames[0], frames[1] + 1))
+    clip = natural_video(rng, count, height, width, label, step)
+    container = "webm" if path.suffix == ".webm" else "mp4"
+    path.write_bytes(encode_video(clip, codec=codec, gop=gop, container=container, crf=12 if step else 23))
