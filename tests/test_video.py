@@ -320,3 +320,15 @@ def test_clip_arguments_are_checked(store: Path, image_folder: Path, tmp_path: P
     pack(image_folder, tmp_path / "jpeg", mode="jpeg", progress=False, workers=1)
     with pytest.raises(ValueError, match="video store"):
         Loader(tmp_path / "jpeg", device="cpu", clip=Clip())
+
+
+def test_the_command_line_packs_and_inspects_videos(videos: Path, tmp_path: Path, capsys):
+    from gpufeed.cli import main
+
+    assert main(["pack", str(videos), str(tmp_path / "s"), "--mode", "video", "--gop", "4", "--workers", "1"]) == 0
+    assert "packed 6 videos" in capsys.readouterr().out
+    assert main(["inspect", str(tmp_path / "s")]) == 0
+    assert "video frames, 48-48 x 64-64 px" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as stop:
+        main(["pack", str(videos), str(tmp_path / "t"), "--mode", "jpeg", "--gop", "4"])
+    assert stop.value.code == 2

@@ -22,11 +22,13 @@ def _pack(a: argparse.Namespace) -> int:
     """Pack; --size with --mode jpeg is a usage error (exit 2), not ignored: a jpeg store keeps each
     image's shape. SIGTERM cleans up as Ctrl-C does and exits 143. A pack that fails says what it had
     skipped, and why, as one that succeeds does."""
-    if a.mode == "jpeg" and a.size is not None:
+    if a.mode in ("jpeg", "video") and a.size is not None:
         a.usage_error(
-            "--size sets the side of --mode raw's square images; a jpeg store keeps each image's "
-            "shape: bound its longer side with --max-side"
+            f"--size sets the side of --mode raw's square images; a {a.mode} store keeps each image's "
+            "shape: bound its longer side with --max-side (jpeg) or set --short-side (video)"
         )
+    if a.mode != "video" and (a.short_side, a.gop, a.fps) != (None, None, None):
+        a.usage_error("--short-side, --gop and --fps re-encode videos: they need --mode video")
     from gpufeed.packing import PackError, pack
     from gpufeed.packing.sigterm import Terminated
     from gpufeed.packing.skips import summarize_skipped
@@ -49,6 +51,9 @@ def _pack(a: argparse.Namespace) -> int:
             engine=a.engine,
             ray_address=a.ray_address,
             images=a.images,
+            short_side=a.short_side,
+            gop=a.gop,
+            fps=a.fps,
         )
     except Terminated as e:
         print("gpufeed pack: terminated (SIGTERM); nothing was left half-written", file=sys.stderr)
@@ -183,9 +188,11 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("dest", help="store directory to create (written atomically)")
     q.add_argument(
         "--mode",
-        choices=["raw", "jpeg"],
+        choices=["raw", "jpeg", "video"],
         default="raw",
-        help="raw: fixed-size uint8 pixels (fastest to load); jpeg: encoded bytes (about 4x smaller)",
+        help="raw: fixed-size uint8 pixels (fastest to load); jpeg: encoded bytes (about 4x smaller); "
+        "video: video files (a folder of them, a .csv/.jsonl list with optional start,end seconds, or tar "
+        "shards), kept as they are with their frame index",
     )
     q.add_argument(
         "--size",
@@ -203,6 +210,9 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--quality", type=_quality, default=90, help="jpeg: re-encode quality (1 to 100)")
     q.add_argument("--max-side", type=_positive, default=512, help="jpeg: longest side kept")
     q.add_argument("--no-reencode", action="store_true", help="jpeg: keep baseline RGB JPEGs as they are")
+    q.add_argument("--short-side", type=_positive, default=None, help="video: re-encode (H.264) to this short side")
+    q.add_argument("--gop", type=_positive, default=None, help="video: re-encode with a keyframe every GOP frames")
+    q.add_argument("--fps", type=float, default=None, help="video: re-encode at this frame rate")
     q.add_argument(
         "--max-pixels",
         type=_positive,

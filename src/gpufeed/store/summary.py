@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import torch
 from PIL import Image, ImageDraw
 
@@ -30,11 +31,15 @@ def describe(store: Store) -> str:
         shape = "x".join(map(str, store.image_shape)) + " uint8 (HWC)"
     else:
         hw = store.shapes
+        kind = "JPEG" if m.mode == "jpeg" else "video frames"
         shape = (
-            f"JPEG, {int(hw[:, 0].min())}-{int(hw[:, 0].max())} x {int(hw[:, 1].min())}-{int(hw[:, 1].max())} px"
+            f"{kind}, {int(hw[:, 0].min())}-{int(hw[:, 0].max())} x {int(hw[:, 1].min())}-{int(hw[:, 1].max())} px"
             if len(store)
-            else "JPEG"
+            else kind
         )
+        if m.mode == "video" and len(store):
+            frames = np.diff(np.asarray(store.frame_offsets))
+            shape += f", {int(frames.min())}-{int(frames.max())} frames ({int(frames.sum())} in all)"
     # labels of a store with classes are checked to be below len(classes) when it opens
     counts: torch.Tensor | list[int] = (
         torch.bincount(store.labels[store.labels >= 0], minlength=len(m.classes)) if m.classes else []
@@ -52,7 +57,11 @@ def describe(store: Store) -> str:
         ("mode", m.mode),
         ("count", str(len(store))),
         ("shape", shape),
-        ("size on disk", f"{store.nbytes / 1e6:.1f} MB ({store.nbytes / max(len(store), 1) / 1e3:.1f} KB/image)"),
+        (
+            "size on disk",
+            f"{store.nbytes / 1e6:.1f} MB ({store.nbytes / max(len(store), 1) / 1e3:.1f} KB/"
+            f"{'video' if m.mode == 'video' else 'image'})",
+        ),
         ("classes", classes or "none (unlabelled)"),
         ("fields", ", ".join(f"{name} ({_kind(spec)})" for name, spec in m.fields.items()) or "none"),
         ("skipped", str(len(m.skipped))),
