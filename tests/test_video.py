@@ -332,3 +332,25 @@ def test_the_command_line_packs_and_inspects_videos(videos: Path, tmp_path: Path
     with pytest.raises(SystemExit) as stop:
         main(["pack", str(videos), str(tmp_path / "t"), "--mode", "jpeg", "--gop", "4"])
     assert stop.value.code == 2
+
+
+def test_the_docs_page_runs(tmp_path: Path, monkeypatch):
+    """docs/video.md's Python blocks, in order, on videos made here (batches made smaller)."""
+    import re
+
+    page = Path(__file__).parent.parent / "docs" / "video.md"
+    blocks = re.findall(r"^```python\n(.*?)^```", page.read_text(), flags=re.S | re.M)
+    assert len(blocks) == 2
+    for split in ("train", "val"):
+        synth.make_video_folder(tmp_path / "kinetics" / split, per_class=2, classes=2, frames=(20, 24), height=48,
+                                width=64, gop=8)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the CPU path, on any machine
+    namespace: dict = {}
+    for k, block in enumerate(blocks):
+        code = block.replace("batch_size=32", "batch_size=2").replace("112", "32").replace("128", "36")
+        exec(compile(code, f"docs/video.md python block {k + 1}", "exec"), namespace)
+    assert namespace["clips"].shape == (2, 3, 16, 32, 32)
+    val = namespace["val"]
+    batches = list(val)
+    assert sum(len(b["video"]) for b in batches) == 10 * 4 and batches[0]["image"].shape[1:] == (16, 3, 32, 32)
