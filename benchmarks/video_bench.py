@@ -20,8 +20,24 @@ import common
 import numpy as np
 import torch
 
-SMOKE = dict(videos=4, seconds=1.0, height=48, width=64, frames=4, size=32, train_size=32, batch=2, batches=2,
-             steps=2, warmup=1, rounds=1, threads=2, device="cpu", model="none", root=None)
+SMOKE = dict(
+    videos=4,
+    seconds=1.0,
+    height=48,
+    width=64,
+    frames=4,
+    size=32,
+    train_size=32,
+    batch=2,
+    batches=2,
+    steps=2,
+    warmup=1,
+    rounds=1,
+    threads=2,
+    device="cpu",
+    model="none",
+    root=None,
+)
 
 
 def _epochs(loader):
@@ -91,8 +107,15 @@ def main(argv: list[str] | None = None) -> dict:
         frames = max(2, int(a.seconds * 30))
         folder = root / f"videos-{a.videos}-{a.height}x{a.width}-{frames}-g{a.gop}"
         if not folder.exists():
-            synth.make_video_folder(folder, per_class=a.videos // 4 or 1, classes=min(4, a.videos),
-                                    frames=(frames, frames), height=a.height, width=a.width, gop=a.gop)
+            synth.make_video_folder(
+                folder,
+                per_class=a.videos // 4 or 1,
+                classes=min(4, a.videos),
+                frames=(frames, frames),
+                height=a.height,
+                width=a.width,
+                gop=a.gop,
+            )
         store_path = folder.with_suffix(".store")
         if not store_path.exists():
             t0 = time.perf_counter()
@@ -103,8 +126,16 @@ def main(argv: list[str] | None = None) -> dict:
         clip = Clip(frames=a.frames, stride=2)
         for r in range(a.rounds):
             for threads in dict.fromkeys([a.threads, 1]):
-                loader = Loader(store, batch_size=a.batch, device=device, augment=ops, dtype=torch.bfloat16,
-                                clip=clip, num_workers=threads, seed=r)
+                loader = Loader(
+                    store,
+                    batch_size=a.batch,
+                    device=device,
+                    augment=ops,
+                    dtype=torch.bfloat16,
+                    clip=clip,
+                    num_workers=threads,
+                    seed=r,
+                )
                 rate, n = _clips_per_s(loader, a.batches, sync)
                 name = f"gpufeed, {loader.video.threads} decode threads"  # type: ignore[union-attr]
                 runs.setdefault(name, []).append(rate)
@@ -155,8 +186,16 @@ def _train(a, store, device, sync, runs, rows, r: int) -> None:
     runs.setdefault(f"{a.model}, synthetic ceiling", []).append(ceiling)
     rows[f"{a.model}, synthetic ceiling, round {r}"] = {"clips_per_s": ceiling}
     ops = [RandomResizedCrop(a.train_size), RandomHorizontalFlip(), Normalize()]
-    loader = Loader(store, batch_size=a.batch, device=device, augment=ops, dtype=torch.bfloat16,
-                    clip=Clip(frames=a.frames, stride=2, layout="NCTHW"), num_workers=a.threads, seed=r)
+    loader = Loader(
+        store,
+        batch_size=a.batch,
+        device=device,
+        augment=ops,
+        dtype=torch.bfloat16,
+        clip=Clip(frames=a.frames, stride=2, layout="NCTHW"),
+        num_workers=a.threads,
+        seed=r,
+    )
     batches = _epochs(loader)
     for done in range(a.warmup + a.steps):
         if done == a.warmup:
@@ -170,6 +209,7 @@ def _train(a, store, device, sync, runs, rows, r: int) -> None:
     loader.close()
     runs.setdefault(f"{a.model} fed by gpufeed", []).append(fed)
     rows[f"{a.model} fed by gpufeed, round {r}"] = {"clips_per_s": fed, "of_ceiling": fed / ceiling}
+
 
 if __name__ == "__main__":
     main()

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import save, smooth
 
 ROOT = Path(__file__).resolve().parent.parent

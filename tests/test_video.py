@@ -216,6 +216,7 @@ def test_clips_are_seeded_per_epoch_and_resume(store: Path):
             seed=seed,
             fields=["video", "frames"],
         )
+
     a, b = make(7), make(7)
     first = _clips(a)
     assert first == _clips(b)
@@ -342,8 +343,9 @@ def test_the_docs_page_runs(tmp_path: Path, monkeypatch):
     blocks = re.findall(r"^```python\n(.*?)^```", page.read_text(), flags=re.S | re.M)
     assert len(blocks) == 2
     for split in ("train", "val"):
-        synth.make_video_folder(tmp_path / "kinetics" / split, per_class=2, classes=2, frames=(20, 24), height=48,
-                                width=64, gop=8)
+        synth.make_video_folder(
+            tmp_path / "kinetics" / split, per_class=2, classes=2, frames=(20, 24), height=48, width=64, gop=8
+        )
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the CPU path, on any machine
     namespace: dict = {}
