@@ -28,7 +28,8 @@ def _batches(store, device, **kw):
 
 def test_gpu_clips_are_the_cpu_clips(store):
     for (g, gy), (c, cy) in zip(_batches(store, "cuda"), _batches(store, "cpu")):
-        assert g.dtype == torch.uint8 and torch.equal(g, c) and torch.equal(gy, cy)
+        # (the colour conversion's float arithmetic, CUDA's against the CPU's: a level at most)
+        assert g.dtype == torch.uint8 and (g.int() - c.int()).abs().max() <= 1 and torch.equal(gy, cy)
 
 
 def test_gpu_augmented_clips_match_the_cpu(store):

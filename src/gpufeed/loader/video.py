@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from gpufeed.decode.codecs.video import ClipRequest, decode_clip
+from gpufeed.decode.codecs.video import I420, ClipRequest, decode_clip_planes
 from gpufeed.loader.batch import Batch
 from gpufeed.loader.clips import Clip, Timeline, clip_frames, positions
 from gpufeed.loader.plan import EpochPlan
@@ -52,7 +52,8 @@ class VideoClips:
         self.threads = threads or len(os.sched_getaffinity(0))
         self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="gpufeed-video")
         shapes = np.asarray(store.shapes)
-        self.max_hw = (int(shapes[:, 0].max()), int(shapes[:, 1].max())) if len(shapes) else (1, 1)
+        self.max_hw = (int(shapes[:, 0].max()), int(shapes[:, 1].max())) if len(shapes) else (2, 2)
+        self.layout = I420.fitting(*self.max_hw)  # what the threads write: the frames' 4:2:0 planes
         self.batch_size = batch_size
         self._ring: PinnedRing | None = None
         self._positions: tuple[int, np.ndarray] | None = None
@@ -87,14 +88,15 @@ class VideoClips:
         return ClipRequest(memoryview(store.data[a:b]), index.pts, index.keyframe, index.stream, frames)
 
     def decode(self, batch: ClipBatch, out: torch.Tensor) -> None:
-        """Each clip's frames into its T rows of `out` ((N * T, H, W, 3) uint8 on the host), on the threads."""
+        """Each clip's frames into its T slabs of `out` ((N * T, *self.layout.shape) uint8 on the host), on
+        the threads."""
         t = self.clip.frames
         view = out.numpy()
 
         def one(k: int) -> None:
             video = int(batch.videos[k])
             try:
-                decode_clip(self._request(video, batch.frames[k]), view[k * t : (k + 1) * t])
+                decode_clip_planes(self._request(video, batch.frames[k]), self.layout, view[k * t : (k + 1) * t])
             except VideoError as e:
                 raise VideoDecodeError(f"{self.store.path}: video {video} ({self.store.source(video)}): {e}") from None
 
@@ -105,7 +107,7 @@ class VideoClips:
         """The page-locked slots batches are decoded into (made at the first pass: pinning is slow)."""
         if self._ring is None:
             frames = self.batch_size * self.clip.frames
-            self._ring = PinnedRing(prefetch + 2, (*self.max_hw, 3), frames, pin=self.device.type == "cuda")
+            self._ring = PinnedRing(prefetch + 2, self.layout.shape, frames, pin=self.device.type == "cuda")
         return self._ring
 
     def close(self) -> None:
@@ -148,9 +150,9 @@ def video_feed(
             params = params.take(torch.arange(n).repeat_interleave(t))
         mine = labels.index_select(0, torch.as_tensor(batch.videos))
         if stream is None:
-            return Made(Batch(host.clone(), mine, params, samples=items), None)
+            return Made(Batch(i420_to_rgb(host, clips.layout), mine, params, samples=items), None)
         with torch.cuda.stream(stream):
-            images = host.to(device, non_blocking=True)
+            images = i420_to_rgb(host.to(device, non_blocking=True), clips.layout)
             mine = mine.to(device, non_blocking=True)
             event = stream.record_event()
         ring.release(k, event)
@@ -160,6 +162,23 @@ def video_feed(
 
 
 VIDEO_FIELDS = ("label", "video", "frames")
+
+# BT.601 limited range to RGB (FFmpeg's default for its RGB conversion): rows R, G, B over (Y - 16,
+# U - 128, V - 128)
+_BT601 = ((1.164, 0.0, 1.596), (1.164, -0.392, -0.813), (1.164, 2.017, 0.0))
+
+
+def i420_to_rgb(slabs: torch.Tensor, layout: I420) -> torch.Tensor:
+    """(N, H, W, 3) uint8 RGB from (N, *layout.shape) `I420` slabs, on their device: chroma taken at
+    each 2x2 block (nearest), then BT.601: a few torch ops, on a GPU on the copy stream."""
+    h, w = layout.height, layout.width
+    y = slabs[:, :h].float() - 16.0
+    chroma = slabs[:, h:].float() - 128.0
+    u = chroma[:, :, : w // 2].repeat_interleave(2, 1).repeat_interleave(2, 2)
+    v = chroma[:, :, w // 2 :].repeat_interleave(2, 1).repeat_interleave(2, 2)
+    m = _BT601
+    rgb = torch.stack([m[c][0] * y + m[c][1] * u + m[c][2] * v for c in range(3)], dim=-1)
+    return rgb.round_().clamp_(0, 255).to(torch.uint8)
 
 
 def check_video(store, clip: Clip | None, fields: tuple[str, ...] | None, augment, group_by_aspect) -> Clip | None:
