@@ -80,6 +80,7 @@ def index_video(data: bytes | memoryview, max_frames: int = MAX_VIDEO_FRAMES) ->
         if stream.codec_context is None or not stream.codec_context.name:
             raise VideoError("a video stream of a codec this FFmpeg can't decode")
         codec = stream.codec_context.name
+        stream.codec_context.thread_count = 1  # pack runs a process per core already
         number = stream.index  # (read while the container is open: PyAV's stream dies with it)
         time_base = Fraction(stream.time_base) if stream.time_base else Fraction(1, 90000)
         sizes: dict[int, int] = {}

@@ -21,6 +21,14 @@ import numpy as np
 from gpufeed.sources.videos import VideoError, pyav
 
 
+def one_thread(stream) -> None:
+    """Decode `stream` on the calling thread alone. FFmpeg's default starts a thread per core for each
+    decoder opened, and a clip opens one: 16 decode threads on 16 cores each started 16 more per clip
+    (an H100 host: 69 clips/s with 16 threads against 52 with one)."""
+    stream.thread_type = "NONE"
+    stream.codec_context.thread_count = 1
+
+
 @dataclass(frozen=True)
 class ClipRequest:
     """What one clip's decode needs: the video's bytes, its frames' pts and keyframe flags (presentation
@@ -47,7 +55,7 @@ def decode_clip(request: ClipRequest, out: np.ndarray | None = None) -> np.ndarr
     got: dict[int, np.ndarray] = {}
     with av.open(io.BytesIO(request.data), mode="r", metadata_errors="ignore") as container:
         stream = container.streams[request.stream]
-        stream.thread_type = "SLICE"  # frame threads would hold frames back; clips run in parallel instead
+        one_thread(stream)
         if start > 0:
             container.seek(int(request.pts[start]), stream=stream, backward=True, any_frame=False)
         try:
@@ -124,7 +132,7 @@ def decode_clip_planes(request: ClipRequest, layout: I420, out: np.ndarray) -> N
     done = 0
     with av.open(io.BytesIO(request.data), mode="r", metadata_errors="ignore") as container:
         stream = container.streams[request.stream]
-        stream.thread_type = "SLICE"
+        one_thread(stream)
         if start > 0:
             container.seek(int(request.pts[start]), stream=stream, backward=True, any_frame=False)
         try:
