@@ -4,8 +4,9 @@ libx264 at `--height` x `--width`, `--gop`, `--seconds` long, made here.
 
 Rows, interleaved over `--rounds` (each row's median and range):
 - decode alone: `Loader(store, clip=Clip(--frames, stride=2))` to `--size`² bf16 on the device
-  (RandomResizedCrop, flip, Normalize), `--threads` decode threads and one; and plain PyAV decoding
-  the same clips in one thread (what one DataLoader worker does): clips/s and frames/s;
+  (RandomResizedCrop, flip, Normalize) with `--threads` decode processes, as many threads
+  (`num_workers=0`) and one process; and PyAV decoding the same clips to RGB in one thread (what one
+  DataLoader worker does): clips/s and frames/s;
 - training (`--model`, a torchvision video model, bf16, channels_last_3d, `--train-size`², NCTHW):
   the synthetic ceiling (one batch given again) and the model fed by gpufeed, with % of the ceiling.
 
@@ -87,7 +88,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--size", type=int, default=224, help="decode-alone rows' crop side")
     p.add_argument("--batch", type=int, default=16, help="clips per batch")
     p.add_argument("--batches", type=int, default=30)
-    p.add_argument("--threads", type=int, default=None, help="decode threads (default: every core)")
+    p.add_argument("--threads", type=int, default=None, help="decode processes (default: every core)")
     p.add_argument("--model", default="r2plus1d_18", help="torchvision video model, or none")
     p.add_argument("--train-size", type=int, default=112)
     p.add_argument("--steps", type=int, default=30)
@@ -125,7 +126,7 @@ def main(argv: list[str] | None = None) -> dict:
         ops = [RandomResizedCrop(a.size), RandomHorizontalFlip(), Normalize()]
         clip = Clip(frames=a.frames, stride=2)
         for r in range(a.rounds):
-            for threads in dict.fromkeys([a.threads, 1]):
+            for workers in dict.fromkeys([a.threads, 0, 1]):
                 loader = Loader(
                     store,
                     batch_size=a.batch,
@@ -133,11 +134,14 @@ def main(argv: list[str] | None = None) -> dict:
                     augment=ops,
                     dtype=torch.bfloat16,
                     clip=clip,
-                    num_workers=threads,
+                    num_workers=workers,
                     seed=r,
                 )
                 rate, n = _clips_per_s(loader, a.batches, sync)
-                name = f"gpufeed, {loader.video.threads} decode threads"  # type: ignore[union-attr]
+                video = loader.video
+                assert video is not None
+                kind = "processes" if video.workers else "threads"
+                name = f"gpufeed, {video.workers or video.threads} decode {kind}"
                 runs.setdefault(name, []).append(rate)
                 rows[f"{name}, round {r}"] = {"clips_per_s": rate, "frames_per_s": rate * a.frames, "clips": n}
                 loader.close()

@@ -150,3 +150,73 @@ def decode_clip_planes(request: ClipRequest, layout: I420, out: np.ndarray) -> N
     if slots:
         missing = sorted(int(np.searchsorted(request.pts, p)) for p in slots)
         raise VideoError(f"frames {missing[:4]} of the index not decoded (the file changed or is damaged)")
+
+
+@dataclass(frozen=True)
+class ClipJob:
+    """One clip for a decode process: where its video lies in the store's data file (byte offset and
+    length), its index (pts, keyframes, stream), the frames wanted, and the byte offset in the shared
+    slot its T slabs go to."""
+
+    video: int
+    begin: int
+    size: int
+    pts: np.ndarray
+    keyframe: np.ndarray
+    stream: int
+    frames: np.ndarray
+    at: int
+
+
+@dataclass(frozen=True)
+class ClipTask:
+    """A decode process's share of a batch: the store's data file, the shared slot (a memfd of process
+    `pid` at descriptor `fd`, inode `inode`, of `nbytes`), the slab layout, and its clips."""
+
+    data_path: str
+    pid: int
+    fd: int
+    inode: int
+    nbytes: int
+    layout: I420
+    jobs: tuple[ClipJob, ...]
+
+
+class _Opened:
+    """What a decode process keeps between tasks: the data file's map and the slots' maps, by inode."""
+
+    data: dict[str, np.ndarray] = {}
+    slots: dict[int, np.ndarray] = {}
+
+
+def run_clip_task(task: ClipTask) -> None:
+    """In a decode process: decode `task`'s clips into its slot (VideoError naming the video where one
+    fails)."""
+    import mmap
+    import os
+
+    data = _Opened.data.get(task.data_path)
+    if data is None:
+        data = _Opened.data[task.data_path] = np.memmap(task.data_path, dtype=np.uint8, mode="r")
+    slot = _Opened.slots.get(task.inode)
+    if slot is None:
+        fd = os.open(f"/proc/{task.pid}/fd/{task.fd}", os.O_RDWR)
+        try:
+            if os.fstat(fd).st_ino != task.inode:
+                raise VideoError("the loader's shared slot is gone (its loader closed)")
+            slot = np.frombuffer(mmap.mmap(fd, task.nbytes), np.uint8)
+        finally:
+            os.close(fd)
+        if len(_Opened.slots) > 64:  # slots of loaders gone: let go of the oldest
+            _Opened.slots.pop(next(iter(_Opened.slots)))
+        _Opened.slots[task.inode] = slot
+    one = task.layout.shape[0] * task.layout.shape[1]
+    for job in task.jobs:
+        out = slot[job.at : job.at + len(job.frames) * one].reshape(len(job.frames), *task.layout.shape)
+        request = ClipRequest(
+            data[job.begin : job.begin + job.size].data, job.pts, job.keyframe, job.stream, job.frames
+        )
+        try:
+            decode_clip_planes(request, task.layout, out)
+        except VideoError as e:
+            raise VideoError(f"video {job.video}: {e}") from None

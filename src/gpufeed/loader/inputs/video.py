@@ -1,5 +1,5 @@
 """A video store on this disk (`store.reader.Store` of mode "video"): its container files memory-mapped
-and decoded clip by clip on CPU threads (`loader.video`); nothing is materialized in a tier."""
+and decoded clip by clip by decode processes (`loader.video`); nothing is materialized in a tier."""
 
 from __future__ import annotations
 
