@@ -14,6 +14,7 @@ copy's event. The consumer's `Loader._augment` runs the augment chain on the fra
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
@@ -32,6 +33,8 @@ from gpufeed.loader.stats import stage_range
 from gpufeed.processes import process_pool
 from gpufeed.sources.videos import VideoError
 from gpufeed.store.format import JPEG_DATA
+
+PRODUCERS = 2  # batches decoded at once: the processes start the next one's clips while a batch ends
 
 
 class VideoDecodeError(RuntimeError):
@@ -72,6 +75,7 @@ class VideoClips:
         self._slots: list[Segment] = []
         self._events: list[torch.cuda.Event | None] = []
         self._next = 0
+        self._taking = threading.Lock()  # (the producer threads take slots in turn)
         self._positions: tuple[int, np.ndarray] | None = None
 
     @property
@@ -107,13 +111,14 @@ class VideoClips:
     def slot(self, prefetch: int) -> tuple[int, torch.Tensor]:
         """The next shared slot (its number, its bytes as a tensor), once the last copy out of it ended;
         the slots are made at the first pass (page-locking is slow)."""
-        if not self._slots:
-            nbytes = self.batch_size * self.clip.frames * self.layout.shape[0] * self.layout.shape[1]
-            self._slots = [Segment(nbytes, self.device) for _ in range(prefetch + 2)]
-            self._events = [None] * len(self._slots)
-        k = self._next
-        self._next = (k + 1) % len(self._slots)
-        event = self._events[k]
+        with self._taking:
+            if not self._slots:
+                nbytes = self.batch_size * self.clip.frames * self.layout.shape[0] * self.layout.shape[1]
+                self._slots = [Segment(nbytes, self.device) for _ in range(prefetch + PRODUCERS + 1)]
+                self._events = [None] * len(self._slots)
+            k = self._next
+            self._next = (k + 1) % len(self._slots)
+            event = self._events[k]
         if event is not None:
             event.synchronize()
             self._events[k] = None
@@ -135,8 +140,9 @@ class VideoClips:
                 return
             if self._processes is None:
                 self._processes = process_pool(self.workers)
-            shares = np.array_split(np.arange(len(jobs)), min(self.workers, len(jobs)))
-            tasks = [self._task(self._slots[k], tuple(jobs[i] for i in share)) for share in shares if len(share)]
+            # a task a clip: a batch's clips differ in the frames they decode (from their keyframe on), and
+            # the next batch's are queued behind them (`PRODUCERS`), so no process waits for the slowest
+            tasks = [self._task(self._slots[k], (job,)) for job in jobs]
             for _ in self._processes.map(run_clip_task, tasks):
                 pass
         except VideoError as e:
@@ -199,7 +205,7 @@ def video_feed(
         clips.release(k, event)
         return Made(Batch(images, mine, params, samples=items), event)
 
-    return threaded(production, make, range(start, len(plan)), len(plan))
+    return threaded(production, make, range(start, len(plan)), len(plan), workers=PRODUCERS)
 
 
 VIDEO_FIELDS = ("label", "video", "frames")
