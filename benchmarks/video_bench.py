@@ -15,7 +15,9 @@ Rows, interleaved over `--rounds` (each row's median and range):
 
 from __future__ import annotations
 
+import os
 import time
+from concurrent.futures.process import BrokenProcessPool
 
 import common
 import numpy as np
@@ -38,6 +40,7 @@ SMOKE = dict(
     device="cpu",
     model="none",
     root=None,
+    compare="decord",  # (not installed here: the row says so, the others are still written)
 )
 
 
@@ -58,6 +61,39 @@ def _clips_per_s(loader, batches: int, sync) -> tuple[float, int]:
     sync()
     it.close()
     return n / (time.perf_counter() - t0), n
+
+
+def _clip_list(store, clips: int, frames: int, stride: int) -> list[tuple[int, list[int]]]:
+    """`clips` clips (video, frame indices) at seeded random starts, the same for every library's row."""
+    rng = np.random.default_rng(0)
+    out = []
+    for k in range(clips):
+        i = k % len(store)
+        n = int(store.frame_offsets[i + 1] - store.frame_offsets[i])
+        start = int(rng.integers(0, max(1, n - (frames - 1) * stride)))
+        out.append((i, np.minimum(start + np.arange(frames) * stride, n - 1).tolist()))
+    return out
+
+
+def _other_clips(library: str, files: list[str], clips, processes: int) -> dict:
+    """Clips/s of `library` decoding `clips` in `processes` processes (what a DataLoader with that many
+    workers could decode at most: no augmentation, no copy to the GPU)."""
+    from gpufeed.processes import process_pool
+
+    from video_others import decode_share  # (a module: the pool's spawned processes import it by name)
+
+    shares = [(library, files, clips[k::processes]) for k in range(processes)]
+    try:
+        with process_pool(processes) as pool:
+            errors = [e for e in pool.map(decode_share, [(library, files, clips[:1])] * processes) if e]
+            if errors:
+                return {"error": errors[0]}
+            t0 = time.perf_counter()
+            errors = [e for e in pool.map(decode_share, shares) if e]
+            seconds = time.perf_counter() - t0
+    except BrokenProcessPool:  # the library crashed its process (a missing FFmpeg it loads, say)
+        return {"error": f"{library} ended its process abruptly"}
+    return {"error": errors[0]} if errors else {"clips_per_s": len(clips) / seconds}
 
 
 def _pyav_clips(store, clips: int, frames: int, stride: int) -> float:
@@ -96,6 +132,11 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--device", default="cuda")
     p.add_argument("--root", default=None, help="work folder, kept, its videos and store reused")
+    p.add_argument(
+        "--compare",
+        default="torchcodec,decord",
+        help="other decoders' rows (comma-separated; a row says why where one is not installed)",
+    )
     a = common.parse(p, argv, SMOKE)
     from gpufeed import Clip, Loader, Store, pack, synth
     from gpufeed.augment import Normalize, RandomHorizontalFlip, RandomResizedCrop
@@ -148,6 +189,15 @@ def main(argv: list[str] | None = None) -> dict:
             rate = _pyav_clips(store, max(4, a.batch * 2), a.frames, 2)
             runs.setdefault("PyAV, one thread", []).append(rate)
             rows[f"PyAV, one thread, round {r}"] = {"clips_per_s": rate, "frames_per_s": rate * a.frames}
+            files = [store.source(i) for i in range(len(store))]
+            processes = a.threads or len(os.sched_getaffinity(0))
+            for library in a.compare.split(",") if a.compare else ():
+                got = _other_clips(library, files, _clip_list(store, a.batch * a.batches, a.frames, 2), processes)
+                rows[f"{library} CPU, {processes} processes, round {r}"] = got
+                if "clips_per_s" in got:
+                    runs.setdefault(f"{library} CPU, {processes} processes (decode only)", []).append(
+                        got["clips_per_s"]
+                    )
             if a.model != "none":
                 _train(a, store, device, sync, runs, rows, r)
     lines = [[name, common.cell(v, "{:,.1f}"), common.cell([x * a.frames for x in v])] for name, v in runs.items()]

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
-SHARED = ("common", "feeds", "others", "photos", "waits")  # modules the scripts share, imported by their plain names
+SHARED = ("common", "feeds", "others", "photos", "video_others", "waits")  # modules the scripts share, imported by their plain names
 SMOKES = {  # script: extra arguments of its smoke (each benchmark once; ddp_bench's two modes)
     "train_bench": [],
     "jpeg_bench": [],
