@@ -356,3 +356,89 @@ def test_the_docs_page_runs(tmp_path: Path, monkeypatch):
     val = namespace["val"]
     batches = list(val)
     assert sum(len(b["video"]) for b in batches) == 10 * 4 and batches[0]["image"].shape[1:] == (16, 3, 32, 32)
+
+
+def test_one_decode_pool_per_loader_and_none_left(store: Path):
+    """Two producer threads take their first slots at once: one pool of `num_workers` processes is
+    started (a race started two), and none is left after close()."""
+    import multiprocessing
+
+    before = set(multiprocessing.active_children())
+    loader = Loader(store, batch_size=2, device="cpu", clip=Clip(frames=4), num_workers=2)
+    next(iter(loader))
+    assert len(set(multiprocessing.active_children()) - before) == 2
+    loader.close()
+    assert not set(multiprocessing.active_children()) - before
+
+
+def test_a_store_packed_again_is_read_anew(videos: Path, tmp_path: Path):
+    """Threads (`num_workers=0`) and processes decode the store their Loader opened: a store packed over
+    it is read by the next Loader (threads kept the old file's map by its name), and the Loader it was
+    packed under reads its own file to its end, as its memory maps do."""
+    out = tmp_path / "s"
+    for workers in (0, 1):
+        pack(videos, out, mode="video", progress=False, workers=1, overwrite=True)
+        first = Loader(out, batch_size=2, device="cpu", clip=Clip(frames=4), num_workers=workers, drop_last=False)
+        batches = iter(first)
+        assert next(batches)[0].shape[-2:] == (48, 64)
+        pack(videos, out, mode="video", progress=False, workers=1, overwrite=True, short_side=32)
+        again = Loader(out, batch_size=2, device="cpu", clip=Clip(frames=4), num_workers=workers)
+        assert next(iter(again))[0].shape[-2:] == (32, 42)
+        assert [tuple(x.shape[-2:]) for x, _ in batches] == [(48, 64)] * 2
+        first.close()
+        again.close()
+
+
+def test_a_state_of_other_clips_is_refused(store: Path):
+    a = Loader(store, batch_size=2, device="cpu", clip=Clip(frames=4, clips_per_video=3), drop_last=False)
+    it = iter(a)
+    next(it)
+    state = a.state_dict()
+    b = Loader(store, batch_size=2, device="cpu", clip=Clip(frames=4), drop_last=False)
+    with pytest.raises(ValueError, match="order"):
+        b.load_state_dict(state)
+
+
+def test_odd_frame_sizes_keep_their_size(tmp_path: Path):
+    folder = tmp_path / "v" / "a"
+    folder.mkdir(parents=True)
+    clip = synth.natural_video(np.random.default_rng(3), 12, 48, 64)[:, :47, :63]
+    _write(folder / "odd.webm", synth.encode_video(clip, codec="libvpx-vp9", container="webm", gop=4))
+    pack(tmp_path / "v", tmp_path / "s", mode="video", progress=False, workers=1)
+    assert Store(tmp_path / "s").shapes.tolist() == [[47, 63]]
+    loader = Loader(tmp_path / "s", batch_size=1, device="cpu", clip=Clip(frames=3), num_workers=0, fields=["frames"])
+    batch = next(iter(loader))
+    x, frames = batch["image"], batch["frames"][0]
+    assert x.shape == (1, 3, 3, 47, 63)
+    ref = Store(tmp_path / "s")[0][0][frames]
+    # the loader's conversion (chroma taken per 2x2 block) against FFmpeg's interpolated chroma: 4.5 levels
+    # on this small noisy clip, 1.2 on larger ones; a plane put a row or column off would be tens
+    assert (x[0].float() - ref.float()).abs().mean() < 6
+
+
+def test_inspect_grid_shows_a_frame_of_each_video(store: Path, tmp_path: Path):
+    from PIL import Image
+
+    from gpufeed.cli import main
+
+    assert main(["inspect", str(store), "--grid", str(tmp_path / "grid.png")]) == 0
+    assert Image.open(tmp_path / "grid.png").size[0] > 0
+
+
+def test_a_hostile_frame_index_is_refused(store: Path, tmp_path: Path):
+    import shutil
+
+    from gpufeed import StoreError
+
+    copy = tmp_path / "copy"
+    shutil.copytree(store, copy)
+    frames = np.fromfile(copy / "frames.i64", "<i8").reshape(-1, 3)
+    frames[0, 1] = 0  # video 0's first frame no keyframe: a seek before it would find none
+    frames.tofile(copy / "frames.i64")
+    with pytest.raises(StoreError, match="no keyframe"):
+        Store(copy)
+    frames[0, 1] = 1
+    frames[1, 0] = frames[0, 0]  # two frames at one time
+    frames.tofile(copy / "frames.i64")
+    with pytest.raises(StoreError, match="not later"):
+        Store(copy)

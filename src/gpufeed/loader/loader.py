@@ -699,6 +699,9 @@ class Loader:
             key.append({"first_window": shards.first_window})
         if self.batch_sampler.groups is not None:
             key.append({"group_by_aspect": self._group_by_aspect})
+        if self.clip is not None:  # which clips the samples are, and how many a video gives
+            c = self.clip
+            key.append({"clip": [c.frames, c.stride, c.fps, c.clips_per_video]})
         return [*key, dict(ORDER_RANDOM)] if self.batch_sampler.shuffle else key  # (a copy: a state is the caller's)
 
     def stats(self) -> dict:
@@ -828,7 +831,10 @@ class Loader:
             images = batch.images
         elif self.augment is not None:
             # (a batch not final, with augment ops: its params were planned)
-            images = self.augment.apply(batch.images, batch.params, self.dtype, self.channels_last, batch.index)  # type: ignore[arg-type]
+            params = batch.params
+            if self.clip is not None:  # one draw per clip, the same for each of its frames
+                params = params.take(torch.arange(len(batch.labels)).repeat_interleave(self.clip.frames))  # type: ignore[union-attr]
+            images = self.augment.apply(batch.images, params, self.dtype, self.channels_last, batch.index)  # type: ignore[arg-type]
         else:
             fmt = torch.channels_last if self.channels_last else torch.contiguous_format
             images = batch.images.permute(0, 3, 1, 2).contiguous(memory_format=fmt)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -23,16 +24,18 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from gpufeed.decode.codecs.video import I420, ClipJob, ClipTask, run_clip_task
+from gpufeed.decode.codecs.video import I420, ClipJob, ClipTask, decode_jobs, run_clip_task
 from gpufeed.decode.pool.segment import Segment
 from gpufeed.loader.batch import Batch
 from gpufeed.loader.clips import Clip, Timeline, clip_frames, positions
+from gpufeed.loader.cores import rank_cores
 from gpufeed.loader.plan import EpochPlan
 from gpufeed.loader.producer import Made, Production, threaded
 from gpufeed.loader.stats import stage_range
 from gpufeed.processes import process_pool
 from gpufeed.sources.videos import VideoError
 from gpufeed.store.format import JPEG_DATA
+from gpufeed.transfer.ring import hand_over
 
 PRODUCERS = 2  # batches decoded at once: the processes start the next one's clips while a batch ends
 
@@ -61,7 +64,7 @@ class VideoClips:
 
     def __init__(self, store, clip: Clip, seed: int, device: torch.device, workers: int | None, batch_size: int):
         self.store, self.clip, self.seed, self.device = store, clip, seed, device
-        cores = len(os.sched_getaffinity(0))
+        cores = rank_cores().usable  # (this rank's share of the machine, within a cgroup quota)
         self.workers = cores if workers is None else workers
         if not isinstance(self.workers, int) or isinstance(self.workers, bool) or self.workers < 0:
             raise ValueError(f"num_workers must be an int, 0 or more, got {workers!r}")
@@ -76,6 +79,11 @@ class VideoClips:
         self._events: list[torch.cuda.Event | None] = []
         self._next = 0
         self._taking = threading.Lock()  # (the producer threads take slots in turn)
+        # the data file, held open: decode processes map it through /proc, so they read the file this
+        # loader reads even where a store was packed over it since (as the loader's own map does)
+        self._data_fd = os.open(store.path / JPEG_DATA, os.O_RDONLY | os.O_CLOEXEC)
+        self._close_data = weakref.finalize(self, os.close, self._data_fd)
+        self._data_inode = os.fstat(self._data_fd).st_ino
         self._positions: tuple[int, np.ndarray] | None = None
 
     @property
@@ -93,9 +101,10 @@ class VideoClips:
 
     def clips(self, epoch: int, items: np.ndarray) -> ClipBatch:
         """The clips of samples `items` (sampler indices) in `epoch`."""
-        if self._positions is None or self._positions[0] != epoch:
-            self._positions = (epoch, positions(self.clip, self.seed, epoch, len(self.store)))
-        where = self._positions[1]
+        drawn = self._positions
+        if drawn is None or drawn[0] != epoch:
+            drawn = self._positions = (epoch, positions(self.clip, self.seed, epoch, len(self.store)))
+        where = drawn[1]
         videos = self.item_videos(items)
         spot = where[videos] if self.clip.clips_per_video is None else where[np.asarray(items, np.int64)]
         frames = np.stack([clip_frames(self.clip, self.timeline(int(v)), float(p)) for v, p in zip(videos, spot)])
@@ -116,6 +125,8 @@ class VideoClips:
                 nbytes = self.batch_size * self.clip.frames * self.layout.shape[0] * self.layout.shape[1]
                 self._slots = [Segment(nbytes, self.device) for _ in range(prefetch + PRODUCERS + 1)]
                 self._events = [None] * len(self._slots)
+                if self.workers:  # (once: the producer threads take their first slots here in turn)
+                    self._processes = process_pool(self.workers)
             k = self._next
             self._next = (k + 1) % len(self._slots)
             event = self._events[k]
@@ -132,14 +143,13 @@ class VideoClips:
         """Each clip's frames into its T slabs of slot `k` (`self.layout`), on the processes or threads."""
         jobs = [self._job(j, int(v), f) for j, (v, f) in enumerate(zip(batch.videos, batch.frames))]
         try:
-            if self._pool is not None:
-                segment = self._slots[k]
-                task = lambda job: run_clip_task(self._task(segment, (job,)))  # noqa: E731
-                for _ in self._pool.map(task, jobs):
+            if self._pool is not None:  # threads: this process's own maps of the store and the slot
+                slot = self._slots[k].tensor.numpy()
+                one = lambda job: decode_jobs(self.store.data, slot, self.layout, (job,))  # noqa: E731
+                for _ in self._pool.map(one, jobs):
                     pass
                 return
-            if self._processes is None:
-                self._processes = process_pool(self.workers)
+            assert self._processes is not None  # (made with the slots)
             # a task a clip: a batch's clips differ in the frames they decode (from their keyframe on), and
             # the next batch's are queued behind them (`PRODUCERS`), so no process waits for the slowest
             tasks = [self._task(self._slots[k], (job,)) for job in jobs]
@@ -150,15 +160,25 @@ class VideoClips:
 
     def _task(self, segment: Segment, jobs: tuple[ClipJob, ...]) -> ClipTask:
         data = os.fspath(self.store.path / JPEG_DATA)
-        return ClipTask(data, os.getpid(), segment.fd, segment.id, segment.nbytes, self.layout, jobs)
+        pid = os.getpid()
+        return ClipTask(
+            data, self._data_fd, self._data_inode, pid, segment.fd, segment.id, segment.nbytes, self.layout, jobs
+        )
 
     def close(self) -> None:
+        """Stop the threads or processes, then let go of the slots once the copies out of them ended."""
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
-        if self._processes is not None:
-            self._processes.shutdown(wait=True, cancel_futures=True)
+        with self._taking:
+            processes, self._processes = self._processes, None
+        if processes is not None:
+            processes.shutdown(wait=True, cancel_futures=True)
+        for event in self._events:
+            if event is not None:
+                event.synchronize()
         for segment in self._slots:
             segment.close()
+        self._close_data()
 
 
 def video_feed(
@@ -177,7 +197,8 @@ def video_feed(
         with torch.cuda.stream(stream):
             on_device = plan.to(device)
             uploaded = stream.record_event()
-        torch.cuda.current_stream(device).wait_event(uploaded)
+        # once per epoch: the consumer waits for the upload and owns the epoch's parameters
+        hand_over(uploaded, *(on_device.params.tensors() if on_device.params else ()))
     t = clips.clip.frames
     rows = clips.layout.shape[0]
 
@@ -193,13 +214,11 @@ def video_feed(
             clips.store.check_unchanged()  # a file cut short under its map: an error, not SIGBUS
             clips.decode(batch, k)
         production.counters.add("decode", time.perf_counter() - t0, n * t)
-        if params is not None:  # one draw per clip, the same for each of its frames
-            params = params.take(torch.arange(n).repeat_interleave(t))
         mine = labels.index_select(0, torch.as_tensor(batch.videos))
         if stream is None:
-            return Made(Batch(i420_to_rgb(host, clips.layout), mine, params, samples=items), None)
+            return Made(Batch(i420_to_rgb(host, clips.layout, clips.max_hw), mine, params, samples=items), None)
         with torch.cuda.stream(stream):
-            images = i420_to_rgb(host.to(device, non_blocking=True), clips.layout)
+            images = i420_to_rgb(host.to(device, non_blocking=True), clips.layout, clips.max_hw)
             mine = mine.to(device, non_blocking=True)
             event = stream.record_event()
         clips.release(k, event)
@@ -215,9 +234,10 @@ VIDEO_FIELDS = ("label", "video", "frames")
 _BT601 = ((1.164, 0.0, 1.596), (1.164, -0.392, -0.813), (1.164, 2.017, 0.0))
 
 
-def i420_to_rgb(slabs: torch.Tensor, layout: I420) -> torch.Tensor:
-    """(N, H, W, 3) uint8 RGB from (N, *layout.shape) `I420` slabs, on their device: chroma taken at
-    each 2x2 block (nearest), then BT.601: a few torch ops, on a GPU on the copy stream."""
+def i420_to_rgb(slabs: torch.Tensor, layout: I420, hw: tuple[int, int]) -> torch.Tensor:
+    """(N, *hw) x 3 uint8 RGB from (N, *layout.shape) `I420` slabs, on their device (`hw`: the largest
+    frame's size, the layout's rounded down again to odd sides): chroma taken at each 2x2 block
+    (nearest), then BT.601: a few torch ops, on a GPU on the copy stream."""
     h, w = layout.height, layout.width
     y = slabs[:, :h].float() - 16.0
     chroma = slabs[:, h:].float() - 128.0
@@ -225,7 +245,7 @@ def i420_to_rgb(slabs: torch.Tensor, layout: I420) -> torch.Tensor:
     v = chroma[:, :, w // 2 :].repeat_interleave(2, 1).repeat_interleave(2, 2)
     m = _BT601
     rgb = torch.stack([m[c][0] * y + m[c][1] * u + m[c][2] * v for c in range(3)], dim=-1)
-    return rgb.round_().clamp_(0, 255).to(torch.uint8)
+    return rgb[:, : hw[0], : hw[1]].round_().clamp_(0, 255).to(torch.uint8)
 
 
 def check_video(store, clip: Clip | None, fields: tuple[str, ...] | None, augment, group_by_aspect) -> Clip | None:

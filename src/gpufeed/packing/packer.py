@@ -127,8 +127,8 @@ def _check_places(source, dest: str | os.PathLike) -> None:
             )
 
 
-def _chunks(entries: Iterator, sink, raw_path: str | None, on_skip) -> Iterator[worker.Chunk]:
-    """Group source items into chunks of at most CHUNK items and CHUNK_BYTES of carried data (one
+def _chunks(entries: Iterator, sink, raw_path: str | None, on_skip, most: int = CHUNK) -> Iterator[worker.Chunk]:
+    """Group source items into chunks of at most `most` items and CHUNK_BYTES of carried data (one
     item larger than that goes alone), passing source-level skips to `on_skip`."""
     batch: list[Item] = []
     held = 0
@@ -142,7 +142,7 @@ def _chunks(entries: Iterator, sink, raw_path: str | None, on_skip) -> Iterator[
             batch, held = [], 0
         batch.append(entry)
         held += size
-        if len(batch) == CHUNK or held >= CHUNK_BYTES:  # full: sent before the next item is read
+        if len(batch) == most or held >= CHUNK_BYTES:  # full: sent before the next item is read
             yield worker.Chunk(sink.reserve(len(batch)), batch, raw_path)
             batch, held = [], 0
     if batch:
@@ -430,7 +430,9 @@ def _pack_local(
             smoothing=0.1,
         )
         try:
-            chunks = _chunks(src.entries, sink, raw_path, on_skip)
+            # a video a task: a worker's results come back whole (up to MAX_VIDEO_BYTES each), and a
+            # video takes as long to index as a few hundred images
+            chunks = _chunks(src.entries, sink, raw_path, on_skip, 1 if mode == "video" else CHUNK)
             for chunk, results in _bounded(executor, partial(worker.process, s=settings), chunks, 4 * workers):
                 stop.check()
                 _add(chunk, results, sink, fields, settings, on_skip)

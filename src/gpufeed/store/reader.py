@@ -225,6 +225,15 @@ class Store(Described):
             f"is out of order or past the {n_frames} frames of " + fmt.VIDEO_FRAMES,
         )
         counts = np.diff(ends)
+        rows = self.frames
+        later = np.diff(rows[:, 0]) > 0  # within a video, each frame after the one before it
+        later[ends[1:-1] - 1] = True  # (across two videos: anything)
+        _check_entries(
+            self.path / fmt.VIDEO_FRAMES, ~np.concatenate([[True], later]), "is not later than the frame before it"
+        )
+        starts = np.zeros(n_frames, bool)
+        starts[ends[:-1]] = True
+        _check_entries(self.path / fmt.VIDEO_FRAMES, starts & (rows[:, 1] != 1), "begins a video but is no keyframe")
         t = self.timing
         _check_entries(
             self.path / fmt.VIDEO_TIMING,
@@ -242,6 +251,19 @@ class Store(Described):
         num, den, stream = (int(v) for v in self.timing[i, :3])
         h, w = (int(v) for v in self.shapes[i])
         return VideoIndex(rows[:, 0], rows[:, 1] != 0, rows[:, 2], Fraction(num, den), h, w, "", stream)
+
+    def frame(self, i: int, t: int | None = None) -> torch.Tensor:
+        """Frame `t` of video `i` (default: the middle of its clip range) as a uint8 CHW tensor."""
+        from gpufeed.decode.codecs.video import ClipRequest, decode_clip
+
+        index = self.video(i)
+        first, end = self.clip_range(i)
+        t = (first + end) // 2 if t is None else t
+        if not 0 <= t < len(index):
+            raise IndexError(f"frame {t} out of range for video {i} of {len(index)} frames")
+        start, stop = int(self.offsets[i]), int(self.offsets[i + 1])
+        request = ClipRequest(self.data[start:stop].data, index.pts, index.keyframe, index.stream, np.array([t]))
+        return torch.from_numpy(decode_clip(request)[0]).permute(2, 0, 1)
 
     def clip_range(self, i: int) -> tuple[int, int]:
         """The frames [first, end) of video `i` its clips are taken from (a list's start/end bounds)."""

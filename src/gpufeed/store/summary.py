@@ -145,7 +145,8 @@ def save_grid(
     for k, i in enumerate(picks):
         x, y = (k % columns) * tile, (k // columns) * (tile + 14)
         try:
-            image, label = store[i]
+            # a video's middle frame (not all of them: `store[i]` decodes every frame)
+            image, label = (store.frame(i), int(store.labels[i])) if store.mode == "video" else store[i]
         except (RuntimeError, ValueError, OSError) as e:  # Pillow's decode raises OSError
             undecodable[i] = f"{type(e).__name__}: {e}"
             draw.rectangle((x, y, x + tile - 1, y + tile - 1), fill=BLANK)

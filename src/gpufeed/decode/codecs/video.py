@@ -14,6 +14,8 @@ one core of the development box).
 from __future__ import annotations
 
 import io
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,6 +29,19 @@ def one_thread(stream) -> None:
     (an H100 host: 69 clips/s with 16 threads against 52 with one)."""
     stream.thread_type = "NONE"
     stream.codec_context.thread_count = 1
+
+
+@contextmanager
+def _opened(av, request: ClipRequest) -> Iterator[tuple]:
+    """(container, video stream) of `request`'s bytes, decoding on one thread; VideoError where the
+    stored stream index is not a video stream of the file (the store changed or is damaged)."""
+    with av.open(io.BytesIO(request.data), mode="r", metadata_errors="ignore") as container:
+        streams = container.streams
+        if not 0 <= request.stream < len(streams) or streams[request.stream].type != "video":
+            raise VideoError(f"stream {request.stream} is not a video stream of this file")
+        stream = streams[request.stream]
+        one_thread(stream)
+        yield container, stream
 
 
 @dataclass(frozen=True)
@@ -53,12 +68,10 @@ def decode_clip(request: ClipRequest, out: np.ndarray | None = None) -> np.ndarr
     need = {int(request.pts[i]): i for i in np.unique(wanted)}
     stop = int(request.pts[last])
     got: dict[int, np.ndarray] = {}
-    with av.open(io.BytesIO(request.data), mode="r", metadata_errors="ignore") as container:
-        stream = container.streams[request.stream]
-        one_thread(stream)
-        if start > 0:
-            container.seek(int(request.pts[start]), stream=stream, backward=True, any_frame=False)
-        try:
+    try:
+        with _opened(av, request) as (container, stream):
+            if start > 0:
+                container.seek(int(request.pts[start]), stream=stream, backward=True, any_frame=False)
             for frame in container.decode(stream):
                 if frame.pts is None:
                     continue
@@ -67,8 +80,8 @@ def decode_clip(request: ClipRequest, out: np.ndarray | None = None) -> np.ndarr
                     got[i] = frame.to_ndarray(format="rgb24")
                 if frame.pts >= stop:
                     break
-        except av.FFmpegError as e:
-            raise VideoError(f"damaged: {e}") from None
+    except av.FFmpegError as e:
+        raise VideoError(f"damaged: {e}") from None
     missing = [int(i) for i in np.unique(wanted) if int(i) not in got]
     if missing:
         raise VideoError(f"frames {missing[:4]} of the index not decoded (the file changed or is damaged)")
@@ -102,7 +115,7 @@ class I420:
         """`frame` (a PyAV VideoFrame) into `slab` (this shape): its planes copied, converted first to
         yuv420p where it is another format (10 bits, 4:4:4, yuvj420p's full range, ...)."""
         if frame.format.name != "yuv420p":
-            frame = frame.reformat(format="yuv420p")
+            frame = frame.reformat(format="yuv420p")  # (yuvj420p, full range, becomes limited here)
         h, w = frame.height, frame.width
         parts = (
             (slab[:h, :w], frame.planes[0]),
@@ -112,9 +125,16 @@ class I420:
                 frame.planes[2],
             ),
         )
-        for into, plane in parts:
-            rows = np.frombuffer(plane, np.uint8).reshape(plane.height, plane.line_size)
-            into[...] = rows[: into.shape[0], : into.shape[1]]
+        full = frame.color_range == 2  # yuv420p flagged full range (VP9 and AV1 may be): to limited
+        for k, (into, plane) in enumerate(parts):
+            rows = np.frombuffer(plane, np.uint8).reshape(plane.height, plane.line_size)[
+                : into.shape[0], : into.shape[1]
+            ]
+            if full:
+                scale, zero = (219 / 255, 16.0) if k == 0 else (224 / 255, 128.0 - 128 * 224 / 255)
+                into[...] = np.rint(rows * scale + zero).astype(np.uint8)
+            else:
+                into[...] = rows
 
 
 def decode_clip_planes(request: ClipRequest, layout: I420, out: np.ndarray) -> None:
@@ -129,24 +149,20 @@ def decode_clip_planes(request: ClipRequest, layout: I420, out: np.ndarray) -> N
     for t, i in enumerate(wanted):
         slots.setdefault(int(request.pts[int(i)]), []).append(t)
     stop = int(request.pts[last])
-    done = 0
-    with av.open(io.BytesIO(request.data), mode="r", metadata_errors="ignore") as container:
-        stream = container.streams[request.stream]
-        one_thread(stream)
-        if start > 0:
-            container.seek(int(request.pts[start]), stream=stream, backward=True, any_frame=False)
-        try:
+    try:
+        with _opened(av, request) as (container, stream):
+            if start > 0:
+                container.seek(int(request.pts[start]), stream=stream, backward=True, any_frame=False)
             for frame in container.decode(stream):
                 ts = slots.pop(frame.pts, None) if frame.pts is not None else None
                 if ts:
                     layout.put(frame, out[ts[0]])
                     for t in ts[1:]:
                         out[t] = out[ts[0]]
-                    done += 1
                 if frame.pts is not None and frame.pts >= stop:
                     break
-        except av.FFmpegError as e:
-            raise VideoError(f"damaged: {e}") from None
+    except av.FFmpegError as e:
+        raise VideoError(f"damaged: {e}") from None
     if slots:
         missing = sorted(int(np.searchsorted(request.pts, p)) for p in slots)
         raise VideoError(f"frames {missing[:4]} of the index not decoded (the file changed or is damaged)")
@@ -173,7 +189,9 @@ class ClipTask:
     """A decode process's share of a batch: the store's data file, the shared slot (a memfd of process
     `pid` at descriptor `fd`, inode `inode`, of `nbytes`), the slab layout, and its clips."""
 
-    data_path: str
+    data_path: str  # (for messages)
+    data_fd: int  # the loader's descriptor of it: workers read the file the loader opened, not its name's
+    data_inode: int
     pid: int
     fd: int
     inode: int
@@ -185,7 +203,7 @@ class ClipTask:
 class _Opened:
     """What a decode process keeps between tasks: the data file's map and the slots' maps, by inode."""
 
-    data: dict[str, np.ndarray] = {}
+    data: dict[int, np.ndarray] = {}
     slots: dict[int, np.ndarray] = {}
 
 
@@ -195,9 +213,18 @@ def run_clip_task(task: ClipTask) -> None:
     import mmap
     import os
 
-    data = _Opened.data.get(task.data_path)
+    data = _Opened.data.get(task.data_inode)
     if data is None:
-        data = _Opened.data[task.data_path] = np.memmap(task.data_path, dtype=np.uint8, mode="r")
+        fd = os.open(f"/proc/{task.pid}/fd/{task.data_fd}", os.O_RDONLY)
+        try:
+            if os.fstat(fd).st_ino != task.data_inode:
+                raise VideoError(f"{task.data_path}: the loader's file is gone (its loader closed)")
+            size = os.fstat(fd).st_size
+            data = np.frombuffer(mmap.mmap(fd, size, prot=mmap.PROT_READ), np.uint8) if size else np.empty(0, np.uint8)
+        finally:
+            os.close(fd)
+        _Opened.data.clear()  # (another store's before: its map goes)
+        _Opened.data[task.data_inode] = data
     slot = _Opened.slots.get(task.inode)
     if slot is None:
         fd = os.open(f"/proc/{task.pid}/fd/{task.fd}", os.O_RDWR)
@@ -210,13 +237,19 @@ def run_clip_task(task: ClipTask) -> None:
         if len(_Opened.slots) > 64:  # slots of loaders gone: let go of the oldest
             _Opened.slots.pop(next(iter(_Opened.slots)))
         _Opened.slots[task.inode] = slot
-    one = task.layout.shape[0] * task.layout.shape[1]
-    for job in task.jobs:
-        out = slot[job.at : job.at + len(job.frames) * one].reshape(len(job.frames), *task.layout.shape)
+    decode_jobs(data, slot, task.layout, task.jobs)
+
+
+def decode_jobs(data: np.ndarray, slot: np.ndarray, layout: I420, jobs: tuple[ClipJob, ...]) -> None:
+    """`jobs`' clips from `data` (the store's data file) into `slot` (a batch's bytes); VideoError naming
+    the video where one fails."""
+    one = layout.shape[0] * layout.shape[1]
+    for job in jobs:
+        out = slot[job.at : job.at + len(job.frames) * one].reshape(len(job.frames), *layout.shape)
         request = ClipRequest(
             data[job.begin : job.begin + job.size].data, job.pts, job.keyframe, job.stream, job.frames
         )
         try:
-            decode_clip_planes(request, task.layout, out)
+            decode_clip_planes(request, layout, out)
         except VideoError as e:
             raise VideoError(f"video {job.video}: {e}") from None
