@@ -442,3 +442,22 @@ def test_a_hostile_frame_index_is_refused(store: Path, tmp_path: Path):
     frames.tofile(copy / "frames.i64")
     with pytest.raises(StoreError, match="not later"):
         Store(copy)
+
+
+def test_reencoding_keeps_a_variable_frame_rate_without_fps(tmp_path: Path):
+    from gpufeed.sources.videos import reencode_video
+
+    still = synth.natural_video(np.random.default_rng(4), 12, 48, 64)
+    ticks = [0, 1, 2, 4, 5, 9, 10, 11, 15, 16, 20, 21]  # in 1/30 s
+    source = synth.encode_video(still, fps=30, gop=4, container="matroska", pts=ticks)
+    again = index_video(reencode_video(source, short_side=32, gop=4))
+    assert np.allclose(again.seconds * 30, ticks, atol=0.05) and (again.height, again.width) == (32, 42)
+
+
+def test_what_a_video_loader_does_not_take(store: Path):
+    with pytest.raises(ValueError, match="frames"):
+        Clip(frames=True)
+    with pytest.raises(ValueError, match="decoders"):
+        Loader(store, device="cpu", clip=Clip(), decoders=("hw",))
+    with pytest.raises(ValueError, match="cache"):
+        Loader(store, device="cpu", clip=Clip(), cache="gpu")

@@ -32,14 +32,15 @@ class Clip:
     layout: str = "NTCHW"
 
     def __post_init__(self) -> None:
-        if not isinstance(self.frames, int) or self.frames < 1:
+        if not _count(self.frames):
             raise ValueError(f"Clip.frames must be a positive int, got {self.frames!r}")
-        if not isinstance(self.stride, int) or self.stride < 1:
+        if not _count(self.stride):
             raise ValueError(f"Clip.stride must be a positive int, got {self.stride!r}")
-        if self.fps is not None and not (isinstance(self.fps, (int, float)) and 0 < self.fps <= 1000):
+        fps = self.fps
+        if fps is not None and (isinstance(fps, bool) or not isinstance(fps, (int, float)) or not 0 < fps <= 1000):
             raise ValueError(f"Clip.fps must be in (0, 1000] frames a second, got {self.fps!r}")
         k = self.clips_per_video
-        if k is not None and (not isinstance(k, int) or k < 1):
+        if k is not None and not _count(k):
             raise ValueError(f"Clip.clips_per_video must be None (training) or a positive int, got {k!r}")
         if self.layout not in LAYOUTS:
             raise ValueError(f"Clip.layout must be one of {LAYOUTS}, got {self.layout!r}")
@@ -48,6 +49,11 @@ class Clip:
     def per_video(self) -> int:
         """Samples each video gives an epoch."""
         return self.clips_per_video or 1
+
+
+def _count(value: object) -> bool:
+    """A positive int (not a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 @dataclass(frozen=True)

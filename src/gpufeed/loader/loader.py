@@ -456,7 +456,7 @@ class Loader:
         self.input = open_input(store, cache_dir, cache_limit, storage_options)
         self.store = self.input.store
         self.fields = tuple(fields) if fields is not None else None
-        self.clip = check_video(self.store, clip, self.fields, augment, group_by_aspect)
+        self.clip = check_video(self.store, clip, self.fields, augment, group_by_aspect, decoders, cache)
         video_fields = self.clip is not None and self.fields is not None
         flip = (
             None if video_fields else FieldRequest.check(self.fields, self.store, keypoint_flip, mask_fill, keep_crowd)
@@ -841,7 +841,7 @@ class Loader:
         if self.clip is not None:  # N * T frames, one clip's frames after another
             images = images.unflatten(0, (-1, self.clip.frames))
             if self.clip.layout == "NCTHW":
-                images = images.transpose(1, 2)
+                images = images.transpose(1, 2).contiguous()
         self.counters.count(len(batch.labels))
         if self.augment is not None and self.augment.batch_op is not None:  # drawn from (seed, epoch, batch)
             mixed = ((self.seed * 1_000_003 + self.epoch) * 1_000_033 + self._batch) % (1 << 64)  # manual_seed's range

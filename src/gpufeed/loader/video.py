@@ -248,7 +248,9 @@ def i420_to_rgb(slabs: torch.Tensor, layout: I420, hw: tuple[int, int]) -> torch
     return rgb[:, : hw[0], : hw[1]].round_().clamp_(0, 255).to(torch.uint8)
 
 
-def check_video(store, clip: Clip | None, fields: tuple[str, ...] | None, augment, group_by_aspect) -> Clip | None:
+def check_video(
+    store, clip: Clip | None, fields: tuple[str, ...] | None, augment, group_by_aspect, decoders=None, cache="auto"
+) -> Clip | None:
     """The clips a Loader of `store` yields (`Clip()` for a video store not given one; None for an image
     store, which refuses `clip`), and ValueError for what a video Loader does not do."""
     if store.mode != "video":
@@ -261,6 +263,10 @@ def check_video(store, clip: Clip | None, fields: tuple[str, ...] | None, augmen
     unknown = [f for f in fields or () if f not in VIDEO_FIELDS]
     if unknown:
         raise ValueError(f"{store.path}: a video store's batches have the fields {VIDEO_FIELDS}, not {unknown}")
+    if decoders is not None:
+        raise ValueError(f"{store.path}: decoders= names JPEG decoders; a video store's clips decode on the CPU")
+    if cache != "auto":
+        raise ValueError(f"{store.path}: cache= places a store's images; a video store stays memory-mapped")
     if group_by_aspect is not False:
         raise ValueError(f"{store.path}: group_by_aspect is for images; a video store's clips take ops to one size")
     from gpufeed.augment.mix import CutMix, MixUp, MixUpOrCutMix

@@ -140,8 +140,8 @@ def reencode_video(
 ) -> bytes:
     """`data`'s first video stream as a new MP4 (H.264 by default): the short side scaled to
     `short_side` (even sides), a keyframe every `gop` frames and no others (so a clip never decodes
-    more than one GOP it drops), frames taken at `fps` (the nearest earlier frame for each tick);
-    audio dropped. Raises VideoError where `data` can't be decoded."""
+    more than one GOP it drops), frames taken at `fps` (the nearest earlier frame for each tick; without
+    it each frame keeps its time); audio dropped. Raises VideoError where `data` can't be decoded."""
     av = pyav()
     try:
         source = av.open(io.BytesIO(data), mode="r", metadata_errors="ignore")
@@ -169,10 +169,17 @@ def reencode_video(
                             options |= {"g": str(gop), "keyint_min": str(gop), "sc_threshold": "0"}
                             target.codec_context.gop_size = gop
                         target.options = options
-                        t0 = frame.pts * frame.time_base
-                    # with fps, the frame stands for every tick since the last one (none where it is early)
-                    due = math.floor((frame.pts * frame.time_base - t0) * rate) + 1 if fps else written + 1
+                        if not fps:  # each frame keeps its own time (a variable frame rate stays one)
+                            target.time_base = target.codec_context.time_base = stream.time_base
+                        pts0, t0 = frame.pts, frame.pts * frame.time_base
                     picture = frame.reformat(width=target.width, height=target.height, format="yuv420p")
+                    if not fps:
+                        picture.pts, picture.time_base = frame.pts - pts0, stream.time_base
+                        for packet in target.encode(picture):
+                            sink.mux(packet)
+                        continue
+                    # the frame stands for every tick since the last one (none where it is early)
+                    due = math.floor((frame.pts * frame.time_base - t0) * rate) + 1
                     while written < due:
                         picture.pts, picture.time_base = written, 1 / rate
                         for packet in target.encode(picture):
