@@ -15,7 +15,7 @@ class VideoInput(Input):
 
     def tier(self, device: torch.device, cache: str) -> Tier:
         empty = torch.empty((0, 1, 1, 3), dtype=torch.uint8)
-        return Tier("video", empty, self.store.labels, "video files memory-mapped, clips decoded on CPU threads")
+        return Tier("video", empty, self.store.labels, "video files memory-mapped, clips decoded by CPU processes")
 
     def begin(self, plan, epoch: int, start: int, planner) -> None:
         self.store.check_unchanged()
