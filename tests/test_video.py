@@ -461,3 +461,13 @@ def test_what_a_video_loader_does_not_take(store: Path):
         Loader(store, device="cpu", clip=Clip(), decoders=("hw",))
     with pytest.raises(ValueError, match="cache"):
         Loader(store, device="cpu", clip=Clip(), cache="gpu")
+
+
+def test_stats_say_how_clips_are_decoded_and_what_that_holds(store: Path):
+    loader = Loader(store, batch_size=2, device="cpu", clip=Clip(frames=4), num_workers=1)
+    assert loader.stats()["video"]["slots"] == 0  # made at the first pass
+    next(iter(loader))
+    video = loader.stats()["video"]
+    assert video["processes"] == 1 and video["threads"] == 0 and video["max_hw"] == (48, 64)
+    assert video["slots"] == loader.prefetch + 3 and video["slot_bytes"] == 2 * 4 * 72 * 64  # 4:2:0 planes
+    loader.close()

@@ -712,7 +712,9 @@ class Loader:
         stores to the GPU decoders taken into use and to each decode worker's `Ready`), and for jpeg
         stores the decoders, how many images each decoded (and CPU fallbacks, failures), their rates in img/s, and the
         decode seconds spent until the GPU decoders were done and on the CPU's share after that
-        (with worker processes, also their wall and CPU seconds: CPU well below wall means starved)."""
+        (with worker processes, also their wall and CPU seconds: CPU well below wall means starved);
+        for video stores "video" (`VideoClips.stats`: decode processes or threads, the shared slots'
+        bytes)."""
         out = self.counters.as_dict()
         started = self.jpeg.started() if self.jpeg is not None else {}
         if self.device.type == "cuda":
@@ -720,6 +722,8 @@ class Loader:
         out["start"] = self.counters.start(started)
         if self.jpeg is not None:
             out |= self.jpeg.stats()
+        if self.video is not None:
+            out["video"] = self.video.stats()
         return out
 
     def plan(self, epoch: int, number: int):

@@ -135,6 +135,19 @@ class VideoClips:
             self._events[k] = None
         return k, self._slots[k].tensor
 
+    def stats(self) -> dict:
+        """How clips are decoded and what that holds: `processes` (0: `threads` of this process), and
+        the shared page-locked slots (`slots`, `slot_bytes` each, made at the first pass; sized for
+        the store's largest frame, `max_hw`)."""
+        frames = self.batch_size * self.clip.frames
+        return {
+            "processes": self.workers,
+            "threads": 0 if self.workers else self.threads,
+            "slots": len(self._slots),
+            "slot_bytes": frames * self.layout.shape[0] * self.layout.shape[1],
+            "max_hw": self.max_hw,
+        }
+
     def release(self, k: int, event: torch.cuda.Event | None) -> None:
         """Slot `k` may be written again once `event` (recorded after its copy) has fired."""
         self._events[k] = event
