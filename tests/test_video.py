@@ -86,6 +86,16 @@ def _audio_only() -> bytes:
     return out.getvalue()
 
 
+def _no_frames() -> bytes:
+    """An MP4 with a video stream's header and no frame in it."""
+    out = io.BytesIO()
+    with av.open(out, mode="w", format="mp4") as c:
+        stream = c.add_stream("libx264", rate=30)
+        stream.width, stream.height, stream.pix_fmt = 64, 48, "yuv420p"
+        c.start_encoding()
+    return out.getvalue()
+
+
 def test_bad_videos_are_skipped_with_the_reason(tmp_path: Path):
     folder = tmp_path / "v" / "a"
     folder.mkdir(parents=True)
@@ -95,10 +105,12 @@ def test_bad_videos_are_skipped_with_the_reason(tmp_path: Path):
     _write(folder / "garbage.mp4", b"\x00not a video" * 100)
     _write(folder / "sound.mkv", _audio_only())
     _write(folder / "empty.mp4", b"")
+    _write(folder / "noframes.mp4", _no_frames())
     report = pack(tmp_path / "v", tmp_path / "s", mode="video", progress=False, workers=1)
     assert report.count == 1
     reasons = {Path(s["path"]).name: s["reason"] for s in report.skipped}
-    assert set(reasons) == {"truncated.mp4", "garbage.mp4", "sound.mkv", "empty.mp4"}
+    assert set(reasons) == {"truncated.mp4", "garbage.mp4", "sound.mkv", "empty.mp4", "noframes.mp4"}
+    assert "no video stream" in reasons["noframes.mp4"] or "no frames" in reasons["noframes.mp4"]
     assert "no video stream" in reasons["sound.mkv"]
     assert "empty file" in reasons["empty.mp4"]
     assert "can open" in reasons["garbage.mp4"] or "damaged" in reasons["garbage.mp4"]
