@@ -243,22 +243,28 @@ def video_feed(
 VIDEO_FIELDS = ("label", "video", "frames")
 
 # BT.601 limited range to RGB (FFmpeg's default for its RGB conversion): rows R, G, B over (Y - 16,
-# U - 128, V - 128)
+# U - 128, V - 128); Y's factor is the same for all three
 _BT601 = ((1.164, 0.0, 1.596), (1.164, -0.392, -0.813), (1.164, 2.017, 0.0))
 
 
 def i420_to_rgb(slabs: torch.Tensor, layout: I420, hw: tuple[int, int]) -> torch.Tensor:
     """(N, *hw) x 3 uint8 RGB from (N, *layout.shape) `I420` slabs, on their device (`hw`: the largest
     frame's size, the layout's rounded down again to odd sides): chroma taken at each 2x2 block
-    (nearest), then BT.601: a few torch ops, on a GPU on the copy stream."""
-    h, w = layout.height, layout.width
-    y = slabs[:, :h].float() - 16.0
-    chroma = slabs[:, h:].float() - 128.0
-    u = chroma[:, :, : w // 2].repeat_interleave(2, 1).repeat_interleave(2, 2)
-    v = chroma[:, :, w // 2 :].repeat_interleave(2, 1).repeat_interleave(2, 2)
-    m = _BT601
-    rgb = torch.stack([m[c][0] * y + m[c][1] * u + m[c][2] * v for c in range(3)], dim=-1)
-    return rgb[:, : hw[0], : hw[1]].round_().clamp_(0, 255).to(torch.uint8)
+    (nearest), then BT.601; on a GPU on the copy stream. Each pixel's 2x2 block is a dimension of its
+    own, so the chroma planes broadcast over their blocks instead of being upsampled first: besides
+    the output, a float copy of the luma and one channel at a time are held (64 frames of 320x568 on
+    the development box's CPU: 0.13 s against 0.38 s with the chroma repeated and the channels
+    stacked, the same pixels within one level)."""
+    n, (h, w) = len(slabs), (layout.height, layout.width)
+    y = slabs[:, :h].reshape(n, h // 2, 2, w // 2, 2).float().sub_(16.0).mul_(_BT601[0][0])
+    chroma = slabs[:, h:].float().sub_(128.0)
+    u = chroma[:, :, : w // 2].reshape(n, h // 2, 1, w // 2, 1)
+    v = chroma[:, :, w // 2 :].reshape(n, h // 2, 1, w // 2, 1)
+    out = torch.empty((n, h // 2, 2, w // 2, 2, 3), dtype=torch.uint8, device=slabs.device)
+    for c, (_, from_u, from_v) in enumerate(_BT601):
+        out[..., c] = (y + (from_u * u + from_v * v)).round_().clamp_(0, 255)
+    rgb = out.view(n, h, w, 3)
+    return rgb if (h, w) == hw else rgb[:, : hw[0], : hw[1]].contiguous()
 
 
 def check_video(
