@@ -483,3 +483,28 @@ def test_stats_say_how_clips_are_decoded_and_what_that_holds(store: Path):
     assert video["processes"] == 1 and video["threads"] == 0 and video["max_hw"] == (48, 64)
     assert video["slots"] == loader.prefetch + 3 and video["slot_bytes"] == 2 * 4 * 72 * 64  # 4:2:0 planes
     loader.close()
+
+
+def test_a_clip_decodes_from_the_keyframe_before_it(tmp_path: Path):
+    """Each clip seeks to the keyframe at or before its first frame: a clip at a video's end decodes
+    one GOP's worth of frames before it at most, not the video from its start."""
+    synth.make_video_folder(tmp_path / "v", per_class=1, classes=1, frames=(60, 60), height=48, width=64, gop=8)
+    pack(tmp_path / "v", tmp_path / "s", mode="video", progress=False, workers=1)
+    for workers in (0, 1):
+        loader = Loader(
+            tmp_path / "s",
+            batch_size=1,
+            device="cpu",
+            shuffle=False,
+            drop_last=False,
+            clip=Clip(frames=4, clips_per_video=3),
+            fields=["frames"],
+            num_workers=workers,
+        )
+        starts = [b["frames"][0, 0].item() for b in loader]
+        assert starts == [0, 28, 56]
+        video = loader.stats()["video"]
+        assert video["frames_delivered"] == 12
+        # clips at 0..3, 28..31 (keyframe 24) and 56..59 (keyframe 56): 4 + 8 + 4 frames decoded
+        assert video["frames_decoded"] == 16
+        loader.close()

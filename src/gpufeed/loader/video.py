@@ -85,6 +85,7 @@ class VideoClips:
         self._close_data = weakref.finalize(self, os.close, self._data_fd)
         self._data_inode = os.fstat(self._data_fd).st_ino
         self._positions: tuple[int, np.ndarray] | None = None
+        self.decoded = self.delivered = 0  # frames decoded, and frames the clips hold (`stats`)
 
     @property
     def items(self) -> int:
@@ -115,7 +116,14 @@ class VideoClips:
         a, b = int(store.offsets[video]), int(store.offsets[video + 1])
         index = store.video(video)
         at = k * self.clip.frames * self.layout.shape[0] * self.layout.shape[1]
-        return ClipJob(video, a, b - a, index.pts, index.keyframe, index.stream, frames, at)
+        # the index from the keyframe the decode starts at to the clip's last frame: what a task carries
+        # (a long video's whole index would be pickled with each of its clips)
+        first, last = int(frames.min()), int(frames.max())
+        keys = np.flatnonzero(index.keyframe[: first + 1])
+        k0 = int(keys[-1]) if len(keys) else 0
+        part = slice(k0, last + 1)
+        pts, keyframe = index.pts[part], index.keyframe[part]
+        return ClipJob(video, a, b - a, pts, keyframe, index.stream, frames - k0, at, whole=k0 == 0)
 
     def slot(self, prefetch: int) -> tuple[int, torch.Tensor]:
         """The next shared slot (its number, its bytes as a tensor), once the last copy out of it ended;
@@ -138,7 +146,8 @@ class VideoClips:
     def stats(self) -> dict:
         """How clips are decoded and what that holds: `processes` (0: `threads` of this process), and
         the shared page-locked slots (`slots`, `slot_bytes` each, made at the first pass; sized for
-        the store's largest frame, `max_hw`)."""
+        the store's largest frame, `max_hw`), and the frames decoded against those the clips hold
+        (`frames_decoded`, `frames_delivered`: from each clip's keyframe, so a long GOP costs more)."""
         frames = self.batch_size * self.clip.frames
         return {
             "processes": self.workers,
@@ -146,6 +155,8 @@ class VideoClips:
             "slots": len(self._slots),
             "slot_bytes": frames * self.layout.shape[0] * self.layout.shape[1],
             "max_hw": self.max_hw,
+            "frames_decoded": self.decoded,
+            "frames_delivered": self.delivered,
         }
 
     def release(self, k: int, event: torch.cuda.Event | None) -> None:
@@ -159,17 +170,21 @@ class VideoClips:
             if self._pool is not None:  # threads: this process's own maps of the store and the slot
                 slot = self._slots[k].tensor.numpy()
                 one = lambda job: decode_jobs(self.store.data, slot, self.layout, (job,))  # noqa: E731
-                for _ in self._pool.map(one, jobs):
-                    pass
+                self._count(self._pool.map(one, jobs), jobs)
                 return
             assert self._processes is not None  # (made with the slots)
             # a task a clip: a batch's clips differ in the frames they decode (from their keyframe on), and
             # the next batch's are queued behind them (`PRODUCERS`), so no process waits for the slowest
             tasks = [self._task(self._slots[k], (job,)) for job in jobs]
-            for _ in self._processes.map(run_clip_task, tasks):
-                pass
+            self._count(self._processes.map(run_clip_task, tasks), jobs)
         except VideoError as e:
             raise VideoDecodeError(f"{self.store.path}: {e} (the store changed or is damaged)") from None
+
+    def _count(self, decoded, jobs: list[ClipJob]) -> None:
+        total = sum(decoded)
+        with self._taking:
+            self.decoded += total
+            self.delivered += sum(len(job.frames) for job in jobs)
 
     def _task(self, segment: Segment, jobs: tuple[ClipJob, ...]) -> ClipTask:
         data = os.fspath(self.store.path / JPEG_DATA)

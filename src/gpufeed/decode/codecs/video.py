@@ -48,13 +48,16 @@ def _opened(av, request: ClipRequest) -> Iterator[tuple]:
 class ClipRequest:
     """What one clip's decode needs: the video's bytes, its frames' pts and keyframe flags (presentation
     order, from the store), the video stream's index, and the frames wanted (indices into those, in
-    the clip's order; repeats allowed: a short video's last frame stands for those past its end)."""
+    the clip's order; repeats allowed: a short video's last frame stands for those past its end).
+    `whole`: the index starts at the video's first frame (else at a keyframe within it, which the
+    decode always seeks to)."""
 
     data: memoryview | bytes
     pts: np.ndarray
     keyframe: np.ndarray
     stream: int
     frames: np.ndarray
+    whole: bool = True
 
 
 def decode_clip(request: ClipRequest, out: np.ndarray | None = None) -> np.ndarray:
@@ -70,7 +73,7 @@ def decode_clip(request: ClipRequest, out: np.ndarray | None = None) -> np.ndarr
     got: dict[int, np.ndarray] = {}
     try:
         with _opened(av, request) as (container, stream):
-            if start > 0:
+            if start > 0 or not request.whole:
                 container.seek(int(request.pts[start]), stream=stream, backward=True, any_frame=False)
             for frame in container.decode(stream):
                 if frame.pts is None:
@@ -137,9 +140,9 @@ class I420:
                 into[...] = rows
 
 
-def decode_clip_planes(request: ClipRequest, layout: I420, out: np.ndarray) -> None:
-    """The clip's frames as `layout` slabs into `out` ((T, *layout.shape) uint8). Raises VideoError as
-    `decode_clip` does."""
+def decode_clip_planes(request: ClipRequest, layout: I420, out: np.ndarray) -> int:
+    """The clip's frames as `layout` slabs into `out` ((T, *layout.shape) uint8), and how many frames
+    were decoded for them (from the keyframe before the clip). Raises VideoError as `decode_clip` does."""
     av = pyav()
     wanted = request.frames
     first, last = int(wanted.min()), int(wanted.max())
@@ -149,11 +152,13 @@ def decode_clip_planes(request: ClipRequest, layout: I420, out: np.ndarray) -> N
     for t, i in enumerate(wanted):
         slots.setdefault(int(request.pts[int(i)]), []).append(t)
     stop = int(request.pts[last])
+    decoded = 0
     try:
         with _opened(av, request) as (container, stream):
-            if start > 0:
+            if start > 0 or not request.whole:
                 container.seek(int(request.pts[start]), stream=stream, backward=True, any_frame=False)
             for frame in container.decode(stream):
+                decoded += 1
                 ts = slots.pop(frame.pts, None) if frame.pts is not None else None
                 if ts:
                     layout.put(frame, out[ts[0]])
@@ -166,6 +171,7 @@ def decode_clip_planes(request: ClipRequest, layout: I420, out: np.ndarray) -> N
     if slots:
         missing = sorted(int(np.searchsorted(request.pts, p)) for p in slots)
         raise VideoError(f"frames {missing[:4]} of the index not decoded (the file changed or is damaged)")
+    return decoded
 
 
 @dataclass(frozen=True)
@@ -182,6 +188,7 @@ class ClipJob:
     stream: int
     frames: np.ndarray
     at: int
+    whole: bool = True  # (`ClipRequest.whole`)
 
 
 @dataclass(frozen=True)
@@ -207,9 +214,9 @@ class _Opened:
     slots: dict[int, np.ndarray] = {}
 
 
-def run_clip_task(task: ClipTask) -> None:
-    """In a decode process: decode `task`'s clips into its slot (VideoError naming the video where one
-    fails)."""
+def run_clip_task(task: ClipTask) -> int:
+    """In a decode process: decode `task`'s clips into its slot, and the frames decoded for them
+    (VideoError naming the video where one fails)."""
     import mmap
     import os
 
@@ -237,19 +244,21 @@ def run_clip_task(task: ClipTask) -> None:
         if len(_Opened.slots) > 64:  # slots of loaders gone: let go of the oldest
             _Opened.slots.pop(next(iter(_Opened.slots)))
         _Opened.slots[task.inode] = slot
-    decode_jobs(data, slot, task.layout, task.jobs)
+    return decode_jobs(data, slot, task.layout, task.jobs)
 
 
-def decode_jobs(data: np.ndarray, slot: np.ndarray, layout: I420, jobs: tuple[ClipJob, ...]) -> None:
-    """`jobs`' clips from `data` (the store's data file) into `slot` (a batch's bytes); VideoError naming
-    the video where one fails."""
+def decode_jobs(data: np.ndarray, slot: np.ndarray, layout: I420, jobs: tuple[ClipJob, ...]) -> int:
+    """`jobs`' clips from `data` (the store's data file) into `slot` (a batch's bytes), and the frames
+    decoded for them; VideoError naming the video where one fails."""
     one = layout.shape[0] * layout.shape[1]
+    decoded = 0
     for job in jobs:
         out = slot[job.at : job.at + len(job.frames) * one].reshape(len(job.frames), *layout.shape)
         request = ClipRequest(
-            data[job.begin : job.begin + job.size].data, job.pts, job.keyframe, job.stream, job.frames
+            data[job.begin : job.begin + job.size].data, job.pts, job.keyframe, job.stream, job.frames, job.whole
         )
         try:
-            decode_clip_planes(request, layout, out)
+            decoded += decode_clip_planes(request, layout, out)
         except VideoError as e:
             raise VideoError(f"video {job.video}: {e}") from None
+    return decoded
