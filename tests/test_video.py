@@ -508,3 +508,29 @@ def test_a_clip_decodes_from_the_keyframe_before_it(tmp_path: Path):
         # clips at 0..3, 28..31 (keyframe 24) and 56..59 (keyframe 56): 4 + 8 + 4 frames decoded
         assert video["frames_decoded"] == 16
         loader.close()
+
+
+def test_a_lists_columns_are_each_clips_fields(videos: Path, tmp_path: Path):
+    files = sorted(videos.rglob("*.mp4"))[:3]
+    with open(tmp_path / "list.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["path", "label", "caption", "score"])
+        for k, path in enumerate(files):
+            w.writerow([path, k % 2, f"video number {k}", k / 4])
+    pack(tmp_path / "list.csv", tmp_path / "s", mode="video", progress=False, workers=1)
+    assert set(Store(tmp_path / "s").fields) == {"caption", "score"}
+    loader = Loader(
+        tmp_path / "s",
+        batch_size=3,
+        device="cpu",
+        clip=Clip(frames=2),
+        num_workers=0,
+        fields=["video", "caption", "score", "source", "label"],
+    )
+    batch = next(iter(loader))
+    videos_ = batch["video"].tolist()
+    assert batch["caption"] == [f"video number {v}" for v in videos_]
+    assert batch["score"].tolist() == [v / 4 for v in videos_]
+    assert batch["source"] == [str(files[v]) for v in videos_] and batch["label"].tolist() == [v % 2 for v in videos_]
+    with pytest.raises(ValueError, match="fields"):
+        Loader(tmp_path / "s", device="cpu", clip=Clip(), fields=["caption", "boxes"])

@@ -403,9 +403,10 @@ class Loader:
             stride or fps, one random clip a video each epoch or `clips_per_video` evenly spread, the
             batch's layout; default `Clip()`). Every frame of a clip gets the same augment draw, each
             clip its own; batches are (N, T, C, H, W) (or `layout="NCTHW"`), labels the videos'.
-            `num_workers` is then the decode threads (default: this rank's cores); `fields` may ask
-            for "label", "video" (each clip's video, its store index) and "frames" ((N, T) indices of
-            its frames in the video).
+            `num_workers` is then the decode processes (default: this rank's cores; 0: threads);
+            `fields` may ask for "label", "video" (each clip's video, its store index), "frames" ((N, T)
+            indices of its frames in the video), "source" and the store's fields (a list's further
+            columns: each clip's video's value).
         tuning: jpeg: the JPEG path's measured settings (`gpufeed.decode.tuning.Tuning`), for
             benchmarks that compare others; the default is what measurements chose.
 
@@ -820,7 +821,7 @@ class Loader:
         self.counters.add("augment", time.perf_counter() - t0)
         self.counters.mark("first_batch")
         if self.video is not None and self.fields is not None:
-            return video_batch_dict(self.fields, *out, self.video.clips(self.epoch, batch.samples.numpy()))  # type: ignore[union-attr]
+            return video_batch_dict(self.store, self.fields, *out, self.video.clips(self.epoch, batch.samples.numpy()))  # type: ignore[union-attr]
         if self._fields is None:
             return out
         fields = self._fields

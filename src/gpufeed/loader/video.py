@@ -255,7 +255,8 @@ def video_feed(
     return threaded(production, make, range(start, len(plan)), len(plan), workers=PRODUCERS)
 
 
-VIDEO_FIELDS = ("label", "video", "frames")
+VIDEO_FIELDS = ("label", "video", "frames", "source")
+GEOMETRIC = ("boxes", "keypoints", "masks")  # kinds drawn on an image: not what a video's field holds
 
 # BT.601 limited range to RGB (FFmpeg's default for its RGB conversion): rows R, G, B over (Y - 16,
 # U - 128, V - 128); Y's factor is the same for all three
@@ -294,9 +295,10 @@ def check_video(
     clip = Clip() if clip is None else clip
     if not isinstance(clip, Clip):
         raise ValueError(f"{store.path}: clip must be a gpufeed.Clip, got {clip!r}")
-    unknown = [f for f in fields or () if f not in VIDEO_FIELDS]
+    known = (*VIDEO_FIELDS, *(name for name, spec in store.fields.items() if spec["kind"] not in GEOMETRIC))
+    unknown = [f for f in fields or () if f not in known]
     if unknown:
-        raise ValueError(f"{store.path}: a video store's batches have the fields {VIDEO_FIELDS}, not {unknown}")
+        raise ValueError(f"{store.path}: a video store's batches have the fields {known}, not {unknown}")
     if decoders is not None:
         raise ValueError(f"{store.path}: decoders= names JPEG decoders; a video store's clips decode on the CPU")
     if cache != "auto":
@@ -310,15 +312,25 @@ def check_video(
     return clip
 
 
-def video_batch_dict(fields: tuple[str, ...], clips: torch.Tensor, labels: torch.Tensor, which: ClipBatch) -> dict:
-    """A video batch as a dict: "image" (the clips) and each of `fields` ("video", "frames" on the
-    batch's device)."""
+def video_batch_dict(
+    store, fields: tuple[str, ...], clips: torch.Tensor, labels: torch.Tensor, which: ClipBatch
+) -> dict:
+    """A video batch as a dict: "image" (the clips) and each of `fields`: "label", "video" and "frames"
+    (tensors on the batch's device), "source" (a list), and each clip's video's value of a store field
+    (numbers and arrays as tensors on the device, text, bytes and JSON as lists)."""
     out: dict = {"image": clips}
+    device = clips.device
     for name in fields:
         if name == "label":
             out["label"] = labels
         elif name == "video":
-            out["video"] = torch.from_numpy(which.videos).to(clips.device, non_blocking=True)
+            out["video"] = torch.from_numpy(which.videos).to(device, non_blocking=True)
+        elif name == "frames":
+            out["frames"] = torch.from_numpy(which.frames).to(device, non_blocking=True)
+        elif name == "source":
+            out["source"] = [store.source(int(v)) for v in which.videos]
         else:
-            out["frames"] = torch.from_numpy(which.frames).to(clips.device, non_blocking=True)
+            column = store.column(name)
+            rows = column.rows(which.videos)
+            out[name] = torch.from_numpy(np.ascontiguousarray(rows)).to(device) if column.fixed else rows
     return out
