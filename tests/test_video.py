@@ -534,3 +534,40 @@ def test_a_lists_columns_are_each_clips_fields(videos: Path, tmp_path: Path):
     assert batch["source"] == [str(files[v]) for v in videos_] and batch["label"].tolist() == [v % 2 for v in videos_]
     with pytest.raises(ValueError, match="fields"):
         Loader(tmp_path / "s", device="cpu", clip=Clip(), fields=["caption", "boxes"])
+
+
+def test_a_script_exits_with_its_own_code_and_leaves_no_decode_process(store: Path, tmp_path: Path):
+    """An unguarded script that leaves its loop mid-epoch and exits without close(): its exit code, at
+    once, and its decode processes end with it."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import multiprocessing, sys\n"
+        "from gpufeed import Clip, Loader\n"
+        f"loader = Loader({str(store)!r}, batch_size=2, device='cpu', clip=Clip(frames=4), num_workers=2)\n"
+        "for k, (clips, labels) in enumerate(loader):\n"
+        "    if k == 1:\n"
+        f"        open({str(tmp_path / 'pids')!r}, 'w').write(' '.join(str(p.pid) for p in multiprocessing.active_children()))\n"
+        "        sys.exit(3)\n"
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 3, done.stderr[-2000:]
+    pids = [int(p) for p in (tmp_path / "pids").read_text().split()]
+    assert len(pids) == 2
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        alive = []
+        for pid in pids:
+            try:
+                os.kill(pid, 0)
+                alive.append(pid)
+            except ProcessLookupError:
+                pass
+        if not alive:
+            break
+        time.sleep(0.1)
+    assert not alive
