@@ -41,6 +41,7 @@ SMOKE = dict(
     model="none",
     root=None,
     compare="decord",  # (not installed here: the row says so, the others are still written)
+    gops="4",
 )
 
 
@@ -78,9 +79,9 @@ def _clip_list(store, clips: int, frames: int, stride: int) -> list[tuple[int, l
 def _other_clips(library: str, files: list[str], clips, processes: int) -> dict:
     """Clips/s of `library` decoding `clips` in `processes` processes (what a DataLoader with that many
     workers could decode at most: no augmentation, no copy to the GPU)."""
-    from gpufeed.processes import process_pool
-
     from video_others import decode_share  # (a module: the pool's spawned processes import it by name)
+
+    from gpufeed.processes import process_pool
 
     shares = [(library, files, clips[k::processes]) for k in range(processes)]
     try:
@@ -133,6 +134,12 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--device", default="cuda")
     p.add_argument("--root", default=None, help="work folder, kept, its videos and store reused")
     p.add_argument(
+        "--gops",
+        default="",
+        help="also re-encode the videos at these GOPs (comma-separated) and give each store's bytes, frames "
+        "decoded a clip and clips/s (uint8, no augment)",
+    )
+    p.add_argument(
         "--compare",
         default="torchcodec,decord",
         help="other decoders' rows (comma-separated; a row says why where one is not installed)",
@@ -164,6 +171,8 @@ def main(argv: list[str] | None = None) -> dict:
             report = pack(folder, store_path, mode="video", progress=False)
             rows["packed"] = {"videos": report.count, "seconds": time.perf_counter() - t0, "bytes": report.bytes}
         store = Store(store_path)
+        if a.gops:
+            _gop_rows(a, folder, store_path, rows, runs)
         ops = [RandomResizedCrop(a.size), RandomHorizontalFlip(), Normalize()]
         clip = Clip(frames=a.frames, stride=2)
         for r in range(a.rounds):
@@ -207,6 +216,37 @@ def main(argv: list[str] | None = None) -> dict:
         + common.table(["row", "clips/s", "frames/s"], lines)
     )
     return common.write(a, __file__, runs, markdown, a.device)
+
+
+def _gop_rows(a, folder, store_path, rows, runs) -> None:
+    """The GOP's trade-off: the store re-encoded at each of `--gops` (a keyframe every that many
+    frames, the other settings as packed), its bytes against the frames a clip decodes (from its
+    keyframe on) and the clips/s decoded alone, beside the store as packed."""
+    from gpufeed import Clip, Loader, pack
+
+    stores = [("as packed", store_path)]
+    for gop in (int(g) for g in a.gops.split(",")):
+        out = store_path.with_name(f"{store_path.stem}-gop{gop}.store")
+        if not out.exists():
+            pack(folder, out, mode="video", progress=False, gop=gop, short_side=min(a.height, a.width))
+        stores.append((f"re-encoded, GOP {gop}", out))
+    for name, path in stores:
+        loader = Loader(
+            path,
+            batch_size=a.batch,
+            device=a.device,
+            clip=Clip(frames=a.frames, stride=2),
+            num_workers=a.threads,
+            seed=0,
+        )
+        rate, _ = _clips_per_s(loader, a.batches, lambda: None)
+        video = loader.stats()["video"]
+        loader.close()
+        nbytes = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+        per_clip = video["frames_decoded"] / max(1, video["frames_delivered"]) * a.frames
+        rows[f"GOP: {name}"] = {"bytes": nbytes, "frames_decoded_per_clip": per_clip, "clips_per_s": rate}
+        label = f"GOP: {name} ({nbytes / 1e6:.1f} MB, {per_clip:.1f} frames decoded a clip), uint8"
+        runs.setdefault(label, []).append(rate)
 
 
 def _train(a, store, device, sync, runs, rows, r: int) -> None:
