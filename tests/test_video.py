@@ -571,3 +571,13 @@ def test_a_script_exits_with_its_own_code_and_leaves_no_decode_process(store: Pa
             break
         time.sleep(0.1)
     assert not alive
+
+
+def test_slots_sized_for_a_large_frame_are_said_when_the_loader_is_made(store: Path, monkeypatch, caplog):
+    from gpufeed.loader import video
+
+    monkeypatch.setattr(video, "SLOTS_WARN", 1000)
+    with caplog.at_level("WARNING"):
+        loader = Loader(store, batch_size=2, device="cpu", clip=Clip(frames=4), num_workers=0)
+    assert "page-locked memory" in caplog.text and "short_side" in caplog.text and "48x64" in caplog.text
+    loader.close()

@@ -508,6 +508,7 @@ class Loader:
         self.video: VideoClips | None = None
         if self.clip is not None:
             self.video = VideoClips(self.store, self.clip, seed, self.device, num_workers, batch_size)
+            self.video.check_memory(self.prefetch)
         elif self.store.mode == "jpeg":
             images = self.input.byte_source(self.tier)
             decoding = Decoding(

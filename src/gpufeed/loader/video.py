@@ -13,6 +13,7 @@ copy's event. The consumer's `Loader._augment` runs the augment chain on the fra
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -38,6 +39,9 @@ from gpufeed.store.format import JPEG_DATA
 from gpufeed.transfer.ring import hand_over
 
 PRODUCERS = 2  # batches decoded at once: the processes start the next one's clips while a batch ends
+SLOTS_WARN = 8 << 30  # page-locked bytes of decode slots above which a Loader says so when it is made
+
+log = logging.getLogger(__name__)
 
 
 class VideoDecodeError(RuntimeError):
@@ -125,13 +129,37 @@ class VideoClips:
         pts, keyframe = index.pts[part], index.keyframe[part]
         return ClipJob(video, a, b - a, pts, keyframe, index.stream, frames - k0, at, whole=k0 == 0)
 
+    def slot_count(self, prefetch: int) -> int:
+        """Slots a Loader of this `prefetch` holds: its batches ahead, those the producers decode, one more."""
+        return prefetch + PRODUCERS + 1
+
+    def check_memory(self, prefetch: int) -> None:
+        """Say once, when the Loader is made, where the slots would take more than `SLOTS_WARN` bytes of
+        page-locked memory: they are sized for the store's largest frame (one 1080p video among 256p
+        ones sizes every slot for 1080p), and the fix is re-encoding with a short side."""
+        nbytes = self.batch_size * self.clip.frames * self.layout.shape[0] * self.layout.shape[1]
+        total = nbytes * self.slot_count(prefetch)
+        if total > SLOTS_WARN:
+            log.warning(
+                "gpufeed: %s: the decode slots take %.1f GB of page-locked memory (%d of %.2f GB: batches of "
+                "%d clips of %d frames, sized for the largest frame, %dx%d); pack with short_side= (e.g. 320) "
+                "or use a smaller batch_size or prefetch",
+                self.store.path,
+                total / 1e9,
+                self.slot_count(prefetch),
+                nbytes / 1e9,
+                self.batch_size,
+                self.clip.frames,
+                *self.max_hw,
+            )
+
     def slot(self, prefetch: int) -> tuple[int, torch.Tensor]:
         """The next shared slot (its number, its bytes as a tensor), once the last copy out of it ended;
         the slots are made at the first pass (page-locking is slow)."""
         with self._taking:
             if not self._slots:
                 nbytes = self.batch_size * self.clip.frames * self.layout.shape[0] * self.layout.shape[1]
-                self._slots = [Segment(nbytes, self.device) for _ in range(prefetch + PRODUCERS + 1)]
+                self._slots = [Segment(nbytes, self.device) for _ in range(self.slot_count(prefetch))]
                 self._events = [None] * len(self._slots)
                 if self.workers:  # (once: the producer threads take their first slots here in turn)
                     self._processes = process_pool(self.workers)
