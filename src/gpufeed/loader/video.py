@@ -61,10 +61,10 @@ class VideoClips:
     positions), and the decode processes (or threads) and shared page-locked slots that decode them.
 
     `workers` > 0: that many decode processes (`processes.process_pool`: spawned where this process
-    has threads, ended with it), each taking a contiguous share of a batch's clips and writing their
-    frames' planes straight into the batch's slot (a memfd `Segment`, page-locked on a GPU); 0:
-    threads of this process (FFmpeg decodes outside the GIL, but the frame loop holds it: on the
-    2-core development box 4 threads gave 134 clips/s, 4 processes 159; 16 threads 94)."""
+    has threads, ended with it), a task a clip, each writing its frames' planes straight into the
+    batch's slot (a memfd `Segment`, page-locked on a GPU); 0: threads of this process (FFmpeg decodes
+    outside the GIL, but the frame loop holds it: on the 2-core development box 4 threads gave 134
+    clips/s, 4 processes 159; 16 threads 94)."""
 
     def __init__(self, store, clip: Clip, seed: int, device: torch.device, workers: int | None, batch_size: int):
         self.store, self.clip, self.seed, self.device = store, clip, seed, device
