@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import importlib.util
 import io
-import os
 import time
 from pathlib import Path
 
@@ -113,7 +112,7 @@ def _write_chunk(job: tuple) -> None:
 
 def make_folder(root: Path, n: int, classes: int = 10, seed: int = 0) -> Path:
     """An ImageFolder tree (class_000/000000.jpg, ...) of `n` photo-like JPEGs, `classes` classes."""
-    from gpufeed.processes import process_pool
+    from gpufeed.processes import run_each
 
     paths = [str(p) for p in sources()]
     per_class = max(1, n // classes)
@@ -122,12 +121,7 @@ def make_folder(root: Path, n: int, classes: int = 10, seed: int = 0) -> Path:
         folder = root / f"class_{c:03d}"
         folder.mkdir(parents=True, exist_ok=True)
         jobs += [(folder, c, s, min(s + CHUNK, per_class), paths, seed) for s in range(0, per_class, CHUNK)]
-    if n <= 256:  # a smoke run's handful: starting processes would take longer
-        for job in jobs:
-            _write_chunk(job)
-        return root
-    with process_pool(min(len(jobs), os.cpu_count() or 1)) as pool:
-        list(pool.map(_write_chunk, jobs))
+    run_each(_write_chunk, jobs, here=n <= 256)  # (a smoke run's handful: here)
     return root
 
 

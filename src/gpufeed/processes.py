@@ -15,6 +15,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
@@ -22,6 +23,17 @@ from typing import Any
 def process_pool(workers: int) -> ProcessPoolExecutor:
     """A pool of `workers` processes, forked or spawned as above, that die with this process."""
     return ProcessPoolExecutor(workers, mp_context=_context(), initializer=watch_parent, initargs=(os.getpid(),))
+
+
+def run_each(fn: Callable[[Any], Any], jobs: list, here: bool) -> None:
+    """`fn(job)` for each of `jobs`: in this process where `here` (a handful: starting processes would
+    take longer), else on a pool of a process a core (at most one a job)."""
+    if here:
+        for job in jobs:
+            fn(job)
+        return
+    with process_pool(min(len(jobs), os.cpu_count() or 1)) as pool:
+        list(pool.map(fn, jobs))
 
 
 def _threads() -> int:

@@ -7,13 +7,12 @@ Smooth multi-scale colour fields plus shapes and fine grain: they compress like 
 from __future__ import annotations
 
 import io
-import os
 from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw
 
-from gpufeed.processes import process_pool
+from gpufeed.processes import run_each
 
 
 def _field(rng: np.random.Generator, h: int, w: int, cells: int, amp: float) -> np.ndarray:
@@ -80,12 +79,7 @@ def make_image_folder(
     ]
     for c in range(classes):
         (root / f"class_{c:03d}").mkdir(parents=True, exist_ok=True)
-    if per_class * classes <= 256:  # a test's handful: starting processes would take longer
-        for job in jobs:
-            _write_chunk(job)
-        return root
-    with process_pool(min(len(jobs), os.cpu_count() or 1)) as pool:
-        list(pool.map(_write_chunk, jobs))
+    run_each(_write_chunk, jobs, here=per_class * classes <= 256)
     return root
 
 
@@ -199,12 +193,7 @@ def make_video_folder(
         jobs += [
             (folder / f"{i:06d}{suffix}", c, i, frames, height, width, codec, gop, seed, step) for i in range(per_class)
         ]
-    if len(jobs) <= 8:  # a test's handful: starting processes would take longer
-        for job in jobs:
-            _write_video(job)
-        return root
-    with process_pool(min(len(jobs), os.cpu_count() or 1)) as pool:
-        list(pool.map(_write_video, jobs))
+    run_each(_write_video, jobs, here=len(jobs) <= 8)
     return root
 
 
