@@ -37,3 +37,4 @@ class Batch:
     # a sharded store's shards the samples were read from, as opened then (number -> shard): the fields
     # are read from them (`ShardedStore.pinned`), not from a remote store's cache, which may have let go
     shards: Mapping[int, Any] | None = None
+    clips: Any = None  # a video batch's clips (`loader.video.ClipBatch`): their videos, frames, indexes

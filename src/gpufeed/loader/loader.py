@@ -822,7 +822,7 @@ class Loader:
         self.counters.add("augment", time.perf_counter() - t0)
         self.counters.mark("first_batch")
         if self.video is not None and self.fields is not None:
-            return video_batch_dict(self.store, self.fields, *out, self.video.clips(self.epoch, batch.samples.numpy()))  # type: ignore[union-attr]
+            return video_batch_dict(self.store, self.fields, *out, batch.clips)
         if self._fields is None:
             return out
         fields = self._fields

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from gpufeed.decode.codecs.video import I420, ClipJob, ClipTask, decode_jobs, run_clip_task
+from gpufeed.decode.codecs.video import I420, ClipJob, ClipTask, decode_jobs, keyframe_before, run_clip_task
 from gpufeed.decode.pool.segment import Segment
 from gpufeed.loader.batch import Batch
 from gpufeed.loader.clips import Clip, Timeline, clip_frames, positions
@@ -34,7 +34,7 @@ from gpufeed.loader.plan import EpochPlan
 from gpufeed.loader.producer import Made, Production, threaded
 from gpufeed.loader.stats import stage_range
 from gpufeed.processes import process_pool
-from gpufeed.sources.videos import VideoError
+from gpufeed.sources.videos import VideoError, VideoIndex
 from gpufeed.store.format import JPEG_DATA
 from gpufeed.transfer.ring import hand_over
 
@@ -54,6 +54,7 @@ class ClipBatch:
 
     videos: np.ndarray
     frames: np.ndarray
+    indexes: tuple[VideoIndex, ...]  # each clip's video's frame index, read once for the batch
 
 
 class VideoClips:
@@ -99,8 +100,7 @@ class VideoClips:
     def item_videos(self, items: np.ndarray) -> np.ndarray:
         return np.asarray(items, np.int64) // self.clip.per_video
 
-    def timeline(self, video: int) -> Timeline:
-        index = self.store.video(video)
+    def timeline(self, video: int, index: VideoIndex) -> Timeline:
         first, end = self.store.clip_range(video)
         return Timeline(index.seconds, first, end)
 
@@ -112,20 +112,20 @@ class VideoClips:
         where = drawn[1]
         videos = self.item_videos(items)
         spot = where[videos] if self.clip.clips_per_video is None else where[np.asarray(items, np.int64)]
-        frames = np.stack([clip_frames(self.clip, self.timeline(int(v)), float(p)) for v, p in zip(videos, spot)])
-        return ClipBatch(videos, frames.reshape(len(videos), self.clip.frames))
+        indexes = tuple(self.store.video(int(v)) for v in videos)
+        frames = np.stack(
+            [clip_frames(self.clip, self.timeline(int(v), x), float(p)) for v, x, p in zip(videos, indexes, spot)]
+        )
+        return ClipBatch(videos, frames.reshape(len(videos), self.clip.frames), indexes)
 
-    def _job(self, k: int, video: int, frames: np.ndarray) -> ClipJob:
+    def _job(self, k: int, video: int, index: VideoIndex, frames: np.ndarray) -> ClipJob:
         store = self.store
         a, b = int(store.offsets[video]), int(store.offsets[video + 1])
-        index = store.video(video)
         at = k * self.clip.frames * self.layout.shape[0] * self.layout.shape[1]
         # the index from the keyframe the decode starts at to the clip's last frame: what a task carries
         # (a long video's whole index would be pickled with each of its clips)
-        first, last = int(frames.min()), int(frames.max())
-        keys = np.flatnonzero(index.keyframe[: first + 1])
-        k0 = int(keys[-1]) if len(keys) else 0
-        part = slice(k0, last + 1)
+        k0 = keyframe_before(index.keyframe, int(frames.min()))
+        part = slice(k0, int(frames.max()) + 1)
         pts, keyframe = index.pts[part], index.keyframe[part]
         return ClipJob(video, a, b - a, pts, keyframe, index.stream, frames - k0, at, whole=k0 == 0)
 
@@ -193,7 +193,9 @@ class VideoClips:
 
     def decode(self, batch: ClipBatch, k: int) -> None:
         """Each clip's frames into its T slabs of slot `k` (`self.layout`), on the processes or threads."""
-        jobs = [self._job(j, int(v), f) for j, (v, f) in enumerate(zip(batch.videos, batch.frames))]
+        jobs = [
+            self._job(j, int(v), x, f) for j, (v, x, f) in enumerate(zip(batch.videos, batch.indexes, batch.frames))
+        ]
         try:
             if self._pool is not None:  # threads: this process's own maps of the store and the slot
                 slot = self._slots[k].tensor.numpy()
@@ -272,13 +274,14 @@ def video_feed(
         production.counters.add("decode", time.perf_counter() - t0, n * t)
         mine = labels.index_select(0, torch.as_tensor(batch.videos))
         if stream is None:
-            return Made(Batch(i420_to_rgb(host, clips.layout, clips.max_hw), mine, params, samples=items), None)
+            images = i420_to_rgb(host, clips.layout, clips.max_hw)
+            return Made(Batch(images, mine, params, samples=items, clips=batch), None)
         with torch.cuda.stream(stream):
             images = i420_to_rgb(host.to(device, non_blocking=True), clips.layout, clips.max_hw)
             mine = mine.to(device, non_blocking=True)
             event = stream.record_event()
         clips.release(k, event)
-        return Made(Batch(images, mine, params, samples=items), event)
+        return Made(Batch(images, mine, params, samples=items, clips=batch), event)
 
     return threaded(production, make, range(start, len(plan)), len(plan), workers=PRODUCERS)
 

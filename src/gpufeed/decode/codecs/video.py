@@ -14,9 +14,10 @@ one core of the development box).
 from __future__ import annotations
 
 import io
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -60,39 +61,57 @@ class ClipRequest:
     whole: bool = True
 
 
-def decode_clip(request: ClipRequest, out: np.ndarray | None = None) -> np.ndarray:
-    """The clip's frames as (T, H, W, 3) uint8 RGB (into `out` where given, at its top left). Raises
-    VideoError where the video decodes to fewer of the wanted frames than its index holds."""
+def keyframe_before(keyframe: np.ndarray, frame: int) -> int:
+    """The last keyframe at or before `frame` (0 where none is flagged)."""
+    keys = np.flatnonzero(keyframe[: frame + 1])
+    return int(keys[-1]) if len(keys) else 0
+
+
+def _decode(request: ClipRequest, take: Callable[[Any, list[int]], None]) -> int:
+    """Decode `request`'s video from the keyframe at or before its clip's first frame to its last,
+    `take(frame, positions)` for each frame the clip holds (its positions in the clip, several where
+    a short clip repeats it); how many frames were decoded. VideoError where the file is damaged or
+    decodes to fewer of the wanted frames than its index holds."""
     av = pyav()
     wanted = request.frames
-    first, last = int(wanted.min()), int(wanted.max())
-    keys = np.flatnonzero(request.keyframe[: first + 1])
-    start = int(keys[-1]) if len(keys) else 0
-    need = {int(request.pts[i]): i for i in np.unique(wanted)}
-    stop = int(request.pts[last])
-    got: dict[int, np.ndarray] = {}
+    start = keyframe_before(request.keyframe, int(wanted.min()))
+    slots: dict[int, list[int]] = {}
+    for t, i in enumerate(wanted):
+        slots.setdefault(int(request.pts[int(i)]), []).append(t)
+    stop = int(request.pts[int(wanted.max())])
+    decoded = 0
     try:
         with _opened(av, request) as (container, stream):
             if start > 0 or not request.whole:
                 container.seek(int(request.pts[start]), stream=stream, backward=True, any_frame=False)
             for frame in container.decode(stream):
+                decoded += 1
                 if frame.pts is None:
                     continue
-                i = need.get(frame.pts)
-                if i is not None:
-                    got[i] = frame.to_ndarray(format="rgb24")
+                positions = slots.pop(frame.pts, None)
+                if positions:
+                    take(frame, positions)
                 if frame.pts >= stop:
                     break
     except av.FFmpegError as e:
         raise VideoError(f"damaged: {e}") from None
-    missing = [int(i) for i in np.unique(wanted) if int(i) not in got]
-    if missing:
+    if slots:
+        missing = sorted(int(np.searchsorted(request.pts, p)) for p in slots)
         raise VideoError(f"frames {missing[:4]} of the index not decoded (the file changed or is damaged)")
-    h, w = got[first].shape[:2]
+    return decoded
+
+
+def decode_clip(request: ClipRequest, out: np.ndarray | None = None) -> np.ndarray:
+    """The clip's frames as (T, H, W, 3) uint8 RGB (into `out` where given, at its top left). Raises
+    VideoError where the video decodes to fewer of the wanted frames than its index holds."""
+    got: list[tuple[np.ndarray, list[int]]] = []
+    _decode(request, lambda frame, positions: got.append((frame.to_ndarray(format="rgb24"), positions)))
+    h, w = got[0][0].shape[:2]
     if out is None:
-        out = np.empty((len(wanted), h, w, 3), np.uint8)
-    for t, i in enumerate(wanted):
-        out[t, :h, :w] = got[int(i)]
+        out = np.empty((len(request.frames), h, w, 3), np.uint8)
+    for rgb, positions in got:
+        for t in positions:
+            out[t, :h, :w] = rgb
     return out
 
 
@@ -143,35 +162,13 @@ class I420:
 def decode_clip_planes(request: ClipRequest, layout: I420, out: np.ndarray) -> int:
     """The clip's frames as `layout` slabs into `out` ((T, *layout.shape) uint8), and how many frames
     were decoded for them (from the keyframe before the clip). Raises VideoError as `decode_clip` does."""
-    av = pyav()
-    wanted = request.frames
-    first, last = int(wanted.min()), int(wanted.max())
-    keys = np.flatnonzero(request.keyframe[: first + 1])
-    start = int(keys[-1]) if len(keys) else 0
-    slots: dict[int, list[int]] = {}
-    for t, i in enumerate(wanted):
-        slots.setdefault(int(request.pts[int(i)]), []).append(t)
-    stop = int(request.pts[last])
-    decoded = 0
-    try:
-        with _opened(av, request) as (container, stream):
-            if start > 0 or not request.whole:
-                container.seek(int(request.pts[start]), stream=stream, backward=True, any_frame=False)
-            for frame in container.decode(stream):
-                decoded += 1
-                ts = slots.pop(frame.pts, None) if frame.pts is not None else None
-                if ts:
-                    layout.put(frame, out[ts[0]])
-                    for t in ts[1:]:
-                        out[t] = out[ts[0]]
-                if frame.pts is not None and frame.pts >= stop:
-                    break
-    except av.FFmpegError as e:
-        raise VideoError(f"damaged: {e}") from None
-    if slots:
-        missing = sorted(int(np.searchsorted(request.pts, p)) for p in slots)
-        raise VideoError(f"frames {missing[:4]} of the index not decoded (the file changed or is damaged)")
-    return decoded
+
+    def take(frame, positions: list[int]) -> None:
+        layout.put(frame, out[positions[0]])
+        for t in positions[1:]:
+            out[t] = out[positions[0]]
+
+    return _decode(request, take)
 
 
 @dataclass(frozen=True)
