@@ -66,6 +66,7 @@ def test_the_index_is_pyavs_frames_and_timestamps(videos: Path, store: Path):
         frames, label = s[i]
         assert frames.shape == (len(pts), 3, 48, 64) and label == i // 3
         assert [_index_of(f, frames[0]) for f in frames] == list(range(len(pts)))
+    assert torch.equal(s.frame(-1), s.frame(len(s) - 1))  # (a negative index counts from the end)
 
 
 def _write(path: Path, data: bytes) -> Path:

@@ -254,16 +254,23 @@ class Store(Described):
 
     def frame(self, i: int, t: int | None = None) -> torch.Tensor:
         """Frame `t` of video `i` (default: the middle of its clip range) as a uint8 CHW tensor."""
+        i = self._index(i)
+        first, end = self.clip_range(i)
+        t = (first + end) // 2 if t is None else t
+        count = int(self.frame_offsets[i + 1] - self.frame_offsets[i])
+        if not 0 <= t < count:
+            raise IndexError(f"frame {t} out of range for video {i} of {count} frames")
+        return self._frames(i, np.array([t]))[0]
+
+    def _frames(self, i: int, frames: np.ndarray) -> torch.Tensor:
+        """Frames `frames` (within the video) of video `i` (0 <= i < len), decoded by PyAV, as a uint8
+        TCHW tensor."""
         from gpufeed.decode.codecs.video import ClipRequest, decode_clip
 
         index = self.video(i)
-        first, end = self.clip_range(i)
-        t = (first + end) // 2 if t is None else t
-        if not 0 <= t < len(index):
-            raise IndexError(f"frame {t} out of range for video {i} of {len(index)} frames")
         start, stop = int(self.offsets[i]), int(self.offsets[i + 1])
-        request = ClipRequest(self.data[start:stop].data, index.pts, index.keyframe, index.stream, np.array([t]))
-        return torch.from_numpy(decode_clip(request)[0]).permute(2, 0, 1)
+        request = ClipRequest(self.data[start:stop].data, index.pts, index.keyframe, index.stream, frames)
+        return torch.from_numpy(decode_clip(request)).permute(0, 3, 1, 2)
 
     def clip_range(self, i: int) -> tuple[int, int]:
         """The frames [first, end) of video `i` its clips are taken from (a list's start/end bounds)."""
@@ -342,15 +349,7 @@ class Store(Described):
         i = self._index(i)
         label = int(self._labels[i])
         if self.mode == "video":  # every frame of its clip range: (T, C, H, W)
-            from gpufeed.decode.codecs.video import ClipRequest, decode_clip
-
-            index = self.video(i)
-            first, end = self.clip_range(i)
-            start, stop = int(self.offsets[i]), int(self.offsets[i + 1])
-            request = ClipRequest(
-                self.data[start:stop].data, index.pts, index.keyframe, index.stream, np.arange(first, end)
-            )
-            return torch.from_numpy(decode_clip(request)).permute(0, 3, 1, 2), label
+            return self._frames(i, np.arange(*self.clip_range(i))), label
         if self.mode == "raw":
             return as_tensor(self.images[i]).permute(2, 0, 1), label
         # (numpy's stubs give an ndarray the buffer protocol from Python 3.12 on)
