@@ -36,7 +36,7 @@ from gpufeed.loader.stats import stage_range
 from gpufeed.processes import process_pool
 from gpufeed.sources.videos import VideoError, VideoIndex
 from gpufeed.store.format import JPEG_DATA
-from gpufeed.transfer.ring import hand_over
+from gpufeed.transfer.ring import Turns, hand_over
 
 PRODUCERS = 2  # batches decoded at once: the processes start the next one's clips while a batch ends
 SLOTS_WARN = 8 << 30  # page-locked bytes of decode slots above which a Loader says so when it is made
@@ -81,9 +81,8 @@ class VideoClips:
         self.layout = I420.fitting(*self.max_hw)  # what the decoders write: the frames' 4:2:0 planes
         self.batch_size = batch_size
         self._slots: list[Segment] = []
-        self._events: list[torch.cuda.Event | None] = []
-        self._next = 0
-        self._taking = threading.Lock()  # (the producer threads take slots in turn)
+        self._turns: Turns | None = None  # the slots' order and their copies' events
+        self._taking = threading.Lock()  # (the producer threads make the slots and count in turn)
         # the data file, held open: decode processes map it through /proc, so they read the file this
         # loader reads even where a store was packed over it since (as the loader's own map does)
         self._data_fd = os.open(store.path / JPEG_DATA, os.O_RDONLY | os.O_CLOEXEC)
@@ -157,18 +156,14 @@ class VideoClips:
         """The next shared slot (its number, its bytes as a tensor), once the last copy out of it ended;
         the slots are made at the first pass (page-locking is slow)."""
         with self._taking:
-            if not self._slots:
+            if self._turns is None:
                 nbytes = self.batch_size * self.clip.frames * self.layout.shape[0] * self.layout.shape[1]
                 self._slots = [Segment(nbytes, self.device) for _ in range(self.slot_count(prefetch))]
-                self._events = [None] * len(self._slots)
+                self._turns = Turns(len(self._slots))
                 if self.workers:  # (once: the producer threads take their first slots here in turn)
                     self._processes = process_pool(self.workers)
-            k = self._next
-            self._next = (k + 1) % len(self._slots)
-            event = self._events[k]
-        if event is not None:
-            event.synchronize()
-            self._events[k] = None
+            turns = self._turns
+        k = turns.acquire()
         return k, self._slots[k].tensor
 
     def stats(self) -> dict:
@@ -189,7 +184,7 @@ class VideoClips:
 
     def release(self, k: int, event: torch.cuda.Event | None) -> None:
         """Slot `k` may be written again once `event` (recorded after its copy) has fired."""
-        self._events[k] = event
+        self._turns.release(k, event)  # type: ignore[union-attr]  # (a slot was taken: the turns exist)
 
     def decode(self, batch: ClipBatch, k: int) -> None:
         """Each clip's frames into its T slabs of slot `k` (`self.layout`), on the processes or threads."""
@@ -231,9 +226,8 @@ class VideoClips:
             processes, self._processes = self._processes, None
         if processes is not None:
             processes.shutdown(wait=True, cancel_futures=True)
-        for event in self._events:
-            if event is not None:
-                event.synchronize()
+        if self._turns is not None:
+            self._turns.drain()
         for segment in self._slots:
             segment.close()
         self._close_data()

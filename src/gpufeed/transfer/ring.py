@@ -10,6 +10,7 @@ memory is not reused while the consumer's kernels may still read it.
 from __future__ import annotations
 
 import logging
+import threading
 
 import torch
 
@@ -26,6 +27,36 @@ def pinned_empty(shape: tuple[int, ...], dtype: torch.dtype, pin: bool) -> torch
     return torch.empty(shape, dtype=dtype)
 
 
+class Turns:
+    """Which of `slots` reusable buffers is filled next: they are taken in order, each once the event
+    recorded behind its last copy has fired. Producers on several threads may take turns."""
+
+    def __init__(self, slots: int):
+        self._events: list[torch.cuda.Event | None] = [None] * slots
+        self._next = 0
+        self._lock = threading.Lock()
+
+    def acquire(self) -> int:
+        """Index of the next slot, once the last copy out of it has finished."""
+        with self._lock:
+            k = self._next
+            self._next = (k + 1) % len(self._events)
+            event, self._events[k] = self._events[k], None
+        if event is not None:
+            event.synchronize()
+        return k
+
+    def release(self, k: int, event: torch.cuda.Event | None) -> None:
+        """Slot `k` may be refilled once `event` (recorded after its copy) has fired."""
+        self._events[k] = event
+
+    def drain(self) -> None:
+        """Return once every copy out of the slots has finished (before they are freed)."""
+        for event in list(self._events):
+            if event is not None:
+                event.synchronize()
+
+
 class PinnedRing:
     """`slots` reusable host buffers for batches of images and labels."""
 
@@ -33,22 +64,15 @@ class PinnedRing:
         self.images = [pinned_empty((batch_size, *image_shape), torch.uint8, pin) for _ in range(slots)]
         self.labels = [pinned_empty((batch_size,), torch.int64, pin) for _ in range(slots)]
         self.pinned = self.images[0].is_pinned()
-        self._events: list[torch.cuda.Event | None] = [None] * slots
-        self._next = 0
+        self._turns = Turns(slots)
 
     def acquire(self) -> int:
         """Index of the next slot, once the last copy out of it has finished."""
-        k = self._next
-        self._next = (k + 1) % len(self.images)
-        event = self._events[k]
-        if event is not None:
-            event.synchronize()
-            self._events[k] = None
-        return k
+        return self._turns.acquire()
 
     def release(self, k: int, event: torch.cuda.Event | None) -> None:
         """Slot `k` may be refilled once `event` (recorded after its copy) has fired."""
-        self._events[k] = event
+        self._turns.release(k, event)
 
 
 def hand_over(event: torch.cuda.Event | None, *tensors: torch.Tensor) -> None:
