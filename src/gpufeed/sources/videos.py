@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import io
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -63,12 +65,10 @@ class VideoIndex:
         return (self.pts - self.pts[0]).astype(np.float64) * float(self.time_base)
 
 
-def index_video(data: bytes | memoryview, max_frames: int = MAX_VIDEO_FRAMES) -> VideoIndex:
-    """Decode the first video stream of `data` (a container file's bytes) once, frame by frame, and
-    index it. Raises VideoError with the reason where it is not a container PyAV opens, has no video
-    stream or frames, or decodes to fewer frames than its packets (truncated or damaged): such a file
-    would fail, or silently repeat frames, in training."""
-    av = pyav()
+@contextmanager
+def _first_video(av, data: bytes | memoryview) -> Iterator[tuple]:
+    """(container, its first video stream) of `data`; VideoError where PyAV can't open it as a
+    container or it has no video stream."""
     try:
         container = av.open(io.BytesIO(data), mode="r", metadata_errors="ignore")
     except (av.FFmpegError, ValueError, UnicodeDecodeError) as e:
@@ -77,6 +77,16 @@ def index_video(data: bytes | memoryview, max_frames: int = MAX_VIDEO_FRAMES) ->
         stream = next((s for s in container.streams if s.type == "video"), None)
         if stream is None:
             raise VideoError("no video stream")
+        yield container, stream
+
+
+def index_video(data: bytes | memoryview, max_frames: int = MAX_VIDEO_FRAMES) -> VideoIndex:
+    """Decode the first video stream of `data` (a container file's bytes) once, frame by frame, and
+    index it. Raises VideoError with the reason where it is not a container PyAV opens, has no video
+    stream or frames, or decodes to fewer frames than its packets (truncated or damaged): such a file
+    would fail, or silently repeat frames, in training."""
+    av = pyav()
+    with _first_video(av, data) as (container, stream):
         if stream.codec_context is None or not stream.codec_context.name:
             raise VideoError("a video stream of a codec this FFmpeg can't decode")
         codec = stream.codec_context.name
@@ -143,15 +153,8 @@ def reencode_video(
     more than one GOP it drops), frames taken at `fps` (the nearest earlier frame for each tick; without
     it each frame keeps its time); audio dropped. Raises VideoError where `data` can't be decoded."""
     av = pyav()
-    try:
-        source = av.open(io.BytesIO(data), mode="r", metadata_errors="ignore")
-    except (av.FFmpegError, ValueError) as e:
-        raise VideoError(f"not a video container PyAV can open ({_reason(e)})") from None
     out = io.BytesIO()
-    with source:
-        stream = next((s for s in source.streams if s.type == "video"), None)
-        if stream is None:
-            raise VideoError("no video stream")
+    with _first_video(av, data) as (source, stream):
         rate = Fraction(fps).limit_denominator(1001) if fps else Fraction(stream.average_rate or 25)
         with av.open(out, mode="w", format="mp4") as sink:
             target = None
