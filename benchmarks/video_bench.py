@@ -5,10 +5,15 @@ libx264 at `--height` x `--width`, `--gop`, `--seconds` long, made here.
 Rows, interleaved over `--rounds` (each row's median and range):
 - decode alone: `Loader(store, clip=Clip(--frames, stride=2))` to `--size`² bf16 on the device
   (RandomResizedCrop, flip, Normalize) with `--threads` decode processes, as many threads
-  (`num_workers=0`) and one process; and PyAV decoding the same clips to RGB in one thread (what one
-  DataLoader worker does): clips/s and frames/s;
+  (`num_workers=0`) and one process; PyAV decoding the same clips to RGB in one thread (what one
+  DataLoader worker does); `--compare`: other decoders on the same clips (`video_others.DECODERS`,
+  to RGB, no augmentation, in `--threads` processes, `--gpu-processes` for those on the GPU) and
+  DALI's GPU video reader with its crop, flip and normalize to fp16: clips/s and frames/s;
 - training (`--model`, a torchvision video model, bf16, channels_last_3d, `--train-size`², NCTHW):
-  the synthetic ceiling (one batch given again) and the model fed by gpufeed, with % of the ceiling.
+  the synthetic ceiling (one batch given again) and the model fed by gpufeed with each of
+  `--train-workers` decode processes, once with the next epoch's first batches not carried (what
+  a small store's epochs cost without), and fed by `--train-others` (a torch DataLoader of PyAV
+  clips with `--threads` workers, DALI), each with % of the ceiling.
 
     python benchmarks/video_bench.py --videos 96 --rounds 2 --out video.json
 """
@@ -126,6 +131,12 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--batch", type=int, default=16, help="clips per batch")
     p.add_argument("--batches", type=int, default=30)
     p.add_argument("--threads", type=int, default=None, help="decode processes (default: every core)")
+    p.add_argument("--gpu-processes", type=int, default=8, help="processes of the --compare decoders on the GPU")
+    p.add_argument(
+        "--train-workers", default="", help="gpufeed's decode processes in the training rows (comma-separated; "
+        "default: --threads)"
+    )
+    p.add_argument("--train-others", default="", help="other loaders' training rows: pyav, dali (comma-separated)")
     p.add_argument("--model", default="r2plus1d_18", help="torchvision video model, or none")
     p.add_argument("--train-size", type=int, default=112)
     p.add_argument("--steps", type=int, default=30)
@@ -199,14 +210,20 @@ def main(argv: list[str] | None = None) -> dict:
             runs.setdefault("PyAV, one thread", []).append(rate)
             rows[f"PyAV, one thread, round {r}"] = {"clips_per_s": rate, "frames_per_s": rate * a.frames}
             files = [store.source(i) for i in range(len(store))]
-            processes = a.threads or len(os.sched_getaffinity(0))
+            cores = a.threads or len(os.sched_getaffinity(0))
             for library in a.compare.split(",") if a.compare else ():
-                got = _other_clips(library, files, _clip_list(store, a.batch * a.batches, a.frames, 2), processes)
-                rows[f"{library} CPU, {processes} processes, round {r}"] = got
+                if library == "dali":
+                    got = _dali_clips(a, store, files, sync)
+                    name = "DALI video reader (GPU), crop, flip, normalize to fp16"
+                else:
+                    processes = min(a.gpu_processes, cores) if "cuda" in library or "nv" in library else cores
+                    clips = _clip_list(store, a.batch * a.batches, a.frames, 2)
+                    got = _other_clips(library, files, clips, processes)
+                    where = "GPU" if "cuda" in library or "nv" in library else "CPU"
+                    name = f"{library} {where}, {processes} processes (decode to RGB only)"
+                rows[f"{name}, round {r}"] = got
                 if "clips_per_s" in got:
-                    runs.setdefault(f"{library} CPU, {processes} processes (decode only)", []).append(
-                        got["clips_per_s"]
-                    )
+                    runs.setdefault(name, []).append(got["clips_per_s"])
             if a.model != "none":
                 _train(a, store, device, sync, runs, rows, r)
     lines = [[name, common.cell(v, "{:,.1f}"), common.cell([x * a.frames for x in v])] for name, v in runs.items()]
@@ -249,12 +266,26 @@ def _gop_rows(a, folder, store_path, rows, runs) -> None:
         runs.setdefault(label, []).append(rate)
 
 
+def _dali_clips(a, store, files, sync) -> dict:
+    """Clips/s of DALI's GPU video reader to `--size`² fp16 (crop, flip, normalize), or why none."""
+    try:
+        from video_others import dali_video
+
+        labels = [int(x) for x in store.labels]
+        it = dali_video(files, labels, a.frames, 2, a.batch, a.size, threads=4)
+        rate, _ = _clips_per_s(it, a.batches, sync)
+    except Exception as e:  # noqa: BLE001  (not installed, or DALI refused: the row says why)
+        return {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+    return {"clips_per_s": rate}
+
+
 def _train(a, store, device, sync, runs, rows, r: int) -> None:
-    """The model's synthetic ceiling, then the model fed by gpufeed, in clips/s."""
+    """The model's synthetic ceiling, then the model fed by gpufeed and by `--train-others`, in clips/s."""
     import torchvision
 
     from gpufeed import Clip, Loader
     from gpufeed.augment import Normalize, RandomHorizontalFlip, RandomResizedCrop
+    from gpufeed.decode.tuning import Tuning
 
     model = getattr(torchvision.models.video, a.model)(num_classes=400).to(device, memory_format=torch.channels_last_3d)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
@@ -279,30 +310,71 @@ def _train(a, store, device, sync, runs, rows, r: int) -> None:
     ceiling = a.steps * a.batch / (time.perf_counter() - t0)
     runs.setdefault(f"{a.model}, synthetic ceiling", []).append(ceiling)
     rows[f"{a.model}, synthetic ceiling, round {r}"] = {"clips_per_s": ceiling}
+    def fed(batches, name: str) -> None:
+        """The loop fed by `batches` ((N, C, T, H, W) clips, labels on the device): a row."""
+        for done in range(a.warmup + a.steps):
+            if done == a.warmup:
+                sync()
+                t0 = time.perf_counter()
+            xb, yb = next(batches)
+            step(xb.contiguous(memory_format=torch.channels_last_3d), yb % 400)
+        sync()
+        rate = a.steps * a.batch / (time.perf_counter() - t0)
+        runs.setdefault(name, []).append(rate)
+        rows[f"{name}, round {r}"] = {"clips_per_s": rate, "of_ceiling": rate / ceiling}
+
     ops = [RandomResizedCrop(a.train_size), RandomHorizontalFlip(), Normalize()]
-    loader = Loader(
-        store,
-        batch_size=a.batch,
-        device=device,
-        augment=ops,
-        dtype=torch.bfloat16,
-        clip=Clip(frames=a.frames, stride=2, layout="NCTHW"),
-        num_workers=a.threads,
-        seed=r,
+    counts = [int(w) for w in a.train_workers.split(",")] if a.train_workers else [a.threads]
+    for k, workers in enumerate(counts):
+        for carry in (True, False) if k == 0 else (True,):
+            loader = Loader(
+                store,
+                batch_size=a.batch,
+                device=device,
+                augment=ops,
+                dtype=torch.bfloat16,
+                clip=Clip(frames=a.frames, stride=2, layout="NCTHW"),
+                num_workers=workers,
+                seed=r,
+                tuning=Tuning(carry=carry),
+            )
+            processes = loader.video.workers  # type: ignore[union-attr]
+            batches = _epochs(loader)
+            fed(batches, f"{a.model} fed by gpufeed, {processes} decode processes" + ("" if carry else ", not carried"))
+            batches.close()
+            loader.close()
+    for other in a.train_others.split(",") if a.train_others else ():
+        try:
+            batches = _other_loader(other, a, store, device)
+            fed(batches, f"{a.model} fed by {other}")
+            batches.close()
+        except Exception as e:  # noqa: BLE001  (not installed, or it failed: the row says why)
+            rows[f"{a.model} fed by {other}, round {r}"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+
+
+def _other_loader(name: str, a, store, device):
+    """(N, C, T, H, W) normalized clips and labels on the device from another loader, epoch after epoch."""
+    from video_others import PyAVClips, dali_video
+
+    if name == "dali":
+        files = [store.source(i) for i in range(len(store))]
+        labels = [int(x) for x in store.labels]
+        yield from dali_video(files, labels, a.frames, 2, a.batch, a.train_size, threads=4, layout="CFHW")
+        return
+    if name != "pyav":
+        raise ValueError(f"unknown loader {name!r}: choose from pyav, dali")
+    workers = a.threads or len(os.sched_getaffinity(0))
+    data = PyAVClips(str(store.path), a.frames, 2, a.train_size)
+    loader = torch.utils.data.DataLoader(
+        data, batch_size=a.batch, shuffle=True, drop_last=True, num_workers=workers, pin_memory=True,
+        persistent_workers=True, prefetch_factor=4, multiprocessing_context="spawn",
     )
-    batches = _epochs(loader)
-    for done in range(a.warmup + a.steps):
-        if done == a.warmup:
-            sync()
-            t0 = time.perf_counter()
-        xb, yb = next(batches)
-        step(xb.contiguous(memory_format=torch.channels_last_3d), yb % 400)
-    batches.close()
-    sync()
-    fed = a.steps * a.batch / (time.perf_counter() - t0)
-    loader.close()
-    runs.setdefault(f"{a.model} fed by gpufeed", []).append(fed)
-    rows[f"{a.model} fed by gpufeed, round {r}"] = {"clips_per_s": fed, "of_ceiling": fed / ceiling}
+    mean = torch.tensor([0.485, 0.456, 0.406], device=device).view(1, 3, 1, 1, 1) * 255
+    std = torch.tensor([0.229, 0.224, 0.225], device=device).view(1, 3, 1, 1, 1) * 255
+    while True:
+        for x, y in loader:
+            x = x.to(device, non_blocking=True).float().sub_(mean).div_(std)
+            yield x, y.to(device, non_blocking=True)
 
 
 if __name__ == "__main__":

@@ -88,7 +88,7 @@ def test_each_batch_is_read_once_while_the_ones_before_decode(tmp_path, monkeypa
     # one is read while the two before it decode
     assert [kind for kind, _ in events][:8] == ["read"] * 3 + ["decode", "read"] + ["decode", "read", "decode"]
     for times in (2, 1):  # every file read once per epoch: after the first, also the next epoch's, made ahead
-        loader.carried.thread.join()
+        loader.carried.join()
         reads = [batch for kind, batch in events if kind == "read"]
         assert sorted(k for batch in reads for k in batch) == sorted(list(range(16)) * times)
         events.clear()

@@ -136,7 +136,7 @@ def test_decoder_names_checked_and_gpu_decoders_ignored_on_cpu(jpeg_store):
                             prefetch=3)  # fewer than the epoch's 6 batches are carried: see `read` below
     assert loader.stats()["decoders"] == ["cpu"]
     assert sum(len(y) for _, y in loader) == 48
-    loader.carried.thread.join()  # the next epoch's first batches, made as this one ended
+    loader.carried.join()  # the next epoch's first batches, made as this one ended
     stats = loader.stats()  # where the time went, for doctor and training loops
     assert all(stats["seconds"][stage] > 0 for stage in ("read", "decode", "resize"))
     offsets = jpeg_store.offsets
@@ -195,7 +195,7 @@ def test_the_next_batch_is_started_before_this_one_is_finished(jpeg_store, monke
     # the last batch starts the next epoch's first, whose first batches are then made ahead
     assert [name for name, _ in events][:9] == ["start", "start", "finish"] + ["start", "finish"] * 3
     assert len(got) == len(want) == 4 and all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
-    loader.carried.thread.join()
+    loader.carried.join()
     events.clear()
     loader.set_epoch(0)  # not the epoch carried into: its batches are dropped
     for _ in loader:  # leave after the first batch: the producer has started one or more after it
@@ -203,7 +203,7 @@ def test_the_next_batch_is_started_before_this_one_is_finished(jpeg_store, monke
     loader.load_state_dict(loader.state_dict())  # a new iter() would begin the next epoch: resume instead
     got = [images for images, _ in loader]  # the rest of the epoch
     assert len(got) == 3 and all(torch.equal(a, b) for a, b in zip(got, want[1:], strict=True))
-    loader.carried.thread.join()
+    loader.carried.join()
     # every batch started was finished or dropped, but the one started last (held for the epoch after);
     # the one held when the events were cleared was dropped
     names = [name for name, _ in events]
@@ -231,8 +231,8 @@ def test_the_next_epochs_first_batches_are_made_as_an_epoch_ends(jpeg_store):
     loader, fresh = make(), make()
     assert loader.carried is None and len(list(loader)) == 4
     carried = loader.carried
-    carried.thread.join()
-    assert (carried.epoch, carried.start, carried.count, carried.items.qsize()) == (1, 0, 2, 2)
+    carried.join()
+    assert (carried.epoch, carried.start, carried.count, carried.items[0].qsize()) == (1, 0, 2, 2)
     fresh.set_epoch(1)
     assert all(torch.equal(a, b) for (a, _), (b, _) in zip(loader, fresh, strict=True))  # epoch 1, from the carried ones
     assert loader.carried is not carried and loader.carried.epoch == 2

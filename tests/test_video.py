@@ -19,6 +19,7 @@ av = pytest.importorskip("av")
 
 from gpufeed import Clip, Loader, Store, pack, synth  # noqa: E402
 from gpufeed.augment import RandomHorizontalFlip, RandomResizedCrop  # noqa: E402
+from gpufeed.decode.tuning import Tuning  # noqa: E402
 from gpufeed.sources.videos import index_video  # noqa: E402
 
 STEP = 6  # brightness added per frame index: frame t of a test video is its still image + STEP * t
@@ -244,6 +245,43 @@ def test_clips_are_seeded_per_epoch_and_resume(store: Path):
     rest = _clips(d)
     whole = [(v, f[0]) for v, f in zip(taken["video"].tolist(), taken["frames"].tolist())] + rest
     assert whole == first
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_the_next_epochs_first_clips_are_made_as_an_epoch_ends(store: Path, workers: int):
+    """An epoch consumed to its end leaves the producers making the next epoch's first batches, on
+    both producer threads; the next pass yields them first, the same clips, frames and augment
+    draws as a loader that carries nothing."""
+
+    def make(carry: bool) -> Loader:
+        ops = [RandomResizedCrop(16), RandomHorizontalFlip()]
+        return Loader(
+            store,
+            batch_size=2,
+            device="cpu",
+            clip=Clip(frames=4),
+            augment=ops,
+            seed=5,
+            fields=["video", "frames"],
+            num_workers=workers,
+            prefetch=1,
+            tuning=Tuning(carry=carry),
+        )
+
+    carrying, plain = make(True), make(False)
+    for epoch in range(3):
+        got, want = list(carrying), list(plain)
+        assert len(got) == len(want) == len(plain)
+        for x, y in zip(got, want):
+            assert torch.equal(x["video"], y["video"]) and torch.equal(x["frames"], y["frames"])
+            assert torch.equal(x["image"], y["image"])
+        carried = carrying.carried
+        assert carried is not None and carried.epoch == epoch + 1 and plain.carried is None
+        carried.join()
+        # prefetch 1 on each of the two producer threads: two batches, one made by each
+        assert carried.count == 2 and [q.qsize() for q in carried.items] == [1, 1]
+    carrying.close()
+    plain.close()
 
 
 def test_evaluation_clips_exactly_once_over_ranks(store: Path):
@@ -501,6 +539,7 @@ def test_a_clip_decodes_from_the_keyframe_before_it(tmp_path: Path):
             clip=Clip(frames=4, clips_per_video=3),
             fields=["frames"],
             num_workers=workers,
+            tuning=Tuning(carry=False),  # (the next epoch's first clips would be decoded and counted too)
         )
         starts = [b["frames"][0, 0].item() for b in loader]
         assert starts == [0, 28, 56]

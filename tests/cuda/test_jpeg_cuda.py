@@ -142,7 +142,7 @@ def test_cpu_workers_feed_the_gpu_from_each_tier(store, cache, caplog):
     for _ in range(2):  # the second epoch reuses the shared buffers
         for (g, gl), (c, cl) in zip(gpu, cpu, strict=True):
             assert torch.equal(gl.cpu(), cl) and (g.cpu() - c).abs().mean(dim=(1, 2, 3)).max() < 0.05
-    gpu.carried.thread.join()  # and the next epoch's first batches, made as the second ended
+    gpu.carried.join()  # and the next epoch's first batches, made as the second ended
     assert gpu.stats()["decoded_by"]["cpu"] == (2 * len(gpu) + gpu.carried.count) * 32
     gpu.close()
 

@@ -774,11 +774,12 @@ class Loader:
         plan = self._planner.get(epoch)
         self.input.begin(plan, epoch, start, self._planner)  # its checks; a bucket's shards fetched ahead
         carried = self._production.take_carried(epoch, start)
+        next_plan = functools.partial(self._planner.peek, epoch + 1) if self.tuning.carry else None
         if self.jpeg is not None:
-            next_plan = functools.partial(self._planner.peek, epoch + 1) if self.tuning.carry else None
             batches = jpeg_feed(self.jpeg.pipelines, self._production, plan, start, epoch, next_plan, carried)
         elif self.video is not None:
-            batches = video_feed(plan, start, epoch, self.video, self.store.labels, self._production, self.copy_stream)
+            labels, stream = self.store.labels, self.copy_stream
+            batches = video_feed(plan, start, epoch, self.video, labels, self._production, stream, next_plan, carried)
         elif self.tier.gathers_on_device:
             fused = self.augment is not None and self.tier.name in self.tuning.fused_gather
             # (a tier that gathers on the device: a CUDA device, which has a copy stream)

@@ -5,8 +5,8 @@ thread k % workers), each with a bounded queue of `prefetch` items; the consumer
 loop's thread) takes them in order. A queue carries typed items only: `Made` (a batch and the CUDA
 event behind it), `Failed` (an error raised while making one, raised in the consumer), `Left` (the
 producer was stopped: the loader closed under a consumer still waiting). An epoch consumed to its
-end leaves its thread making the next epoch's first batches (`Carried`), which the iteration that
-starts that epoch takes first.
+end leaves its threads making the next epoch's first batches (`Carried`, batch k on thread
+k % workers as before), which the iteration that starts that epoch takes first.
 
 `Producers` keeps every live producer thread of a loader, so `close()` and the interpreter's exit
 can stop them and wait for them: a daemon thread still inside torch while the interpreter
@@ -91,16 +91,24 @@ class Producers:
 
 @dataclass
 class Carried:
-    """The first batches of the epoch after, made while the end of an epoch was consumed (one
-    producer thread): the next iteration that starts at (`epoch`, `start`) yields them first instead
-    of waiting for a fresh producer's first batch. The thread ends once it made them."""
+    """The first `count` batches of the epoch after, made while the end of an epoch was consumed:
+    the next iteration that starts at (`epoch`, `start`) yields them first instead of waiting for
+    fresh producers' first batches. Batch k was made on producer thread k % len(threads) into its
+    queue in `items`; each thread ends once it made its share."""
 
     epoch: int
     start: int
     count: int
-    items: queue.Queue
-    thread: threading.Thread
+    items: list[queue.Queue]
+    threads: list[threading.Thread]
     stop: threading.Event
+    context: object = None  # `NextEpoch.context`
+
+    def join(self) -> None:
+        """Wait until every carried batch is made (or its thread stopped)."""
+        for t in self.threads:
+            if t is not threading.current_thread():
+                t.join()
 
 
 @dataclass
@@ -119,7 +127,7 @@ class Production:
         if carried is not None and (carried.epoch, carried.start) == (epoch, start):
             return carried
         if carried is not None:
-            _stopped(carried.stop, [carried.items], [carried.thread])
+            _stopped(carried.stop, carried.items, carried.threads)
         return None
 
     def drop_carried(self) -> None:
@@ -128,17 +136,19 @@ class Production:
 
 @dataclass
 class NextEpoch:
-    """The epoch after the one a feed makes, and how its batches are made."""
+    """The epoch after the one a feed makes, how its batches are made, and what the feed needs to go
+    on with them (`Carried.context`: the video feed's plan on the device)."""
 
     epoch: int
     make: Make
+    context: object = None
 
 
 @dataclass
 class _Task:
     """One producer thread's work: `numbers` made with `make` into `out`, after waiting for `before`
-    (the thread that made this epoch's carried batches: the pipelines serve one producer at a time);
-    then, with `after`, the next epoch's first batches with `make_next`."""
+    (the threads that made this epoch's carried batches: the jpeg pipelines serve one producer at a
+    time); then, with `after`, its share of the next epoch's first batches with `make_next`."""
 
     make: Make
     worker: int
@@ -146,7 +156,7 @@ class _Task:
     out: queue.Queue
     stop: threading.Event
     counters: Stats
-    before: threading.Thread | None = None
+    before: Carried | None = None
     make_next: Make | None = None
     after: Carried | None = None
 
@@ -163,9 +173,9 @@ def threaded(
     """Run `make(number, worker)` for each batch number on `workers` producer threads (batch k on
     thread k % workers), `prefetch` ahead, yielding in order; errors raised there are raised here;
     breaking out stops the threads. `carried`: batches made ahead for the first of `numbers` (taken
-    first, the producer waiting for their thread). `carry` (one worker): once this epoch's batches
-    are made, its thread makes the first `prefetch` of the next one (of `epoch_length` batches) and
-    ends; they go to `production.carried` if this epoch is consumed to its end."""
+    first, the producers waiting for their threads). `carry`: once this epoch's batches are made, the
+    threads make the first `prefetch` x `workers` of the next one (of `epoch_length` batches) and
+    end; they go to `production.carried` if this epoch is consumed to its end."""
     if carried is not None:
         numbers = numbers[carried.count :]
     prefetch = production.prefetch
@@ -173,9 +183,11 @@ def threaded(
     stop = threading.Event()
     after: Carried | None = None
     make_next: Make | None = None
-    if carry is not None and workers == 1:
-        count = min(prefetch, epoch_length)
-        after = Carried(carry.epoch, 0, count, queue.Queue(count), threading.current_thread(), stop)
+    if carry is not None:
+        count = min(prefetch * workers, epoch_length)
+        # room for each thread's whole share: its puts never block
+        shares: list[queue.Queue] = [queue.Queue(max(1, len(range(w, count, workers)))) for w in range(workers)]
+        after = Carried(carry.epoch, 0, count, shares, [], stop, carry.context)
         make_next = carry.make
     tasks = [
         _Task(
@@ -185,7 +197,7 @@ def threaded(
             queues[w],
             stop,
             production.counters,
-            before=carried.thread if carried is not None else None,
+            before=carried,
             make_next=make_next,
             after=after,
         )
@@ -193,7 +205,7 @@ def threaded(
     ]
     threads = [threading.Thread(target=_produce, args=(task,), daemon=True, name="gpufeed-producer") for task in tasks]
     if after is not None:
-        after.thread = threads[0]
+        after.threads = threads
     for t in threads:
         production.producers.add(stop, t)
         t.start()
@@ -201,7 +213,8 @@ def threaded(
     consumer = _Consumer(production.counters)
     try:
         if carried is not None:
-            yield from consumer.take(carried.items, carried.count)
+            for k in range(carried.count):
+                yield from consumer.take(carried.items[k % len(carried.items)], 1)
         for k in range(len(numbers)):
             yield from consumer.take(queues[k % workers], 1)
         complete = True
@@ -270,8 +283,9 @@ def _produce(task: _Task) -> None:
             _put(out, item, task.stop)
             task.counters.add("queue_full", time.perf_counter() - t0)
         if task.after is not None:
-            out = task.after.items
-            for number in range(task.after.count):
+            workers = len(task.after.items)
+            out = task.after.items[task.worker]
+            for number in range(task.worker, task.after.count, workers):
                 if task.stop.is_set():
                     return _leave(out)
                 # room for all of them: never blocks (make_next: set with `after`)

@@ -18,7 +18,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -31,7 +31,7 @@ from gpufeed.loader.batch import Batch
 from gpufeed.loader.clips import Clip, Timeline, clip_frames, positions
 from gpufeed.loader.cores import rank_cores
 from gpufeed.loader.plan import EpochPlan
-from gpufeed.loader.producer import Made, Production, threaded
+from gpufeed.loader.producer import Carried, Made, Make, NextEpoch, Production, threaded
 from gpufeed.loader.stats import stage_range
 from gpufeed.processes import process_pool
 from gpufeed.sources.videos import VideoError, VideoIndex
@@ -88,7 +88,7 @@ class VideoClips:
         self._data_fd = os.open(store.path / JPEG_DATA, os.O_RDONLY | os.O_CLOEXEC)
         self._close_data = weakref.finalize(self, os.close, self._data_fd)
         self._data_inode = os.fstat(self._data_fd).st_ino
-        self._positions: tuple[int, np.ndarray] | None = None
+        self._positions: dict[int, np.ndarray] = {}  # the clips' positions of the epochs being made
         self.decoded = self.delivered = 0  # frames decoded, and frames the clips hold (`stats`)
 
     @property
@@ -105,10 +105,12 @@ class VideoClips:
 
     def clips(self, epoch: int, items: np.ndarray) -> ClipBatch:
         """The clips of samples `items` (sampler indices) in `epoch`."""
-        drawn = self._positions
-        if drawn is None or drawn[0] != epoch:
-            drawn = self._positions = (epoch, positions(self.clip, self.seed, epoch, len(self.store)))
-        where = drawn[1]
+        where = self._positions.get(epoch)
+        if where is None:  # (two epochs at most: an epoch's end, and the next one's first batches)
+            where = positions(self.clip, self.seed, epoch, len(self.store))
+            with self._taking:
+                self._positions = {e: p for e, p in self._positions.items() if e in (epoch - 1, epoch + 1)}
+                self._positions[epoch] = where
         videos = self.item_videos(items)
         spot = where[videos] if self.clip.clips_per_video is None else where[np.asarray(items, np.int64)]
         indexes = tuple(self.store.video(int(v)) for v in videos)
@@ -233,6 +235,37 @@ class VideoClips:
         self._close_data()
 
 
+class PlanUpload:
+    """An epoch's plan on the device: uploaded once on the copy stream by the first thread that asks
+    (the consumer as the epoch starts, or a producer making the epoch's first batches while the one
+    before ends: `producer.Carried`), with the event the consumer's stream waits for before its
+    augment reads the parameters (`hand_over`, on the consumer's thread)."""
+
+    def __init__(self, plan: Callable[[], EpochPlan], device: torch.device, stream: torch.cuda.Stream | None):
+        self._plan, self._device, self._stream = plan, device, stream
+        self._lock = threading.Lock()
+        self._made: tuple[EpochPlan, EpochPlan, torch.cuda.Event | None] | None = None
+
+    def get(self) -> tuple[EpochPlan, EpochPlan]:
+        """The plan, and the plan on the device (the same one on a CPU)."""
+        with self._lock:
+            if self._made is None:
+                plan = self._plan()
+                if self._stream is None:
+                    self._made = (plan, plan, None)
+                else:
+                    with torch.cuda.stream(self._stream):
+                        on_device = plan.to(self._device)
+                        self._made = (plan, on_device, self._stream.record_event())
+            return self._made[0], self._made[1]
+
+    def hand_over(self) -> None:
+        """Make the consumer's stream wait for the upload and own the parameters."""
+        _, on_device = self.get()
+        event = self._made[2]  # type: ignore[index]  # (made by get)
+        hand_over(event, *(on_device.params.tensors() if on_device.params else ()))
+
+
 def video_feed(
     plan: EpochPlan,
     start: int,
@@ -241,20 +274,45 @@ def video_feed(
     labels: torch.Tensor,
     production: Production,
     stream: torch.cuda.Stream | None,
+    next_plan: Callable[[], EpochPlan] | None = None,
+    carried: Carried | None = None,
 ) -> Iterator[Batch]:
-    """The epoch's batches of clips from batch `start`, made `prefetch` ahead on the producer thread."""
+    """The epoch's batches of clips from batch `start`, made `prefetch` ahead on the producer threads.
+    `next_plan` (the plan of epoch `epoch` + 1, when called): the producers go on to the next epoch's
+    first batches as this one ends (`producer.Carried`; None: not carried); `carried`: such batches,
+    made for this epoch (a small store's epochs are a few batches: without them each epoch began
+    with the decode of a whole batch while the GPU waited)."""
     device = clips.device
-    on_device = plan
-    if stream is not None:
-        with torch.cuda.stream(stream):
-            on_device = plan.to(device)
-            uploaded = stream.record_event()
-        # once per epoch: the consumer waits for the upload and owns the epoch's parameters
-        hand_over(uploaded, *(on_device.params.tensors() if on_device.params else ()))
+    upload = carried.context if carried is not None and isinstance(carried.context, PlanUpload) else None
+    if upload is None:
+        upload = PlanUpload(lambda: plan, device, stream)
+    upload.hand_over()  # once per epoch: the consumer waits for the upload and owns the epoch's parameters
+    carry = None
+    if next_plan is not None:
+        following = PlanUpload(next_plan, device, stream)
+        carry = NextEpoch(epoch + 1, _maker(following, epoch + 1, clips, labels, production, stream), following)
+    make = _maker(upload, epoch, clips, labels, production, stream)
+    return threaded(
+        production, make, range(start, len(plan)), len(plan), workers=PRODUCERS, carry=carry, carried=carried
+    )
+
+
+def _maker(
+    upload: PlanUpload,
+    epoch: int,
+    clips: VideoClips,
+    labels: torch.Tensor,
+    production: Production,
+    stream: torch.cuda.Stream | None,
+) -> Make:
+    """What makes batch `number` of `epoch` (its plan: `upload`) on a producer thread: its clips
+    decoded into a slot, the slot copied to the device and turned to RGB on `stream`."""
+    device = clips.device
     t = clips.clip.frames
     rows = clips.layout.shape[0]
 
     def make(number: int, worker: int) -> Made:
+        plan, on_device = upload.get()
         items, _ = plan.batch(number)
         params = on_device.batch(number)[1]
         batch = clips.clips(epoch, items.numpy())
@@ -277,7 +335,7 @@ def video_feed(
         clips.release(k, event)
         return Made(Batch(images, mine, params, samples=items, clips=batch), event)
 
-    return threaded(production, make, range(start, len(plan)), len(plan), workers=PRODUCERS)
+    return make
 
 
 VIDEO_FIELDS = ("label", "video", "frames", "source")
