@@ -20,6 +20,7 @@ Rows, interleaved over `--rounds` (each row's median and range):
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 from concurrent.futures.process import BrokenProcessPool
@@ -137,6 +138,10 @@ def main(argv: list[str] | None = None) -> dict:
         "default: --threads)"
     )
     p.add_argument("--train-others", default="", help="other loaders' training rows: pyav, dali (comma-separated)")
+    p.add_argument(
+        "--nice", default="", help="also the first --train-workers row with its decode processes this much nicer "
+        "(comma-separated; Tuning.decode_nice)"
+    )
     p.add_argument("--model", default="r2plus1d_18", help="torchvision video model, or none")
     p.add_argument("--train-size", type=int, default=112)
     p.add_argument("--steps", type=int, default=30)
@@ -325,24 +330,31 @@ def _train(a, store, device, sync, runs, rows, r: int) -> None:
 
     ops = [RandomResizedCrop(a.train_size), RandomHorizontalFlip(), Normalize()]
     counts = [int(w) for w in a.train_workers.split(",")] if a.train_workers else [a.threads]
-    for k, workers in enumerate(counts):
-        for carry in (True, False) if k == 0 else (True,):
-            loader = Loader(
-                store,
-                batch_size=a.batch,
-                device=device,
-                augment=ops,
-                dtype=torch.bfloat16,
-                clip=Clip(frames=a.frames, stride=2, layout="NCTHW"),
-                num_workers=workers,
-                seed=r,
-                tuning=Tuning(carry=carry),
-            )
-            processes = loader.video.workers  # type: ignore[union-attr]
-            batches = _epochs(loader)
-            fed(batches, f"{a.model} fed by gpufeed, {processes} decode processes" + ("" if carry else ", not carried"))
-            batches.close()
-            loader.close()
+    default = Tuning()
+    settings = [(counts[0], default), (counts[0], Tuning(carry=False))]
+    settings += [(counts[0], Tuning(decode_nice=int(n))) for n in a.nice.split(",") if a.nice]
+    settings += [(w, default) for w in counts[1:]]
+    for workers, tuning in settings:
+        loader = Loader(
+            store,
+            batch_size=a.batch,
+            device=device,
+            augment=ops,
+            dtype=torch.bfloat16,
+            clip=Clip(frames=a.frames, stride=2, layout="NCTHW"),
+            num_workers=workers,
+            seed=r,
+            tuning=tuning,
+        )
+        name = f"{a.model} fed by gpufeed, {loader.video.workers} decode processes"  # type: ignore[union-attr]
+        if not tuning.carry:
+            name += ", not carried"
+        if tuning.decode_nice != default.decode_nice:
+            name += f", nice {tuning.decode_nice}"
+        batches = _epochs(loader)
+        fed(batches, name)
+        batches.close()
+        loader.close()
     for other in a.train_others.split(",") if a.train_others else ():
         try:
             batches = _other_loader(other, a, store, device)
@@ -350,6 +362,7 @@ def _train(a, store, device, sync, runs, rows, r: int) -> None:
             batches.close()
         except Exception as e:  # noqa: BLE001  (not installed, or it failed: the row says why)
             rows[f"{a.model} fed by {other}, round {r}"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+        gc.collect()  # (DALI's pipeline and its threads go with it, before the next round's rows)
 
 
 def _other_loader(name: str, a, store, device):
@@ -371,10 +384,14 @@ def _other_loader(name: str, a, store, device):
     )
     mean = torch.tensor([0.485, 0.456, 0.406], device=device).view(1, 3, 1, 1, 1) * 255
     std = torch.tensor([0.229, 0.224, 0.225], device=device).view(1, 3, 1, 1, 1) * 255
-    while True:
-        for x, y in loader:
-            x = x.to(device, non_blocking=True).float().sub_(mean).div_(std)
-            yield x, y.to(device, non_blocking=True)
+    try:
+        while True:
+            for x, y in loader:
+                x = x.to(device, non_blocking=True).float().sub_(mean).div_(std)
+                yield x, y.to(device, non_blocking=True)
+    finally:  # the persistent workers end with the row, not whenever the loader is collected
+        if loader._iterator is not None:
+            loader._iterator._shutdown_workers()
 
 
 if __name__ == "__main__":

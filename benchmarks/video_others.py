@@ -32,6 +32,7 @@ def decode_share(args) -> str | None:
             from torchcodec.decoders import VideoDecoder, set_cuda_backend
 
             cuda = library != "torchcodec"
+            torch.set_num_threads(1)  # as in a DataLoader worker: torch's threads on every core, in every process
             backend = set_cuda_backend("beta") if library.endswith("beta") else contextlib.nullcontext()
             with backend:
                 for i, wanted in clips:

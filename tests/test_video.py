@@ -284,6 +284,22 @@ def test_the_next_epochs_first_clips_are_made_as_an_epoch_ends(store: Path, work
     plain.close()
 
 
+def test_decode_processes_run_as_nice_as_asked(store: Path):
+    """`Tuning(decode_nice=n)`: the decode processes run n nicer than the loader's process (they yield
+    the CPU to the training loop's thread); by default as nice as it."""
+    import os
+
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    for nice in (0, 3):
+        loader = Loader(store, batch_size=2, device="cpu", clip=Clip(frames=4), num_workers=2,
+                        tuning=Tuning(decode_nice=nice))
+        next(iter(loader))
+        pids = list(loader.video._processes._processes)  # (the pool's processes, started by the first batch)
+        assert len(pids) == 2
+        assert [os.getpriority(os.PRIO_PROCESS, pid) for pid in pids] == [min(19, base + nice)] * 2
+        loader.close()
+
+
 def test_evaluation_clips_exactly_once_over_ranks(store: Path):
     s = Store(store)
     k = 3

@@ -20,9 +20,17 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 
-def process_pool(workers: int) -> ProcessPoolExecutor:
-    """A pool of `workers` processes, forked or spawned as above, that die with this process."""
-    return ProcessPoolExecutor(workers, mp_context=_context(), initializer=watch_parent, initargs=(os.getpid(),))
+def process_pool(workers: int, niceness: int = 0) -> ProcessPoolExecutor:
+    """A pool of `workers` processes, forked or spawned as above, that die with this process;
+    `niceness` > 0: they run at that much lower a CPU priority than this process (a loader's decode
+    processes yield to the training loop's thread, which launches the GPU's work)."""
+    return ProcessPoolExecutor(workers, mp_context=_context(), initializer=_worker, initargs=(os.getpid(), niceness))
+
+
+def _worker(parent: int, niceness: int) -> None:
+    watch_parent(parent)
+    if niceness > 0:
+        os.nice(niceness)  # (lowering one's own priority is always allowed)
 
 
 def run_each(fn: Callable[[Any], Any], jobs: list, here: bool) -> None:

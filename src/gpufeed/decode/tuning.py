@@ -30,6 +30,8 @@ class Tuning:
     gpu_early: bool = True
     # the next epoch's first batches are made as an epoch ends (`loader.producer.Carried`)
     carry: bool = True
+    # a video store's decode processes run this much nicer than the training loop's process (0: as nice)
+    decode_nice: int = 0
     # the batch kernels run once on a stand-in while the first batch decodes (Triton compiles a
     # kernel the first time a machine runs it)
     compile_ahead: bool = True

@@ -507,7 +507,8 @@ class Loader:
         self.jpeg: JpegPipelines | None = None
         self.video: VideoClips | None = None
         if self.clip is not None:
-            self.video = VideoClips(self.store, self.clip, seed, self.device, num_workers, batch_size)
+            niceness = self.tuning.decode_nice
+            self.video = VideoClips(self.store, self.clip, seed, self.device, num_workers, batch_size, niceness)
             self.video.check_memory(self.prefetch)
         elif self.store.mode == "jpeg":
             images = self.input.byte_source(self.tier)

@@ -67,8 +67,18 @@ class VideoClips:
     outside the GIL, but the frame loop holds it: on the 2-core development box 4 threads gave 134
     clips/s, 4 processes 159; 16 threads 94)."""
 
-    def __init__(self, store, clip: Clip, seed: int, device: torch.device, workers: int | None, batch_size: int):
+    def __init__(
+        self,
+        store,
+        clip: Clip,
+        seed: int,
+        device: torch.device,
+        workers: int | None,
+        batch_size: int,
+        niceness: int = 0,
+    ):
         self.store, self.clip, self.seed, self.device = store, clip, seed, device
+        self.niceness = niceness  # the decode processes' (`Tuning.decode_nice`)
         cores = rank_cores().usable  # (this rank's share of the machine, within a cgroup quota)
         self.workers = cores if workers is None else workers
         if not isinstance(self.workers, int) or isinstance(self.workers, bool) or self.workers < 0:
@@ -163,7 +173,7 @@ class VideoClips:
                 self._slots = [Segment(nbytes, self.device) for _ in range(self.slot_count(prefetch))]
                 self._turns = Turns(len(self._slots))
                 if self.workers:  # (once: the producer threads take their first slots here in turn)
-                    self._processes = process_pool(self.workers)
+                    self._processes = process_pool(self.workers, self.niceness)
             turns = self._turns
         k = turns.acquire()
         return k, self._slots[k].tensor
