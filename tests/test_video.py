@@ -286,13 +286,13 @@ def test_the_next_epochs_first_clips_are_made_as_an_epoch_ends(store: Path, work
 
 def test_decode_processes_run_as_nice_as_asked(store: Path):
     """`Tuning(decode_nice=n)`: the decode processes run n nicer than the loader's process (they yield
-    the CPU to the training loop's thread); by default as nice as it."""
+    the CPU to the training loop's thread); 10 by default."""
     import os
 
     base = os.getpriority(os.PRIO_PROCESS, 0)
-    for nice in (0, 3):
-        loader = Loader(store, batch_size=2, device="cpu", clip=Clip(frames=4), num_workers=2,
-                        tuning=Tuning(decode_nice=nice))
+    for nice in (0, 3, 10):
+        tuning = Tuning(decode_nice=nice) if nice != 10 else None
+        loader = Loader(store, batch_size=2, device="cpu", clip=Clip(frames=4), num_workers=2, tuning=tuning)
         next(iter(loader))
         pids = list(loader.video._processes._processes)  # (the pool's processes, started by the first batch)
         assert len(pids) == 2

@@ -30,8 +30,10 @@ class Tuning:
     gpu_early: bool = True
     # the next epoch's first batches are made as an epoch ends (`loader.producer.Carried`)
     carry: bool = True
-    # a video store's decode processes run this much nicer than the training loop's process (0: as nice)
-    decode_nice: int = 0
+    # a video store's decode processes run this much nicer than the training loop's process (0: as
+    # nice): r2plus1d_18 fed by 16 processes on an H100 host of 16 cores, 234 and 247 clips/s against
+    # 209 and 235 at 0 (two rounds; docs/benchmarks.md, "Video clips")
+    decode_nice: int = 10
     # the batch kernels run once on a stand-in while the first batch decodes (Triton compiles a
     # kernel the first time a machine runs it)
     compile_ahead: bool = True
