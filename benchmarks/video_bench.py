@@ -139,6 +139,14 @@ def main(argv: list[str] | None = None) -> dict:
     )
     p.add_argument("--train-others", default="", help="other loaders' training rows: pyav, dali (comma-separated)")
     p.add_argument(
+        "--decode-rows", default=None, help="num_workers of gpufeed's decode-alone rows (comma-separated; default: "
+        "--threads, 0 and 1)"
+    )
+    p.add_argument(
+        "--nvdec", action="store_true", help="also gpufeed's rows with the GPU's video engines beside the processes "
+        '(decoders=("nvdec", "cpu"): TorchCodec installed)'
+    )
+    p.add_argument(
         "--nice", default="", help="also the first --train-workers row with its decode processes this much nicer "
         "(comma-separated; Tuning.decode_nice)"
     )
@@ -191,8 +199,12 @@ def main(argv: list[str] | None = None) -> dict:
             _gop_rows(a, folder, store_path, rows, runs)
         ops = [RandomResizedCrop(a.size), RandomHorizontalFlip(), Normalize()]
         clip = Clip(frames=a.frames, stride=2)
+        counts = [int(w) for w in a.decode_rows.split(",")] if a.decode_rows else [a.threads, 0, 1]
+        decode_rows = [(w, None) for w in dict.fromkeys(counts)]
+        if a.nvdec:
+            decode_rows.insert(1, (counts[0], ("nvdec", "cpu")))
         for r in range(a.rounds):
-            for workers in dict.fromkeys([a.threads, 0, 1]):
+            for workers, decoders in decode_rows:
                 loader = Loader(
                     store,
                     batch_size=a.batch,
@@ -202,12 +214,15 @@ def main(argv: list[str] | None = None) -> dict:
                     clip=clip,
                     num_workers=workers,
                     seed=r,
+                    decoders=decoders,
                 )
                 rate, n = _clips_per_s(loader, a.batches, sync)
                 video = loader.video
                 assert video is not None
                 kind = "processes" if video.workers else "threads"
                 name = f"gpufeed, {video.workers or video.threads} decode {kind}"
+                if decoders is not None:
+                    name += f" + NVDEC ({_nvdec_said(loader, rows, r)})"
                 runs.setdefault(name, []).append(rate)
                 rows[f"{name}, round {r}"] = {"clips_per_s": rate, "frames_per_s": rate * a.frames, "clips": n}
                 loader.close()
@@ -269,6 +284,18 @@ def _gop_rows(a, folder, store_path, rows, runs) -> None:
         rows[f"GOP: {name}"] = {"bytes": nbytes, "frames_decoded_per_clip": per_clip, "clips_per_s": rate}
         label = f"GOP: {name} ({nbytes / 1e6:.1f} MB, {per_clip:.1f} frames decoded a clip), uint8"
         runs.setdefault(label, []).append(rate)
+
+
+def _nvdec_said(loader, rows, r: int) -> str:
+    """The engines' share of the clips in a row's name (and why they were off, in the rows)."""
+    side = loader.stats()["video"]["nvdec"]
+    if side is None:
+        rows[f"NVDEC, round {r}"] = {"error": "; ".join(loader.stats()["notes"])[:300]}
+        return "unavailable"
+    if side["off"]:
+        rows[f"NVDEC, round {r}"] = {"error": side["off"][:300]}
+    clips = side["clips"]
+    return f"{clips['gpu'] / max(1, clips['gpu'] + clips['cpu']):.0%} of the clips"
 
 
 def _dali_clips(a, store, files, sync) -> dict:
@@ -334,7 +361,10 @@ def _train(a, store, device, sync, runs, rows, r: int) -> None:
     settings = [(counts[0], default), (counts[0], Tuning(carry=False))]
     settings += [(counts[0], Tuning(decode_nice=int(n))) for n in a.nice.split(",") if a.nice]
     settings += [(w, default) for w in counts[1:]]
-    for workers, tuning in settings:
+    settings = [(w, t, None) for w, t in settings]
+    if a.nvdec:
+        settings.insert(1, (counts[0], default, ("nvdec", "cpu")))
+    for workers, tuning, decoders in settings:
         loader = Loader(
             store,
             batch_size=a.batch,
@@ -345,6 +375,7 @@ def _train(a, store, device, sync, runs, rows, r: int) -> None:
             num_workers=workers,
             seed=r,
             tuning=tuning,
+            decoders=decoders,
         )
         name = f"{a.model} fed by gpufeed, {loader.video.workers} decode processes"  # type: ignore[union-attr]
         if not tuning.carry:
@@ -352,7 +383,9 @@ def _train(a, store, device, sync, runs, rows, r: int) -> None:
         if tuning.decode_nice != default.decode_nice:
             name += f", nice {tuning.decode_nice}"
         batches = _epochs(loader)
-        fed(batches, name)
+        fed(batches, name + (" + NVDEC" if decoders else ""))
+        if decoders:
+            rows[f"{name} + NVDEC, round {r}, share"] = {"engines": _nvdec_said(loader, rows, r)}
         batches.close()
         loader.close()
     for other in a.train_others.split(",") if a.train_others else ():

@@ -300,6 +300,82 @@ def test_decode_processes_run_as_nice_as_asked(store: Path):
         loader.close()
 
 
+def _fake_engines(clip, device):
+    """Stands in for the GPU's engines (`decode.codecs.nvdec.decode_on_gpu`): the whole video decoded
+    with PyAV to RGB (FFmpeg's conversion), the clip's frames taken from it."""
+    with av.open(io.BytesIO(bytes(clip.data))) as c:
+        frames = [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]
+    return torch.from_numpy(np.stack([frames[int(i)] for i in clip.frames])), False
+
+
+def _engines_loader(store: Path, monkeypatch, decode, **kw) -> Loader:
+    """A CPU Loader whose "nvdec" side decodes with `decode` (the engines are a GPU's: on a CPU device
+    the Loader would leave them out)."""
+    import gpufeed.loader.loader as loader_module
+    import gpufeed.loader.video as video
+
+    monkeypatch.setattr(video, "decode_on_gpu", decode)
+    made = lambda decoders, device, threads: (video.NvdecSide(2, device, cpu_too=True), None)  # noqa: E731
+    monkeypatch.setattr(loader_module, "nvdec_side", made)
+    return Loader(store, batch_size=4, device="cpu", clip=Clip(frames=4, stride=2), fields=["video", "frames"],
+                  seed=2, num_workers=1, decoders=("nvdec", "cpu"), **kw)
+
+
+def test_the_engines_decode_part_of_each_batch_beside_the_processes(store: Path, monkeypatch):
+    """With decoders=("nvdec", "cpu") a batch's last clips come from the engines' side, written over
+    their places; the batches are those of the CPU alone (the same clips and frames, the pixels within
+    the two colour conversions' difference), and both sides' clips and rates are counted."""
+    plain = Loader(store, batch_size=4, device="cpu", clip=Clip(frames=4, stride=2), fields=["video", "frames"],
+                   seed=2, num_workers=1)
+    want = list(plain)
+    both = _engines_loader(store, monkeypatch, _fake_engines)
+    got = list(both)
+    assert len(got) == len(want)
+    for x, y in zip(got, want):
+        assert torch.equal(x["video"], y["video"]) and torch.equal(x["frames"], y["frames"])
+        assert (x["image"].float() - y["image"].float()).abs().mean() < 2.0
+    side = both.stats()["video"]["nvdec"]
+    assert side["threads"] == 2 and side["off"] is None
+    assert side["clips"]["gpu"] >= len(got) and side["clips"]["cpu"] >= len(got)  # one a batch at least each
+    assert side["clips_per_s"]["gpu"] > 0 and side["clips_per_s"]["cpu"] > 0
+    plain.close()
+    both.close()
+
+
+def test_a_failing_engine_is_said_once_and_its_clips_decode_on_the_cpu(store: Path, monkeypatch, caplog):
+    def broken(clip, device):
+        raise RuntimeError("no engine here")
+
+    want = [b["frames"] for b in Loader(store, batch_size=4, device="cpu", clip=Clip(frames=4, stride=2),
+                                          fields=["frames"], seed=2, num_workers=1)]
+    loader = _engines_loader(store, monkeypatch, broken)
+    with caplog.at_level("WARNING"):
+        got = list(loader)
+    assert [torch.equal(b["frames"], w) for b, w in zip(got, want)] == [True] * len(want)
+    said = [r for r in caplog.records if "NVDEC decoding stopped" in r.getMessage()]
+    assert len(said) == 1 and "no engine here" in said[0].getMessage()
+    assert loader.stats()["video"]["nvdec"]["off"] == "RuntimeError: no engine here"
+    loader.close()
+
+
+def test_video_decoders_are_checked():
+    import gpufeed.loader.video as video
+
+    with pytest.raises(ValueError, match="among 'nvdec' and 'cpu'"):
+        video.nvdec_side(("nvjpeg",), torch.device("cpu"), 2)
+    side, why = video.nvdec_side(("nvdec", "cpu"), torch.device("cpu"), 2)
+    assert side is None and "ignored on a CPU device" in why
+    assert video.nvdec_side(None, torch.device("cpu"), 2) == (None, None)
+
+
+def test_nvdec_alone_on_a_cpu_device_is_refused(store: Path):
+    with pytest.raises(ValueError, match="ignored on a CPU device"):
+        Loader(store, batch_size=2, device="cpu", clip=Clip(frames=4), decoders=("nvdec",))
+    loader = Loader(store, batch_size=2, device="cpu", clip=Clip(frames=4), decoders=("nvdec", "cpu"))
+    assert any("nvdec ignored" in n for n in loader.stats()["notes"])
+    loader.close()
+
+
 def test_evaluation_clips_exactly_once_over_ranks(store: Path):
     s = Store(store)
     k = 3

@@ -39,3 +39,58 @@ def test_gpu_augmented_clips_match_the_cpu(store):
     for (g, gy), (c, cy) in zip(gpu, cpu):
         assert g.shape == c.shape == (3, 5, 3, 32, 32) and torch.equal(gy, cy)
         assert (g - c).abs().mean() < 0.02  # the Triton resampler against roi_align: the same crop
+
+
+@pytest.fixture(scope="module")
+def larger(tmp_path_factory):
+    """Frames of a size every NVDEC takes (their smallest is 48x16 or more, by generation and codec)."""
+    root = tmp_path_factory.mktemp("video-nvdec")
+    synth.make_video_folder(root / "v", per_class=3, classes=2, frames=(24, 40), height=128, width=176, gop=8)
+    pack(root / "v", root / "s", mode="video", progress=False, workers=1)
+    return root / "s"
+
+
+def _torchcodec():
+    from gpufeed.decode.codecs.nvdec import NvdecUnavailable, open_torchcodec
+
+    try:
+        open_torchcodec()
+    except NvdecUnavailable as e:
+        pytest.skip(str(e))
+
+
+def test_nvdec_frames_are_the_cpu_decoders(larger):
+    """The GPU's engines (TorchCodec's beta backend) give the CPU decoder's frames within the codec's
+    tolerance (NVDEC converts to RGB itself: a few levels)."""
+    import numpy as np
+
+    from gpufeed import Store
+    from gpufeed.decode.codecs.nvdec import NvdecClip, decode_on_gpu
+    from gpufeed.decode.codecs.video import ClipRequest, decode_clip
+
+    _torchcodec()
+    store = Store(larger)
+    for i in range(len(store)):
+        index = store.video(i)
+        wanted = np.array([0, 3, 9, len(index) - 1, len(index) - 1])
+        a, b = int(store.offsets[i]), int(store.offsets[i + 1])
+        h, w = (int(x) for x in store.shapes[i][:2])
+        frames, fallback = decode_on_gpu(NvdecClip(store.data[a:b], wanted, h, w), torch.device("cuda"))
+        cpu = decode_clip(ClipRequest(store.data[a:b], index.pts, index.keyframe, index.stream, wanted))
+        diff = (frames.cpu().int() - torch.from_numpy(cpu).int()).abs()
+        assert frames.is_cuda and not fallback and diff.float().mean() < 3 and diff.max() < 40, (i, diff.max())
+
+
+def test_a_loader_decodes_on_nvdec_and_the_cpu_at_once(larger):
+    _torchcodec()
+    kw = dict(batch_size=4, clip=Clip(frames=4, stride=2), seed=3, fields=["video", "frames"])
+    both = Loader(larger, device="cuda", decoders=("nvdec", "cpu"), **kw)
+    cpu = Loader(larger, device="cuda", **kw)
+    for _ in range(2):
+        for x, y in zip(both, cpu, strict=True):
+            assert torch.equal(x["frames"], y["frames"]) and torch.equal(x["video"], y["video"])
+            assert (x["image"].float() - y["image"].float()).abs().mean() < 3
+    side = both.stats()["video"]["nvdec"]
+    assert side["off"] is None and side["clips"]["gpu"] > 0 and side["clips"]["cpu"] > 0
+    both.close()
+    cpu.close()

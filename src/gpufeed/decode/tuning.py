@@ -34,6 +34,9 @@ class Tuning:
     # nice): r2plus1d_18 fed by 16 processes on an H100 host of 16 cores, 234 and 247 clips/s against
     # 209 and 235 at 0 (two rounds; docs/benchmarks.md, "Video clips")
     decode_nice: int = 10
+    # threads decoding a video store's clips on the GPU's engines (`decoders=("nvdec", ...)`): TorchCodec's
+    # beta backend in one process gave 305-313 clips/s on 8 threads, 305-372 on 16 (decode.codecs.nvdec)
+    nvdec_threads: int = 8
     # the batch kernels run once on a stand-in while the first batch decodes (Triton compiles a
     # kernel the first time a machine runs it)
     compile_ahead: bool = True

@@ -42,7 +42,7 @@ from gpufeed.loader.producer import CLOSE_WAIT, Carried, Production
 from gpufeed.loader.sampler import Segment, ShardedBatchSampler, check_epoch, check_seed, resolve_rank
 from gpufeed.loader.settings import Decoding, Output, resolve_device
 from gpufeed.loader.stats import Stats, stage_range
-from gpufeed.loader.video import VideoClips, check_video, video_batch_dict, video_feed
+from gpufeed.loader.video import VideoClips, check_video, nvdec_side, video_batch_dict, video_feed
 from gpufeed.transfer.gather import Gatherer
 from gpufeed.transfer.ring import PinnedRing
 
@@ -339,7 +339,9 @@ class Loader:
             or but an eighth of them if more; on CPU all of them; 0 decodes on threads of this
             process). With a GPU they decode all they can, the GPU decoders what they can't.
         decoders: jpeg: names among "hw", "nvjpeg", "cuda", "cpu"; default one GPU decoder (the
-            engines if nvImageCodec is installed, else nvJPEG) plus "cpu".
+            engines if nvImageCodec is installed, else nvJPEG) plus "cpu". video: ("nvdec", "cpu")
+            also decodes part of each batch's clips on the GPU's video engines (TorchCodec's CUDA
+            decoding, an optional install), the part following both sides' rates; default ("cpu",).
         pad: with `drop_last=False`, shards are padded by wrapping so every rank has as many batches
             (DistributedSampler's way); `pad=False` gives every sample exactly once over all ranks
             (distributed evaluation), and ranks may differ by one batch.
@@ -507,8 +509,15 @@ class Loader:
         self.jpeg: JpegPipelines | None = None
         self.video: VideoClips | None = None
         if self.clip is not None:
+            nvdec, why = nvdec_side(decoders, self.device, self.tuning.nvdec_threads)
+            if why is not None:
+                self.counters.note(why)
+                if decoders is not None and "cpu" not in decoders:
+                    raise ValueError(f"{self.store.path}: decoders={tuple(decoders)}: {why}")
+                if self.device.type == "cuda":
+                    log.warning("gpufeed: %s", why)
             niceness = self.tuning.decode_nice
-            self.video = VideoClips(self.store, self.clip, seed, self.device, num_workers, batch_size, niceness)
+            self.video = VideoClips(self.store, self.clip, seed, self.device, num_workers, batch_size, niceness, nvdec)
             self.video.check_memory(self.prefetch)
         elif self.store.mode == "jpeg":
             images = self.input.byte_source(self.tier)

@@ -9,6 +9,12 @@ clips to the decode processes (`VideoClips`; `num_workers=0`: threads of this pr
 `ClipTask`s, waits for them, queues the copy and the conversion, and hands the batch over with the
 copy's event. The consumer's `Loader._augment` runs the augment chain on the frames and shapes them
 (N, T, C, H, W) or (N, C, T, H, W).
+
+With `decoders=("nvdec", "cpu")` on a GPU, part of each batch's clips goes to the GPU's video engines
+instead (`decode.codecs.nvdec`: TorchCodec's CUDA decoding on `Tuning.nvdec_threads` threads of this
+process, RGB on the device), at the same time as the processes decode the rest; the part follows the
+two sides' measured rates (`NvdecSide`). Their frames are written over their clips' places after the
+slot's conversion, on the copy stream.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from gpufeed.decode.codecs.nvdec import NvdecClip, NvdecUnavailable, decode_on_gpu, open_torchcodec
 from gpufeed.decode.codecs.video import I420, ClipJob, ClipTask, decode_jobs, keyframe_before, run_clip_task
 from gpufeed.decode.pool.segment import Segment
 from gpufeed.loader.batch import Batch
@@ -57,6 +64,97 @@ class ClipBatch:
     indexes: tuple[VideoIndex, ...]  # each clip's video's frame index, read once for the batch
 
 
+@dataclass(frozen=True)
+class GpuFrames:
+    """A clip the GPU's video engines decoded: its place in the batch and its (T, H, W, 3) frames."""
+
+    position: int
+    frames: torch.Tensor
+
+
+class NvdecSide:
+    """The GPU's video engines beside the decode processes: `threads` threads of this process, each
+    decoding a clip at a time (`decode.codecs.nvdec`), and the part of each batch they take: the two
+    sides' rates in clips/s (exponential averages of each batch's, both sides decoding at once) set
+    it, so that both finish together; one clip a batch at least while the processes decode too, so
+    their rate stays measured. The first failure (or TorchCodec falling back to its CPU decoder) is
+    said once and turns the engines off for the Loader; its clips decode on the processes."""
+
+    SMOOTHING = 0.25
+
+    def __init__(self, threads: int, device: torch.device, cpu_too: bool):
+        self.threads, self.device, self.cpu_too = threads, device, cpu_too
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="gpufeed-nvdec")
+        self._lock = threading.Lock()
+        self.rates = {"gpu": 300.0, "cpu": 300.0}  # clips/s until measured (an H100 host's order of each)
+        self.clips = {"gpu": 0, "cpu": 0}
+        self.off: str | None = None  # why the engines stopped, once they did
+
+    def part(self, n: int) -> int:
+        """Clips of a batch of `n` for the engines."""
+        if self.off is not None or n == 0:
+            return 0
+        if not self.cpu_too:
+            return n
+        with self._lock:
+            share = self.rates["gpu"] / (self.rates["gpu"] + self.rates["cpu"])
+        return min(n - 1, max(1, round(n * share))) if n > 1 else 0
+
+    def measured(self, side: str, clips: int, seconds: float) -> None:
+        if clips == 0 or seconds <= 0:
+            return
+        with self._lock:
+            old = self.rates[side]
+            self.rates[side] = old + self.SMOOTHING * (clips / seconds - old)
+            self.clips[side] += clips
+
+    def submit(self, clip: NvdecClip):
+        """A future of (frames, whether TorchCodec fell back to the CPU, when it finished)."""
+        return self._pool.submit(_timed, clip, self.device)
+
+    def stop(self, why: str) -> bool:
+        """Turn the engines off (True the first time: the caller says why)."""
+        with self._lock:
+            first, self.off = self.off is None, self.off or why
+        return first
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _timed(clip: NvdecClip, device: torch.device) -> tuple[torch.Tensor, bool, float]:
+    return (*decode_on_gpu(clip, device), time.perf_counter())
+
+
+def check_video_decoders(decoders: tuple[str, ...] | None) -> tuple[str, ...]:
+    """The names of a video Loader's `decoders` (None: the CPU's), or ValueError."""
+    names = tuple(decoders) if decoders is not None else ("cpu",)
+    wrong = [d for d in names if d not in ("nvdec", "cpu")] or ([] if names else ["(none)"])
+    if wrong:
+        raise ValueError(f"a video store's decoders are among 'nvdec' and 'cpu', got {wrong}")
+    return names
+
+
+def nvdec_side(
+    decoders: tuple[str, ...] | None, device: torch.device, threads: int
+) -> tuple[NvdecSide | None, str | None]:
+    """The engines' side a video Loader of `decoders` decodes with on `device`, or None, with a note
+    where "nvdec" was asked for and can't be used (a CPU device, TorchCodec missing). ValueError
+    where nothing would decode."""
+    names = check_video_decoders(decoders)
+    if "nvdec" not in names:
+        return None, None
+    if device.type != "cuda":
+        why = "nvdec ignored on a CPU device: clips decode on the CPU"
+    else:
+        try:
+            open_torchcodec()
+            return NvdecSide(threads, device, cpu_too="cpu" in names), None
+        except NvdecUnavailable as e:
+            why = f"nvdec unavailable: {e}; clips decode on the CPU"
+    return None, why
+
+
 class VideoClips:
     """A Loader's clips of a video store: which frames each sample holds (`Clip`, the epoch's
     positions), and the decode processes (or threads) and shared page-locked slots that decode them.
@@ -76,8 +174,10 @@ class VideoClips:
         workers: int | None,
         batch_size: int,
         niceness: int = 0,
+        nvdec: NvdecSide | None = None,
     ):
         self.store, self.clip, self.seed, self.device = store, clip, seed, device
+        self.nvdec = nvdec  # the GPU's video engines beside the processes, or None
         self.niceness = niceness  # the decode processes' (`Tuning.decode_nice`)
         cores = rank_cores().usable  # (this rank's share of the machine, within a cgroup quota)
         self.workers = cores if workers is None else workers
@@ -192,17 +292,68 @@ class VideoClips:
             "max_hw": self.max_hw,
             "frames_decoded": self.decoded,
             "frames_delivered": self.delivered,
+            "nvdec": None
+            if self.nvdec is None
+            else {
+                "threads": self.nvdec.threads,
+                "clips": dict(self.nvdec.clips),
+                "clips_per_s": dict(self.nvdec.rates),
+                "off": self.nvdec.off,
+            },
         }
 
     def release(self, k: int, event: torch.cuda.Event | None) -> None:
         """Slot `k` may be written again once `event` (recorded after its copy) has fired."""
         self._turns.release(k, event)  # type: ignore[union-attr]  # (a slot was taken: the turns exist)
 
-    def decode(self, batch: ClipBatch, k: int) -> None:
-        """Each clip's frames into its T slabs of slot `k` (`self.layout`), on the processes or threads."""
-        jobs = [
-            self._job(j, int(v), x, f) for j, (v, x, f) in enumerate(zip(batch.videos, batch.indexes, batch.frames))
-        ]
+    def decode(self, batch: ClipBatch, k: int) -> list[GpuFrames]:
+        """Each clip's frames into its T slabs of slot `k` (`self.layout`), on the processes or threads;
+        with the GPU's engines, the last of the batch's clips (`NvdecSide.part`) decoded there at the
+        same time instead: their frames, for the caller to put in their places."""
+        n = len(batch.videos)
+        gpu = self.nvdec.part(n) if self.nvdec is not None else 0
+        t0 = time.perf_counter()
+        futures = [self._gpu_clip(j, batch) for j in range(n - gpu, n)]
+        cpu = list(range(n - gpu))
+        self._decode_cpu(batch, k, cpu)
+        self._measured("cpu", len(cpu), time.perf_counter() - t0)
+        out: list[GpuFrames] = []
+        failed: list[int] = []
+        finished = t0
+        for j, future in zip(range(n - gpu, n), futures):
+            try:
+                frames, fallback, at = future.result()
+            except Exception as e:  # noqa: BLE001  (said once; the clip decodes on the processes instead)
+                self._stop_nvdec(f"{type(e).__name__}: {e}", failed, j)
+                continue
+            if fallback:
+                self._stop_nvdec("TorchCodec fell back to its CPU decoder (a codec NVDEC does not take)", [], j)
+            out.append(GpuFrames(j, frames))
+            finished = max(finished, at)
+        self._measured("gpu", len(out), finished - t0)
+        if failed:
+            self._decode_cpu(batch, k, failed)
+        return out
+
+    def _gpu_clip(self, j: int, batch: ClipBatch):
+        video = int(batch.videos[j])
+        a, b = int(self.store.offsets[video]), int(self.store.offsets[video + 1])
+        h, w = (int(x) for x in self.store.shapes[video][:2])
+        return self.nvdec.submit(NvdecClip(self.store.data[a:b], batch.frames[j], h, w))  # type: ignore[union-attr]
+
+    def _measured(self, side: str, clips: int, seconds: float) -> None:
+        if self.nvdec is not None:
+            self.nvdec.measured(side, clips, seconds)
+
+    def _stop_nvdec(self, why: str, failed: list[int], j: int) -> None:
+        failed.append(j)
+        if self.nvdec is not None and self.nvdec.stop(why):
+            log.warning("gpufeed: %s: NVDEC decoding stopped (%s); clips decode on the CPU", self.store.path, why)
+
+    def _decode_cpu(self, batch: ClipBatch, k: int, which: list[int]) -> None:
+        if not which:
+            return
+        jobs = [self._job(j, int(batch.videos[j]), batch.indexes[j], batch.frames[j]) for j in which]
         try:
             if self._pool is not None:  # threads: this process's own maps of the store and the slot
                 slot = self._slots[k].tensor.numpy()
@@ -234,6 +385,8 @@ class VideoClips:
         """Stop the threads or processes, then let go of the slots once the copies out of them ended."""
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
+        if self.nvdec is not None:
+            self.nvdec.close()
         with self._taking:
             processes, self._processes = self._processes, None
         if processes is not None:
@@ -332,20 +485,32 @@ def _maker(
         host = slot[: n * t * rows * clips.layout.shape[1]].view(n * t, *clips.layout.shape)
         with stage_range("gpufeed.decode", stream is not None):
             clips.store.check_unchanged()  # a file cut short under its map: an error, not SIGBUS
-            clips.decode(batch, k)
+            on_gpu = clips.decode(batch, k)
         production.counters.add("decode", time.perf_counter() - t0, n * t)
         mine = labels.index_select(0, torch.as_tensor(batch.videos))
         if stream is None:
-            images = i420_to_rgb(host, clips.layout, clips.max_hw)
+            images = _place(i420_to_rgb(host, clips.layout, clips.max_hw), on_gpu, t)
             return Made(Batch(images, mine, params, samples=items, clips=batch), None)
         with torch.cuda.stream(stream):
-            images = i420_to_rgb(host.to(device, non_blocking=True), clips.layout, clips.max_hw)
+            images = _place(i420_to_rgb(host.to(device, non_blocking=True), clips.layout, clips.max_hw), on_gpu, t)
             mine = mine.to(device, non_blocking=True)
             event = stream.record_event()
         clips.release(k, event)
         return Made(Batch(images, mine, params, samples=items, clips=batch), event)
 
     return make
+
+
+def _place(images: torch.Tensor, on_gpu: list[GpuFrames], t: int) -> torch.Tensor:
+    """The engines' clips written over their places in the batch's (N * T, H, W, 3) frames (at the
+    top left, as a smaller frame's planes are), on the current stream; their frames were finished on
+    the decoding thread's stream, and are kept for the allocator until this stream is done with them."""
+    for clip in on_gpu:
+        h, w = clip.frames.shape[1:3]
+        images[clip.position * t : (clip.position + 1) * t, :h, :w].copy_(clip.frames, non_blocking=True)
+        if images.device.type == "cuda":
+            clip.frames.record_stream(torch.cuda.current_stream(images.device))
+    return images
 
 
 VIDEO_FIELDS = ("label", "video", "frames", "source")
@@ -392,8 +557,10 @@ def check_video(
     unknown = [f for f in fields or () if f not in known]
     if unknown:
         raise ValueError(f"{store.path}: a video store's batches have the fields {known}, not {unknown}")
-    if decoders is not None:
-        raise ValueError(f"{store.path}: decoders= names JPEG decoders; a video store's clips decode on the CPU")
+    try:
+        check_video_decoders(decoders)
+    except ValueError as e:
+        raise ValueError(f"{store.path}: {e}") from None
     if cache != "auto":
         raise ValueError(f"{store.path}: cache= places a store's images; a video store stays memory-mapped")
     if group_by_aspect is not False:
