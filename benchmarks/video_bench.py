@@ -12,8 +12,9 @@ Rows, interleaved over `--rounds` (each row's median and range):
 - training (`--model`, a torchvision video model, bf16, channels_last_3d, `--train-size`², NCTHW):
   the synthetic ceiling (one batch given again) and the model fed by gpufeed with each of
   `--train-workers` decode processes, once with the next epoch's first batches not carried (what
-  a small store's epochs cost without), and fed by `--train-others` (a torch DataLoader of PyAV
-  clips with `--threads` workers, DALI), each with % of the ceiling.
+  a small store's epochs cost without), once with `Tuning.skip_nonref` the other way, with
+  `--nice` and `--nvdec`, and fed by `--train-others` (a torch DataLoader of PyAV clips with
+  `--threads` workers, DALI), each with % of the ceiling; `--memory-epochs`: host memory over epochs.
 
     python benchmarks/video_bench.py --videos 96 --rounds 2 --out video.json
 """
@@ -143,6 +144,10 @@ def main(argv: list[str] | None = None) -> dict:
         "--threads, 0 and 1)"
     )
     p.add_argument(
+        "--memory-epochs", type=int, default=0, help="also a Loader's memory (PSS: this process and its decode "
+        "processes) after each of this many epochs, decoding alone"
+    )
+    p.add_argument(
         "--nvdec", action="store_true", help="also gpufeed's rows with the GPU's video engines beside the processes "
         '(decoders=("nvdec", "cpu"): TorchCodec installed)'
     )
@@ -197,6 +202,8 @@ def main(argv: list[str] | None = None) -> dict:
         store = Store(store_path)
         if a.gops:
             _gop_rows(a, folder, store_path, rows, runs)
+        if a.memory_epochs:
+            _memory_rows(a, store, device, rows)
         ops = [RandomResizedCrop(a.size), RandomHorizontalFlip(), Normalize()]
         clip = Clip(frames=a.frames, stride=2)
         counts = [int(w) for w in a.decode_rows.split(",")] if a.decode_rows else [a.threads, 0, 1]
@@ -286,6 +293,41 @@ def _gop_rows(a, folder, store_path, rows, runs) -> None:
         runs.setdefault(label, []).append(rate)
 
 
+def _pss_mb(pid: int) -> float:
+    """A process's proportional set size in MB (its share of the pages it shares: the decode slots and
+    the store's map counted once over the processes that map them)."""
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _memory_rows(a, store, device, rows) -> None:
+    """Does host memory grow over epochs? A Loader decoding alone (augmented, as the decode rows)
+    for `--memory-epochs` epochs: the PSS of this process and of its decode processes after each."""
+    from gpufeed import Clip, Loader
+    from gpufeed.augment import Normalize, RandomHorizontalFlip, RandomResizedCrop
+
+    ops = [RandomResizedCrop(a.size), RandomHorizontalFlip(), Normalize()]
+    loader = Loader(store, batch_size=a.batch, device=device, augment=ops, dtype=torch.bfloat16,
+                    clip=Clip(frames=a.frames, stride=2), num_workers=a.threads, seed=0)
+    main, workers = [], []
+    for _ in range(a.memory_epochs):
+        for _ in loader:
+            pass
+        pool = loader.video._processes  # type: ignore[union-attr]  # (the decode processes, once started)
+        main.append(_pss_mb(os.getpid()))
+        workers.append(sum(_pss_mb(pid) for pid in (pool._processes if pool is not None else ())))
+    loader.close()
+    rows["memory"] = {
+        "epochs": a.memory_epochs,
+        "clips_per_epoch": len(loader) * a.batch,
+        "main_pss_mb": [round(x, 1) for x in main],
+        "workers_pss_mb": [round(x, 1) for x in workers],
+    }
+
+
 def _nvdec_said(loader, rows, r: int) -> str:
     """The engines' share of the clips in a row's name (and why they were off, in the rows)."""
     side = loader.stats()["video"]["nvdec"]
@@ -360,6 +402,7 @@ def _train(a, store, device, sync, runs, rows, r: int) -> None:
     default = Tuning()
     settings = [(counts[0], default), (counts[0], Tuning(carry=False))]
     settings += [(counts[0], Tuning(decode_nice=int(n))) for n in a.nice.split(",") if a.nice]
+    settings += [(counts[0], Tuning(skip_nonref=not default.skip_nonref))]
     settings += [(w, default) for w in counts[1:]]
     settings = [(w, t, None) for w, t in settings]
     if a.nvdec:
@@ -382,6 +425,8 @@ def _train(a, store, device, sync, runs, rows, r: int) -> None:
             name += ", not carried"
         if tuning.decode_nice != default.decode_nice:
             name += f", nice {tuning.decode_nice}"
+        if tuning.skip_nonref != default.skip_nonref:
+            name += ", skipping unreferenced frames" if tuning.skip_nonref else ", decoding unreferenced frames"
         batches = _epochs(loader)
         fed(batches, name + (" + NVDEC" if decoders else ""))
         if decoders:

@@ -30,7 +30,10 @@ def process_pool(workers: int, niceness: int = 0) -> ProcessPoolExecutor:
 def _worker(parent: int, niceness: int) -> None:
     watch_parent(parent)
     if niceness > 0:
-        os.nice(niceness)  # (lowering one's own priority is always allowed)
+        try:
+            os.nice(niceness)  # (lowering one's own priority is allowed, short of a sandbox's rules)
+        except OSError:
+            pass  # (the workers then run as nice as their parent: slower training at worst, never wrong)
 
 
 def run_each(fn: Callable[[Any], Any], jobs: list, here: bool) -> None:

@@ -34,6 +34,9 @@ class Tuning:
     # nice): r2plus1d_18 fed by 16 processes on an H100 host of 16 cores, 234 and 247 clips/s against
     # 209 and 235 at 0 (two rounds; docs/benchmarks.md, "Video clips")
     decode_nice: int = 10
+    # a video clip's decode skips the frames outside the clip that no frame refers to (FFmpeg's
+    # skip_frame NONREF: 10-16 % more clips/s on a development box core; not yet measured in training)
+    skip_nonref: bool = False
     # threads decoding a video store's clips on the GPU's engines (`decoders=("nvdec", ...)`): TorchCodec's
     # beta backend in one process gave 305-313 clips/s on 8 threads, 305-372 on 16 (decode.codecs.nvdec)
     nvdec_threads: int = 8

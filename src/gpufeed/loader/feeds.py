@@ -100,8 +100,12 @@ def gather_copy(how: HostGather, idx: torch.Tensor, params, counters: Stats) -> 
         return Made(Batch(images, tier.labels.index_select(0, idx), params, samples=idx), None)
     ring = how.ring
     k = ring.acquire()
-    images = how.gather(tier.images, idx, ring.images[k][:n])
-    labels = torch.index_select(tier.labels, 0, idx, out=ring.labels[k][:n])
+    try:
+        images = how.gather(tier.images, idx, ring.images[k][:n])
+        labels = torch.index_select(tier.labels, 0, idx, out=ring.labels[k][:n])
+    except BaseException:
+        ring.release(k, None)
+        raise
     counters.add("gather", time.perf_counter() - t0, images.numel())
     t1 = time.perf_counter()
     with torch.cuda.stream(how.stream):

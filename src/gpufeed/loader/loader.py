@@ -516,8 +516,10 @@ class Loader:
                     raise ValueError(f"{self.store.path}: decoders={tuple(decoders)}: {why}")
                 if self.device.type == "cuda":
                     log.warning("gpufeed: %s", why)
-            niceness = self.tuning.decode_nice
-            self.video = VideoClips(self.store, self.clip, seed, self.device, num_workers, batch_size, niceness, nvdec)
+            niceness, skip = self.tuning.decode_nice, self.tuning.skip_nonref
+            self.video = VideoClips(
+                self.store, self.clip, seed, self.device, num_workers, batch_size, niceness, nvdec, skip
+            )
             self.video.check_memory(self.prefetch)
         elif self.store.mode == "jpeg":
             images = self.input.byte_source(self.tier)

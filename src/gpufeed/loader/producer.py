@@ -219,6 +219,8 @@ def threaded(
             yield from consumer.take(queues[k % workers], 1)
         complete = True
     finally:
+        if carried is not None and not complete:  # (the new producers wait for these: stopped first)
+            _stopped(carried.stop, carried.items, carried.threads)
         if complete and after is not None:
             production.carried = after
         else:

@@ -25,7 +25,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import CancelledError, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -175,8 +175,10 @@ class VideoClips:
         batch_size: int,
         niceness: int = 0,
         nvdec: NvdecSide | None = None,
+        skip_nonref: bool = False,
     ):
         self.store, self.clip, self.seed, self.device = store, clip, seed, device
+        self.skip_nonref = skip_nonref  # (`Tuning.skip_nonref`)
         self.nvdec = nvdec  # the GPU's video engines beside the processes, or None
         self.niceness = niceness  # the decode processes' (`Tuning.decode_nice`)
         cores = rank_cores().usable  # (this rank's share of the machine, within a cgroup quota)
@@ -238,7 +240,9 @@ class VideoClips:
         k0 = keyframe_before(index.keyframe, int(frames.min()))
         part = slice(k0, int(frames.max()) + 1)
         pts, keyframe = index.pts[part], index.keyframe[part]
-        return ClipJob(video, a, b - a, pts, keyframe, index.stream, frames - k0, at, whole=k0 == 0)
+        return ClipJob(
+            video, a, b - a, pts, keyframe, index.stream, frames - k0, at, whole=k0 == 0, skip_nonref=self.skip_nonref
+        )
 
     def slot_count(self, prefetch: int) -> int:
         """Slots a Loader of this `prefetch` holds: its batches ahead, those the producers decode, one more."""
@@ -325,6 +329,8 @@ class VideoClips:
         for j, future in zip(range(n - gpu, n), futures):
             try:
                 frames, fallback, at = future.result()
+            except CancelledError:  # the loader is closing
+                raise
             except Exception as e:  # noqa: BLE001  (said once; the clip decodes on the processes instead)
                 self._stop_nvdec(f"{type(e).__name__}: {e}", failed, j)
                 continue
@@ -484,21 +490,25 @@ def _maker(
         n = len(items)
         t0 = time.perf_counter()
         k, slot = clips.slot(production.prefetch)
-        host = slot[: n * t * rows * clips.layout.shape[1]].view(n * t, *clips.layout.shape)
-        with stage_range("gpufeed.decode", stream is not None):
-            clips.store.check_unchanged()  # a file cut short under its map: an error, not SIGBUS
-            on_gpu = clips.decode(batch, k)
-        production.counters.add("decode", time.perf_counter() - t0, n * t)
-        mine = labels.index_select(0, torch.as_tensor(batch.videos))
-        if stream is None:
-            images = _place(i420_to_rgb(host, clips.layout, clips.max_hw), on_gpu, t)
-            return Made(Batch(images, mine, params, samples=items, clips=batch), None)
-        with torch.cuda.stream(stream):
-            images = _place(i420_to_rgb(host.to(device, non_blocking=True), clips.layout, clips.max_hw), on_gpu, t)
-            mine = mine.to(device, non_blocking=True)
-            event = stream.record_event()
-        clips.release(k, event)
-        return Made(Batch(images, mine, params, samples=items, clips=batch), event)
+        event = None  # (the slot goes back as it is where anything fails: nothing reads it then)
+        try:
+            host = slot[: n * t * rows * clips.layout.shape[1]].view(n * t, *clips.layout.shape)
+            with stage_range("gpufeed.decode", stream is not None):
+                clips.store.check_unchanged()  # a file cut short under its map: an error, not SIGBUS
+                on_gpu = clips.decode(batch, k)
+            production.counters.add("decode", time.perf_counter() - t0, n * t)
+            mine = labels.index_select(0, torch.as_tensor(batch.videos))
+            if stream is None:  # (converted here, into a tensor of its own: the slot is free again)
+                images = _place(i420_to_rgb(host, clips.layout, clips.max_hw), on_gpu, t)
+                return Made(Batch(images, mine, params, samples=items, clips=batch), None)
+            with torch.cuda.stream(stream):
+                rgb = i420_to_rgb(host.to(device, non_blocking=True), clips.layout, clips.max_hw)
+                images = _place(rgb, on_gpu, t)
+                mine = mine.to(device, non_blocking=True)
+                event = stream.record_event()
+            return Made(Batch(images, mine, params, samples=items, clips=batch), event)
+        finally:
+            clips.release(k, event)
 
     return make
 
@@ -510,8 +520,8 @@ def _place(images: torch.Tensor, on_gpu: list[GpuFrames], t: int) -> torch.Tenso
     for clip in on_gpu:
         h, w = clip.frames.shape[1:3]
         images[clip.position * t : (clip.position + 1) * t, :h, :w].copy_(clip.frames, non_blocking=True)
-        if images.device.type == "cuda":
-            clip.frames.record_stream(torch.cuda.current_stream(images.device))
+        if clip.frames.is_cuda:
+            clip.frames.record_stream(torch.cuda.current_stream(clip.frames.device))
     return images
 
 

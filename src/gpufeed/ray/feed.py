@@ -115,8 +115,12 @@ class RayLoader:
             ring = self._slots(images.shape[1:])
             k = ring.acquire()
             host = ring.images[k][:n]
-            host.numpy()[:] = images
-            ring.labels[k][:n].numpy()[:] = labels
+            try:
+                host.numpy()[:] = images
+                ring.labels[k][:n].numpy()[:] = labels
+            except BaseException:
+                ring.release(k, None)
+                raise
             t1 = time.perf_counter()
             self.counters.add("copy", t1 - t0, images.nbytes)
             with torch.cuda.stream(self.copy_stream):

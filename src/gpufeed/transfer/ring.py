@@ -28,27 +28,36 @@ def pinned_empty(shape: tuple[int, ...], dtype: torch.dtype, pin: bool) -> torch
 
 
 class Turns:
-    """Which of `slots` reusable buffers is filled next: they are taken in order, each once the event
-    recorded behind its last copy has fired. Producers on several threads may take turns."""
+    """Which of `slots` reusable buffers is filled next: they are taken in order, each once it was
+    released (a producer on another thread may still fill it) and the event recorded behind its last
+    copy has fired. Producers on several threads may take turns; each releases what it takes, an
+    error or not."""
 
     def __init__(self, slots: int):
         self._events: list[torch.cuda.Event | None] = [None] * slots
+        self._taken = [False] * slots
         self._next = 0
-        self._lock = threading.Lock()
+        self._turn = threading.Condition()
 
     def acquire(self) -> int:
-        """Index of the next slot, once the last copy out of it has finished."""
-        with self._lock:
+        """Index of the next slot, once it was released and the last copy out of it has finished."""
+        with self._turn:
             k = self._next
             self._next = (k + 1) % len(self._events)
+            while self._taken[k]:  # (a producer that fell behind still fills it)
+                self._turn.wait()
+            self._taken[k] = True
             event, self._events[k] = self._events[k], None
         if event is not None:
             event.synchronize()
         return k
 
     def release(self, k: int, event: torch.cuda.Event | None) -> None:
-        """Slot `k` may be refilled once `event` (recorded after its copy) has fired."""
-        self._events[k] = event
+        """Slot `k` may be refilled once `event` (recorded after its copy; None: nothing reads it) has fired."""
+        with self._turn:
+            self._events[k] = event
+            self._taken[k] = False
+            self._turn.notify_all()
 
     def drain(self) -> None:
         """Return once every copy out of the slots has finished (before they are freed)."""

@@ -19,6 +19,7 @@ where it runs: torchcodec's own requirements); imported only when a Loader asks 
 from __future__ import annotations
 
 import contextlib
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -54,19 +55,34 @@ def open_torchcodec():
     return VideoDecoder, set_cuda_backend
 
 
+_streams = threading.local()  # each decoding thread's own CUDA stream
+
+
+def _own_stream(device: torch.device) -> torch.cuda.Stream:
+    """This thread's stream on `device`: TorchCodec maps the engines' frames and converts them on the
+    current stream, and a thread's current stream is otherwise the default one, where a training loop
+    queues its steps (a clip would wait behind them, and its synchronize for all of them)."""
+    stream = getattr(_streams, "stream", None)
+    if stream is None or stream.device != device:
+        stream = _streams.stream = torch.cuda.Stream(device)
+    return stream
+
+
 def decode_on_gpu(clip: NvdecClip, device: torch.device) -> tuple[torch.Tensor, bool]:
-    """The clip's frames as (T, H, W, 3) uint8 RGB on `device` (decoded there when it is a CUDA device;
-    a CPU device decodes with TorchCodec's CPU path, for tests), finished on this thread's stream; and
-    whether TorchCodec fell back to its CPU decoder (a codec NVDEC does not take)."""
+    """The clip's frames as (T, H, W, 3) uint8 RGB on `device` (decoded there when it is a CUDA device,
+    on this thread's own stream, finished before this returns; a CPU device decodes with TorchCodec's
+    CPU path, for tests); and whether TorchCodec fell back to its CPU decoder (a codec NVDEC does not
+    take)."""
     VideoDecoder, set_cuda_backend = open_torchcodec()
     data = torch.from_numpy(np.frombuffer(clip.data, np.uint8).copy())  # (a writable copy: TorchCodec keeps it)
-    backend = set_cuda_backend("beta") if device.type == "cuda" else contextlib.nullcontext()
-    with backend:
+    cuda = device.type == "cuda"
+    stream = _own_stream(device) if cuda else None
+    with set_cuda_backend("beta") if cuda else contextlib.nullcontext(), torch.cuda.stream(stream):
         decoder = VideoDecoder(data, device=str(device), dimension_order="NHWC", seek_mode="exact")
-    frames = decoder.get_frames_at(indices=[int(i) for i in clip.frames]).data
+        frames = decoder.get_frames_at(indices=[int(i) for i in clip.frames]).data
     if tuple(frames.shape[1:3]) != (clip.height, clip.width):
         raise ValueError(f"frames of {tuple(frames.shape[1:3])}, the store says {(clip.height, clip.width)}")
-    if device.type == "cuda":
-        torch.cuda.current_stream(device).synchronize()
+    if stream is not None:
+        stream.synchronize()
     fallback = getattr(decoder, "cpu_fallback", False)
     return frames, bool(fallback)
