@@ -376,6 +376,16 @@ def test_nvdec_alone_on_a_cpu_device_is_refused(store: Path):
     loader.close()
 
 
+def test_doctor_times_a_video_store_in_clips_and_says_how_they_decode(store: Path, capsys):
+    from gpufeed.cli import main
+
+    assert main(["doctor", str(store), "--device", "cpu", "--limit", "128"]) == 0
+    out = capsys.readouterr().out
+    assert "gpufeed video store on cpu: " in out and " clips timed" in out and "clips/s)" in out
+    assert "gpufeed video decode: " in out and "decode processes (niceness 10)" in out
+    assert "frames decoded for each frame a clip holds" in out
+
+
 def test_evaluation_clips_exactly_once_over_ranks(store: Path):
     s = Store(store)
     k = 3

@@ -123,7 +123,7 @@ def _doctor(a: argparse.Namespace) -> int:
 
     r = diagnose(a.target, device=a.device, limit=a.limit, trace=a.trace)
     if a.target is not None:
-        print(f"{r['kind']} on {r['device']}: {r['images']} images timed\n")
+        print(f"{r['kind']} on {r['device']}: {r['images']} {r.get('unit', 'images')} timed\n")
         print(r["table"])
         print("\nfindings:" if r["findings"] else "\nfindings: none; the pipeline keeps up")
         for f in r["findings"]:

@@ -51,6 +51,32 @@ def _jpeg_decoders() -> str:
     return f"jpeg decoders available: {' + '.join(found + ['CPU'])}" + (f" ({'; '.join(missing)})" if missing else "")
 
 
+def _video_lines(video: dict, notes: list[str], device: str) -> list[str]:
+    """How a video store's clips were decoded: the processes (or threads), the frames decoded a clip,
+    the GPU's engines if the Loader used them, and whether TorchCodec could drive them here."""
+    from gpufeed.decode.codecs.nvdec import NvdecUnavailable, open_torchcodec
+    from gpufeed.decode.tuning import Tuning
+
+    who = (
+        f"{video['processes']} decode processes (niceness {Tuning().decode_nice})"
+        if video["processes"]
+        else f"{video['threads']} decode threads"
+    )
+    per_clip = video["frames_decoded"] / max(1, video["frames_delivered"])
+    lines = [
+        f"gpufeed video decode: {who}; {per_clip:.1f} frames decoded for each frame a clip holds (from "
+        "each clip's keyframe: re-encode with a shorter GOP to lower it)"
+    ]
+    if device == "cuda":
+        try:
+            open_torchcodec()
+            lines.append('NVDEC (decoders=("nvdec", "cpu")): available through TorchCodec; not the default')
+        except NvdecUnavailable as e:
+            lines.append(f'NVDEC (decoders=("nvdec", "cpu")): unavailable: {e}')
+    lines += [f"gpufeed said: {note}" for note in notes]
+    return lines
+
+
 def _gpufeed_here(t: stages.Timings, device: str) -> list[str]:
     lines = versions()
     lines.append(_rank_line(device))
@@ -76,6 +102,8 @@ def _gpufeed_here(t: stages.Timings, device: str) -> list[str]:
                 else ""
             )
         )
+    if t.facts.get("video"):
+        lines += _video_lines(t.facts["video"], t.facts.get("notes", []), device)
     if device == "cuda" and "tier" not in t.facts:
         free, _ = torch.cuda.mem_get_info()
         lines.append(f"gpufeed would keep a store of up to {free / 2e9:.0f} GB in GPU memory (the gpu tier)")
@@ -135,6 +163,7 @@ def diagnose(target: str | None, device: str | None = None, limit: int = 256, tr
         "kind": timings.kind,
         "device": device,
         "images": timings.images,
+        "unit": "clips" if timings.unit == "clips" else "images",
         "seconds_per_1000": timings.per_1000(),
         "facts": timings.facts,
         "findings": findings(timings, device == "cuda", torch.cuda.is_available()),

@@ -128,14 +128,15 @@ def table(t: Timings) -> str:
     staged, (share, _), top = _stages(per), shares(per), bottleneck(per)
     rows = sorted(staged, key=lambda k: (k in IDLE, -staged[k]))
     width = max([len(k) for k in per] + [len(MODEL) + 11])
-    lines = [f"{'stage':<{width}}  s / 1000 img  {'% of wall' if WALL in per else 'share':>9}", "-" * (width + 25)]
+    per_unit = "s / 1000 img" if t.unit == "img" else f"s/1000 {t.unit}"[:12]  # (12 wide, as the figures)
+    lines = [f"{'stage':<{width}}  {per_unit:>12}  {'% of wall' if WALL in per else 'share':>9}", "-" * (width + 25)]
     for name in rows:
         mark = "  <- bottleneck" if name == top else "  (waiting)" if name in IDLE else ""
         lines.append(f"{name:<{width}}  {staged[name]:12.3f}  {share[name]:9.0%}{mark}")
     if MODEL in per:
         lines.append(f"{MODEL + ', for scale':<{width}}  {per[MODEL]:12.3f}")
     if WALL in per:
-        lines.append(f"{WALL:<{width}}  {per[WALL]:12.3f}  ({1000 / max(per[WALL], 1e-9):,.0f} img/s)")
+        lines.append(f"{WALL:<{width}}  {per[WALL]:12.3f}  ({1000 / max(per[WALL], 1e-9):,.0f} {t.unit}/s)")
         lines.append(
             "% of wall: the loader's stages run on its threads beside your loop, so stages overlap and "
             "need not add up to 100 %"

@@ -48,6 +48,7 @@ class Timings:
     images: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
     facts: dict[str, Any] = field(default_factory=dict)
+    unit: str = "img"  # what `images` counts: "clips" for a video store
 
     def per_1000(self) -> dict[str, float]:
         return {k: v * 1000 / max(self.images, 1) for k, v in self.seconds.items()}
@@ -167,7 +168,7 @@ def store(path: Path, batches: int, device: str) -> Timings:
     )
     if loader.jpeg is not None:  # the GPU decoders open on a thread (`Tuning.open_ahead`): measured open
         loader.jpeg.opened(60)
-    t = Timings(f"gpufeed {loader.store.mode} store", 0)
+    t = Timings(f"gpufeed {loader.store.mode} store", 0, unit="clips" if loader.video is not None else "img")
     t0 = time.perf_counter()
     with record_function("doctor.gpufeed loader"):
         for k, (images, _) in enumerate(loader):
@@ -196,6 +197,8 @@ def store(path: Path, batches: int, device: str) -> Timings:
         decoded_by=stats.get("decoded_by"),
         mode=loader.store.mode,
     )
+    if "video" in stats:  # how its clips were decoded, and what the Loader said (NVDEC not usable here)
+        t.facts.update(video=stats["video"], notes=stats["notes"])
     # the CPU workers' pace: what a jpeg store can feed without the GPU decoders (every image they decoded
     # over their seconds: the images of batches collected alone would leave out the next batch's, decoded)
     workers = loader.jpeg.workers if loader.jpeg is not None else None
