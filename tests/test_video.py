@@ -386,6 +386,25 @@ def test_doctor_times_a_video_store_in_clips_and_says_how_they_decode(store: Pat
     assert "frames decoded for each frame a clip holds" in out
 
 
+def test_a_pyav_without_metadata_errors_still_opens_videos(videos: Path, monkeypatch):
+    """PyAV 19 (Python 3.12 and later) has no `metadata_errors` argument: opening a video with it
+    raised TypeError, and every video failed to pack and decode."""
+    import gpufeed.sources.videos as sources
+
+    real = av.open
+
+    def open_19(file, mode="r", **kw):
+        if "metadata_errors" in kw:
+            raise TypeError("open() got an unexpected keyword argument 'metadata_errors'")
+        return real(file, mode, **kw)
+
+    monkeypatch.setattr(av, "open", open_19)
+    monkeypatch.setattr(sources, "_METADATA_ERRORS", {"metadata_errors": "ignore"})
+    first = sorted(videos.rglob("*.mp4"))[0]
+    assert len(index_video(first.read_bytes())) > 0
+    assert sources._METADATA_ERRORS == {}  # (asked once: later opens go without it)
+
+
 def test_evaluation_clips_exactly_once_over_ranks(store: Path):
     s = Store(store)
     k = 3

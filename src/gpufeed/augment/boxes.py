@@ -78,7 +78,7 @@ def padded(
     """Each sample's (k, *rest) values in one (N, M, *rest) tensor, `fill` after each sample's count
     (boxes: float32 zeros), and the counts (N,) int64, on `device`."""
     counts = np.array([len(v) for v in values], dtype=np.int64)
-    out = np.full((len(values), int(counts.max(initial=0)), *rest), fill, dtype=dtype)
+    out = np.full((len(values), (int(np.max(counts)) if counts.size else 0), *rest), fill, dtype=dtype)
     rows = np.repeat(np.arange(len(values)), counts)
     slots = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
     if len(rows):

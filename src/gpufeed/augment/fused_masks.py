@@ -240,7 +240,7 @@ class Planes:
         blocks = -(-area // BLOCK)
         block_plane = np.repeat(np.arange(planes), blocks)
         block_start = (np.arange(len(block_plane)) - np.repeat(np.cumsum(blocks) - blocks, blocks)) * BLOCK
-        self.most_runs = int(per_plane.max(initial=1))
+        self.most_runs = int(np.max(per_plane)) if per_plane.size else 1
         small = [np.concatenate([[0], np.cumsum(counts)]), widths, first, boxes.ravel(), block_plane, block_start]
         self.sizes = [total, total, *(len(t) for t in small)]
         np.concatenate(small, out=host[2 * total : sum(self.sizes)], casting="unsafe")

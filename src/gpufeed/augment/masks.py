@@ -96,10 +96,8 @@ def transform_masks(
     n = len(runs)
     hw = np.array([[r.h, r.w] for r in runs], np.int64).reshape(n, 2)
     counts = np.array([len(r) for r in runs], np.int64)
-    height, width = (
-        params.final_hw if params is not None else (int(hw[:, 0].max(initial=1)), int(hw[:, 1].max(initial=1)))
-    )
-    slots = int(counts.max(initial=0)) if instances else 1
+    height, width = params.final_hw if params is not None else (_most(hw[:, 0], 1), _most(hw[:, 1], 1))
+    slots = _most(counts, 0) if instances else 1
     fill = 0 if instances else fill
     kernels = fused_kernels("fused_masks") if device.type == "cuda" else None
     out = torch.empty((n, slots, height, width), dtype=dtype, device=device)
@@ -107,7 +105,7 @@ def transform_masks(
     if kernels is not None:
         _in_kernel(kernels, runs, counts, params, hw, out, fill)
         return (out if instances else out[:, 0]), counts_t
-    size = int((hw[:, 0] * hw[:, 1]).max(initial=1)) + 1  # each plane padded, its last pixel the fill
+    size = _most(hw[:, 0] * hw[:, 1], 1) + 1  # each plane padded, its last pixel the fill
     # samples in groups: the output pixels' stored pixels (float64 on the way) and the expanded planes bounded
     for a, b in _groups(n, height * width, _EXPANDED // (max(1, slots) * size * dtype.itemsize)):
         part = params.take(slice(a, b)) if params is not None else None
@@ -121,6 +119,11 @@ def transform_masks(
         index = torch.where(where < 0, size - 1, where)[:, None, :].expand(-1, slots, -1)
         out[a:b] = torch.gather(planes, 2, index).view(b - a, slots, height, width)
     return (out if instances else out[:, 0]), counts_t
+
+
+def _most(values: np.ndarray, empty: int) -> int:
+    """The largest of `values` as an int, `empty` where there are none."""
+    return int(np.max(values)) if values.size else empty
 
 
 def _groups(n: int, pixels: int, samples: int | None = None) -> list[tuple[int, int]]:

@@ -319,7 +319,7 @@ class FolderStore:
         def some(ks: range) -> None:
             for k in ks:
                 # (numpy's stubs give an ndarray the buffer protocol from Python 3.12 on)
-                view = memoryview(buffer)[int(begins[k]) : int(ends[k])]  # type: ignore[arg-type]
+                view = memoryview(buffer)[int(begins[k]) : int(ends[k])]  # type: ignore[arg-type, unused-ignore]
                 try:
                     # never blocks: a FIFO put in a file's place fails (no seek), a device gives at
                     # most the bytes asked for; either is then undecodable, as a damaged file

@@ -84,7 +84,7 @@ class RawSink:
     def add(self, slot: int, label: int, pixels: np.ndarray | None, hw: tuple[int, int] | None, source: str) -> None:
         if pixels is not None:
             # (numpy's stubs give an ndarray the buffer protocol from Python 3.12 on)
-            os.pwrite(self._fd, memoryview(pixels).cast("B"), slot * self.item)  # type: ignore[arg-type]
+            os.pwrite(self._fd, memoryview(pixels).cast("B"), slot * self.item)  # type: ignore[arg-type, unused-ignore]
         self.kept.append(slot)
         self.labels.append(label)
         self.sources.add(fmt.encode_source(source))

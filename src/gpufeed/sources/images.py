@@ -209,7 +209,7 @@ def to_rgb(img: Image.Image) -> Image.Image:
         return img
     if img.mode in ("I;16", "I;16B", "I;16L", "I;16N", "I", "F"):
         arr = np.asarray(img, dtype=np.float64)
-        top = 65535.0 if img.mode != "F" and arr.max(initial=0) > 255 else 255.0
+        top = 65535.0 if img.mode != "F" and (np.max(arr) if arr.size else 0) > 255 else 255.0
         arr = np.clip(arr * (255.0 / top), 0, 255).round().astype(np.uint8)
         return Image.fromarray(arr).convert("RGB")
     has_alpha = img.mode in ("RGBA", "LA", "PA", "RGBa", "La") or "transparency" in img.info

@@ -65,12 +65,28 @@ class VideoIndex:
         return (self.pts - self.pts[0]).astype(np.float64) * float(self.time_base)
 
 
+_METADATA_ERRORS = {"metadata_errors": "ignore"}  # (emptied where this PyAV has no such argument)
+
+
+def open_video(av, data: bytes | memoryview):
+    """`data` opened as a container for reading, its metadata's text decoded without failing: PyAV
+    up to 18 raises on metadata that is not UTF-8 unless told to ignore it (`metadata_errors`);
+    PyAV 19 (Python 3.12 and later) took that argument away and never raises."""
+    try:
+        return av.open(io.BytesIO(data), mode="r", **_METADATA_ERRORS)
+    except TypeError as e:
+        if "metadata_errors" not in str(e) or not _METADATA_ERRORS:
+            raise
+        _METADATA_ERRORS.clear()
+        return av.open(io.BytesIO(data), mode="r")
+
+
 @contextmanager
 def _first_video(av, data: bytes | memoryview) -> Iterator[tuple]:
     """(container, its first video stream) of `data`; VideoError where PyAV can't open it as a
     container or it has no video stream."""
     try:
-        container = av.open(io.BytesIO(data), mode="r", metadata_errors="ignore")
+        container = open_video(av, data)
     except (av.FFmpegError, ValueError, UnicodeDecodeError) as e:
         raise VideoError(f"not a video container PyAV can open ({_reason(e)})") from None
     with container:

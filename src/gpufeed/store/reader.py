@@ -186,7 +186,7 @@ class Store(Described):
                 self.path / fmt.JPEG_OFFSETS, np.diff(self.offsets, prepend=0) < 0, "is smaller than the one before"
             )
             not_positive = (self.shapes <= 0).any(axis=1)  # (an array: numpy's stubs allow a scalar)
-            _check_entries(self.path / fmt.JPEG_SHAPES, not_positive, "is not a positive size")  # type: ignore[arg-type]
+            _check_entries(self.path / fmt.JPEG_SHAPES, not_positive, "is not a positive size")  # type: ignore[arg-type, unused-ignore]
             if m.mode == "video":
                 self._open_video_index()
         self._sources = self._source_offsets = None
@@ -353,7 +353,7 @@ class Store(Described):
         if self.mode == "raw":
             return as_tensor(self.images[i]).permute(2, 0, 1), label
         # (numpy's stubs give an ndarray the buffer protocol from Python 3.12 on)
-        with Image.open(io.BytesIO(self.encoded(i).numpy())) as img:  # type: ignore[arg-type]
+        with Image.open(io.BytesIO(self.encoded(i).numpy())) as img:  # type: ignore[arg-type, unused-ignore]
             rgb = np.asarray(img if img.mode == "RGB" else img.convert("RGB"))
         return torch.from_numpy(rgb.transpose(2, 0, 1).copy()), label
 

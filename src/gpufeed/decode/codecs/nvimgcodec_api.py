@@ -253,7 +253,7 @@ class BatchDecoder:
         """Field `path` of the first `n` image infos (of plane `plane` for `plane_info.*`), as a numpy
         view (written in place)."""
         at = field_offset(ImageInfo, path) + plane * C.sizeof(PlaneInfo)
-        infos = np.frombuffer(self._infos, np.uint8)  # type: ignore[call-overload]  # (ctypes: a buffer)
+        infos = np.frombuffer(self._infos, np.uint8)  # type: ignore[call-overload, unused-ignore]  # (ctypes: a buffer)
         return np.ndarray((n,), dtype, infos, at, (C.sizeof(ImageInfo),))
 
     def read(self, data: np.ndarray, begins: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -261,7 +261,7 @@ class BatchDecoder:
         `data` must stay where it is until `decode` returns."""
         n, fast = len(begins), self.lib.fast
         self._room(n)
-        infos = np.frombuffer(self._infos, np.uint8).reshape(-1, C.sizeof(ImageInfo))  # type: ignore[call-overload]
+        infos = np.frombuffer(self._infos, np.uint8).reshape(-1, C.sizeof(ImageInfo))  # type: ignore[call-overload, unused-ignore]
         infos[:n] = np.frombuffer(self._template, np.uint8)
         base, size, slots = data.ctypes.data, C.sizeof(ImageInfo), C.addressof(self._streams)
         create, info, streams, instance = (
@@ -363,7 +363,7 @@ class BatchDecoder:
         finally:
             fast.nvimgcodecFutureDestroy(future)
         # (a ctypes array has the buffer protocol; numpy's stubs take one from Python 3.12 on)
-        decoded[keep] = np.frombuffer(status, np.uint32) == PROCESSING_SUCCESS  # type: ignore[call-overload]
+        decoded[keep] = np.frombuffer(status, np.uint32) == PROCESSING_SUCCESS  # type: ignore[call-overload, unused-ignore]
         return decoded
 
     kept = False  # kept for the process (`NvImgCodecDecoder.keep_for_process`): never destroyed

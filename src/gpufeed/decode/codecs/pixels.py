@@ -107,7 +107,7 @@ def pillow(data: np.ndarray, reduce_to: tuple[int, int] | None) -> np.ndarray:
     `draft_scale` (rounding up): in the DCT where the image is a JPEG that allows it, else by
     averaging (`Image.reduce`), so the size is what the loader reserved room for."""
     # (numpy's stubs give an ndarray the buffer protocol from Python 3.12 on)
-    img: Image.Image = Image.open(io.BytesIO(data))  # type: ignore[arg-type]
+    img: Image.Image = Image.open(io.BytesIO(data))  # type: ignore[arg-type, unused-ignore]
     if reduce_to is not None:
         scale = int(draft_scale(img.width, img.height, np.array(reduce_to)))
         planned = (-(-img.width // scale), -(-img.height // scale))
@@ -133,7 +133,7 @@ def as_asked(
     """A decode's (HWC pixels, region) as the loader reserved room for them: a region asked for and
     refused alone (decoded whole) is cut to it. Also whether it was cut."""
     if tries_region(reduce_to, box) and region is None:
-        part = cut(image, box)  # type: ignore[arg-type]  # a box: tries_region
+        part = cut(image, box)  # type: ignore[arg-type, unused-ignore]  # a box: tries_region
         if part is not None:
             return part, box, True
     return image, region, False
@@ -176,7 +176,7 @@ def decode(
     (docs/benchmarks.md, "Kernels, copies and CPU decoding"); the resize kernel reads either layout."""
     if tries_region(reduce_to, box):
         try:
-            return region(data, box), box, time.perf_counter()  # type: ignore[arg-type]  # a box: tries_region
+            return region(data, box), box, time.perf_counter()  # type: ignore[arg-type, unused-ignore]  # a box: tries_region
         except Exception:  # noqa: BLE001  not installed, not a JPEG it reads: the whole image below says what's wrong
             pass
     if reduce_to is None and bytes(data[:2]) == _JPEG_START and whole_by_nvimgcodec():

@@ -13,7 +13,6 @@ one core of the development box).
 
 from __future__ import annotations
 
-import io
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from gpufeed.sources.videos import VideoError, pyav
+from gpufeed.sources.videos import VideoError, open_video, pyav
 
 
 def one_thread(stream) -> None:
@@ -36,7 +35,7 @@ def one_thread(stream) -> None:
 def _opened(av, request: ClipRequest) -> Iterator[tuple]:
     """(container, video stream) of `request`'s bytes, decoding on one thread; VideoError where the
     stored stream index is not a video stream of the file (the store changed or is damaged)."""
-    with av.open(io.BytesIO(request.data), mode="r", metadata_errors="ignore") as container:
+    with open_video(av, request.data) as container:
         streams = container.streams
         if not 0 <= request.stream < len(streams) or streams[request.stream].type != "video":
             raise VideoError(f"stream {request.stream} is not a video stream of this file")

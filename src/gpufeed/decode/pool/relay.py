@@ -77,7 +77,7 @@ class Relay:
         count = np.zeros(1, np.int32)
         try:
             # (numpy's stubs give an ndarray the buffer protocol from Python 3.12 on)
-            fcntl.ioctl(self._tickets_r, termios.FIONREAD, count)  # type: ignore[call-overload]
+            fcntl.ioctl(self._tickets_r, termios.FIONREAD, count)  # type: ignore[call-overload, unused-ignore]
         except OSError:
             return None
         return int(count[0]) // protocol.TICKET.itemsize
