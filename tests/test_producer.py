@@ -69,3 +69,35 @@ def test_a_pass_left_early_stops_the_threads_making_its_carried_batches():
     with lock:
         ahead = sorted(n for e, n in made if e == 1)
     assert ahead == [0, 1, 2], ahead  # batch 3 not begun: its thread was stopped after batch 1
+
+
+def test_a_consumer_waiting_when_its_producer_fails_after_being_stopped_is_told():
+    """A loader closed (its producers stopped) while another thread waits for a batch whose making
+    then fails: the waiting thread is told the loader was closed, instead of waiting forever (the
+    failure was dropped, nobody being expected to take it)."""
+    from gpufeed.loader.producer import Stopped
+
+    production = Production(prefetch=1, counters=Stats("test"))
+    making, fail = threading.Event(), threading.Event()
+
+    def make(number: int, worker: int) -> Made:
+        making.set()
+        fail.wait(10)
+        raise RuntimeError("the decoders were stopped under this batch")
+
+    outcome: list[BaseException | None] = []
+
+    def consume() -> None:
+        try:
+            next(threaded(production, make, range(2), 2))
+            outcome.append(None)
+        except BaseException as e:  # noqa: BLE001
+            outcome.append(e)
+
+    consumer = threading.Thread(target=consume, daemon=True)
+    consumer.start()
+    assert making.wait(10)
+    production.producers.stop()  # (what close() does first)
+    fail.set()
+    consumer.join(10)
+    assert not consumer.is_alive() and len(outcome) == 1 and isinstance(outcome[0], Stopped)

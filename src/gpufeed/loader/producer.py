@@ -293,17 +293,20 @@ def _produce(task: _Task) -> None:
                 # room for all of them: never blocks (make_next: set with `after`)
                 out.put(task.make_next(number, task.worker))  # type: ignore[misc]
     except BaseException as e:  # noqa: BLE001  handed to the consumer, raised there
-        _put(out, Failed(e), task.stop)
+        if not _put(out, Failed(e), task.stop):  # stopped: a consumer still waiting learns it was
+            _leave(out)
 
 
-def _put(out: queue.Queue, item: Item, stop: threading.Event) -> None:
-    """Put `item` once there is room, unless the producer is stopped meanwhile (nobody takes it then)."""
+def _put(out: queue.Queue, item: Item, stop: threading.Event) -> bool:
+    """Put `item` once there is room, unless the producer is stopped meanwhile (nobody takes it then:
+    False)."""
     while not stop.is_set():
         try:
             out.put(item, timeout=0.1)
-            return
+            return True
         except queue.Full:
             continue
+    return False
 
 
 def _leave(out: queue.Queue) -> None:
