@@ -4,7 +4,8 @@ libx264 at `--height` x `--width`, `--gop`, `--seconds` long, made here.
 
 Rows, interleaved over `--rounds` (each row's median and range):
 - decode alone: `Loader(store, clip=Clip(--frames, stride=2))` to `--size`² bf16 on the device
-  (RandomResizedCrop, flip, Normalize) with `--threads` decode processes, as many threads
+  (RandomResizedCrop, flip, Normalize) with `--threads` decode processes (again with
+  `Tuning.skip_nonref` the other way; each row's frames decoded a clip in its JSON), as many threads
   (`num_workers=0`) and one process; PyAV decoding the same clips to RGB in one thread (what one
   DataLoader worker does); `--compare`: other decoders on the same clips (`video_others.DECODERS`,
   to RGB, no augmentation, in `--threads` processes, `--gpu-processes` for those on the GPU) and
@@ -176,6 +177,7 @@ def main(argv: list[str] | None = None) -> dict:
     a = common.parse(p, argv, SMOKE)
     from gpufeed import Clip, Loader, Store, pack, synth
     from gpufeed.augment import Normalize, RandomHorizontalFlip, RandomResizedCrop
+    from gpufeed.decode.tuning import Tuning
 
     device = torch.device(a.device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -207,11 +209,14 @@ def main(argv: list[str] | None = None) -> dict:
         ops = [RandomResizedCrop(a.size), RandomHorizontalFlip(), Normalize()]
         clip = Clip(frames=a.frames, stride=2)
         counts = [int(w) for w in a.decode_rows.split(",")] if a.decode_rows else [a.threads, 0, 1]
-        decode_rows = [(w, None) for w in dict.fromkeys(counts)]
+        default = Tuning()
+        decode_rows = [(w, None, default) for w in dict.fromkeys(counts)]
+        # the first count with `skip_nonref` the other way: frames decoded a clip and clips/s
+        decode_rows.insert(1, (counts[0], None, Tuning(skip_nonref=not default.skip_nonref)))
         if a.nvdec:
-            decode_rows.insert(1, (counts[0], ("nvdec", "cpu")))
+            decode_rows.insert(1, (counts[0], ("nvdec", "cpu"), default))
         for r in range(a.rounds):
-            for workers, decoders in decode_rows:
+            for workers, decoders, tuning in decode_rows:
                 loader = Loader(
                     store,
                     batch_size=a.batch,
@@ -222,6 +227,7 @@ def main(argv: list[str] | None = None) -> dict:
                     num_workers=workers,
                     seed=r,
                     decoders=decoders,
+                    tuning=tuning,
                 )
                 rate, n = _clips_per_s(loader, a.batches, sync)
                 video = loader.video
@@ -230,8 +236,17 @@ def main(argv: list[str] | None = None) -> dict:
                 name = f"gpufeed, {video.workers or video.threads} decode {kind}"
                 if decoders is not None:
                     name += f" + NVDEC ({_nvdec_said(loader, rows, r)})"
+                if tuning.skip_nonref != default.skip_nonref:
+                    name += ", skipping unreferenced frames" if tuning.skip_nonref else ", decoding unreferenced frames"
+                stats = loader.stats()["video"]
+                per_clip = stats["frames_decoded"] / max(1, stats["frames_delivered"]) * a.frames
                 runs.setdefault(name, []).append(rate)
-                rows[f"{name}, round {r}"] = {"clips_per_s": rate, "frames_per_s": rate * a.frames, "clips": n}
+                rows[f"{name}, round {r}"] = {
+                    "clips_per_s": rate,
+                    "frames_per_s": rate * a.frames,
+                    "clips": n,
+                    "frames_decoded_per_clip": per_clip,  # (by the processes or threads)
+                }
                 loader.close()
             rate = _pyav_clips(store, max(4, a.batch * 2), a.frames, 2)
             runs.setdefault("PyAV, one thread", []).append(rate)
