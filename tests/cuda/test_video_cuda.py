@@ -13,12 +13,17 @@ from gpufeed.augment import Normalize, RandomHorizontalFlip, RandomResizedCrop  
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    root = tmp_path_factory.mktemp("video")
-    synth.make_video_folder(root / "v", per_class=3, classes=2, frames=(20, 30), height=48, width=64, gop=8)
+def _packed(tmp_path_factory, name: str, frames: tuple[int, int], height: int, width: int):
+    """A store of six generated videos (two classes), GOP 8."""
+    root = tmp_path_factory.mktemp(name)
+    synth.make_video_folder(root / "v", per_class=3, classes=2, frames=frames, height=height, width=width, gop=8)
     pack(root / "v", root / "s", mode="video", progress=False, workers=1)
     return root / "s"
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    return _packed(tmp_path_factory, "video", (20, 30), 48, 64)
 
 
 def _batches(store, device, **kw):
@@ -44,10 +49,7 @@ def test_gpu_augmented_clips_match_the_cpu(store):
 @pytest.fixture(scope="module")
 def larger(tmp_path_factory):
     """Frames of a size every NVDEC takes (their smallest is 48x16 or more, by generation and codec)."""
-    root = tmp_path_factory.mktemp("video-nvdec")
-    synth.make_video_folder(root / "v", per_class=3, classes=2, frames=(24, 40), height=128, width=176, gop=8)
-    pack(root / "v", root / "s", mode="video", progress=False, workers=1)
-    return root / "s"
+    return _packed(tmp_path_factory, "video-nvdec", (24, 40), 128, 176)
 
 
 def _torchcodec():

@@ -197,11 +197,17 @@ class VideoClips:
         self._taking = threading.Lock()  # (the producer threads make the slots and count in turn)
         # the data file, held open: decode processes map it through /proc, so they read the file this
         # loader reads even where a store was packed over it since (as the loader's own map does)
-        self._data_fd = os.open(store.path / JPEG_DATA, os.O_RDONLY | os.O_CLOEXEC)
+        self._data_path = os.fspath(store.path / JPEG_DATA)
+        self._data_fd = os.open(self._data_path, os.O_RDONLY | os.O_CLOEXEC)
         self._close_data = weakref.finalize(self, os.close, self._data_fd)
         self._data_inode = os.fstat(self._data_fd).st_ino
         self._positions: dict[int, np.ndarray] = {}  # the clips' positions of the epochs being made
         self.decoded = self.delivered = 0  # frames decoded, and frames the clips hold (`stats`)
+
+    @property
+    def clip_bytes(self) -> int:
+        """A clip's bytes in a slot: its T frames' 4:2:0 slabs (`self.layout`)."""
+        return self.clip.frames * self.layout.shape[0] * self.layout.shape[1]
 
     @property
     def items(self) -> int:
@@ -234,7 +240,7 @@ class VideoClips:
     def _job(self, k: int, video: int, index: VideoIndex, frames: np.ndarray) -> ClipJob:
         store = self.store
         a, b = int(store.offsets[video]), int(store.offsets[video + 1])
-        at = k * self.clip.frames * self.layout.shape[0] * self.layout.shape[1]
+        at = k * self.clip_bytes
         # the index from the keyframe the decode starts at to the clip's last frame: what a task carries
         # (a long video's whole index would be pickled with each of its clips)
         k0 = keyframe_before(index.keyframe, int(frames.min()))
@@ -252,7 +258,7 @@ class VideoClips:
         """Say once, when the Loader is made, where the slots would take more than `SLOTS_WARN` bytes of
         page-locked memory: they are sized for the store's largest frame (one 1080p video among 256p
         ones sizes every slot for 1080p), and the fix is re-encoding with a short side."""
-        nbytes = self.batch_size * self.clip.frames * self.layout.shape[0] * self.layout.shape[1]
+        nbytes = self.batch_size * self.clip_bytes
         total = nbytes * self.slot_count(prefetch)
         if total > SLOTS_WARN:
             log.warning(
@@ -273,7 +279,7 @@ class VideoClips:
         the slots are made at the first pass (page-locking is slow)."""
         with self._taking:
             if self._turns is None:
-                nbytes = self.batch_size * self.clip.frames * self.layout.shape[0] * self.layout.shape[1]
+                nbytes = self.batch_size * self.clip_bytes
                 self._slots = [Segment(nbytes, self.device) for _ in range(self.slot_count(prefetch))]
                 self._turns = Turns(len(self._slots))
                 if self.workers:  # (once: the producer threads take their first slots here in turn)
@@ -289,12 +295,11 @@ class VideoClips:
         (`frames_decoded`, `frames_delivered`: from each clip's keyframe, so a long GOP costs more; the
         processes' and threads' clips); `nvdec`, with the GPU's engines: their threads, each side's
         clips and rates (clips/s), and why the engines stopped, if they did."""
-        frames = self.batch_size * self.clip.frames
         return {
             "processes": self.workers,
             "threads": 0 if self.workers else self.threads,
             "slots": len(self._slots),
-            "slot_bytes": frames * self.layout.shape[0] * self.layout.shape[1],
+            "slot_bytes": self.batch_size * self.clip_bytes,
             "max_hw": self.max_hw,
             "frames_decoded": self.decoded,
             "frames_delivered": self.delivered,
@@ -332,10 +337,11 @@ class VideoClips:
             except CancelledError:  # the loader is closing
                 raise
             except Exception as e:  # noqa: BLE001  (said once; the clip decodes on the processes instead)
-                self._stop_nvdec(f"{type(e).__name__}: {e}", failed, j)
+                self._stop_nvdec(f"{type(e).__name__}: {e}")
+                failed.append(j)
                 continue
-            if fallback:
-                self._stop_nvdec("TorchCodec fell back to its CPU decoder (a codec NVDEC does not take)", [], j)
+            if fallback:  # (its frames are good: the engines stop for the clips after it)
+                self._stop_nvdec("TorchCodec fell back to its CPU decoder (a codec NVDEC does not take)")
             out.append(GpuFrames(j, frames))
             finished = max(finished, at)
         self._measured("gpu", len(out), finished - t0)
@@ -345,16 +351,15 @@ class VideoClips:
 
     def _gpu_clip(self, j: int, batch: ClipBatch):
         video = int(batch.videos[j])
-        a, b = int(self.store.offsets[video]), int(self.store.offsets[video + 1])
         h, w = (int(x) for x in self.store.shapes[video][:2])
-        return self.nvdec.submit(NvdecClip(self.store.data[a:b], batch.frames[j], h, w))  # type: ignore[union-attr]
+        data = self.store.encoded(video).numpy()
+        return self.nvdec.submit(NvdecClip(data, batch.frames[j], h, w))  # type: ignore[union-attr]
 
     def _measured(self, side: str, clips: int, seconds: float) -> None:
         if self.nvdec is not None:
             self.nvdec.measured(side, clips, seconds)
 
-    def _stop_nvdec(self, why: str, failed: list[int], j: int) -> None:
-        failed.append(j)
+    def _stop_nvdec(self, why: str) -> None:
         if self.nvdec is not None and self.nvdec.stop(why):
             log.warning("gpufeed: %s: NVDEC decoding stopped (%s); clips decode on the CPU", self.store.path, why)
 
@@ -383,10 +388,16 @@ class VideoClips:
             self.delivered += sum(len(job.frames) for job in jobs)
 
     def _task(self, segment: Segment, jobs: tuple[ClipJob, ...]) -> ClipTask:
-        data = os.fspath(self.store.path / JPEG_DATA)
-        pid = os.getpid()
         return ClipTask(
-            data, self._data_fd, self._data_inode, pid, segment.fd, segment.id, segment.nbytes, self.layout, jobs
+            self._data_path,
+            self._data_fd,
+            self._data_inode,
+            os.getpid(),
+            segment.fd,
+            segment.id,
+            segment.nbytes,
+            self.layout,
+            jobs,
         )
 
     def close(self) -> None:
@@ -480,7 +491,6 @@ def _maker(
     decoded into a slot, the slot copied to the device and turned to RGB on `stream`."""
     device = clips.device
     t = clips.clip.frames
-    rows = clips.layout.shape[0]
 
     def make(number: int, worker: int) -> Made:
         plan, on_device = upload.get()
@@ -492,7 +502,7 @@ def _maker(
         k, slot = clips.slot(production.prefetch)
         event = None  # (the slot goes back as it is where anything fails: nothing reads it then)
         try:
-            host = slot[: n * t * rows * clips.layout.shape[1]].view(n * t, *clips.layout.shape)
+            host = slot[: n * clips.clip_bytes].view(n * t, *clips.layout.shape)
             with stage_range("gpufeed.decode", stream is not None):
                 clips.store.check_unchanged()  # a file cut short under its map: an error, not SIGBUS
                 on_gpu = clips.decode(batch, k)

@@ -268,8 +268,7 @@ class Store(Described):
         from gpufeed.decode.codecs.video import ClipRequest, decode_clip
 
         index = self.video(i)
-        start, stop = int(self.offsets[i]), int(self.offsets[i + 1])
-        request = ClipRequest(self.data[start:stop].data, index.pts, index.keyframe, index.stream, frames)
+        request = ClipRequest(self.encoded(i).numpy().data, index.pts, index.keyframe, index.stream, frames)
         return torch.from_numpy(decode_clip(request)).permute(0, 3, 1, 2)
 
     def clip_range(self, i: int) -> tuple[int, int]:

@@ -235,33 +235,38 @@ class _Opened:
     slots: dict[int, np.ndarray] = {}
 
 
-def run_clip_task(task: ClipTask) -> int:
-    """In a decode process: decode `task`'s clips into its slot, and the frames decoded for them
-    (VideoError naming the video where one fails)."""
+def _mapped(pid: int, fd: int, inode: int, nbytes: int | None, gone: str) -> np.ndarray:
+    """Process `pid`'s descriptor `fd` mapped here as uint8 (`nbytes` of it writable; None: the whole
+    file, read-only), by its /proc path; VideoError `gone` where that is no longer file `inode` (the
+    loader closed and the number was reused)."""
     import mmap
     import os
 
+    mine = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDONLY if nbytes is None else os.O_RDWR)
+    try:
+        if os.fstat(mine).st_ino != inode:
+            raise VideoError(gone)
+        if nbytes is not None:
+            return np.frombuffer(mmap.mmap(mine, nbytes), np.uint8)
+        size = os.fstat(mine).st_size
+        return np.frombuffer(mmap.mmap(mine, size, prot=mmap.PROT_READ), np.uint8) if size else np.empty(0, np.uint8)
+    finally:
+        os.close(mine)
+
+
+def run_clip_task(task: ClipTask) -> int:
+    """In a decode process: decode `task`'s clips into its slot, and the frames decoded for them
+    (VideoError naming the video where one fails)."""
     data = _Opened.data.get(task.data_inode)
     if data is None:
-        fd = os.open(f"/proc/{task.pid}/fd/{task.data_fd}", os.O_RDONLY)
-        try:
-            if os.fstat(fd).st_ino != task.data_inode:
-                raise VideoError(f"{task.data_path}: the loader's file is gone (its loader closed)")
-            size = os.fstat(fd).st_size
-            data = np.frombuffer(mmap.mmap(fd, size, prot=mmap.PROT_READ), np.uint8) if size else np.empty(0, np.uint8)
-        finally:
-            os.close(fd)
+        gone = f"{task.data_path}: the loader's file is gone (its loader closed)"
+        data = _mapped(task.pid, task.data_fd, task.data_inode, None, gone)
         _Opened.data.clear()  # (another store's before: its map goes)
         _Opened.data[task.data_inode] = data
     slot = _Opened.slots.get(task.inode)
     if slot is None:
-        fd = os.open(f"/proc/{task.pid}/fd/{task.fd}", os.O_RDWR)
-        try:
-            if os.fstat(fd).st_ino != task.inode:
-                raise VideoError("the loader's shared slot is gone (its loader closed)")
-            slot = np.frombuffer(mmap.mmap(fd, task.nbytes), np.uint8)
-        finally:
-            os.close(fd)
+        gone = "the loader's shared slot is gone (its loader closed)"
+        slot = _mapped(task.pid, task.fd, task.inode, task.nbytes, gone)
         if len(_Opened.slots) > 64:  # slots of loaders gone: let go of the oldest
             _Opened.slots.pop(next(iter(_Opened.slots)))
         _Opened.slots[task.inode] = slot
