@@ -1,8 +1,10 @@
 """Detection, segmentation and pose targets through the GPU augment, against torchvision's reference
 detection pipeline, in one call.
 
-The store: `--n` generated photos (`--image`, q90 JPEGs), each with 5 to 20 instances: an elliptic
-instance mask, its box, a category and 17 keypoints inside it, packed as a jpeg store. The augment:
+The store: `--n` photo-like images of `--image`'s size (photos.py: crops of real photographs with
+sensor noise; `--data smooth` keeps the older generated ones), each with 5 to 20 instances (COCO has
+7 on average): an elliptic instance mask, its box, a category and 17 keypoints inside it, packed as
+a jpeg store (q90). The augment:
 RandomResizedCrop(`--size`, scale 0.3-1) + a horizontal flip (COCO's keypoint pairs swapped) +
 RandomRotation(15) + Normalize, with every target.
 
@@ -40,21 +42,36 @@ SMOKE = dict(n=6, image="64x48", size=32, device="cpu", batch=2, workers=0, batc
 K = 17
 FLIP = [0, 2, 1, 4, 3, 6, 5, 8, 7, 10, 9, 12, 11, 14, 13, 16, 15]  # COCO's persons: left and right swapped
 CATEGORIES = 10
+DATA = ("photos", "smooth")
 
 
 class Photos:
     """The generated COCO-like samples, made when packing asks for each (a list of them all would
-    hold gigabytes of masks)."""
+    hold gigabytes of masks). `data`: "photos" (photo-like pixels, photos.py) or "smooth"
+    (`gpufeed.synth.natural_image`)."""
 
-    def __init__(self, n: int, width: int, height: int):
-        self.n, self.width, self.height = n, width, height
+    def __init__(self, n: int, width: int, height: int, data: str = "photos"):
+        if data not in DATA:
+            raise SystemExit(f"--data {data}: choose from {', '.join(DATA)}")
+        self.n, self.width, self.height, self.data = n, width, height, data
+        self._sources: list[np.ndarray] | None = None
+
+    def pixels(self, rng: np.random.Generator, k: int) -> np.ndarray:
+        """Image `k`'s HWC uint8 pixels."""
+        if self.data == "smooth":
+            from gpufeed.synth import natural_image
+
+            return natural_image(rng, self.height, self.width, k)
+        import photos
+
+        if self._sources is None:  # loaded once a process
+            self._sources = [photos.load(path) for path in photos.sources()]
+        return photos.photo(rng, self._sources[k % len(self._sources)], self.width, self.height)
 
     def __len__(self) -> int:
         return self.n
 
     def __getitem__(self, k: int) -> dict:
-        from gpufeed.synth import natural_image
-
         if not 0 <= k < self.n:
             raise IndexError(k)
         rng, width, height = np.random.default_rng(k), self.width, self.height
@@ -68,17 +85,17 @@ class Photos:
         t = rng.uniform(0, 1, (count, K, 2))
         points = np.concatenate([boxes[:, None, :2] + t * (boxes[:, None, 2:] - boxes[:, None, :2]),
                                  np.full((count, K, 1), 2.0)], 2)
-        return {"image": natural_image(rng, height, width, k), "label": 0, "masks": masks.astype(np.uint8),
+        return {"image": self.pixels(rng, k), "label": 0, "masks": masks.astype(np.uint8),
                 "boxes": boxes, "keypoints": points, "category": rng.integers(1, CATEGORIES + 1, count).tolist()}
 
 
-def make_store(root: Path, n: int, width: int, height: int) -> Path:
+def make_store(root: Path, n: int, width: int, height: int, data: str = "photos") -> Path:
     """The generated COCO-like jpeg store (made once per `root`)."""
     import gpufeed
 
-    dest = root / f"store-{n}-{width}x{height}"
+    dest = root / f"store-{data}-{n}-{width}x{height}"
     if not (dest / "manifest.json").exists():
-        gpufeed.pack(Photos(n, width, height), dest, mode="jpeg", progress=False, overwrite=True)
+        gpufeed.pack(Photos(n, width, height, data), dest, mode="jpeg", progress=False, overwrite=True)
     return dest
 
 
@@ -313,6 +330,7 @@ def main(argv: list[str] | None = None) -> dict:
     p = common.parser(__doc__)
     p.add_argument("--n", type=int, default=2000, help="generated photos")
     p.add_argument("--image", default="640x480", help="their WIDTHxHEIGHT")
+    p.add_argument("--data", default="photos", choices=DATA, help="photo-like pixels (photos.py) or smooth generated ones")
     p.add_argument("--size", type=int, default=512, help="RandomResizedCrop's side")
     p.add_argument("--device", default="cuda")
     p.add_argument("--batch", type=int, default=32)
@@ -332,7 +350,7 @@ def main(argv: list[str] | None = None) -> dict:
     runs: dict = {}
     each = common.Rows(a.out, __file__)  # every row and train run as it ends: a time limit keeps what ran
     with common.workdir(a.workdir, "gpufeed-detection-bench-") as root:
-        store = make_store(root, a.n, width, height)
+        store = make_store(root, a.n, width, height, a.data)
         feeds_ = {
             "gpufeed": (lambda: gpufeed_loader(store, a), gpufeed_targets),
             f"torchvision reference, {a.workers} workers": (lambda: reference_loader(store, a),

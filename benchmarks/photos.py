@@ -90,7 +90,7 @@ def photo(rng: np.random.Generator, source: np.ndarray, width: int, height: int)
     return np.clip(img, 0, 255).astype(np.uint8)
 
 
-def _load(path: Path) -> np.ndarray:
+def load(path: Path) -> np.ndarray:
     from PIL import Image
 
     with Image.open(path) as im:
@@ -102,7 +102,7 @@ def _write_chunk(job: tuple) -> None:
     folder, label, start, stop, paths, seed = job
     from PIL import Image
 
-    photos_ = [_load(Path(p)) for p in paths]
+    photos_ = [load(Path(p)) for p in paths]
     for i in range(start, stop):
         rng = np.random.default_rng([seed, label, i])
         width, height = size(rng)

@@ -1,7 +1,7 @@
 """Semantic segmentation fed by gpufeed, against torchvision's reference transforms.v2 pipeline and the
 model's own ceiling, in one call (issue 68).
 
-The store: `--n` generated photos (`--image`, q90 JPEGs), each with a label map (`masks`, uint8):
+The store: `--n` photo-like images (`--image`, q90 JPEGs; `--data smooth`: generated ones), each with a label map (`masks`, uint8):
 detection_bench's 5 to 20 ellipses of its 10 categories over background 0, packed as a jpeg store.
 The augment: RandomResizedCrop(`--size`, scale 0.3-1) + a horizontal flip + RandomRotation(15) + Normalize, the
 label map through the same crops, flips and turns (nearest), 255 where the image takes a fill
@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 import common
-from detection_bench import CATEGORIES, Photos, StoreReference
+from detection_bench import CATEGORIES, DATA, Photos, StoreReference
 
 SMOKE = dict(n=6, image="64x48", size=32, device="cpu", batch=2, workers=0, warmup=1, steps=1, train_repeats=1,
              workdir=None)
@@ -33,7 +33,7 @@ IGNORE = 255  # the label maps' fill, and the loss's ignore index
 
 
 class Maps(Photos):
-    """detection_bench's generated photos, each with its instances painted into one label map (each
+    """detection_bench's photo-like images (or `--data smooth` generated ones), each with its instances painted into one label map (each
     ellipse its category, later ones over earlier ones), made when packing asks for each."""
 
     def __getitem__(self, k: int) -> dict:
@@ -49,9 +49,9 @@ def make_store(root: Path, a) -> Path:
     import gpufeed
 
     width, height = (int(x) for x in a.image.split("x"))
-    dest = root / f"store-{a.n}-{a.image}"
+    dest = root / f"store-{a.data}-{a.n}-{a.image}"
     if not (dest / "manifest.json").exists():
-        gpufeed.pack(Maps(a.n, width, height), dest, mode="jpeg", progress=False, overwrite=True)
+        gpufeed.pack(Maps(a.n, width, height, a.data), dest, mode="jpeg", progress=False, overwrite=True)
     return dest
 
 
@@ -128,6 +128,7 @@ def main(argv: list[str] | None = None) -> dict:
     p = common.parser(__doc__)
     p.add_argument("--n", type=int, default=2000, help="generated photos")
     p.add_argument("--image", default="640x480", help="their WIDTHxHEIGHT")
+    p.add_argument("--data", default="photos", choices=DATA, help="photo-like pixels (photos.py) or smooth generated ones")
     p.add_argument("--size", type=int, default=512, help="RandomResizedCrop's side")
     p.add_argument("--model", default="deeplabv3_resnet50", choices=["deeplabv3_resnet50", "fcn_resnet50"])
     p.add_argument("--device", default="cuda")
