@@ -42,6 +42,7 @@ SMOKE = dict(n=6, image="64x48", size=32, device="cpu", batch=2, workers=0, batc
 K = 17
 FLIP = [0, 2, 1, 4, 3, 6, 5, 8, 7, 10, 9, 12, 11, 14, 13, 16, 15]  # COCO's persons: left and right swapped
 CATEGORIES = 10
+TARGETS = ("boxes", "masks", "keypoints", "category")  # the loader rows' fields: every target
 DATA = ("photos", "smooth")
 
 
@@ -99,13 +100,13 @@ def make_store(root: Path, n: int, width: int, height: int, data: str = "photos"
     return dest
 
 
-def gpufeed_loader(store: Path, a, epochs_seed: int = 0):
+def gpufeed_loader(store: Path, a, epochs_seed: int = 0, fields: tuple[str, ...] = TARGETS):
     import gpufeed
     from gpufeed.augment import Normalize, RandomHorizontalFlip, RandomResizedCrop, RandomRotation
 
     ops = [RandomResizedCrop(a.size, scale=(0.3, 1)), RandomHorizontalFlip(), RandomRotation(15), Normalize()]
     return gpufeed.Loader(store, batch_size=a.batch, device=a.device, augment=ops, seed=epochs_seed,
-                          fields=("boxes", "masks", "keypoints", "category"), keypoint_flip=FLIP)
+                          fields=fields, keypoint_flip=FLIP if "keypoints" in fields else None)
 
 
 def gpufeed_targets(batch: dict) -> tuple[torch.Tensor, list[dict]]:
@@ -149,8 +150,12 @@ class StoreReference(torch.utils.data.Dataset):
 
 
 class Reference(StoreReference):
-    """torchvision's reference detection pipeline over the store: decode, the targets as tv_tensors,
-    transforms.v2 (the same ops), SanitizeBoundingBoxes."""
+    """torchvision's reference detection pipeline over the store: decode, the targets as tv_tensors
+    (those of `fields`), transforms.v2 (the same ops), SanitizeBoundingBoxes."""
+
+    def __init__(self, store: Path, size: int, fields: tuple[str, ...] = TARGETS):
+        super().__init__(store, size)
+        self.fields = fields
 
     def transforms(self):
         from torchvision.transforms import v2
@@ -166,16 +171,18 @@ class Reference(StoreReference):
         hw = tuple(image.shape[-2:])
         target = {
             "boxes": tv_tensors.BoundingBoxes(torch.from_numpy(s.field("boxes", i)), format="XYXY", canvas_size=hw),
-            "masks": tv_tensors.Mask(torch.from_numpy(s.field("masks", i))),
-            "keypoints": tv_tensors.KeyPoints(torch.from_numpy(s.field("keypoints", i)[..., :2]), canvas_size=hw),
             "labels": torch.as_tensor(s.field("category", i), dtype=torch.int64),
         }
+        if "masks" in self.fields:
+            target["masks"] = tv_tensors.Mask(torch.from_numpy(s.field("masks", i)))
+        if "keypoints" in self.fields:
+            target["keypoints"] = tv_tensors.KeyPoints(torch.from_numpy(s.field("keypoints", i)[..., :2]), canvas_size=hw)
         return self.transform(image, target)
 
 
-def reference_loader(store: Path, a):
+def reference_loader(store: Path, a, fields: tuple[str, ...] = TARGETS):
     return torch.utils.data.DataLoader(
-        Reference(store, a.size), batch_size=a.batch, shuffle=True, num_workers=a.workers, collate_fn=as_lists,
+        Reference(store, a.size, fields), batch_size=a.batch, shuffle=True, num_workers=a.workers, collate_fn=as_lists,
         persistent_workers=a.workers > 0, pin_memory=a.device != "cpu", drop_last=True,
         # not forked: this process holds a CUDA context and gpufeed's threads by now
         multiprocessing_context="forkserver" if a.workers else None)
@@ -264,6 +271,9 @@ def op_times(store: Path, a) -> dict:
 
 
 MODELS = {"maskrcnn": "Mask R-CNN", "keypointrcnn": "Keypoint R-CNN", "retinanet": "RetinaNet", "fcos": "FCOS"}
+# the targets each model trains on: both feeds make only these for its rows, as its user would ask
+MODEL_FIELDS = {"maskrcnn": ("boxes", "masks", "category"), "keypointrcnn": ("boxes", "keypoints", "category"),
+                "retinanet": ("boxes", "category"), "fcos": ("boxes", "category")}
 
 
 def trainer(a, name: str = "maskrcnn"):
@@ -302,17 +312,20 @@ def trainer(a, name: str = "maskrcnn"):
     return step
 
 
-def train_rows(a, feeds_: dict, each: dict) -> dict:
+def train_rows(a, feeds_, each: dict) -> dict:
     """Each of `--models` trained `--steps` steps after `--warmup`, fed one fixed batch (its ceiling)
-    and then each feed, `--train-repeats` times, the rows interleaved: img/s median (min-max). Every
-    run goes into `each` as it ends."""
+    and then each feed (`feeds_(fields)`: the feeds making only the targets that model trains on,
+    `MODEL_FIELDS`), `--train-repeats` times, the rows interleaved: img/s median (min-max). Every run
+    goes into `each` as it ends."""
     samples: dict[str, list[float]] = {}
     steps = {name: trainer(a, name) for name in a.models.split(",")}
-    make, unpack = feeds_["gpufeed"]
-    one = unpack(next(iter(make())))
+    ones = {}
+    for model in steps:
+        make, unpack = feeds_(MODEL_FIELDS[model])["gpufeed"]
+        ones[model] = unpack(next(iter(make())))
     for k in range(a.train_repeats):
         for model, step in steps.items():
-            rows = {"one fixed batch": (lambda: fixed(one), lambda b: b), **feeds_}
+            rows = {"one fixed batch": (lambda one=ones[model]: fixed(one), lambda b: b), **feeds_(MODEL_FIELDS[model])}
             for feed, (make, unpack) in rows.items():
                 r = timed(cycle(make), unpack, a.device, a.steps, a.warmup, step)
                 samples.setdefault(f"{MODELS[model]}: {feed}", []).append(r["img_per_s"])
@@ -351,12 +364,14 @@ def main(argv: list[str] | None = None) -> dict:
     each = common.Rows(a.out, __file__)  # every row and train run as it ends: a time limit keeps what ran
     with common.workdir(a.workdir, "gpufeed-detection-bench-") as root:
         store = make_store(root, a.n, width, height, a.data)
-        feeds_ = {
-            "gpufeed": (lambda: gpufeed_loader(store, a), gpufeed_targets),
-            f"torchvision reference, {a.workers} workers": (lambda: reference_loader(store, a),
-                                                            lambda b: reference_targets(b, a.device)),
-        }
-        for name, (make, unpack) in feeds_.items():
+        def feeds_(fields: tuple[str, ...] = TARGETS) -> dict:
+            return {
+                "gpufeed": (lambda: gpufeed_loader(store, a, fields=fields), gpufeed_targets),
+                f"torchvision reference, {a.workers} workers": (lambda: reference_loader(store, a, fields),
+                                                                lambda b: reference_targets(b, a.device)),
+            }
+
+        for name, (make, unpack) in feeds_().items():
             runs[f"loader: {name}"] = each[f"loader: {name}"] = timed(cycle(make), unpack, a.device, a.batches, a.warmup)
         runs["ops"] = each["ops"] = op_times(store, a)
         train = train_rows(a, feeds_, each) if a.steps else {}
