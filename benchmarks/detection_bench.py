@@ -20,10 +20,13 @@ RandomRotation(15) + Normalize, with every target.
   ResNet-50 FPN, random init, bf16 autocast, SGD; its own resize off: min_size = max_size = `--size`)
   trained `--steps` steps after `--warmup` on one fixed batch of gpufeed's (the model's ceiling),
   then on each feed; `--train-repeats` rounds, the rows interleaved; img/s median (min-max) and %
-  of the fixed batch.
+  of the fixed batch. Both feeds make only the targets the model trains on (`MODEL_FIELDS`).
+- **segmentation**: segmentation_bench's rows for `--segmentation` (DeepLabV3 by default) with the
+  same settings, so one command gives the whole table.
 
-    python benchmarks/detection_bench.py --n 2000 --workers 16 --out detection.json
-    # 3 models x 3 feeds x 3 repeats x (100 + 20) steps: on one H200, tens of minutes; fewer with --models
+    python benchmarks/detection_bench.py --n 800 --batch 8 --workers 16 --out detection.json
+    # 3 models x 3 feeds x 3 repeats x (100 + 20) steps, then DeepLabV3's 3 x 3: about 11 minutes on
+    # one H100 at batch 8 (--segmentation none leaves it out; fewer models with --models)
 """
 
 from __future__ import annotations
@@ -176,7 +179,8 @@ class Reference(StoreReference):
         if "masks" in self.fields:
             target["masks"] = tv_tensors.Mask(torch.from_numpy(s.field("masks", i)))
         if "keypoints" in self.fields:
-            target["keypoints"] = tv_tensors.KeyPoints(torch.from_numpy(s.field("keypoints", i)[..., :2]), canvas_size=hw)
+            points = torch.from_numpy(s.field("keypoints", i)[..., :2])
+            target["keypoints"] = tv_tensors.KeyPoints(points, canvas_size=hw)
         return self.transform(image, target)
 
 
@@ -343,7 +347,8 @@ def main(argv: list[str] | None = None) -> dict:
     p = common.parser(__doc__)
     p.add_argument("--n", type=int, default=2000, help="generated photos")
     p.add_argument("--image", default="640x480", help="their WIDTHxHEIGHT")
-    p.add_argument("--data", default="photos", choices=DATA, help="photo-like pixels (photos.py) or smooth generated ones")
+    p.add_argument("--data", default="photos", choices=DATA,
+                   help="photo-like pixels (photos.py) or smooth generated ones")
     p.add_argument("--size", type=int, default=512, help="RandomResizedCrop's side")
     p.add_argument("--device", default="cuda")
     p.add_argument("--batch", type=int, default=32)
@@ -358,6 +363,9 @@ def main(argv: list[str] | None = None) -> dict:
                    help="the train rows' repeats, interleaved (each model: one fixed batch, gpufeed, the reference)")
     p.add_argument("--repeats", type=int, default=10, help="the ops rows' repeats")
     p.add_argument("--workdir", default=None, help="keeps the generated store (reused)")
+    p.add_argument("--segmentation", default="deeplabv3_resnet50",
+                   choices=["deeplabv3_resnet50", "fcn_resnet50", "none"],
+                   help="then segmentation_bench's rows for this model, with the same images and settings")
     a = common.parse(p, argv, SMOKE)
     width, height = (int(x) for x in a.image.split("x"))
     runs: dict = {}
@@ -395,7 +403,22 @@ def main(argv: list[str] | None = None) -> dict:
          ["boxes (host)", f"{ops['boxes_host_ms']:.2f}"], ["keypoints (host)", f"{ops['keypoints_host_ms']:.2f}"],
          ["masks' GPU kernels / image ops'", f"{ops['masks_kernels_of_image_ops']:.2f}"],
          ["the floor's / image ops'", f"{k['floor'] / k['image_ops']:.2f}"]])
+    if a.segmentation != "none":  # the whole table of issue 68 from one command
+        segmentation = segmentation_rows(a)
+        runs["segmentation"] = segmentation["runs"]
+        markdown += "\n\n" + segmentation["table"]
     return common.write(a, __file__, {**runs, "ops": ops}, markdown, a.device)
+
+
+def segmentation_rows(a) -> dict:
+    """segmentation_bench's train rows for `--segmentation` on the same kind of images, with the same
+    size, batch, workers, steps and rounds (its own store of label maps)."""
+    import segmentation_bench
+
+    argv = ["--n", str(a.n), "--image", a.image, "--data", a.data, "--size", str(a.size), "--model", a.segmentation,
+            "--device", a.device, "--batch", str(a.batch), "--workers", str(a.workers), "--warmup", str(a.warmup),
+            "--steps", str(max(1, a.steps)), "--train-repeats", str(a.train_repeats)]
+    return segmentation_bench.main(argv + (["--workdir", a.workdir] if a.workdir else []))
 
 
 if __name__ == "__main__":

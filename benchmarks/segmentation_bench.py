@@ -1,10 +1,10 @@
 """Semantic segmentation fed by gpufeed, against torchvision's reference transforms.v2 pipeline and the
 model's own ceiling, in one call (issue 68).
 
-The store: `--n` photo-like images (`--image`, q90 JPEGs; `--data smooth`: generated ones), each with a label map (`masks`, uint8):
-detection_bench's 5 to 20 ellipses of its 10 categories over background 0, packed as a jpeg store.
-The augment: RandomResizedCrop(`--size`, scale 0.3-1) + a horizontal flip + RandomRotation(15) + Normalize, the
-label map through the same crops, flips and turns (nearest), 255 where the image takes a fill
+The store: `--n` photo-like images (`--image`, q90 JPEGs; `--data smooth`: generated ones), each
+with a label map (`masks`, uint8): detection_bench's 5 to 20 ellipses of its 10 categories over
+background 0, packed as a jpeg store. The augment: RandomResizedCrop(`--size`, scale 0.3-1) + a
+horizontal flip + RandomRotation(15) + Normalize, the label map through the same crops, flips and turns (nearest), 255 where the image takes a fill
 (`mask_fill=255`, the loss's ignore index).
 
 - **train**: torchvision's `--model` (deeplabv3_resnet50 or fcn_resnet50: random init, bf16
@@ -33,8 +33,9 @@ IGNORE = 255  # the label maps' fill, and the loss's ignore index
 
 
 class Maps(Photos):
-    """detection_bench's photo-like images (or `--data smooth` generated ones), each with its instances painted into one label map (each
-    ellipse its category, later ones over earlier ones), made when packing asks for each."""
+    """detection_bench's photo-like images (or `--data smooth` generated ones), each with its instances
+    painted into one label map (each ellipse its category, later ones over earlier ones), made when
+    packing asks for each."""
 
     def __getitem__(self, k: int) -> dict:
         sample = super().__getitem__(k)
@@ -128,7 +129,8 @@ def main(argv: list[str] | None = None) -> dict:
     p = common.parser(__doc__)
     p.add_argument("--n", type=int, default=2000, help="generated photos")
     p.add_argument("--image", default="640x480", help="their WIDTHxHEIGHT")
-    p.add_argument("--data", default="photos", choices=DATA, help="photo-like pixels (photos.py) or smooth generated ones")
+    p.add_argument("--data", default="photos", choices=DATA,
+                   help="photo-like pixels (photos.py) or smooth generated ones")
     p.add_argument("--size", type=int, default=512, help="RandomResizedCrop's side")
     p.add_argument("--model", default="deeplabv3_resnet50", choices=["deeplabv3_resnet50", "fcn_resnet50"])
     p.add_argument("--device", default="cuda")
