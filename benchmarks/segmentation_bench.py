@@ -4,8 +4,8 @@ model's own ceiling, in one call (issue 68).
 The store: `--n` photo-like images (`--image`, q90 JPEGs; `--data smooth`: generated ones), each
 with a label map (`masks`, uint8): detection_bench's 5 to 20 ellipses of its 10 categories over
 background 0, packed as a jpeg store. The augment: RandomResizedCrop(`--size`, scale 0.3-1) + a
-horizontal flip + RandomRotation(15) + Normalize, the label map through the same crops, flips and turns (nearest), 255 where the image takes a fill
-(`mask_fill=255`, the loss's ignore index).
+horizontal flip + RandomRotation(15) + Normalize, the label map through the same crops, flips and
+turns (nearest), 255 where the image takes a fill (`mask_fill=255`, the loss's ignore index).
 
 - **train**: torchvision's `--model` (deeplabv3_resnet50 or fcn_resnet50: random init, bf16
   autocast, SGD, cross entropy ignoring 255) trained `--steps` steps after `--warmup`, fed one fixed
