@@ -30,6 +30,7 @@ POLICIES = ("randaugment", "trivialaugment", "autoaugment")
 
 
 DATA = ("photos", "smooth")
+GPUFEED_ROWS = ("raw", "jpeg", "sharded")  # the rows gpufeed.Loader feeds
 
 
 def prepare(work: Path, n: int, image: tuple[int, int] = (500, 375), raw_side: int = 256,
@@ -164,7 +165,7 @@ def feed(row: str, work: Path, batch: int, device: str = "cuda", size: int = 224
         return Feed(_forever(lambda: [(images, labels)]), time.perf_counter() - t0, loop=loop)
     if name == "sharded" and not (work / name).exists():
         raise SystemExit(f"{work / name}: missing (feeds.prepare(..., sharded=True) makes it before the rows)")
-    if name in ("raw", "jpeg", "sharded"):
+    if name in GPUFEED_ROWS:
         loader = _gpufeed(work / name, batch, device, size, kwargs)
         return Feed(_forever(lambda: loader), time.perf_counter() - t0, loader, loop)
     if name == "dataloader":

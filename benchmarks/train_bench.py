@@ -19,6 +19,13 @@ samples, `--pyspy native` the training thread's native stacks).
 
 `--workdir` keeps the generated images and stores (made there if missing, reused after: start_bench.py
 reads the same ones).
+
+`--baseline SRC` (another tree's `src`, e.g. of `git worktree add /tmp/old COMMIT`): each gpufeed
+row (raw, jpeg, sharded) runs again as `ROW @baseline` with that tree's gpufeed, from stores that
+tree packs of the same images (`WORKDIR/baseline`), interleaved with the rest: a change's before
+and after in one call. The baseline must take the same Loader arguments as the rows give.
+
+    python benchmarks/train_bench.py --models resnet18 --rows "synthetic;jpeg" --baseline /tmp/old/src
 """
 
 from __future__ import annotations
@@ -64,6 +71,8 @@ def parser():
     p.add_argument("--pyspy-rate", type=int, default=0, help="py-spy's samples per second (default: by mode)")
     p.add_argument("--in-process", action=argparse.BooleanOptionalAction, default=False,
                    help="run every row in this process (--smoke; the rows' figures then disturb each other)")
+    p.add_argument("--baseline", default=None, metavar="SRC",
+                   help="also each gpufeed row with the gpufeed of this other tree's src (ROW @baseline)")
     p.add_argument("--row", help=argparse.SUPPRESS)
     p.add_argument("--model", help=argparse.SUPPRESS)
     return p
@@ -83,6 +92,10 @@ def main(argv: list[str] | None = None) -> dict | None:
         if not feeds.has_dali() or not a.device.startswith("cuda"):
             rows = [r for r in rows if not r.startswith("dali")]
             print("nvidia-dali not installed or no GPU: no dali row", flush=True)
+        if a.baseline:
+            ours = [r for r in rows if r.partition(":")[0] in feeds.GPUFEED_ROWS]
+            _pack_baseline(a, work, ours)
+            rows += [r + BASELINE for r in ours]
         runs = []
         for r in range(a.rounds):
             for model in a.models.split(","):
@@ -94,26 +107,55 @@ def main(argv: list[str] | None = None) -> dict | None:
         return common.write(a, __file__, runs, summarize(runs), a.device, images=a.n, data=feeds.described(work))
 
 
+BASELINE = " @baseline"
+
+
+def _baseline_env(src: str) -> dict:
+    """This environment with `src` (the baseline tree's) first on PYTHONPATH."""
+    path = os.environ.get("PYTHONPATH")
+    return os.environ | {"PYTHONPATH": os.pathsep.join([str(Path(src).resolve()), *([path] if path else [])])}
+
+
+def _pack_baseline(a, work: Path, rows: list[str]) -> None:
+    """The stores `rows` read, packed by the baseline tree's gpufeed from the same images into
+    `work`/baseline (each only if missing), in a process of its own."""
+    raw_side = round(a.size * 8 / 7)
+    jobs = {"raw": f"size={raw_side}", "jpeg": "mode='jpeg', reencode=False",
+            "sharded": "mode='jpeg', reencode=False, shard_size='16MB'"}
+    names = sorted({r.partition(":")[0] for r in rows})
+    code = "import gpufeed\n" + "".join(
+        f"gpufeed.pack({str(work / 'images')!r}, {str(work / 'baseline' / n)!r}, {jobs[n]}, progress=False)\n"
+        for n in names if not (work / "baseline" / n).exists())
+    (work / "baseline").mkdir(exist_ok=True)
+    subprocess.run([sys.executable, "-c", code], env=_baseline_env(a.baseline), check=True)
+
+
 def _run(a, work: Path, row: str, model: str) -> dict | None:
-    """One row with one model: in a process of its own (or this one, `--in-process`); None if it failed."""
-    if a.in_process:
+    """One row with one model: in a process of its own (or this one, `--in-process`); None if it failed.
+    A `BASELINE` row runs with the baseline tree's gpufeed on its stores."""
+    baseline = row.endswith(BASELINE)
+    if a.in_process and not baseline:
         one = argparse.Namespace(**vars(a) | {"row": row, "model": model})
         return run_row(one, work)
-    cmd = [sys.executable, __file__, "--row", row, "--model", model, "--workdir", str(work), "--device", a.device,
+    given = row.removesuffix(BASELINE)
+    cmd = [sys.executable, __file__, "--row", given, "--model", model, "--workdir",
+           str(work / "baseline" if baseline else work), "--device", a.device,
            "--size", str(a.size), "--steps", str(a.steps), "--warmup", str(a.warmup), "--batch", str(a.batch)]
     cmd += ["--pyspy", a.pyspy, "--pyspy-rate", str(a.pyspy_rate)] if a.pyspy else []
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    env = _baseline_env(a.baseline) if baseline else None
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
     result = [ln[7:] for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
     if not result:
         print(f"{model} {row}: FAILED\n{done.stderr[-3000:]}", flush=True)
         return None
-    return json.loads(result[0])
+    return json.loads(result[0]) | {"row": row}
 
 
 def run_row(a, work: Path) -> dict:
     """One row: build the model's step and the row's feed, time its first batch, train, measure."""
     import torch
 
+    import gpufeed
     from gpufeed.bench.common import sync
     from gpufeed.bench.training import training_step
 
@@ -122,7 +164,7 @@ def run_row(a, work: Path) -> dict:
     sync(a.device)
     feed = feeds.feed(a.row, work, a.batch, a.device, a.size)
     try:
-        return _train(a, step, feed)
+        return _train(a, step, feed) | {"gpufeed": str(Path(gpufeed.__file__).parent)}  # (which tree's)
     finally:
         feed.close()
 

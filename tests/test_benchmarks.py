@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+import gpufeed
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 SHARED = ("common", "feeds", "others", "photos", "video_others", "waits")  # modules the scripts share, imported by their plain names
@@ -90,6 +93,21 @@ def test_smoke(name, bench, tmp_path, capsys):
             assert failed["exit"] != 0 and "litdata" in failed["error"] and "partial" not in written
         else:
             assert written["runs"]["litdata: cold"]["images"] > 0
+
+
+def test_train_bench_runs_each_gpufeed_row_again_with_a_baseline_tree(bench, tmp_path):
+    """`--baseline SRC`: each gpufeed row runs again as `ROW @baseline` with that tree's gpufeed, on
+    stores that tree packed; the other rows once (a change's before and after in one call)."""
+    base = tmp_path / "old" / "src"
+    shutil.copytree(Path(gpufeed.__file__).parent, base / "gpufeed", ignore=shutil.ignore_patterns("__pycache__"))
+    out = tmp_path / "train.json"
+    bench("train_bench").main(["--smoke", "--rows", "synthetic;jpeg:pipelines=1", "--baseline", str(base),
+                               "--workdir", str(tmp_path / "work"), "--out", str(out)])
+    runs = {r["row"]: r for r in json.loads(out.read_text())["runs"]}
+    assert set(runs) == {"synthetic", "jpeg:pipelines=1", "jpeg:pipelines=1 @baseline"}
+    assert runs["jpeg:pipelines=1 @baseline"]["gpufeed"] == str(base / "gpufeed")
+    assert runs["jpeg:pipelines=1"]["gpufeed"] == str(Path(gpufeed.__file__).parent)
+    assert (tmp_path / "work" / "baseline" / "jpeg" / "manifest.json").exists()  # packed by the baseline
 
 
 def test_ddp_bench_reports_each_ranks_stages_under_torchrun(bench, tmp_path):
