@@ -35,7 +35,9 @@ class Tuning:
     # 209 and 235 at 0 (two rounds; docs/benchmarks.md, "Video clips")
     decode_nice: int = 10
     # a video clip's decode skips the frames outside the clip that no frame refers to (FFmpeg's
-    # skip_frame NONREF: 10-16 % more clips/s on a development box core; not yet measured in training)
+    # skip_frame NONREF, H.264 only): 20 % more clips/s decoding alone on a 16-core H100 host, the same
+    # training rate there (docs/benchmarks.md, "Video clips", D). Off: it trusts each stream's marks of
+    # which frames are referenced, which a careless encoder can get wrong
     skip_nonref: bool = False
     # threads decoding a video store's clips on the GPU's engines (`decoders=("nvdec", ...)`): TorchCodec's
     # beta backend in one process gave 305-313 clips/s on 8 threads, 305-372 on 16 (decode.codecs.nvdec)
