@@ -15,7 +15,10 @@ Rows, interleaved over `--rounds` (each row's median and range):
   `--train-workers` decode processes, once with the next epoch's first batches not carried (what
   a small store's epochs cost without), once with `Tuning.skip_nonref` the other way, with
   `--nice` and `--nvdec`, and fed by `--train-others` (a torch DataLoader of PyAV clips with
-  `--threads` workers, DALI), each with % of the ceiling; `--memory-epochs`: host memory over epochs.
+  `--threads` workers, DALI), each with % of the ceiling, and in its JSON row the loop's wait in
+  `next()` at every timed step, gpufeed's split between its epochs' first steps and the others (a
+  small store's epochs start often: `--videos` / `--batch` batches an epoch); `--memory-epochs`:
+  host memory over epochs. The JSON's `rows` hold every run with its details, `runs` the rates.
 
     python benchmarks/video_bench.py --videos 96 --rounds 2 --out video.json
 """
@@ -38,15 +41,15 @@ SMOKE = dict(
     width=64,
     frames=4,
     size=32,
-    train_size=32,
+    train_size=16,
     batch=2,
     batches=2,
-    steps=2,
+    steps=3,
     warmup=1,
     rounds=1,
     threads=2,
     device="cpu",
-    model="none",
+    model="r3d_18",  # the training rows' path too (a few steps of the smallest torchvision video model)
     root=None,
     compare="decord",  # (not installed here: the row says so, the others are still written)
     gops="4",
@@ -274,7 +277,7 @@ def main(argv: list[str] | None = None) -> dict:
         f"to {a.size}² bf16 (training: {a.model} at {a.train_size}²), batch {a.batch}\n\n"
         + common.table(["row", "clips/s", "frames/s"], lines)
     )
-    return common.write(a, __file__, runs, markdown, a.device)
+    return common.write(a, __file__, runs, markdown, a.device, rows=dict(rows))  # rows: each run with its details
 
 
 def _gop_rows(a, folder, store_path, rows, runs) -> None:
@@ -399,18 +402,33 @@ def _train(a, store, device, sync, runs, rows, r: int) -> None:
     ceiling = a.steps * a.batch / (time.perf_counter() - t0)
     runs.setdefault(f"{a.model}, synthetic ceiling", []).append(ceiling)
     rows[f"{a.model}, synthetic ceiling, round {r}"] = {"clips_per_s": ceiling}
-    def fed(batches, name: str) -> None:
-        """The loop fed by `batches` ((N, C, T, H, W) clips, labels on the device): a row."""
+    def fed(batches, name: str, per_epoch: int | None = None) -> None:
+        """The loop fed by `batches` ((N, C, T, H, W) clips, labels on the device): a row, with the
+        loop's wait in `next()` per timed step, and with `per_epoch` (batches an epoch) that wait at
+        each epoch's first step against the others': where the wait falls names the limit."""
+        waits = []
         for done in range(a.warmup + a.steps):
             if done == a.warmup:
                 sync()
                 t0 = time.perf_counter()
+            w0 = time.perf_counter()
             xb, yb = next(batches)
+            if done >= a.warmup:
+                waits.append(time.perf_counter() - w0)
             step(xb.contiguous(memory_format=torch.channels_last_3d), yb % 400)
         sync()
         rate = a.steps * a.batch / (time.perf_counter() - t0)
         runs.setdefault(name, []).append(rate)
-        rows[f"{name}, round {r}"] = {"clips_per_s": rate, "of_ceiling": rate / ceiling}
+        row = {"clips_per_s": rate, "of_ceiling": rate / ceiling, "wait_ms_per_step": 1e3 * sum(waits) / len(waits),
+               "wait_ms_each": [round(1e3 * w, 2) for w in waits]}
+        if per_epoch:  # step k of the loop is batch k % per_epoch of its epoch
+            first = [w for k, w in enumerate(waits, a.warmup) if k % per_epoch == 0]
+            rest = [w for k, w in enumerate(waits, a.warmup) if k % per_epoch]
+            row |= {"batches_an_epoch": per_epoch,
+                    "wait_ms_epoch_first_steps": 1e3 * sum(first) / max(1, len(first)),
+                    "wait_ms_other_steps": 1e3 * sum(rest) / max(1, len(rest)),
+                    "wait_share_at_epoch_starts": sum(first) / max(sum(waits), 1e-9)}
+        rows[f"{name}, round {r}"] = row
 
     ops = [RandomResizedCrop(a.train_size), RandomHorizontalFlip(), Normalize()]
     counts = [int(w) for w in a.train_workers.split(",")] if a.train_workers else [a.threads]
@@ -443,7 +461,7 @@ def _train(a, store, device, sync, runs, rows, r: int) -> None:
         if tuning.skip_nonref != default.skip_nonref:
             name += ", skipping unreferenced frames" if tuning.skip_nonref else ", decoding unreferenced frames"
         batches = _epochs(loader)
-        fed(batches, name + (" + NVDEC" if decoders else ""))
+        fed(batches, name + (" + NVDEC" if decoders else ""), len(loader))
         if decoders:
             rows[f"{name} + NVDEC, round {r}, share"] = {"engines": _nvdec_said(loader, rows, r)}
         batches.close()
