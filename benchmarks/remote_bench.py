@@ -26,6 +26,11 @@ to its last one trained on, with ResNet-18 in bf16 on batches of --batch):
 - warm: the same Loader's next epoch, every shard in its cache;
 - quarter: a new Loader with `cache_limit` a quarter of the store, --epochs epochs (each of the link's
   ceiling: a cache that small downloads about the whole store every epoch);
+- --ranks N (N > 1): N processes, each a rank (RANK, WORLD_SIZE, LOCAL_WORLD_SIZE set as torchrun
+  does; the rank's own GPU where there are N, else they share), all reading `s3://...` through one
+  `cache_dir`, a cold epoch and a warm one: the node's images/s (all ranks' images over the slowest
+  rank's time, of the link) and the bytes downloaded by all of them (each shard once a node: the
+  store's size cold, nothing warm);
 - --compare streaming,litdata (default: those installed): the same photos written by MosaicML
   streaming and LitData (others.py: shards of --shard-size, uploaded to the bucket), read through
   the same link by each library's dataset and data loader (one worker a core, PIL decode and
@@ -82,6 +87,7 @@ def parser():
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--model", default="resnet18")
     p.add_argument("--device", default="cuda")
+    p.add_argument("--ranks", type=int, default=1, help="also N ranks through one cache_dir (rows 'N ranks, ...')")
     p.add_argument("--compare", default=None, help="other libraries' rows, comma-separated: streaming, litdata "
                    "(default: those installed; '' for none)")
     return p
@@ -290,6 +296,62 @@ def compare(a, work: Path, served: Served, limit: int, runs: dict) -> None:
 
 
 OTHER_ROW = "other-row "  # how `other_rows` prints a row to its parent
+RANK_ROWS = "rank-rows "  # how `one_rank` prints its epochs to its parent
+
+
+def rank_rows(a, work: Path, served: Served, shard_bytes: int, runs: dict) -> None:
+    """The --ranks rows: `a.ranks` processes (`one_rank`), each a rank of the same job on this machine,
+    read the bucket through one cache folder for a cold and a warm epoch; per epoch the node's rate
+    (every rank's images over the slowest rank's seconds) and the bytes all of them downloaded, which
+    a cache shared by the node keeps at one download a shard (`shard_bytes`, every shard's, cold; none
+    warm)."""
+    with tempfile.TemporaryDirectory(dir=work) as cache:
+        spec = {"cache": cache, "link": served.link, "batch": a.batch, "size": a.size, "device": a.device,
+                "model": a.model, "world": a.ranks}
+        children = []
+        for rank in range(a.ranks):
+            env = os.environ | {"RANK": str(rank), "WORLD_SIZE": str(a.ranks), "LOCAL_RANK": str(rank),
+                                "LOCAL_WORLD_SIZE": str(a.ranks)}
+            children.append(subprocess.Popen([sys.executable, __file__, "--rank", json.dumps(spec)], env=env,
+                                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        results, failed = [], []
+        for rank, child in enumerate(children):
+            out, err = child.communicate(timeout=1800)
+            got = [json.loads(line[len(RANK_ROWS):]) for line in out.splitlines() if line.startswith(RANK_ROWS)]
+            if child.returncode or not got:
+                failed.append(f"rank {rank}: exit {child.returncode}: {err.strip()[-1000:]}")
+            else:
+                results.append(got[0])
+    if failed:
+        runs[f"{a.ranks} ranks: failed"] = {"exit": 1, "error": "\n".join(failed)}
+        return
+    for k, name in enumerate(("cold", "warm")):
+        each = [r[k] for r in results]
+        runs[f"{a.ranks} ranks, one cache folder: {name}"] = {
+            "images": sum(e["images"] for e in each), "seconds": max(e["seconds"] for e in each),
+            "first_batch_s": max(e["first_batch_s"] for e in each),
+            "downloaded": sum(e["downloaded"] for e in each), "shard_bytes": shard_bytes, "ranks": each}
+
+
+def one_rank(spec: dict) -> None:
+    """The child process of `rank_rows`: this rank's Loader on the bucket through the shared cache
+    folder, a cold epoch and a warm one trained on, printed to the parent (`RANK_ROWS`)."""
+    import torch
+    from feeds import MEAN, STD
+
+    import gpufeed
+    from gpufeed import augment as A
+    from gpufeed.bench.training import training_step
+
+    os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+    device = spec["device"]
+    if device.startswith("cuda") and torch.cuda.device_count() >= spec["world"]:
+        device = f"cuda:{os.environ['LOCAL_RANK']}"  # a GPU a rank, as torchrun's ranks have
+    step = training_step(spec["model"], device, 1000)
+    recipe = [A.RandomResizedCrop(spec["size"]), A.RandomHorizontalFlip(), A.Normalize(MEAN, STD)]
+    loader = gpufeed.Loader("s3://bench/train", cache_dir=spec["cache"], storage_options=options(spec["link"]),
+                            batch_size=spec["batch"], device=device, augment=recipe)
+    print(RANK_ROWS + json.dumps(epochs(loader, step, 2, device), default=str), flush=True)
 
 
 def other_rows(spec: dict) -> None:
@@ -450,6 +512,8 @@ def _measure(a, work: Path) -> dict:
             for k, e in enumerate(epochs(small, step, a.epochs, a.device)):
                 runs[f"quarter cache, epoch {k}"] = e
             small.close()
+        if a.ranks > 1:
+            rank_rows(a, work, served, sum(int(shard["bytes"]) for shard in peek.manifest.shards), runs)
         compare(a, work, served, limit, runs)
     finally:
         served.close()
@@ -488,5 +552,7 @@ if __name__ == "__main__":
         serve(float(sys.argv[2]), float(sys.argv[3]))
     elif sys.argv[1:2] == ["--other"]:
         other_rows(json.loads(sys.argv[2]))
+    elif sys.argv[1:2] == ["--rank"]:
+        one_rank(json.loads(sys.argv[2]))
     else:
         main()

@@ -35,7 +35,7 @@ SMOKES = {  # script: extra arguments of its smoke (each benchmark once; ddp_ben
     "shuffle_bench": [],
     "detection_bench": [],
     "segmentation_bench": [],
-    "remote_bench": ["--compare", "litdata"],
+    "remote_bench": ["--compare", "litdata", "--ranks", "2", "--batch", "4"],
     "video_bench": [],  # (not installed: a row that fails, and the others still written)
 }
 
@@ -92,6 +92,9 @@ def test_smoke(name, bench, tmp_path, capsys):
         assert cold["shards"] >= 2 and 0 < cold["busy_s"] <= written["runs"]["cold"]["seconds"]
         assert warm == {"shards": 0, "on_demand": 0, "busy_s": 0.0, "last_ended_s": 0.0}
         assert written["runs"]["fetch"]["bytes"] == written["runs"]["cold"]["downloaded"] > 0  # every shard
+        cold, warm = (written["runs"][f"2 ranks, one cache folder: {e}"] for e in ("cold", "warm"))
+        assert cold["downloaded"] == cold["shard_bytes"] and warm["downloaded"] == 0  # each shard once a node
+        assert cold["images"] == sum(r["images"] for r in cold["ranks"]) > 0 and len(cold["ranks"]) == 2
         if importlib.util.find_spec("litdata") is None:  # its process failed: its row says so, the benchmark goes on
             failed = written["runs"]["litdata: failed"]
             assert failed["exit"] != 0 and "litdata" in failed["error"] and "partial" not in written
