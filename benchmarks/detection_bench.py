@@ -41,7 +41,7 @@ import torch
 import common
 
 SMOKE = dict(n=6, image="64x48", size=32, device="cpu", batch=2, workers=0, batches=2, warmup=1, steps=1,
-             repeats=1, workdir=None, models="maskrcnn", train_repeats=1)
+             repeats=1, workdir=None, models="maskrcnn", train_repeats=1, segmentation="none")
 K = 17
 FLIP = [0, 2, 1, 4, 3, 6, 5, 8, 7, 10, 9, 12, 11, 14, 13, 16, 15]  # COCO's persons: left and right swapped
 CATEGORIES = 10
@@ -343,7 +343,7 @@ def fixed(batch):
         yield batch
 
 
-def main(argv: list[str] | None = None) -> dict:
+def parser():
     p = common.parser(__doc__)
     p.add_argument("--n", type=int, default=2000, help="generated photos")
     p.add_argument("--image", default="640x480", help="their WIDTHxHEIGHT")
@@ -366,7 +366,11 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--segmentation", default="deeplabv3_resnet50",
                    choices=["deeplabv3_resnet50", "fcn_resnet50", "none"],
                    help="then segmentation_bench's rows for this model, with the same images and settings")
-    a = common.parse(p, argv, SMOKE)
+    return p
+
+
+def main(argv: list[str] | None = None) -> dict:
+    a = common.parse(parser(), argv, SMOKE)
     width, height = (int(x) for x in a.image.split("x"))
     runs: dict = {}
     each = common.Rows(a.out, __file__)  # every row and train run as it ends: a time limit keeps what ran
@@ -415,10 +419,15 @@ def segmentation_rows(a) -> dict:
     size, batch, workers, steps and rounds (its own store of label maps)."""
     import segmentation_bench
 
+    return segmentation_bench.main(segmentation_argv(a))
+
+
+def segmentation_argv(a) -> list[str]:
+    """segmentation_bench's arguments for this run's settings."""
     argv = ["--n", str(a.n), "--image", a.image, "--data", a.data, "--size", str(a.size), "--model", a.segmentation,
             "--device", a.device, "--batch", str(a.batch), "--workers", str(a.workers), "--warmup", str(a.warmup),
             "--steps", str(max(1, a.steps)), "--train-repeats", str(a.train_repeats)]
-    return segmentation_bench.main(argv + (["--workdir", a.workdir] if a.workdir else []))
+    return argv + (["--workdir", a.workdir] if a.workdir else [])
 
 
 if __name__ == "__main__":

@@ -123,9 +123,7 @@ def trainer(a):
     return step
 
 
-def main(argv: list[str] | None = None) -> dict:
-    from detection_bench import cycle, fixed, timed
-
+def parser():
     p = common.parser(__doc__)
     p.add_argument("--n", type=int, default=2000, help="generated photos")
     p.add_argument("--image", default="640x480", help="their WIDTHxHEIGHT")
@@ -140,7 +138,13 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--steps", type=int, default=100, help="timed steps of each row")
     p.add_argument("--train-repeats", type=int, default=3, help="rounds of the rows, interleaved")
     p.add_argument("--workdir", default=None, help="keeps the generated store (reused)")
-    a = common.parse(p, argv, SMOKE)
+    return p
+
+
+def main(argv: list[str] | None = None) -> dict:
+    from detection_bench import cycle, fixed, timed
+
+    a = common.parse(parser(), argv, SMOKE)
     samples: dict[str, list[float]] = {}
     each = common.Rows(a.out, __file__)  # every run as it ends: a time limit keeps what ran
     with common.workdir(a.workdir, "gpufeed-segmentation-bench-") as root:

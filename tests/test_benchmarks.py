@@ -102,6 +102,20 @@ def test_smoke(name, bench, tmp_path, capsys):
             assert written["runs"]["litdata: cold"]["images"] > 0
 
 
+def test_detection_bench_gives_segmentation_bench_its_own_settings(bench):
+    """`detection_bench --segmentation MODEL` runs segmentation_bench with the same settings: the
+    arguments it builds are segmentation_bench's and mean the same there (its smoke leaves it out)."""
+    detection, segmentation = bench("detection_bench"), bench("segmentation_bench")
+    argv = ["--n", "12", "--batch", "4", "--size", "64", "--steps", "5", "--workers", "3", "--workdir", "/tmp/w",
+            "--segmentation", "fcn_resnet50", "--data", "smooth"]
+    a = detection.common.parse(detection.parser(), argv, detection.SMOKE)
+    b = segmentation.parser().parse_args(detection.segmentation_argv(a))
+    for key in ("n", "batch", "size", "steps", "workers", "workdir", "data", "image", "device", "warmup",
+                "train_repeats"):
+        assert getattr(b, key) == getattr(a, key), key
+    assert b.model == "fcn_resnet50"
+
+
 def test_train_bench_runs_each_gpufeed_row_again_with_a_baseline_tree(bench, tmp_path):
     """`--baseline SRC`: each gpufeed row runs again as `ROW @baseline` with that tree's gpufeed, on
     stores that tree packed; the other rows once (a change's before and after in one call)."""
