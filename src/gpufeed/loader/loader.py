@@ -42,11 +42,11 @@ from gpufeed.loader.producer import CLOSE_WAIT, Carried, Production
 from gpufeed.loader.sampler import Segment, ShardedBatchSampler, check_epoch, check_seed, resolve_rank
 from gpufeed.loader.settings import Decoding, Output, resolve_device
 from gpufeed.loader.stats import Stats, stage_range
-from gpufeed.loader.video import VideoClips, check_video, nvdec_side, video_batch_dict, video_feed
 from gpufeed.transfer.gather import Gatherer
 from gpufeed.transfer.ring import PinnedRing
 
 if TYPE_CHECKING:
+    from gpufeed.loader.video import VideoClips
     from gpufeed.store.reader import Store
     from gpufeed.store.sharded import ShardedStore
 
@@ -459,7 +459,11 @@ class Loader:
         self.input = open_input(store, cache_dir, cache_limit, storage_options)
         self.store = self.input.store
         self.fields = tuple(fields) if fields is not None else None
-        self.clip = check_video(self.store, clip, self.fields, augment, group_by_aspect, decoders, cache)
+        self.clip: Clip | None = None  # the video path's modules load only for a video store (or to refuse clip=)
+        if self.store.mode == "video" or clip is not None:
+            from gpufeed.loader.video import check_video
+
+            self.clip = check_video(self.store, clip, self.fields, augment, group_by_aspect, decoders, cache)
         video_fields = self.clip is not None and self.fields is not None
         flip = (
             None if video_fields else FieldRequest.check(self.fields, self.store, keypoint_flip, mask_fill, keep_crowd)
@@ -509,6 +513,8 @@ class Loader:
         self.jpeg: JpegPipelines | None = None
         self.video: VideoClips | None = None
         if self.clip is not None:
+            from gpufeed.loader.video import VideoClips, nvdec_side
+
             nvdec, why = nvdec_side(decoders, self.device, self.tuning.nvdec_threads)
             if why is not None:
                 self.counters.note(why)
@@ -790,6 +796,8 @@ class Loader:
         if self.jpeg is not None:
             batches = jpeg_feed(self.jpeg.pipelines, self._production, plan, start, epoch, next_plan, carried)
         elif self.video is not None:
+            from gpufeed.loader.video import video_feed
+
             labels, stream = self.store.labels, self.copy_stream
             batches = video_feed(plan, start, epoch, self.video, labels, self._production, stream, next_plan, carried)
         elif self.tier.gathers_on_device:
@@ -835,6 +843,8 @@ class Loader:
         self.counters.add("augment", time.perf_counter() - t0)
         self.counters.mark("first_batch")
         if self.video is not None and self.fields is not None:
+            from gpufeed.loader.video import video_batch_dict
+
             return video_batch_dict(self.store, self.fields, *out, batch.clips)
         if self._fields is None:
             return out

@@ -8,9 +8,7 @@ from gpufeed.loader.folder import FolderStore, is_folder_source
 from gpufeed.loader.inputs.base import Input
 from gpufeed.loader.inputs.folder import FolderInput
 from gpufeed.loader.inputs.packed import PackedInput
-from gpufeed.loader.inputs.remote import RemoteInput
 from gpufeed.loader.inputs.sharded import ShardedInput
-from gpufeed.loader.inputs.video import VideoInput
 from gpufeed.store.locations import is_url
 from gpufeed.store.opening import open_store
 from gpufeed.store.reader import Store
@@ -47,10 +45,14 @@ def open_input(store, cache_dir=None, cache_limit=None, storage_options=None) ->
         opened = open_store(store, **remote)
     if isinstance(opened, FolderStore):
         return FolderInput(opened)
-    if isinstance(opened, RemoteStore):
+    if isinstance(opened, RemoteStore):  # (a bucket's and a video store's inputs load only when used)
+        from gpufeed.loader.inputs.remote import RemoteInput
+
         return RemoteInput(opened)
     if isinstance(opened, ShardedStore):
         return ShardedInput(opened)
     if opened.mode == "video":
+        from gpufeed.loader.inputs.video import VideoInput
+
         return VideoInput(opened)
     return PackedInput(opened)
