@@ -311,12 +311,11 @@ def _fake_engines(clip, device):
 def _engines_loader(store: Path, monkeypatch, decode, **kw) -> Loader:
     """A CPU Loader whose "nvdec" side decodes with `decode` (the engines are a GPU's: on a CPU device
     the Loader would leave them out)."""
-    import gpufeed.loader.loader as loader_module
     import gpufeed.loader.video as video
 
     monkeypatch.setattr(video, "decode_on_gpu", decode)
     made = lambda decoders, device, threads: (video.NvdecSide(2, device, cpu_too=True), None)  # noqa: E731
-    monkeypatch.setattr(loader_module, "nvdec_side", made)
+    monkeypatch.setattr(video, "nvdec_side", made)  # (the Loader takes it from the video module when it is made)
     return Loader(store, batch_size=4, device="cpu", clip=Clip(frames=4, stride=2), fields=["video", "frames"],
                   seed=2, num_workers=1, decoders=("nvdec", "cpu"), **kw)
 
