@@ -55,10 +55,9 @@ def _video_lines(video: dict, notes: list[str], device: str) -> list[str]:
     """How a video store's clips were decoded: the processes (or threads), the frames decoded a clip,
     the GPU's engines if the Loader used them, and whether TorchCodec could drive them here."""
     from gpufeed.decode.codecs.nvdec import NvdecUnavailable, open_torchcodec
-    from gpufeed.decode.tuning import Tuning
 
     who = (
-        f"{video['processes']} decode processes (niceness {Tuning().decode_nice})"
+        f"{video['processes']} decode processes (niceness {video['niceness']})"
         if video["processes"]
         else f"{video['threads']} decode threads"
     )

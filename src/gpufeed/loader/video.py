@@ -289,7 +289,8 @@ class VideoClips:
         return k, self._slots[k].tensor
 
     def stats(self) -> dict:
-        """How clips are decoded and what that holds: `processes` (0: `threads` of this process), and
+        """How clips are decoded and what that holds: `processes` (0: `threads` of this process) and
+        their `niceness`, and
         the shared page-locked slots (`slots`, `slot_bytes` each, made at the first pass; sized for
         the store's largest frame, `max_hw`), and the frames decoded against those the clips hold
         (`frames_decoded`, `frames_delivered`: from each clip's keyframe, so a long GOP costs more; the
@@ -297,6 +298,7 @@ class VideoClips:
         clips and rates (clips/s), and why the engines stopped, if they did."""
         return {
             "processes": self.workers,
+            "niceness": self.niceness,
             "threads": 0 if self.workers else self.threads,
             "slots": len(self._slots),
             "slot_bytes": self.batch_size * self.clip_bytes,
