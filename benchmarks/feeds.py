@@ -63,13 +63,17 @@ def prepare(work: Path, n: int, image: tuple[int, int] = (500, 375), raw_side: i
             make_image_folder(work / "images", per_class=max(1, n // 10), classes=10, width=image[0],
                               height=image[1])
         record.write_text(json.dumps(want | {"sample": photos.describe(work / "images")}))
-    if not (work / "raw").exists():
-        gpufeed.pack(work / "images", work / "raw", size=raw_side, progress=False)
-    if not (work / "jpeg").exists():
-        gpufeed.pack(work / "images", work / "jpeg", mode="jpeg", reencode=False, progress=False)
-    if sharded and not (work / "sharded").exists():
-        gpufeed.pack(work / "images", work / "sharded", mode="jpeg", reencode=False, progress=False, shard_size="16MB")
+    for name in ("raw", "jpeg", *(("sharded",) if sharded else ())):
+        if not (work / name).exists():
+            gpufeed.pack(work / "images", work / name, progress=False, **pack_settings(name, raw_side))
     return work
+
+
+def pack_settings(name: str, raw_side: int) -> dict:
+    """How `prepare` packs the store the row `name` reads (`raw`, `jpeg`, `sharded`): `gpufeed.pack`'s
+    arguments beside the folder, the destination and `progress`."""
+    return {"raw": {"size": raw_side}, "jpeg": {"mode": "jpeg", "reencode": False},
+            "sharded": {"mode": "jpeg", "reencode": False, "shard_size": "16MB"}}[name]
 
 
 def described(work: Path) -> dict:

@@ -337,10 +337,9 @@ def one_rank(spec: dict) -> None:
     """The child process of `rank_rows`: this rank's Loader on the bucket through the shared cache
     folder, a cold epoch and a warm one trained on, printed to the parent (`RANK_ROWS`)."""
     import torch
-    from feeds import MEAN, STD
+    from feeds import ops
 
     import gpufeed
-    from gpufeed import augment as A
     from gpufeed.bench.training import training_step
 
     os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
@@ -348,9 +347,8 @@ def one_rank(spec: dict) -> None:
     if device.startswith("cuda") and torch.cuda.device_count() >= spec["world"]:
         device = f"cuda:{os.environ['LOCAL_RANK']}"  # a GPU a rank, as torchrun's ranks have
     step = training_step(spec["model"], device, 1000)
-    recipe = [A.RandomResizedCrop(spec["size"]), A.RandomHorizontalFlip(), A.Normalize(MEAN, STD)]
     loader = gpufeed.Loader("s3://bench/train", cache_dir=spec["cache"], storage_options=options(spec["link"]),
-                            batch_size=spec["batch"], device=device, augment=recipe)
+                            batch_size=spec["batch"], device=device, augment=ops(size=spec["size"]))
     print(RANK_ROWS + json.dumps(epochs(loader, step, 2, device), default=str), flush=True)
 
 
@@ -448,10 +446,9 @@ def main(argv: list[str] | None = None) -> dict:
 def _measure(a, work: Path) -> dict:
     import s3fs
     import torch
-    from feeds import MEAN, STD
+    from feeds import ops
 
     import gpufeed
-    from gpufeed import augment as A
     from gpufeed.bench.common import sync
     from gpufeed.bench.training import training_step
     from gpufeed.loader.inputs.remote import smallest_cache
@@ -483,8 +480,7 @@ def _measure(a, work: Path) -> dict:
         ceiling = runs["link"]["img_per_s"]
         runs["fetch"] = fetch_alone(work, options(served.link), n)
         step = training_step(a.model, a.device, 1000)
-        recipe = [A.RandomResizedCrop(a.size), A.RandomHorizontalFlip(), A.Normalize(MEAN, STD)]
-        kw = dict(batch_size=a.batch, device=a.device, augment=recipe)
+        kw = dict(batch_size=a.batch, device=a.device, augment=ops(size=a.size))
         images = torch.randn(a.batch, 3, a.size, a.size, device=a.device).half()
         labels = torch.randint(0, 1000, (a.batch,), device=a.device)
         for _ in range(3):

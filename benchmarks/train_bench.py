@@ -118,13 +118,12 @@ def _baseline_env(src: str) -> dict:
 
 def _pack_baseline(a, work: Path, rows: list[str]) -> None:
     """The stores `rows` read, packed by the baseline tree's gpufeed from the same images into
-    `work`/baseline (each only if missing), in a process of its own."""
+    `work`/baseline (each only if missing) as `prepare` packs this tree's, in a process of its own."""
     raw_side = round(a.size * 8 / 7)
-    jobs = {"raw": f"size={raw_side}", "jpeg": "mode='jpeg', reencode=False",
-            "sharded": "mode='jpeg', reencode=False, shard_size='16MB'"}
     names = sorted({r.partition(":")[0] for r in rows})
     code = "import gpufeed\n" + "".join(
-        f"gpufeed.pack({str(work / 'images')!r}, {str(work / 'baseline' / n)!r}, {jobs[n]}, progress=False)\n"
+        f"gpufeed.pack({str(work / 'images')!r}, {str(work / 'baseline' / n)!r}, progress=False, "
+        f"**{feeds.pack_settings(n, raw_side)!r})\n"
         for n in names if not (work / "baseline" / n).exists())
     (work / "baseline").mkdir(exist_ok=True)
     subprocess.run([sys.executable, "-c", code], env=_baseline_env(a.baseline), check=True)
