@@ -93,6 +93,8 @@ def main(argv: list[str] | None = None) -> dict | None:
             rows = [r for r in rows if not r.startswith("dali")]
             print("nvidia-dali not installed or no GPU: no dali row", flush=True)
         if a.baseline:
+            if not (Path(a.baseline) / "gpufeed" / "__init__.py").is_file():
+                raise SystemExit(f"--baseline {a.baseline}: not a tree's src folder (no gpufeed/__init__.py in it)")
             ours = [r for r in rows if r.partition(":")[0] in feeds.GPUFEED_ROWS]
             _pack_baseline(a, work, ours)
             rows += [r + BASELINE for r in ours]

@@ -129,6 +129,8 @@ def test_train_bench_runs_each_gpufeed_row_again_with_a_baseline_tree(bench, tmp
     assert runs["jpeg:pipelines=1 @baseline"]["gpufeed"] == str(base / "gpufeed")
     assert runs["jpeg:pipelines=1"]["gpufeed"] == str(Path(gpufeed.__file__).parent)
     assert (tmp_path / "work" / "baseline" / "jpeg" / "manifest.json").exists()  # packed by the baseline
+    with pytest.raises(SystemExit, match="not a tree's src folder"):  # a wrong path said before any row runs
+        bench("train_bench").main(["--smoke", "--baseline", str(tmp_path), "--workdir", str(tmp_path / "work")])
 
 
 def test_ddp_bench_reports_each_ranks_stages_under_torchrun(bench, tmp_path):
