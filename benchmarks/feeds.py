@@ -41,11 +41,23 @@ def prepare(work: Path, n: int, image: tuple[int, int] = (500, 375), raw_side: i
     `work`/sharded (those in 16 MB shards), each made only if missing: before any row is timed, in one
     process. `work`/data.json says what the images are, with a sample's bytes, pixels and decode time
     (`photos.describe`); a `work` made with other images is refused, not mixed."""
+    import gpufeed
+
+    make_images(work, n, image, data)
+    for name in ("raw", "jpeg", *(("sharded",) if sharded else ())):
+        if not (work / name).exists():
+            gpufeed.pack(work / "images", work / name, progress=False, **pack_settings(name, raw_side))
+    return work
+
+
+def make_images(work: Path, n: int, image: tuple[int, int] = (500, 375), data: str = "photos") -> Path:
+    """`work`/images: `n` JPEGs in 10 classes, `data` "photos" (photo-like, photos.py) or "smooth"
+    (generated, `image` (width, height), q90), made only if missing, and `work`/data.json saying which
+    with a sample's bytes, pixels and decode time; a `work` made with other images is refused."""
     import json
 
     import photos
 
-    import gpufeed
     from gpufeed.synth import make_image_folder
 
     if data not in DATA:
@@ -63,10 +75,7 @@ def prepare(work: Path, n: int, image: tuple[int, int] = (500, 375), raw_side: i
             make_image_folder(work / "images", per_class=max(1, n // 10), classes=10, width=image[0],
                               height=image[1])
         record.write_text(json.dumps(want | {"sample": photos.describe(work / "images")}))
-    for name in ("raw", "jpeg", *(("sharded",) if sharded else ())):
-        if not (work / name).exists():
-            gpufeed.pack(work / "images", work / name, progress=False, **pack_settings(name, raw_side))
-    return work
+    return work / "images"
 
 
 def pack_settings(name: str, raw_side: int) -> dict:

@@ -8,9 +8,9 @@ synthetic-data ceiling and the same store on a local disk, in one process.
 moto's S3 server runs on 127.0.0.1, and in front of it a link (`Link`): a TCP relay that holds every
 chunk it relays for --latency (one way, both directions) and sends what the server sends at most at
 --link bits per second, one pace for all connections (one link). Both run in a child process of
-their own: in the benchmark's process their threads would take the GIL from the loader's. The generated photos (500x375 q90
-JPEGs, as train_bench's) are packed straight into the bucket as a sharded jpeg store (--shard-size),
-and into a local folder. Rows, each timed over whole epochs (from the Loader's first batch asked for
+their own: in the benchmark's process their threads would take the GIL from the loader's. The
+images (photo-like by default, as train_bench's: `--data`) are packed straight into the bucket as a
+sharded jpeg store (--shard-size), and into a local folder. Rows, each timed over whole epochs (from the Loader's first batch asked for
 to its last one trained on, with ResNet-18 in bf16 on batches of --batch):
 
 - server: every shard's file downloaded once from the server itself (no link) by --link-threads
@@ -64,7 +64,7 @@ from pathlib import Path
 
 import common
 
-SMOKE = dict(n=16, image="48x32", size=32, batch=8, device="cpu", shard_size="8KB", link="200mbit",
+SMOKE = dict(n=16, image="48x32", data="smooth", size=32, batch=8, device="cpu", shard_size="8KB", link="200mbit",
              latency="1ms", epochs=1, steps=2, workdir=None, compare="")
 KEY, SECRET = "AKIAGPUFEEDBENCH", "gpufeed-bench-secret"
 UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
@@ -75,7 +75,10 @@ PLAIN = {"server": "plain parallel download", "link": "plain parallel download",
 def parser():
     p = common.parser(__doc__)
     p.add_argument("--n", type=int, default=10000, help="generated images (made once per --workdir)")
-    p.add_argument("--image", default="500x375", help="generated images' WIDTHxHEIGHT (q90 JPEGs)")
+    p.add_argument("--image", default="500x375", help="--data smooth: the images' WIDTHxHEIGHT (q90 JPEGs)")
+    p.add_argument("--data", default="photos", choices=("photos", "smooth"),
+                   help="photos: photo-like JPEGs of ImageNet's spread of sizes and qualities (photos.py); "
+                        "smooth: generated --image-sized q90 ones")
     p.add_argument("--size", type=int, default=224, help="RandomResizedCrop's side")
     p.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "gpufeed-remote-bench"))
     p.add_argument("--shard-size", default="16MB", help="16MB: a quarter of 10,000 photos (600 MB) holds 9 shards")
@@ -446,17 +449,15 @@ def main(argv: list[str] | None = None) -> dict:
 def _measure(a, work: Path) -> dict:
     import s3fs
     import torch
-    from feeds import ops
+    from feeds import described, make_images, ops
 
     import gpufeed
     from gpufeed.bench.common import sync
     from gpufeed.bench.training import training_step
     from gpufeed.loader.inputs.remote import smallest_cache
-    from gpufeed.synth import make_image_folder
 
     width, height = (int(v) for v in a.image.split("x"))
-    if not (work / "images").exists():
-        make_image_folder(work / "images", per_class=max(1, a.n // 10), classes=10, width=width, height=height)
+    make_images(work, a.n, (width, height), a.data)
     if not (work / "local").exists():
         gpufeed.pack(work / "images", work / "local", mode="jpeg", reencode=False, progress=False)
     served = Served(bits(a.link) / 8, seconds(a.latency))
@@ -540,7 +541,7 @@ def _measure(a, work: Path) -> dict:
                           "downloading / last in; shards on demand"], lines)
     table += (f"\n\nlink {a.link}, latency {a.latency} one way; store {total / 1e6:,.1f} MB in {limit['shards']} "
               f"shards, {n} images; the small cache {limit['cache_limit'] / 1e6:,.1f} MB; batch {a.batch}, {a.model}")
-    return common.write(a, __file__, runs, table, a.device, cache=limit)
+    return common.write(a, __file__, runs, table, a.device, cache=limit, data=described(work))
 
 
 if __name__ == "__main__":
