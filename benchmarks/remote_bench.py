@@ -10,8 +10,9 @@ chunk it relays for --latency (one way, both directions) and sends what the serv
 --link bits per second, one pace for all connections (one link). Both run in a child process of
 their own: in the benchmark's process their threads would take the GIL from the loader's. The
 images (photo-like by default, as train_bench's: `--data`) are packed straight into the bucket as a
-sharded jpeg store (--shard-size), and into a local folder. Rows, each timed over whole epochs (from the Loader's first batch asked for
-to its last one trained on, with ResNet-18 in bf16 on batches of --batch):
+sharded jpeg store (--shard-size), and into a local folder. Rows, each timed over whole epochs (from
+the Loader's first batch asked for to its last one trained on, with ResNet-18 in bf16 on batches of
+--batch):
 
 - server: every shard's file downloaded once from the server itself (no link) by --link-threads
   threads (fsspec): what the server can send, which must be well above the link for the rows below
