@@ -253,7 +253,9 @@ def timeline(downloads, began: float, ended: float) -> dict:
     ended in it: how many shards came, and how many of them on demand (a batch asked for it before
     the fetch ahead did; a batch may also wait for one the fetch ahead is downloading); the seconds
     with at least one download under way (the link idle otherwise); when the last one ended, from
-    the epoch's start."""
+    the epoch's start; when the first began; and each shard's (number, began, ended), from the epoch's
+    start, in the order they began (which the first batches waited for, and whether the link was
+    kept full at the epoch's start and end)."""
     mine = [d for d in downloads if began <= d.ended <= ended]
     busy, start, end = 0.0, began, began  # the union of the downloads' spans within the epoch
     for a, b in sorted((max(d.began, began), d.ended) for d in mine):
@@ -262,7 +264,10 @@ def timeline(downloads, began: float, ended: float) -> dict:
         end = max(end, b)
     busy += end - start
     return {"shards": len(mine), "on_demand": sum(not d.ahead for d in mine), "busy_s": busy,
-            "last_ended_s": max((d.ended for d in mine), default=began) - began}
+            "last_ended_s": max((d.ended for d in mine), default=began) - began,
+            "first_began_s": round(min((d.began for d in mine), default=began) - began, 3),
+            "each": [[d.shard, round(d.began - began, 3), round(d.ended - began, 3)]
+                     for d in sorted(mine, key=lambda d: d.began)]}
 
 
 def compare(a, work: Path, served: Served, limit: int, runs: dict) -> None:
@@ -533,13 +538,13 @@ def _measure(a, work: Path) -> dict:
             continue
         got = "" if "downloaded" not in r else f"{r['downloaded'] / 1e6:,.1f} MB"
         d = r.get("downloads")
-        link = "" if not d else (f"{d['busy_s']:.2f} / {d['last_ended_s']:.2f} s; "
+        link = "" if not d else (f"{d.get('first_began_s', 0):.2f} / {d['busy_s']:.2f} / {d['last_ended_s']:.2f} s; "
                                  f"{d['on_demand']} of {d['shards']}")
         lines.append([name, f"{r['img_per_s']:,.0f}", got,
                       f"{100 * r['img_per_s'] / top:.1f}", "" if "of_link" not in r else f"{100 * r['of_link']:.1f}",
                       "" if r.get("first_batch_s") is None else f"{r['first_batch_s']:.2f}", link])
     table = common.table(["row", "img/s", "downloaded", "% of synthetic", "% of link", "first batch s",
-                          "downloading / last in; shards on demand"], lines)
+                          "first began / downloading / last in; shards on demand"], lines)
     table += (f"\n\nlink {a.link}, latency {a.latency} one way; store {total / 1e6:,.1f} MB in {limit['shards']} "
               f"shards, {n} images; the small cache {limit['cache_limit'] / 1e6:,.1f} MB; batch {a.batch}, {a.model}")
     return common.write(a, __file__, runs, table, a.device, cache=limit, data=described(work))

@@ -90,7 +90,9 @@ def test_smoke(name, bench, tmp_path, capsys):
     if name == "remote_bench":  # each epoch's timeline of the link: the cold one downloads every shard
         cold, warm = written["runs"]["cold"]["downloads"], written["runs"]["warm"]["downloads"]
         assert cold["shards"] >= 2 and 0 < cold["busy_s"] <= written["runs"]["cold"]["seconds"]
-        assert warm == {"shards": 0, "on_demand": 0, "busy_s": 0.0, "last_ended_s": 0.0}
+        assert warm == {"shards": 0, "on_demand": 0, "busy_s": 0.0, "last_ended_s": 0.0, "first_began_s": 0.0,
+                        "each": []}
+        assert len(cold["each"]) == cold["shards"] and cold["first_began_s"] == cold["each"][0][1]
         assert written["runs"]["fetch"]["bytes"] == written["runs"]["cold"]["downloaded"] > 0  # every shard
         cold, warm = (written["runs"][f"2 ranks, one cache folder: {e}"] for e in ("cold", "warm"))
         assert cold["downloaded"] == cold["shard_bytes"] and warm["downloaded"] == 0  # each shard once a node
