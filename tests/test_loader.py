@@ -188,6 +188,22 @@ def test_epochs_are_planned_ahead_on_threads_with_the_same_plan(store):
     assert len(first) == len(second) and all(torch.equal(a, b) for a, b in zip(second, again))
 
 
+def test_the_first_epoch_is_planned_while_the_loader_starts(store):
+    """The first pass's plan is made on a planner thread from the constructor on (made at the pass's
+    start, it held up a bucket's first downloads), the plan made in place; one never asked for (the
+    user's `set_epoch` came first) is dropped at the next pass, its thread ended."""
+    with gpufeed.Loader(store, batch_size=8, device="cpu", augment=[Normalize()], dtype=torch.float32) as loader:
+        ahead = loader._planner._ahead[0]
+        made = ahead.result()
+        assert loader._planner.ready(0) is made and torch.equal(made.indices, loader._planner.now(0).indices)
+        assert len([y for _, y in loader]) == len(loader) and loader._planner._current == (0, made)
+    with gpufeed.Loader(store, batch_size=8, device="cpu") as loader:
+        unasked = loader._planner._ahead[0]
+        loader.set_epoch(3)
+        assert len([y for _, y in loader]) == len(loader)
+        assert sorted(loader._planner._ahead) == [4, 5] and unasked._then is None and unasked._settled.is_set()
+
+
 def test_a_batch_is_not_sorted_by_sample_or_class(tmp_path):
     """Samples within a batch come in the epoch's seeded random order: an ImageFolder store's labels
     follow its sorted files, so sorted indices would give class-sorted batches."""

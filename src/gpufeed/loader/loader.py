@@ -577,6 +577,7 @@ class Loader:
             if self.fields is None or video_fields
             else FieldRequest(self.fields, self.store, self.device, on_error, flip, mask_fill, keep_crowd)
         )
+        self._planner.start(self.epoch)  # the first pass's plan, made while the decoders start
         self.counters.mark("constructor")
 
     @property

@@ -103,10 +103,19 @@ class Planner:
                 self._at_size[hw] = augment.at_size(hw)
             return self._at_size[hw]
 
+    def start(self, epoch: int) -> None:
+        """Plan `epoch` on a thread from now, unless it is planned or being planned: a Loader's first
+        pass, while the Loader starts (made at the pass's start, it held up a bucket's first downloads
+        by the plan's time, 0.09 s for 2,000 samples on 2 cores)."""
+        if self.ready(epoch) is None and epoch not in self._ahead:
+            self._ahead[epoch] = _Ahead(self.now, epoch)
+
     def get(self, epoch: int) -> EpochPlan:
         plan = self.peek(epoch)
         self._current = (epoch, plan)
-        self._ahead = {e: f for e, f in self._ahead.items() if epoch < e <= epoch + self._depth}
+        for e in [e for e in self._ahead if e < epoch or e > epoch + self._depth]:
+            self._ahead.pop(e).drop()  # planned and never asked for (`start`'s, then `set_epoch`): its thread ended
+        self._ahead.pop(epoch, None)
         for e in range(epoch + 1, epoch + self._depth + 1):
             if e not in self._ahead:
                 self._ahead[e] = _Ahead(self.now, e)
