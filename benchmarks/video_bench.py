@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> dict:
     )
     p.add_argument(
         "--nvdec", action="store_true", help="also gpufeed's rows with the GPU's video engines beside the processes "
-        '(decoders=("nvdec", "cpu"): TorchCodec installed)'
+        '(decoders=("nvdec", "cpu"): TorchCodec installed), and decoding alone on them (("nvdec",))'
     )
     p.add_argument(
         "--nice", default="", help="also the first --train-workers row with its decode processes this much nicer "
@@ -216,28 +216,36 @@ def main(argv: list[str] | None = None) -> dict:
         decode_rows = [(w, None, default) for w in dict.fromkeys(counts)]
         # the first count with `skip_nonref` the other way: frames decoded a clip and clips/s
         decode_rows.insert(1, (counts[0], None, Tuning(skip_nonref=not default.skip_nonref)))
-        if a.nvdec:
-            decode_rows.insert(1, (counts[0], ("nvdec", "cpu"), default))
+        if a.nvdec:  # beside the processes, and alone (gpufeed's rate on the engines, against their limit)
+            decode_rows[1:1] = [(counts[0], ("nvdec", "cpu"), default), (counts[0], ("nvdec",), default)]
         for r in range(a.rounds):
             for workers, decoders, tuning in decode_rows:
-                loader = Loader(
-                    store,
-                    batch_size=a.batch,
-                    device=device,
-                    augment=ops,
-                    dtype=torch.bfloat16,
-                    clip=clip,
-                    num_workers=workers,
-                    seed=r,
-                    decoders=decoders,
-                    tuning=tuning,
-                )
+                try:
+                    loader = Loader(
+                        store,
+                        batch_size=a.batch,
+                        device=device,
+                        augment=ops,
+                        dtype=torch.bfloat16,
+                        clip=clip,
+                        num_workers=workers,
+                        seed=r,
+                        decoders=decoders,
+                        tuning=tuning,
+                    )
+                except ValueError as e:  # the engines alone, where they can't be used (a CPU device, no TorchCodec)
+                    if decoders != ("nvdec",):
+                        raise
+                    rows[f"NVDEC alone, round {r}"] = {"error": str(e)[:300]}
+                    continue
                 rate, n = _clips_per_s(loader, a.batches, sync)
                 video = loader.video
                 assert video is not None
                 kind = "processes" if video.workers else "threads"
                 name = f"gpufeed, {video.workers or video.threads} decode {kind}"
-                if decoders is not None:
+                if decoders == ("nvdec",):
+                    name = f"gpufeed, NVDEC alone, {tuning.nvdec_threads} threads ({_nvdec_said(loader, rows, r)})"
+                elif decoders is not None:
                     name += f" + NVDEC ({_nvdec_said(loader, rows, r)})"
                 if tuning.skip_nonref != default.skip_nonref:
                     name += ", skipping unreferenced frames" if tuning.skip_nonref else ", decoding unreferenced frames"
