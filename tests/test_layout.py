@@ -144,6 +144,24 @@ def test_no_import_circle():
     assert not circles, circles
 
 
+def test_no_two_packages_import_each_other():
+    """The package's folders (its stages: `store`, `sources`, `decode`, `loader`, ...) import one another
+    one way only: a folder that imports another is not imported back by it, through any of their
+    modules (a circle between two folders, each one-way between modules, still ties them together)."""
+    def folder(module: str) -> str | None:
+        parts = module.split(".")
+        return parts[1] if len(parts) > 2 or (len(parts) == 2 and (SRC / parts[1]).is_dir()) else None
+
+    uses: dict[str, dict[str, str]] = {}
+    for name, targets in _edges(_modules()).items():
+        for target in targets:
+            a, b = folder(name), folder(target)
+            if a and b and a != b:
+                uses.setdefault(a, {}).setdefault(b, f"{name} -> {target}")
+    both = [f"{uses[a][b]}; {uses[b][a]}" for a in sorted(uses) for b in sorted(uses[a]) if a < b and a in uses.get(b, {})]
+    assert not both, both
+
+
 def test_no_module_imports_the_package_it_is_part_of():
     """Only the top-level API imports `gpufeed` itself; a module inside it that did (to find a path, a
     version) would run back up through everything the package imports."""

@@ -22,7 +22,7 @@ from gpufeed.decode.base import Encoded
 from gpufeed.decode.pool import shared, worker
 from gpufeed.decode.pool.segment import Segment
 from gpufeed.decode.pool.workers import DecodeWorkers
-from gpufeed.store.reader import as_tensor
+from gpufeed.decode.base import as_tensor
 from gpufeed.synth import natural_image
 
 CPU = torch.device("cpu")

@@ -9,6 +9,7 @@ in fewer, cheaper calls (docs/benchmarks.md, "The producer's cycle").
 from __future__ import annotations
 
 import threading
+import warnings
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -16,6 +17,15 @@ from typing import Any
 
 import numpy as np
 import torch
+
+
+def as_tensor(array: np.ndarray) -> torch.Tensor:
+    """Zero-copy tensor over read-only memory (a store's memory map, a decoder's buffer); it must not be
+    written to."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.from_numpy(array)
+
 
 # a decoded image's element strides (c, y, x) with c = YCC420 say it is a JPEG's YCbCr 4:2:0 planes
 # (Y, then Cb and Cr at half the size rounded up, each row after row), as the GPU's JPEG engines

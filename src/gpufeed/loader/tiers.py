@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from gpufeed.store.reader import Store, as_tensor
+from gpufeed.decode.base import as_tensor
+from gpufeed.store.reader import Store
 from gpufeed.store.sharded import ShardedStore
 from gpufeed.transfer.uva import device_view, register
 

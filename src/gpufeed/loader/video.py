@@ -41,8 +41,8 @@ from gpufeed.loader.plan import EpochPlan
 from gpufeed.loader.producer import Carried, Made, Make, NextEpoch, Production, threaded
 from gpufeed.loader.stats import stage_range
 from gpufeed.processes import process_pool
-from gpufeed.sources.videos import VideoError, VideoIndex
-from gpufeed.store.format import JPEG_DATA
+from gpufeed.sources.videos import VideoError
+from gpufeed.store.format import JPEG_DATA, VideoIndex
 from gpufeed.transfer.ring import Turns, hand_over
 
 PRODUCERS = 2  # batches decoded at once: the processes start the next one's clips while a batch ends

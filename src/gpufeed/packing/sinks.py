@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-from gpufeed.sources.videos import VideoIndex
 from gpufeed.store import format as fmt
+from gpufeed.store.format import VideoIndex
 from gpufeed.store.writer import HashingWriter, file_digest
 
 

@@ -17,8 +17,8 @@ from gpufeed.packing import imaging
 from gpufeed.packing.imaging import BadImage
 from gpufeed.sources import MAX_FILE_BYTES, Item
 from gpufeed.sources.images import upright_jpeg
-from gpufeed.sources.videos import MAX_VIDEO_BYTES, VideoError, VideoIndex, index_video, reencode_video
-from gpufeed.store.format import raw_item_bytes
+from gpufeed.sources.videos import MAX_VIDEO_BYTES, VideoError, index_video, reencode_video
+from gpufeed.store.format import VideoIndex, raw_item_bytes
 
 
 @dataclass(frozen=True)

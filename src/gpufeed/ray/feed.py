@@ -14,10 +14,10 @@ import ray.data
 import torch
 
 from gpufeed.augment.pipeline import Augment
+from gpufeed.decode.base import as_tensor
 from gpufeed.loader.settings import resolve_device
 from gpufeed.loader.stats import Stats, stage_range
 from gpufeed.ray.remote import fixed_size
-from gpufeed.store.reader import as_tensor
 from gpufeed.transfer.ring import PinnedRing, hand_over
 
 

@@ -1,6 +1,7 @@
-"""Videos as a source: what a video store keeps of each file (`VideoIndex`: every frame's presentation
-time, keyframes and packet sizes, found by decoding the file once, so a broken one is caught at pack
-time, not in training), and the optional re-encoding that bounds what a clip costs to decode.
+"""Videos as a source: what a video store keeps of each file (its `store.format.VideoIndex`: every
+frame's presentation time, keyframes and packet sizes, found by decoding the file once, so a broken one
+is caught at pack time, not in training), and the optional re-encoding that bounds what a clip costs
+to decode.
 
 PyAV (FFmpeg) reads and writes them: an optional dependency (`pip install gpufeed[video]`), imported
 where a video is first touched. Nothing here imports torch: the decode workers use the same reader.
@@ -12,12 +13,12 @@ import io
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from fractions import Fraction
 
 import numpy as np
 
 from gpufeed.sources.tars import Wanted
+from gpufeed.store.format import VideoIndex
 
 # what a folder or tar of videos is read for (case-insensitive)
 VIDEO_EXTS = frozenset({".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi"})
@@ -40,29 +41,6 @@ def pyav():
         ) from e
     av.logging.set_level(av.logging.PANIC)  # FFmpeg's own prints: each error becomes a VideoError instead
     return av
-
-
-@dataclass(frozen=True)
-class VideoIndex:
-    """One video's frames in presentation order: `pts` (int64, in `time_base` seconds), `keyframe`
-    (bool) and `packet_bytes`; the frame size, the codec and the stream's index in its container."""
-
-    pts: np.ndarray
-    keyframe: np.ndarray
-    packet_bytes: np.ndarray
-    time_base: Fraction
-    height: int
-    width: int
-    codec: str
-    stream: int
-
-    def __len__(self) -> int:
-        return len(self.pts)
-
-    @property
-    def seconds(self) -> np.ndarray:
-        """Each frame's presentation time in seconds from the first frame's."""
-        return (self.pts - self.pts[0]).astype(np.float64) * float(self.time_base)
 
 
 _METADATA_ERRORS = {"metadata_errors": "ignore"}  # (emptied where this PyAV has no such argument)

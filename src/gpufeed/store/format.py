@@ -22,7 +22,7 @@ A store is a directory::
       data.bin        uint8[...]          encoded JPEG bytes, back to back
       offsets.i64     int64[N + 1]        sample i is data.bin[offsets[i]:offsets[i + 1]]
       shapes.i32      int32[N, 2]         (height, width) of each encoded image
-    video mode (clips are sampled and decoded by the Loader; `sources.videos` reads the index):
+    video mode (clips are sampled and decoded by the Loader; a video's rows read as `VideoIndex`):
       data.bin        uint8[...]          each video's container file (MP4, MKV, WebM) as it was, or
                                           as `pack` re-encoded it, back to back
       offsets.i64     int64[N + 1]        video i is data.bin[offsets[i]:offsets[i + 1]]
@@ -72,6 +72,7 @@ import os
 import re
 import stat
 from dataclasses import asdict, dataclass, field
+from fractions import Fraction
 from pathlib import Path
 from typing import Any, TypeGuard
 
@@ -455,6 +456,31 @@ _EXPECTED = {
     '{"boxes": {"kind": "boxes"}}, {"keypoints": {"kind": "keypoints", "points": 1..1024}}, '
     '{"masks": {"kind": "masks", "instances": bool, "dtype": "|u1", "|i1", "<i2" or "<i4"}}',
 }
+
+
+@dataclass(frozen=True)
+class VideoIndex:
+    """One video's frames in presentation order: `pts` (int64, in `time_base` seconds), `keyframe`
+    (bool) and `packet_bytes`; the frame size, the codec and the stream's index in its container.
+    What packing finds in a video file (`sources.videos.index_video`) and a video store's rows of it
+    give back (`store.reader.Store.video`)."""
+
+    pts: np.ndarray
+    keyframe: np.ndarray
+    packet_bytes: np.ndarray
+    time_base: Fraction
+    height: int
+    width: int
+    codec: str
+    stream: int
+
+    def __len__(self) -> int:
+        return len(self.pts)
+
+    @property
+    def seconds(self) -> np.ndarray:
+        """Each frame's presentation time in seconds from the first frame's."""
+        return (self.pts - self.pts[0]).astype(np.float64) * float(self.time_base)
 
 
 @dataclass

@@ -7,7 +7,6 @@ import hashlib
 import io
 import json
 import os
-import warnings
 from fractions import Fraction
 from pathlib import Path
 
@@ -15,10 +14,10 @@ import numpy as np
 import torch
 from PIL import Image
 
-from gpufeed.sources.videos import VideoIndex
+from gpufeed.decode.base import as_tensor
 from gpufeed.store import format as fmt
 from gpufeed.store.fields import FieldColumn
-from gpufeed.store.format import Manifest, StoreError
+from gpufeed.store.format import Manifest, StoreError, VideoIndex
 
 
 def map_checked(
@@ -57,13 +56,6 @@ def _check_entries(path: Path, bad: np.ndarray, what: str) -> None:
     store: later steps index memory with these values)."""
     if bad.any():
         raise StoreError(f"{path}: entry {int(np.argmax(bad))} {what} (damaged store)")
-
-
-def as_tensor(array: np.ndarray) -> torch.Tensor:
-    """Zero-copy tensor over a read-only memory map; it must not be written to."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        return torch.from_numpy(array)
 
 
 class Described:

@@ -27,9 +27,8 @@ import numpy as np
 import torch
 
 from gpufeed.decode.asks import NO_REGION, Asks, Region
-from gpufeed.decode.base import Decoded, Encoded, PinnedStaging, nvimgcodec_install, packed
+from gpufeed.decode.base import Decoded, Encoded, PinnedStaging, as_tensor, nvimgcodec_install, packed
 from gpufeed.decode.codecs import pixels
-from gpufeed.store.reader import as_tensor
 
 
 @functools.cache
