@@ -18,11 +18,10 @@ from PIL import Image
 import gpufeed
 from conftest import decoded, save, smooth
 from gpufeed.augment import Normalize, RandomResizedCrop
-from gpufeed.decode.base import Encoded
+from gpufeed.decode.base import Encoded, as_tensor
 from gpufeed.decode.pool import shared, worker
 from gpufeed.decode.pool.segment import Segment
 from gpufeed.decode.pool.workers import DecodeWorkers
-from gpufeed.decode.base import as_tensor
 from gpufeed.synth import natural_image
 
 CPU = torch.device("cpu")

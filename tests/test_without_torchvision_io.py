@@ -39,8 +39,7 @@ sys.path.insert(0, {str(Path(__file__).parent)!r})
 import numpy as np, torch, gpufeed
 from conftest import decoded
 from gpufeed.decode.codecs import cpu
-from gpufeed.decode.base import Encoded
-from gpufeed.decode.base import as_tensor
+from gpufeed.decode.base import Encoded, as_tensor
 
 store = gpufeed.open({str(jpeg_store)!r})
 assert all(torch.equal(store[i][0], decoded(store.encoded(i))) for i in range(len(store)))

@@ -16,10 +16,9 @@ import gpufeed
 from conftest import claiming, mixed_folder
 from gpufeed.augment import Normalize, RandomHorizontalFlip, RandomResizedCrop
 from gpufeed.decode import Scheduler
-from gpufeed.decode.base import Encoded, hwc_strides
+from gpufeed.decode.base import Encoded, as_tensor, hwc_strides
 from gpufeed.decode.codecs.cpu import roi_available, roi_cost
 from gpufeed.decode.asks import crop_regions
-from gpufeed.decode.base import as_tensor
 from gpufeed.synth import encode_jpegs, make_image_folder
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

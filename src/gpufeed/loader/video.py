@@ -290,12 +290,11 @@ class VideoClips:
 
     def stats(self) -> dict:
         """How clips are decoded and what that holds: `processes` (0: `threads` of this process) and
-        their `niceness`, and
-        the shared page-locked slots (`slots`, `slot_bytes` each, made at the first pass; sized for
-        the store's largest frame, `max_hw`), and the frames decoded against those the clips hold
-        (`frames_decoded`, `frames_delivered`: from each clip's keyframe, so a long GOP costs more; the
-        processes' and threads' clips); `nvdec`, with the GPU's engines: their threads, each side's
-        clips and rates (clips/s), and why the engines stopped, if they did."""
+        their `niceness`, and the shared page-locked slots (`slots`, `slot_bytes` each, made at the
+        first pass; sized for the store's largest frame, `max_hw`), and the frames decoded against
+        those the clips hold (`frames_decoded`, `frames_delivered`: from each clip's keyframe, so a
+        long GOP costs more; the processes' and threads' clips); `nvdec`, with the GPU's engines:
+        their threads, each side's clips and rates (clips/s), and why the engines stopped, if they did."""
         return {
             "processes": self.workers,
             "niceness": self.niceness,
