@@ -25,7 +25,7 @@ from gpufeed.store.writer import file_digest
 RETRIES = 5  # tries of each download before the shard is named in an error
 BACKOFF = 0.5  # seconds before the second try, doubling
 PART = 4 << 20  # from an object store, a shard's files come as byte ranges of at most this, all at once
-RANGES_AT_ONCE = 16  # ranges of one download held in memory at once: 64 MB, so a process's fetch pool up to 512 MB
+RANGES_AT_ONCE = 16  # ranges of one download held in memory at once: 64 MB, so a process's fetch pool up to 192 MB
 RANGE_TRIES = 3  # tries of a range within one try of a download (one that timed out: none again, `retried`'s)
 TIMEOUT_TRIES = 2  # tries of a request that the server did not answer within its timeouts (`retried`)
 RANGED = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss")  # protocols whose servers all answer byte ranges

@@ -23,7 +23,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-FETCH_THREADS = 8  # shards downloaded ahead of the plan at once, per process (each its files at once)
+# shards downloaded ahead of the plan at once, per process (each its files at once, `fetch.Fetcher.get`).
+# 3 against 8: a cold epoch's first batch sooner at 10 Gbit/s (0.44-0.46 s against 0.51-0.53), its
+# rate the same or higher, and the same at 1 Gbit/s; 2 left the link 13-18 % emptier
+# (docs/benchmarks.md, "Training from a bucket")
+FETCH_THREADS = 3
 
 
 @dataclass
