@@ -244,6 +244,8 @@ def epochs(loader, step, count: int, device: str) -> list[dict]:
             row["downloaded"] = after - fetched
         if hasattr(cache, "on_download"):  # (a tree before the hook: none)
             row["downloads"] = timeline(list(records), began, time.monotonic())
+        if not out and hasattr(loader, "stats"):  # gpufeed's first pass: seconds from its constructor's call
+            row["loader_start"] = loader.stats()["start"]  # (its plan's wait: first_plan_s - first_pass_s)
         out.append(row)
     return out
 

@@ -93,6 +93,9 @@ def test_smoke(name, bench, tmp_path, capsys):
         assert warm == {"shards": 0, "on_demand": 0, "busy_s": 0.0, "last_ended_s": 0.0, "first_began_s": 0.0,
                         "each": []}
         assert len(cold["each"]) == cold["shards"] and cold["first_began_s"] == cold["each"][0][1]
+        start = written["runs"]["cold"]["loader_start"]  # the first pass's: where its start went
+        assert start["constructor_s"] <= start["first_pass_s"] <= start["first_plan_s"] <= start["first_batch_s"]
+        assert "loader_start" not in written["runs"]["warm"]
         assert written["runs"]["fetch"]["bytes"] == written["runs"]["cold"]["downloaded"] > 0  # every shard
         cold, warm = (written["runs"][f"2 ranks, one cache folder: {e}"] for e in ("cold", "warm"))
         assert cold["downloaded"] == cold["shard_bytes"] and warm["downloaded"] == 0  # each shard once a node

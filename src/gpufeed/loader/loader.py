@@ -790,7 +790,9 @@ class Loader:
         return made
 
     def _pass(self, epoch: int, start: int) -> Generator[tuple[torch.Tensor, torch.Tensor] | dict, None, None]:
+        self.counters.mark("first_pass")  # its first batch asked for
         plan = self._planner.get(epoch)
+        self.counters.mark("first_plan")  # in hand (planned on a thread since the constructor)
         self.input.begin(plan, epoch, start, self._planner)  # its checks; a bucket's shards fetched ahead
         carried = self._production.take_carried(epoch, start)
         next_plan = functools.partial(self._planner.peek, epoch + 1) if self.tuning.carry else None
