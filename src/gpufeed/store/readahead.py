@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 # shards downloaded ahead of the plan at once, per process (each its files at once, `fetch.Fetcher.get`).
 # 3 against 8: a cold epoch's first batch sooner at 10 Gbit/s (0.44-0.46 s against 0.51-0.53), its
-# rate the same or higher, and the same at 1 Gbit/s; 2 left the link 13-18 % emptier
+# rate the same or higher, and the same at 1 Gbit/s; 2 at once used 82-84 % of a 1 Gbit/s link against 95
 # (docs/benchmarks.md, "Training from a bucket")
 FETCH_THREADS = 3
 
