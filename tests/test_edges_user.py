@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import subprocess
 import sys
@@ -314,6 +315,29 @@ def test_a_folder_read_in_place_takes_names_that_are_not_utf8(tmp_path, workers)
             reasons = [(s.source, "caf\\udce9.jpg: not a regular file" in s.reason) for s in loader.skipped]
             assert reasons == [(str(cafe), True)], loader.skipped
     assert gpufeed.pack(src, tmp_path / "s", mode="jpeg", workers=1, progress=False).count == 4 + (not workers)
+
+
+def test_a_strict_log_file_gets_the_messages_that_name_files_not_utf8(tmp_path):
+    """A message naming a folder that is not UTF-8 reached a strict handler (a `logging.FileHandler`'s
+    default errors) as "--- Logging error ---" and was lost; gpufeed's messages escape those bytes."""
+    src = _jpeg_folder(_named(tmp_path, b"d\xe9j\xe0"))
+    save(_named(src / "ant", b"\xff.png"), smooth(5, 40, 48))  # re-encoded: a warning names the folder
+    failed: list[BaseException | None] = []
+
+    class Strict(logging.FileHandler):
+        def handleError(self, record):
+            failed.append(sys.exc_info()[1])
+
+    handler = Strict(tmp_path / "log.txt", encoding="utf-8")
+    logging.getLogger("gpufeed").addHandler(handler)
+    try:
+        with gpufeed.Loader(src, batch_size=5, device="cpu", num_workers=0, augment=[CenterCrop(32)]) as loader:
+            assert loader.store.reencoded == 1
+    finally:
+        logging.getLogger("gpufeed").removeHandler(handler)
+        handler.close()
+    assert failed == []
+    assert "d\\udce9j\\udce0: 1 image(s) the JPEG decoders can't read" in (tmp_path / "log.txt").read_text()
 
 
 # item 18: what the docs say a folder read in place gives (docs/loader.md, "Without packing")

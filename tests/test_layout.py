@@ -168,3 +168,12 @@ def test_no_module_imports_the_package_it_is_part_of():
     wrong = [str(path.relative_to(SRC)) for name, path in _modules().items() if name != "gpufeed"
              for module, _ in _imports(path) if module == "gpufeed"]
     assert not wrong, wrong
+
+
+def test_every_module_logs_through_the_logger_that_escapes_file_names():
+    """`gpufeed.logs.logger` escapes a file name's undecodable bytes, which a strict handler can't write;
+    a module that called `logging.getLogger` itself would lose such messages. Only the CLI, which sets
+    up the program's handler, names loggers by hand."""
+    wrong = [str(path.relative_to(SRC)) for name, path in _modules().items()
+             if name not in ("gpufeed.logs", "gpufeed.cli") and "getLogger(" in path.read_text()]
+    assert not wrong, wrong

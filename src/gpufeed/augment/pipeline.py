@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
-import logging
 import threading
 import time
 from collections.abc import Sequence
@@ -39,8 +38,9 @@ from gpufeed.augment.params import Params
 from gpufeed.augment.pixel import AFTER_NORMALIZE, PIXEL_OPS
 from gpufeed.augment.policies import POLICIES
 from gpufeed.augment.view import View, column, pair
+from gpufeed.logs import logger
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 GEOMETRIC = (
     RandomResizedCrop,
     Resize,

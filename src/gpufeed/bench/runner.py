@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gc
 import json
-import logging
 import os
 import platform
 import sys
@@ -17,8 +16,9 @@ import torch
 from gpufeed.bench import decoders, dtypes, loaders, training, transfer
 from gpufeed.bench.common import Context, Skipped
 from gpufeed.bench.plots import plot
+from gpufeed.logs import logger
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 EXPERIMENTS = {
     "transfer": transfer.run,
     "dtype": dtypes.run,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -15,10 +14,11 @@ from gpufeed.augment.keypoints import check_flip_index, transform_keypoints
 from gpufeed.augment.masks import DTYPES, transform_masks
 from gpufeed.augment.params import Params
 from gpufeed.loader.stats import Stats
+from gpufeed.logs import logger
 from gpufeed.store.format import MaskRuns, StoreError
 from gpufeed.transfer.upload import upload
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 CROWD = "iscrowd"  # the field that marks a sample's crowd instances (1), as a COCO file packs it
 PER_INSTANCE = {"boxes", "keypoints", "masks"}  # the fields a sample's crowd instances are left out of

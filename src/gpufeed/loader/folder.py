@@ -28,7 +28,6 @@ import gc
 import glob
 import hashlib
 import json
-import logging
 import os
 import tarfile
 import tempfile
@@ -45,6 +44,7 @@ import torch
 from gpufeed.decode.base import Encoded
 from gpufeed.loader.bytes import WorkerView
 from gpufeed.loader.cores import rank_cores
+from gpufeed.logs import logger
 from gpufeed.sources import (
     TAR_IMAGE_EXTS,
     TAR_SUFFIXES,
@@ -60,7 +60,7 @@ from gpufeed.sources import (
 from gpufeed.sources.headers import JPEG_MAX_SIDE
 from gpufeed.store.format import MANIFEST
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 # an entry: [height, width, bytes] of an image read as it is, [height, width, bytes, 1] of one re-encoded
 # into the folder beside the index, or the reason an image can't be read (4: JPEGs cut short are found
 # when indexed, as packing finds them; a version 3 index served them, and they failed at each load)

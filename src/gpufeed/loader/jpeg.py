@@ -10,7 +10,6 @@ processes, threads and streams.
 from __future__ import annotations
 
 import functools
-import logging
 import threading
 from collections.abc import Callable
 
@@ -27,10 +26,11 @@ from gpufeed.loader.plan import EpochPlan
 from gpufeed.loader.producer import Carried, Made, NextEpoch, Production, threaded
 from gpufeed.loader.settings import Decoding, Output
 from gpufeed.loader.stats import Stats
+from gpufeed.logs import logger
 
 __all__ = ["PREFETCH", "DecodeError", "JpegBatcher", "JpegPipelines", "jpeg_feed", "jpeg_pipelines"]
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 
 # the Loader's default `prefetch` for jpeg stores: where the workers only just keep up with a model,

@@ -12,7 +12,6 @@ raise naming the index (`"raise"`).
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections import deque
@@ -33,9 +32,10 @@ from gpufeed.loader.batch import Batch, Skipped
 from gpufeed.loader.bytes import ByteSource
 from gpufeed.loader.settings import Decoding, Output
 from gpufeed.loader.stats import Reading, Stats, stage_range
+from gpufeed.logs import logger
 from gpufeed.transfer.ring import hand_over
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 
 class DecodeError(RuntimeError):

@@ -16,7 +16,6 @@ import atexit
 import dataclasses
 import functools
 import inspect
-import logging
 import os
 import threading
 import time
@@ -42,6 +41,7 @@ from gpufeed.loader.producer import CLOSE_WAIT, Carried, Production
 from gpufeed.loader.sampler import Segment, ShardedBatchSampler, check_epoch, check_seed, resolve_rank
 from gpufeed.loader.settings import Decoding, Output, resolve_device
 from gpufeed.loader.stats import Stats, stage_range
+from gpufeed.logs import logger
 from gpufeed.transfer.gather import Gatherer
 from gpufeed.transfer.ring import PinnedRing
 
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from gpufeed.store.reader import Store
     from gpufeed.store.sharded import ShardedStore
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 
 # every Loader of this process that may have threads running: closed at the interpreter's exit, before

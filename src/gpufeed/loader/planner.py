@@ -8,13 +8,13 @@ killed parent.
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Callable
 
 from gpufeed.loader.plan import EpochPlan, plan_epoch
+from gpufeed.logs import logger
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 
 class _Ahead:

@@ -12,18 +12,18 @@ them in RAM, `disk` reads them from the page cache (see `_encoded`).
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from gpufeed.decode.base import as_tensor
+from gpufeed.logs import logger
 from gpufeed.store.reader import Store
 from gpufeed.store.sharded import ShardedStore
 from gpufeed.transfer.uva import device_view, register
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 TIERS = ("auto", "gpu", "host", "disk")
 
 

@@ -19,7 +19,6 @@ slot's conversion, on the copy stream.
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 import time
@@ -40,6 +39,7 @@ from gpufeed.loader.cores import rank_cores
 from gpufeed.loader.plan import EpochPlan
 from gpufeed.loader.producer import Carried, Made, Make, NextEpoch, Production, threaded
 from gpufeed.loader.stats import stage_range
+from gpufeed.logs import logger
 from gpufeed.processes import process_pool
 from gpufeed.sources.videos import VideoError
 from gpufeed.store.format import JPEG_DATA, VideoIndex
@@ -48,7 +48,7 @@ from gpufeed.transfer.ring import Turns, hand_over
 PRODUCERS = 2  # batches decoded at once: the processes start the next one's clips while a batch ends
 SLOTS_WARN = 8 << 30  # page-locked bytes of decode slots above which a Loader says so when it is made
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 
 class VideoDecodeError(RuntimeError):

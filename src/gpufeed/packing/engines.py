@@ -8,13 +8,13 @@ is needed and the output is byte-identical to a local pack of the same source li
 
 from __future__ import annotations
 
-import logging
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 
+from gpufeed.logs import logger
 from gpufeed.processes import process_pool
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 ENGINES = ("local", "ray")
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import errno
 import glob
-import logging
 import os
 import shutil
 import time
@@ -20,6 +19,7 @@ import numpy as np
 from tqdm import tqdm
 
 from gpufeed._version import __version__
+from gpufeed.logs import logger
 from gpufeed.packing import engines, worker
 from gpufeed.packing.datasets import dataset_source, is_dataset
 from gpufeed.packing.fields import FieldsSink, Geometry
@@ -34,7 +34,7 @@ from gpufeed.store import format as fmt
 from gpufeed.store.locations import is_url, parse_size
 from gpufeed.store.writer import atomic_store_dir
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 CHUNK = 32  # items a worker task packs at most
 # what the items of one task, and of all tasks in flight, may carry (tar members and dataset samples are
 # read here and sent to the workers; files listed by path carry nothing): memory stays bounded however

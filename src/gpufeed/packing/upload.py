@@ -7,19 +7,19 @@ store uploaded, and the old shards past the new ones removed."""
 
 from __future__ import annotations
 
-import logging
 import re
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gpufeed.logs import logger
 from gpufeed.packing.report import PackReport
 from gpufeed.store import format as fmt
 from gpufeed.store.format import StoreError
 from gpufeed.store.scratch import held_folder, reclaim
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 DEFAULT_SHARD_SIZE = "256MB"
 SCRATCH = "gpufeed-pack-"  # a pack's scratch folder in TMPDIR: SCRATCH, its process id, "-", a random part
 

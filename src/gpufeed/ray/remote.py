@@ -6,16 +6,16 @@ store reader; the GPU host never decodes.
 
 from __future__ import annotations
 
-import logging
 import os
 
 import numpy as np
 import ray.data
 from PIL import Image
 
+from gpufeed.logs import logger
 from gpufeed.packing import imaging
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 
 def read_store(

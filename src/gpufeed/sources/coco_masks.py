@@ -12,13 +12,14 @@ long) is refused before either drawer sees it: its image is skipped with the rea
 from __future__ import annotations
 
 import functools
-import logging
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-log = logging.getLogger(__name__)
+from gpufeed.logs import logger
+
+log = logger(__name__)
 
 # pycocotools draws a polygon by walking its edges at 5x resolution: about 52 bytes per pixel of edge
 # (measured), however few of those pixels are in the image. A polygon's edges may be this many pixels

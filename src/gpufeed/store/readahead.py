@@ -9,19 +9,19 @@ before the cache's, never the other way round (the cache asks `places` holding o
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from gpufeed.logs import logger
 from gpufeed.store.format import StoreError
 
 if TYPE_CHECKING:
     from gpufeed.store.remote import ShardCache
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 # shards downloaded ahead of the plan at once, per process (each its files at once, `fetch.Fetcher.get`).
 # 3 against 8: a cold epoch's first batch sooner at 10 Gbit/s (0.44-0.46 s against 0.51-0.53), its

@@ -25,7 +25,6 @@ import contextlib
 import errno
 import fcntl
 import hashlib
-import logging
 import os
 import shutil
 import threading
@@ -35,6 +34,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpufeed.logs import logger
 from gpufeed.store import format as fmt
 from gpufeed.store import users
 from gpufeed.store.fetch import Fetcher, is_whole, retried
@@ -44,7 +44,7 @@ from gpufeed.store.scratch import held_folder, let_go, reclaim
 from gpufeed.store.sharded import ShardedStore, manifest_digest, open_shard
 from gpufeed.store.users import Registration, User
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 WAIT_FOR_ROOM = 120.0  # seconds a download waits for the machine's ranks to let go of shards in a full cache
 VERIFIED = ".verified"  # in a shard's cache folder: its digest, written once every file checked

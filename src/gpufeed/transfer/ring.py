@@ -9,12 +9,13 @@ memory is not reused while the consumer's kernels may still read it.
 
 from __future__ import annotations
 
-import logging
 import threading
 
 import torch
 
-log = logging.getLogger(__name__)
+from gpufeed.logs import logger
+
+log = logger(__name__)
 
 
 def pinned_empty(shape: tuple[int, ...], dtype: torch.dtype, pin: bool) -> torch.Tensor:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import io
-import logging
 import os
 import tempfile
 import threading
@@ -19,8 +18,9 @@ import numpy as np
 from PIL import Image
 
 from gpufeed.decode.asks import Region, draft_scale, tries_region
+from gpufeed.logs import logger
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 _local = threading.local()  # a region decoder per thread: nvImageCodec decoders are not shared
 
 

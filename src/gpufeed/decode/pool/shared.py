@@ -20,7 +20,6 @@ written over by an answer meant for the old one.
 from __future__ import annotations
 
 import itertools
-import logging
 import os
 import sys
 import threading
@@ -37,8 +36,9 @@ from gpufeed.decode.pool.board import Board, Results
 from gpufeed.decode.pool.jobs import Job, Tally
 from gpufeed.decode.pool.relay import Relay
 from gpufeed.decode.pool.segment import Segment
+from gpufeed.logs import logger
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 IDLE_SECONDS = 30.0  # how long workers no loader holds wait for the next one
 

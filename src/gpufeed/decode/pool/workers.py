@@ -26,7 +26,6 @@ on a GPU, so its pixels reach the device in one DMA copy.
 
 from __future__ import annotations
 
-import logging
 import math
 import time
 import weakref
@@ -41,8 +40,9 @@ from gpufeed.decode.codecs.cpu import CpuDecoder
 from gpufeed.decode.pool import board, protocol, shared, spawn
 from gpufeed.decode.pool.jobs import Job, Tally
 from gpufeed.decode.pool.segment import Segment, unavailable
+from gpufeed.logs import logger
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 STOPPED = "the JPEG decode workers were stopped (the loader was closed, or the interpreter is exiting)"
 

@@ -4,7 +4,6 @@ GPU ones (each that can't be made here is said once, with the reason and the fix
 from __future__ import annotations
 
 import io
-import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -12,8 +11,9 @@ import numpy as np
 import torch
 
 from gpufeed.decode.base import nvimgcodec_install
+from gpufeed.logs import logger
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 START_RATES = {"hw": 15_000.0, "nvjpeg": 10_000.0, "cuda": 8_000.0}
 KNOWN = ("hw", "nvjpeg", "cuda", "cpu")
 # the default: one GPU decoder (the engines through nvImageCodec where installed, else nvJPEG) and the
