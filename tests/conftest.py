@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +12,12 @@ import torch
 from PIL import Image
 
 from gpufeed.synth import natural_image
+
+if "PYTEST_XDIST_WORKER" in os.environ:
+    # the suite runs on 2 workers over 2 cores (README's test command): torch's threads, which spin while
+    # they wait, would oversubscribe the cores in the workers and in the processes the tests start
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
 
 
 def pixels(index: int, h: int = 24, w: int = 32) -> np.ndarray:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import sys
 import threading
 import time
@@ -24,10 +25,39 @@ def process_pool(workers: int, niceness: int = 0) -> ProcessPoolExecutor:
     """A pool of `workers` processes, forked or spawned as above, that die with this process;
     `niceness` > 0: they run at that much lower a CPU priority than this process (a loader's decode
     processes yield to the training loop's thread, which launches the GPU's work)."""
-    return ProcessPoolExecutor(workers, mp_context=_context(), initializer=_worker, initargs=(os.getpid(), niceness))
+    context = _context()
+    pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_worker, initargs=(os.getpid(), niceness))
+    if context.get_start_method() == "fork":
+        try:
+            _fork_now(pool)
+        except BaseException:  # (a Ctrl-C held back while they forked): its workers ended here, as
+            # `packing.engines.stop_now` does (a shutdown without waiting left one, and the exit waited on it)
+            for process in list((getattr(pool, "_processes", None) or {}).values()):
+                process.terminate()
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+    return pool
+
+
+_HELD = {signal.SIGINT, signal.SIGTERM}
+
+
+def _fork_now(pool: ProcessPoolExecutor) -> None:
+    """Fork the pool's workers now (a first task forks them all), with SIGINT and SIGTERM held back in
+    this thread meanwhile. Right after a fork Python runs its fork callbacks in the parent (logging's
+    lock release, for one), and a KeyboardInterrupt raised inside one is printed as "Exception
+    ignored" and lost: a Ctrl-C as a pack's workers were forked let the pack run on and commit. Held,
+    the signal arrives once every worker is forked and in the pool, whose shutdown ends them (one
+    forked before a Ctrl-C that came between two forks was not, and the exit waited on it for ever)."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD)
+    try:
+        pool.submit(int)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 def _worker(parent: int, niceness: int) -> None:
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _HELD)  # (forked with them held: `_fork_now`)
     watch_parent(parent)
     if niceness > 0:
         try:
