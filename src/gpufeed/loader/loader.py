@@ -577,7 +577,9 @@ class Loader:
             if self.fields is None or video_fields
             else FieldRequest(self.fields, self.store, self.device, on_error, flip, mask_fill, keep_crowd)
         )
-        self._planner.start(self.epoch)  # the first pass's plan, made while the decoders start
+        # the first pass's plan, made while the decoders start (its order first where the input starts
+        # work from it)
+        self._planner.start(self.epoch, order_first=self.input.begins_early)
         self.counters.mark("constructor")
 
     @property
@@ -791,6 +793,9 @@ class Loader:
 
     def _pass(self, epoch: int, start: int) -> Generator[tuple[torch.Tensor, torch.Tensor] | dict, None, None]:
         self.counters.mark("first_pass")  # its first batch asked for
+        order = self._planner.early(epoch)  # (the first pass: its plan may still be being drawn)
+        if order is not None:
+            self.input.begin_early(order, epoch, start)  # a bucket's shards fetched ahead from now
         plan = self._planner.get(epoch)
         self.counters.mark("first_plan")  # in hand (planned on a thread since the constructor)
         self.input.begin(plan, epoch, start, self._planner)  # its checks; a bucket's shards fetched ahead

@@ -17,6 +17,28 @@ from gpufeed.loader.sampler import ShardedBatchSampler
 
 
 @dataclass
+class EpochOrder:
+    """The first half of a plan: which samples each batch reads, in the order they are yielded (the
+    sampler's draw, before the augment parameters'). Enough to start what depends on the order alone,
+    a bucket's downloads, while the rest is drawn."""
+
+    indices: torch.Tensor  # (samples,) int64; batch b is indices[starts[b]:starts[b + 1]]
+    starts: list[int]
+
+
+def order_epoch(sampler: ShardedBatchSampler, epoch: int) -> EpochOrder:
+    """`epoch`'s order for the sampler's rank (`plan_epoch`'s first step)."""
+    batches = sampler.batches(epoch)
+    starts = [0]
+    for b in batches:
+        starts.append(starts[-1] + len(b))
+    # in the sampler's seeded random order, not sorted: a sorted batch of an ImageFolder store is
+    # sorted by class too, and gradient accumulation or in-batch losses would see class-sorted slices
+    indices = torch.cat(batches) if batches else torch.empty(0, dtype=torch.int64)
+    return EpochOrder(indices, starts)
+
+
+@dataclass
 class EpochPlan:
     """Indices of every batch (in the seeded random order they are yielded in), back to back, and the
     augment parameters aligned with them."""
@@ -48,16 +70,13 @@ def plan_epoch(
     epoch: int,
     image_hw: tuple[int, int] | torch.Tensor,
     size_divisible: int | None = None,
+    order: EpochOrder | None = None,
 ) -> EpochPlan:
     """The plan of `epoch` for the sampler's rank; `image_hw` is one (H, W) or a (samples, 2) tensor.
-    `size_divisible`: each batch padded to one shape, a multiple of it (`Augment.sample`'s `batches`)."""
-    batches = sampler.batches(epoch)
-    starts = [0]
-    for b in batches:
-        starts.append(starts[-1] + len(b))
-    # in the sampler's seeded random order, not sorted: a sorted batch of an ImageFolder store is
-    # sorted by class too, and gradient accumulation or in-batch losses would see class-sorted slices
-    indices = torch.cat(batches) if batches else torch.empty(0, dtype=torch.int64)
+    `size_divisible`: each batch padded to one shape, a multiple of it (`Augment.sample`'s `batches`).
+    `order`: the epoch's `order_epoch`, where it was made before."""
+    order = order if order is not None else order_epoch(sampler, epoch)
+    indices, starts = order.indices, order.starts
     if augment is None:
         return EpochPlan(indices, starts, None, [])
     g = torch.Generator().manual_seed(hash((seed, epoch, sampler.rank)) & (2**63 - 1))

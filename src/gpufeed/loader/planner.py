@@ -8,10 +8,11 @@ killed parent.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable
 
-from gpufeed.loader.plan import EpochPlan, plan_epoch
+from gpufeed.loader.plan import EpochOrder, EpochPlan, order_epoch, plan_epoch
 from gpufeed.logs import logger
 
 log = logger(__name__)
@@ -88,6 +89,7 @@ class Planner:
         self._current: tuple[int, EpochPlan] | None = None  # the last epoch `get` gave
         self._depth = depth
         self._ahead: dict[int, _Ahead] = {}
+        self._orders: dict[int, EpochOrder] = {}  # `start`'s epoch: its order, drawn before its plan
         self._resolution = resolution
         self._at_size: dict[tuple[int, int], object] = {}
         self._lock = threading.Lock()  # planner threads make the chain of a new size too
@@ -103,12 +105,24 @@ class Planner:
                 self._at_size[hw] = augment.at_size(hw)
             return self._at_size[hw]
 
-    def start(self, epoch: int) -> None:
+    def start(self, epoch: int, order_first: bool = False) -> None:
         """Plan `epoch` on a thread from now, unless it is planned or being planned: a Loader's first
-        pass, while the Loader starts (made at the pass's start, it held up a bucket's first downloads
-        by the plan's time, 0.09 s for 2,000 samples on 2 cores)."""
-        if self.ready(epoch) is None and epoch not in self._ahead:
+        pass, while the Loader starts. `order_first`: its order is drawn here and the rest on the
+        thread, so that what needs only the order (`early`: a bucket's downloads) starts with the pass.
+        In a fresh process on a 16-core GPU host the whole plan came 0.2-0.5 s after the pass began,
+        drawn on a thread that shared the interpreter with the decoders' start; the order of 1.28M
+        samples takes 0.15 s on 2 cores (docs/benchmarks.md, "Training from a bucket")."""
+        if self.ready(epoch) is not None or epoch in self._ahead:
+            return
+        if order_first:
+            order = self._orders[epoch] = order_epoch(self._args[0], epoch)
+            self._ahead[epoch] = _Ahead(functools.partial(self.now, order=order), epoch)
+        else:
             self._ahead[epoch] = _Ahead(self.now, epoch)
+
+    def early(self, epoch: int) -> EpochOrder | None:
+        """`epoch`'s order while its plan is still being drawn from it (`start`), else None."""
+        return self._orders.get(epoch) if self.ready(epoch) is None else None
 
     def get(self, epoch: int) -> EpochPlan:
         plan = self.peek(epoch)
@@ -116,6 +130,7 @@ class Planner:
         for e in [e for e in self._ahead if e < epoch or e > epoch + self._depth]:
             self._ahead.pop(e).drop()  # planned and never asked for (`start`'s, then `set_epoch`): its thread ended
         self._ahead.pop(epoch, None)
+        self._orders.clear()  # (only `start`'s epoch has one; planned ahead, the others are made whole)
         for e in range(epoch + 1, epoch + self._depth + 1):
             if e not in self._ahead:
                 self._ahead[e] = _Ahead(self.now, e)
@@ -146,14 +161,16 @@ class Planner:
         elif current is not None and current[0] == epoch:
             _step(call, current[1], epoch)
 
-    def now(self, epoch: int) -> EpochPlan:
+    def now(self, epoch: int, order: EpochOrder | None = None) -> EpochPlan:
+        """`epoch`'s plan, made here (from its `order`, where it was drawn before)."""
         sampler, _, seed, sizes = self._args
-        return plan_epoch(sampler, self.augment(epoch), seed, epoch, sizes, self._size_divisible)
+        return plan_epoch(sampler, self.augment(epoch), seed, epoch, sizes, self._size_divisible, order)
 
     def forget(self, epoch: int) -> None:
         """Drop what was planned of `epoch` (its sampler now plans it otherwise: a resume)."""
         if self._current is not None and self._current[0] == epoch:
             self._current = None
+        self._orders.pop(epoch, None)
         ahead = self._ahead.pop(epoch, None)
         if ahead is not None:
             ahead.drop()

@@ -33,6 +33,13 @@ class Input:
         """What a jpeg store's batches read their encoded images from, once, after `tier`."""
         raise NotImplementedError
 
+    # whether `begin_early` starts anything: the first pass's order is then drawn as the Loader is made
+    begins_early = False
+
+    def begin_early(self, order, epoch: int, start: int) -> None:
+        """A pass of `epoch` begins at batch `start` while its plan is still being drawn: what needs only
+        its `order` (`plan.EpochOrder`) starts now; `begin` follows once the plan is made."""
+
     def begin(self, plan, epoch: int, start: int, planner) -> None:
         """A pass of `epoch`'s `plan` begins at batch `start` (`planner`: the next epochs' plans)."""
 

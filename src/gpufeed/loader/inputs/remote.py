@@ -32,6 +32,13 @@ class RemoteInput(ShardedInput):
     def shards(self, window: int | None, batch_size: int) -> Shards | None:
         return _shards(self.store, window, batch_size)
 
+    begins_early = True
+
+    def begin_early(self, order, epoch: int, start: int) -> None:
+        """This pass's shards fetched ahead from its order, before its plan is made (`begin` then adds
+        the next epoch's)."""
+        self.ahead.follow(_shard_order(self.store, order, epoch, start, None), local_ranks())
+
     def begin(self, plan, epoch: int, start: int, planner) -> None:
         """Fetch this rank's shards ahead, in the order it reads them, and the next epoch's after them:
         now where it is planned already, else once it is (`Planner.when_made`)."""
@@ -54,10 +61,10 @@ class RemoteInput(ShardedInput):
 
 
 def _shard_order(store: RemoteStore, plan, epoch: int, start: int, following) -> list[Want]:
-    """What a rank reads from batch `start` of epoch `epoch`'s `plan` on: each shard's samples, in the
-    order it first reads them; then the same of the next epoch's plan where it is made (`following`,
-    or None): the cache fetches across the epoch's end instead of waiting for the next pass to begin
-    (0.2-0.3 s of a cache-bound epoch's start otherwise)."""
+    """What a rank reads from batch `start` of epoch `epoch`'s `plan` (or its `EpochOrder`) on: each
+    shard's samples, in the order it first reads them; then the same of the next epoch's plan where it
+    is made (`following`, or None): the cache fetches across the epoch's end instead of waiting for the
+    next pass to begin (0.2-0.3 s of a cache-bound epoch's start otherwise)."""
     indices = plan.indices[plan.starts[start] :]
     wants = _wants(store, epoch, indices, 0)
     return wants if following is None else wants + _wants(store, epoch + 1, following.indices, len(indices))
