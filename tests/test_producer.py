@@ -11,7 +11,7 @@ import torch
 from gpufeed.loader.batch import Batch
 from gpufeed.loader.producer import Made, NextEpoch, Production, threaded
 from gpufeed.loader.stats import Stats
-from gpufeed.transfer.ring import Turns
+from gpufeed.transfer.ring import PinnedRing, Turns
 
 
 def _batch(number: int) -> Made:
@@ -33,6 +33,24 @@ def test_a_slot_taken_is_not_handed_out_again_before_it_is_released():
     assert got == [0]
     turns.release(1, None)
     turns.release(0, None)
+
+
+def test_a_slot_whose_filling_failed_is_given_back():
+    """`PinnedRing.filling`: a batch that failed while it filled its slot (a gather or copy that raised)
+    gives the slot back at once; the ring's next turn on it does not wait for a copy that never came."""
+    ring = PinnedRing(1, (2, 2, 3), 4, pin=False)
+    try:
+        with ring.filling() as k:
+            ring.images[k][:2] = 7
+            raise ValueError("a gather failed")
+    except ValueError:
+        pass
+    got: list[int] = []
+    taking = threading.Thread(target=lambda: got.append(ring.acquire()), daemon=True)
+    taking.start()
+    taking.join(5)
+    assert got == [0]
+    ring.release(0, None)
 
 
 def test_a_pass_left_early_stops_the_threads_making_its_carried_batches():

@@ -99,19 +99,11 @@ def gather_copy(how: HostGather, idx: torch.Tensor, params, counters: Stats) -> 
         counters.add("gather", time.perf_counter() - t0, images.numel())
         return Made(Batch(images, tier.labels.index_select(0, idx), params, samples=idx), None)
     ring = how.ring
-    k = ring.acquire()
-    try:
-        images = how.gather(tier.images, idx, ring.images[k][:n])
-        labels = torch.index_select(tier.labels, 0, idx, out=ring.labels[k][:n])
-    except BaseException:
-        ring.release(k, None)
-        raise
-    counters.add("gather", time.perf_counter() - t0, images.numel())
+    with ring.filling() as k:
+        how.gather(tier.images, idx, ring.images[k][:n])
+        torch.index_select(tier.labels, 0, idx, out=ring.labels[k][:n])
+    counters.add("gather", time.perf_counter() - t0, ring.images[k][:n].numel())
     t1 = time.perf_counter()
-    with torch.cuda.stream(how.stream):
-        images = images.to(how.device, non_blocking=True)
-        labels = labels.to(how.device, non_blocking=True)
-        event = how.stream.record_event()  # type: ignore[union-attr]  # a GPU's: with the ring
-    ring.release(k, event)
+    images, labels, event = ring.send(k, n, how.stream, how.device)  # type: ignore[arg-type]  # a GPU's: with the ring
     counters.add("h2d_issue", time.perf_counter() - t1, images.numel())
     return Made(Batch(images, labels, params, samples=idx), event)

@@ -113,21 +113,12 @@ class RayLoader:
         with stage_range("gpufeed.gather+h2d", True):
             t0 = time.perf_counter()
             ring = self._slots(images.shape[1:])
-            k = ring.acquire()
-            host = ring.images[k][:n]
-            try:
-                host.numpy()[:] = images
+            with ring.filling() as k:
+                ring.images[k][:n].numpy()[:] = images
                 ring.labels[k][:n].numpy()[:] = labels
-            except BaseException:
-                ring.release(k, None)
-                raise
             t1 = time.perf_counter()
             self.counters.add("copy", t1 - t0, images.nbytes)
-            with torch.cuda.stream(self.copy_stream):
-                on_device = host.to(self.device, non_blocking=True)
-                labels_on_device = ring.labels[k][:n].to(self.device, non_blocking=True)
-                event = self.copy_stream.record_event()
-            ring.release(k, event)
+            on_device, labels_on_device, event = ring.send(k, n, self.copy_stream, self.device)
             self.counters.add("h2d_issue", time.perf_counter() - t1, images.nbytes)
         hand_over(event, on_device, labels_on_device)
         return on_device, labels_on_device

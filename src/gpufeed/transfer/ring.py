@@ -9,7 +9,9 @@ memory is not reused while the consumer's kernels may still read it.
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 
 import torch
 
@@ -83,6 +85,29 @@ class PinnedRing:
     def release(self, k: int, event: torch.cuda.Event | None) -> None:
         """Slot `k` may be refilled once `event` (recorded after its copy) has fired."""
         self._turns.release(k, event)
+
+    @contextlib.contextmanager
+    def filling(self) -> Iterator[int]:
+        """The next slot (`acquire`) to fill in the block, given back at once where the block raises
+        (nothing was copied out of it); else the caller `send`s it."""
+        k = self.acquire()
+        try:
+            yield k
+        except BaseException:
+            self.release(k, None)
+            raise
+
+    def send(
+        self, k: int, n: int, stream: torch.cuda.Stream, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.cuda.Event]:
+        """Slot `k`'s first `n` images and labels copied to `device` on `stream`: (images, labels, the
+        event recorded after the copies); the slot is refilled once that event has fired."""
+        with torch.cuda.stream(stream):
+            images = self.images[k][:n].to(device, non_blocking=True)
+            labels = self.labels[k][:n].to(device, non_blocking=True)
+            event = stream.record_event()
+        self.release(k, event)
+        return images, labels, event
 
 
 def hand_over(event: torch.cuda.Event | None, *tensors: torch.Tensor) -> None:
