@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Executor, ProcessPoolExecutor
 from typing import Any
 
 
@@ -30,13 +30,23 @@ def process_pool(workers: int, niceness: int = 0) -> ProcessPoolExecutor:
     if context.get_start_method() == "fork":
         try:
             _fork_now(pool)
-        except BaseException:  # (a Ctrl-C held back while they forked): its workers ended here, as
-            # `packing.engines.stop_now` does (a shutdown without waiting left one, and the exit waited on it)
-            for process in list((getattr(pool, "_processes", None) or {}).values()):
-                process.terminate()
+        except BaseException:  # (a Ctrl-C held back while they forked; a shutdown without waiting left
+            # a worker, and the exit waited on it)
+            stop_now(pool)
             pool.shutdown(wait=False, cancel_futures=True)
             raise
     return pool
+
+
+def stop_now(executor: Executor) -> None:
+    """End a local pool's work in flight at once, for a pack that failed or was stopped (an error,
+    Ctrl-C, SIGTERM), so that its shutdown waits on no worker: each worker process is terminated.
+    Waiting instead can hang for ever: when a worker dies (SIGTERM sent to the whole process group)
+    as the pool starts another, the pool's own cleanup misses the new one and then waits for it.
+    ProcessPoolExecutor offers no public way before Python 3.14 (terminate_workers), hence its
+    `_processes`; other executors are left to their shutdown."""
+    for process in list((getattr(executor, "_processes", None) or {}).values()):
+        process.terminate()
 
 
 _HELD = {signal.SIGINT, signal.SIGTERM}

@@ -61,17 +61,6 @@ class RayExecutor(Executor):
             self._ray.shutdown()
 
 
-def stop_now(executor: Executor) -> None:
-    """End a local pool's work in flight at once, for a pack that failed or was stopped (an error,
-    Ctrl-C, SIGTERM), so that its shutdown waits on no worker: each worker process is terminated.
-    Waiting instead can hang for ever: when a worker dies (SIGTERM sent to the whole process group)
-    as the pool starts another, the pool's own cleanup misses the new one and then waits for it.
-    ProcessPoolExecutor offers no public way before Python 3.14 (terminate_workers), hence its
-    `_processes`; other executors are left to their shutdown."""
-    for process in list((getattr(executor, "_processes", None) or {}).values()):
-        process.terminate()
-
-
 @dataclass
 class Engine:
     """An executor, how many tasks it runs at once, and whether its workers share our disk."""

@@ -28,6 +28,7 @@ from gpufeed.packing.report import PackReport as PackReport  # (its home before 
 from gpufeed.packing.sigterm import sigterm_stops
 from gpufeed.packing.sinks import JpegSink, RawSink, VideoSink
 from gpufeed.packing.upload import pack_to_url
+from gpufeed.processes import stop_now
 from gpufeed.sources import Item, Skip, open_source
 from gpufeed.sources.images import JPEG_QUALITY
 from gpufeed.store import format as fmt
@@ -439,7 +440,7 @@ def _pack_local(
                 bar.update(len(chunk.items))
                 bar.set_postfix(skipped=len(skipped), refresh=False)
         except BaseException:
-            engines.stop_now(executor)
+            stop_now(executor)
             raise
         finally:
             bar.close()
