@@ -52,6 +52,7 @@ def test_summary_and_plot_only(bench_out, capsys):
 
 
 def test_one_experiment_and_bad_names(tmp_path):
-    assert main(["bench", "decoders", "--quick", "--device", "cpu", "--out", str(tmp_path)]) == 0
-    assert list(json.loads((tmp_path / "results.json").read_text())["experiments"]) == ["decoders"]
+    assert main(["bench", "transfer", "--quick", "--device", "cpu", "--out", str(tmp_path)]) == 0
+    experiments = json.loads((tmp_path / "results.json").read_text())["experiments"]
+    assert list(experiments) == ["transfer"] and "CUDA" in experiments["transfer"]["skipped"]
     assert main(["bench", "nope", "--out", str(tmp_path)]) == 1

@@ -20,12 +20,11 @@ import gpufeed
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 SHARED = ("common", "feeds", "others", "photos", "video_others", "waits")  # modules the scripts share, imported by their plain names
-SMOKES = {  # script: extra arguments of its smoke (each benchmark once; ddp_bench's two modes)
+SMOKES = {  # script: extra arguments of its smoke (each benchmark once; ddp_bench's --train: a test below)
     "train_bench": [],
     "jpeg_bench": [],
     "loader_bench": [],
     "ddp_bench": [],
-    "ddp_bench --train": ["--train", "resnet18"],
     "folder_bench": [],
     "index_bench": [],
     "pack_bench": [],

@@ -19,8 +19,8 @@ import gpufeed
 from conftest import save
 
 SRC = str(Path(gpufeed.__file__).parent.parent)
-RUNS = 3  # of each kind, with close() and without, an exit code each (without the fix 8 of 10 aborted: 6 all
-# passing then, 1 in 15,000; 5 of each cost the suite 8 s more)
+RUNS = 2  # of each kind, with close() and without, an exit code each (without the fix 8 of 10 aborted: 4 all
+# passing then, 1 in 625; each run more costs the suite ~3.5 s)
 
 # the README's loop over a jpeg store on the CPU, crops large enough that the producer is still
 # making the next epoch's first batches when the script ends

@@ -53,7 +53,7 @@ def _gpu_decoders(ctx: Context) -> tuple[dict, list[str]]:
 
 
 def run(ctx: Context) -> list[Figure]:
-    count = 16 if ctx.quick else 64
+    count = 8 if ctx.quick else 64
     images = natural_images(count)
     cores = os.cpu_count() or 1
     gpu, missing = _gpu_decoders(ctx)
