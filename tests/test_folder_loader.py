@@ -73,9 +73,9 @@ def test_each_batch_is_read_once_while_the_ones_before_decode(tmp_path, monkeypa
     (batcher,) = loader.jpeg.pipelines
     finish = batcher.scheduler.finish
 
-    def recorded(indices):
+    def recorded(indices, first=None):
         events.append(("read", indices.tolist()))
-        return read_later(indices)
+        return read_later(indices, first)
 
     def decode(*args, **kwargs):
         events.append(("decode", None))
@@ -93,6 +93,40 @@ def test_each_batch_is_read_once_while_the_ones_before_decode(tmp_path, monkeypa
         assert sorted(k for batch in reads for k in batch) == sorted(list(range(16)) * times)
         events.clear()
         assert sum(len(images) for images, _ in loader) == 16
+    loader.close()
+
+
+def test_a_batch_read_in_part_reads_the_rest_as_its_decoders_ask(tmp_path, monkeypatch):
+    """`read_later(indices, first)` reads only the images at `first` now (those this process's decoders
+    will likely take); another is read when a decoder makes its part readable, and one nobody asks for
+    is never read. The bytes are the whole read's."""
+    _jpegs(tmp_path / "img", n=8)
+    store = folder.FolderStore(tmp_path / "img")
+    whole = store.read(np.arange(8))
+    opened, real_open = [], os.open
+    monkeypatch.setattr(os, "open", lambda path, *a, **k: opened.append(str(path)) or real_open(path, *a, **k))
+    named = lambda ks: sorted(store.source(k) for k in ks)  # noqa: E731
+    batch = store.read_later(np.arange(8), first=np.array([5, 1]))()
+    assert sorted(opened) == named([1, 5])
+    with pytest.raises(RuntimeError, match="readable"):  # not read yet: no decoder may take its bytes unasked
+        batch.take(np.array([0])).arrays()
+    part = batch.take(np.array([0, 5, 6])).readable()
+    assert sorted(opened) == named([0, 1, 5, 6])  # 5 was read already; 2, 3, 4 and 7 never are
+    assert [a.tobytes() for a in part.arrays()] == [a.tobytes() for a in whole.take(np.array([0, 5, 6])).arrays()]
+    assert store.read_later(np.arange(8), first=np.arange(8))().fill is None  # all read: nothing left to ask
+
+
+def test_a_folder_whose_workers_decode_every_image_reads_no_file_in_the_loader(tmp_path, monkeypatch):
+    """The decode workers read their share of a batch from its files themselves; the loader's process
+    reads ahead only its own decoders' likely share (the GPU decoders'). On a CPU the workers decode
+    every image, so the loader reads none (it used to read each image once for nothing)."""
+    _jpegs(tmp_path / "img")
+    loader = gpufeed.Loader(tmp_path / "img", batch_size=4, device="cpu", augment=OPS, num_workers=2, seed=1)
+    reads, real_preadv = [], os.preadv
+    monkeypatch.setattr(os, "preadv", lambda fd, views, at: reads.append(at) or real_preadv(fd, views, at))
+    for _ in range(2):
+        assert sum(len(images) for images, _ in loader) == 16
+    assert reads == [] and loader.stats()["decoded_by"] == {"cpu": 32}  # both passes, by the workers
     loader.close()
 
 

@@ -208,3 +208,27 @@ def test_gpu_decoders_that_open_late_join_the_next_batch_and_the_cpu_decodes_mea
         parts, failed = s.run(batch, shapes, boxes, (16, 16), False)  # waits for the GPU decoder
         assert gate.is_set() and not failed and s.counts["hw"] == 4 and not s.counts["cpu"]
         s.close()
+
+
+def test_a_batch_read_ahead_reads_first_the_positions_the_gpu_decoders_will_take(monkeypatch):
+    """`read_first` names the positions of a batch that `start` would give the GPU decoders (and a spare
+    part next in line): what a folder read in place reads ahead in this process, the CPU's worker
+    processes reading their own. None where this process's CPU threads decode too; none at all
+    without GPU decoders."""
+    datas = [_jpeg(60 + 10 * k, 120) for k in range(8)]
+    batch = Encoded.of(torch.cat(datas), np.cumsum([0] + [len(d) for d in datas]), np.arange(8))
+    shapes = np.array([[60 + 10 * k, 120] for k in range(8)])
+    boxes = np.array([[0, 0, 120, 30 + 5 * k] for k in range(8)], float)  # crops of different costs
+    monkeypatch.setattr(scheduler.Scheduler, "_timed", lambda self, dec, part, shapes, stream: (_on_the_cpu(self, part), 0.01))
+    assert scheduler.Scheduler(torch.device("cpu"), 1).read_first(shapes, boxes) is None  # its own CPU threads
+    workers = scheduler.CpuDecoder(1)  # stands in for decode workers: a CPU decoder the scheduler was given
+    s = scheduler.Scheduler(torch.device("cpu"), 1, cpu=workers)
+    assert s.read_first(shapes, boxes).tolist() == []  # the CPU decodes every image
+    s = _as_on_a_gpu(s)  # the GPU decoder's rate equals the CPU's one thread: half the batch each
+    first = s.read_first(shapes, boxes, spare=0)
+    started = s.start(batch, shapes, boxes, (16, 16))
+    assert len(first) == 4 and sorted(first.tolist()) == sorted(started.order[: started.starts[-2]].tolist())
+    assert len(s.read_first(shapes, boxes)) == 5  # one spare (READ_SPARE of 8, rounded up), next in line
+    s.finish(started, pin=False)
+    s.close()
+    workers.close()

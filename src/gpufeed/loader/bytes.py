@@ -5,8 +5,9 @@ batch's bytes and never look at what is behind it. Three sources exist:
 
 - `PackedBytes`: a packed jpeg store, whose `data.bin` is memory-mapped (and page-locked on a GPU,
   the host tier): a batch is a view, nothing is read; the workers map the same file.
-- `loader.folder.FolderStore`: JPEGs read where they are (a folder, a list, tar shards): each batch
-  is read from its files on threads, a batch ahead; the workers read their share themselves.
+- `loader.folder.FolderStore`: JPEGs read where they are (a folder, a list, tar shards): the GPU
+  decoders' likely share of each batch is read from its files on threads, a batch ahead; the workers
+  read their share themselves.
 - `ShardBytes`: a sharded store's (on this disk, or a remote store's shards in its local cache):
   each batch copied from its shards' memory maps, a batch ahead; the workers read the shard files.
 """
@@ -50,9 +51,11 @@ class ByteSource(Protocol):
     def source(self, i: int) -> str:
         """Where sample `i` came from (a file, `shard.tar:key`)."""
 
-    def read_later(self, indices: np.ndarray) -> Callable[[], Encoded]:
+    def read_later(self, indices: np.ndarray, first: np.ndarray | None = None) -> Callable[[], Encoded]:
         """Start getting the bytes of images `indices`; the returned call waits for them. An image that
-        can't be read is left empty (its decoder fails it, and the Loader says so)."""
+        can't be read is left empty (its decoder fails it, and the Loader says so). `first`: the
+        positions this process's decoders will likely take (`Scheduler.read_first`), worth reading
+        ahead; a source may read only those now and the rest when asked (`Encoded.readable`)."""
 
     def for_workers(self) -> WorkerView:
         """What the CPU decode worker processes read from."""
@@ -92,7 +95,7 @@ class PackedBytes(OfAStore):
         self.shapes = np.asarray(store.shapes).view(np.ndarray)
         self._offsets = np.asarray(store.offsets).view(np.ndarray)
 
-    def read_later(self, indices: np.ndarray) -> Callable[[], Encoded]:
+    def read_later(self, indices: np.ndarray, first: np.ndarray | None = None) -> Callable[[], Encoded]:
         batch = Encoded.of(self._data, self._offsets, indices)
         return lambda: batch
 
@@ -131,7 +134,8 @@ class ShardBytes(OfAStore):
     def for_workers(self) -> WorkerView:
         return WorkerView(files=self.files())
 
-    def read_later(self, indices: np.ndarray) -> Callable[[], Encoded]:
+    def read_later(self, indices: np.ndarray, first: np.ndarray | None = None) -> Callable[[], Encoded]:
+        """(`first` unused: a batch's images are copied from the shards' maps as its decoders ask.)"""
         shards, local = self.store.locate(indices)
         used, inverse, counts = np.unique(shards, return_inverse=True, return_counts=True)
         self._use(used.tolist(), counts.tolist())

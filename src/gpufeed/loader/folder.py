@@ -306,8 +306,11 @@ class FolderStore:
         it (evaluation), as for a damaged store."""
         return self.read_later(indices)()
 
-    def read_later(self, indices: np.ndarray) -> Callable[[], Encoded]:
-        """Start `read(indices)` on the threads and return at once; the returned call waits for it."""
+    def read_later(self, indices: np.ndarray, first: np.ndarray | None = None) -> Callable[[], Encoded]:
+        """Start `read(indices)` on the threads and return at once; the returned call waits for it.
+        `first`: only the images at these positions are read now (those this process decodes: the GPU
+        decoders' likely share), the others when a decoder here asks (`Encoded.readable`); the decode
+        workers read theirs from the files themselves."""
         sizes = self._sizes[indices]
         ends = np.cumsum(sizes)
         begins = ends - sizes
@@ -315,8 +318,9 @@ class FolderStore:
         file_index = self._file_of[indices]
         files = self._files[file_index]
         at = self._begins[indices]
+        read = np.zeros(len(indices), bool)  # per position: its bytes are in `buffer`
 
-        def some(ks: range) -> None:
+        def some(ks: list[int]) -> None:
             for k in ks:
                 # (numpy's stubs give an ndarray the buffer protocol from Python 3.12 on)
                 view = memoryview(buffer)[int(begins[k]) : int(ends[k])]  # type: ignore[arg-type, unused-ignore]
@@ -332,20 +336,28 @@ class FolderStore:
                     got = 0
                 if got < len(view):
                     view[:] = b"\0" * len(view)  # changed since indexed: undecodable, replaced
+                read[k] = True
+
+        def fill(part: Encoded) -> None:  # the images of this batch in `part` not read yet, read now
+            # (a position's `begins` is its own; an empty image shares it with the next, which is read then)
+            ks = np.searchsorted(begins, part.begins, side="right") - 1
+            some(ks[~read[ks]].tolist())
 
         # a run of files per thread, not a task per file: each task's hand-over takes the GIL from the
         # training thread, and per file that made a folder's pass half as fast as its packed store's
         # (docs/benchmarks.md, "Reading a folder in place"; fewer runs than threads were tried: one call
         # favoured 4 on page-cached photos, another did not, and files read from a network filesystem
         # or a cold disk want reads in flight)
-        n, runs = len(indices), self._threads
+        now = list(range(len(indices))) if first is None else np.sort(first).tolist()
+        n, runs = len(now), self._threads
         step = max(1, -(-n // runs))
-        pending = [self._pool.submit(some, range(a, min(a + step, n))) for a in range(0, n, step)]
+        pending = [self._pool.submit(some, now[a : a + step]) for a in range(0, n, step)]
 
         def done() -> Encoded:
             for job in pending:
                 job.result()
-            return Encoded(torch.from_numpy(buffer), buffer, begins, ends, file_index, at)
+            later = None if first is None or read.all() else fill
+            return Encoded(torch.from_numpy(buffer), buffer, begins, ends, file_index, at, later)
 
         return done
 

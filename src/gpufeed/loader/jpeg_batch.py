@@ -151,7 +151,8 @@ class JpegBatcher:
             self._next = following, self._start(following, ahead[0].params, pace)
         if self.images.reads_ahead and len(ahead) > 1:  # read while this batch and the next decode
             later = ahead[1].indices.numpy()
-            self._reads.append(ReadAhead(later, self.images.read_later(later)))
+            first = self._read_first(later, ahead[1].params)
+            self._reads.append(ReadAhead(later, self.images.read_later(later, first)))
 
     def _instead(self, idx: torch.Tensor, failed: dict[int, str], params: Params, replacing: bool) -> Batch | None:
         """The batch made instead of this one, whose samples `failed` did not decode, or None where it
@@ -240,7 +241,7 @@ class JpegBatcher:
     def _start(self, i: np.ndarray, params: Params, pace: Pace | None = None) -> Started:
         """Read batch `i`'s bytes and hand the scheduler the batch (its CPU share starts decoding)."""
         t0 = time.perf_counter()
-        batch = self._encoded(i)
+        batch = self._encoded(i, params)
         self.counters.add("read", time.perf_counter() - t0, int((batch.ends - batch.begins).sum()))
         return self.scheduler.start(batch, self._shapes[i], params.boxes.numpy().copy(), params.out_hw, pace)
 
@@ -250,13 +251,17 @@ class JpegBatcher:
             self.scheduler.drop(self._next[1])
             self._next = None
 
-    def _encoded(self, i: np.ndarray) -> Encoded:
+    def _encoded(self, i: np.ndarray, params: Params) -> Encoded:
         while self._reads:
             ahead = self._reads.popleft()
             read = ahead.result()  # waited for even if unused: no reads left running behind the loader
             if np.array_equal(ahead.indices, i):
                 return read
-        return self.images.read_later(i)()
+        return self.images.read_later(i, self._read_first(i, params))()
+
+    def _read_first(self, i: np.ndarray, params: Params) -> np.ndarray | None:
+        """The positions of batch `i` whose bytes this process reads first (`Scheduler.read_first`)."""
+        return self.scheduler.read_first(self._shapes[i], params.boxes.numpy())
 
     def _replaced(self, idx: torch.Tensor, params: Params, tries: int = 8) -> Batch:
         """A batch none of whose samples decoded (`on_error="skip"`): made of the samples that follow

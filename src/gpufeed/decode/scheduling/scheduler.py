@@ -38,6 +38,11 @@ from gpufeed.decode.scheduling.shares import GpuShare, GpuShares, Started
 from gpufeed.decode.scheduling.steering import Measured, Pace, Steering
 from gpufeed.decode.tuning import Tuning
 
+# the part of a batch read ahead beyond the GPU decoders' share when it was read (`Scheduler.read_first`):
+# their share moves with the pace between the read and the split, and a position left out is read
+# on the GPU share's thread as it decodes
+READ_SPARE = 0.125
+
 
 class Scheduler:
     """Decoders for one pipeline: on a GPU those of `use` that can be made here, and a CPU decoder
@@ -178,9 +183,7 @@ class Scheduler:
             self.steering.steer(pace, threads, len(batch))
             shares = self.shares(len(batch), threads)
         starts = np.cumsum([0] + shares)
-        regions = crop_regions(shapes, boxes)
-        cost = roi_cost(shapes, regions)
-        order = np.argsort(-cost, kind="stable") if self.roi else np.arange(len(batch))  # the CPU's last
+        regions, cost, order = self._order(shapes, boxes)
         cpu_pos = order[starts[-2] : starts[-1]]
         asks = self._asks(cpu_pos, shapes, boxes, out_hw, regions, cost)
         submitted = time.perf_counter()  # before: the CPU may finish small shares before `submit` returns
@@ -206,6 +209,29 @@ class Scheduler:
             gpu_job=gpu_job,
             gpu=decoders,
         )
+
+    def _order(self, shapes: np.ndarray, boxes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """A batch's crop regions, their CPU cost, and its positions in the order the decoders take them:
+        the GPU decoders from the front, the CPU the rest (with crops the CPU decodes alone, the cheapest)."""
+        regions = crop_regions(shapes, boxes)
+        cost = roi_cost(shapes, regions)
+        order = np.argsort(-cost, kind="stable") if self.roi else np.arange(len(shapes))
+        return regions, cost, order
+
+    def read_first(self, shapes: np.ndarray, boxes: np.ndarray, spare: float = READ_SPARE) -> np.ndarray | None:
+        """The positions of a batch (`shapes`, crop `boxes`) whose bytes this process will read, were the
+        batch split now: the GPU decoders' share, and a `spare` part of the batch next in line (the split
+        moves with the pace), for a source that reads a batch's files ahead (a folder read in place). The
+        CPU's worker processes read their share from the files themselves; a GPU position outside this
+        is read when decoded (`Encoded.readable`). None: every position (CPU threads of this process
+        decode, or the GPU decoders are still opening)."""
+        if self._own_cpu or self.opening:
+            return None
+        if not self.gpu:
+            return np.zeros(0, np.int64)  # the CPU's workers decode every image (no GPU decoders here)
+        n = len(shapes)
+        take = min(n, self.steering.gpu_count(n, self.cpu.threads) + int(np.ceil(spare * n)))
+        return self._order(shapes, boxes)[2][:take]
 
     def finish(self, started: Started, pin: bool) -> tuple[list[tuple[Decoded, np.ndarray]], dict[int, str]]:
         """Wait for the GPU decoders' shares of a started batch (decode them now if they were not started)

@@ -225,19 +225,26 @@ class Steering:
         and at least one image per thread, so its rate is always measured anew."""
         if not self.gpu:
             return [n]
-        cpu = 0
-        if self.cpu_share:
-            if self.gpu_part is None:
-                gpu = round(n * self.together(threads))
-            else:
-                gpu = round(n * self.gpu_part)
-                gpu = 0 if gpu < self.tuning.gpu_min * n or (self.cost is not None and self.cost.benched) else gpu
-            cpu = min(n, max(n - gpu, threads))
-            if self.cost is not None:
-                self.cost.last_gpu = cpu < n
+        cpu = n - self.gpu_count(n, threads)
+        if self.cpu_share and self.cost is not None:
+            self.cost.last_gpu = cpu < n
         own = np.cumsum([self.rates[name] for name in self.gpu])
         bounds = np.rint((n - cpu) * own / own[-1]).astype(np.int64)
         return np.diff(bounds, prepend=0).tolist() + [cpu]
+
+    def gpu_count(self, n: int, threads: int) -> int:
+        """How many images of a batch of `n` the GPU decoders take together (`shares`, which also keeps
+        count of what it split; this only says)."""
+        if not self.gpu:
+            return 0
+        if not self.cpu_share:
+            return n
+        if self.gpu_part is None:
+            gpu = round(n * self.together(threads))
+        else:
+            gpu = round(n * self.gpu_part)
+            gpu = 0 if gpu < self.tuning.gpu_min * n or (self.cost is not None and self.cost.benched) else gpu
+        return n - min(n, max(n - gpu, threads))
 
     def together(self, threads: int) -> float:
         """The GPU decoders' part of a batch for which they and the CPU's `threads` finish together."""
