@@ -40,7 +40,7 @@ import torch
 
 import common
 
-SMOKE = dict(n=6, image="64x48", size=32, device="cpu", batch=2, workers=0, batches=2, warmup=1, steps=1,
+SMOKE = dict(n=6, image="64x48", size=32, device="cpu", batch=2, workers=0, batches=2, warmup=0, steps=1,
              repeats=1, workdir=None, models="maskrcnn", train_repeats=1, segmentation="none")
 K = 17
 FLIP = [0, 2, 1, 4, 3, 6, 5, 8, 7, 10, 9, 12, 11, 14, 13, 16, 15]  # COCO's persons: left and right swapped
