@@ -211,10 +211,10 @@ def test_gpu_decoders_that_open_late_join_the_next_batch_and_the_cpu_decodes_mea
 
 
 def test_a_batch_read_ahead_reads_first_the_positions_the_gpu_decoders_will_take(monkeypatch):
-    """`read_first` names the positions of a batch that `start` would give the GPU decoders (and a spare
-    part next in line): what a folder read in place reads ahead in this process, the CPU's worker
-    processes reading their own. None where this process's CPU threads decode too; none at all
-    without GPU decoders."""
+    """`read_first` names the positions of a batch that a folder read in place reads ahead in this
+    process, the CPU's worker processes reading their own: none without GPU decoders; with
+    `read_gpu_share`, those `start` would give the GPU decoders (and a spare part next in line).
+    None (all) where this process's CPU threads decode too, or with GPU decoders by default."""
     datas = [_jpeg(60 + 10 * k, 120) for k in range(8)]
     batch = Encoded.of(torch.cat(datas), np.cumsum([0] + [len(d) for d in datas]), np.arange(8))
     shapes = np.array([[60 + 10 * k, 120] for k in range(8)])
@@ -225,10 +225,13 @@ def test_a_batch_read_ahead_reads_first_the_positions_the_gpu_decoders_will_take
     s = scheduler.Scheduler(torch.device("cpu"), 1, cpu=workers)
     assert s.read_first(shapes, boxes).tolist() == []  # the CPU decodes every image
     s = _as_on_a_gpu(s)  # the GPU decoder's rate equals the CPU's one thread: half the batch each
-    first = s.read_first(shapes, boxes, spare=0)
+    assert s.read_first(shapes, boxes) is None  # with GPU decoders: every position, unless asked
+    s.tuning = Tuning(read_gpu_share=True, read_spare=0)
+    first = s.read_first(shapes, boxes)
     started = s.start(batch, shapes, boxes, (16, 16))
     assert len(first) == 4 and sorted(first.tolist()) == sorted(started.order[: started.starts[-2]].tolist())
-    assert len(s.read_first(shapes, boxes)) == 5  # one spare (READ_SPARE of 8, rounded up), next in line
+    s.tuning = Tuning(read_gpu_share=True)
+    assert len(s.read_first(shapes, boxes)) == 5  # one spare (read_spare of 8, rounded up), next in line
     s.finish(started, pin=False)
     s.close()
     workers.close()

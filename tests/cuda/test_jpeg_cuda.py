@@ -250,12 +250,17 @@ def test_warps_and_policies_on_jpeg_batches_match_the_cpu(store):
     _gpu_matches_cpu(store, ops, 4, 0.08)
 
 
-def test_a_folder_read_in_place_on_the_gpu_gives_its_stores_batches(store):
-    """The store was packed with reencode=False from its folder: the same bytes, read in place."""
+@pytest.mark.parametrize("share", [False, True])
+def test_a_folder_read_in_place_on_the_gpu_gives_its_stores_batches(store, share):
+    """The store was packed with reencode=False from its folder: the same bytes, read in place (`share`:
+    only the GPU decoders' likely share read ahead, `Tuning.read_gpu_share`, the rest as they ask)."""
+    from gpufeed.decode.tuning import Tuning
+
     folder = store.path.parent / "src"
     kw = dict(batch_size=32, device="cuda", augment=OPS, dtype=torch.float32, seed=5, num_workers=4,
               fields=("label", "source"))
-    in_place, packed = gpufeed.Loader(folder, **kw), gpufeed.Loader(store, **kw)
+    in_place = gpufeed.Loader(folder, **kw, tuning=Tuning(read_gpu_share=share, read_spare=0))
+    packed = gpufeed.Loader(store, **kw)
     assert in_place.tier.name == "files" and len(in_place.store) == len(store)
     for a, b in zip(in_place, packed, strict=True):
         assert a["source"] == b["source"] and torch.equal(a["label"], b["label"])

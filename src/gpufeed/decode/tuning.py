@@ -75,6 +75,13 @@ class Tuning:
     # A fresh process's first batch comes in 0.6 s instead of 1.0 (H100; docs/benchmarks.md,
     # "Start-up and GPU memory")
     open_ahead: bool = True
+    # a folder read in place reads each batch's files ahead (two batches ahead, on its reader threads) for
+    # the decoders of the loader's process only; the decode workers read their share themselves. Without
+    # GPU decoders that is none. With them, `read_gpu_share` reads ahead only their likely share and
+    # `read_spare` of the batch more (`Scheduler.read_first`), the rest as they ask; off by default until
+    # a training-loop benchmark on a GPU measures it (every file of a batch read ahead, as before)
+    read_gpu_share: bool = False
+    read_spare: float = 0.125
     # raw stores: the tiers whose augment kernel reads store rows itself (on the host tier it reads
     # only the crop regions over PCIe, fewer bytes than gathering whole rows first); the others gather
     # rows, then augment

@@ -5,9 +5,9 @@ batch's bytes and never look at what is behind it. Three sources exist:
 
 - `PackedBytes`: a packed jpeg store, whose `data.bin` is memory-mapped (and page-locked on a GPU,
   the host tier): a batch is a view, nothing is read; the workers map the same file.
-- `loader.folder.FolderStore`: JPEGs read where they are (a folder, a list, tar shards): the GPU
-  decoders' likely share of each batch is read from its files on threads, a batch ahead; the workers
-  read their share themselves.
+- `loader.folder.FolderStore`: JPEGs read where they are (a folder, a list, tar shards): what the
+  loader's own decoders take of each batch is read from its files on threads, a batch ahead
+  (`Scheduler.read_first`); the workers read their share themselves.
 - `ShardBytes`: a sharded store's (on this disk, or a remote store's shards in its local cache):
   each batch copied from its shards' memory maps, a batch ahead; the workers read the shard files.
 """

@@ -38,11 +38,6 @@ from gpufeed.decode.scheduling.shares import GpuShare, GpuShares, Started
 from gpufeed.decode.scheduling.steering import Measured, Pace, Steering
 from gpufeed.decode.tuning import Tuning
 
-# the part of a batch read ahead beyond the GPU decoders' share when it was read (`Scheduler.read_first`):
-# their share moves with the pace between the read and the split, and a position left out is read
-# on the GPU share's thread as it decodes
-READ_SPARE = 0.125
-
 
 class Scheduler:
     """Decoders for one pipeline: on a GPU those of `use` that can be made here, and a CPU decoder
@@ -218,19 +213,22 @@ class Scheduler:
         order = np.argsort(-cost, kind="stable") if self.roi else np.arange(len(shapes))
         return regions, cost, order
 
-    def read_first(self, shapes: np.ndarray, boxes: np.ndarray, spare: float = READ_SPARE) -> np.ndarray | None:
-        """The positions of a batch (`shapes`, crop `boxes`) whose bytes this process will read, were the
-        batch split now: the GPU decoders' share, and a `spare` part of the batch next in line (the split
-        moves with the pace), for a source that reads a batch's files ahead (a folder read in place). The
-        CPU's worker processes read their share from the files themselves; a GPU position outside this
-        is read when decoded (`Encoded.readable`). None: every position (CPU threads of this process
-        decode, or the GPU decoders are still opening)."""
+    def read_first(self, shapes: np.ndarray, boxes: np.ndarray) -> np.ndarray | None:
+        """The positions of a batch (`shapes`, crop `boxes`) whose bytes this process reads ahead, for a
+        source that reads a batch's files (a folder read in place): none where the CPU's worker
+        processes decode it all (they read their share from the files themselves); with
+        `Tuning.read_gpu_share`, the share the GPU decoders would take were the batch split now, and
+        `Tuning.read_spare` of the batch next in line (the split moves with the pace; a GPU position
+        left out is read as it decodes, `Encoded.readable`). None: every position (CPU threads of this
+        process decode, the GPU decoders are still opening, or `read_gpu_share` is off)."""
         if self._own_cpu or self.opening:
             return None
         if not self.gpu:
             return np.zeros(0, np.int64)  # the CPU's workers decode every image (no GPU decoders here)
+        if not self.tuning.read_gpu_share:
+            return None
         n = len(shapes)
-        take = min(n, self.steering.gpu_count(n, self.cpu.threads) + int(np.ceil(spare * n)))
+        take = min(n, self.steering.gpu_count(n, self.cpu.threads) + int(np.ceil(self.tuning.read_spare * n)))
         return self._order(shapes, boxes)[2][:take]
 
     def finish(self, started: Started, pin: bool) -> tuple[list[tuple[Decoded, np.ndarray]], dict[int, str]]:
