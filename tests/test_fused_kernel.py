@@ -91,13 +91,6 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_fused_kernel_matches_cpu_path_in_interpreter():
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "fused kernel OK" in proc.stdout
-
-
 WARP_AND_POLICY = textwrap.dedent("""
     import torch
     from gpufeed.augment import (Augment, AutoAugment, ColorJitter, Normalize, RandAugment, RandomAffine,
@@ -150,9 +143,10 @@ WARP_AND_POLICY = textwrap.dedent("""
 """)
 
 
-def test_warp_and_policy_kernels_match_the_torch_ops_in_interpreter():
+def test_the_kernels_match_the_torch_ops_in_interpreter():
+    """Both scripts in one interpreter process (Triton's interpreter and torch imported once)."""
     env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, "-c", WARP_AND_POLICY], capture_output=True, text=True, env=env,
+    proc = subprocess.run([sys.executable, "-c", SCRIPT + WARP_AND_POLICY], capture_output=True, text=True, env=env,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "warp and policy kernels OK" in proc.stdout
+    assert "fused kernel OK" in proc.stdout and "warp and policy kernels OK" in proc.stdout
