@@ -339,8 +339,8 @@ class FolderStore:
                 read[k] = True
 
         def fill(part: Encoded) -> None:  # the images of this batch in `part` not read yet, read now
-            # (a position's `begins` is its own; an empty image shares it with the next, which is read then)
-            ks = np.searchsorted(begins, part.begins, side="right") - 1
+            # (each image with bytes is the last position at its `begins`; an empty one needs none)
+            ks = np.searchsorted(begins, part.begins[part.ends > part.begins], side="right") - 1
             some(ks[~read[ks]].tolist())
 
         # a run of files per thread, not a task per file: each task's hand-over takes the GIL from the
