@@ -28,6 +28,7 @@ class RemoteInput(ShardedInput):
         super().__init__(store)
         store.cache.join()  # among its cache folder's readers before any sizing check
         self.ahead = ReadAhead(store.cache)  # the downloads ahead of this rank's reading; the cache's eviction order
+        self._early: tuple[int, int, int] | None = None  # (epoch, start, `follow`'s number) of `begin_early`
 
     def shards(self, window: int | None, batch_size: int) -> Shards | None:
         return _shards(self.store, window, batch_size)
@@ -36,19 +37,26 @@ class RemoteInput(ShardedInput):
 
     def begin_early(self, order, epoch: int, start: int) -> None:
         """This pass's shards fetched ahead from its order, before its plan is made (`begin` then adds
-        the next epoch's)."""
-        self.ahead.follow(_shard_order(self.store, order, epoch, start, None), local_ranks())
+        only the next epoch's: the plan reads in this order)."""
+        told = self.ahead.follow(_shard_order(self.store, order, epoch, start, None), local_ranks())
+        self._early = (epoch, start, told)
 
     def begin(self, plan, epoch: int, start: int, planner) -> None:
-        """Fetch this rank's shards ahead, in the order it reads them, and the next epoch's after them:
-        now where it is planned already, else once it is (`Planner.when_made`)."""
+        """Fetch this rank's shards ahead, in the order it reads them (unless `begin_early` did), and the
+        next epoch's after them: now where it is planned already, else once it is (`Planner.when_made`)."""
         super().begin(plan, epoch, start, planner)
         following = planner.ready(epoch + 1)
-        told = self.ahead.follow(_shard_order(self.store, plan, epoch, start, following), local_ranks())
-        if following is None:
-            planner.when_made(
-                epoch + 1, functools.partial(_follow_next, self.store, self.ahead, plan, epoch, start, told)
-            )
+        early, self._early = self._early, None
+        if early is not None and early[:2] == (epoch, start):
+            told = early[2]
+            if following is not None:
+                _follow_next(self.store, self.ahead, plan, epoch, start, told, following)
+                return
+        else:
+            told = self.ahead.follow(_shard_order(self.store, plan, epoch, start, following), local_ranks())
+            if following is not None:
+                return
+        planner.when_made(epoch + 1, functools.partial(_follow_next, self.store, self.ahead, plan, epoch, start, told))
 
     def byte_source(self, tier: Tier) -> ByteSource:
         self._bytes = ShardBytes(self.store, on_read=self.ahead.read)
