@@ -235,3 +235,30 @@ def test_a_batch_read_ahead_reads_first_the_positions_the_gpu_decoders_will_take
     s.finish(started, pin=False)
     s.close()
     workers.close()
+
+
+def test_a_gpu_share_still_in_its_files_is_read_before_the_gpu_turn_and_its_timing(monkeypatch):
+    """A folder's batch read in part (`Tuning.read_gpu_share`): the GPU decoders' images not read ahead
+    are read before the pipelines' GPU turn is taken and before the decoder's call is timed, so a file
+    read neither holds the other pipelines' GPU decodes nor counts as GPU decode time (the steering's
+    rates)."""
+    import threading
+
+    batch, shapes, boxes = _four_jpegs()
+    turn = threading.Lock()
+    read_under_turn, seen = [], []
+
+    def fill(part: Encoded) -> None:  # stands in for a folder's lazy read
+        read_under_turn.append(turn.locked())
+
+    def fake_gpu(self, dec, part_batch, part_shapes, stream):
+        seen.append(part_batch.fill is None)
+        return _on_the_cpu(self, part_batch.readable()), 0.01
+
+    monkeypatch.setattr(scheduler.Scheduler, "_timed", fake_gpu)
+    s = _as_on_a_gpu(scheduler.Scheduler(torch.device("cpu"), 1, gpu_turn=turn))
+    unread = Encoded(batch.data, batch.array, batch.begins, batch.ends, fill=fill)
+    parts, failed = s.run(unread, shapes, boxes, (16, 16), pin=False)
+    assert not failed and sum(len(pos) for _, pos in parts) == 4
+    assert seen == [True] and read_under_turn and not any(read_under_turn)
+    s.close()

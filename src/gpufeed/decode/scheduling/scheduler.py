@@ -354,29 +354,32 @@ class Scheduler:
         self, batch: Encoded, shapes: np.ndarray, order: np.ndarray, starts: np.ndarray, decoders: list
     ) -> GpuShares:
         """Decode every GPU decoder's share of a batch (`decoders`: those in use when it started; at
-        once, taking the pipelines' GPU turn)."""
+        once, taking the pipelines' GPU turn). Bytes still in their files (a folder's batch read in
+        part, `Tuning.read_gpu_share`) are read first, outside the turn and the decoders' timing: a
+        file read is neither GPU work nor the GPU decoders' rate."""
         t0 = time.perf_counter()
+        todo = []
+        for i, dec in enumerate(decoders):
+            pos = np.sort(order[starts[i] : starts[i + 1]])
+            if len(pos):
+                todo.append((dec, pos, batch.take(pos).readable()))
         with self._gpu_turn:
-            jobs = self._gpu_decodes(batch, shapes, order, starts, decoders)
+            jobs = self._gpu_decodes(todo, shapes)
             done = [(dec, pos, job.result() if isinstance(job, Future) else job) for dec, pos, job in jobs]
         shares = [GpuShare(decoder=dec, positions=pos, part=part, seconds=sec) for dec, pos, (part, sec) in done]
         return GpuShares(shares=shares, seconds=time.perf_counter() - t0)
 
-    def _gpu_decodes(
-        self, batch: Encoded, shapes: np.ndarray, order: np.ndarray, starts: np.ndarray, decoders: list
-    ) -> list:
-        """Start each GPU decoder on its share: [(decoder, batch positions, (part, seconds) or a future)];
-        all but the last decode on helper threads, so they run at once."""
+    def _gpu_decodes(self, todo: list[tuple[Any, np.ndarray, Encoded]], shapes: np.ndarray) -> list:
+        """Start each GPU decoder on its share (`todo`: (decoder, batch positions, their images)):
+        [(decoder, batch positions, (part, seconds) or a future)]; all but the last decode on helper
+        threads, so they run at once."""
         jobs: list[tuple[Any, np.ndarray, Future | tuple[Decoded, float]]] = []
-        for i, dec in enumerate(decoders):
-            pos = np.sort(order[starts[i] : starts[i + 1]])
-            if not len(pos):
-                continue
+        for i, (dec, pos, part) in enumerate(todo):
             stream = self._streams[dec.name]
-            if self._helper is not None and i < len(decoders) - 1:
-                jobs.append((dec, pos, self._helper.submit(self._timed, dec, batch.take(pos), shapes[pos], stream)))
+            if self._helper is not None and i < len(todo) - 1:
+                jobs.append((dec, pos, self._helper.submit(self._timed, dec, part, shapes[pos], stream)))
             else:
-                jobs.append((dec, pos, self._timed(dec, batch.take(pos), shapes[pos], stream)))
+                jobs.append((dec, pos, self._timed(dec, part, shapes[pos], stream)))
         return jobs
 
     def _timed(self, dec, batch: Encoded, shapes: np.ndarray, stream) -> tuple[Decoded, float]:
