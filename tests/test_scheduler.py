@@ -214,7 +214,7 @@ def test_a_batch_read_ahead_reads_first_the_positions_the_gpu_decoders_will_take
     """`read_first` names the positions of a batch that a folder read in place reads ahead in this
     process, the CPU's worker processes reading their own: none without GPU decoders; with
     `read_gpu_share`, those `start` would give the GPU decoders (and a spare part next in line).
-    None (all) where this process's CPU threads decode too, or with GPU decoders by default."""
+    None (all) where this process's CPU threads decode too, or with GPU decoders and `read_gpu_share` off."""
     datas = [_jpeg(60 + 10 * k, 120) for k in range(8)]
     batch = Encoded.of(torch.cat(datas), np.cumsum([0] + [len(d) for d in datas]), np.arange(8))
     shapes = np.array([[60 + 10 * k, 120] for k in range(8)])
@@ -225,7 +225,8 @@ def test_a_batch_read_ahead_reads_first_the_positions_the_gpu_decoders_will_take
     s = scheduler.Scheduler(torch.device("cpu"), 1, cpu=workers)
     assert s.read_first(shapes, boxes).tolist() == []  # the CPU decodes every image
     s = _as_on_a_gpu(s)  # the GPU decoder's rate equals the CPU's one thread: half the batch each
-    assert s.read_first(shapes, boxes) is None  # with GPU decoders: every position, unless asked
+    s.tuning = Tuning(read_gpu_share=False)
+    assert s.read_first(shapes, boxes) is None  # with GPU decoders and read_gpu_share off: every position
     s.tuning = Tuning(read_gpu_share=True, read_spare=0)
     first = s.read_first(shapes, boxes)
     started = s.start(batch, shapes, boxes, (16, 16))
