@@ -79,8 +79,8 @@ class Tuning:
     # the decoders of the loader's process only; the decode workers read their share themselves. Without
     # GPU decoders that is none. With them, `read_gpu_share` reads ahead only their likely share and
     # `read_spare` of the batch more (`Scheduler.read_first`), the rest as they ask (False: every file of
-    # a batch). H100, 16 cores, 20,000 photos, two rounds: eval passes 17.6k and 17.9k img/s against
-    # 17.0k and 14.2k, ResNet-18 training 88.7 and 97.9 % of the ceiling against 91.7 and 82.2 %
+    # a batch). H100, 16 cores, 20,000 photos, four rounds: ResNet-18 training fed in place 96.1 % of the
+    # ceiling (88.7-97.9) against 87.3 % (82.2-91.7), eval passes 17.8k img/s against 16.7k
     # (docs/benchmarks.md, "Reading a folder in place")
     read_gpu_share: bool = True
     read_spare: float = 0.125
