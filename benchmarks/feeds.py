@@ -12,6 +12,8 @@ Rows (`name` or `name:KEY=VALUE,...`):
   traverse only what was made since). `raw` takes the same, and so does `sharded`: the same JPEGs in
   a sharded store (`<work>/sharded`, 16 MB shards, made by `prepare` when a row asks for it), as a store in a
   bucket is read from its cache once downloaded.
+- `folder`: gpufeed.Loader on the image folder itself (`<work>/images`), read in place, with the
+  same settings as `jpeg` (a `--baseline` row reads the same folder).
 - `dataloader`: torch DataLoader over the image folder, PIL, uint8 to the device, normalized there
   (`workers=N`, default all cores).
 - `dali`: NVIDIA DALI on the image folder (nvidia-dali installed: a benchmark-only import).
@@ -30,7 +32,8 @@ POLICIES = ("randaugment", "trivialaugment", "autoaugment")
 
 
 DATA = ("photos", "smooth")
-GPUFEED_ROWS = ("raw", "jpeg", "sharded")  # the rows gpufeed.Loader feeds
+GPUFEED_ROWS = ("raw", "jpeg", "sharded", "folder")  # the rows gpufeed.Loader feeds
+STORE_ROWS = ("raw", "jpeg", "sharded")  # those reading a store packed from the images
 
 
 def prepare(work: Path, n: int, image: tuple[int, int] = (500, 375), raw_side: int = 256,
@@ -153,9 +156,9 @@ def check(row: str) -> None:
     name = row.partition(":")[0]
     known = {"synthetic": set(), "dataloader": {"workers"}, "dali": {"threads"},
              "raw": {*inspect.signature(gpufeed.Loader).parameters, *Tuning.names(), "policy"} - {"self", "store"}}
-    known["jpeg"] = known["sharded"] = known["raw"]
+    known["jpeg"] = known["sharded"] = known["folder"] = known["raw"]
     if name not in known:
-        raise SystemExit(f"unknown row {row!r}: synthetic, raw, jpeg, sharded, dataloader or dali")
+        raise SystemExit(f"unknown row {row!r}: synthetic, raw, jpeg, sharded, folder, dataloader or dali")
     unknown = set(settings(row)) - known[name] - {"gc"}
     if unknown:
         raise SystemExit(f"row {row!r}: no setting {', '.join(sorted(unknown))} (Loader arguments, Tuning fields, "
@@ -179,7 +182,7 @@ def feed(row: str, work: Path, batch: int, device: str = "cuda", size: int = 224
     if name == "sharded" and not (work / name).exists():
         raise SystemExit(f"{work / name}: missing (feeds.prepare(..., sharded=True) makes it before the rows)")
     if name in GPUFEED_ROWS:
-        loader = _gpufeed(work / name, batch, device, size, kwargs)
+        loader = _gpufeed(_images(work) if name == "folder" else work / name, batch, device, size, kwargs)
         return Feed(_forever(lambda: loader), time.perf_counter() - t0, loader, loop)
     if name == "dataloader":
         return Feed(_dataloader(work / "images", batch, device, size, kwargs.get("workers")),
@@ -189,13 +192,18 @@ def feed(row: str, work: Path, batch: int, device: str = "cuda", size: int = 224
                              [s * 255 for s in STD], size, shard)
         batches = _forever(lambda: ((out[0]["images"], out[0]["labels"].view(-1).long()) for out in loader))
         return Feed(batches, time.perf_counter() - t0, loop=loop)
-    raise SystemExit(f"unknown row {row!r}: synthetic, raw, jpeg, sharded, dataloader or dali")
+    raise SystemExit(f"unknown row {row!r}: synthetic, raw, jpeg, sharded, folder, dataloader or dali")
 
 
 def _forever(epoch):
     """The batches of `epoch()` (an iterable of one epoch), epoch after epoch."""
     while True:
         yield from epoch()
+
+
+def _images(work: Path) -> Path:
+    """The image folder of `work`, or of the work folder a baseline's (`<work>/baseline`) is in."""
+    return work / "images" if (work / "images").is_dir() else work.parent / "images"
 
 
 def _gpufeed(store: Path, batch: int, device: str, size: int, kwargs: dict):

@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> dict | None:
             if not (Path(a.baseline) / "gpufeed" / "__init__.py").is_file():
                 raise SystemExit(f"--baseline {a.baseline}: not a tree's src folder (no gpufeed/__init__.py in it)")
             ours = [r for r in rows if r.partition(":")[0] in feeds.GPUFEED_ROWS]
-            _pack_baseline(a, work, ours)
+            _pack_baseline(a, work, [r for r in ours if r.partition(":")[0] in feeds.STORE_ROWS])
             rows += [r + BASELINE for r in ours]
         runs = []
         for r in range(a.rounds):
