@@ -122,20 +122,20 @@ def test_detection_bench_gives_segmentation_bench_its_own_settings(bench):
 
 def test_train_bench_runs_each_gpufeed_row_again_with_a_baseline_tree(bench, tmp_path):
     """`--baseline SRC`: each gpufeed row runs again as `ROW @baseline` with that tree's gpufeed, on
-    stores that tree packed (the folder row on the same images, read in place); the other rows once (a
+    stores that tree packed (a folder row: on the same images, `feeds._images`); the other rows once (a
     change's before and after in one call)."""
     base = tmp_path / "old" / "src"
     shutil.copytree(Path(gpufeed.__file__).parent, base / "gpufeed", ignore=shutil.ignore_patterns("__pycache__"))
     out = tmp_path / "train.json"
-    bench("train_bench").main(["--smoke", "--rows", "synthetic;jpeg:pipelines=1;folder:num_workers=0", "--baseline",
-                               str(base), "--workdir", str(tmp_path / "work"), "--out", str(out)])
+    bench("train_bench").main(["--smoke", "--rows", "synthetic;jpeg:pipelines=1", "--baseline", str(base),
+                               "--workdir", str(tmp_path / "work"), "--out", str(out)])
     runs = {r["row"]: r for r in json.loads(out.read_text())["runs"]}
-    assert set(runs) == {"synthetic", "jpeg:pipelines=1", "jpeg:pipelines=1 @baseline", "folder:num_workers=0",
-                         "folder:num_workers=0 @baseline"}
-    assert runs["folder:num_workers=0 @baseline"]["gpufeed"] == str(base / "gpufeed")
+    assert set(runs) == {"synthetic", "jpeg:pipelines=1", "jpeg:pipelines=1 @baseline"}
     assert runs["jpeg:pipelines=1 @baseline"]["gpufeed"] == str(base / "gpufeed")
     assert runs["jpeg:pipelines=1"]["gpufeed"] == str(Path(gpufeed.__file__).parent)
     assert (tmp_path / "work" / "baseline" / "jpeg" / "manifest.json").exists()  # packed by the baseline
+    feeds = bench("feeds")
+    assert feeds._images(tmp_path / "work") == feeds._images(tmp_path / "work" / "baseline") == tmp_path / "work" / "images"
     with pytest.raises(SystemExit, match="not a tree's src folder"):  # a wrong path said before any row runs
         bench("train_bench").main(["--smoke", "--baseline", str(tmp_path), "--workdir", str(tmp_path / "work")])
 
