@@ -45,8 +45,8 @@ import feeds
 import waits
 
 SMOKE = dict(n=40, image="64x48", size=32, models="resnet18", rounds=1, steps=2, warmup=1, batch=4, device="cpu",
-             rows="synthetic;raw;jpeg:pipelines=1;sharded:pipelines=1;folder:num_workers=0;dataloader:workers=0", workdir=None,
-             in_process=True)
+             rows="synthetic;raw;jpeg:pipelines=1;sharded:pipelines=1;folder:num_workers=0;dataloader:workers=0",
+             workdir=None, in_process=True)
 
 
 def parser():
