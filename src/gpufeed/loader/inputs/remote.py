@@ -48,15 +48,17 @@ class RemoteInput(ShardedInput):
         following = planner.ready(epoch + 1)
         early, self._early = self._early, None
         if early is not None and early[:2] == (epoch, start):
-            told = early[2]
-            if following is not None:
-                _follow_next(self.store, self.ahead, plan, epoch, start, told, following)
-                return
+            told = early[2]  # this pass followed already, from its order: the next epoch's entries to add
+        elif following is None:
+            told = self.ahead.follow(_shard_order(self.store, plan, epoch, start, None), local_ranks())
+        else:  # this pass and the next epoch's entries at once
+            self.ahead.follow(_shard_order(self.store, plan, epoch, start, following), local_ranks())
+            return
+        follow_next = functools.partial(_follow_next, self.store, self.ahead, plan, epoch, start, told)
+        if following is None:
+            planner.when_made(epoch + 1, follow_next)
         else:
-            told = self.ahead.follow(_shard_order(self.store, plan, epoch, start, following), local_ranks())
-            if following is not None:
-                return
-        planner.when_made(epoch + 1, functools.partial(_follow_next, self.store, self.ahead, plan, epoch, start, told))
+            follow_next(following)
 
     def byte_source(self, tier: Tier) -> ByteSource:
         self._bytes = ShardBytes(self.store, on_read=self.ahead.read)
