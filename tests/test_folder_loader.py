@@ -132,6 +132,22 @@ def test_a_folder_whose_workers_decode_every_image_reads_no_file_in_the_loader(t
     loader.close()
 
 
+def test_only_a_source_read_in_part_works_out_which_positions_to_read_first(tmp_path, monkeypatch):
+    """`Scheduler.read_first` (a batch's crop costs sorted) is asked for a folder read in place, whose
+    reads it shapes; a packed store's batch is a view of its file, so nothing is asked per batch."""
+    from gpufeed.decode.scheduling.scheduler import Scheduler
+
+    _jpegs(tmp_path / "img", n=8)
+    gpufeed.pack(tmp_path / "img", tmp_path / "store", mode="jpeg", reencode=False, progress=False, workers=1)
+    asked = []
+    monkeypatch.setattr(Scheduler, "read_first", lambda self, shapes, boxes: asked.append(len(shapes)))  # None: all
+    for source, wanted in ((tmp_path / "store", False), (tmp_path / "img", True)):
+        asked.clear()
+        loader = gpufeed.Loader(source, batch_size=4, device="cpu", augment=OPS, num_workers=0)
+        assert sum(len(y) for _, y in loader) == 8 and bool(asked) == wanted, source
+        loader.close()
+
+
 def test_tar_shards_and_lists_are_read_in_place(tmp_path):
     _jpegs(tmp_path / "img", n=8)
     with tarfile.open(tmp_path / "shard.tar", "w") as tar:

@@ -42,6 +42,7 @@ class ByteSource(Protocol):
     path: Path
     shapes: np.ndarray  # (N, 2) height, width as stored (the crops are planned from them)
     reads_ahead: bool  # reading a batch takes time worth starting a batch early (files); False: a view
+    reads_in_part: bool  # `read_later` reads only its `first` positions ahead; False: it ignores them
 
     @property
     def labels(self) -> torch.Tensor: ...
@@ -88,6 +89,7 @@ class PackedBytes(OfAStore):
     """A packed jpeg store's bytes, as the tier keeps them (`data`: the memory map, page-locked or not)."""
 
     reads_ahead = False
+    reads_in_part = False
 
     def __init__(self, store, data: torch.Tensor):
         self.store, self._data = store, data
@@ -113,6 +115,7 @@ class ShardBytes(OfAStore):
     (if the fetch-ahead has not), and held in its cache until no batch of the last few reads them."""
 
     reads_ahead = True
+    reads_in_part = False  # (its decoders copy what they take from the maps as they ask)
     # reads (batches) a shard stays held after its last use: a pipeline reads batch k + 2 while it makes
     # batch k, and a batch made is decoded (its pixels on the device): 4 covers those in flight
     HELD_FOR = 4
@@ -135,7 +138,6 @@ class ShardBytes(OfAStore):
         return WorkerView(files=self.files())
 
     def read_later(self, indices: np.ndarray, first: np.ndarray | None = None) -> Callable[[], Encoded]:
-        """(`first` unused: a batch's images are copied from the shards' maps as its decoders ask.)"""
         shards, local = self.store.locate(indices)
         used, inverse, counts = np.unique(shards, return_inverse=True, return_counts=True)
         self._use(used.tolist(), counts.tolist())

@@ -138,6 +138,7 @@ class FolderStore:
     image_shape = None
     fields: dict = {}
     reads_ahead = True  # a `ByteSource` whose batches are read from files: worth starting a batch early
+    reads_in_part = True  # only what the loader's own decoders likely take is read ahead (`read_later`)
 
     def __init__(self, source: str | os.PathLike, threads: int | None = None):
         self.path = Path(os.fspath(source))

@@ -260,7 +260,10 @@ class JpegBatcher:
         return self.images.read_later(i, self._read_first(i, params))()
 
     def _read_first(self, i: np.ndarray, params: Params) -> np.ndarray | None:
-        """The positions of batch `i` whose bytes this process reads first (`Scheduler.read_first`)."""
+        """The positions of batch `i` whose bytes this process reads first (`Scheduler.read_first`); None
+        (not worked out) for a source that reads whole batches or none."""
+        if not self.images.reads_in_part:
+            return None
         return self.scheduler.read_first(self._shapes[i], params.boxes.numpy())
 
     def _replaced(self, idx: torch.Tensor, params: Params, tries: int = 8) -> Batch:
