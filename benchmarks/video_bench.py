@@ -5,11 +5,14 @@ libx264 at `--height` x `--width`, `--gop`, `--seconds` long, made here.
 Rows, interleaved over `--rounds` (each row's median and range):
 - decode alone: `Loader(store, clip=Clip(--frames, stride=2))` to `--size`² bf16 on the device
   (RandomResizedCrop, flip, Normalize) with `--threads` decode processes (again with
-  `Tuning.skip_nonref` the other way; each row's frames decoded a clip in its JSON), as many threads
+  `Tuning.skip_nonref` the other way, and with `--containers` each clip through its container rather than
+  from its packets alone; each row's frames decoded a clip in its JSON), as many threads
   (`num_workers=0`) and one process; PyAV decoding the same clips to RGB in one thread (what one
-  DataLoader worker does); `--compare`: other decoders on the same clips (`video_others.DECODERS`,
-  to RGB, no augmentation, in `--threads` processes, `--gpu-processes` for those on the GPU) and
-  DALI's GPU video reader with its crop, flip and normalize to fp16: clips/s and frames/s;
+  DataLoader worker does); gpufeed's own decode to 4:2:0 planes in one thread, from each clip's
+  packets and through its container (a decode process's rate for one core); `--compare`: other
+  decoders on the same clips (`video_others.DECODERS`, to RGB, no augmentation, in `--threads`
+  processes, `--gpu-processes` for those on the GPU) and DALI's GPU video reader with its crop, flip
+  and normalize to fp16: clips/s and frames/s;
 - training (`--model`, a torchvision video model, bf16, channels_last_3d, `--train-size`², NCTHW):
   the synthetic ceiling (one batch given again) and the model fed by gpufeed with each of
   `--train-workers` decode processes, once with the next epoch's first batches not carried (what
@@ -53,6 +56,7 @@ SMOKE = dict(
     root=None,
     compare="decord",  # (not installed here: the row says so, the others are still written)
     gops="4",
+    containers=True,
 )
 
 
@@ -108,6 +112,27 @@ def _other_clips(library: str, files: list[str], clips, processes: int) -> dict:
     return {"error": errors[0]} if errors else {"clips_per_s": len(clips) / seconds}
 
 
+def _without_packets(store_path):
+    """A copy of the store at `store_path` (hard links) without its packets' index (`store.format`): its
+    clips decode through their containers, as a store's packed before the index did."""
+    import json
+
+    from gpufeed.store import format as fmt
+
+    copy = store_path.with_suffix(".containers")
+    if not copy.exists():
+        work = store_path.with_suffix(".containers-part")
+        work.mkdir()
+        manifest = json.loads((store_path / fmt.MANIFEST).read_text())
+        for name in (fmt.VIDEO_PACKETS, fmt.VIDEO_DECODING):
+            manifest["files"].pop(name, None)
+        for name in manifest["files"]:
+            os.link(store_path / name, work / name)
+        (work / fmt.MANIFEST).write_text(json.dumps(manifest))
+        work.rename(copy)
+    return copy
+
+
 def _pyav_clips(store, clips: int, frames: int, stride: int) -> float:
     """Clips/s of plain PyAV in this thread: open, seek to the keyframe before, decode, keep the frames."""
     from gpufeed.decode.codecs.video import ClipRequest, decode_clip
@@ -123,6 +148,28 @@ def _pyav_clips(store, clips: int, frames: int, stride: int) -> float:
         a, b = int(store.offsets[i]), int(store.offsets[i + 1])
         decode_clip(ClipRequest(store.data[a:b].data, index.pts, index.keyframe, index.stream, wanted))
     return clips / (time.perf_counter() - t0)
+
+
+def _planes_clips(store, clips: int, frames: int, stride: int, packets: bool) -> tuple[float, float]:
+    """(clips/s, frames decoded a clip) of gpufeed's decode in this thread, to 4:2:0 planes (a decode
+    process's work for one clip), from each clip's packets alone or, without `packets`, through its
+    container (opened and seeked)."""
+    from gpufeed.decode.codecs.video import I420, ClipRequest, decode_clip_planes, keyframe_before
+    from gpufeed.loader.video import clip_packets
+
+    layout = I420.fitting(*(int(v) for v in np.asarray(store.shapes).max(axis=0)))
+    out = np.empty((frames, *layout.shape), np.uint8)
+    decoded = 0
+    t0 = time.perf_counter()
+    for i, wanted in _clip_list(store, clips, frames, stride):
+        index = store.video(i)
+        wanted = np.asarray(wanted)
+        first = keyframe_before(index.keyframe, int(wanted.min()))
+        own = clip_packets(index, first, int(wanted.max())) if packets else None
+        a, b = int(store.offsets[i]), int(store.offsets[i + 1])
+        request = ClipRequest(store.data[a:b].data, index.pts, index.keyframe, index.stream, wanted, packets=own)
+        decoded += decode_clip_planes(request, layout, out)
+    return clips / (time.perf_counter() - t0), decoded / clips
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -158,6 +205,10 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument(
         "--nice", default="", help="also the first --train-workers row with its decode processes this much nicer "
         "(comma-separated; Tuning.decode_nice)"
+    )
+    p.add_argument(
+        "--containers", action="store_true", help="also the first --decode-rows row with each clip decoded through "
+        "its container (a copy of the store without its packets' index, as stores packed before it)"
     )
     p.add_argument("--model", default="r2plus1d_18", help="torchvision video model, or none")
     p.add_argument("--train-size", type=int, default=112)
@@ -213,16 +264,18 @@ def main(argv: list[str] | None = None) -> dict:
         clip = Clip(frames=a.frames, stride=2)
         counts = [int(w) for w in a.decode_rows.split(",")] if a.decode_rows else [a.threads, 0, 1]
         default = Tuning()
-        decode_rows = [(w, None, default) for w in dict.fromkeys(counts)]
+        decode_rows = [(w, None, default, store) for w in dict.fromkeys(counts)]
         # the first count with `skip_nonref` the other way: frames decoded a clip and clips/s
-        decode_rows.insert(1, (counts[0], None, Tuning(skip_nonref=not default.skip_nonref)))
+        decode_rows.insert(1, (counts[0], None, Tuning(skip_nonref=not default.skip_nonref), store))
+        if a.containers:  # the first count, each clip through its container (a store packed without packets)
+            decode_rows.insert(1, (counts[0], None, default, Store(_without_packets(store_path))))
         if a.nvdec:  # beside the processes, and alone (gpufeed's rate on the engines, against their limit)
-            decode_rows[1:1] = [(counts[0], ("nvdec", "cpu"), default), (counts[0], ("nvdec",), default)]
+            decode_rows[1:1] = [(counts[0], ("nvdec", "cpu"), default, store), (counts[0], ("nvdec",), default, store)]
         for r in range(a.rounds):
-            for workers, decoders, tuning in decode_rows:
+            for workers, decoders, tuning, source in decode_rows:
                 try:
                     loader = Loader(
-                        store,
+                        source,
                         batch_size=a.batch,
                         device=device,
                         augment=ops,
@@ -247,6 +300,8 @@ def main(argv: list[str] | None = None) -> dict:
                     name = f"gpufeed, NVDEC alone, {tuning.nvdec_threads} threads ({_nvdec_said(loader, rows, r)})"
                 elif decoders is not None:
                     name += f" + NVDEC ({_nvdec_said(loader, rows, r)})"
+                if source is not store:
+                    name += ", through containers"
                 if tuning.skip_nonref != default.skip_nonref:
                     name += ", skipping unreferenced frames" if tuning.skip_nonref else ", decoding unreferenced frames"
                 stats = loader.stats()["video"]
@@ -259,6 +314,15 @@ def main(argv: list[str] | None = None) -> dict:
                     "frames_decoded_per_clip": per_clip,  # (by the processes or threads)
                 }
                 loader.close()
+            for packets in (True, False):  # (one core's decode: what each decode process does for a clip)
+                rate, per_clip = _planes_clips(store, max(4, a.batch * 4), a.frames, 2, packets)
+                name = f"gpufeed's decode to 4:2:0, one thread, {'from packets' if packets else 'through containers'}"
+                runs.setdefault(name, []).append(rate)
+                rows[f"{name}, round {r}"] = {
+                    "clips_per_s": rate,
+                    "frames_per_s": rate * a.frames,
+                    "frames_decoded_per_clip": per_clip,
+                }
             rate = _pyav_clips(store, max(4, a.batch * 2), a.frames, 2)
             runs.setdefault("PyAV, one thread", []).append(rate)
             rows[f"PyAV, one thread, round {r}"] = {"clips_per_s": rate, "frames_per_s": rate * a.frames}

@@ -86,6 +86,11 @@ def test_smoke(name, bench, tmp_path, capsys):
         fed = written["rows"]["r3d_18 fed by gpufeed, 2 decode processes, round 0"]
         assert len(fed["wait_ms_each"]) == 2 and fed["batches_an_epoch"] >= 1
         assert 0 <= fed["wait_share_at_epoch_starts"] <= 1 and fed["wait_ms_per_step"] >= 0
+        runs = written["runs"]  # each clip from its packets alone and through its container, decoding alike
+        assert {"gpufeed, 2 decode processes, through containers", "gpufeed, 2 decode processes"} <= set(runs)
+        one = [written["rows"][f"gpufeed's decode to 4:2:0, one thread, {how}, round 0"] for how in
+               ("from packets", "through containers")]
+        assert one[0]["frames_decoded_per_clip"] == one[1]["frames_decoded_per_clip"] > 0
     if name == "remote_bench":  # each epoch's timeline of the link: the cold one downloads every shard
         cold, warm = written["runs"]["cold"]["downloads"], written["runs"]["warm"]["downloads"]
         assert cold["shards"] >= 2 and 0 < cold["busy_s"] <= written["runs"]["cold"]["seconds"]

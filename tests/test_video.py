@@ -781,3 +781,140 @@ def test_slots_sized_for_a_large_frame_are_said_when_the_loader_is_made(store: P
         loader = Loader(store, batch_size=2, device="cpu", clip=Clip(frames=4), num_workers=0)
     assert "page-locked memory" in caplog.text and "short_side" in caplog.text and "48x64" in caplog.text
     loader.close()
+
+
+def _demuxed(data: bytes) -> tuple[list[tuple[int, bytes]], bytes]:
+    """(pts, bytes) of each packet of `data`'s video stream as PyAV demuxes it, and the codec's extradata."""
+    with av.open(io.BytesIO(data)) as c:
+        stream = c.streams.video[0]
+        packets = [(p.pts, bytes(p)) for p in c.demux(stream) if p.size]
+        return packets, stream.codec_context.extradata or b""
+
+
+@pytest.mark.parametrize("container", ["mp4", "matroska"])
+def test_the_index_says_where_each_packet_and_the_codecs_parameters_lie(container: str):
+    still = synth.natural_video(np.random.default_rng(2), 20, 48, 64, step=STEP)
+    data = synth.encode_video(still, gop=8, container=container)
+    index = index_video(data)
+    assert index.codec == "h264" and index.packet_at is not None
+    packets, extradata = _demuxed(data)
+    at = dict(zip(index.pts.tolist(), index.packet_at.tolist()))
+    assert len(packets) == len(index) and extradata
+    for pts, payload in packets:  # (Matroska's lie a few bytes past the demuxer's position, its block's header)
+        assert data[at[pts] : at[pts] + len(payload)] == payload
+    start, length = index.extradata
+    assert data[start : start + length] == extradata
+    assert sorted(at.values()) == [at[pts] for pts, _ in packets]  # file order is decode order
+
+
+def test_a_codec_not_decoded_from_its_packets_alone_is_indexed_without_them():
+    still = synth.natural_video(np.random.default_rng(2), 12, 48, 64)
+    try:
+        data = synth.encode_video(still, codec="mpeg4", gop=4)
+    except av.FFmpegError:
+        pytest.skip("this FFmpeg has no MPEG-4 part 2 encoder")
+    index = index_video(data)  # (MPEG-4 part 2 decoded alone did not give its container's frames)
+    assert index.codec == "mpeg4" and index.packet_at is None
+
+
+def test_a_clip_decodes_from_its_packets_without_opening_its_container(store: Path):
+    """The clip's packets are read where the index says and decoded alone: with the file's first bytes
+    (MP4's ftyp box, the mdat's header) zeroed, no container opens, yet the clip's frames are those
+    its container gives."""
+    from gpufeed.decode.codecs.video import ClipRequest, VideoError, decode_clip
+    from gpufeed.loader.video import clip_packets
+
+    s = Store(store)
+    index = s.video(0)
+    data = bytes(s.data[int(s.offsets[0]) : int(s.offsets[1])])
+    assert index.packet_at is not None and index.packet_at.min() >= 40
+    wanted = np.arange(9, 17, 2)
+    plain = ClipRequest(data, index.pts, index.keyframe, index.stream, wanted)
+    expected = decode_clip(plain)
+    broken = b"\0" * 40 + data[40:]
+    with pytest.raises(VideoError):
+        decode_clip(ClipRequest(broken, index.pts, index.keyframe, index.stream, wanted))
+    alone = ClipRequest(broken, index.pts, index.keyframe, index.stream, wanted, packets=clip_packets(index, 8, 15))
+    assert np.array_equal(decode_clip(alone), expected)
+
+
+def _without_packets(store: Path, copy: Path) -> Path:
+    """A copy of `store` as a gpufeed before the packet index packed it: no packets.i64, no decoding.i64."""
+    import json
+    import shutil
+
+    shutil.copytree(store, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    for name in ("packets.i64", "decoding.i64"):
+        del manifest["files"][name]
+        (copy / name).unlink()
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    return copy
+
+
+def _all_clips(path: Path, workers: int) -> tuple[list[torch.Tensor], dict]:
+    loader = Loader(path, batch_size=2, device="cpu", shuffle=False, drop_last=False, num_workers=workers,
+                    clip=Clip(frames=5, stride=2, clips_per_video=2), tuning=Tuning(carry=False))
+    clips = [images.clone() for images, _ in loader]
+    stats = loader.stats()["video"]
+    loader.close()
+    return clips, stats
+
+
+def test_a_store_packed_before_the_packet_index_decodes_through_containers_and_says_so(
+    store: Path, tmp_path: Path, caplog
+):
+    old = _without_packets(store, tmp_path / "old")
+    for workers in (0, 1):
+        new_clips, new_stats = _all_clips(store, workers)
+        with caplog.at_level("WARNING"):
+            old_clips, old_stats = _all_clips(old, workers)
+        assert new_stats["through_container"] == 0 and old_stats["through_container"] == 6
+        assert "6 of 6 videos decode through their containers" in caplog.text and "pack it again" in caplog.text
+        assert len(new_clips) == len(old_clips) == 6
+        assert all(torch.equal(a, b) for a, b in zip(new_clips, old_clips))
+        caplog.clear()
+
+
+def test_a_hostile_packet_index_is_refused(store: Path, tmp_path: Path):
+    import shutil
+
+    from gpufeed import StoreError
+
+    copy = tmp_path / "copy"
+    shutil.copytree(store, copy)
+    packets = np.fromfile(copy / "packets.i64", "<i8")
+    packets[3] = int(np.fromfile(copy / "offsets.i64", "<i8")[1])  # past video 0's bytes
+    packets.tofile(copy / "packets.i64")
+    with pytest.raises(StoreError, match="packets.i64.*not within its video"):
+        Store(copy)
+    shutil.copy(store / "packets.i64", copy / "packets.i64")
+    decoding = np.fromfile(copy / "decoding.i64", "<i8").reshape(-1, 3)
+    decoding[1, 0] = 99  # no such decoder
+    decoding.tofile(copy / "decoding.i64")
+    with pytest.raises(StoreError, match="decoding.i64.*not a decoder"):
+        Store(copy)
+    decoding[1] = [-1, 0, 0]  # through its container, yet its packets' offsets are given
+    decoding.tofile(copy / "decoding.i64")
+    with pytest.raises(StoreError, match="packets.i64"):
+        Store(copy)
+
+
+def test_packets_that_do_not_decode_alone_are_decoded_through_the_container_and_said_once(
+    store: Path, tmp_path: Path, caplog
+):
+    import shutil
+
+    from gpufeed.decode.codecs import video as codecs
+
+    copy = tmp_path / "copy"
+    shutil.copytree(store, copy)
+    decoding = np.fromfile(copy / "decoding.i64", "<i8").reshape(-1, 3)
+    decoding[:, 1:] = [0, 16]  # the codec's parameters said to be the file's first bytes: not H.264's
+    decoding.tofile(copy / "decoding.i64")
+    codecs._said.clear()
+    expected, _ = _all_clips(store, 0)
+    with caplog.at_level("WARNING"):
+        got, stats = _all_clips(copy, 0)  # (threads of this process: their message is caplog's)
+    assert stats["through_container"] == 0 and all(torch.equal(a, b) for a, b in zip(got, expected))
+    assert caplog.text.count("did not decode without their container") == 1

@@ -31,7 +31,15 @@ import numpy as np
 import torch
 
 from gpufeed.decode.codecs.nvdec import NvdecClip, NvdecUnavailable, decode_on_gpu, open_torchcodec
-from gpufeed.decode.codecs.video import I420, ClipJob, ClipTask, decode_jobs, keyframe_before, run_clip_task
+from gpufeed.decode.codecs.video import (
+    I420,
+    ClipJob,
+    ClipTask,
+    Packets,
+    decode_jobs,
+    keyframe_before,
+    run_clip_task,
+)
 from gpufeed.decode.pool.segment import Segment
 from gpufeed.loader.batch import Batch
 from gpufeed.loader.clips import Clip, Timeline, clip_frames, positions
@@ -42,7 +50,7 @@ from gpufeed.loader.stats import stage_range
 from gpufeed.logs import logger
 from gpufeed.processes import process_pool
 from gpufeed.sources.videos import VideoError
-from gpufeed.store.format import JPEG_DATA, VideoIndex
+from gpufeed.store.format import JPEG_DATA, VIDEO_DECODERS, VideoIndex
 from gpufeed.transfer.ring import Turns, hand_over
 
 PRODUCERS = 2  # batches decoded at once: the processes start the next one's clips while a batch ends
@@ -126,6 +134,45 @@ def _timed(clip: NvdecClip, device: torch.device) -> tuple[torch.Tensor, bool, f
     return (*decode_on_gpu(clip, device), time.perf_counter())
 
 
+def clip_packets(index: VideoIndex, first: int, last: int) -> Packets | None:
+    """The packets decoding frames [`first`, `last`] (presentation order) of video `index` needs,
+    `first` a keyframe: every packet from `first`'s to the last in file order of a frame among
+    them (a B-frame's later reference comes before it); None where the video decodes through its
+    container (`index.packet_at` None)."""
+    at = index.packet_at
+    if at is None:
+        return None
+    low, high = at[first], at[first : last + 1].max()
+    pick = np.flatnonzero((at >= low) & (at <= high))
+    pick = pick[np.argsort(at[pick], kind="stable")]
+    rows = np.stack([at[pick], index.packet_bytes[pick], index.pts[pick]], axis=1).astype(np.int64)
+    return Packets(index.codec, index.extradata, rows)
+
+
+def _through_container(store) -> int:
+    """How many of `store`'s videos decode through their containers rather than from their packets
+    alone (`decode.codecs.video`), said when a Loader is made where there are any: it is slower."""
+    if store.decoding is None:
+        count = len(store)
+        why = "the store was packed before gpufeed kept where each packet lies; pack it again"
+    else:
+        count = int((np.asarray(store.decoding[:, 0]) < 0).sum())
+        why = (
+            f"their codecs are not among {', '.join(VIDEO_DECODERS)} or their packets do not lie in their files "
+            "as they are; pack with gop= (or short_side=) re-encodes them as H.264 in MP4"
+        )
+    if count:
+        log.warning(
+            "gpufeed: %s: %d of %d videos decode through their containers, about a tenth slower a clip on "
+            "the CPU than from their packets alone: %s",
+            store.path,
+            count,
+            len(store),
+            why,
+        )
+    return count
+
+
 def check_video_decoders(decoders: tuple[str, ...] | None) -> tuple[str, ...]:
     """The names of a video Loader's `decoders` (None: the CPU's), or ValueError."""
     names = tuple(decoders) if decoders is not None else ("cpu",)
@@ -202,6 +249,7 @@ class VideoClips:
         self._close_data = weakref.finalize(self, os.close, self._data_fd)
         self._data_inode = os.fstat(self._data_fd).st_ino
         self._positions: dict[int, np.ndarray] = {}  # the clips' positions of the epochs being made
+        self.through_container = _through_container(store)
         self.decoded = self.delivered = 0  # frames decoded, and frames the clips hold (`stats`)
 
     @property
@@ -247,7 +295,17 @@ class VideoClips:
         part = slice(k0, int(frames.max()) + 1)
         pts, keyframe = index.pts[part], index.keyframe[part]
         return ClipJob(
-            video, a, b - a, pts, keyframe, index.stream, frames - k0, at, whole=k0 == 0, skip_nonref=self.skip_nonref
+            video,
+            a,
+            b - a,
+            pts,
+            keyframe,
+            index.stream,
+            frames - k0,
+            at,
+            whole=k0 == 0,
+            skip_nonref=self.skip_nonref,
+            packets=clip_packets(index, k0, int(frames.max())),
         )
 
     def slot_count(self, prefetch: int) -> int:
@@ -293,7 +351,8 @@ class VideoClips:
         their `niceness`, and the shared page-locked slots (`slots`, `slot_bytes` each, made at the
         first pass; sized for the store's largest frame, `max_hw`), and the frames decoded against
         those the clips hold (`frames_decoded`, `frames_delivered`: from each clip's keyframe, so a
-        long GOP costs more; the processes' and threads' clips); `nvdec`, with the GPU's engines:
+        long GOP costs more; the processes' and threads' clips); the videos decoded through their
+        containers rather than from their packets alone (`through_container`); `nvdec`, with the GPU's engines:
         their threads, each side's clips and rates (clips/s), and why the engines stopped, if they did."""
         return {
             "processes": self.workers,
@@ -302,6 +361,7 @@ class VideoClips:
             "slots": len(self._slots),
             "slot_bytes": self.batch_size * self.clip_bytes,
             "max_hw": self.max_hw,
+            "through_container": self.through_container,
             "frames_decoded": self.decoded,
             "frames_delivered": self.delivered,
             "nvdec": None

@@ -172,6 +172,8 @@ class VideoSink(JpegSink):
         self.frames: array = array("q")
         self.frame_offsets: array = array("q", [0])
         self.timing: array = array("q")
+        self.packets: array = array("q")
+        self.decoding: array = array("q")
 
     def add_video(self, label: int, encoded: bytes, index: VideoIndex, clip: tuple[int, int], source: str) -> None:
         """Video `encoded` (`index`: its frames), its clips taken from frames [clip[0], clip[1])."""
@@ -181,6 +183,12 @@ class VideoSink(JpegSink):
         self.frame_offsets.append(self.frame_offsets[-1] + len(index))
         tb = index.time_base
         self.timing.extend([tb.numerator, tb.denominator, index.stream, clip[0], clip[1]])
+        if index.packet_at is None or index.codec not in fmt.VIDEO_DECODERS:
+            self.packets.extend([-1] * len(index))
+            self.decoding.extend([-1, 0, 0])
+        else:
+            self.packets.extend(index.packet_at.astype(np.int64).tolist())
+            self.decoding.extend([fmt.VIDEO_DECODERS.index(index.codec), *index.extradata])
 
     def finish(self) -> dict[str, dict[str, object]]:
         w = self.work
@@ -191,4 +199,6 @@ class VideoSink(JpegSink):
                 w / fmt.VIDEO_FRAME_OFFSETS, np.asarray(self.frame_offsets, dtype="<i8")
             ),
             fmt.VIDEO_TIMING: write_array(w / fmt.VIDEO_TIMING, np.asarray(self.timing, dtype="<i8")),
+            fmt.VIDEO_PACKETS: write_array(w / fmt.VIDEO_PACKETS, np.asarray(self.packets, dtype="<i8")),
+            fmt.VIDEO_DECODING: write_array(w / fmt.VIDEO_DECODING, np.asarray(self.decoding, dtype="<i8")),
         }

@@ -1,6 +1,7 @@
 """Videos as a source: what a video store keeps of each file (its `store.format.VideoIndex`: every
 frame's presentation time, keyframes and packet sizes, found by decoding the file once, so a broken one
-is caught at pack time, not in training), and the optional re-encoding that bounds what a clip costs
+is caught at pack time, not in training; and where each packet and the codec's parameters lie in the
+file, so a clip decodes without opening its container), and the optional re-encoding that bounds what a clip costs
 to decode.
 
 PyAV (FFmpeg) reads and writes them: an optional dependency (`pip install gpufeed[video]`), imported
@@ -18,7 +19,7 @@ from fractions import Fraction
 import numpy as np
 
 from gpufeed.sources.tars import Wanted
-from gpufeed.store.format import VideoIndex
+from gpufeed.store.format import VIDEO_DECODERS, VideoIndex
 
 # what a folder or tar of videos is read for (case-insensitive)
 VIDEO_EXTS = frozenset({".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi"})
@@ -84,10 +85,13 @@ def index_video(data: bytes | memoryview, max_frames: int = MAX_VIDEO_FRAMES) ->
         if stream.codec_context is None or not stream.codec_context.name:
             raise VideoError("a video stream of a codec this FFmpeg can't decode")
         codec = stream.codec_context.name
+        extra = stream.codec_context.extradata
         stream.codec_context.thread_count = 1  # pack runs a process per core already
         number = stream.index  # (read while the container is open: PyAV's stream dies with it)
         time_base = Fraction(stream.time_base) if stream.time_base else Fraction(1, 90000)
         sizes: dict[int, int] = {}
+        at: dict[int, int] | None = {} if codec in VIDEO_DECODERS else None  # (None: not decodable without it)
+        last = -1  # (the last packet's offset)
         pts: list[int] = []
         keys: list[bool] = []
         height = width = 0
@@ -95,6 +99,12 @@ def index_video(data: bytes | memoryview, max_frames: int = MAX_VIDEO_FRAMES) ->
             for packet in container.demux(stream):
                 if packet.size and packet.pts is not None:
                     sizes[packet.pts] = packet.size
+                    if at is not None:  # (decode order must be file order, each packet's own pts)
+                        where = _lying(data, packet)
+                        if where <= last or packet.pts in at:
+                            at = None
+                        else:
+                            at[packet.pts] = last = where
                 for frame in packet.decode():
                     if frame.pts is None:
                         raise VideoError("a frame without a presentation time (a raw stream; remux it into MP4/MKV)")
@@ -122,6 +132,8 @@ def index_video(data: bytes | memoryview, max_frames: int = MAX_VIDEO_FRAMES) ->
     keyframe = np.asarray(keys, bool)[order]
     if not keyframe[0]:
         raise VideoError("its first frame is not a keyframe (a cut stream)")
+    every = at is not None and len(at) == len(pts) and all(p in at for p in pts)  # (a packet a frame)
+    extradata = _extradata_at(data, extra) if every else None
     return VideoIndex(
         pts=ordered,
         keyframe=keyframe,
@@ -131,7 +143,37 @@ def index_video(data: bytes | memoryview, max_frames: int = MAX_VIDEO_FRAMES) ->
         width=width,
         codec=codec,
         stream=number,
+        packet_at=None if extradata is None else np.asarray([at[int(p)] for p in ordered], np.int64),  # type: ignore[index]
+        extradata=extradata or (0, 0),
     )
+
+
+def _lying(data: bytes | memoryview, packet) -> int:
+    """The byte offset of `packet`'s bytes in `data`, its container file, or -1 where they do not lie
+    there as they are (a clip can then be decoded only through its container): at the demuxer's
+    position in MP4, a few bytes after it in Matroska (its block's header)."""
+    payload = bytes(packet)
+    pos = packet.pos
+    if pos is None or pos < 0:
+        return -1
+    window = bytes(memoryview(data)[pos : pos + len(payload) + _BLOCK_HEADER])
+    k = window.find(payload[:64])
+    while 0 <= k <= _BLOCK_HEADER and window[k : k + len(payload)] != payload:
+        k = window.find(payload[:64], k + 1)
+    return pos + k if 0 <= k <= _BLOCK_HEADER else -1
+
+
+_BLOCK_HEADER = 64  # the most bytes looked past a packet's demuxer position for its own
+
+
+def _extradata_at(data: bytes | memoryview, extradata: bytes | None) -> tuple[int, int] | None:
+    """Where the codec's `extradata` (its parameter sets: MP4's avcC or hvcC box, Matroska's
+    CodecPrivate) lies in `data` as (offset, length): (0, 0) where there is none; None where it is not
+    in the file as it is."""
+    if not extradata:
+        return 0, 0
+    k = (data if isinstance(data, bytes) else bytes(data)).find(extradata)
+    return (k, len(extradata)) if k >= 0 else None
 
 
 def reencode_video(

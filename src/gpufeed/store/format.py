@@ -34,6 +34,15 @@ A store is a directory::
       timing.i64      int64[N, 5]         the time base (numerator, denominator), the video stream's
                                           index in its container, and the frames clips are taken
                                           from, [first, end) (a list's start/end bounds; else all)
+    and optionally (both or neither; stores packed before they existed lack them), what decoding a
+    clip without opening its container needs (`decode.codecs.video`: a clip's packets are read where
+    they lie and fed to a decoder of their own; opening an MP4 cost about a tenth of a clip's decode):
+      packets.i64     int64[F]            each frame's packet: its byte offset in its video's file,
+                                          rows in step with frames.i64 (-1: see decoding.i64)
+      decoding.i64    int64[N, 3]         the decoder (an index into VIDEO_DECODERS) and the codec's
+                                          extradata, its byte offset and length in the video's file
+                                          (0, 0: none); a decoder of -1: the video is decoded through
+                                          its container (its packets' offsets are -1)
 
 A sample's masks are k planes of the stored image's h x w pixels: one label map (k = 1, the spec's
 "instances" false) or one 0/1 mask per instance (instances true, any k, in step with the sample's
@@ -102,8 +111,15 @@ SOURCE_OFFSETS = "sources.i64"
 VIDEO_FRAMES = "frames.i64"
 VIDEO_FRAME_OFFSETS = "frame_offsets.i64"
 VIDEO_TIMING = "timing.i64"
+VIDEO_PACKETS = "packets.i64"
+VIDEO_DECODING = "decoding.i64"
 VIDEO_FRAME_COLUMNS = 3  # pts, keyframe, packet bytes
 VIDEO_TIMING_COLUMNS = 5  # time base numerator, denominator, stream index, first frame, end frame
+VIDEO_DECODING_COLUMNS = 3  # decoder, extradata offset, extradata bytes
+# FFmpeg decoders a video is decoded with from its packets alone (a decoding.i64 row's decoder indexes
+# this: append only). Each gave the frames its container's decode gives, pixel for pixel, from MP4
+# and Matroska; MPEG-4 part 2 did not, so it and those not listed decode through their container.
+VIDEO_DECODERS = ("h264", "hevc", "vp9", "libdav1d")
 
 DTYPES: dict[str, np.dtype] = {
     LABELS: np.dtype("<i8"),
@@ -116,6 +132,8 @@ DTYPES: dict[str, np.dtype] = {
     VIDEO_FRAMES: np.dtype("<i8"),
     VIDEO_FRAME_OFFSETS: np.dtype("<i8"),
     VIDEO_TIMING: np.dtype("<i8"),
+    VIDEO_PACKETS: np.dtype("<i8"),
+    VIDEO_DECODING: np.dtype("<i8"),
 }
 
 
@@ -304,6 +322,8 @@ class Manifest:
                 f"{path}: store format version {self.version} is not sharded, yet the manifest lists shards"
             )
         expected = data_files(self.mode, self.version, self.fields)
+        if self.mode == "video" and (VIDEO_PACKETS in self.files or VIDEO_DECODING in self.files):
+            expected += (VIDEO_PACKETS, VIDEO_DECODING)  # (optional, both or neither: the module's docstring)
         missing = [n for n in expected if n not in self.files]
         if missing:
             raise StoreError(f"{path}: manifest lists no entry for {', '.join(missing)}")
@@ -366,6 +386,8 @@ class Manifest:
                 VIDEO_FRAME_OFFSETS: (n + 1) * 8,
                 VIDEO_TIMING: n * VIDEO_TIMING_COLUMNS * 8,
             }
+            if VIDEO_DECODING in self.files:
+                sources |= {VIDEO_PACKETS: None, VIDEO_DECODING: n * VIDEO_DECODING_COLUMNS * 8}
         return {JPEG_DATA: None, JPEG_OFFSETS: (n + 1) * 8, JPEG_SHAPES: n * 8, LABELS: n * 8, **sources}
 
 
@@ -461,9 +483,11 @@ _EXPECTED = {
 @dataclass(frozen=True)
 class VideoIndex:
     """One video's frames in presentation order: `pts` (int64, in `time_base` seconds), `keyframe`
-    (bool) and `packet_bytes`; the frame size, the codec and the stream's index in its container.
-    What packing finds in a video file (`sources.videos.index_video`) and a video store's rows of it
-    give back (`store.reader.Store.video`)."""
+    (bool) and `packet_bytes`; the frame size, the codec and the stream's index in its container;
+    where its packets can be decoded without the container (`codec` one of VIDEO_DECODERS), each
+    frame's packet's byte offset in the file (`packet_at`) and the codec's `extradata` (offset,
+    length; (0, 0): none), else None. What packing finds in a video file
+    (`sources.videos.index_video`) and a video store's rows of it give back (`store.reader.Store.video`)."""
 
     pts: np.ndarray
     keyframe: np.ndarray
@@ -473,6 +497,8 @@ class VideoIndex:
     width: int
     codec: str
     stream: int
+    packet_at: np.ndarray | None = None
+    extradata: tuple[int, int] = (0, 0)
 
     def __len__(self) -> int:
         return len(self.pts)

@@ -232,9 +232,46 @@ class Store(Described):
             (t[:, 0] <= 0) | (t[:, 1] <= 0) | (t[:, 2] < 0) | (t[:, 3] < 0) | (t[:, 4] <= t[:, 3]) | (t[:, 4] > counts),
             "is not a time base, a stream and a frame range [first, end) within the video",
         )
+        # (a store packed before they existed: every video decodes through its container)
+        self.packets: np.ndarray | None = None
+        self.decoding: np.ndarray | None = None
+        if fmt.VIDEO_DECODING in m.files:
+            self._open_packets(n_frames, counts)
+
+    def _open_packets(self, n_frames: int, counts: np.ndarray) -> None:
+        """The packets' offsets and each video's decoder and extradata (`store.format`), checked to lie
+        within their video's bytes: a decode reads them where they say."""
+        m = self.manifest
+        recorded = m.files[fmt.VIDEO_PACKETS]["bytes"]
+        if recorded != n_frames * 8:
+            raise StoreError(
+                f"{self.path / fmt.VIDEO_PACKETS}: recorded as {recorded} bytes, expected {n_frames * 8} "
+                f"for the {n_frames} frames of {fmt.VIDEO_FRAMES}"
+            )
+        packets = self._open(fmt.VIDEO_PACKETS, (n_frames,))
+        d = self._open(fmt.VIDEO_DECODING, (m.count, fmt.VIDEO_DECODING_COLUMNS))
+        sizes = np.diff(np.asarray(self.offsets))
+        direct = d[:, 0] >= 0
+        _check_entries(
+            self.path / fmt.VIDEO_DECODING,
+            (d[:, 0] < -1)
+            | (d[:, 0] >= len(fmt.VIDEO_DECODERS))
+            | (direct & ((d[:, 1] < 0) | (d[:, 2] < 0) | (d[:, 1] + d[:, 2] > sizes))),
+            f"is not a decoder of {len(fmt.VIDEO_DECODERS)} (or -1) and extradata within the video",
+        )
+        at = np.asarray(packets)
+        size = np.repeat(sizes, counts)
+        end = at + self.frames[:, 2]
+        _check_entries(
+            self.path / fmt.VIDEO_PACKETS,
+            np.where(np.repeat(direct, counts), (at < 0) | (end > size), at != -1),
+            "is not within its video's bytes (or -1 where the video decodes through its container)",
+        )
+        self.packets, self.decoding = packets, d
 
     def video(self, i: int) -> VideoIndex:
-        """Video `i`'s frame index (video stores): pts, keyframes, packet bytes, time base, frame size."""
+        """Video `i`'s frame index (video stores): pts, keyframes, packet bytes, time base, frame size, and
+        where its packets lie where it decodes without its container."""
         if self.mode != "video":
             raise TypeError(f"{self.path}: video() needs a video store, this one is {self.mode}")
         i = self._index(i)
@@ -242,7 +279,21 @@ class Store(Described):
         rows = np.asarray(self.frames[a:b])
         num, den, stream = (int(v) for v in self.timing[i, :3])
         h, w = (int(v) for v in self.shapes[i])
-        return VideoIndex(rows[:, 0], rows[:, 1] != 0, rows[:, 2], Fraction(num, den), h, w, "", stream)
+        decoder, extra_at, extra_bytes = (int(v) for v in self.decoding[i]) if self.decoding is not None else (-1, 0, 0)
+        if decoder < 0:  # (through its container)
+            return VideoIndex(rows[:, 0], rows[:, 1] != 0, rows[:, 2], Fraction(num, den), h, w, "", stream)
+        return VideoIndex(
+            rows[:, 0],
+            rows[:, 1] != 0,
+            rows[:, 2],
+            Fraction(num, den),
+            h,
+            w,
+            fmt.VIDEO_DECODERS[decoder],
+            stream,
+            np.asarray(self.packets[a:b]),  # type: ignore[index]
+            (extra_at, extra_bytes),
+        )
 
     def frame(self, i: int, t: int | None = None) -> torch.Tensor:
         """Frame `t` of video `i` (default: the middle of its clip range) as a uint8 CHW tensor."""

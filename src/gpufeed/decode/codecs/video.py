@@ -1,6 +1,9 @@
-"""A clip's frames from a stored video, decoded on the CPU with PyAV (FFmpeg): seek to the keyframe at
-or before the clip's first frame (the store's index says where), decode forward, keep the frames the
-clip asks for and stop after its last. Torch-free, so a decode thread or process needs nothing else.
+"""A clip's frames from a stored video, decoded on the CPU with PyAV (FFmpeg): from the keyframe at or
+before the clip's first frame (the store's index says where), decode forward, keep the frames the
+clip asks for and stop after its last. The packets are read where the store's index says they lie and
+fed to a decoder of the clip's own (`Packets`); a video whose packets can't be (a store packed before
+they were indexed, a codec not among `store.format.VIDEO_DECODERS`) is opened as a container and
+seeked in. Torch-free, so a decode thread or process needs nothing else.
 
 FFmpeg decodes with the GIL released (PyAV's decode and its colour conversion run outside it), so a
 pool of threads in the loader's process decodes clips in parallel.
@@ -13,14 +16,17 @@ one core of the development box).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from gpufeed.logs import logger
 from gpufeed.sources.videos import VideoError, open_video, pyav
+
+log = logger(__name__)
 
 
 def one_thread(stream) -> None:
@@ -45,6 +51,19 @@ def _opened(av, request: ClipRequest) -> Iterator[tuple]:
 
 
 @dataclass(frozen=True)
+class Packets:
+    """A clip's packets, to decode it without opening its container: its decoder (one of
+    `store.format.VIDEO_DECODERS`), the codec's extradata as (offset, length) in the video's file
+    ((0, 0): none), and `rows` (m, 3) int64 in decode order, which is file order: each packet's offset
+    in the video's file, its bytes and its pts; from the packet of the keyframe the clip's decode
+    starts at to the last one a frame of the clip needs (`loader.video.clip_packets`)."""
+
+    decoder: str
+    extradata: tuple[int, int]
+    rows: np.ndarray
+
+
+@dataclass(frozen=True)
 class ClipRequest:
     """What one clip's decode needs: the video's bytes, its frames' pts and keyframe flags (presentation
     order, from the store), the video stream's index, and the frames wanted (indices into those, in
@@ -59,6 +78,7 @@ class ClipRequest:
     frames: np.ndarray
     whole: bool = True
     skip_nonref: bool = False  # frames outside the clip that no frame refers to are not decoded (`_decode`)
+    packets: Packets | None = None  # the clip's packets where they lie (None: decoded through the container)
 
 
 def keyframe_before(keyframe: np.ndarray, frame: int) -> int:
@@ -73,6 +93,12 @@ def _decode(request: ClipRequest, take: Callable[[Any, list[int]], None]) -> int
     a short clip repeats it); how many frames were decoded. VideoError where the file is damaged or
     decodes to fewer of the wanted frames than its index holds.
 
+    With `request.packets`, the clip's packets are read where they lie and fed to a decoder of their
+    own (`_own_packets`), without opening the container: 568x320 H.264 in MP4, opening, seeking and
+    the first demux took 1.2-1.5 ms of a clip's ~17 ms on one core of the development box, making the
+    decoder 0.02 ms. Where that fails (said once a process), the clip is decoded again through its
+    container.
+
     With `request.skip_nonref` and H.264, a packet of a frame the clip does not hold is decoded with
     FFmpeg's `skip_frame` at NONREF: a frame no other frame refers to (most B-frames) is then
     dropped undecoded, and nothing needs it. 568x320 H.264 at GOP 32 (x264 veryfast, B-frames), 16-frame
@@ -80,8 +106,22 @@ def _decode(request: ClipRequest, take: Callable[[Any, list[int]], None]) -> int
     48-53 clips/s against 43-46 (to RGB: 36.3-36.5 against 31.4-33.1). Not yet measured in training
     on a GPU host: off by default (`Tuning.skip_nonref`)."""
     av = pyav()
+    if request.packets is not None:
+        try:
+            return _decode_from(av, request, take, _own_packets(av, request))
+        except (av.FFmpegError, VideoError) as e:
+            _say_once(
+                f"a clip's packets ({request.packets.decoder}) did not decode without their container ({e}); "
+                "such clips decode through their containers, about a tenth slower"
+            )
+    return _decode_from(av, request, take, _container_packets(av, request))
+
+
+def _decode_from(
+    av, request: ClipRequest, take: Callable[[Any, list[int]], None], packets: Generator[tuple, None, None]
+) -> int:
+    """`_decode`'s loop over `packets` ((decoder, packet) pairs, a None packet flushing the decoder)."""
     wanted = request.frames
-    start = keyframe_before(request.keyframe, int(wanted.min()))
     slots: dict[int, list[int]] = {}
     for t, i in enumerate(wanted):
         slots.setdefault(int(request.pts[int(i)]), []).append(t)
@@ -104,24 +144,61 @@ def _decode(request: ClipRequest, take: Callable[[Any, list[int]], None]) -> int
         return False
 
     try:
-        with _opened(av, request) as (container, stream):
-            if start > 0 or not request.whole:
-                container.seek(int(request.pts[start]), stream=stream, backward=True, any_frame=False)
-            codec = stream.codec_context
+        for codec, packet in packets:
             # H.264's alone: a frame it calls non-reference (nal_ref_idc 0) is one no frame refers to;
             # HEVC's "sub-layer non-reference" frames may be referred to by a higher sub-layer's
-            skip = request.skip_nonref and codec.name == "h264"
-            for packet in container.demux(stream):
-                if skip:
-                    codec.skip_frame = "DEFAULT" if packet.pts is None or packet.pts in held else "NONREF"
-                if took(codec.decode(packet)):  # (the demuxer's last, empty packet flushes the decoder)
-                    break
+            if request.skip_nonref and codec.name == "h264":
+                skip = packet is not None and packet.pts is not None and packet.pts not in held
+                codec.skip_frame = "NONREF" if skip else "DEFAULT"
+            if took(codec.decode(packet)):
+                break
     except av.FFmpegError as e:
         raise VideoError(f"damaged: {e}") from None
+    finally:
+        packets.close()  # (the container, where it was opened)
     if slots:
         missing = sorted(int(np.searchsorted(request.pts, p)) for p in slots)
         raise VideoError(f"frames {missing[:4]} of the index not decoded (the file changed or is damaged)")
     return decoded
+
+
+def _container_packets(av, request: ClipRequest) -> Generator[tuple, None, None]:
+    """(decoder, packet) pairs of the clip through its container: opened, seeked to the keyframe at or
+    before the clip's first frame, demuxed from there (the demuxer's last, empty packet flushes)."""
+    start = keyframe_before(request.keyframe, int(request.frames.min()))
+    with _opened(av, request) as (container, stream):
+        if start > 0 or not request.whole:
+            container.seek(int(request.pts[start]), stream=stream, backward=True, any_frame=False)
+        for packet in container.demux(stream):
+            yield stream.codec_context, packet
+
+
+def _own_packets(av, request: ClipRequest) -> Generator[tuple, None, None]:
+    """(decoder, packet) pairs of the clip's packets read where they lie (`Packets`), its decoder one of
+    its own on the calling thread, then None to flush it."""
+    packets = request.packets
+    assert packets is not None
+    codec = av.CodecContext.create(packets.decoder, "r")
+    at, size = packets.extradata
+    if size:
+        codec.extradata = bytes(request.data[at : at + size])
+    codec.thread_type = "NONE"
+    codec.thread_count = 1
+    for at, size, pts in packets.rows.tolist():
+        packet = av.Packet(request.data[at : at + size])
+        packet.pts = pts
+        yield codec, packet
+    yield codec, None
+
+
+_said: set[str] = set()
+
+
+def _say_once(message: str) -> None:
+    """Say `message` once in this process (a decode process says it on its own standard error)."""
+    if message not in _said:
+        _said.add(message)
+        log.warning("gpufeed: %s", message)
 
 
 def decode_clip(request: ClipRequest, out: np.ndarray | None = None) -> np.ndarray:
@@ -210,6 +287,7 @@ class ClipJob:
     at: int
     whole: bool = True  # (`ClipRequest.whole`)
     skip_nonref: bool = False  # (`ClipRequest.skip_nonref`)
+    packets: Packets | None = None  # (`ClipRequest.packets`)
 
 
 @dataclass(frozen=True)
@@ -288,6 +366,7 @@ def decode_jobs(data: np.ndarray, slot: np.ndarray, layout: I420, jobs: tuple[Cl
             job.frames,
             job.whole,
             job.skip_nonref,
+            job.packets,
         )
         try:
             decoded += decode_clip_planes(request, layout, out)
