@@ -382,7 +382,15 @@ def test_doctor_times_a_video_store_in_clips_and_says_how_they_decode(store: Pat
     out = capsys.readouterr().out
     assert "gpufeed video store on cpu: " in out and " clips timed" in out and "clips/s)" in out
     assert "gpufeed video decode: " in out and "decode processes (niceness 10)" in out
-    assert "frames decoded for each frame a clip holds" in out
+    assert "frames decoded for each frame a clip holds" in out and "through their containers" not in out
+
+
+def test_doctor_says_which_videos_decode_through_their_containers(store: Path, tmp_path: Path, capsys):
+    from gpufeed.cli import main
+
+    old = _without_packets(store, tmp_path / "old")
+    assert main(["doctor", str(old), "--device", "cpu", "--limit", "128"]) == 0
+    assert "6 video(s) decoded through their containers" in capsys.readouterr().out
 
 
 def test_a_pyav_without_metadata_errors_still_opens_videos(videos: Path, monkeypatch):

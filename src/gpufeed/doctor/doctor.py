@@ -53,7 +53,8 @@ def _jpeg_decoders() -> str:
 
 def _video_lines(video: dict, notes: list[str], device: str) -> list[str]:
     """How a video store's clips were decoded: the processes (or threads), the frames decoded a clip,
-    the GPU's engines if the Loader used them, and whether TorchCodec could drive them here."""
+    the videos decoded through their containers (slower), the GPU's engines if the Loader used them,
+    and whether TorchCodec could drive them here."""
     from gpufeed.decode.codecs.nvdec import NvdecUnavailable, open_torchcodec
 
     who = (
@@ -66,6 +67,12 @@ def _video_lines(video: dict, notes: list[str], device: str) -> list[str]:
         f"gpufeed video decode: {who}; {per_clip:.1f} frames decoded for each frame a clip holds (from "
         "each clip's keyframe: re-encode with a shorter GOP to lower it)"
     ]
+    if video.get("through_container"):
+        lines.append(
+            f"gpufeed video decode: {video['through_container']} video(s) decoded through their containers, about a "
+            "tenth slower a clip than from their packets alone (an earlier gpufeed packed the store, or their "
+            "codec or container does not allow it: pack again, or re-encode with gop=)"
+        )
     if device == "cuda":
         try:
             open_torchcodec()
