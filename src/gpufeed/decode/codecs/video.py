@@ -96,8 +96,8 @@ def _decode(request: ClipRequest, take: Callable[[Any, list[int]], None]) -> int
     With `request.packets`, the clip's packets are read where they lie and fed to a decoder of their
     own (`_own_packets`), without opening the container: 568x320 H.264 in MP4, opening, seeking and
     the first demux took 1.2-1.5 ms of a clip's ~17 ms on one core of the development box, making the
-    decoder 0.02 ms. Where that fails (said once a process), the clip is decoded again through its
-    container.
+    decoder 0.02 ms. Where that fails (said once a process and decoder), the clip is decoded again
+    through its container.
 
     With `request.skip_nonref` and H.264, a packet of a frame the clip does not hold is decoded with
     FFmpeg's `skip_frame` at NONREF: a frame no other frame refers to (most B-frames) is then
@@ -111,8 +111,9 @@ def _decode(request: ClipRequest, take: Callable[[Any, list[int]], None]) -> int
             return _decode_from(av, request, take, _own_packets(av, request))
         except (av.FFmpegError, VideoError) as e:
             _say_once(
+                request.packets.decoder,
                 f"a clip's packets ({request.packets.decoder}) did not decode without their container ({e}); "
-                "such clips decode through their containers, about a tenth slower"
+                "such a clip is decoded again through its container, twice the work: pack the store again",
             )
     return _decode_from(av, request, take, _container_packets(av, request))
 
@@ -194,10 +195,11 @@ def _own_packets(av, request: ClipRequest) -> Generator[tuple, None, None]:
 _said: set[str] = set()
 
 
-def _say_once(message: str) -> None:
-    """Say `message` once in this process (a decode process says it on its own standard error)."""
-    if message not in _said:
-        _said.add(message)
+def _say_once(what: str, message: str) -> None:
+    """Say `message` the first time this process meets `what` (a decode process says it on its own
+    standard error)."""
+    if what not in _said:
+        _said.add(what)
         log.warning("gpufeed: %s", message)
 
 
