@@ -896,6 +896,10 @@ def test_a_hostile_packet_index_is_refused(store: Path, tmp_path: Path):
     packets.tofile(copy / "packets.i64")
     with pytest.raises(StoreError, match="packets.i64.*not within its video"):
         Store(copy)
+    packets[3] = (1 << 63) - 8  # an offset whose end would wrap around
+    packets.tofile(copy / "packets.i64")
+    with pytest.raises(StoreError, match="packets.i64.*not within its video"):
+        Store(copy)
     shutil.copy(store / "packets.i64", copy / "packets.i64")
     decoding = np.fromfile(copy / "decoding.i64", "<i8").reshape(-1, 3)
     decoding[1, 0] = 99  # no such decoder

@@ -256,15 +256,16 @@ class Store(Described):
             self.path / fmt.VIDEO_DECODING,
             (d[:, 0] < -1)
             | (d[:, 0] >= len(fmt.VIDEO_DECODERS))
-            | (direct & ((d[:, 1] < 0) | (d[:, 2] < 0) | (d[:, 1] + d[:, 2] > sizes))),
+            | (direct & ((d[:, 1] < 0) | (d[:, 1] > sizes) | (d[:, 2] < 0) | (d[:, 2] > sizes - d[:, 1]))),
             f"is not a decoder of {len(fmt.VIDEO_DECODERS)} (or -1) and extradata within the video",
         )
         at = np.asarray(packets)
         size = np.repeat(sizes, counts)
-        end = at + self.frames[:, 2]
+        nbytes = self.frames[:, 2]  # (compared as differences: no sum of two hostile values overflows)
+        outside = (at < 0) | (at >= size) | (nbytes <= 0) | (nbytes > size - at)
         _check_entries(
             self.path / fmt.VIDEO_PACKETS,
-            np.where(np.repeat(direct, counts), (at < 0) | (end > size), at != -1),
+            np.where(np.repeat(direct, counts), outside, at != -1),
             "is not within its video's bytes (or -1 where the video decodes through its container)",
         )
         self.packets, self.decoding = packets, d
