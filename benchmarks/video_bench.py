@@ -15,8 +15,9 @@ Rows, interleaved over `--rounds` (each row's median and range):
   and normalize to fp16: clips/s and frames/s;
 - training (`--model`, a torchvision video model, bf16, channels_last_3d, `--train-size`², NCTHW):
   the synthetic ceiling (one batch given again) and the model fed by gpufeed with each of
-  `--train-workers` decode processes, once with the next epoch's first batches not carried (what
-  a small store's epochs cost without), once with `Tuning.skip_nonref` the other way, with
+  `--train-workers` decode processes, once through containers with `--containers`, once with the
+  next epoch's first batches not carried (what a small store's epochs cost without), once with
+  `Tuning.skip_nonref` the other way, with
   `--nice` and `--nvdec`, and fed by `--train-others` (a torch DataLoader of PyAV clips with
   `--threads` workers, DALI), each with % of the ceiling, and in its JSON row the loop's wait in
   `next()` at every timed step, gpufeed's split between its epochs' first steps and the others (a
@@ -267,8 +268,9 @@ def main(argv: list[str] | None = None) -> dict:
         decode_rows = [(w, None, default, store) for w in dict.fromkeys(counts)]
         # the first count with `skip_nonref` the other way: frames decoded a clip and clips/s
         decode_rows.insert(1, (counts[0], None, Tuning(skip_nonref=not default.skip_nonref), store))
-        if a.containers:  # the first count, each clip through its container (a store packed without packets)
-            decode_rows.insert(1, (counts[0], None, default, Store(_without_packets(store_path))))
+        containers = Store(_without_packets(store_path)) if a.containers else None
+        if containers is not None:  # the first count, each clip through its container (as packed before the index)
+            decode_rows.insert(1, (counts[0], None, default, containers))
         if a.nvdec:  # beside the processes, and alone (gpufeed's rate on the engines, against their limit)
             decode_rows[1:1] = [(counts[0], ("nvdec", "cpu"), default, store), (counts[0], ("nvdec",), default, store)]
         for r in range(a.rounds):
@@ -342,7 +344,7 @@ def main(argv: list[str] | None = None) -> dict:
                 if "clips_per_s" in got:
                     runs.setdefault(name, []).append(got["clips_per_s"])
             if a.model != "none":
-                _train(a, store, device, sync, runs, rows, r)
+                _train(a, store, containers, device, sync, runs, rows, r)
     lines = [[name, common.cell(v, "{:,.1f}"), common.cell([x * a.frames for x in v])] for name, v in runs.items()]
     markdown = (
         f"{len(store)} videos {a.height}x{a.width}, GOP {a.gop}, clips of {a.frames} frames stride 2 "
@@ -443,8 +445,9 @@ def _dali_clips(a, store, files, sync) -> dict:
     return {"clips_per_s": rate}
 
 
-def _train(a, store, device, sync, runs, rows, r: int) -> None:
-    """The model's synthetic ceiling, then the model fed by gpufeed and by `--train-others`, in clips/s."""
+def _train(a, store, containers, device, sync, runs, rows, r: int) -> None:
+    """The model's synthetic ceiling, then the model fed by gpufeed (and from `containers`, the store
+    without its packets' index, where given) and by `--train-others`, in clips/s."""
     import torchvision
 
     from gpufeed import Clip, Loader
@@ -509,12 +512,14 @@ def _train(a, store, device, sync, runs, rows, r: int) -> None:
     settings += [(counts[0], Tuning(decode_nice=int(n))) for n in a.nice.split(",") if a.nice]
     settings += [(counts[0], Tuning(skip_nonref=not default.skip_nonref))]
     settings += [(w, default) for w in counts[1:]]
-    settings = [(w, t, None) for w, t in settings]
+    settings = [(w, t, None, store) for w, t in settings]
     if a.nvdec:
-        settings.insert(1, (counts[0], default, ("nvdec", "cpu")))
-    for workers, tuning, decoders in settings:
+        settings.insert(1, (counts[0], default, ("nvdec", "cpu"), store))
+    if containers is not None:  # each clip through its container: what decoding from packets is worth here
+        settings.insert(1, (counts[0], default, None, containers))
+    for workers, tuning, decoders, source in settings:
         loader = Loader(
-            store,
+            source,
             batch_size=a.batch,
             device=device,
             augment=ops,
@@ -526,6 +531,8 @@ def _train(a, store, device, sync, runs, rows, r: int) -> None:
             decoders=decoders,
         )
         name = f"{a.model} fed by gpufeed, {loader.video.workers} decode processes"  # type: ignore[union-attr]
+        if source is not store:
+            name += ", through containers"
         if not tuning.carry:
             name += ", not carried"
         if tuning.decode_nice != default.decode_nice:

@@ -87,7 +87,8 @@ def test_smoke(name, bench, tmp_path, capsys):
         assert len(fed["wait_ms_each"]) == 2 and fed["batches_an_epoch"] >= 1
         assert 0 <= fed["wait_share_at_epoch_starts"] <= 1 and fed["wait_ms_per_step"] >= 0
         runs = written["runs"]  # each clip from its packets alone and through its container, decoding alike
-        assert {"gpufeed, 2 decode processes, through containers", "gpufeed, 2 decode processes"} <= set(runs)
+        assert {"gpufeed, 2 decode processes, through containers", "gpufeed, 2 decode processes",
+                "r3d_18 fed by gpufeed, 2 decode processes, through containers"} <= set(runs)
         one = [written["rows"][f"gpufeed's decode to 4:2:0, one thread, {how}, round 0"] for how in
                ("from packets", "through containers")]
         assert one[0]["frames_decoded_per_clip"] == one[1]["frames_decoded_per_clip"] > 0
