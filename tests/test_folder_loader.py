@@ -259,6 +259,62 @@ def test_the_index_is_cached_and_refreshed_for_changed_files(tmp_path, monkeypat
     assert [os.path.basename(c) for c in calls] == ["02.jpg"] and tuple(store.shapes[k]) == (50, 44)
 
 
+def _columns(store) -> tuple:
+    return (store._names, store.shapes.tolist(), store._sizes.tolist(), store._labels.tolist(),
+            store._files.tolist(), store._file_of.tolist(), store._begins.tolist(), store.skipped, store.reencoded)
+
+
+def test_an_unchanged_folder_is_served_as_it_was_without_reading_its_index(tmp_path, monkeypatch):
+    """A warm open of a folder whose files are all as they were takes what the last open served (kept
+    beside the index, for those very files' stats) instead of reading and checking every index entry;
+    a file changed since sends it the longer way."""
+    root = _jpegs(tmp_path / "img", n=8)
+    (root / "c1" / "notes.jpg").write_bytes(b"not a jpeg")  # skipped, with its reason
+    Image.fromarray(natural_image(np.random.default_rng(3), 36, 44, 0)).save(root / "c0" / "p.png")  # re-encoded
+    first = _columns(folder.FolderStore(root))
+    loads = []
+    real = folder._load
+    monkeypatch.setattr(folder, "_load", lambda path: loads.append(path) or real(path))
+    again = folder.FolderStore(root)
+    assert loads == [] and _columns(again) == first and again.reencoded == 1 and len(again.skipped) == 1
+    folder._cache_path(root).with_suffix(".served.npz").unlink()
+    assert _columns(folder.FolderStore(root)) == first and len(loads) == 1  # the longer way: the same
+    os.utime(root / "c0" / "00.jpg", ns=(1, 1))  # its stat changed
+    assert _columns(folder.FolderStore(root)) == first and len(loads) == 2
+
+
+@pytest.mark.parametrize("damage", ["cut", "hwb", "kept", "bytes", "reasons", "copy"])
+def test_served_columns_that_do_not_fit_the_folder_are_not_trusted(tmp_path, monkeypatch, damage):
+    """The served columns are untrusted, as the index is: kept for these very files (the fingerprint of
+    every name and stat), and each image's sides, pixels and bytes must fit its file (or its re-encoded
+    copy); else the index is read and checked as without them."""
+    root = _jpegs(tmp_path / "img", n=6)
+    (root / "c1" / "notes.jpg").write_bytes(b"not a jpeg")
+    Image.fromarray(natural_image(np.random.default_rng(3), 36, 44, 0)).save(root / "c0" / "p.png")
+    first = _columns(folder.FolderStore(root))
+    path = folder._cache_path(root).with_suffix(".served.npz")
+    with np.load(path) as z:
+        arrays = dict(z)
+    if damage == "cut":
+        path.write_bytes(path.read_bytes()[:100])
+    else:
+        if damage == "hwb":
+            arrays["hwb"][0, :2] = [70000, 3]  # sides no JPEG has
+        elif damage == "kept":
+            arrays["kept"] = arrays["kept"][::-1].copy()  # another order
+        elif damage == "bytes":
+            arrays["hwb"][1, 2] += 1  # not its file's bytes
+        elif damage == "reasons":
+            arrays["reasons"] = np.frombuffer(b"[1]", np.uint8)
+        else:  # a re-encoded copy gone
+            next(folder._cache_path(root).with_suffix(".upright").glob("*.jpg")).unlink()
+        np.savez(path, **arrays)
+    loads = []
+    real = folder._load
+    monkeypatch.setattr(folder, "_load", lambda p: loads.append(p) or real(p))
+    assert _columns(folder.FolderStore(root)) == first and len(loads) == 1
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_a_folder_changed_since_its_index_was_cached_is_read_as_it_is_now(tmp_path, workers):
     """The cached index against a folder changed since: a file renamed into the other class, one added,
@@ -303,10 +359,12 @@ def test_a_damaged_index_cache_is_read_again_not_trusted(tmp_path):
     bad = [[7], [-1, 2, 3], ["a", 2, 3], {"h": 1}, 12]
     data["entries"] = dict(zip(data["entries"], bad))
     index.write_text(json.dumps(data))
+    index.with_suffix(".served.npz").unlink()  # (else the served columns stand, the index unread)
     again = folder.FolderStore(root)
     assert np.array_equal(again.shapes, shapes) and len(again) == 4
     again.close()
     index.write_text('{"version": 2, "entries": [1, 2]}')
+    index.with_suffix(".served.npz").unlink()
     again = folder.FolderStore(root)
     assert np.array_equal(again.shapes, shapes)
     again.close()
@@ -336,6 +394,7 @@ def test_index_entries_of_valid_form_but_hostile_values_are_read_again(tmp_path,
     data = json.loads(index.read_text())
     data["entries"] = {k: [v if e is None else e for v, e in zip(old, entry)] for k, old in data["entries"].items()}
     index.write_text(json.dumps(data))
+    index.with_suffix(".served.npz").unlink()  # (else the served columns stand, the index unread)
     if entry[:2] == [1, 1]:
         # a 1x1 JPEG of these bytes could be: for the very file it was made from (the index is in the
         # user's own cache) the entry stands, and a pass over it still ends normally

@@ -8,8 +8,11 @@ user's cache (~/.cache/gpufeed, never inside the source, where a later `gpufeed 
 would meet it), and a later open reads only the headers of files that changed. A cached entry is
 used only for the very file it was made from (its size, times and inode) and only where its values
 fit that file (its byte count, sides a JPEG can have, pixels its bytes can hold); else the header
-is read again. Each batch's bytes are then read into one buffer on threads and go
-to the same decoders as a jpeg store's (decode workers read their share from the files themselves).
+is read again. Where no file changed (every image's name and stat as the last open found them), the
+columns that open served are taken as they are (`_Served`, checked against the files the same way),
+and no entry is read: about a quarter less time for 200,000 files. Each batch's bytes are then read into
+one buffer on threads and go to the same decoders as a jpeg store's (decode workers read their share
+from the files themselves).
 
 Every image packing reads is served, with the pixels a jpeg store packed from the folder with its
 JPEGs' bytes kept (`reencode=False`, a `max_side` above the largest) gives: an upright RGB baseline
@@ -152,39 +155,47 @@ class FolderStore:
             self.classes = listing.classes
             cache_path = _cache_path(self.path)
             self.upright = cache_path.with_suffix(".upright")  # the images re-encoded, as packing would
-            cached = _load(cache_path)
+            served_path = cache_path.with_suffix(".served.npz")
             upright = os.fspath(self.upright)
             sizes, files = listing.sizes, listing.files
             keys: list[str | None] = [None] * len(files)
-            fresh = list(range(len(files)))  # a cold build: each file's stat is taken as it is opened
-            if cached:  # the entries are for files as they were: look at each file first
+            stats: dict[str, str] = {}
+            if cache_path.exists():  # the entries are for files as they were: look at each file first
                 unique = list(dict.fromkeys(files))  # a tar shard holds many
-                stats = {f: headers.file_stat(f) for f in unique}  # (on threads: slower, each a GIL hand-over)
-                keys = [f"{name}|{stats[f]}" for name, f in zip(listing.names, files)]
+                stats = dict(zip(unique, map(headers.file_stat, unique)))  # (on threads: slower, each a GIL hand-over)
+                looked = [f"{name}|{stats[f]}" for name, f in zip(listing.names, files)]
+                served = _load_served(served_path, looked, listing, stats, upright)
+                if served is not None:  # nothing changed since it was kept: served as it was
+                    self._serve(listing, served, looked, upright, newly=0)
+                    return
+                keys[:] = looked
+            cached = _load(cache_path)
 
-                def made_now(k: int) -> str:
-                    return os.path.join(upright, headers.upright_name(keys[k]))  # type: ignore[arg-type]
+            def made_now(k: int) -> str:
+                return os.path.join(upright, headers.upright_name(keys[k]))  # type: ignore[arg-type]
 
-                fresh = [
-                    k
-                    for k, key in enumerate(keys)
-                    if not _fits(cached.get(key), sizes[k], stats[files[k]], made_now, k)
-                ]
+            # a cold build (no entries): each file's stat is taken as it is opened
+            fresh = (
+                [k for k, key in enumerate(keys) if not _fits(cached.get(key), sizes[k], stats[files[k]], made_now, k)]
+                if cached
+                else list(range(len(files)))
+            )
+            if not cached:
+                keys = [None] * len(files)
         jobs = [headers.Job(files[k], listing.begins[k], sizes[k], listing.names[k], upright, keys[k]) for k in fresh]
         for k, (entry, key) in zip(fresh, self._entries(jobs)):
             keys[k] = key
             cached[key] = entry
         known: list[str] = keys  # type: ignore[assignment]  # every image's, now
 
-        def made(k: int) -> str:
-            """Where image k is kept re-encoded (named by its key: asked for those alone, a hash each)."""
-            return os.path.join(upright, headers.upright_name(known[k]))
-
         if fresh or len(cached) != len(known):  # new entries, or ones of files gone
             _save(cache_path, {key: cached[key] for key in known})
             _prune(self.upright, {headers.upright_name(key) for key in known if _reencoded(cached[key])})
         with _collector_paused():
-            self._arrange(listing, known, cached, fresh, made)
+            served = _Served.of([cached[key] for key in known], known)
+            newly = sum(_reencoded(cached[known[k]]) for k in fresh)
+            self._serve(listing, served, known, upright, newly)
+        _save_served(served_path, served)
 
     def _entries(self, jobs: list[headers.Job]) -> list[headers.Indexed]:
         """The index entries and keys of `jobs`: by processes where there are many and this rank has
@@ -211,17 +222,13 @@ class FolderStore:
         runs = [jobs[a : a + INDEX_RUN] for a in range(0, len(jobs), INDEX_RUN)]  # a task per file cost more
         return [found for part in self._pool.map(index, runs) for found in part]
 
-    def _arrange(
-        self, listing: _Listing, keys: list[str], cached: dict, fresh: list[int], made: Callable[[int], str]
-    ) -> None:
-        """The served images' columns from their index entries (`cached[keys[k]]` for image k), the
-        skipped ones named, each said once."""
+    def _serve(self, listing: _Listing, served: _Served, keys: list[str], upright: str, newly: int) -> None:
+        """The served images' columns (`served`: which of the listing's images, their sizes and bytes,
+        which are read re-encoded from `upright`, named by their `keys`), the skipped ones named, each
+        said once; `newly`: images re-encoded by this open."""
         listed = listing.names
-        entries = [cached[key] for key in keys]
-        kept = [k for k, entry in enumerate(entries) if isinstance(entry, list)]
-        again = [_reencoded(entries[k]) for k in kept]  # re-encoded, read from beside the index
+        kept, again = served.kept.tolist(), served.again.tolist()
         self.reencoded = sum(again)
-        newly = sum(_reencoded(entries[k]) for k in fresh)
         if newly:
             log.warning(
                 "gpufeed: %s: %d image(s) the JPEG decoders can't read as they are (PNG, WebP, progressive, "
@@ -232,7 +239,7 @@ class FolderStore:
                 self.upright,
             )
         self.skipped = listing.skipped + [
-            {"path": listed[k], "reason": entries[k]} for k in range(len(listed)) if not isinstance(entries[k], list)
+            {"path": listed[k], "reason": reason} for k, reason in zip(served.dropped.tolist(), served.reasons)
         ]
         if self.skipped:
             shown = "; ".join(f"{s['path']}: {s['reason']}" for s in self.skipped[:3])
@@ -246,15 +253,19 @@ class FolderStore:
         if not kept:
             raise SourceError(f"{self.path}: no image this loader can read (and not a gpufeed store)")
         self._names = [listed[k] for k in kept]
-        where_read = [made(k) if a else listing.files[k] for k, a in zip(kept, again)]
-        files = sorted(set(where_read))
-        where = {f: n for n, f in enumerate(files)}
+        where_read = [
+            os.path.join(upright, headers.upright_name(keys[k])) if a else listing.files[k] for k, a in zip(kept, again)
+        ]
+        files = list(dict.fromkeys(where_read))  # (in the listing's order; a tar shard holds many images)
         n = len(kept)
         self._files = np.array(files, dtype=object)
-        self._file_of = np.fromiter((where[f] for f in where_read), np.int64, n)
+        if len(files) == n:  # a file an image: each its own
+            self._file_of = np.arange(n, dtype=np.int64)
+        else:
+            where = {f: j for j, f in enumerate(files)}
+            self._file_of = np.fromiter((where[f] for f in where_read), np.int64, n)
         self._begins = np.fromiter((0 if a else listing.begins[k] for k, a in zip(kept, again)), np.int64, n)
-        headers = np.fromiter(chain.from_iterable(entries[k][:3] for k in kept), np.int64, 3 * n).reshape(n, 3)
-        self.shapes, self._sizes = headers[:, :2], headers[:, 2].copy()
+        self.shapes, self._sizes = served.hwb[:, :2], served.hwb[:, 2].copy()
         self._labels = np.fromiter((listing.labels[k] for k in kept), np.int64, n)
 
     @property
@@ -420,6 +431,118 @@ def _list_tars(shards: list[str]) -> _Listing:
         except (OSError, tarfile.TarError) as e:
             raise SourceError(f"{shard}: not an uncompressed tar this loader can read in place ({e})") from None
     return listing
+
+
+@dataclass
+class _Served:
+    """What an open serves of a listing, kept beside the index (`_save_served`) so that the next open
+    of an unchanged source takes it as it is: the listing's images served (`kept`, in order) with
+    their height, width and bytes (`hwb`) and whether each is read re-encoded (`again`); those not
+    served (`dropped`) and why (`reasons`); the fingerprint of the keys (each image's name and its
+    file's stat) it was made for."""
+
+    kept: np.ndarray
+    hwb: np.ndarray
+    again: np.ndarray
+    dropped: np.ndarray
+    reasons: list[str]
+    fingerprint: bytes
+
+    @staticmethod
+    def of(entries: list, keys: list[str]) -> _Served:
+        """From each listed image's index entry, under its key."""
+        kept = [k for k, e in enumerate(entries) if isinstance(e, list)]
+        dropped = [k for k, e in enumerate(entries) if not isinstance(e, list)]
+        n = len(kept)
+        hwb = np.fromiter(chain.from_iterable(entries[k][:3] for k in kept), np.int64, 3 * n).reshape(n, 3)
+        again = np.fromiter((_reencoded(entries[k]) for k in kept), bool, n)
+        reasons = [entries[k] for k in dropped]
+        return _Served(
+            np.asarray(kept, np.int64), hwb, again, np.asarray(dropped, np.int64), reasons, _fingerprint(keys)
+        )
+
+
+SERVED_VERSION = 1
+
+
+def _fingerprint(keys: list[str]) -> bytes:
+    """SHA-256 of the index's version and every image's key, in order: the same only for the same
+    listing of the same files, each as it was (its size, times and inode)."""
+    text = "\0".join([str(INDEX_VERSION), *keys])
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
+
+
+def _save_served(path: Path, served: _Served) -> None:
+    """Write `served` atomically beside the index (`np.savez`, no pickles); one that can't be written
+    only makes the next open take the longer way."""
+    written = None
+    try:
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=".gpufeed-served-", suffix=".npz", delete=False) as f:
+            written = f.name
+            np.savez(
+                f,
+                version=np.array([SERVED_VERSION], np.int64),
+                fingerprint=np.frombuffer(served.fingerprint, np.uint8),
+                kept=served.kept,
+                hwb=served.hwb,
+                again=served.again,
+                dropped=served.dropped,
+                reasons=np.frombuffer(json.dumps(served.reasons).encode("utf-8", "surrogatepass"), np.uint8),
+            )
+        os.replace(written, path)
+    except OSError as e:
+        if written is not None:
+            Path(written).unlink(missing_ok=True)
+        log.info("gpufeed: no served-images cache written for a folder read in place (%s)", e)
+
+
+def _load_served(path: Path, keys: list[str], listing: _Listing, stats: dict[str, str], upright: str) -> _Served | None:
+    """The served images an earlier open kept for exactly these `keys` (the listing as it is now, each
+    file's stat), or None: none kept, another listing or file changed, or anything in it not what
+    an open of this listing could have made (an image's sides a JPEG can't have, pixels its bytes
+    can't hold, bytes other than its file's or re-encoded copy's): it is untrusted, as the index is."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            version, fingerprint = z["version"], z["fingerprint"].tobytes()
+            kept, hwb, again, dropped = z["kept"], z["hwb"], z["again"], z["dropped"]
+            reasons = json.loads(z["reasons"].tobytes().decode("utf-8", "surrogatepass"))
+    except Exception:  # noqa: BLE001  missing, cut short, not an npz of these arrays: the longer way
+        return None
+    n = len(keys)
+    if not (
+        version.shape == (1,)
+        and int(version[0]) == SERVED_VERSION
+        and fingerprint == _fingerprint(keys)
+        and kept.dtype == dropped.dtype == hwb.dtype == np.int64
+        and again.dtype == np.bool_
+        and kept.ndim == dropped.ndim == again.ndim == 1
+        and hwb.shape == (len(kept), 3)
+        and again.shape == kept.shape
+        and isinstance(reasons, list)
+        and len(reasons) == len(dropped)
+        and all(isinstance(r, str) for r in reasons)
+        and len(kept) + len(dropped) == n
+        and np.array_equal(np.sort(np.concatenate([kept, dropped])), np.arange(n))
+        and not (np.diff(kept) <= 0).any()
+    ):
+        return None
+    h, w, got = hwb[:, 0], hwb[:, 1], hwb[:, 2]
+    sides = (h >= 1) & (h <= JPEG_MAX_SIDE) & (w >= 1) & (w <= JPEG_MAX_SIDE)
+    if not (sides & (got >= 1) & (got <= 1 << 40) & (h * w <= PIXELS_PER_BYTE * got)).all():
+        return None
+    # each image's bytes: its tar member's, its file's (the size its stat key begins with), or its
+    # re-encoded copy's
+    member = np.asarray(listing.sizes, np.int64)[kept]
+    whole = np.flatnonzero((member < 0) & ~again)
+    try:
+        member[whole] = [int(stats[listing.files[k]].split(":", 1)[0]) for k in kept[whole].tolist()]
+        for j in np.flatnonzero(again).tolist():
+            member[j] = os.stat(os.path.join(upright, headers.upright_name(keys[int(kept[j])]))).st_size
+    except (OSError, ValueError):
+        return None
+    if not np.array_equal(member, got):
+        return None
+    return _Served(kept, hwb, again, dropped, reasons, fingerprint)
 
 
 def _reencoded(entry: list[int] | str) -> bool:

@@ -3,6 +3,7 @@ flat folder (label -1), walked in sorted order, following links but never loopin
 
 from __future__ import annotations
 
+import operator
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,13 +13,14 @@ from PIL import Image
 from gpufeed.sources.entries import Entry, Item, Skip, Source, count_items
 
 IMAGE_EXTS = frozenset(Image.registered_extensions())
+_name = operator.attrgetter("name")  # (a DirEntry's; sorting by it in C: a lambda cost a third more)
 
 
 def _walk(directory: str, seen: set[tuple[int, int]], exts: frozenset[str] = IMAGE_EXTS) -> Iterator[str | Skip]:
     """Files of `exts` (images) under `directory`, sorted, following symlinks but never looping."""
     try:
         st = os.stat(directory)
-        entries = sorted(os.scandir(directory), key=lambda e: e.name)
+        entries = sorted(os.scandir(directory), key=_name)
     except OSError as e:
         yield Skip(directory, f"unreadable directory: {e.strerror or e}")
         return
@@ -57,7 +59,7 @@ def _is_dir(entry: os.DirEntry) -> bool:
 def folder_source(root: Path, exts: frozenset[str] = IMAGE_EXTS) -> Source:
     """The files of `exts` (images; `sources.videos.VIDEO_EXTS` for videos) under `root`: in class
     folders (labels by sorted name), or flat (label -1)."""
-    children = sorted(os.scandir(root), key=lambda e: e.name)
+    children = sorted(os.scandir(root), key=_name)
     class_dirs = [e for e in children if not e.name.startswith(".") and _is_dir(e)]
     entries: list[Entry] = []
     seen: set[tuple[int, int]] = set()
