@@ -508,7 +508,10 @@ def test_the_command_line_packs_and_inspects_videos(videos: Path, tmp_path: Path
     assert main(["pack", str(videos), str(tmp_path / "s"), "--mode", "video", "--gop", "4", "--workers", "1"]) == 0
     assert "packed 6 videos" in capsys.readouterr().out
     assert main(["inspect", str(tmp_path / "s")]) == 0
-    assert "video frames, 48-48 x 64-64 px" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "video frames, 48-48 x 64-64 px" in out and "from packets alone: 6 h264" in out
+    assert main(["inspect", str(_without_packets(tmp_path / "s", tmp_path / "old"))]) == 0
+    assert "every video through its container" in capsys.readouterr().out
     with pytest.raises(SystemExit) as stop:
         main(["pack", str(videos), str(tmp_path / "t"), "--mode", "jpeg", "--gop", "4"])
     assert stop.value.code == 2

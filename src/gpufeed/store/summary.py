@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw
 
-from gpufeed.store.format import StoreError
+from gpufeed.store.format import VIDEO_DECODERS, StoreError
 from gpufeed.store.locations import is_url
 from gpufeed.store.reader import Store
 
@@ -66,8 +66,24 @@ def describe(store: Store) -> str:
         ("fields", ", ".join(f"{name} ({_kind(spec)})" for name, spec in m.fields.items()) or "none"),
         ("skipped", str(len(m.skipped))),
     ]
+    if m.mode == "video":
+        rows.insert(5, ("decoded", _video_decoding(store)))
     width = max(len(k) for k, _ in rows)
     return "\n".join([f"{k:<{width}}  {v}" for k, v in rows] + instances)
+
+
+def _video_decoding(store: Store) -> str:
+    """How a video store's clips are decoded: from their packets alone by codec (`store.format`'s
+    decoding.i64), and how many through their containers (slower: a store packed before the packets
+    were indexed, or a codec or container that does not allow it)."""
+    if store.decoding is None:
+        return "every video through its container (packed before gpufeed indexed packets: pack again)"
+    decoders = np.asarray(store.decoding[:, 0])
+    alone = Counter(VIDEO_DECODERS[d] for d in decoders[decoders >= 0].tolist())
+    parts = [f"{n} {codec}" for codec, n in sorted(alone.items())]
+    through = int((decoders < 0).sum())
+    text = f"from packets alone: {', '.join(parts) or 'none'}"
+    return text + (f"; {through} through their containers" if through else "")
 
 
 def _instances(store: Store) -> list[str]:
