@@ -438,6 +438,27 @@ def test_evaluation_clips_exactly_once_over_ranks(store: Path):
         assert starts == [0, round(room / 2), room]
 
 
+@pytest.mark.parametrize("workers", [0, 1])
+def test_an_evaluations_clips_of_a_video_decode_in_one_pass(store: Path, workers: int):
+    """Clips of one video next to each other in a batch whose spans meet are decoded in one pass from
+    the first one's keyframe: fewer frames decoded than each clip from its own keyframe, and every
+    clip still holds its own frames."""
+    from gpufeed.decode.codecs.video import keyframe_before
+
+    s = Store(store)
+    loader = Loader(store, batch_size=3, device="cpu", shuffle=False, drop_last=False, num_workers=workers,
+                    clip=Clip(frames=4, stride=2, clips_per_video=3), fields=["video", "frames"],
+                    tuning=Tuning(carry=False))
+    alone = 0  # frames each clip decodes from its own keyframe to its last frame
+    for batch in loader:
+        for clip, v, f in zip(batch["image"], batch["video"].tolist(), batch["frames"].tolist()):
+            assert [_index_of(x, s[v][0][0]) for x in clip] == f
+            alone += f[-1] + 1 - keyframe_before(s.video(v).keyframe, f[0])
+    video = loader.stats()["video"]
+    assert video["frames_delivered"] == 3 * 4 * len(s) and video["frames_decoded"] < alone, (video, alone)
+    loader.close()
+
+
 def test_a_lists_start_and_end_bound_the_clips(videos: Path, tmp_path: Path):
     files = sorted(videos.rglob("*.mp4"))
     with open(tmp_path / "list.csv", "w", newline="") as f:

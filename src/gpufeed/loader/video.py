@@ -308,6 +308,34 @@ class VideoClips:
             packets=clip_packets(index, k0, int(frames.max())),
         )
 
+    def _jobs(self, batch: ClipBatch, which: list[int]) -> list[ClipJob]:
+        """The decode jobs of clips `which` of `batch`. Clips of one video next to each other in the
+        batch (an evaluation's, in order) are decoded in one pass where the next one's keyframe comes
+        before the last frame the pass decodes already: each frame is then decoded once, not again
+        from each clip's keyframe (4 clips of a 120-frame video at GOP 32: 120 frames against 206).
+        At most `len(which) // (decoders / PRODUCERS)` clips a job, so that every decode process
+        (or thread) still has one."""
+        decoders = self.workers or self.threads
+        cap = max(1, len(which) * PRODUCERS // decoders)
+        groups: list[list[int]] = []
+        for j in which:
+            group = groups[-1] if groups else None
+            if (
+                group is not None
+                and len(group) < cap
+                and group[-1] == j - 1
+                and batch.videos[j] == batch.videos[group[0]]
+                and keyframe_before(batch.indexes[j].keyframe, int(batch.frames[j].min()))
+                <= max(int(batch.frames[i].max()) for i in group)
+            ):
+                group.append(j)
+            else:
+                groups.append([j])
+        return [
+            self._job(g[0], int(batch.videos[g[0]]), batch.indexes[g[0]], np.concatenate([batch.frames[i] for i in g]))
+            for g in groups
+        ]
+
     def slot_count(self, prefetch: int) -> int:
         """Slots a Loader of this `prefetch` holds: its batches ahead, those the producers decode, one more."""
         return prefetch + PRODUCERS + 1
@@ -427,7 +455,7 @@ class VideoClips:
     def _decode_cpu(self, batch: ClipBatch, k: int, which: list[int]) -> None:
         if not which:
             return
-        jobs = [self._job(j, int(batch.videos[j]), batch.indexes[j], batch.frames[j]) for j in which]
+        jobs = self._jobs(batch, which)
         try:
             if self._pool is not None:  # threads: this process's own maps of the store and the slot
                 slot = self._slots[k].tensor.numpy()
