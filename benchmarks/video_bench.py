@@ -5,8 +5,9 @@ libx264 at `--height` x `--width`, `--gop`, `--seconds` long, made here.
 Rows, interleaved over `--rounds` (each row's median and range):
 - decode alone: `Loader(store, clip=Clip(--frames, stride=2))` to `--size`² bf16 on the device
   (RandomResizedCrop, flip, Normalize) with `--threads` decode processes (again with
-  `Tuning.skip_nonref` the other way, and with `--containers` each clip through its container rather than
-  from its packets alone; each row's frames decoded a clip in its JSON), as many threads
+  `Tuning.skip_nonref` the other way, with `--containers` each clip through its container rather than
+  from its packets alone, and with `--eval-clips` over an evaluation's clips in order; each row's frames
+  decoded a clip in its JSON), as many threads
   (`num_workers=0`) and one process; PyAV decoding the same clips to RGB in one thread (what one
   DataLoader worker does); gpufeed's own decode to 4:2:0 planes in one thread, from each clip's
   packets and through its container (a decode process's rate for one core); `--compare`: other
@@ -58,6 +59,7 @@ SMOKE = dict(
     compare="decord",  # (not installed here: the row says so, the others are still written)
     gops="4",
     containers=True,
+    eval_clips=2,
 )
 
 
@@ -208,6 +210,10 @@ def main(argv: list[str] | None = None) -> dict:
         "(comma-separated; Tuning.decode_nice)"
     )
     p.add_argument(
+        "--eval-clips", type=int, default=0, help="also the first --decode-rows row over an evaluation's clips: this "
+        "many a video, in order (a video's clips next to each other decode in one pass)"
+    )
+    p.add_argument(
         "--containers", action="store_true", help="also the first --decode-rows row with each clip decoded through "
         "its container (a copy of the store without its packets' index, as stores packed before it)"
     )
@@ -265,16 +271,21 @@ def main(argv: list[str] | None = None) -> dict:
         clip = Clip(frames=a.frames, stride=2)
         counts = [int(w) for w in a.decode_rows.split(",")] if a.decode_rows else [a.threads, 0, 1]
         default = Tuning()
-        decode_rows = [(w, None, default, store) for w in dict.fromkeys(counts)]
+        decode_rows = [(w, None, default, store, clip) for w in dict.fromkeys(counts)]
         # the first count with `skip_nonref` the other way: frames decoded a clip and clips/s
-        decode_rows.insert(1, (counts[0], None, Tuning(skip_nonref=not default.skip_nonref), store))
+        decode_rows.insert(1, (counts[0], None, Tuning(skip_nonref=not default.skip_nonref), store, clip))
         containers = Store(_without_packets(store_path)) if a.containers else None
         if containers is not None:  # the first count, each clip through its container (as packed before the index)
-            decode_rows.insert(1, (counts[0], None, default, containers))
+            decode_rows.insert(1, (counts[0], None, default, containers, clip))
+        if a.eval_clips:  # the first count, an evaluation's clips in order (a video's decoded in one pass)
+            decode_rows.insert(1, (counts[0], None, default, store, Clip(a.frames, 2, clips_per_video=a.eval_clips)))
         if a.nvdec:  # beside the processes, and alone (gpufeed's rate on the engines, against their limit)
-            decode_rows[1:1] = [(counts[0], ("nvdec", "cpu"), default, store), (counts[0], ("nvdec",), default, store)]
+            decode_rows[1:1] = [
+                (counts[0], ("nvdec", "cpu"), default, store, clip),
+                (counts[0], ("nvdec",), default, store, clip),
+            ]
         for r in range(a.rounds):
-            for workers, decoders, tuning, source in decode_rows:
+            for workers, decoders, tuning, source, asked in decode_rows:
                 try:
                     loader = Loader(
                         source,
@@ -282,7 +293,8 @@ def main(argv: list[str] | None = None) -> dict:
                         device=device,
                         augment=ops,
                         dtype=torch.bfloat16,
-                        clip=clip,
+                        clip=asked,
+                        shuffle=asked.clips_per_video is None,
                         num_workers=workers,
                         seed=r,
                         decoders=decoders,
@@ -304,6 +316,8 @@ def main(argv: list[str] | None = None) -> dict:
                     name += f" + NVDEC ({_nvdec_said(loader, rows, r)})"
                 if source is not store:
                     name += ", through containers"
+                if asked.clips_per_video:
+                    name += f", evaluation ({asked.clips_per_video} clips a video, in order)"
                 if tuning.skip_nonref != default.skip_nonref:
                     name += ", skipping unreferenced frames" if tuning.skip_nonref else ", decoding unreferenced frames"
                 stats = loader.stats()["video"]

@@ -92,6 +92,7 @@ def test_smoke(name, bench, tmp_path, capsys):
         one = [written["rows"][f"gpufeed's decode to 4:2:0, one thread, {how}, round 0"] for how in
                ("from packets", "through containers")]
         assert one[0]["frames_decoded_per_clip"] == one[1]["frames_decoded_per_clip"] > 0
+        assert "gpufeed, 2 decode processes, evaluation (2 clips a video, in order)" in runs
     if name == "remote_bench":  # each epoch's timeline of the link: the cold one downloads every shard
         cold, warm = written["runs"]["cold"]["downloads"], written["runs"]["warm"]["downloads"]
         assert cold["shards"] >= 2 and 0 < cold["busy_s"] <= written["runs"]["cold"]["seconds"]
