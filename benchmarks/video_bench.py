@@ -7,13 +7,12 @@ Rows, interleaved over `--rounds` (each row's median and range):
   (RandomResizedCrop, flip, Normalize) with `--threads` decode processes (again with
   `Tuning.skip_nonref` the other way, with `--containers` each clip through its container rather than
   from its packets alone, and with `--eval-clips` over an evaluation's clips in order; each row's frames
-  decoded a clip in its JSON), as many threads
-  (`num_workers=0`) and one process; PyAV decoding the same clips to RGB in one thread (what one
-  DataLoader worker does); gpufeed's own decode to 4:2:0 planes in one thread, from each clip's
-  packets and through its container (a decode process's rate for one core); `--compare`: other
-  decoders on the same clips (`video_others.DECODERS`, to RGB, no augmentation, in `--threads`
-  processes, `--gpu-processes` for those on the GPU) and DALI's GPU video reader with its crop, flip
-  and normalize to fp16: clips/s and frames/s;
+  decoded a clip in its JSON), as many threads (`num_workers=0`) and one process; PyAV decoding the same
+  clips to RGB in one thread (what one DataLoader worker does); gpufeed's own decode to 4:2:0 planes in
+  one thread, from each clip's packets and through its container (a decode process's rate for one core);
+  `--compare`: other decoders on the same clips (`video_others.DECODERS`, to RGB, no augmentation, in
+  `--threads` processes, `--gpu-processes` for those on the GPU) and DALI's GPU video reader with its
+  crop, flip and normalize to fp16: clips/s and frames/s;
 - training (`--model`, a torchvision video model, bf16, channels_last_3d, `--train-size`², NCTHW):
   the synthetic ceiling (one batch given again) and the model fed by gpufeed with each of
   `--train-workers` decode processes, once through containers with `--containers`, once with the
