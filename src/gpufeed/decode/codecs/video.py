@@ -16,6 +16,7 @@ one core of the development box).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -193,13 +194,16 @@ def _own_packets(av, request: ClipRequest) -> Generator[tuple, None, None]:
 
 
 _said: set[str] = set()
+_saying = threading.Lock()  # (the loader's decode threads may fail at once)
 
 
 def _say_once(what: str, message: str) -> None:
     """Say `message` the first time this process meets `what` (a decode process says it on its own
     standard error)."""
-    if what not in _said:
+    with _saying:
+        first = what not in _said
         _said.add(what)
+    if first:
         log.warning("gpufeed: %s", message)
 
 
