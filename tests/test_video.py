@@ -849,6 +849,33 @@ def test_a_codec_not_decoded_from_its_packets_alone_is_indexed_without_them():
     assert index.codec == "mpeg4" and index.packet_at is None
 
 
+def test_a_range_only_the_container_declares_keeps_the_video_decoding_through_it():
+    """A full range the Matroska container declares (its Colour element) and the H.264 stream does not
+    never reaches a decoder fed the packets alone: its pixels came out limited-range where the
+    container's decode gave full-range ones. Such a video is indexed without its packets' offsets."""
+    from gpufeed.decode.codecs.video import ClipRequest, decode_clip
+
+    frames = synth.natural_video(np.random.default_rng(2), 8, 48, 64)
+    out = io.BytesIO()
+    with av.open(out, mode="w", format="matroska") as sink:
+        stream = sink.add_stream("libx264", rate=30)
+        stream.height, stream.width, stream.pix_fmt = 48, 64, "yuv420p"
+        stream.codec_context.color_range = 2  # declared full range: the container says so
+        stream.options = {"g": "4", "x264-params": "fullrange=off"}  # the bitstream does not
+        for t, rgb in enumerate(frames):
+            frame = av.VideoFrame.from_ndarray(rgb, format="rgb24")
+            frame.pts = t
+            for packet in stream.encode(frame):
+                sink.mux(packet)
+        for packet in stream.encode(None):
+            sink.mux(packet)
+    data = out.getvalue()
+    index = index_video(data)
+    assert index.codec == "h264" and index.packet_at is None
+    plain = decode_clip(ClipRequest(data, index.pts, index.keyframe, index.stream, np.arange(4)))
+    assert plain.shape == (4, 48, 64, 3)
+
+
 def test_a_clip_decodes_from_its_packets_without_opening_its_container(store: Path):
     """The clip's packets are read where the index says and decoded alone: with the file's first bytes
     (MP4's ftyp box, the mdat's header) zeroed, no container opens, yet the clip's frames are those
@@ -936,8 +963,9 @@ def test_a_hostile_packet_index_is_refused(store: Path, tmp_path: Path):
         Store(copy)
 
 
+@pytest.mark.parametrize("why", ["extradata", "no decoder"])
 def test_packets_that_do_not_decode_alone_are_decoded_through_the_container_and_said_once(
-    store: Path, tmp_path: Path, caplog
+    store: Path, tmp_path: Path, caplog, monkeypatch, why: str
 ):
     import shutil
 
@@ -945,12 +973,60 @@ def test_packets_that_do_not_decode_alone_are_decoded_through_the_container_and_
 
     copy = tmp_path / "copy"
     shutil.copytree(store, copy)
-    decoding = np.fromfile(copy / "decoding.i64", "<i8").reshape(-1, 3)
-    decoding[:, 1:] = [0, 16]  # the codec's parameters said to be the file's first bytes: not H.264's
-    decoding.tofile(copy / "decoding.i64")
+    if why == "extradata":
+        decoding = np.fromfile(copy / "decoding.i64", "<i8").reshape(-1, 3)
+        decoding[:, 1:] = [0, 16]  # the codec's parameters said to be the file's first bytes: not H.264's
+        decoding.tofile(copy / "decoding.i64")
+    else:  # a store packed where PyAV had the decoder, read where it has not (dav1d, say)
+        from av.codec.codec import UnknownCodecError
+
+        def missing(av_module, request):
+            raise UnknownCodecError(request.packets.decoder)
+            yield  # (a generator, as the real one)
+
+        monkeypatch.setattr(codecs, "_own_packets", missing)
     codecs._said.clear()
     expected, _ = _all_clips(store, 0)
     with caplog.at_level("WARNING"):
         got, stats = _all_clips(copy, 0)  # (threads of this process: their message is caplog's)
-    assert stats["through_container"] == 0 and all(torch.equal(a, b) for a, b in zip(got, expected))
+    assert stats["through_container"] == 0 and len(got) == len(expected)
+    assert all(torch.equal(a, b) for a, b in zip(got, expected))
     assert caplog.text.count("did not decode without their container") == 1
+
+
+def test_frame_rows_past_the_last_video_are_no_video_s(store: Path, tmp_path: Path):
+    """frames.i64 rows after the last video's (no video's frames) are not checked as a video's packets:
+    they broke the packets' check with a numpy error instead of opening."""
+    import json
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(store, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    for name, row in (("frames.i64", [10**6, 0, 5]), ("packets.i64", [-1])):
+        with open(copy / name, "ab") as f:
+            f.write(np.asarray(row, "<i8").tobytes())
+        manifest["files"][name]["bytes"] += 8 * len(row)
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    s = Store(copy)
+    assert len(s) == len(Store(store)) and s.video(0).packet_at is not None
+
+
+def test_a_video_s_clips_going_back_are_not_decoded_in_one_pass(store: Path):
+    """Clips of one video next to each other share a pass only forward: a clip before the pass's first
+    keyframe would make it decode everything from there."""
+    from gpufeed.loader.video import ClipBatch
+
+    loader = Loader(store, batch_size=2, device="cpu", clip=Clip(frames=4, stride=2, clips_per_video=2), num_workers=1)
+    v = max(range(len(loader.store)), key=lambda i: len(loader.store.video(i)))  # (a 28- or 29-frame video)
+    index = loader.store.video(v)
+    assert len(index) >= 26
+
+    def jobs(*clips):
+        batch = ClipBatch(np.array([v] * len(clips)), np.array(clips), (index,) * len(clips))
+        return loader.video._jobs(batch, list(range(len(clips))))
+
+    assert len(jobs([0, 2, 4, 6], [6, 8, 10, 12])) == 1  # forward, spans meeting: one pass
+    assert len(jobs([18, 20, 22, 24], [0, 2, 4, 6])) == 2  # back to frame 0: a pass each
+    assert len(jobs([0, 2, 4, 6], [18, 20, 22, 24])) == 2  # keyframe 16 past the pass's last frame, 6
+    loader.close()

@@ -310,13 +310,17 @@ class VideoClips:
 
     def _jobs(self, batch: ClipBatch, which: list[int]) -> list[ClipJob]:
         """The decode jobs of clips `which` of `batch`. Clips of one video next to each other in the
-        batch (an evaluation's, in order) are decoded in one pass where the next one's keyframe comes
-        before the last frame the pass decodes already: each frame is then decoded once, not again
-        from each clip's keyframe (4 clips of a 120-frame video at GOP 32: 120 frames against 206).
-        At most `len(which) // (decoders / PRODUCERS)` clips a job, so that every decode process
-        (or thread) still has one."""
+        batch (an evaluation's, in order) are decoded in one pass where the next one's keyframe lies
+        from the pass's first keyframe to the last frame it decodes already: each frame is then
+        decoded once, not again from each clip's keyframe (4 clips of a 120-frame video at GOP 32: 120
+        frames against 206). At most `len(which) // (decoders / PRODUCERS)` clips a job, so that every
+        decode process (or thread) still has one."""
         decoders = self.workers or self.threads
         cap = max(1, len(which) * PRODUCERS // decoders)
+
+        def start(j: int) -> int:  # the keyframe clip j's decode starts at
+            return keyframe_before(batch.indexes[j].keyframe, int(batch.frames[j].min()))
+
         groups: list[list[int]] = []
         for j in which:
             group = groups[-1] if groups else None
@@ -325,8 +329,7 @@ class VideoClips:
                 and len(group) < cap
                 and group[-1] == j - 1
                 and batch.videos[j] == batch.videos[group[0]]
-                and keyframe_before(batch.indexes[j].keyframe, int(batch.frames[j].min()))
-                <= max(int(batch.frames[i].max()) for i in group)
+                and start(group[0]) <= start(j) <= max(int(batch.frames[i].max()) for i in group)
             ):
                 group.append(j)
             else:

@@ -92,6 +92,8 @@ def index_video(data: bytes | memoryview, max_frames: int = MAX_VIDEO_FRAMES) ->
         sizes: dict[int, int] = {}
         at: dict[int, int] | None = {} if codec in VIDEO_DECODERS else None  # (None: not decodable without it)
         last = -1  # (the last packet's offset)
+        first: tuple[int, int, int] | None = None  # the first packet's offset, bytes and pts
+        reference: tuple | None = None  # the container's frame of it (`_picture`), which it must give alone
         pts: list[int] = []
         keys: list[bool] = []
         height = width = 0
@@ -105,6 +107,7 @@ def index_video(data: bytes | memoryview, max_frames: int = MAX_VIDEO_FRAMES) ->
                             at = None
                         else:
                             at[packet.pts] = last = where
+                            first = first or (where, packet.size, packet.pts)
                 for frame in packet.decode():
                     if frame.pts is None:
                         raise VideoError("a frame without a presentation time (a raw stream; remux it into MP4/MKV)")
@@ -119,6 +122,8 @@ def index_video(data: bytes | memoryview, max_frames: int = MAX_VIDEO_FRAMES) ->
                         )
                     pts.append(frame.pts)
                     keys.append(bool(frame.key_frame))
+                    if reference is None and first is not None and frame.pts == first[2]:
+                        reference = _picture(frame)
         except av.FFmpegError as e:
             raise VideoError(f"damaged after {len(pts)} frames ({_reason(e)})") from None
     if not pts:
@@ -134,6 +139,8 @@ def index_video(data: bytes | memoryview, max_frames: int = MAX_VIDEO_FRAMES) ->
         raise VideoError("its first frame is not a keyframe (a cut stream)")
     every = at is not None and len(at) == len(pts) and all(p in at for p in pts)  # (a packet a frame)
     extradata = _extradata_at(data, extra) if every else None
+    if extradata is not None and not _decodes_alone(av, codec, data, extradata, first, reference):
+        extradata = None
     return VideoIndex(
         pts=ordered,
         keyframe=keyframe,
@@ -145,6 +152,48 @@ def index_video(data: bytes | memoryview, max_frames: int = MAX_VIDEO_FRAMES) ->
         stream=number,
         packet_at=None if extradata is None else np.asarray([at[int(p)] for p in ordered], np.int64),  # type: ignore[index]
         extradata=extradata or (0, 0),
+    )
+
+
+def _picture(frame) -> tuple | None:
+    """What a decoded frame gives a clip: its pixel format, colour range and each plane's pixels (None
+    where they can't be read so: such a video decodes through its container)."""
+    try:
+        size = 2 if frame.format.components[0].bits > 8 else 1  # bytes a sample
+        planes = tuple(
+            np.frombuffer(p, np.uint8).reshape(p.height, p.line_size)[:, : p.width * size].copy() for p in frame.planes
+        )
+    except Exception:  # noqa: BLE001  a format PyAV describes otherwise: not decoded alone
+        return None
+    return frame.format.name, int(frame.color_range), planes
+
+
+def _decodes_alone(av, codec: str, data, extradata: tuple[int, int], first, reference) -> bool:
+    """Whether the video's first packet, fed to a decoder of its own with the codec's extradata alone,
+    gives the frame its container's decode gave: the same pixel format, colour range and pixels. A
+    range the container declares and the bitstream does not (Matroska's Colour, MP4's colr box) never
+    reaches such a decoder: it gave limited-range pixels where the container's gave full-range ones."""
+    if first is None or reference is None:
+        return False
+    at, size, pts = first
+    view = memoryview(data)
+    try:
+        decoder = av.CodecContext.create(codec, "r")
+        if extradata[1]:
+            decoder.extradata = bytes(view[extradata[0] : extradata[0] + extradata[1]])
+        decoder.thread_type = "NONE"
+        decoder.thread_count = 1
+        packet = av.Packet(view[at : at + size])
+        packet.pts = pts
+        frames = list(decoder.decode(packet)) + list(decoder.decode(None))
+    except (av.FFmpegError, ValueError):
+        return False
+    got = next((_picture(f) for f in frames if f.pts == pts), None)
+    return (
+        got is not None
+        and got[:2] == reference[:2]
+        and len(got[2]) == len(reference[2])
+        and all(np.array_equal(a, b) for a, b in zip(got[2], reference[2]))
     )
 
 

@@ -34,7 +34,8 @@ A store is a directory::
       timing.i64      int64[N, 5]         the time base (numerator, denominator), the video stream's
                                           index in its container, and the frames clips are taken
                                           from, [first, end) (a list's start/end bounds; else all)
-    and optionally (both or neither; stores packed before they existed lack them), what decoding a
+    and optionally (both or neither; stores packed before they existed lack them, and a gpufeed from
+    before refuses a store that holds them as files it does not know), what decoding a
     clip without opening its container needs (`decode.codecs.video`: a clip's packets are read where
     they lie and fed to a decoder of their own; opening an MP4 cost about a tenth of a clip's decode):
       packets.i64     int64[F]            each frame's packet: its byte offset in its video's file,

@@ -259,9 +259,10 @@ class Store(Described):
             | (direct & ((d[:, 1] < 0) | (d[:, 1] > sizes) | (d[:, 2] < 0) | (d[:, 2] > sizes - d[:, 1]))),
             f"is not a decoder of {len(fmt.VIDEO_DECODERS)} (or -1) and extradata within the video",
         )
-        at = np.asarray(packets)
+        used = int(counts.sum())  # (rows of frames.i64 past the last video's are no frame's)
+        at = np.asarray(packets)[:used]
         size = np.repeat(sizes, counts)
-        nbytes = self.frames[:, 2]  # (compared as differences: no sum of two hostile values overflows)
+        nbytes = self.frames[:used, 2]  # (compared as differences: no sum of two hostile values overflows)
         outside = (at < 0) | (at >= size) | (nbytes <= 0) | (nbytes > size - at)
         _check_entries(
             self.path / fmt.VIDEO_PACKETS,

@@ -110,7 +110,7 @@ def _decode(request: ClipRequest, take: Callable[[Any, list[int]], None]) -> int
     if request.packets is not None:
         try:
             return _decode_from(av, request, take, _own_packets(av, request))
-        except (av.FFmpegError, VideoError) as e:
+        except (av.FFmpegError, ValueError) as e:  # (VideoError; a decoder this FFmpeg lacks: UnknownCodecError)
             _say_once(
                 request.packets.decoder,
                 f"a clip's packets ({request.packets.decoder}) did not decode without their container ({e}); "
