@@ -168,6 +168,26 @@ def _picture(frame) -> tuple | None:
     return frame.format.name, int(frame.color_range), planes
 
 
+def own_decoder(av, codec: str, data, extradata: tuple[int, int]):
+    """A decoder of `codec` of its own, on the calling thread alone, given the codec's extradata that
+    lies at (offset, length) in `data` (the video's file; (0, 0): none): what a clip's packets, read
+    where they lie, are fed to (`decode.codecs.video`), and what pack checks they decode with.
+    UnknownCodecError (a ValueError) where this FFmpeg has no such decoder."""
+    decoder = av.CodecContext.create(codec, "r")
+    if extradata[1]:
+        decoder.extradata = bytes(memoryview(data)[extradata[0] : extradata[0] + extradata[1]])
+    decoder.thread_type = "NONE"
+    decoder.thread_count = 1
+    return decoder
+
+
+def stored_packet(av, data, at: int, size: int, pts: int):
+    """The packet of `size` bytes at `at` in `data` (the video's file), with its presentation time."""
+    packet = av.Packet(memoryview(data)[at : at + size])
+    packet.pts = pts
+    return packet
+
+
 def _decodes_alone(av, codec: str, data, extradata: tuple[int, int], first, reference) -> bool:
     """Whether the video's first packet, fed to a decoder of its own with the codec's extradata alone,
     gives the frame its container's decode gave: the same pixel format, colour range and pixels. A
@@ -176,16 +196,9 @@ def _decodes_alone(av, codec: str, data, extradata: tuple[int, int], first, refe
     if first is None or reference is None:
         return False
     at, size, pts = first
-    view = memoryview(data)
     try:
-        decoder = av.CodecContext.create(codec, "r")
-        if extradata[1]:
-            decoder.extradata = bytes(view[extradata[0] : extradata[0] + extradata[1]])
-        decoder.thread_type = "NONE"
-        decoder.thread_count = 1
-        packet = av.Packet(view[at : at + size])
-        packet.pts = pts
-        frames = list(decoder.decode(packet)) + list(decoder.decode(None))
+        decoder = own_decoder(av, codec, data, extradata)
+        frames = list(decoder.decode(stored_packet(av, data, at, size, pts))) + list(decoder.decode(None))
     except (av.FFmpegError, ValueError):
         return False
     got = next((_picture(f) for f in frames if f.pts == pts), None)

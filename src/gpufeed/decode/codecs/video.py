@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from gpufeed.logs import logger
-from gpufeed.sources.videos import VideoError, open_video, pyav
+from gpufeed.sources.videos import VideoError, open_video, own_decoder, pyav, stored_packet
 
 log = logger(__name__)
 
@@ -180,16 +180,9 @@ def _own_packets(av, request: ClipRequest) -> Generator[tuple, None, None]:
     its own on the calling thread, then None to flush it."""
     packets = request.packets
     assert packets is not None
-    codec = av.CodecContext.create(packets.decoder, "r")
-    at, size = packets.extradata
-    if size:
-        codec.extradata = bytes(request.data[at : at + size])
-    codec.thread_type = "NONE"
-    codec.thread_count = 1
+    codec = own_decoder(av, packets.decoder, request.data, packets.extradata)
     for at, size, pts in packets.rows.tolist():
-        packet = av.Packet(request.data[at : at + size])
-        packet.pts = pts
-        yield codec, packet
+        yield codec, stored_packet(av, request.data, at, size, pts)
     yield codec, None
 
 
