@@ -152,11 +152,10 @@ def clip_packets(index: VideoIndex, first: int, last: int) -> Packets | None:
 def _through_container(store) -> int:
     """How many of `store`'s videos decode through their containers rather than from their packets
     alone (`decode.codecs.video`), said when a Loader is made where there are any: it is slower."""
+    count = store.through_container()
     if store.decoding is None:
-        count = len(store)
         why = "the store was packed before gpufeed kept where each packet lies; pack it again"
     else:
-        count = int((np.asarray(store.decoding[:, 0]) < 0).sum())
         why = (
             f"their codecs are not among {', '.join(VIDEO_DECODERS)} or their packets do not lie in their files "
             "as they are; pack with gop= (or short_side=) re-encodes them as H.264 in MP4"

@@ -282,8 +282,7 @@ class Store(Described):
         num, den, stream = (int(v) for v in self.timing[i, :3])
         h, w = (int(v) for v in self.shapes[i])
         decoder, extra_at, extra_bytes = (int(v) for v in self.decoding[i]) if self.decoding is not None else (-1, 0, 0)
-        if decoder < 0:  # (through its container)
-            return VideoIndex(rows[:, 0], rows[:, 1] != 0, rows[:, 2], Fraction(num, den), h, w, "", stream)
+        alone = decoder >= 0  # (else through its container)
         return VideoIndex(
             rows[:, 0],
             rows[:, 1] != 0,
@@ -291,11 +290,18 @@ class Store(Described):
             Fraction(num, den),
             h,
             w,
-            fmt.VIDEO_DECODERS[decoder],
+            fmt.VIDEO_DECODERS[decoder] if alone else "",
             stream,
-            np.asarray(self.packets[a:b]),  # type: ignore[index]
-            (extra_at, extra_bytes),
+            np.asarray(self.packets[a:b]) if alone else None,  # type: ignore[index]
+            (extra_at, extra_bytes) if alone else (0, 0),
         )
+
+    def through_container(self) -> int:
+        """How many videos (video stores) decode through their containers, not from their packets
+        alone: every one where the store was packed before packets were indexed."""
+        if self.decoding is None:
+            return len(self)
+        return int((np.asarray(self.decoding[:, 0]) < 0).sum())
 
     def frame(self, i: int, t: int | None = None) -> torch.Tensor:
         """Frame `t` of video `i` (default: the middle of its clip range) as a uint8 CHW tensor."""

@@ -81,7 +81,7 @@ def _video_decoding(store: Store) -> str:
     decoders = np.asarray(store.decoding[:, 0])
     alone = Counter(VIDEO_DECODERS[d] for d in decoders[decoders >= 0].tolist())
     parts = [f"{n} {codec}" for codec, n in sorted(alone.items())]
-    through = int((decoders < 0).sum())
+    through = store.through_container()
     text = f"from packets alone: {', '.join(parts) or 'none'}"
     return text + (f"; {through} through their containers" if through else "")
 
