@@ -535,7 +535,7 @@ def _load_served(path: Path, keys: list[str], listing: _Listing, stats: dict[str
     member = np.asarray(listing.sizes, np.int64)[kept]
     whole = np.flatnonzero((member < 0) & ~again)
     try:
-        member[whole] = [int(stats[listing.files[k]].split(":", 1)[0]) for k in kept[whole].tolist()]
+        member[whole] = [_stat_bytes(stats[listing.files[k]]) for k in kept[whole].tolist()]
         for j in np.flatnonzero(again).tolist():
             member[j] = os.stat(os.path.join(upright, headers.upright_name(keys[int(kept[j])]))).st_size
     except (OSError, ValueError):
@@ -543,6 +543,11 @@ def _load_served(path: Path, keys: list[str], listing: _Listing, stats: dict[str
     if not np.array_equal(member, got):
         return None
     return _Served(kept, hwb, again, dropped, reasons, fingerprint)
+
+
+def _stat_bytes(stat: str) -> int:
+    """A file's bytes, from its `headers.stat_key` (ValueError for "missing")."""
+    return int(stat.split(":", 1)[0])
 
 
 def _reencoded(entry: list[int] | str) -> bool:
@@ -577,7 +582,7 @@ def _fits(entry: object, size: int, stat: str, made: Callable[[int], str], k: in
         except OSError:
             return False
     else:
-        expected = size if size >= 0 else int(stat.split(":", 1)[0])
+        expected = size if size >= 0 else _stat_bytes(stat)
     return got == expected and 1 <= h <= JPEG_MAX_SIDE and 1 <= w <= JPEG_MAX_SIDE and h * w <= PIXELS_PER_BYTE * got
 
 
