@@ -30,10 +30,12 @@ def process_pool(workers: int, niceness: int = 0) -> ProcessPoolExecutor:
     if context.get_start_method() == "fork":
         try:
             _fork_now(pool)
-        except BaseException:  # (a Ctrl-C held back while they forked; a shutdown without waiting left
-            # a worker, and the exit waited on it)
-            stop_now(pool)
-            pool.shutdown(wait=False, cancel_futures=True)
+        except BaseException:  # (a Ctrl-C held back while they forked)
+            stop_now(pool)  # (a worker left running: the exit waited on it for ever)
+            # and the pool's manager thread joined here: left to end on its own, it closed its wake-up
+            # pipe as the interpreter's exit wrote to it, "Exception ignored ... Bad file descriptor"
+            # (a race in Python 3.11's concurrent.futures, seen once in a CI run)
+            pool.shutdown(wait=True, cancel_futures=True)
             raise
     return pool
 
