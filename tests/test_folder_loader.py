@@ -283,6 +283,25 @@ def test_an_unchanged_folder_is_served_as_it_was_without_reading_its_index(tmp_p
     assert _columns(folder.FolderStore(root)) == first and len(loads) == 2
 
 
+def test_a_list_naming_a_file_twice_reads_it_as_one_file_warm_and_cold(tmp_path):
+    """A CSV list may name a file twice (a walked folder lists each once, and its files are taken as
+    distinct without a look): each row is an image of its own, read from the one file, and a warm open
+    serves what the cold one did."""
+    root = _jpegs(tmp_path / "img", n=4)
+    Image.fromarray(natural_image(np.random.default_rng(3), 36, 44, 0)).save(root / "c0" / "p.png")  # re-encoded
+    rows = ["c0/00.jpg,0", "c1/01.jpg,1", "c0/00.jpg,5", "c0/p.png,0", "c0/p.png,2"]
+    (root / "list.csv").write_text("path,label\n" + "\n".join(rows) + "\n")
+    cold = folder.FolderStore(root / "list.csv")
+    assert len(cold) == 5 and cold._labels.tolist() == [0, 1, 5, 0, 2] and cold.reencoded == 2
+    assert len(cold._files) == 3 and cold._file_of.tolist() == [0, 1, 0, 2, 2]
+    warm = folder.FolderStore(root / "list.csv")
+    assert _columns(warm) == _columns(cold)
+    with open(root / "c0" / "00.jpg", "rb") as f:
+        data = f.read()
+    got = warm.read(np.array([0, 2]))
+    assert got.data[: len(data)].numpy().tobytes() == data and got.data[len(data) :].numpy().tobytes() == data
+
+
 @pytest.mark.parametrize("damage", ["cut", "hwb", "kept", "bytes", "reasons", "copy"])
 def test_served_columns_that_do_not_fit_the_folder_are_not_trusted(tmp_path, monkeypatch, damage):
     """The served columns are untrusted, as the index is: kept for these very files (the fingerprint of

@@ -60,6 +60,7 @@ from gpufeed.sources import (
     tar_key,
     tar_label,
 )
+from gpufeed.sources.folders import walk_folder
 from gpufeed.sources.headers import JPEG_MAX_SIDE
 from gpufeed.store.format import MANIFEST
 
@@ -100,6 +101,7 @@ class _Listing:
     labels: list[int] = field(default_factory=list)
     classes: list[str] = field(default_factory=list)
     skipped: list[dict] = field(default_factory=list)
+    unique_files: bool = False  # each image a file of its own (a walked folder; a list may name one twice)
 
     def add(self, name: str, file: str, begin: int, size: int, label: int) -> None:
         self.names.append(name)
@@ -159,12 +161,11 @@ class FolderStore:
             upright = os.fspath(self.upright)
             sizes, files = listing.sizes, listing.files
             keys: list[str | None] = [None] * len(files)
-            stats: dict[str, str] = {}
+            stats: list[str] = []  # each image's file's stat key
             if cache_path.exists():  # the entries are for files as they were: look at each file first
-                unique = list(dict.fromkeys(files))  # a tar shard holds many
-                stats = dict(zip(unique, map(headers.file_stat, unique)))  # (on threads: slower, each a GIL hand-over)
-                looked = [f"{name}|{stats[f]}" for name, f in zip(listing.names, files)]
-                served = _load_served(served_path, looked, listing, stats, upright)
+                stats, file_bytes = _stats(listing)
+                looked = [f"{name}|{stat}" for name, stat in zip(listing.names, stats)]
+                served = _load_served(served_path, looked, listing, file_bytes, upright)
                 if served is not None:  # nothing changed since it was kept: served as it was
                     self._serve(listing, served, looked, upright, newly=0)
                     return
@@ -176,7 +177,7 @@ class FolderStore:
 
             # a cold build (no entries): each file's stat is taken as it is opened
             fresh = (
-                [k for k, key in enumerate(keys) if not _fits(cached.get(key), sizes[k], stats[files[k]], made_now, k)]
+                [k for k, key in enumerate(keys) if not _fits(cached.get(key), sizes[k], stats[k], made_now, k)]
                 if cached
                 else list(range(len(files)))
             )
@@ -252,11 +253,18 @@ class FolderStore:
             )
         if not kept:
             raise SourceError(f"{self.path}: no image this loader can read (and not a gpufeed store)")
-        self._names = [listed[k] for k in kept]
-        where_read = [
-            os.path.join(upright, headers.upright_name(keys[k])) if a else listing.files[k] for k, a in zip(kept, again)
-        ]
-        files = list(dict.fromkeys(where_read))  # (in the listing's order; a tar shard holds many images)
+        everything = len(kept) == len(listed)
+        self._names = listed if everything else [listed[k] for k in kept]
+        if any(again):
+            where_read = [
+                os.path.join(upright, headers.upright_name(keys[k])) if a else listing.files[k]
+                for k, a in zip(kept, again)
+            ]
+        else:
+            where_read = listing.files if everything else [listing.files[k] for k in kept]
+        # (in the listing's order; a tar shard holds many images, a walked folder's files one each, and
+        # their re-encoded copies are named by their keys)
+        files = where_read if listing.unique_files else list(dict.fromkeys(where_read))
         n = len(kept)
         self._files = np.array(files, dtype=object)
         if len(files) == n:  # a file an image: each its own
@@ -264,9 +272,9 @@ class FolderStore:
         else:
             where = {f: j for j, f in enumerate(files)}
             self._file_of = np.fromiter((where[f] for f in where_read), np.int64, n)
-        self._begins = np.fromiter((0 if a else listing.begins[k] for k, a in zip(kept, again)), np.int64, n)
+        self._begins = np.where(served.again, 0, np.asarray(listing.begins, np.int64)[served.kept])
         self.shapes, self._sizes = served.hwb[:, :2], served.hwb[:, 2].copy()
-        self._labels = np.fromiter((listing.labels[k] for k in kept), np.int64, n)
+        self._labels = np.asarray(listing.labels, np.int64)[served.kept]
 
     @property
     def labels(self) -> torch.Tensor:
@@ -387,19 +395,31 @@ def _list(source: str) -> _Listing:
         return _list_tars(sorted(glob.glob(source)) if glob.has_magic(source) else [source])
     if lower.endswith(TAR_SUFFIXES):  # .tar was taken above: a compressed one
         raise SourceError(f"{source}: a compressed tar can't be read in place; `gpufeed pack` it")
-    src = open_source(source)
-    listing = _Listing(classes=src.classes)
-    names, labels, skipped = listing.names, listing.labels, listing.skipped
-    paths: list[str] = []
-    for entry in src.entries:
-        if isinstance(entry, Skip):
-            if entry.fatal:
-                skipped.append({"path": entry.name, "reason": entry.reason})
-        elif isinstance(entry, Item) and entry.path is not None:
-            names.append(entry.name)
-            paths.append(entry.path)
-            labels.append(entry.label)
-    listing.files, listing.begins, listing.sizes = paths, [0] * len(paths), [-1] * len(paths)
+    if os.path.isdir(source):  # listed at every open: as plain paths, a run a class folder
+        walked = walk_folder(Path(source))
+        listing = _Listing(classes=walked.classes)
+        names, labels, skipped = listing.names, listing.labels, listing.skipped
+        for run in walked.runs:
+            paths = [f for f in run.found if type(f) is str]
+            if len(paths) < len(run.found):
+                skipped += [{"path": f.name, "reason": f.reason} for f in run.found if isinstance(f, Skip) and f.fatal]
+            names += paths
+            labels += [run.label] * len(paths)
+        listing.files, listing.unique_files = list(names), True  # (a file an image, named by its path)
+    else:
+        src = open_source(source)
+        listing = _Listing(classes=src.classes)
+        names, labels, skipped = listing.names, listing.labels, listing.skipped
+        for entry in src.entries:
+            if isinstance(entry, Skip):
+                if entry.fatal:
+                    skipped.append({"path": entry.name, "reason": entry.reason})
+            elif isinstance(entry, Item) and entry.path is not None:
+                names.append(entry.name)
+                listing.files.append(entry.path)
+                labels.append(entry.label)
+    n = len(listing.files)
+    listing.begins, listing.sizes = [0] * n, [-1] * n
     return listing
 
 
@@ -496,11 +516,23 @@ def _save_served(path: Path, served: _Served) -> None:
         log.info("gpufeed: no served-images cache written for a folder read in place (%s)", e)
 
 
-def _load_served(path: Path, keys: list[str], listing: _Listing, stats: dict[str, str], upright: str) -> _Served | None:
+def _stats(listing: _Listing) -> tuple[list[str], list[int]]:
+    """Each listed image's file's `headers.stat_key` and bytes, each file looked at once (a tar shard
+    holds many images; a file a walked folder lists is its only image's)."""
+    files = listing.files
+    if listing.unique_files:
+        return headers.file_stats(files)
+    unique = list(dict.fromkeys(files))
+    found = dict(zip(unique, zip(*headers.file_stats(unique))))
+    return [found[f][0] for f in files], [found[f][1] for f in files]
+
+
+def _load_served(path: Path, keys: list[str], listing: _Listing, file_bytes: list[int], upright: str) -> _Served | None:
     """The served images an earlier open kept for exactly these `keys` (the listing as it is now, each
-    file's stat), or None: none kept, another listing or file changed, or anything in it not what
-    an open of this listing could have made (an image's sides a JPEG can't have, pixels its bytes
-    can't hold, bytes other than its file's or re-encoded copy's): it is untrusted, as the index is."""
+    file's stat; `file_bytes`: each image's file's bytes), or None: none kept, another listing or file
+    changed, or anything in it not what an open of this listing could have made (an image's sides a
+    JPEG can't have, pixels its bytes can't hold, bytes other than its file's or re-encoded copy's):
+    it is untrusted, as the index is."""
     try:
         with np.load(path, allow_pickle=False) as z:
             version, fingerprint = z["version"], z["fingerprint"].tobytes()
@@ -535,7 +567,7 @@ def _load_served(path: Path, keys: list[str], listing: _Listing, stats: dict[str
     member = np.asarray(listing.sizes, np.int64)[kept]
     whole = np.flatnonzero((member < 0) & ~again)
     try:
-        member[whole] = [_stat_bytes(stats[listing.files[k]]) for k in kept[whole].tolist()]
+        member[whole] = np.asarray(file_bytes, np.int64)[kept[whole]]
         for j in np.flatnonzero(again).tolist():
             member[j] = os.stat(os.path.join(upright, headers.upright_name(keys[int(kept[j])]))).st_size
     except (OSError, ValueError):

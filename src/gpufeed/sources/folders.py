@@ -1,11 +1,14 @@
 """An image folder as a source: an ImageFolder tree (labels follow the sorted class folder names) or a
-flat folder (label -1), walked in sorted order, following links but never looping."""
+flat folder (label -1), walked in sorted order, following links but never looping.
+
+`walk_folder` lists it as plain paths and `Skip`s, one run a class folder, for a folder read in place
+(`loader.folder`), which lists it at every open; `folder_source` makes the `Item`s pack reads."""
 
 from __future__ import annotations
 
 import operator
 import os
-from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from PIL import Image
@@ -16,36 +19,91 @@ IMAGE_EXTS = frozenset(Image.registered_extensions())
 _name = operator.attrgetter("name")  # (a DirEntry's; sorting by it in C: a lambda cost a third more)
 
 
-def _walk(directory: str, seen: set[tuple[int, int]], exts: frozenset[str] = IMAGE_EXTS) -> Iterator[str | Skip]:
-    """Files of `exts` (images) under `directory`, sorted, following symlinks but never looping."""
+@dataclass
+class Run:
+    """The files under one class folder (or a flat folder's, or the root's own skips), in walk order:
+    each an image's path, or a `Skip` saying why a file or folder was left out."""
+
+    label: int
+    found: list[str | Skip]
+
+
+@dataclass
+class Walked:
+    """A folder's classes (sorted folder names; none for a flat folder) and its files, a run a class."""
+
+    classes: list[str]
+    runs: list[Run]
+
+
+def walk_folder(root: Path, exts: frozenset[str] = IMAGE_EXTS) -> Walked:
+    """The files of `exts` (images; `sources.videos.VIDEO_EXTS` for videos) under `root`: in class
+    folders (labels by sorted name), or flat (label -1)."""
+    children = sorted(os.scandir(root), key=_name)
+    class_dirs = [e for e in children if not e.name.startswith(".") and _is_dir(e)]
+    seen: set[tuple[int, int]] = set()
+    if not class_dirs:
+        found: list[str | Skip] = []
+        _walk(str(root), seen, exts, found)
+        return Walked([], [Run(-1, found)])
+    st = os.stat(root)
+    seen.add((st.st_dev, st.st_ino))
+    own: list[str | Skip] = []
+    for e in children:
+        if e.name.startswith("."):
+            own.append(Skip(e.path, "hidden file or folder (dotfile)", fatal=False))
+        elif not _is_dir(e):
+            own.append(Skip(e.path, "not inside a class folder (ImageFolder layout)", fatal=False))
+    runs = [Run(-1, own)]
+    for label, d in enumerate(class_dirs):
+        runs.append(Run(label, []))
+        _walk(d.path, seen, exts, runs[-1].found)
+    return Walked([d.name for d in class_dirs], runs)
+
+
+def folder_source(root: Path, exts: frozenset[str] = IMAGE_EXTS) -> Source:
+    """`walk_folder(root, exts)` as a source's entries."""
+    walked = walk_folder(root, exts)
+    entries: list[Entry] = [
+        f if isinstance(f, Skip) else Item(f, run.label, path=f) for run in walked.runs for f in run.found
+    ]
+    what = f"image folder {root} ({len(walked.classes)} classes)" if walked.classes else f"flat folder {root}"
+    return Source(what, walked.classes, iter(entries), count_items(entries))
+
+
+def _walk(directory: str, seen: set[tuple[int, int]], exts: frozenset[str], out: list[str | Skip]) -> None:
+    """Append the files of `exts` under `directory` to `out` (and a `Skip` for anything else), sorted,
+    following symlinks but never looping. One loop appending to one list: a folder read in place is
+    listed at every open, and a generator a level (and an object a file) took twice the time."""
     try:
         st = os.stat(directory)
         entries = sorted(os.scandir(directory), key=_name)
     except OSError as e:
-        yield Skip(directory, f"unreadable directory: {e.strerror or e}")
+        out.append(Skip(directory, f"unreadable directory: {e.strerror or e}"))
         return
     if (st.st_dev, st.st_ino) in seen:
-        yield Skip(directory, "symlink loop: directory already visited")
+        out.append(Skip(directory, "symlink loop: directory already visited"))
         return
     seen.add((st.st_dev, st.st_ino))
     for entry in entries:
         name = entry.name
         if name.startswith("."):
-            yield Skip(entry.path, "hidden file or folder (dotfile)", fatal=False)
-        elif _is_dir(entry):
-            yield from _walk(entry.path, seen, exts)
-        elif (ext := _extension(name)).lower() in exts:
-            yield entry.path  # a broken or looping link fails when read, with the reason
+            out.append(Skip(entry.path, "hidden file or folder (dotfile)", fatal=False))
+            continue
+        try:
+            is_dir = entry.is_dir()  # following links; one that cannot resolve is not
+        except OSError:
+            is_dir = False
+        if is_dir:
+            _walk(entry.path, seen, exts, out)
+            continue
+        _, dot, ext = name.rpartition(".")  # (os.path.splitext takes three times as long)
+        ext = dot + ext if dot else ""
+        if ext.lower() in exts:
+            out.append(entry.path)  # a broken or looping link fails when read, with the reason
         else:
             what = "an image" if exts is IMAGE_EXTS else "a video"
-            yield Skip(entry.path, f"not {what} file (extension {ext or 'none'!r})", fatal=False)
-
-
-def _extension(name: str) -> str:
-    """`os.path.splitext(name)[1]` of a name that does not start with a dot, in a third of the time
-    (a folder of 50,000 photos is walked each time it is read in place)."""
-    _, dot, ext = name.rpartition(".")
-    return dot + ext if dot else ""
+            out.append(Skip(entry.path, f"not {what} file (extension {ext or 'none'!r})", fatal=False))
 
 
 def _is_dir(entry: os.DirEntry) -> bool:
@@ -54,27 +112,3 @@ def _is_dir(entry: os.DirEntry) -> bool:
         return entry.is_dir()
     except OSError:
         return False
-
-
-def folder_source(root: Path, exts: frozenset[str] = IMAGE_EXTS) -> Source:
-    """The files of `exts` (images; `sources.videos.VIDEO_EXTS` for videos) under `root`: in class
-    folders (labels by sorted name), or flat (label -1)."""
-    children = sorted(os.scandir(root), key=_name)
-    class_dirs = [e for e in children if not e.name.startswith(".") and _is_dir(e)]
-    entries: list[Entry] = []
-    seen: set[tuple[int, int]] = set()
-    if not class_dirs:
-        for found in _walk(str(root), seen, exts):
-            entries.append(found if isinstance(found, Skip) else Item(found, -1, path=found))
-        return Source(f"flat folder {root}", [], iter(entries), count_items(entries))
-    seen.add((os.stat(root).st_dev, os.stat(root).st_ino))
-    for e in children:
-        if e.name.startswith("."):
-            entries.append(Skip(e.path, "hidden file or folder (dotfile)", fatal=False))
-        elif not _is_dir(e):
-            entries.append(Skip(e.path, "not inside a class folder (ImageFolder layout)", fatal=False))
-    classes = [d.name for d in class_dirs]
-    for label, d in enumerate(class_dirs):
-        for found in _walk(d.path, seen, exts):
-            entries.append(found if isinstance(found, Skip) else Item(found, label, path=found))
-    return Source(f"image folder {root} ({len(classes)} classes)", classes, iter(entries), count_items(entries))
