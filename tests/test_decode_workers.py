@@ -459,3 +459,12 @@ def test_encoded_joined_addresses_each_image_given():
     assert [bytes(a) for a in batch.arrays()] == [b"ab", b"", b"cde"] and len(batch) == 3
     assert [bytes(t.numpy()) for t in batch.tensors()] == [b"ab", b"", b"cde"]
     assert len(Encoded.joined([])) == 0
+
+
+@pytest.mark.parametrize("paths", [[], [""], ["a"], ["", "b", ""], ["/x/y.jpg", "é.jpg", os.fsdecode(b"caf\xe9-\xff.jpg"), "rel/z.png"]])
+def test_a_file_table_gives_back_each_path_as_the_os_names_it(paths):
+    """The decode workers' table of a folder's files (encoded all at once): each path back as it was,
+    a name whose bytes are not UTF-8 included, relative ones in the loader's working folder."""
+    table = protocol.FileTable(protocol.FileTable.pack(paths), cwd="/work")
+    assert [table[k] for k in range(len(paths))] == [os.path.join("/work", p) for p in paths]
+    assert [os.fsencode(table[k]) for k in range(len(paths))] == [os.fsencode(os.path.join("/work", p)) for p in paths]

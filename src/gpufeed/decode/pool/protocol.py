@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import pickle
 import struct
+import sys
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -150,9 +151,16 @@ class FileTable:
 
     @staticmethod
     def pack(paths) -> bytes:
-        names = [os.fsencode(p) for p in paths]
-        ends = np.cumsum([0] + [len(n) for n in names], dtype=np.int64)
-        return np.int64(len(names)).tobytes() + ends.tobytes() + b"".join(names)
+        """`paths` (str, none with a NUL: no path has one) encoded as `os.fsencode` would, all at once
+        (a folder of 200,000 files took 0.17 s a file at a time, in each Loader's constructor)."""
+        joined = np.frombuffer(
+            "\0".join(paths).encode(sys.getfilesystemencoding(), sys.getfilesystemencodeerrors()), np.uint8
+        )
+        count = len(paths)
+        ends = np.zeros(count + 1, np.int64)
+        if count:  # path k ends at its NUL in `joined`, k bytes less without the NULs before it
+            ends[1:] = np.append(np.flatnonzero(joined == 0), len(joined)) - np.arange(count)
+        return np.int64(count).tobytes() + ends.tobytes() + joined[joined != 0].tobytes()
 
     def __init__(self, buffer, cwd: str = ""):
         self.cwd = cwd  # where relative paths are (os.path.join keeps an absolute one)
