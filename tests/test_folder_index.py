@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
 import struct
 from types import SimpleNamespace
 
@@ -233,3 +234,60 @@ def test_a_file_cut_short_is_found_though_an_exif_thumbnail_ends_in_its_last_byt
     assert isinstance(found.entry, str) and "truncated" in found.entry, found
     path.write_bytes(whole)  # the whole file is kept as it is
     assert headers.entry(headers.Job(str(path), 0, -1, "w.jpg", str(tmp_path / "up"))).entry == [120, 160, len(whole)]
+
+
+def _linked_folder(root):
+    """Class folders with what a walk skips or follows: a nested folder, a dotfile, a text file, a link
+    to an earlier class's folder and one to the root (each a loop, skipped, when walked in order)."""
+    rng = np.random.default_rng(5)
+    for c in range(4):
+        (root / f"c{c}").mkdir(parents=True)
+        for k in range(3):
+            Image.fromarray(natural_image(rng, 24 + k, 28, k)).save(root / f"c{c}" / f"{k}.jpg", quality=90)
+    (root / "c1" / "sub").mkdir()
+    Image.fromarray(natural_image(rng, 26, 30, 9)).save(root / "c1" / "sub" / "nested.jpg")
+    (root / "c2" / ".hidden.jpg").write_bytes(b"x")
+    (root / "c2" / "notes.txt").write_text("x")
+    os.symlink(root / "c0", root / "c3" / "link")
+    os.symlink(root, root / "c2" / "up")
+    return root
+
+
+def test_a_large_folder_listed_by_processes_is_the_folder_listed_here(tmp_path, monkeypatch, caplog):
+    """A large folder's class folders are listed, and their files looked at, by processes
+    (`sources.indexer.walk`; here from 1 file on, 2 of them): the same images, labels, skips and looks
+    as listed here, a link to an earlier class's folder included (walked here again, as a loop); the
+    same columns opened cold and warm; where they fail, listed here and said."""
+    root = _linked_folder(tmp_path / "img")
+    here = folder._list(str(root), look=True)
+    assert here.looks is None and any("symlink loop" in s["reason"] for s in here.skipped)  # (not asked for)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "here"))
+    cold_here = _columns(folder.FolderStore(root))
+    warm_here = _columns(folder.FolderStore(root))
+
+    monkeypatch.setattr(folder, "WALK_PROCESSES_FROM", 1)
+    monkeypatch.setattr(folder, "rank_cores", lambda: SimpleNamespace(usable=2))
+    asked = []
+    real = indexer.walk
+    monkeypatch.setattr(indexer, "walk", lambda dirs, exts, n, look: asked.append((len(dirs), n, look)) or real(dirs, exts, n, look))
+    apart = folder._list(str(root), look=True)
+    assert asked == [(4, 2, True)]
+    for name in ("names", "files", "labels", "skipped", "classes"):
+        assert getattr(apart, name) == getattr(here, name), name
+    assert np.array_equal(apart.looks, headers.file_looks(here.files))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "apart"))
+    assert _columns(folder.FolderStore(root)) == cold_here and len(asked) == 2 and not asked[-1][2]  # cold: no looks
+    assert _columns(folder.FolderStore(root)) == warm_here and asked[-1][2]
+
+    def broken(dirs, exts, n, look):
+        raise indexer.IndexFailed("index process 1 ended without its listing (killed)")
+
+    monkeypatch.setattr(indexer, "walk", broken)
+    with caplog.at_level(logging.WARNING, logger="gpufeed"):
+        assert _columns(folder.FolderStore(root)) == warm_here
+    assert "listing processes failed" in caplog.text and "killed" in caplog.text
+
+
+def _columns(store) -> tuple:
+    return (store._names, store.shapes.tolist(), store._sizes.tolist(), store._labels.tolist(),
+            store._files.tolist(), store._file_of.tolist(), store._begins.tolist(), store.skipped, store.reencoded)

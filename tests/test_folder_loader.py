@@ -503,7 +503,7 @@ def test_the_gpu_decoders_library_loads_while_a_folder_is_indexed(tmp_path, monk
     order = []
     monkeypatch.setattr(loader_module, "load_ahead", lambda device, use: order.append(("load", use)))
     real_list = folder._list
-    monkeypatch.setattr(folder, "_list", lambda source: order.append("index") or real_list(source))
+    monkeypatch.setattr(folder, "_list", lambda source, **kw: order.append("index") or real_list(source, **kw))
     gpufeed.Loader(root, batch_size=2, device="cpu", augment=OPS, num_workers=0).close()
     assert order == [("load", None), "index"]
     order.clear()

@@ -10,7 +10,8 @@ used only for the very file it was made from (its size, times and inode) and onl
 fit that file (its byte count, sides a JPEG can have, pixels its bytes can hold); else the header
 is read again. Where no file changed (every image's name and stat as the last open found them), the
 columns that open served are taken as they are (`_Served`, checked against the files the same way),
-and no entry is read: about a quarter less time for 200,000 files. Each batch's bytes are then read into
+and no entry is read. A large folder (`WALK_PROCESSES_FROM` files) is listed and its files looked at
+by processes, a part of its class folders each (`sources.indexer.walk`). Each batch's bytes are then read into
 one buffer on threads and go to the same decoders as a jpeg store's (decode workers read their share
 from the files themselves).
 
@@ -60,7 +61,7 @@ from gpufeed.sources import (
     tar_key,
     tar_label,
 )
-from gpufeed.sources.folders import walk_folder
+from gpufeed.sources.folders import IMAGE_EXTS, Run, walk_folder
 from gpufeed.sources.headers import JPEG_MAX_SIDE
 from gpufeed.store.format import MANIFEST
 
@@ -74,6 +75,7 @@ INDEX_VERSION = 4
 PIXELS_PER_BYTE = 256
 INDEX_RUN = 64  # files a thread indexes per task
 PROCESSES_FROM = 20_000  # headers to read from which processes read them (`sources.indexer`; 0.2 s to start)
+WALK_PROCESSES_FROM = 100_000  # files from which processes list a folder and look at them (`_apart`)
 MAX_INDEX_PROCESSES = 16
 
 
@@ -102,6 +104,7 @@ class _Listing:
     classes: list[str] = field(default_factory=list)
     skipped: list[dict] = field(default_factory=list)
     unique_files: bool = False  # each image a file of its own (a walked folder; a list may name one twice)
+    looks: np.ndarray | None = None  # each image's file's look (`headers.file_looks`), where the listing took them
 
     def add(self, name: str, file: str, begin: int, size: int, label: int) -> None:
         self.names.append(name)
@@ -153,23 +156,24 @@ class FolderStore:
         # fifth of an open from the cached index (paused for the listing and the arranging alone: not
         # while headers are read and images re-encoded on threads, which can take a cold build's 20 s)
         with _collector_paused():
-            listing = _list(os.fspath(source))
-            self.classes = listing.classes
             cache_path = _cache_path(self.path)
+            warm = cache_path.exists()  # the entries are for files as they were: look at each file first
+            listing = _list(os.fspath(source), look=warm)
+            self.classes = listing.classes
             self.upright = cache_path.with_suffix(".upright")  # the images re-encoded, as packing would
             served_path = cache_path.with_suffix(".served.npz")
             upright = os.fspath(self.upright)
             sizes, files = listing.sizes, listing.files
             keys: list[str | None] = [None] * len(files)
             stats: list[str] = []  # each image's file's stat key
-            if cache_path.exists():  # the entries are for files as they were: look at each file first
-                stats, file_bytes = _stats(listing)
-                looked = [f"{name}|{stat}" for name, stat in zip(listing.names, stats)]
-                served = _load_served(served_path, looked, listing, file_bytes, upright)
+            if warm:
+                looks = listing.looks if listing.looks is not None else _looks(listing)
+                served = _load_served(served_path, listing, looks, upright)
                 if served is not None:  # nothing changed since it was kept: served as it was
-                    self._serve(listing, served, looked, upright, newly=0)
+                    self._serve(listing, served, functools.partial(_key, listing, looks), upright, newly=0)
                     return
-                keys[:] = looked
+                stats = [headers.look_key(look) for look in looks.tolist()]
+                keys[:] = [f"{name}|{stat}" for name, stat in zip(listing.names, stats)]
             cached = _load(cache_path)
 
             def made_now(k: int) -> str:
@@ -193,9 +197,9 @@ class FolderStore:
             _save(cache_path, {key: cached[key] for key in known})
             _prune(self.upright, {headers.upright_name(key) for key in known if _reencoded(cached[key])})
         with _collector_paused():
-            served = _Served.of([cached[key] for key in known], known)
+            served = _Served.of([cached[key] for key in known], listing.names, known)
             newly = sum(_reencoded(cached[known[k]]) for k in fresh)
-            self._serve(listing, served, known, upright, newly)
+            self._serve(listing, served, known.__getitem__, upright, newly)
         _save_served(served_path, served)
 
     def _entries(self, jobs: list[headers.Job]) -> list[headers.Indexed]:
@@ -223,10 +227,10 @@ class FolderStore:
         runs = [jobs[a : a + INDEX_RUN] for a in range(0, len(jobs), INDEX_RUN)]  # a task per file cost more
         return [found for part in self._pool.map(index, runs) for found in part]
 
-    def _serve(self, listing: _Listing, served: _Served, keys: list[str], upright: str, newly: int) -> None:
+    def _serve(self, listing: _Listing, served: _Served, key: Callable[[int], str], upright: str, newly: int) -> None:
         """The served images' columns (`served`: which of the listing's images, their sizes and bytes,
-        which are read re-encoded from `upright`, named by their `keys`), the skipped ones named, each
-        said once; `newly`: images re-encoded by this open."""
+        which are read re-encoded from `upright`, named by their keys, `key(k)` image k's), the skipped
+        ones named, each said once; `newly`: images re-encoded by this open."""
         listed = listing.names
         kept, again = served.kept.tolist(), served.again.tolist()
         self.reencoded = sum(again)
@@ -257,7 +261,7 @@ class FolderStore:
         self._names = listed if everything else [listed[k] for k in kept]
         if any(again):
             where_read = [
-                os.path.join(upright, headers.upright_name(keys[k])) if a else listing.files[k]
+                os.path.join(upright, headers.upright_name(key(k))) if a else listing.files[k]
                 for k, a in zip(kept, again)
             ]
         else:
@@ -388,24 +392,28 @@ class FolderStore:
         return f"FolderStore({str(self.path)!r}, count={len(self)})"
 
 
-def _list(source: str) -> _Listing:
-    """The source's images (tar members at their offsets), its classes, and what it skipped."""
+def _list(source: str, look: bool) -> _Listing:
+    """The source's images (tar members at their offsets), its classes, and what it skipped; `look`: a
+    large folder's files looked at as they are listed, by the processes that list them (`_apart`)."""
     lower = source.lower()
     if glob.has_magic(source) or lower.endswith(".tar"):
         return _list_tars(sorted(glob.glob(source)) if glob.has_magic(source) else [source])
     if lower.endswith(TAR_SUFFIXES):  # .tar was taken above: a compressed one
         raise SourceError(f"{source}: a compressed tar can't be read in place; `gpufeed pack` it")
     if os.path.isdir(source):  # listed at every open: as plain paths, a run a class folder
-        walked = walk_folder(Path(source))
+        walked = walk_folder(Path(source), apart=functools.partial(_apart, source, look))
         listing = _Listing(classes=walked.classes)
         names, labels, skipped = listing.names, listing.labels, listing.skipped
         for run in walked.runs:
-            paths = [f for f in run.found if type(f) is str]
+            paths = _paths(run)
             if len(paths) < len(run.found):
                 skipped += [{"path": f.name, "reason": f.reason} for f in run.found if isinstance(f, Skip) and f.fatal]
             names += paths
             labels += [run.label] * len(paths)
         listing.files, listing.unique_files = list(names), True  # (a file an image, named by its path)
+        if look and any(run.looks is not None for run in walked.runs):  # (runs walked here: looked at here)
+            looks = [run.looks if run.looks is not None else headers.file_looks(_paths(run)) for run in walked.runs]
+            listing.looks = np.concatenate(looks)
     else:
         src = open_source(source)
         listing = _Listing(classes=src.classes)
@@ -421,6 +429,32 @@ def _list(source: str) -> _Listing:
     n = len(listing.files)
     listing.begins, listing.sizes = [0] * n, [-1] * n
     return listing
+
+
+def _paths(run: Run) -> list[str]:
+    return [f for f in run.found if type(f) is str]
+
+
+def _apart(source: str, look: bool, folders: list[str]) -> list[Run] | None:
+    """A large folder's class `folders` walked (and, where `look`, their files looked at) by processes
+    (`sources.indexer.walk`), or None: a folder of fewer than `WALK_PROCESSES_FROM` files by the
+    count of its first, middle and last class folders (processes take ~0.2 s to start), one core, or
+    processes that failed (said once; walked here then)."""
+    processes = min(MAX_INDEX_PROCESSES, rank_cores().usable, len(folders))
+    if processes < 2:
+        return None
+    sampled = [folders[0], folders[len(folders) // 2], folders[-1]]
+    try:
+        likely = len(folders) * sum(len(os.listdir(f)) for f in sampled) / len(sampled)
+    except OSError:
+        return None
+    if likely < WALK_PROCESSES_FROM:
+        return None
+    try:
+        return indexer.walk(folders, IMAGE_EXTS, processes, look)
+    except (indexer.IndexFailed, OSError) as e:
+        log.warning("gpufeed: %s: listing processes failed (%s); listed here (slower)", source, e)
+        return None
 
 
 def _list_tars(shards: list[str]) -> _Listing:
@@ -469,8 +503,8 @@ class _Served:
     fingerprint: bytes
 
     @staticmethod
-    def of(entries: list, keys: list[str]) -> _Served:
-        """From each listed image's index entry, under its key."""
+    def of(entries: list, names: list[str], keys: list[str]) -> _Served:
+        """From each listed image's index entry, under its name and key."""
         kept = [k for k, e in enumerate(entries) if isinstance(e, list)]
         dropped = [k for k, e in enumerate(entries) if not isinstance(e, list)]
         n = len(kept)
@@ -478,18 +512,31 @@ class _Served:
         again = np.fromiter((_reencoded(entries[k]) for k in kept), bool, n)
         reasons = [entries[k] for k in dropped]
         return _Served(
-            np.asarray(kept, np.int64), hwb, again, np.asarray(dropped, np.int64), reasons, _fingerprint(keys)
+            np.asarray(kept, np.int64),
+            hwb,
+            again,
+            np.asarray(dropped, np.int64),
+            reasons,
+            _fingerprint(names, np.array([headers.key_look(k.rpartition("|")[2]) for k in keys], np.int64)),
         )
 
 
-SERVED_VERSION = 1
+SERVED_VERSION = 2  # 1: the fingerprint of the keys' text
 
 
-def _fingerprint(keys: list[str]) -> bytes:
-    """SHA-256 of the index's version and every image's key, in order: the same only for the same
-    listing of the same files, each as it was (its size, times and inode)."""
-    text = "\0".join([str(INDEX_VERSION), *keys])
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
+def _fingerprint(names: list[str], looks: np.ndarray) -> bytes:
+    """SHA-256 of the index's version, every image's name and its file's look (`headers.file_looks`),
+    in order: the same only for the same listing of the same files, each as it was (its size, times
+    and inode). From the looks as numbers: a key's text a file took a third of a warm open."""
+    digest = hashlib.sha256(f"{INDEX_VERSION}\0{len(names)}\0".encode())
+    digest.update("\0".join(names).encode("utf-8", "surrogatepass"))
+    digest.update(np.ascontiguousarray(looks, np.int64).tobytes())
+    return digest.digest()
+
+
+def _key(listing: _Listing, looks: np.ndarray, k: int) -> str:
+    """Image `k`'s index key: its name and its file's `headers.stat_key`."""
+    return f"{listing.names[k]}|{headers.look_key(looks[k])}"
 
 
 def _save_served(path: Path, served: _Served) -> None:
@@ -516,23 +563,22 @@ def _save_served(path: Path, served: _Served) -> None:
         log.info("gpufeed: no served-images cache written for a folder read in place (%s)", e)
 
 
-def _stats(listing: _Listing) -> tuple[list[str], list[int]]:
-    """Each listed image's file's `headers.stat_key` and bytes, each file looked at once (a tar shard
+def _looks(listing: _Listing) -> np.ndarray:
+    """Each listed image's file's look (`headers.file_looks`), each file looked at once (a tar shard
     holds many images; a file a walked folder lists is its only image's)."""
     files = listing.files
     if listing.unique_files:
-        return headers.file_stats(files)
+        return headers.file_looks(files)
     unique = list(dict.fromkeys(files))
-    found = dict(zip(unique, zip(*headers.file_stats(unique))))
-    return [found[f][0] for f in files], [found[f][1] for f in files]
+    where = {f: j for j, f in enumerate(unique)}
+    return headers.file_looks(unique)[np.fromiter((where[f] for f in files), np.int64, len(files))]
 
 
-def _load_served(path: Path, keys: list[str], listing: _Listing, file_bytes: list[int], upright: str) -> _Served | None:
-    """The served images an earlier open kept for exactly these `keys` (the listing as it is now, each
-    file's stat; `file_bytes`: each image's file's bytes), or None: none kept, another listing or file
-    changed, or anything in it not what an open of this listing could have made (an image's sides a
-    JPEG can't have, pixels its bytes can't hold, bytes other than its file's or re-encoded copy's):
-    it is untrusted, as the index is."""
+def _load_served(path: Path, listing: _Listing, looks: np.ndarray, upright: str) -> _Served | None:
+    """The served images an earlier open kept for exactly this listing as it is now, each file as
+    `looks` found it, or None: none kept, another listing or file changed, or anything in it not what
+    an open of this listing could have made (an image's sides a JPEG can't have, pixels its bytes
+    can't hold, bytes other than its file's or re-encoded copy's): it is untrusted, as the index is."""
     try:
         with np.load(path, allow_pickle=False) as z:
             version, fingerprint = z["version"], z["fingerprint"].tobytes()
@@ -540,11 +586,11 @@ def _load_served(path: Path, keys: list[str], listing: _Listing, file_bytes: lis
             reasons = json.loads(z["reasons"].tobytes().decode("utf-8", "surrogatepass"))
     except Exception:  # noqa: BLE001  missing, cut short, not an npz of these arrays: the longer way
         return None
-    n = len(keys)
+    n = len(listing.names)
     if not (
         version.shape == (1,)
         and int(version[0]) == SERVED_VERSION
-        and fingerprint == _fingerprint(keys)
+        and fingerprint == _fingerprint(listing.names, looks)
         and kept.dtype == dropped.dtype == hwb.dtype == np.int64
         and again.dtype == np.bool_
         and kept.ndim == dropped.ndim == again.ndim == 1
@@ -567,9 +613,9 @@ def _load_served(path: Path, keys: list[str], listing: _Listing, file_bytes: lis
     member = np.asarray(listing.sizes, np.int64)[kept]
     whole = np.flatnonzero((member < 0) & ~again)
     try:
-        member[whole] = np.asarray(file_bytes, np.int64)[kept[whole]]
+        member[whole] = looks[kept[whole], 0]  # (-1 for a file gone: no image has that many bytes)
         for j in np.flatnonzero(again).tolist():
-            member[j] = os.stat(os.path.join(upright, headers.upright_name(keys[int(kept[j])]))).st_size
+            member[j] = os.stat(os.path.join(upright, headers.upright_name(_key(listing, looks, int(kept[j]))))).st_size
     except (OSError, ValueError):
         return None
     if not np.array_equal(member, got):

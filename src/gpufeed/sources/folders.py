@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import operator
 import os
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 from PIL import Image
 
 from gpufeed.sources.entries import Entry, Item, Skip, Source, count_items
@@ -22,10 +24,23 @@ _name = operator.attrgetter("name")  # (a DirEntry's; sorting by it in C: a lamb
 @dataclass
 class Run:
     """The files under one class folder (or a flat folder's, or the root's own skips), in walk order:
-    each an image's path, or a `Skip` saying why a file or folder was left out."""
+    each an image's path, or a `Skip` saying why a file or folder was left out. A run walked by
+    another process (`walk_folder`'s `apart`) also has the folders it walked, (device, inode) each,
+    and may have its paths' looks (`headers.file_looks`)."""
 
     label: int
     found: list[str | Skip]
+    dirs: list[tuple[int, int]] = field(default_factory=list)
+    looks: np.ndarray | None = None
+
+
+def walk_run(directory: str, exts: frozenset[str], label: int = -1) -> Run:
+    """The run of one class folder walked on its own (no folder seen before it), with its folders."""
+    seen: set[tuple[int, int]] = set()
+    run = Run(label, [])
+    _walk(directory, seen, exts, run.found)
+    run.dirs = list(seen)
+    return run
 
 
 @dataclass
@@ -36,9 +51,15 @@ class Walked:
     runs: list[Run]
 
 
-def walk_folder(root: Path, exts: frozenset[str] = IMAGE_EXTS) -> Walked:
+def walk_folder(
+    root: Path, exts: frozenset[str] = IMAGE_EXTS, apart: Callable[[list[str]], list[Run] | None] | None = None
+) -> Walked:
     """The files of `exts` (images; `sources.videos.VIDEO_EXTS` for videos) under `root`: in class
-    folders (labels by sorted name), or flat (label -1)."""
+    folders (labels by sorted name), or flat (label -1). `apart(class_folders)`: their runs walked
+    elsewhere (by processes, for a large folder), or None to walk them here. A run walked apart is
+    taken only where none of its folders was met before it in the walk's order (a link to another
+    class's folder, or to the root); else that class is walked again here, so the walk is the same
+    as one walked here in order."""
     children = sorted(os.scandir(root), key=_name)
     class_dirs = [e for e in children if not e.name.startswith(".") and _is_dir(e)]
     seen: set[tuple[int, int]] = set()
@@ -55,9 +76,16 @@ def walk_folder(root: Path, exts: frozenset[str] = IMAGE_EXTS) -> Walked:
         elif not _is_dir(e):
             own.append(Skip(e.path, "not inside a class folder (ImageFolder layout)", fatal=False))
     runs = [Run(-1, own)]
+    elsewhere = apart([d.path for d in class_dirs]) if apart is not None else None
     for label, d in enumerate(class_dirs):
-        runs.append(Run(label, []))
-        _walk(d.path, seen, exts, runs[-1].found)
+        run = elsewhere[label] if elsewhere is not None else None
+        if run is not None and seen.isdisjoint(run.dirs):
+            seen.update(run.dirs)
+            run.label = label
+        else:
+            run = Run(label, [])
+            _walk(d.path, seen, exts, run.found)
+        runs.append(run)
     return Walked([d.name for d in class_dirs], runs)
 
 
