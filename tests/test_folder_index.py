@@ -19,7 +19,9 @@ from PIL import Image, ImageFile
 import gpufeed
 from gpufeed.augment import CenterCrop, Resize
 from gpufeed.loader import folder
-from gpufeed.sources import headers, indexer
+from gpufeed.sources import Skip, folders, headers, indexer
+from gpufeed.sources.folders import IMAGE_EXTS
+from gpufeed.sources.videos import VIDEO_EXTS
 from gpufeed.sources.images import kept_as_is, plain_jpeg_size
 from gpufeed.synth import natural_image
 
@@ -269,17 +271,24 @@ def test_a_large_folder_listed_by_processes_is_the_folder_listed_here(tmp_path, 
     monkeypatch.setattr(folder, "rank_cores", lambda: SimpleNamespace(usable=2))
     asked = []
     real = indexer.walk
-    monkeypatch.setattr(indexer, "walk", lambda dirs, exts, n, look: asked.append((len(dirs), n, look)) or real(dirs, exts, n, look))
+    monkeypatch.setattr(indexer, "walk", lambda dirs, exts, what, n, look: asked.append((len(dirs), n, look)) or real(dirs, exts, what, n, look))
     apart = folder._list(str(root), look=True)
     assert asked == [(4, 2, True)]
     for name in ("names", "files", "labels", "skipped", "classes"):
         assert getattr(apart, name) == getattr(here, name), name
     assert np.array_equal(apart.looks, headers.file_looks(here.files))
+    (root / "c3" / "clip.mp4").write_bytes(b"x")  # (a video: not an image, a skip not fatal)
+    walked = folders.walk_folder(root, apart=lambda dirs: real(dirs, IMAGE_EXTS, folders.IMAGE_WORDS, 2, False))
+    assert [(r.label, r.found) for r in walked.runs] == [(r.label, r.found) for r in folders.walk_folder(root).runs]
+    videos = folders.walk_folder(root, VIDEO_EXTS, lambda dirs: real(dirs, VIDEO_EXTS, folders.VIDEO_WORDS, 2, False))
+    assert [(r.label, r.found) for r in videos.runs] == [(r.label, r.found) for r in folders.walk_folder(root, VIDEO_EXTS).runs]
+    assert any(isinstance(f, Skip) and "not an image file (extension '.txt')" in f.reason for r in walked.runs for f in r.found)
+    (root / "c3" / "clip.mp4").unlink()
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "apart"))
     assert _columns(folder.FolderStore(root)) == cold_here and len(asked) == 2 and not asked[-1][2]  # cold: no looks
     assert _columns(folder.FolderStore(root)) == warm_here and asked[-1][2]
 
-    def broken(dirs, exts, n, look):
+    def broken(dirs, exts, what, n, look):
         raise indexer.IndexFailed("index process 1 ended without its listing (killed)")
 
     monkeypatch.setattr(indexer, "walk", broken)
@@ -291,3 +300,24 @@ def test_a_large_folder_listed_by_processes_is_the_folder_listed_here(tmp_path, 
 def _columns(store) -> tuple:
     return (store._names, store.shapes.tolist(), store._sizes.tolist(), store._labels.tolist(),
             store._files.tolist(), store._file_of.tolist(), store._begins.tolist(), store.skipped, store.reencoded)
+
+
+def test_an_index_written_by_another_process_while_this_one_lists_is_taken_as_cold(tmp_path, monkeypatch):
+    """Ranks opening one folder at once: an index another one wrote while this open listed the folder
+    (no index when it began) is not used for files this open did not look at (it failed on them)."""
+    root = _linked_folder(tmp_path / "img")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    first = _columns(folder.FolderStore(root))
+    index = folder._cache_path(root)
+    written = index.read_bytes()
+    index.unlink()
+    index.with_suffix(".served.npz").unlink()
+    real = folder._list
+
+    def listed_meanwhile(source, **kw):
+        listing = real(source, **kw)
+        index.write_bytes(written)  # (the other rank's)
+        return listing
+
+    monkeypatch.setattr(folder, "_list", listed_meanwhile)
+    assert _columns(folder.FolderStore(root)) == first

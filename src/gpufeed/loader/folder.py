@@ -10,10 +10,10 @@ used only for the very file it was made from (its size, times and inode) and onl
 fit that file (its byte count, sides a JPEG can have, pixels its bytes can hold); else the header
 is read again. Where no file changed (every image's name and stat as the last open found them), the
 columns that open served are taken as they are (`_Served`, checked against the files the same way),
-and no entry is read. A large folder (`WALK_PROCESSES_FROM` files) is listed and its files looked at
-by processes, a part of its class folders each (`sources.indexer.walk`). Each batch's bytes are then read into
-one buffer on threads and go to the same decoders as a jpeg store's (decode workers read their share
-from the files themselves).
+and no entry is read. A large folder (`WALK_PROCESSES_FROM` files) is listed by processes, a part of
+its class folders each (`sources.indexer.walk`), which also look at its files where an index exists.
+Each batch's bytes are then read into one buffer on threads and go to the same decoders as a jpeg
+store's (decode workers read their share from the files themselves).
 
 Every image packing reads is served, with the pixels a jpeg store packed from the folder with its
 JPEGs' bytes kept (`reencode=False`, a `max_side` above the largest) gives: an upright RGB baseline
@@ -61,7 +61,7 @@ from gpufeed.sources import (
     tar_key,
     tar_label,
 )
-from gpufeed.sources.folders import IMAGE_EXTS, Run, walk_folder
+from gpufeed.sources.folders import IMAGE_EXTS, IMAGE_WORDS, Run, walk_folder
 from gpufeed.sources.headers import JPEG_MAX_SIDE
 from gpufeed.store.format import MANIFEST
 
@@ -174,7 +174,9 @@ class FolderStore:
                     return
                 stats = [headers.look_key(look) for look in looks.tolist()]
                 keys[:] = [f"{name}|{stat}" for name, stat in zip(listing.names, stats)]
-            cached = _load(cache_path)
+            # (an index another rank wrote while this open listed the folder is not taken: its files
+            # were not looked at)
+            cached = _load(cache_path) if warm else {}
 
             def made_now(k: int) -> str:
                 return os.path.join(upright, headers.upright_name(keys[k]))  # type: ignore[arg-type]
@@ -439,7 +441,7 @@ def _apart(source: str, look: bool, folders: list[str]) -> list[Run] | None:
     """A large folder's class `folders` walked (and, where `look`, their files looked at) by processes
     (`sources.indexer.walk`), or None: a folder of fewer than `WALK_PROCESSES_FROM` files by the
     count of its first, middle and last class folders (processes take ~0.2 s to start), one core, or
-    processes that failed (said once; walked here then)."""
+    processes that failed (said in a warning; walked here then)."""
     processes = min(MAX_INDEX_PROCESSES, rank_cores().usable, len(folders))
     if processes < 2:
         return None
@@ -451,7 +453,7 @@ def _apart(source: str, look: bool, folders: list[str]) -> list[Run] | None:
     if likely < WALK_PROCESSES_FROM:
         return None
     try:
-        return indexer.walk(folders, IMAGE_EXTS, processes, look)
+        return indexer.walk(folders, IMAGE_EXTS, IMAGE_WORDS, processes, look)
     except (indexer.IndexFailed, OSError) as e:
         log.warning("gpufeed: %s: listing processes failed (%s); listed here (slower)", source, e)
         return None

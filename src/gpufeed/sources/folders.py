@@ -18,6 +18,7 @@ from PIL import Image
 from gpufeed.sources.entries import Entry, Item, Skip, Source, count_items
 
 IMAGE_EXTS = frozenset(Image.registered_extensions())
+IMAGE_WORDS, VIDEO_WORDS = "an image", "a video"  # what a file of other extensions is not, in its Skip
 _name = operator.attrgetter("name")  # (a DirEntry's; sorting by it in C: a lambda cost a third more)
 
 
@@ -34,11 +35,11 @@ class Run:
     looks: np.ndarray | None = None
 
 
-def walk_run(directory: str, exts: frozenset[str], label: int = -1) -> Run:
+def walk_run(directory: str, exts: frozenset[str], what: str) -> Run:
     """The run of one class folder walked on its own (no folder seen before it), with its folders."""
     seen: set[tuple[int, int]] = set()
-    run = Run(label, [])
-    _walk(directory, seen, exts, run.found)
+    run = Run(-1, [])
+    _walk(directory, seen, exts, run.found, what)
     run.dirs = list(seen)
     return run
 
@@ -60,12 +61,13 @@ def walk_folder(
     taken only where none of its folders was met before it in the walk's order (a link to another
     class's folder, or to the root); else that class is walked again here, so the walk is the same
     as one walked here in order."""
+    what = IMAGE_WORDS if exts is IMAGE_EXTS else VIDEO_WORDS
     children = sorted(os.scandir(root), key=_name)
     class_dirs = [e for e in children if not e.name.startswith(".") and _is_dir(e)]
     seen: set[tuple[int, int]] = set()
     if not class_dirs:
         found: list[str | Skip] = []
-        _walk(str(root), seen, exts, found)
+        _walk(str(root), seen, exts, found, what)
         return Walked([], [Run(-1, found)])
     st = os.stat(root)
     seen.add((st.st_dev, st.st_ino))
@@ -84,7 +86,7 @@ def walk_folder(
             run.label = label
         else:
             run = Run(label, [])
-            _walk(d.path, seen, exts, run.found)
+            _walk(d.path, seen, exts, run.found, what)
         runs.append(run)
     return Walked([d.name for d in class_dirs], runs)
 
@@ -99,9 +101,9 @@ def folder_source(root: Path, exts: frozenset[str] = IMAGE_EXTS) -> Source:
     return Source(what, walked.classes, iter(entries), count_items(entries))
 
 
-def _walk(directory: str, seen: set[tuple[int, int]], exts: frozenset[str], out: list[str | Skip]) -> None:
-    """Append the files of `exts` under `directory` to `out` (and a `Skip` for anything else), sorted,
-    following symlinks but never looping. One loop appending to one list: a folder read in place is
+def _walk(directory: str, seen: set[tuple[int, int]], exts: frozenset[str], out: list[str | Skip], what: str) -> None:
+    """Append the files of `exts` under `directory` to `out` (and a `Skip` for anything else: not `what`
+    file), sorted, following symlinks but never looping. One loop appending to one list: a folder read in place is
     listed at every open, and a generator a level (and an object a file) took twice the time."""
     try:
         st = os.stat(directory)
@@ -123,14 +125,13 @@ def _walk(directory: str, seen: set[tuple[int, int]], exts: frozenset[str], out:
         except OSError:
             is_dir = False
         if is_dir:
-            _walk(entry.path, seen, exts, out)
+            _walk(entry.path, seen, exts, out, what)
             continue
         _, dot, ext = name.rpartition(".")  # (os.path.splitext takes three times as long)
         ext = dot + ext if dot else ""
         if ext.lower() in exts:
             out.append(entry.path)  # a broken or looping link fails when read, with the reason
         else:
-            what = "an image" if exts is IMAGE_EXTS else "a video"
             out.append(Skip(entry.path, f"not {what} file (extension {ext or 'none'!r})", fatal=False))
 
 

@@ -75,13 +75,16 @@ def look_key(look) -> str:
 
 
 def key_look(stat: str) -> tuple[int, int, int, int, int]:
-    """A file's look from its `stat_key` (`look_key`'s inverse); ValueError for anything else."""
+    """A file's look from its `stat_key` (`look_key`'s inverse); ValueError for anything `stat_key`
+    does not write (another form of a number, a time beyond int64)."""
     if stat == "missing":
         return MISSING_LOOK
     size, mtime, ctime, dev, ino = (int(v) for v in stat.split(":"))
-    if size < 0 or not (0 <= dev < _WRAP and 0 <= ino < _WRAP):
+    top = _WRAP >> 1
+    look = (size, mtime, ctime, dev - _WRAP if dev >= top else dev, ino - _WRAP if ino >= top else ino)
+    if not (0 <= size < top and -top <= mtime < top and -top <= ctime < top) or look_key(look) != stat:
         raise ValueError(f"not a stat key: {stat!r}")
-    return size, mtime, ctime, dev - _WRAP if dev >= _WRAP >> 1 else dev, ino - _WRAP if ino >= _WRAP >> 1 else ino
+    return look
 
 
 def file_stat(path: str) -> str:

@@ -32,6 +32,7 @@ from PIL import Image, ImageFile
 
 from gpufeed.processes import watch_parent
 from gpufeed.sources import headers
+from gpufeed.sources.entries import Skip
 from gpufeed.sources.folders import Run, walk_run
 from gpufeed.sources.headers import Indexed, Job
 
@@ -39,7 +40,7 @@ SRC = Path(__file__).resolve().parents[2]  # the folder gpufeed is imported from
 
 
 class IndexFailed(Exception):
-    """An index process ended without its entries (it was killed, or could not start)."""
+    """An index process ended without its entries or listing (it was killed, or could not start)."""
 
 
 IN_FLIGHT = 16  # headers read at once over all the processes: a cold page cache waits on the disk
@@ -63,14 +64,14 @@ def entries(jobs: Sequence[Job], processes: int) -> list[Indexed]:
     return [Indexed(e, k) for got in answers for e, k in zip(got.entries, got.keys)]
 
 
-def walk(folders: list[str], exts: frozenset[str], processes: int, look: bool) -> list[Run]:
+def walk(folders: list[str], exts: frozenset[str], skipped_as: str, processes: int, look: bool) -> list[Run]:
     """Each of `folders` (a large folder's class folders) walked on its own (`folders.walk_run`) by
     `processes` processes at once, a contiguous part each, and where `look`, each path's look
     (`headers.file_looks`): the walk and the looks of ImageNet's 1.28M files are Python a file, on
     one core ~6 s. Raises IndexFailed as `entries` does."""
     step = -(-len(folders) // max(1, processes))
     parts = [folders[a : a + step] for a in range(0, len(folders), step)]
-    answers = _answered([Walk(part, sorted(exts), look) for part in parts], 1)
+    answers = _answered([Walk(part, sorted(exts), skipped_as, look) for part in parts], 1)
     return [run for got in answers for run in got.runs]
 
 
@@ -153,6 +154,7 @@ class Walk:
     what = "listing"
     folders: list[str]
     exts: list[str]
+    skipped_as: str  # what a file of other extensions is not (`folders.IMAGE_WORDS`)
     look: bool
 
     def fits(self, got: object) -> bool:
@@ -162,6 +164,9 @@ class Walk:
             and all(
                 isinstance(run, Run)
                 and isinstance(run.found, list)
+                and all(type(f) is str or type(f) is Skip for f in run.found)
+                and isinstance(run.dirs, list)
+                and all(type(d) is tuple and len(d) == 2 and type(d[0]) is type(d[1]) is int for d in run.dirs)
                 and (
                     run.looks is None
                     if not self.look
@@ -206,7 +211,7 @@ def main() -> None:
 
     if isinstance(request, named.Walk):
         exts = frozenset(request.exts)
-        runs = [walk_run(folder, exts) for folder in request.folders]
+        runs = [walk_run(folder, exts, request.skipped_as) for folder in request.folders]
         if request.look:
             for run in runs:
                 run.looks = headers.file_looks([f for f in run.found if type(f) is str])
