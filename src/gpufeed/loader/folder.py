@@ -303,8 +303,8 @@ class FolderStore:
         h = hashlib.sha256()
         for part in (self._labels, self.shapes, self._sizes):
             h.update(np.ascontiguousarray(part, "<i8").tobytes())
-        for name in self._names:
-            h.update(name.encode("utf-8", "surrogatepass") + b"\0")
+        if self._names:  # (each name and a NUL after it, in one update: 1.28M of them took 0.5 s one by one)
+            h.update(("\0".join(self._names) + "\0").encode("utf-8", "surrogatepass"))
         return h.hexdigest()
 
     def __len__(self) -> int:
