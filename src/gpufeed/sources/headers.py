@@ -143,8 +143,7 @@ def entry(job: Job) -> Indexed:
             return Indexed(f"unreadable: {job.file}: not a regular file (a FIFO, device or socket)", key)
         # only its head and tail are read: the kernel's read-ahead would fetch the rest from disk too
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
-        made = Path(job.upright) / upright_name(key)
-        return Indexed(_entry(fd, job.size if job.size >= 0 else st.st_size, job.begin, made), key)
+        return Indexed(_entry(fd, job.size if job.size >= 0 else st.st_size, job.begin, job.upright, key), key)
     except Image.UnidentifiedImageError:
         return Indexed(UNIDENTIFIED, looked())
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
@@ -153,8 +152,10 @@ def entry(job: Job) -> Indexed:
         os.close(fd)
 
 
-def _entry(fd: int, size: int, begin: int, made: Path) -> list[int] | str:
-    """`entry` for the image of `size` bytes at `begin` of the open file `fd`."""
+def _entry(fd: int, size: int, begin: int, upright: str, key: str) -> list[int] | str:
+    """`entry` for the image of `size` bytes at `begin` of the open file `fd` (re-encoded into the folder
+    `upright`, named by its `key`, where it must be: its path made only then, a fifth of an entry's
+    time where it was made for every file)."""
     if size > MAX_FILE_BYTES:
         return f"{size} bytes, more than any image gpufeed reads ({MAX_FILE_BYTES})"
     head = os.pread(fd, min(size, HEADER_BYTES), begin)
@@ -177,7 +178,7 @@ def _entry(fd: int, size: int, begin: int, made: Path) -> list[int] | str:
         return _cut_short(fd, begin, size, head) or [h, w, size]
     if len(head) < size:
         head = os.pread(fd, size, begin)
-    return reencode(head, made)
+    return reencode(head, Path(upright) / upright_name(key))
 
 
 def _cut_short(fd: int, begin: int, size: int, head: bytes, scan: int | str | None = None) -> str | None:
