@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import math
+import struct
 import warnings
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -110,60 +111,60 @@ def plain_jpeg_header(head: bytes, max_side: int) -> tuple[int, int, int] | None
     3/4 of a folder index's time per file (issue 65)."""
     if head[:3] != b"\xff\xd8\xff":
         return None
-    pos, size, exif = 2, None, None
-    while pos + 4 <= len(head):
-        if head[pos] != 0xFF:
+    # (offsets into `head` with struct, no segment copied but the EXIF block: this runs per file of a
+    # folder's index, a million of them for ImageNet)
+    n, pos, size, exif = len(head), 2, None, None
+    while pos + 4 <= n:
+        ff, marker, length = _SEGMENT.unpack_from(head, pos)
+        if ff != 0xFF:
             return None  # stray bytes between segments: Pillow's walk decides
-        marker = head[pos + 1]
         if marker == 0xDA:  # start of scan: the header is complete
             if size is None or (exif is not None and _exif_orientation(exif) != 1):
                 return None
-            return (*size, pos + 2 + int.from_bytes(head[pos + 2 : pos + 4], "big"))
+            return (*size, pos + 2 + length)
         if marker not in _PLAIN_SEGMENTS and marker not in _SEQUENTIAL:
             return None
-        length = int.from_bytes(head[pos + 2 : pos + 4], "big")
-        end, segment = pos + 2 + length, head[pos + 4 : pos + 2 + length]
-        if length < 2 or end > len(head) or not _plain_segment(marker, segment):
+        start, end = pos + 4, pos + 2 + length
+        if length < 2 or end > n or not _plain_segment(marker, head, start, end):
             return None
         if marker in _SEQUENTIAL:
-            if size is not None or len(segment) < 6:
+            if size is not None or end - start < 6:
                 return None
-            precision, h, w, components = (
-                segment[0],
-                int.from_bytes(segment[1:3], "big"),
-                int.from_bytes(segment[3:5], "big"),
-                segment[5],
-            )
+            precision, h, w, components = _FRAME.unpack_from(head, start)
             if precision != 8 or components != 3 or not (0 < h <= max_side and 0 < w <= max_side):
                 return None
             if Image.MAX_IMAGE_PIXELS is not None and h * w > Image.MAX_IMAGE_PIXELS:
                 return None
             size = (h, w)
         elif marker == 0xE1:  # APP1: one EXIF block (Pillow joins several; an XMP one has an orientation too)
-            if not segment.startswith(_EXIF) or exif is not None:
+            if not head.startswith(_EXIF, start, end) or exif is not None:
                 return None
-            exif = segment[len(_EXIF) :]
+            exif = head[start + len(_EXIF) : end]
         pos = end
     return None
 
 
-def _plain_segment(marker: int, segment: bytes) -> bool:
-    """Whether Pillow reads this segment without fail and it leaves the image a plain JPEG."""
+_SEGMENT = struct.Struct(">BBH")  # a segment's 0xFF, its marker, its length (the two bytes included)
+_FRAME = struct.Struct(">BHHB")  # a frame header's precision, height, width, components
+
+
+def _plain_segment(marker: int, head: bytes, start: int, end: int) -> bool:
+    """Whether Pillow reads this segment (`head[start:end]`) without fail and it leaves the image a
+    plain JPEG."""
     if marker == 0xDB:  # quantization tables, each 65 or 129 bytes: Pillow refuses bytes left over
-        while segment:
-            need = 65 if segment[0] < 16 else 129
-            if len(segment) < need:
-                return False
-            segment = segment[need:]
-        return True
-    if marker == 0xE0 and segment.startswith(b"JFIF"):
-        return len(segment) >= 7  # its version
+        while start < end:
+            start += 65 if head[start] < 16 else 129
+        return start == end
+    if marker == 0xE0 and head.startswith(b"JFIF", start, end):
+        return end - start >= 7  # its version
     if marker == 0xE2:  # a multi-picture (MPO) block makes it another format; an ICC chunk's header
-        return not segment.startswith(b"MPF\x00") and (not segment.startswith(b"ICC_PROFILE\x00") or len(segment) >= 14)
+        return not head.startswith(b"MPF\x00", start, end) and (
+            not head.startswith(b"ICC_PROFILE\x00", start, end) or end - start >= 14
+        )
     if marker == 0xED:  # Photoshop's resource blocks: Pillow's walk over them can fail
-        return not segment.startswith(b"Photoshop 3.0\x00")
-    if marker == 0xEE and segment.startswith(b"Adobe"):
-        return len(segment) >= 7
+        return not head.startswith(b"Photoshop 3.0\x00", start, end)
+    if marker == 0xEE and head.startswith(b"Adobe", start, end):
+        return end - start >= 7
     return True
 
 
