@@ -119,7 +119,8 @@ def plain_jpeg_header(head: bytes, max_side: int) -> tuple[int, int, int] | None
         if ff != 0xFF:
             return None  # stray bytes between segments: Pillow's walk decides
         if marker == 0xDA:  # start of scan: the header is complete
-            if size is None or (exif is not None and _exif_orientation(exif) != 1):
+            # (Pillow reads the scan's header too: one past the file's end fails its open)
+            if size is None or pos + 2 + length > n or (exif is not None and _exif_orientation(exif) != 1):
                 return None
             return (*size, pos + 2 + length)
         if marker not in _PLAIN_SEGMENTS and marker not in _SEQUENTIAL:
@@ -127,8 +128,8 @@ def plain_jpeg_header(head: bytes, max_side: int) -> tuple[int, int, int] | None
         start, end = pos + 4, pos + 2 + length
         if length < 2 or end > n or not _plain_segment(marker, head, start, end):
             return None
-        if marker in _SEQUENTIAL:
-            if size is not None or end - start < 6:
+        if marker in _SEQUENTIAL:  # (a component a 3 bytes after the 6: Pillow fails on a part of one)
+            if size is not None or end - start != 15:
                 return None
             precision, h, w, components = _FRAME.unpack_from(head, start)
             if precision != 8 or components != 3 or not (0 < h <= max_side and 0 < w <= max_side):
