@@ -192,6 +192,12 @@ def test_index_processes_make_the_index_threads_make(tmp_path, monkeypatch, capl
         procs, by_processes = index("processes")
     assert "index processes failed" not in caplog.text, caplog.text  # (threads would give the same entries)
     assert asked == [(len(_variants()) + 1, 2)]
+    loads = []
+    real_load = folder._load
+    monkeypatch.setattr(folder, "_load", lambda path: loads.append(path) or real_load(path))
+    folder.FolderStore(root)  # the files as the processes looked at them: served, no entry read
+    assert loads == []
+    monkeypatch.setattr(folder, "_load", real_load)
     assert by_processes == by_threads and procs.skipped == threads.skipped
     assert np.array_equal(procs.shapes, threads.shapes) and procs.reencoded == threads.reencoded > 0
     plugin = next(v for k, v in by_processes.items() if k.endswith("plugin.jpg|" + k.split("|", 1)[1]))

@@ -26,7 +26,6 @@ no decoder can read is reported by path (`store.skipped`, one warning).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import gc
 import glob
@@ -166,6 +165,7 @@ class FolderStore:
             sizes, files = listing.sizes, listing.files
             keys: list[str | None] = [None] * len(files)
             stats: list[str] = []  # each image's file's stat key
+            looks = np.empty((len(files), 5), np.int64)  # each image's file's look, as its key says
             if warm:
                 looks = listing.looks if listing.looks is not None else _looks(listing)
                 served = _load_served(served_path, listing, looks, upright)
@@ -190,16 +190,18 @@ class FolderStore:
             if not cached:
                 keys = [None] * len(files)
         jobs = [headers.Job(files[k], listing.begins[k], sizes[k], listing.names[k], upright, keys[k]) for k in fresh]
-        for k, (entry, key) in zip(fresh, self._entries(jobs)):
+        for k, (entry, key, look) in zip(fresh, self._entries(jobs)):
             keys[k] = key
             cached[key] = entry
+            if look is not None:  # (a key made as its header was read: from this look)
+                looks[k] = look
         known: list[str] = keys  # type: ignore[assignment]  # every image's, now
 
         if fresh or len(cached) != len(known):  # new entries, or ones of files gone
             _save(cache_path, {key: cached[key] for key in known})
             _prune(self.upright, {headers.upright_name(key) for key in known if _reencoded(cached[key])})
         with _collector_paused():
-            served = _Served.of([cached[key] for key in known], listing.names, known)
+            served = _Served.of([cached[key] for key in known], listing.names, looks)
             newly = sum(_reencoded(cached[known[k]]) for k in fresh)
             self._serve(listing, served, known.__getitem__, upright, newly)
         _save_served(served_path, served)
@@ -216,9 +218,9 @@ class FolderStore:
                 log.warning("gpufeed: %s: index processes failed (%s); indexed on threads (slower)", self.path, e)
             else:
                 again = [k for k, f in enumerate(found) if f.entry == headers.UNIDENTIFIED]
-                redone = self._on_threads([dataclasses.replace(jobs[k], key=found[k].key) for k in again])
+                redone = self._on_threads([jobs[k]._replace(key=found[k].key) for k in again])
                 for k, f in zip(again, redone):
-                    found[k] = f
+                    found[k] = f._replace(look=found[k].look)  # (the key's, from the process)
                 return found
         return self._on_threads(jobs)
 
@@ -505,8 +507,8 @@ class _Served:
     fingerprint: bytes
 
     @staticmethod
-    def of(entries: list, names: list[str], keys: list[str]) -> _Served:
-        """From each listed image's index entry, under its name and key."""
+    def of(entries: list, names: list[str], looks: np.ndarray) -> _Served:
+        """From each listed image's index entry, under its name and its file's look."""
         kept = [k for k, e in enumerate(entries) if isinstance(e, list)]
         dropped = [k for k, e in enumerate(entries) if not isinstance(e, list)]
         n = len(kept)
@@ -519,7 +521,7 @@ class _Served:
             again,
             np.asarray(dropped, np.int64),
             reasons,
-            _fingerprint(names, np.array([headers.key_look(k.rpartition("|")[2]) for k in keys], np.int64)),
+            _fingerprint(names, looks),
         )
 
 

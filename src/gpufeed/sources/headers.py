@@ -10,7 +10,6 @@ import io
 import os
 import stat as stat_module
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
@@ -74,38 +73,17 @@ def look_key(look) -> str:
     return "missing" if size < 0 else f"{size}:{mtime}:{ctime}:{dev % _WRAP}:{ino % _WRAP}"
 
 
-def key_look(stat: str) -> tuple[int, int, int, int, int]:
-    """A file's look from its `stat_key` (`look_key`'s inverse); ValueError for anything `stat_key`
-    does not write (another form of a number, a time beyond int64)."""
-    if stat == "missing":
-        return MISSING_LOOK
-    size, mtime, ctime, dev, ino = (int(v) for v in stat.split(":"))
-    top = _WRAP >> 1
-    look = (size, mtime, ctime, dev - _WRAP if dev >= top else dev, ino - _WRAP if ino >= top else ino)
-    if not (0 <= size < top and -top <= mtime < top and -top <= ctime < top) or look_key(look) != stat:
-        raise ValueError(f"not a stat key: {stat!r}")
-    return look
-
-
-def file_stat(path: str) -> str:
-    """`stat_key` of the file at `path` ("missing" where it can't be looked at)."""
-    try:
-        return stat_key(os.stat(path))
-    except OSError:
-        return "missing"
-
-
 def upright_name(key: str) -> str:
     """The file an image re-encoded is kept in, named by its index key (its name and file's stat). A name
     need not be UTF-8 (Python keeps its other bytes as surrogates): hashed as the bytes it is."""
     return hashlib.sha1(os.fsencode(key)).hexdigest()[:24] + ".jpg"
 
 
-@dataclass(frozen=True)
-class Job:
+class Job(NamedTuple):
     """One image to index: `size` bytes at `begin` of `file` (-1: the whole file), named `name`; its
     re-encoded copy, if it needs one, goes into the folder `upright` named by its key (`key`: its name
-    and its file's stat, where the caller looked already; else from the file as it is opened)."""
+    and its file's stat, where the caller looked already; else from the file as it is opened). (A
+    tuple: a frozen dataclass took a tenth of a folder's cold index to make, one a file.)"""
 
     file: str
     begin: int
@@ -115,11 +93,29 @@ class Job:
     key: str | None = None
 
 
+Look = tuple[int, int, int, int, int]  # a file's look, a row of `file_looks`
+
+
 class Indexed(NamedTuple):
-    """An image's index entry (`entry`) and the key it is kept under."""
+    """An image's index entry (`entry`), the key it is kept under, and the look of the file its key was
+    made from (`look`: None where the caller gave the key)."""
 
     entry: list[int] | str
     key: str
+    look: Look | None = None
+
+
+def look_of(st: os.stat_result) -> Look:
+    """A file's look (`file_looks`' row) from its stat."""
+    top = _WRAP >> 1
+    dev, ino = st.st_dev, st.st_ino
+    return (
+        st.st_size,
+        st.st_mtime_ns,
+        st.st_ctime_ns,
+        dev - _WRAP if dev >= top else dev,
+        ino - _WRAP if ino >= top else ino,
+    )
 
 
 def entry(job: Job) -> Indexed:
@@ -127,27 +123,34 @@ def entry(job: Job) -> Indexed:
     it is; else [height, width, bytes, 1] once it is re-encoded; else why it can't be read. Reads its
     head (and tail) alone where the header says enough (`plain_jpeg_header`), with a call each, no file
     object: this runs per file of a folder of a million."""
-    key = job.key
+    key, look = job.key, None
 
-    def looked() -> str:  # its key where the file could not be opened or looked at
-        return key or f"{job.name}|{file_stat(job.file)}"
+    def failed(why: str) -> Indexed:  # where the file could not be opened or looked at: keyed by its stat now
+        if key is not None:
+            return Indexed(why, key, look)
+        try:
+            st = os.stat(job.file)
+        except OSError:
+            return Indexed(why, f"{job.name}|missing", MISSING_LOOK)
+        return Indexed(why, f"{job.name}|{stat_key(st)}", look_of(st))
 
     try:
         fd = os.open(job.file, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO named like an image would block
     except OSError as e:
-        return Indexed(f"unreadable: {e}", looked())
+        return failed(f"unreadable: {e}")
     try:
         st = os.fstat(fd)
-        key = key or f"{job.name}|{stat_key(st)}"
+        if key is None:
+            key, look = f"{job.name}|{stat_key(st)}", look_of(st)
         if not stat_module.S_ISREG(st.st_mode):  # a FIFO or device would block or never end
-            return Indexed(f"unreadable: {job.file}: not a regular file (a FIFO, device or socket)", key)
+            return Indexed(f"unreadable: {job.file}: not a regular file (a FIFO, device or socket)", key, look)
         # only its head and tail are read: the kernel's read-ahead would fetch the rest from disk too
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
-        return Indexed(_entry(fd, job.size if job.size >= 0 else st.st_size, job.begin, job.upright, key), key)
+        return Indexed(_entry(fd, job.size if job.size >= 0 else st.st_size, job.begin, job.upright, key), key, look)
     except Image.UnidentifiedImageError:
-        return Indexed(UNIDENTIFIED, looked())
+        return failed(UNIDENTIFIED)
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
-        return Indexed(f"unreadable: {e}", looked())
+        return failed(f"unreadable: {e}")
     finally:
         os.close(fd)
 

@@ -61,7 +61,7 @@ def entries(jobs: Sequence[Job], processes: int) -> list[Indexed]:
         "LOAD_TRUNCATED_IMAGES": ImageFile.LOAD_TRUNCATED_IMAGES,
     }
     answers = _answered([Request.of(pillow, run) for run in runs], threads)
-    return [Indexed(e, k) for got in answers for e, k in zip(got.entries, got.keys)]
+    return [Indexed(e, k, look) for got in answers for e, k, look in zip(got.entries, got.keys, got.looks)]
 
 
 def walk(folders: list[str], exts: frozenset[str], skipped_as: str, processes: int, look: bool) -> list[Run]:
@@ -135,15 +135,17 @@ class Request:
         return [Job(*fields) for fields in columns]
 
     def fits(self, got: object) -> bool:
-        return isinstance(got, Answer) and len(got.entries) == len(got.keys) == len(self.files)
+        return isinstance(got, Answer) and len(got.entries) == len(got.keys) == len(got.looks) == len(self.files)
 
 
 @dataclass
 class Answer:
-    """An index process's entries and keys (`headers.Indexed`'s fields), as columns in its run's order."""
+    """An index process's entries, keys and looks (`headers.Indexed`'s fields), as columns in its run's
+    order."""
 
     entries: list[list[int] | str]
     keys: list[str]
+    looks: list[headers.Look | None]
 
 
 @dataclass
@@ -233,7 +235,7 @@ def _entries(request: Request, named) -> Answer:
 
     with ThreadPoolExecutor(int(sys.argv[2])) as pool:
         found = [e for part in pool.map(some, [run[a : a + 64] for a in range(0, len(run), 64)]) for e in part]
-    return named.Answer([f.entry for f in found], [f.key for f in found])
+    return named.Answer([f.entry for f in found], [f.key for f in found], [f.look for f in found])
 
 
 if __name__ == "__main__":
