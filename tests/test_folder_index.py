@@ -44,6 +44,13 @@ def _exif(orientation: int | None, order: str) -> bytes:
     return order.encode() + struct.pack(f"{e}HI", 42, 8) + struct.pack(f"{e}H", 1) + entry + b"\0\0\0\0"
 
 
+def _exif_dpi_a_byte() -> bytes:
+    """An EXIF block whose resolution unit and X resolution (1 byte, UNDEFINED: not a rational) Pillow's
+    open reads for the image's dpi, and fails on (IndexError, not caught there)."""
+    entries = struct.pack("<HHIHH", 0x0128, 3, 1, 2, 0) + struct.pack("<HHI", 0x011A, 7, 1) + b"\x05\0\0\0"
+    return b"II" + struct.pack("<HI", 42, 8) + struct.pack("<H", 2) + entries + b"\0\0\0\0"
+
+
 def _with_app1(jpeg: bytes, payload: bytes) -> bytes:
     """`jpeg` with an APP1 segment of `payload` right after its SOI."""
     return jpeg[:2] + b"\xff\xe1" + struct.pack(">H", len(payload) + 2) + payload + jpeg[2:]
@@ -91,6 +98,7 @@ def _variants() -> dict[str, bytes]:
         "mpo": _mpo(photo),
         "dqt with bytes over": _with_dqt_tail(plain),
         "two orientation tags": _with_app1(plain, b"Exif\0\0" + _exif_twice(1, 6)),
+        "exif dpi a byte": _with_app1(plain, b"Exif\0\0" + _exif_dpi_a_byte()),
         "jfif cut short": plain[:2] + b"\xff\xe0\x00\x06JFIF" + plain[2:],
         "cut inside the header": plain[:40],
     }

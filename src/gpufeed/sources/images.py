@@ -92,6 +92,7 @@ def scan_data_start(data: bytes) -> int | str:
 _SEQUENTIAL = (0xC0, 0xC1)  # baseline and extended sequential Huffman frames: what is kept as it is
 _PLAIN_SEGMENTS = {0xC4, 0xDB, 0xDD, 0xFE, *range(0xE0, 0xF0)}  # DHT, DQT, DRI, COM, APPn: all else to Pillow
 _EXIF = b"Exif\x00\x00"
+_X_RESOLUTION = 0x11A
 _ORIENTATION = 0x0112
 
 
@@ -171,7 +172,8 @@ def _plain_segment(marker: int, head: bytes, start: int, end: int) -> bool:
 
 def _exif_orientation(tiff: bytes) -> int | None:
     """The orientation tag of an EXIF block's first IFD (1 where it has none), or None where the block
-    is not plainly readable or names it more than once."""
+    is not plainly readable, names it more than once, or has an X resolution other than a rational
+    (Pillow's open reads it for the image's dpi, and fails on some other kinds: a 1-byte string)."""
     if len(tiff) < 8 or tiff[:2] not in (b"II", b"MM"):
         return None
     order: Literal["little", "big"] = "little" if tiff[:2] == b"II" else "big"
@@ -186,9 +188,12 @@ def _exif_orientation(tiff: bytes) -> int | None:
     found = []
     for k in range(count):
         entry = tiff[ifd + 2 + 12 * k : ifd + 14 + 12 * k]
-        if int.from_bytes(entry[0:2], order) == _ORIENTATION:
-            kind, n = int.from_bytes(entry[2:4], order), int.from_bytes(entry[4:8], order)
+        tag, kind = int.from_bytes(entry[0:2], order), int.from_bytes(entry[2:4], order)
+        if tag == _ORIENTATION:
+            n = int.from_bytes(entry[4:8], order)
             found.append(int.from_bytes(entry[8:10], order) if kind == 3 and n == 1 else None)
+        elif tag == _X_RESOLUTION and kind not in (5, 10):  # (RATIONAL, SRATIONAL)
+            return None
     return 1 if not found else found[0] if len(found) == 1 else None
 
 
