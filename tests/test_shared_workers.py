@@ -263,3 +263,26 @@ def test_two_loaders_decode_on_the_same_workers_at_once_from_two_threads(stores)
     assert not failures and not any(t.is_alive() for t in threads), failures
     for client in clients:
         client.close()
+
+
+def test_a_folder_loader_starts_its_workers_before_it_indexes_the_folder(stores, monkeypatch, tmp_path):
+    """A Loader of a folder read in place starts its decode workers first, so that their start runs
+    beside the folder's listing and index (seconds for a large folder) instead of after it, then takes
+    that very pool; one whose folder can't be read leaves the pool to its idle time."""
+    from gpufeed.loader import folder as folder_module
+
+    _, _, folder = stores
+    seen = []
+    real = folder_module._list
+    monkeypatch.setattr(folder_module, "_list", lambda source, **kw: seen.append(dict(shared._pools)) or real(source, **kw))
+    loader = _loader(folder, 2)
+    assert len(seen) == 1 and list(seen[0]) == [2]  # started before the listing
+    assert loader.jpeg.workers._pool is seen[0][2] and seen[0][2].users == 1  # and taken, the same pool
+    assert len(_batches(loader)) > 0
+    del loader
+    gc.collect()
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(gpufeed.sources.SourceError):
+        _loader(tmp_path / "empty", 3)
+    pool = shared._pools[3]
+    assert pool.users == 0 and pool._idle is not None and shared.stop_idle() >= 1

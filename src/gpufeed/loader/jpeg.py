@@ -147,6 +147,12 @@ def default_workers(device: torch.device) -> int:
     return max(1, usable - max(2, usable // 8)) if device.type == "cuda" else usable
 
 
+def takes_workers(workers: int, decoders: tuple[str, ...] | None, cuda: bool) -> bool:
+    """Whether a jpeg Loader of `workers` CPU decode processes and `decoders` starts them: where the
+    CPU decodes (with the default decoders, on a GPU too)."""
+    return bool(workers) and ("cpu" in (decoders or DEFAULT) or not cuda)
+
+
 def jpeg_pipelines(images: ByteSource, output: Output, decoding: Decoding, counters: Stats) -> JpegPipelines:
     """A jpeg Loader's pipelines (`decoding.tuning.pipelines` on a GPU, one on a CPU), their decoders
     (`decoding.decoders`, None: `decode.scheduling.choice.DEFAULT`'s rule), and `decoding.workers` CPU decode
@@ -155,7 +161,7 @@ def jpeg_pipelines(images: ByteSource, output: Output, decoding: Decoding, count
         check_decoders(decoding.decoders)
     workers, tuning, device = decoding.workers, decoding.tuning, output.device
     pool = None
-    if workers and ("cpu" in (decoding.decoders or DEFAULT) or not output.cuda) and len(images):
+    if takes_workers(workers, decoding.decoders, output.cuda) and len(images):
         try:
             view = images.for_workers()
             pool = DecodeWorkers(view.data, workers, device, files=view.files, tickets=tuning.tickets)

@@ -28,6 +28,8 @@ import numpy as np
 import torch
 
 from gpufeed.augment.pipeline import Augment, triton_ahead, triton_ready_at
+from gpufeed.decode.pool import shared
+from gpufeed.decode.pool.segment import unavailable as workers_unavailable
 from gpufeed.decode.scheduling.choice import load_ahead
 from gpufeed.decode.tuning import Tuning
 from gpufeed.loader.batch import Batch, Skipped
@@ -35,7 +37,7 @@ from gpufeed.loader.clips import Clip
 from gpufeed.loader.feeds import HostGather, device_feed, host_feed
 from gpufeed.loader.fields import FieldRequest, batch_dict
 from gpufeed.loader.inputs import Input, open_input, reads_in_place
-from gpufeed.loader.jpeg import PREFETCH, JpegPipelines, default_workers, jpeg_feed, jpeg_pipelines
+from gpufeed.loader.jpeg import PREFETCH, JpegPipelines, default_workers, jpeg_feed, jpeg_pipelines, takes_workers
 from gpufeed.loader.planner import Planner
 from gpufeed.loader.producer import CLOSE_WAIT, Carried, Production
 from gpufeed.loader.sampler import Segment, ShardedBatchSampler, check_epoch, check_seed, resolve_rank
@@ -111,6 +113,19 @@ def _start_ahead(device: str | torch.device, decoders: tuple[str, ...] | None, f
     triton_ahead(resolved)
     if folder:
         load_ahead(resolved, decoders)
+
+
+def _workers_ahead(device: str | torch.device, decoders: tuple[str, ...] | None, num_workers: int | None) -> None:
+    """Start the CPU decode workers a Loader of a folder read in place takes (`shared.start_ahead`)
+    before its folder is listed and indexed, where it takes them (`jpeg.takes_workers`); arguments it
+    refuses are said by the constructor, and a pool no loader takes ends after its idle time."""
+    try:
+        resolved = resolve_device(device)
+        workers = _workers(num_workers, resolved)
+    except ValueError:
+        return
+    if takes_workers(workers, decoders, resolved.type == "cuda") and workers_unavailable() is None:
+        shared.start_ahead(workers)
 
 
 # how a shuffled order is drawn, in a state's order key: one Philox stream per (seed, epoch)
@@ -455,7 +470,10 @@ class Loader:
         called = time.perf_counter()
         seed = check_seed(seed)  # before anything starts: a str or None seed used to fail at the first batch
         self.tuning = tuning or Tuning()
-        _start_ahead(device, decoders, self.tuning.open_ahead and reads_in_place(store))
+        in_place = reads_in_place(store)
+        _start_ahead(device, decoders, self.tuning.open_ahead and in_place)
+        if in_place:  # (its index takes a while: its decode workers start meanwhile)
+            _workers_ahead(device, decoders, num_workers)
         self.input = open_input(store, cache_dir, cache_limit, storage_options)
         self.store = self.input.store
         self.fields = tuple(fields) if fields is not None else None

@@ -8,9 +8,10 @@ after one was dropped, use the same workers: starting 14 interpreters costs a pa
 loader names what its rows read (`protocol.Source`) and counts its own seconds (`jobs.Tally`).
 
 How long they live: while any loader holds them, then `IDLE_SECONDS` more (a timer thread waits
-for a next loader), then they are stopped; at once where a worker died (a new loader gets a new
-pool). They also end with the interpreter, and within a quarter second of its process going away,
-as before. A process forked from this one never uses its parent's pool.
+for a next loader), then they are stopped; a pool started ahead of its loader (`start_ahead`: a
+folder's, while its index is read) waits the same way until it is taken; at once where a worker
+died (a new loader gets a new pool). They also end with the interpreter, and within a quarter second
+of its process going away, as before. A process forked from this one never uses its parent's pool.
 
 A loader that goes while its shares are still with the workers leaves them to the pool: their rows,
 segments and source stay taken until the workers answered them, so nothing of a new loader's is
@@ -322,6 +323,25 @@ def take(size: int) -> WorkerPool:
     return pool
 
 
+def start_ahead(size: int) -> None:
+    """Start the pool of `size` workers now where none is running, for a loader that takes it later in
+    its constructor (after a folder's index: its workers' 0.2-0.5 s start then runs beside the index);
+    no loader taking it, it is stopped `IDLE_SECONDS` later, as a pool its last loader gave back."""
+    with _registry:
+        pool = _pools.get(size)
+        if pool is not None and pool.healthy():
+            return
+        retired, pool = pool, WorkerPool(size)
+        _pools[size] = pool
+        stop = not _idle_later(pool)
+        if stop:
+            del _pools[size]
+    if retired is not None and retired.users == 0:
+        retired.stop()
+    if stop:
+        pool.stop()
+
+
 def release(pool: WorkerPool, tally: Tally) -> None:
     """The loader counting into `tally` gives `pool` back: its shares are left to the pool; the last
     loader to go starts the idle timer (a pool no new loader may take is stopped at once)."""
@@ -330,22 +350,29 @@ def release(pool: WorkerPool, tally: Tally) -> None:
         pool.users -= 1
         if pool.users > 0 or pool.pid != os.getpid():
             return
-        stop = _pools.get(pool.size) is not pool or not pool.healthy() or IDLE_SECONDS <= 0
-        if not stop:
-            timer = threading.Timer(IDLE_SECONDS, _retire, args=(pool,))
-            timer.daemon = True
-            timer.name = "gpufeed-idle-workers"
-            try:
-                if sys.is_finalizing():
-                    raise RuntimeError("the interpreter is exiting")
-                timer.start()  # (a loader's finalizer run at exit: no thread may start then, from Python 3.12)
-                pool._idle = timer
-            except RuntimeError:
-                stop = True
+        stop = _pools.get(pool.size) is not pool or not pool.healthy() or not _idle_later(pool)
         if stop and _pools.get(pool.size) is pool:
             del _pools[pool.size]
     if stop:  # (outside the registry's lock: stopping waits for the processes)
         pool.stop()
+
+
+def _idle_later(pool: WorkerPool) -> bool:
+    """Start `pool`'s idle timer (under `_registry`): stopped `IDLE_SECONDS` from now unless a loader
+    takes it; False where it can't wait (no idle time; the interpreter exiting)."""
+    if IDLE_SECONDS <= 0:
+        return False
+    timer = threading.Timer(IDLE_SECONDS, _retire, args=(pool,))
+    timer.daemon = True
+    timer.name = "gpufeed-idle-workers"
+    try:
+        if sys.is_finalizing():
+            raise RuntimeError("the interpreter is exiting")
+        timer.start()  # (a loader's finalizer run at exit: no thread may start then, from Python 3.12)
+    except RuntimeError:
+        return False
+    pool._idle = timer
+    return True
 
 
 def _retire(pool: WorkerPool) -> None:
