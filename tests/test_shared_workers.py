@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gc
 import os
+import shutil
 import signal
 import time
 
@@ -272,6 +273,7 @@ def test_a_folder_loader_starts_its_workers_before_it_indexes_the_folder(stores,
     from gpufeed.loader import folder as folder_module
 
     _, _, folder = stores
+    folder_module.FolderStore(folder)  # (its index cached: a cold one is read by processes of its own)
     seen = []
     real = folder_module._list
     monkeypatch.setattr(folder_module, "_list", lambda source, **kw: seen.append(dict(shared._pools)) or real(source, **kw))
@@ -281,8 +283,14 @@ def test_a_folder_loader_starts_its_workers_before_it_indexes_the_folder(stores,
     assert len(_batches(loader)) > 0
     del loader
     gc.collect()
-    (tmp_path / "empty").mkdir()
+    gone = shutil.copytree(folder, tmp_path / "gone")
+    folder_module.FolderStore(gone)
+    for path in gone.rglob("*.jpg"):  # (its index cached, its images deleted since)
+        path.unlink()
     with pytest.raises(gpufeed.sources.SourceError):
-        _loader(tmp_path / "empty", 3)
+        _loader(gone, 3)
     pool = shared._pools[3]
     assert pool.users == 0 and pool._idle is not None and shared.stop_idle() >= 1
+    seen.clear()
+    _loader(shutil.copytree(folder, tmp_path / "cold"), 2)
+    assert seen == [{}]  # a cold index: not started ahead (its index processes take the cores)

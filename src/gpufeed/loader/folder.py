@@ -128,6 +128,12 @@ def _collector_paused() -> Iterator[None]:
             gc.enable()
 
 
+def index_cached(source: str | os.PathLike) -> bool:
+    """Whether an index of the folder, list or tar shards `source` is cached (an open reads no header
+    but those of files changed since)."""
+    return _cache_path(Path(os.fspath(source))).exists()
+
+
 def is_folder_source(path: str | os.PathLike) -> bool:
     """Whether `path` names something to read in place rather than a store."""
     text = os.fspath(path)

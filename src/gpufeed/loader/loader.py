@@ -30,12 +30,13 @@ import torch
 from gpufeed.augment.pipeline import Augment, triton_ahead, triton_ready_at
 from gpufeed.decode.pool import shared
 from gpufeed.decode.pool.segment import unavailable as workers_unavailable
-from gpufeed.decode.scheduling.choice import load_ahead
+from gpufeed.decode.scheduling.choice import check_decoders, load_ahead
 from gpufeed.decode.tuning import Tuning
 from gpufeed.loader.batch import Batch, Skipped
 from gpufeed.loader.clips import Clip
 from gpufeed.loader.feeds import HostGather, device_feed, host_feed
 from gpufeed.loader.fields import FieldRequest, batch_dict
+from gpufeed.loader.folder import index_cached
 from gpufeed.loader.inputs import Input, open_input, reads_in_place
 from gpufeed.loader.jpeg import PREFETCH, JpegPipelines, default_workers, jpeg_feed, jpeg_pipelines, takes_workers
 from gpufeed.loader.planner import Planner
@@ -115,17 +116,27 @@ def _start_ahead(device: str | torch.device, decoders: tuple[str, ...] | None, f
         load_ahead(resolved, decoders)
 
 
-def _workers_ahead(device: str | torch.device, decoders: tuple[str, ...] | None, num_workers: int | None) -> None:
+def _workers_ahead(store: str | os.PathLike, device: str | torch.device, decoders, num_workers, clip) -> None:
     """Start the CPU decode workers a Loader of a folder read in place takes (`shared.start_ahead`)
-    before its folder is listed and indexed, where it takes them (`jpeg.takes_workers`); arguments it
-    refuses are said by the constructor, and a pool no loader takes ends after its idle time."""
+    before it lists the folder and reads its cached index, where it takes them (`jpeg.takes_workers`):
+    not for a cold index (seconds of index processes: the workers' start would only compete with them,
+    and might idle out first), nor where its arguments are refused (said by the constructor). A pool
+    no loader takes ends after its idle time; one that can't start is left to the constructor, which
+    says so and decodes on threads."""
     try:
         resolved = resolve_device(device)
         workers = _workers(num_workers, resolved)
-    except ValueError:
+        if decoders is not None:
+            check_decoders(decoders)
+    except (ValueError, TypeError):
         return
-    if takes_workers(workers, decoders, resolved.type == "cuda") and workers_unavailable() is None:
-        shared.start_ahead(workers)
+    if clip is not None or not index_cached(store) or workers_unavailable() is not None:
+        return
+    if takes_workers(workers, decoders, resolved.type == "cuda"):
+        try:
+            shared.start_ahead(workers)
+        except (RuntimeError, OSError):
+            pass  # (`DecodeWorkers` starts them again, and says why it can't)
 
 
 # how a shuffled order is drawn, in a state's order key: one Philox stream per (seed, epoch)
@@ -472,8 +483,8 @@ class Loader:
         self.tuning = tuning or Tuning()
         in_place = reads_in_place(store)
         _start_ahead(device, decoders, self.tuning.open_ahead and in_place)
-        if in_place:  # (its index takes a while: its decode workers start meanwhile)
-            _workers_ahead(device, decoders, num_workers)
+        if in_place and isinstance(store, (str, Path)):  # (its listing and index take a while: its workers start)
+            _workers_ahead(store, device, decoders, num_workers, clip)
         self.input = open_input(store, cache_dir, cache_limit, storage_options)
         self.store = self.input.store
         self.fields = tuple(fields) if fields is not None else None

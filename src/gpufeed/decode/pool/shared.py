@@ -326,20 +326,31 @@ def take(size: int) -> WorkerPool:
 def start_ahead(size: int) -> None:
     """Start the pool of `size` workers now where none is running, for a loader that takes it later in
     its constructor (after a folder's index: its workers' 0.2-0.5 s start then runs beside the index);
-    no loader taking it, it is stopped `IDLE_SECONDS` later, as a pool its last loader gave back."""
+    no loader taking it, it is stopped `IDLE_SECONDS` later, as a pool its last loader gave back (an
+    idle one running already waits that long again). Nothing where pools never idle (`IDLE_SECONDS`
+    0: the loader starts its own)."""
+    if IDLE_SECONDS <= 0:
+        return
+    retired: list[WorkerPool] = []
     with _registry:
         pool = _pools.get(size)
         if pool is not None and pool.healthy():
-            return
-        retired, pool = pool, WorkerPool(size)
-        _pools[size] = pool
-        stop = not _idle_later(pool)
-        if stop:
+            if pool._idle is None:  # (held by a loader: nothing to do)
+                return
+            pool._idle.cancel()  # (idle: waits its time again from now)
+            pool._idle = None
+        else:
+            if pool is not None and pool.users == 0:  # (a worker gone: stopped, as `take` does)
+                if pool._idle is not None:
+                    pool._idle.cancel()
+                    pool._idle = None
+                retired.append(pool)
+            pool = _pools[size] = WorkerPool(size)
+        if not _idle_later(pool):  # (the interpreter exiting)
             del _pools[size]
-    if retired is not None and retired.users == 0:
-        retired.stop()
-    if stop:
-        pool.stop()
+            retired.append(pool)
+    for stopped in retired:  # (outside the registry's lock: stopping waits for the processes)
+        stopped.stop()
 
 
 def release(pool: WorkerPool, tally: Tally) -> None:

@@ -16,7 +16,8 @@ Lifecycle: the workers are the process's (`shared`): a loader takes running ones
 (no start at all), else they start in the background; until one says `Ready`, `threads` is 0 and
 the scheduler gives the CPU no share (the GPU decoders serve the first batches). A loader gives them
 back at `close()` or when it is garbage-collected; they end `shared.IDLE_SECONDS` after the last
-loader gave them back, when the interpreter exits, or within a quarter second of their process
+loader gave them back (or after they were started ahead of a loader that never took them:
+`shared.start_ahead`), when the interpreter exits, or within a quarter second of their process
 going away, SIGKILL included. A worker that dies is named in one warning; the tickets it held (or
 that nobody can take any more) are decoded on threads, and the others go on.
 
