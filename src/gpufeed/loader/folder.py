@@ -170,7 +170,6 @@ class FolderStore:
             upright = os.fspath(self.upright)
             sizes, files = listing.sizes, listing.files
             keys: list[str | None] = [None] * len(files)
-            stats: list[str] = []  # each image's file's stat key
             looks = np.empty((len(files), 5), np.int64)  # each image's file's look, as its key says
             if warm:
                 looks = listing.looks if listing.looks is not None else _looks(listing)
@@ -178,18 +177,17 @@ class FolderStore:
                 if served is not None:  # nothing changed since it was kept: served as it was
                     self._serve(listing, served, functools.partial(_key, listing, looks), upright, newly=0)
                     return
-                stats = [headers.look_key(look) for look in looks.tolist()]
-                keys[:] = [f"{name}|{stat}" for name, stat in zip(listing.names, stats)]
+                keys[:] = [headers.index_key(name, look) for name, look in zip(listing.names, looks.tolist())]
             # (an index another rank wrote while this open listed the folder is not taken: its files
             # were not looked at)
             cached = _load(cache_path) if warm else {}
 
             def made_now(k: int) -> str:
-                return os.path.join(upright, headers.upright_name(keys[k]))  # type: ignore[arg-type]
+                return headers.upright_path(upright, keys[k])  # type: ignore[arg-type]
 
             # a cold build (no entries): each file's stat is taken as it is opened
             fresh = (
-                [k for k, key in enumerate(keys) if not _fits(cached.get(key), sizes[k], stats[k], made_now, k)]
+                [k for k, key in enumerate(keys) if not _fits(cached.get(key), sizes[k], int(looks[k, 0]), made_now, k)]
                 if cached
                 else list(range(len(files)))
             )
@@ -270,22 +268,17 @@ class FolderStore:
         everything = len(kept) == len(listed)
         self._names = listed if everything else [listed[k] for k in kept]
         if any(again):
-            where_read = [
-                os.path.join(upright, headers.upright_name(key(k))) if a else listing.files[k]
-                for k, a in zip(kept, again)
-            ]
+            where_read = [headers.upright_path(upright, key(k)) if a else listing.files[k] for k, a in zip(kept, again)]
         else:
             where_read = listing.files if everything else [listing.files[k] for k in kept]
         # (in the listing's order; a tar shard holds many images, a walked folder's files one each, and
         # their re-encoded copies are named by their keys)
-        files = where_read if listing.unique_files else list(dict.fromkeys(where_read))
         n = len(kept)
-        self._files = np.array(files, dtype=object)
-        if len(files) == n:  # a file an image: each its own
-            self._file_of = np.arange(n, dtype=np.int64)
+        if listing.unique_files:  # a file an image: each its own
+            files, self._file_of = where_read, np.arange(n, dtype=np.int64)
         else:
-            where = {f: j for j, f in enumerate(files)}
-            self._file_of = np.fromiter((where[f] for f in where_read), np.int64, n)
+            files, self._file_of = _numbered(where_read)
+        self._files = np.array(files, dtype=object)
         self._begins = np.where(served.again, 0, np.asarray(listing.begins, np.int64)[served.kept])
         self.shapes, self._sizes = served.hwb[:, :2], served.hwb[:, 2].copy()
         self._labels = np.asarray(listing.labels, np.int64)[served.kept]
@@ -414,15 +407,17 @@ def _list(source: str, look: bool) -> _Listing:
         walked = walk_folder(Path(source), apart=functools.partial(_apart, source, look))
         listing = _Listing(classes=walked.classes)
         names, labels, skipped = listing.names, listing.labels, listing.skipped
-        for run in walked.runs:
-            paths = _paths(run)
-            if len(paths) < len(run.found):
+        paths = [run.paths() for run in walked.runs]
+        for run, found in zip(walked.runs, paths):
+            if len(found) < len(run.found):
                 skipped += [{"path": f.name, "reason": f.reason} for f in run.found if isinstance(f, Skip) and f.fatal]
-            names += paths
-            labels += [run.label] * len(paths)
+            names += found
+            labels += [run.label] * len(found)
         listing.files, listing.unique_files = list(names), True  # (a file an image, named by its path)
         if look and any(run.looks is not None for run in walked.runs):  # (runs walked here: looked at here)
-            looks = [run.looks if run.looks is not None else headers.file_looks(_paths(run)) for run in walked.runs]
+            looks = [
+                run.looks if run.looks is not None else headers.file_looks(p) for run, p in zip(walked.runs, paths)
+            ]
             listing.looks = np.concatenate(looks)
     else:
         src = open_source(source)
@@ -439,10 +434,6 @@ def _list(source: str, look: bool) -> _Listing:
     n = len(listing.files)
     listing.begins, listing.sizes = [0] * n, [-1] * n
     return listing
-
-
-def _paths(run: Run) -> list[str]:
-    return [f for f in run.found if type(f) is str]
 
 
 def _apart(source: str, look: bool, folders: list[str]) -> list[Run] | None:
@@ -545,8 +536,8 @@ def _fingerprint(names: list[str], looks: np.ndarray) -> bytes:
 
 
 def _key(listing: _Listing, looks: np.ndarray, k: int) -> str:
-    """Image `k`'s index key: its name and its file's `headers.stat_key`."""
-    return f"{listing.names[k]}|{headers.look_key(looks[k])}"
+    """Image `k`'s index key (`headers.index_key`)."""
+    return headers.index_key(listing.names[k], looks[k].tolist())
 
 
 def _save_served(path: Path, served: _Served) -> None:
@@ -576,12 +567,17 @@ def _save_served(path: Path, served: _Served) -> None:
 def _looks(listing: _Listing) -> np.ndarray:
     """Each listed image's file's look (`headers.file_looks`), each file looked at once (a tar shard
     holds many images; a file a walked folder lists is its only image's)."""
-    files = listing.files
     if listing.unique_files:
-        return headers.file_looks(files)
-    unique = list(dict.fromkeys(files))
-    where = {f: j for j, f in enumerate(unique)}
-    return headers.file_looks(unique)[np.fromiter((where[f] for f in files), np.int64, len(files))]
+        return headers.file_looks(listing.files)
+    unique, number = _numbered(listing.files)
+    return headers.file_looks(unique)[number]
+
+
+def _numbered(items: list[str]) -> tuple[list[str], np.ndarray]:
+    """The distinct `items` in the order they first come, and each item's number among them."""
+    where: dict[str, int] = {}
+    number = np.fromiter((where.setdefault(x, len(where)) for x in items), np.int64, len(items))
+    return list(where), number
 
 
 def _load_served(path: Path, listing: _Listing, looks: np.ndarray, upright: str) -> _Served | None:
@@ -625,7 +621,7 @@ def _load_served(path: Path, listing: _Listing, looks: np.ndarray, upright: str)
     try:
         member[whole] = looks[kept[whole], 0]  # (-1 for a file gone: no image has that many bytes)
         for j in np.flatnonzero(again).tolist():
-            member[j] = os.stat(os.path.join(upright, headers.upright_name(_key(listing, looks, int(kept[j]))))).st_size
+            member[j] = os.stat(headers.upright_path(upright, _key(listing, looks, int(kept[j])))).st_size
     except (OSError, ValueError):
         return None
     if not np.array_equal(member, got):
@@ -633,24 +629,19 @@ def _load_served(path: Path, listing: _Listing, looks: np.ndarray, upright: str)
     return _Served(kept, hwb, again, dropped, reasons, fingerprint)
 
 
-def _stat_bytes(stat: str) -> int:
-    """A file's bytes, from its `headers.stat_key` (ValueError for "missing")."""
-    return int(stat.split(":", 1)[0])
-
-
 def _reencoded(entry: list[int] | str) -> bool:
     return isinstance(entry, list) and len(entry) == 4
 
 
-def _fits(entry: object, size: int, stat: str, made: Callable[[int], str], k: int) -> bool:
+def _fits(entry: object, size: int, file_bytes: int, made: Callable[[int], str], k: int) -> bool:
     """Whether a cached entry can stand for image `k` (`size` bytes at its place in a tar shard, -1: a
-    whole file of stat `stat`) without reading its header again: a reason it was not served, or
+    whole file of `file_bytes`; the file missing: -1) without reading its header again: a reason it was not served, or
     [height, width, bytes] of ints (a 1 after them if re-encoded) with the bytes the file or member has
     (or its re-encoded copy, at `made(k)`, has), sides a JPEG can have, and no more pixels than those
     bytes can encode. Anything else in the cache is read again from the image, not trusted."""
     if isinstance(entry, str):
         return True
-    if type(entry) is not list or stat == "missing":
+    if type(entry) is not list or file_bytes < 0:
         return False
     if len(entry) == 3:
         h, w, got = entry
@@ -670,7 +661,7 @@ def _fits(entry: object, size: int, stat: str, made: Callable[[int], str], k: in
         except OSError:
             return False
     else:
-        expected = size if size >= 0 else _stat_bytes(stat)
+        expected = size if size >= 0 else file_bytes
     return got == expected and 1 <= h <= JPEG_MAX_SIDE and 1 <= w <= JPEG_MAX_SIDE and h * w <= PIXELS_PER_BYTE * got
 
 

@@ -34,6 +34,10 @@ class Run:
     dirs: list[tuple[int, int]] = field(default_factory=list)
     looks: np.ndarray | None = None
 
+    def paths(self) -> list[str]:
+        """Its images' paths, in order (what it found but the skips)."""
+        return [f for f in self.found if type(f) is str]
+
 
 def walk_run(directory: str, exts: frozenset[str], what: str) -> Run:
     """The run of one class folder walked on its own (no folder seen before it), with its folders."""
@@ -120,11 +124,7 @@ def _walk(directory: str, seen: set[tuple[int, int]], exts: frozenset[str], out:
         if name.startswith("."):
             out.append(Skip(entry.path, "hidden file or folder (dotfile)", fatal=False))
             continue
-        try:
-            is_dir = entry.is_dir()  # following links; one that cannot resolve is not
-        except OSError:
-            is_dir = False
-        if is_dir:
+        if _is_dir(entry):
             _walk(entry.path, seen, exts, out, what)
             continue
         _, dot, ext = name.rpartition(".")  # (os.path.splitext takes three times as long)

@@ -10,6 +10,7 @@ import io
 import os
 import stat as stat_module
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -37,18 +38,17 @@ LONG_HEADER_BYTES = 1 << 18
 TAIL_BYTES = 1 << 12  # a JPEG's last bytes, where its end-of-image marker is (else read whole: a long trailer)
 
 
-def stat_key(st: os.stat_result | None) -> str:
-    """What a cached entry is for: the file's size, modification and change times, device and inode
-    (an index copied from elsewhere, or made before the file was replaced, matches none of it)."""
-    return "missing" if st is None else f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_dev}:{st.st_ino}"
-
-
 MISSING_LOOK = (-1, -1, -1, -1, -1)  # a file that can't be looked at (its key: "missing")
 _WRAP = 1 << 64  # a device or inode number above int64's (dev_t and ino_t are unsigned) wraps, losing nothing
 
 
+def _signed(v: int) -> int:
+    """`v` as int64 holds it (a device or inode number of 2^63 or more wrapped; `look_key` undoes it)."""
+    return v - _WRAP if v >= _WRAP >> 1 else v
+
+
 def file_looks(paths) -> np.ndarray:
-    """Each file's look (what `stat_key` names, as int64: bytes, modification and change times in ns,
+    """Each file's look (what `look_key` writes, as int64: bytes, modification and change times in ns,
     device, inode; `MISSING_LOOK` where it can't be looked at), [len(paths), 5], in one pass: a folder
     read in place looks at every file at each open (threads took longer: each stat hands the GIL over
     twice; a key string a file took a third of the time again)."""
@@ -64,13 +64,25 @@ def file_looks(paths) -> np.ndarray:
     try:
         return np.array(rows, np.int64).reshape(len(rows), 5)
     except OverflowError:  # (a device or inode number of 2^63 or more)
-        return np.array([[v - _WRAP if v >= _WRAP >> 1 else v for v in row] for row in rows], np.int64)
+        return np.array([[_signed(v) for v in row] for row in rows], np.int64)
 
 
-def look_key(look) -> str:
-    """`stat_key` of a file from its look (a row of `file_looks`)."""
-    size, mtime, ctime, dev, ino = (int(v) for v in look)
+def index_key(name: str, look: Sequence[int]) -> str:
+    """What a cached entry is for: the image's name and its file's look (`look_key`)."""
+    return f"{name}|{look_key(look)}"
+
+
+def look_key(look: Sequence[int]) -> str:
+    """A file's look as text: its size, modification and change times, device and inode (an index
+    copied from elsewhere, or made before the file was replaced, matches none of it); "missing" for
+    `MISSING_LOOK`. `look`: Python ints (a row of `file_looks(...).tolist()`, or `look_of`)."""
+    size, mtime, ctime, dev, ino = look
     return "missing" if size < 0 else f"{size}:{mtime}:{ctime}:{dev % _WRAP}:{ino % _WRAP}"
+
+
+def upright_path(upright: str, key: str) -> str:
+    """Where the image of index key `key` is kept re-encoded: in the folder `upright`, named by its key."""
+    return os.path.join(upright, upright_name(key))
 
 
 def upright_name(key: str) -> str:
@@ -107,15 +119,7 @@ class Indexed(NamedTuple):
 
 def look_of(st: os.stat_result) -> Look:
     """A file's look (`file_looks`' row) from its stat."""
-    top = _WRAP >> 1
-    dev, ino = st.st_dev, st.st_ino
-    return (
-        st.st_size,
-        st.st_mtime_ns,
-        st.st_ctime_ns,
-        dev - _WRAP if dev >= top else dev,
-        ino - _WRAP if ino >= top else ino,
-    )
+    return st.st_size, st.st_mtime_ns, st.st_ctime_ns, _signed(st.st_dev), _signed(st.st_ino)
 
 
 def entry(job: Job) -> Indexed:
@@ -129,10 +133,10 @@ def entry(job: Job) -> Indexed:
         if key is not None:
             return Indexed(why, key, look)
         try:
-            st = os.stat(job.file)
+            now = look_of(os.stat(job.file))
         except OSError:
-            return Indexed(why, f"{job.name}|missing", MISSING_LOOK)
-        return Indexed(why, f"{job.name}|{stat_key(st)}", look_of(st))
+            now = MISSING_LOOK
+        return Indexed(why, index_key(job.name, now), now)
 
     try:
         fd = os.open(job.file, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO named like an image would block
@@ -141,7 +145,8 @@ def entry(job: Job) -> Indexed:
     try:
         st = os.fstat(fd)
         if key is None:
-            key, look = f"{job.name}|{stat_key(st)}", look_of(st)
+            look = look_of(st)
+            key = index_key(job.name, look)
         if not stat_module.S_ISREG(st.st_mode):  # a FIFO or device would block or never end
             return Indexed(f"unreadable: {job.file}: not a regular file (a FIFO, device or socket)", key, look)
         # only its head and tail are read: the kernel's read-ahead would fetch the rest from disk too
@@ -181,7 +186,7 @@ def _entry(fd: int, size: int, begin: int, upright: str, key: str) -> list[int] 
         return _cut_short(fd, begin, size, head) or [h, w, size]
     if len(head) < size:
         head = os.pread(fd, size, begin)
-    return reencode(head, Path(upright) / upright_name(key))
+    return reencode(head, Path(upright_path(upright, key)))
 
 
 def _cut_short(fd: int, begin: int, size: int, head: bytes, scan: int | str | None = None) -> str | None:

@@ -52,15 +52,13 @@ def entries(jobs: Sequence[Job], processes: int) -> list[Indexed]:
     more overlap a cold cache's reads). Raises IndexFailed, naming the process, where one ends
     without its entries."""
     threads = max(1, IN_FLIGHT // max(1, processes))
-    step = -(-len(jobs) // max(1, processes))
-    runs = [list(jobs[a : a + step]) for a in range(0, len(jobs), step)]
     # what of Pillow's state decides an entry goes with the request (its plugins can't: the caller
     # indexes again what the processes' Pillow did not identify)
     pillow: dict[str, Any] = {
         "MAX_IMAGE_PIXELS": Image.MAX_IMAGE_PIXELS,
         "LOAD_TRUNCATED_IMAGES": ImageFile.LOAD_TRUNCATED_IMAGES,
     }
-    answers = _answered([Request.of(pillow, run) for run in runs], threads)
+    answers = _answered([Request.of(pillow, run) for run in _parts(list(jobs), processes)], threads)
     return [Indexed(e, k, look) for got in answers for e, k, look in zip(got.entries, got.keys, got.looks)]
 
 
@@ -69,10 +67,14 @@ def walk(folders: list[str], exts: frozenset[str], skipped_as: str, processes: i
     `processes` processes at once, a contiguous part each, and where `look`, each path's look
     (`headers.file_looks`): the walk and the looks of ImageNet's 1.28M files are Python a file, on
     one core ~6 s. Raises IndexFailed as `entries` does."""
-    step = -(-len(folders) // max(1, processes))
-    parts = [folders[a : a + step] for a in range(0, len(folders), step)]
-    answers = _answered([Walk(part, sorted(exts), skipped_as, look) for part in parts], 1)
+    answers = _answered([Walk(part, sorted(exts), skipped_as, look) for part in _parts(folders, processes)], 1)
     return [run for got in answers for run in got.runs]
+
+
+def _parts(items: list, processes: int) -> list[list]:
+    """`items` in at most `processes` contiguous parts of the same length (the last shorter)."""
+    step = -(-len(items) // max(1, processes))
+    return [items[a : a + step] for a in range(0, len(items), step)]
 
 
 def _answered(requests: list, threads: int) -> list:
@@ -174,7 +176,7 @@ class Walk:
                     if not self.look
                     else isinstance(run.looks, np.ndarray)
                     and run.looks.dtype == np.int64
-                    and run.looks.shape == (sum(type(f) is str for f in run.found), 5)
+                    and run.looks.shape == (len(run.paths()), 5)
                 )
                 for run in got.runs
             )
@@ -216,7 +218,7 @@ def main() -> None:
         runs = [walk_run(folder, exts, request.skipped_as) for folder in request.folders]
         if request.look:
             for run in runs:
-                run.looks = headers.file_looks([f for f in run.found if type(f) is str])
+                run.looks = headers.file_looks(run.paths())
         answer: object = named.WalkedRuns(runs)
     else:
         answer = _entries(request, named)
