@@ -315,9 +315,7 @@ def take(size: int) -> WorkerPool:
             pool = _pools[size] = WorkerPool(size)
         pool.users += 1
         pool.taken += 1
-        if pool._idle is not None:
-            pool._idle.cancel()
-            pool._idle = None
+        _not_idle(pool)
     if retired is not None:  # (outside the registry's lock: stopping waits for the processes)
         retired.stop()
     return pool
@@ -337,13 +335,10 @@ def start_ahead(size: int) -> None:
         if pool is not None and pool.healthy():
             if pool._idle is None:  # (held by a loader: nothing to do)
                 return
-            pool._idle.cancel()  # (idle: waits its time again from now)
-            pool._idle = None
+            _not_idle(pool)  # (idle: waits its time again from now)
         else:
             if pool is not None and pool.users == 0:  # (a worker gone: stopped, as `take` does)
-                if pool._idle is not None:
-                    pool._idle.cancel()
-                    pool._idle = None
+                _not_idle(pool)
                 retired.append(pool)
             pool = _pools[size] = WorkerPool(size)
         if not _idle_later(pool):  # (the interpreter exiting)
@@ -386,6 +381,13 @@ def _idle_later(pool: WorkerPool) -> bool:
     return True
 
 
+def _not_idle(pool: WorkerPool) -> None:
+    """Cancel `pool`'s idle timer, if it runs (under `_registry`)."""
+    if pool._idle is not None:
+        pool._idle.cancel()
+        pool._idle = None
+
+
 def _retire(pool: WorkerPool) -> None:
     """The idle timer ran out: stop `pool` unless a loader took it meanwhile."""
     with _registry:
@@ -403,9 +405,7 @@ def stop_idle() -> int:
         idle = [p for p in _pools.values() if p.users == 0]
         for pool in idle:
             del _pools[pool.size]
-            if pool._idle is not None:
-                pool._idle.cancel()
-                pool._idle = None
+            _not_idle(pool)
     for pool in idle:
         pool.stop()
     return len(idle)
