@@ -135,6 +135,14 @@ def _without_packets(store_path):
     return copy
 
 
+def _skip_other_way(default):
+    """`default` with `skip_nonref` the other way: every frame decoded where the default skips those it
+    may (None: where pack checked them), else every H.264 video's skipped."""
+    from dataclasses import replace
+
+    return replace(default, skip_nonref=default.skip_nonref is False)
+
+
 def _pyav_clips(store, clips: int, frames: int, stride: int) -> float:
     """Clips/s of plain PyAV in this thread: open, seek to the keyframe before, decode, keep the frames."""
     from gpufeed.decode.codecs.video import ClipRequest, decode_clip
@@ -272,7 +280,7 @@ def main(argv: list[str] | None = None) -> dict:
         default = Tuning()
         decode_rows = [(w, None, default, store, clip) for w in dict.fromkeys(counts)]
         # the first count with `skip_nonref` the other way: frames decoded a clip and clips/s
-        decode_rows.insert(1, (counts[0], None, Tuning(skip_nonref=not default.skip_nonref), store, clip))
+        decode_rows.insert(1, (counts[0], None, _skip_other_way(default), store, clip))
         containers = Store(_without_packets(store_path)) if a.containers else None
         if containers is not None:  # the first count, each clip through its container (as packed before the index)
             decode_rows.insert(1, (counts[0], None, default, containers, clip))
@@ -523,7 +531,7 @@ def _train(a, store, containers, device, sync, runs, rows, r: int) -> None:
     default = Tuning()
     settings = [(counts[0], default), (counts[0], Tuning(carry=False))]
     settings += [(counts[0], Tuning(decode_nice=int(n))) for n in a.nice.split(",") if a.nice]
-    settings += [(counts[0], Tuning(skip_nonref=not default.skip_nonref))]
+    settings += [(counts[0], _skip_other_way(default))]
     settings += [(w, default) for w in counts[1:]]
     settings = [(w, t, None, store) for w, t in settings]
     if a.nvdec:

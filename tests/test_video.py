@@ -531,6 +531,7 @@ def test_the_command_line_packs_and_inspects_videos(videos: Path, tmp_path: Path
     assert main(["inspect", str(tmp_path / "s")]) == 0
     out = capsys.readouterr().out
     assert "video frames, 48-48 x 64-64 px" in out and "from packets alone: 6 h264" in out
+    assert "videos whose unreferenced frames a clip skips: 6 of 6" in out
     assert main(["inspect", str(_without_packets(tmp_path / "s", tmp_path / "old"))]) == 0
     assert "every video through its container" in capsys.readouterr().out
     with pytest.raises(SystemExit) as stop:
@@ -740,6 +741,66 @@ def test_frames_a_clip_does_not_hold_and_none_refers_to_are_not_decoded(tmp_path
         counts.append(loader.stats()["video"]["frames_decoded"])
         loader.close()
     assert counts[1] < counts[0], counts
+
+
+def test_a_loader_skips_unreferenced_frames_only_in_the_videos_pack_checked(tmp_path: Path):
+    """Pack decodes each H.264 video a second time with the frames it marks unreferenced skipped, and
+    keeps whether every other frame came out as the whole decode gave it (nonref.i64,
+    `VideoIndex.nonref_exact`). A Loader's default (`Tuning.skip_nonref` None) skips them in those
+    videos alone: in a store packed so, as many frames decoded as with `skip_nonref=True`; where the
+    store says no video was checked (a store packed before, or checks that failed), every frame, as
+    `skip_nonref=False`. The clips are the same pixels each way."""
+    import json
+    import shutil
+
+    from gpufeed import StoreError
+    from gpufeed.sources import videos as sources
+
+    synth.make_video_folder(tmp_path / "v", per_class=2, classes=1, frames=(64, 64), height=64, width=96, gop=32)
+    pack(tmp_path / "v", tmp_path / "s", mode="video", progress=False, workers=1)
+    s = Store(tmp_path / "s")
+    assert [s.video(i).nonref_exact for i in range(len(s))] == [True, True]
+    unchecked = tmp_path / "unchecked"  # as if each video's check had failed
+    shutil.copytree(tmp_path / "s", unchecked)
+    np.zeros(2, "<i8").tofile(unchecked / "nonref.i64")
+    before = tmp_path / "before"  # as a gpufeed before the check packed it
+    shutil.copytree(tmp_path / "s", before)
+    manifest = json.loads((before / "manifest.json").read_text())
+    del manifest["files"]["nonref.i64"]
+    (before / "nonref.i64").unlink()
+    (before / "manifest.json").write_text(json.dumps(manifest))
+
+    def run(path: Path, skip: bool | None) -> tuple[list[torch.Tensor], int]:
+        loader = Loader(path, batch_size=2, device="cpu", shuffle=False, drop_last=False, num_workers=1,
+                        clip=Clip(frames=12, stride=2, clips_per_video=3),
+                        tuning=Tuning(skip_nonref=skip, carry=False))
+        clips = [images.clone() for images, _ in loader]
+        decoded = loader.stats()["video"]["frames_decoded"]
+        loader.close()
+        return clips, decoded
+
+    every, whole = run(tmp_path / "s", False)
+    trusted, fewer = run(tmp_path / "s", True)
+    assert fewer < whole, (fewer, whole)
+    for path, expected in ((tmp_path / "s", fewer), (unchecked, whole), (before, whole)):
+        clips, decoded = run(path, None)
+        assert decoded == expected, (path.name, decoded, expected)
+        assert all(torch.equal(a, b) for a, b in zip(clips, every)) and len(clips) == len(every) == 3
+    assert all(torch.equal(a, b) for a, b in zip(trusted, every))
+
+    data = bytes(s.data[int(s.offsets[0]) : int(s.offsets[1])])
+    digests: dict[int, int] = {}
+    with av.open(io.BytesIO(data)) as c:
+        for frame in c.decode(video=0):
+            digests[frame.pts] = sources._digest(frame)
+    assert sources._skips_exactly(av, data, digests)
+    changed = dict(digests)
+    changed[min(digests)] ^= 1  # a referenced frame (the first, a keyframe) that would come out otherwise
+    assert not sources._skips_exactly(av, data, changed)
+
+    np.array([1, 2], "<i8").tofile(unchecked / "nonref.i64")
+    with pytest.raises(StoreError, match="nonref.i64: entry 1 is not 0 or 1"):
+        Store(unchecked)
 
 
 def test_a_lists_columns_are_each_clips_fields(videos: Path, tmp_path: Path):

@@ -36,9 +36,11 @@ class Tuning:
     decode_nice: int = 10
     # a video clip's decode skips the frames outside the clip that no frame refers to (FFmpeg's
     # skip_frame NONREF, H.264 only): 20 % more clips/s decoding alone on a 16-core H100 host, the same
-    # training rate there (docs/benchmarks.md, "Video clips", D). Off: it trusts each stream's marks of
-    # which frames are referenced, which a careless encoder can get wrong
-    skip_nonref: bool = False
+    # training rate there (docs/benchmarks.md, "Video clips", D). None: for the videos whose marks pack
+    # checked (it decoded them again so and got every other frame the same: `VideoIndex.nonref_exact`),
+    # so a stream whose marks are wrong decodes whole; True: every H.264 video, trusting its marks;
+    # False: none
+    skip_nonref: bool | None = None
     # threads decoding a video store's clips on the GPU's engines (`decoders=("nvdec", ...)`): TorchCodec's
     # beta backend in one process gave 305-313 clips/s on 8 threads, 305-372 on 16 (decode.codecs.nvdec)
     nvdec_threads: int = 8

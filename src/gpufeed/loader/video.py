@@ -221,7 +221,7 @@ class VideoClips:
         batch_size: int,
         niceness: int = 0,
         nvdec: NvdecSide | None = None,
-        skip_nonref: bool = False,
+        skip_nonref: bool | None = None,
     ):
         self.store, self.clip, self.seed, self.device = store, clip, seed, device
         self.skip_nonref = skip_nonref  # (`Tuning.skip_nonref`)
@@ -303,7 +303,7 @@ class VideoClips:
             frames - k0,
             at,
             whole=k0 == 0,
-            skip_nonref=self.skip_nonref,
+            skip_nonref=index.nonref_exact if self.skip_nonref is None else self.skip_nonref,
             packets=clip_packets(index, k0, int(frames.max())),
         )
 

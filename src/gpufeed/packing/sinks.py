@@ -174,6 +174,7 @@ class VideoSink(JpegSink):
         self.timing: array = array("q")
         self.packets: array = array("q")
         self.decoding: array = array("q")
+        self.nonref: array = array("q")
 
     def add_video(self, label: int, encoded: bytes, index: VideoIndex, clip: tuple[int, int], source: str) -> None:
         """Video `encoded` (`index`: its frames), its clips taken from frames [clip[0], clip[1])."""
@@ -189,6 +190,7 @@ class VideoSink(JpegSink):
         else:
             self.packets.extend(index.packet_at.astype(np.int64).tolist())
             self.decoding.extend([fmt.VIDEO_DECODERS.index(index.codec), *index.extradata])
+        self.nonref.append(int(index.nonref_exact))
 
     def finish(self) -> dict[str, dict[str, object]]:
         w = self.work
@@ -201,4 +203,5 @@ class VideoSink(JpegSink):
             fmt.VIDEO_TIMING: write_array(w / fmt.VIDEO_TIMING, np.asarray(self.timing, dtype="<i8")),
             fmt.VIDEO_PACKETS: write_array(w / fmt.VIDEO_PACKETS, np.asarray(self.packets, dtype="<i8")),
             fmt.VIDEO_DECODING: write_array(w / fmt.VIDEO_DECODING, np.asarray(self.decoding, dtype="<i8")),
+            fmt.VIDEO_NONREF: write_array(w / fmt.VIDEO_NONREF, np.asarray(self.nonref, dtype="<i8")),
         }

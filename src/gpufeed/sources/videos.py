@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import math
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from fractions import Fraction
@@ -94,6 +95,7 @@ def index_video(data: bytes | memoryview, max_frames: int = MAX_VIDEO_FRAMES) ->
         last = -1  # (the last packet's offset)
         first: tuple[int, int, int] | None = None  # the first packet's offset, bytes and pts
         reference: tuple | None = None  # the container's frame of it (`_picture`), which it must give alone
+        digests: dict[int, int] | None = {} if codec == "h264" else None  # each frame's (`_skips_exactly`)
         pts: list[int] = []
         keys: list[bool] = []
         height = width = 0
@@ -122,6 +124,8 @@ def index_video(data: bytes | memoryview, max_frames: int = MAX_VIDEO_FRAMES) ->
                         )
                     pts.append(frame.pts)
                     keys.append(bool(frame.key_frame))
+                    if digests is not None:
+                        digests[frame.pts] = _digest(frame)
                     if reference is None and first is not None and frame.pts == first[2]:
                         reference = _picture(frame)
         except av.FFmpegError as e:
@@ -141,6 +145,7 @@ def index_video(data: bytes | memoryview, max_frames: int = MAX_VIDEO_FRAMES) ->
     extradata = _extradata_at(data, extra) if every else None
     if extradata is not None and not _decodes_alone(av, codec, data, extradata, first, reference):
         extradata = None
+    exact = digests is not None and len(digests) == len(pts) and _skips_exactly(av, data, digests)
     return VideoIndex(
         pts=ordered,
         keyframe=keyframe,
@@ -152,7 +157,43 @@ def index_video(data: bytes | memoryview, max_frames: int = MAX_VIDEO_FRAMES) ->
         stream=number,
         packet_at=None if extradata is None else np.asarray([at[int(p)] for p in ordered], np.int64),  # type: ignore[index]
         extradata=extradata or (0, 0),
+        nonref_exact=exact,
     )
+
+
+def _digest(frame) -> int:
+    """A checksum of a decoded frame's pixels (each plane's, without its rows' padding, which holds
+    whatever the decoder's buffer held before); -1 where its planes can't be read so."""
+    picture = _picture(frame)
+    if picture is None:
+        return -1
+    crc = zlib.crc32(f"{picture[0]} {picture[1]}".encode())
+    for plane in picture[2]:
+        crc = zlib.crc32(plane, crc)
+    return crc
+
+
+def _skips_exactly(av, data: bytes | memoryview, digests: dict[int, int]) -> bool:
+    """Whether decoding the H.264 video `data` with every frame it marks unreferenced skipped (FFmpeg's
+    `skip_frame` NONREF, nal_ref_idc 0) gives each frame it still decodes as the whole decode gave it
+    (`digests`, by pts): then a clip's decode may skip any of them it does not hold
+    (`decode.codecs.video`, `Tuning.skip_nonref`), its frames the same. A conforming stream refers to
+    no such frame, and FFmpeg keeps none as a reference; this checks the stream and the decoder
+    rather than trusting its marks. One more decode at pack time, of the referenced frames only."""
+    try:
+        with _first_video(av, data) as (container, stream):
+            stream.codec_context.thread_count = 1
+            stream.codec_context.skip_frame = "NONREF"
+            seen = 0
+            for packet in container.demux(stream):
+                for frame in packet.decode():
+                    digest = _digest(frame)
+                    if frame.pts is None or digest == -1 or digests.get(frame.pts) != digest:
+                        return False
+                    seen += 1
+    except (av.FFmpegError, VideoError, ValueError):
+        return False
+    return seen > 0
 
 
 def _picture(frame) -> tuple | None:

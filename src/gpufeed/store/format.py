@@ -44,6 +44,11 @@ A store is a directory::
                                           extradata, its byte offset and length in the video's file
                                           (0, 0: none); a decoder of -1: the video is decoded through
                                           its container (its packets' offsets are -1)
+    and optionally (alone; stores packed before it lack it: none is skipped), which videos' frames may
+    be skipped where a clip does not hold them and H.264 marks them unreferenced (`Tuning.skip_nonref`):
+      nonref.i64      int64[N]            1 where pack decoded the video again without those frames and
+                                          every other frame came out the same (`VideoIndex.nonref_exact`),
+                                          else 0
 
 A sample's masks are k planes of the stored image's h x w pixels: one label map (k = 1, the spec's
 "instances" false) or one 0/1 mask per instance (instances true, any k, in step with the sample's
@@ -114,6 +119,7 @@ VIDEO_FRAME_OFFSETS = "frame_offsets.i64"
 VIDEO_TIMING = "timing.i64"
 VIDEO_PACKETS = "packets.i64"
 VIDEO_DECODING = "decoding.i64"
+VIDEO_NONREF = "nonref.i64"
 VIDEO_FRAME_COLUMNS = 3  # pts, keyframe, packet bytes
 VIDEO_TIMING_COLUMNS = 5  # time base numerator, denominator, stream index, first frame, end frame
 VIDEO_DECODING_COLUMNS = 3  # decoder, extradata offset, extradata bytes
@@ -135,6 +141,7 @@ DTYPES: dict[str, np.dtype] = {
     VIDEO_TIMING: np.dtype("<i8"),
     VIDEO_PACKETS: np.dtype("<i8"),
     VIDEO_DECODING: np.dtype("<i8"),
+    VIDEO_NONREF: np.dtype("<i8"),
 }
 
 
@@ -325,6 +332,8 @@ class Manifest:
         expected = data_files(self.mode, self.version, self.fields)
         if self.mode == "video" and (VIDEO_PACKETS in self.files or VIDEO_DECODING in self.files):
             expected += (VIDEO_PACKETS, VIDEO_DECODING)  # (optional, both or neither: the module's docstring)
+        if self.mode == "video" and VIDEO_NONREF in self.files:
+            expected += (VIDEO_NONREF,)  # (optional, alone)
         missing = [n for n in expected if n not in self.files]
         if missing:
             raise StoreError(f"{path}: manifest lists no entry for {', '.join(missing)}")
@@ -389,6 +398,8 @@ class Manifest:
             }
             if VIDEO_DECODING in self.files:
                 sources |= {VIDEO_PACKETS: None, VIDEO_DECODING: n * VIDEO_DECODING_COLUMNS * 8}
+            if VIDEO_NONREF in self.files:
+                sources[VIDEO_NONREF] = n * 8
         return {JPEG_DATA: None, JPEG_OFFSETS: (n + 1) * 8, JPEG_SHAPES: n * 8, LABELS: n * 8, **sources}
 
 
@@ -487,8 +498,9 @@ class VideoIndex:
     (bool) and `packet_bytes`; the frame size, the codec and the stream's index in its container;
     where its packets can be decoded without the container (`codec` one of VIDEO_DECODERS), each
     frame's packet's byte offset in the file (`packet_at`) and the codec's `extradata` (offset,
-    length; (0, 0): none), else None. What packing finds in a video file
-    (`sources.videos.index_video`) and a video store's rows of it give back (`store.reader.Store.video`)."""
+    length; (0, 0): none), else None; whether its unreferenced frames can be skipped (`nonref_exact`).
+    What packing finds in a video file (`sources.videos.index_video`) and a video store's rows of it
+    give back (`store.reader.Store.video`)."""
 
     pts: np.ndarray
     keyframe: np.ndarray
@@ -500,6 +512,10 @@ class VideoIndex:
     stream: int
     packet_at: np.ndarray | None = None
     extradata: tuple[int, int] = (0, 0)
+    # H.264 whose frames marked unreferenced were skipped in a second decode at pack time, every other
+    # frame then as the whole decode gave it: a clip's decode may skip those it does not hold
+    # (`sources.videos._skips_exactly`, `Tuning.skip_nonref`)
+    nonref_exact: bool = False
 
     def __len__(self) -> int:
         return len(self.pts)

@@ -237,6 +237,11 @@ class Store(Described):
         self.decoding: np.ndarray | None = None
         if fmt.VIDEO_DECODING in m.files:
             self._open_packets(n_frames, counts)
+        self.nonref: np.ndarray | None = None  # (a store packed before it: no video's frames skipped)
+        if fmt.VIDEO_NONREF in m.files:
+            nonref = self._open(fmt.VIDEO_NONREF, (m.count,))
+            _check_entries(self.path / fmt.VIDEO_NONREF, (nonref != 0) & (nonref != 1), "is not 0 or 1")
+            self.nonref = nonref
 
     def _open_packets(self, n_frames: int, counts: np.ndarray) -> None:
         """The packets' offsets and each video's decoder and extradata (`store.format`), checked to lie
@@ -294,6 +299,7 @@ class Store(Described):
             stream,
             np.asarray(self.packets[a:b]) if alone else None,  # type: ignore[index]
             (extra_at, extra_bytes) if alone else (0, 0),
+            self.nonref is not None and bool(self.nonref[i]),
         )
 
     def through_container(self) -> int:

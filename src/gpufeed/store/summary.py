@@ -83,7 +83,11 @@ def _video_decoding(store: Store) -> str:
     parts = [f"{n} {codec}" for codec, n in sorted(alone.items())]
     through = store.through_container()
     text = f"from packets alone: {', '.join(parts) or 'none'}"
-    return text + (f"; {through} through their containers" if through else "")
+    text += f"; {through} through their containers" if through else ""
+    skips = (
+        "packed before pack checked them" if store.nonref is None else f"{int(np.sum(store.nonref))} of {len(store)}"
+    )
+    return text + f"; videos whose unreferenced frames a clip skips: {skips}"
 
 
 def _instances(store: Store) -> list[str]:

@@ -104,8 +104,8 @@ def _decode(request: ClipRequest, take: Callable[[Any, list[int]], None]) -> int
     FFmpeg's `skip_frame` at NONREF: a frame no other frame refers to (most B-frames) is then
     dropped undecoded, and nothing needs it. 568x320 H.264 at GOP 32 (x264 veryfast, B-frames), 16-frame
     clips at stride 2, one core of the development box: 30.7 frames decoded a clip against 44.3,
-    48-53 clips/s against 43-46 (to RGB: 36.3-36.5 against 31.4-33.1). Not yet measured in training
-    on a GPU host: off by default (`Tuning.skip_nonref`)."""
+    48-53 clips/s against 43-46 (to RGB: 36.3-36.5 against 31.4-33.1). The Loader asks for it where
+    pack checked that the stream's marks hold (`Tuning.skip_nonref`, `VideoIndex.nonref_exact`)."""
     av = pyav()
     if request.packets is not None:
         try:
