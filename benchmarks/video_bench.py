@@ -32,6 +32,7 @@ from __future__ import annotations
 import gc
 import os
 import time
+from dataclasses import replace
 from concurrent.futures.process import BrokenProcessPool
 
 import common
@@ -138,9 +139,11 @@ def _without_packets(store_path):
 def _skip_other_way(default):
     """`default` with `skip_nonref` the other way: every frame decoded where the default skips those it
     may (None: where pack checked them), else every H.264 video's skipped."""
-    from dataclasses import replace
-
     return replace(default, skip_nonref=default.skip_nonref is False)
+
+
+def _ints(text: str) -> list[int]:
+    return [int(v) for v in text.split(",") if v.strip()]
 
 
 def _pyav_clips(store, clips: int, frames: int, stride: int) -> float:
@@ -217,6 +220,10 @@ def main(argv: list[str] | None = None) -> dict:
         "(comma-separated; Tuning.decode_nice)"
     )
     p.add_argument(
+        "--clip-batches", default="", help="also the first --decode-rows and --train-workers rows with this many "
+        "batches of clips decoded at once (comma-separated; Tuning.clip_batches)"
+    )
+    p.add_argument(
         "--eval-clips", type=int, default=0, help="also the first --decode-rows row over an evaluation's clips: this "
         "many a video, in order (a video's clips next to each other decode in one pass)"
     )
@@ -281,6 +288,8 @@ def main(argv: list[str] | None = None) -> dict:
         decode_rows = [(w, None, default, store, clip) for w in dict.fromkeys(counts)]
         # the first count with `skip_nonref` the other way: frames decoded a clip and clips/s
         decode_rows.insert(1, (counts[0], None, _skip_other_way(default), store, clip))
+        for n in _ints(a.clip_batches):  # the first count with more (or fewer) batches of clips at once
+            decode_rows.insert(1, (counts[0], None, replace(default, clip_batches=n), store, clip))
         containers = Store(_without_packets(store_path)) if a.containers else None
         if containers is not None:  # the first count, each clip through its container (as packed before the index)
             decode_rows.insert(1, (counts[0], None, default, containers, clip))
@@ -327,6 +336,8 @@ def main(argv: list[str] | None = None) -> dict:
                     name += f", evaluation ({asked.clips_per_video} clips a video, in order)"
                 if tuning.skip_nonref != default.skip_nonref:
                     name += ", skipping unreferenced frames" if tuning.skip_nonref else ", decoding unreferenced frames"
+                if tuning.clip_batches != default.clip_batches:
+                    name += f", {tuning.clip_batches} batches at once"
                 stats = loader.stats()["video"]
                 per_clip = stats["frames_decoded"] / max(1, stats["frames_delivered"]) * a.frames
                 runs.setdefault(name, []).append(rate)
@@ -532,6 +543,7 @@ def _train(a, store, containers, device, sync, runs, rows, r: int) -> None:
     settings = [(counts[0], default), (counts[0], Tuning(carry=False))]
     settings += [(counts[0], Tuning(decode_nice=int(n))) for n in a.nice.split(",") if a.nice]
     settings += [(counts[0], _skip_other_way(default))]
+    settings += [(counts[0], replace(default, clip_batches=n)) for n in _ints(a.clip_batches)]
     settings += [(w, default) for w in counts[1:]]
     settings = [(w, t, None, store) for w, t in settings]
     if a.nvdec:
@@ -560,6 +572,8 @@ def _train(a, store, containers, device, sync, runs, rows, r: int) -> None:
             name += f", nice {tuning.decode_nice}"
         if tuning.skip_nonref != default.skip_nonref:
             name += ", skipping unreferenced frames" if tuning.skip_nonref else ", decoding unreferenced frames"
+        if tuning.clip_batches != default.clip_batches:
+            name += f", {tuning.clip_batches} batches at once"
         batches = _epochs(loader)
         fed(batches, name + (" + NVDEC" if decoders else ""), len(loader))
         if decoders:

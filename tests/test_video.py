@@ -803,6 +803,27 @@ def test_a_loader_skips_unreferenced_frames_only_in_the_videos_pack_checked(tmp_
         Store(unchecked)
 
 
+def test_more_batches_of_clips_at_once_give_the_same_clips(store: Path):
+    """`Tuning.clip_batches`: that many batches decoded at once, a producer thread each and a slot more
+    each; the clips and their order are the same. Anything but an int of 1 or more is refused."""
+
+    def clips(batches: int) -> tuple[list[torch.Tensor], int]:
+        loader = Loader(store, batch_size=2, device="cpu", num_workers=2, clip=Clip(frames=4, stride=2), seed=3,
+                        tuning=Tuning(clip_batches=batches, carry=False))
+        out = [images.clone() for _ in range(2) for images, _ in loader]
+        slots = loader.stats()["video"]["slots"]
+        loader.close()
+        return out, slots
+
+    two, two_slots = clips(2)
+    three, three_slots = clips(3)
+    assert len(two) == len(three) == 6 and all(torch.equal(a, b) for a, b in zip(two, three))
+    assert three_slots == two_slots + 1
+    for bad in (0, 1.5, True):
+        with pytest.raises(ValueError, match="clip_batches"):
+            Loader(store, batch_size=2, device="cpu", clip=Clip(frames=4), tuning=Tuning(clip_batches=bad))
+
+
 def test_a_lists_columns_are_each_clips_fields(videos: Path, tmp_path: Path):
     files = sorted(videos.rglob("*.mp4"))[:3]
     with open(tmp_path / "list.csv", "w", newline="") as f:

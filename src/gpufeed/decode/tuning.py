@@ -41,6 +41,11 @@ class Tuning:
     # so a stream whose marks are wrong decodes whole; True: every H.264 video, trusting its marks;
     # False: none
     skip_nonref: bool | None = None
+    # a video store's batches of clips decoded at once, a producer thread each: with a clip a decode
+    # process, a process that ends its clip early takes the next batches' (2 before it was a setting; 3
+    # on the development box, 2 processes and 2 clips a batch, gave 153-165 clips/s against 133-144
+    # where a batch's copy took 10 ms, the same where it took 3; not measured on a GPU host)
+    clip_batches: int = 2
     # threads decoding a video store's clips on the GPU's engines (`decoders=("nvdec", ...)`): TorchCodec's
     # beta backend in one process gave 305-313 clips/s on 8 threads, 305-372 on 16 (decode.codecs.nvdec)
     nvdec_threads: int = 8

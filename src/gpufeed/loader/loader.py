@@ -551,9 +551,18 @@ class Loader:
                     raise ValueError(f"{self.store.path}: decoders={tuple(decoders)}: {why}")
                 if self.device.type == "cuda":
                     log.warning("gpufeed: %s", why)
-            niceness, skip = self.tuning.decode_nice, self.tuning.skip_nonref
+            t = self.tuning
             self.video = VideoClips(
-                self.store, self.clip, seed, self.device, num_workers, batch_size, niceness, nvdec, skip
+                self.store,
+                self.clip,
+                seed,
+                self.device,
+                num_workers,
+                batch_size,
+                t.decode_nice,
+                nvdec,
+                t.skip_nonref,
+                t.clip_batches,
             )
             self.video.check_memory(self.prefetch)
         elif self.store.mode == "jpeg":

@@ -53,7 +53,6 @@ from gpufeed.sources.videos import VideoError
 from gpufeed.store.format import JPEG_DATA, VIDEO_DECODERS, VideoIndex
 from gpufeed.transfer.ring import Turns, hand_over
 
-PRODUCERS = 2  # batches decoded at once: the processes start the next one's clips while a batch ends
 SLOTS_WARN = 8 << 30  # page-locked bytes of decode slots above which a Loader says so when it is made
 
 log = logger(__name__)
@@ -222,9 +221,15 @@ class VideoClips:
         niceness: int = 0,
         nvdec: NvdecSide | None = None,
         skip_nonref: bool | None = None,
+        batches: int = 2,
     ):
         self.store, self.clip, self.seed, self.device = store, clip, seed, device
         self.skip_nonref = skip_nonref  # (`Tuning.skip_nonref`)
+        # batches decoded at once, a producer thread each (`Tuning.clip_batches`): the processes start the
+        # next ones' clips while a batch's last clips decode and while its producer copies it out
+        if not isinstance(batches, int) or isinstance(batches, bool) or batches < 1:
+            raise ValueError(f"Tuning.clip_batches must be an int, 1 or more, got {batches!r}")
+        self.batches = batches
         self.nvdec = nvdec  # the GPU's video engines beside the processes, or None
         self.niceness = niceness  # the decode processes' (`Tuning.decode_nice`)
         cores = rank_cores().usable  # (this rank's share of the machine, within a cgroup quota)
@@ -312,10 +317,10 @@ class VideoClips:
         batch (an evaluation's, in order) are decoded in one pass where the next one's keyframe lies
         from the pass's first keyframe to the last frame it decodes already: each frame is then
         decoded once, not again from each clip's keyframe (4 clips of a 120-frame video at GOP 32: 120
-        frames against 206). At most `len(which) // (decoders / PRODUCERS)` clips a job, so that every
+        frames against 206). At most `len(which) // (decoders / self.batches)` clips a job, so that every
         decode process (or thread) still has one."""
         decoders = self.workers or self.threads
-        cap = max(1, len(which) * PRODUCERS // decoders)
+        cap = max(1, len(which) * self.batches // decoders)
 
         def start(j: int) -> int:  # the keyframe clip j's decode starts at
             return keyframe_before(batch.indexes[j].keyframe, int(batch.frames[j].min()))
@@ -340,7 +345,7 @@ class VideoClips:
 
     def slot_count(self, prefetch: int) -> int:
         """Slots a Loader of this `prefetch` holds: its batches ahead, those the producers decode, one more."""
-        return prefetch + PRODUCERS + 1
+        return prefetch + self.batches + 1
 
     def check_memory(self, prefetch: int) -> None:
         """Say once, when the Loader is made, where the slots would take more than `SLOTS_WARN` bytes of
@@ -466,7 +471,7 @@ class VideoClips:
                 return
             assert self._processes is not None  # (made with the slots)
             # a task a clip: a batch's clips differ in the frames they decode (from their keyframe on), and
-            # the next batch's are queued behind them (`PRODUCERS`), so no process waits for the slowest
+            # the next batches' are queued behind them (`self.batches`), so no process waits for the slowest
             tasks = [self._task(self._slots[k], (job,)) for job in jobs]
             self._count(self._processes.map(run_clip_task, tasks), jobs)
         except VideoError as e:
@@ -566,7 +571,7 @@ def video_feed(
         carry = NextEpoch(epoch + 1, _maker(following, epoch + 1, clips, labels, production, stream), following)
     make = _maker(upload, epoch, clips, labels, production, stream)
     return threaded(
-        production, make, range(start, len(plan)), len(plan), workers=PRODUCERS, carry=carry, carried=carried
+        production, make, range(start, len(plan)), len(plan), workers=clips.batches, carry=carry, carried=carried
     )
 
 
