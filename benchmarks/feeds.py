@@ -219,15 +219,19 @@ def _gpufeed(store: Path, batch: int, device: str, size: int, kwargs: dict):
 
 
 def tuning(given: dict):
-    """`gpufeed.decode.tuning.Tuning` with the `given` fields (each cast to its default's type), or
-    None (the defaults) if none is given."""
+    """`gpufeed.decode.tuning.Tuning` with the `given` fields (each cast to its default's type; as
+    given where the default is None), or None (the defaults) if none is given."""
     from gpufeed.decode.tuning import Tuning
 
     unknown = set(given) - set(Tuning.names())
     if unknown:
         raise SystemExit(f"{', '.join(sorted(unknown))}: not among Tuning's fields ({', '.join(Tuning.names())})")
     defaults = Tuning()
-    return Tuning(**{k: type(getattr(defaults, k))(v) for k, v in given.items()}) if given else None
+    def cast(k, v):
+        default = getattr(defaults, k)
+        return v if default is None else type(default)(v)
+
+    return Tuning(**{k: cast(k, v) for k, v in given.items()}) if given else None
 
 
 def _dataloader(folder: Path, batch: int, device: str, size: int, workers: int | None):

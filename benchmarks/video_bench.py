@@ -142,8 +142,9 @@ def _skip_other_way(default):
     return replace(default, skip_nonref=default.skip_nonref is False)
 
 
-def _ints(text: str) -> list[int]:
-    return [int(v) for v in text.split(",") if v.strip()]
+def _ints(text: str, but: int) -> list[int]:
+    """The comma-separated ints of `text`, `but` (the default's, a row of its own already) left out."""
+    return [int(v) for v in text.split(",") if v.strip() and int(v) != but]
 
 
 def _pyav_clips(store, clips: int, frames: int, stride: int) -> float:
@@ -288,7 +289,7 @@ def main(argv: list[str] | None = None) -> dict:
         decode_rows = [(w, None, default, store, clip) for w in dict.fromkeys(counts)]
         # the first count with `skip_nonref` the other way: frames decoded a clip and clips/s
         decode_rows.insert(1, (counts[0], None, _skip_other_way(default), store, clip))
-        for n in _ints(a.clip_batches):  # the first count with more (or fewer) batches of clips at once
+        for n in _ints(a.clip_batches, default.clip_batches):  # the first count with more (or fewer) batches of clips at once
             decode_rows.insert(1, (counts[0], None, replace(default, clip_batches=n), store, clip))
         containers = Store(_without_packets(store_path)) if a.containers else None
         if containers is not None:  # the first count, each clip through its container (as packed before the index)
@@ -543,7 +544,7 @@ def _train(a, store, containers, device, sync, runs, rows, r: int) -> None:
     settings = [(counts[0], default), (counts[0], Tuning(carry=False))]
     settings += [(counts[0], Tuning(decode_nice=int(n))) for n in a.nice.split(",") if a.nice]
     settings += [(counts[0], _skip_other_way(default))]
-    settings += [(counts[0], replace(default, clip_batches=n)) for n in _ints(a.clip_batches)]
+    settings += [(counts[0], replace(default, clip_batches=n)) for n in _ints(a.clip_batches, default.clip_batches)]
     settings += [(w, default) for w in counts[1:]]
     settings = [(w, t, None, store) for w, t in settings]
     if a.nvdec:

@@ -127,6 +127,17 @@ def test_detection_bench_gives_segmentation_bench_its_own_settings(bench):
     assert b.model == "fcn_resnet50"
 
 
+def test_a_rows_tuning_takes_every_field_of_tuning(bench):
+    """A row's settings (`jpeg:pipelines=2,skip_nonref=False`) become a Tuning, each cast to its default's
+    type; a field whose default is None (`skip_nonref`) takes the value as given."""
+    from gpufeed.decode.tuning import Tuning
+
+    feeds = bench("feeds")
+    tuned = feeds.tuning(feeds.settings("jpeg:pipelines=2,skip_nonref=False,gpu_min=0.3"))
+    assert tuned == Tuning(pipelines=2, skip_nonref=False, gpu_min=0.3)
+    assert feeds.tuning({"skip_nonref": True}).skip_nonref is True and feeds.tuning({}) is None
+
+
 def test_train_bench_runs_each_gpufeed_row_again_with_a_baseline_tree(bench, tmp_path):
     """`--baseline SRC`: each gpufeed row runs again as `ROW @baseline` with that tree's gpufeed, on
     stores that tree packed (a folder row: on the same images, `feeds._images`); the other rows once (a

@@ -76,18 +76,19 @@ def _video_decoding(store: Store) -> str:
     """How a video store's clips are decoded: from their packets alone by codec (`store.format`'s
     decoding.i64), and how many through their containers (slower: a store packed before the packets
     were indexed, or a codec or container that does not allow it)."""
+    skips = (
+        "packed before pack checked them" if store.nonref is None else f"{int(np.sum(store.nonref))} of {len(store)}"
+    )
+    skipping = f"; videos whose unreferenced frames a clip skips: {skips}"
     if store.decoding is None:
-        return "every video through its container (packed before gpufeed indexed packets: pack again)"
+        return "every video through its container (packed before gpufeed indexed packets: pack again)" + skipping
     decoders = np.asarray(store.decoding[:, 0])
     alone = Counter(VIDEO_DECODERS[d] for d in decoders[decoders >= 0].tolist())
     parts = [f"{n} {codec}" for codec, n in sorted(alone.items())]
     through = store.through_container()
     text = f"from packets alone: {', '.join(parts) or 'none'}"
     text += f"; {through} through their containers" if through else ""
-    skips = (
-        "packed before pack checked them" if store.nonref is None else f"{int(np.sum(store.nonref))} of {len(store)}"
-    )
-    return text + f"; videos whose unreferenced frames a clip skips: {skips}"
+    return text + skipping
 
 
 def _instances(store: Store) -> list[str]:
