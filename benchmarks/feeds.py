@@ -227,6 +227,7 @@ def tuning(given: dict):
     if unknown:
         raise SystemExit(f"{', '.join(sorted(unknown))}: not among Tuning's fields ({', '.join(Tuning.names())})")
     defaults = Tuning()
+
     def cast(k, v):
         default = getattr(defaults, k)
         return v if default is None else type(default)(v)

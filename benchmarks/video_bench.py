@@ -142,6 +142,16 @@ def _skip_other_way(default):
     return replace(default, skip_nonref=default.skip_nonref is False)
 
 
+def _tuned(tuning, default) -> str:
+    """What a row's name says of its `skip_nonref` and `clip_batches` where they are not the default's."""
+    name = ""
+    if tuning.skip_nonref != default.skip_nonref:
+        name += ", skipping unreferenced frames" if tuning.skip_nonref else ", decoding unreferenced frames"
+    if tuning.clip_batches != default.clip_batches:
+        name += f", {tuning.clip_batches} batches at once"
+    return name
+
+
 def _ints(text: str, but: int) -> list[int]:
     """The comma-separated ints of `text`, `but` (the default's, a row of its own already) left out."""
     return [int(v) for v in text.split(",") if v.strip() and int(v) != but]
@@ -335,10 +345,7 @@ def main(argv: list[str] | None = None) -> dict:
                     name += ", through containers"
                 if asked.clips_per_video:
                     name += f", evaluation ({asked.clips_per_video} clips a video, in order)"
-                if tuning.skip_nonref != default.skip_nonref:
-                    name += ", skipping unreferenced frames" if tuning.skip_nonref else ", decoding unreferenced frames"
-                if tuning.clip_batches != default.clip_batches:
-                    name += f", {tuning.clip_batches} batches at once"
+                name += _tuned(tuning, default)
                 stats = loader.stats()["video"]
                 per_clip = stats["frames_decoded"] / max(1, stats["frames_delivered"]) * a.frames
                 runs.setdefault(name, []).append(rate)
@@ -571,10 +578,7 @@ def _train(a, store, containers, device, sync, runs, rows, r: int) -> None:
             name += ", not carried"
         if tuning.decode_nice != default.decode_nice:
             name += f", nice {tuning.decode_nice}"
-        if tuning.skip_nonref != default.skip_nonref:
-            name += ", skipping unreferenced frames" if tuning.skip_nonref else ", decoding unreferenced frames"
-        if tuning.clip_batches != default.clip_batches:
-            name += f", {tuning.clip_batches} batches at once"
+        name += _tuned(tuning, default)
         batches = _epochs(loader)
         fed(batches, name + (" + NVDEC" if decoders else ""), len(loader))
         if decoders:

@@ -551,18 +551,8 @@ class Loader:
                     raise ValueError(f"{self.store.path}: decoders={tuple(decoders)}: {why}")
                 if self.device.type == "cuda":
                     log.warning("gpufeed: %s", why)
-            t = self.tuning
             self.video = VideoClips(
-                self.store,
-                self.clip,
-                seed,
-                self.device,
-                num_workers,
-                batch_size,
-                t.decode_nice,
-                nvdec,
-                t.skip_nonref,
-                t.clip_batches,
+                self.store, self.clip, seed, self.device, num_workers, batch_size, self.tuning, nvdec
             )
             self.video.check_memory(self.prefetch)
         elif self.store.mode == "jpeg":

@@ -41,6 +41,7 @@ from gpufeed.decode.codecs.video import (
     run_clip_task,
 )
 from gpufeed.decode.pool.segment import Segment
+from gpufeed.decode.tuning import Tuning
 from gpufeed.loader.batch import Batch
 from gpufeed.loader.clips import Clip, Timeline, clip_frames, positions
 from gpufeed.loader.cores import rank_cores
@@ -218,20 +219,19 @@ class VideoClips:
         device: torch.device,
         workers: int | None,
         batch_size: int,
-        niceness: int = 0,
+        tuning: Tuning,
         nvdec: NvdecSide | None = None,
-        skip_nonref: bool | None = None,
-        batches: int = 2,
     ):
         self.store, self.clip, self.seed, self.device = store, clip, seed, device
-        self.skip_nonref = skip_nonref  # (`Tuning.skip_nonref`)
+        self.skip_nonref = tuning.skip_nonref
         # batches decoded at once, a producer thread each (`Tuning.clip_batches`): the processes start the
         # next ones' clips while a batch's last clips decode and while its producer copies it out
+        batches = tuning.clip_batches
         if not isinstance(batches, int) or isinstance(batches, bool) or batches < 1:
             raise ValueError(f"Tuning.clip_batches must be an int, 1 or more, got {batches!r}")
         self.batches = batches
         self.nvdec = nvdec  # the GPU's video engines beside the processes, or None
-        self.niceness = niceness  # the decode processes' (`Tuning.decode_nice`)
+        self.niceness = tuning.decode_nice  # the decode processes'
         cores = rank_cores().usable  # (this rank's share of the machine, within a cgroup quota)
         self.workers = cores if workers is None else workers
         if not isinstance(self.workers, int) or isinstance(self.workers, bool) or self.workers < 0:

@@ -124,10 +124,12 @@ def index_video(data: bytes | memoryview, max_frames: int = MAX_VIDEO_FRAMES) ->
                         )
                     pts.append(frame.pts)
                     keys.append(bool(frame.key_frame))
+                    wanted = reference is None and first is not None and frame.pts == first[2]
+                    picture = _picture(frame) if digests is not None or wanted else None
                     if digests is not None:
-                        digests[frame.pts] = _digest(frame)
-                    if reference is None and first is not None and frame.pts == first[2]:
-                        reference = _picture(frame)
+                        digests[frame.pts] = _digest(picture)
+                    if wanted:
+                        reference = picture
         except av.FFmpegError as e:
             raise VideoError(f"damaged after {len(pts)} frames ({_reason(e)})") from None
     if not pts:
@@ -145,7 +147,7 @@ def index_video(data: bytes | memoryview, max_frames: int = MAX_VIDEO_FRAMES) ->
     extradata = _extradata_at(data, extra) if every else None
     if extradata is not None and not _decodes_alone(av, codec, data, extradata, first, reference):
         extradata = None
-    exact = digests is not None and len(digests) == len(pts) and _skips_exactly(av, data, digests)
+    exact = digests is not None and _skips_exactly(av, data, digests)  # (pts all differ: checked above)
     return VideoIndex(
         pts=ordered,
         keyframe=keyframe,
@@ -161,10 +163,9 @@ def index_video(data: bytes | memoryview, max_frames: int = MAX_VIDEO_FRAMES) ->
     )
 
 
-def _digest(frame) -> int:
-    """A checksum of a decoded frame's pixels (each plane's, without its rows' padding, which holds
-    whatever the decoder's buffer held before); -1 where its planes can't be read so."""
-    picture = _picture(frame)
+def _digest(picture: tuple | None) -> int:
+    """A checksum of a decoded frame's pixels as `_picture` gives them (each plane's, without its rows'
+    padding, which holds whatever the decoder's buffer held before); -1 where they can't be read so."""
     if picture is None:
         return -1
     crc = zlib.crc32(f"{picture[0]} {picture[1]}".encode())
@@ -187,7 +188,7 @@ def _skips_exactly(av, data: bytes | memoryview, digests: dict[int, int]) -> boo
             seen = 0
             for packet in container.demux(stream):
                 for frame in packet.decode():
-                    digest = _digest(frame)
+                    digest = _digest(_picture(frame))
                     if frame.pts is None or digest == -1 or digests.get(frame.pts) != digest:
                         return False
                     seen += 1
