@@ -92,7 +92,8 @@ def test_a_store_packed_into_a_bucket_loads_the_batches_of_the_same_store_on_dis
 def test_the_first_epoch_from_a_bucket_trains_while_its_shards_arrive(bucket, tmp_path):
     """Without a cache limit the first epoch is shard-aware (its first batches read a few of the shards,
     not nearly all as under a full shuffle, so training need not wait for the whole store), the later
-    ones full shuffles from the cache; every sample once an epoch, on any number of ranks alike."""
+    ones full shuffles from the cache; every sample once an epoch; on two ranks each takes its half of
+    the one-rank order (each half ordered again to start on one shard, `Shards.ramp`)."""
     loader = _loader(bucket, tmp_path, batch_size=8)
     shards = loader.batch_sampler.shards
     count = len(shards.starts) - 1
@@ -107,8 +108,9 @@ def test_the_first_epoch_from_a_bucket_trains_while_its_shards_arrive(bucket, tm
         seen = sorted(torch.cat([loader.plan(epoch, b)[0] for b in range(len(loader))]).tolist())
         assert seen == list(range(40)), epoch
     two = [_loader(bucket, tmp_path, batch_size=8, rank=r, world_size=2, drop_last=False) for r in range(2)]
-    whole = torch.cat([loader.plan(0, b)[0] for b in range(len(loader))])
-    assert torch.equal(torch.cat([t.plan(0, b)[0] for t in two for b in range(len(t))]), whole)
+    order = loader.batch_sampler.order(0)
+    spans = [torch.cat([t.plan(0, b)[0] for b in range(len(t))]) for t in two]
+    assert [sorted(s.tolist()) for s in spans] == [sorted(order[:20].tolist()), sorted(order[20:].tolist())]
 
 
 @pytest.mark.parametrize("world", [1, 2, 3])
@@ -581,15 +583,30 @@ def test_a_shard_comes_as_byte_ranges_and_a_failed_try_keeps_the_files_it_had_wh
 
 def test_a_state_saved_before_the_streamed_first_epoch_resumes_from_epoch_1(bucket, tmp_path):
     """A state_dict saved before a bucket's store had a shard-aware first epoch (no "first_window" in
-    its order key) resumes at epoch 1 or later, whose order is unchanged, and is refused in epoch 0."""
+    its order key, nor "ramp") resumes at epoch 1 or later, whose order is unchanged, and is refused
+    in epoch 0."""
     loader = _loader(bucket, tmp_path)
     old = loader.state_dict()
-    old["order"] = [k for k in old["order"] if not (isinstance(k, dict) and "first_window" in k)]
+    old["order"] = [k for k in old["order"] if not (isinstance(k, dict) and {"first_window", "ramp"} & set(k))]
     assert old["order"] != loader.state_dict()["order"]
     with pytest.raises(ValueError, match="order"):
         loader.load_state_dict(old)
     loader.load_state_dict(old | {"epoch": 1, "batch": 2})
     assert loader.epoch == 1 and len(list(loader)) == len(loader) - 2
+
+
+def test_a_state_saved_before_spans_started_on_one_shard_resumes_only_at_an_epochs_start(bucket, tmp_path):
+    """Through a window every epoch (here asked for), each epoch's spans are ordered to start on one
+    shard ("ramp" in the order key): a state_dict saved before that resumes such an epoch at its start,
+    and is refused part way through it, whose rest would be other samples."""
+    loader = _loader(bucket, tmp_path, shuffle_window=2)
+    assert loader.batch_sampler.shards.ramped(1)
+    old = loader.state_dict()
+    old["order"] = [k for k in old["order"] if not (isinstance(k, dict) and "ramp" in k)]
+    with pytest.raises(ValueError, match="resumes only at an epoch's start, not at batch 2 of epoch 1"):
+        loader.load_state_dict(old | {"epoch": 1, "batch": 2})
+    loader.load_state_dict(old | {"epoch": 1, "batch": 0})
+    assert loader.epoch == 1 and len(list(loader)) == len(loader)
 
 
 def test_ranks_sharing_a_cache_folder_download_each_shard_once(bucket, tmp_path, monkeypatch):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -88,3 +89,72 @@ def test_more_ranks_than_samples_padded_gives_every_rank_a_sample(n, world):
               for r in range(world)]
     assert all(len(s) == 1 and len(s[0]) == 1 for s in shards)
     assert sorted({int(s[0][0]) for s in shards}) == list(range(n))
+
+
+def _streamed(sizes, batch, world, rank, *, ramp, window=4, first_window=None, epoch=0, segments=()):
+    """The sampler of `rank` for a shard-aware order over shards of `sizes` samples (a store in a bucket)."""
+    from gpufeed.loader.sampler import Segment, Shards
+
+    starts = np.concatenate([[0], np.cumsum(sizes)])
+    sampler = ShardedBatchSampler(int(starts[-1]), batch, shuffle=True, seed=5, rank=rank, world_size=world,
+                                  drop_last=False, pad=False,
+                                  shards=Shards(starts, window, first_window, ramp=ramp))
+    sampler.resume(epoch, tuple(Segment(w, b) for w, b in segments))
+    return sampler, starts
+
+
+def _shards_of(batch, starts):
+    return set((np.searchsorted(starts, batch.numpy(), side="right") - 1).tolist())
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_each_span_of_a_streamed_epoch_starts_on_one_shard(world):
+    """A store streamed from a bucket (`Shards.ramp`): each rank's first batch reads one shard, where the
+    global order's span started inside the windows of the shards before it (rank 1 of 2 read 4 or
+    more: each to be downloaded first); each rank reads the samples of its contiguous span of the
+    global order, every sample once, and never more than `window` shards at a time."""
+    sizes = [60, 55, 70, 64, 58, 61, 66, 52, 63, 60, 57, 69, 62, 59, 65, 60]
+    first_batches, before = [], []
+    for rank in range(world):
+        sampler, starts = _streamed(sizes, 48, world, rank, ramp=True)
+        plain, _ = _streamed(sizes, 48, world, rank, ramp=False)
+        batches = sampler.batches(0)
+        first_batches.append(len(_shards_of(batches[0], starts)))
+        before.append(len(_shards_of(plain.batches(0)[0], starts)))
+        span = torch.cat(batches)
+        assert sorted(span.tolist()) == sorted(torch.cat(plain.batches(0)).tolist())  # the same span, reordered
+        read = np.searchsorted(starts, span.numpy(), side="right") - 1
+        last = {k: i for i, k in enumerate(read.tolist())}
+        first = {}
+        for i, k in enumerate(read.tolist()):
+            first.setdefault(k, i)
+        open_at = [sum(first[k] <= i <= last[k] for k in first) for i in range(len(read))]
+        assert max(open_at) <= 4, (rank, max(open_at))
+    assert first_batches == [1] * world
+    if world > 1:
+        assert min(before[1:]) >= 3  # what the spans' first batches read without the ramp
+    whole = sorted(i for r in range(world) for b in _streamed(sizes, 48, world, r, ramp=True)[0].batches(0)
+                   for i in b.tolist())
+    assert whole == list(range(sum(sizes)))
+
+
+@pytest.mark.parametrize("before, after", [(2, 3), (3, 2), (1, 4)])
+def test_a_streamed_epoch_resumed_at_another_world_size_reads_exactly_the_rest(before, after):
+    """A ramped epoch (`Shards.ramp`) stopped after 2 batches at one world size and resumed at another
+    reads every sample no rank had consumed, once, and each new span starts on one shard again."""
+    sizes = [60, 55, 70, 64, 58, 61, 66, 52, 63, 60, 57, 69, 62, 59, 65, 60]
+    consumed = [i for r in range(before)
+                for b in _streamed(sizes, 24, before, r, ramp=True, first_window=4, window=None)[0].batches(0)[:2]
+                for i in b.tolist()]
+    rest = []
+    for rank in range(after):
+        sampler, starts = _streamed(sizes, 24, after, rank, ramp=True, first_window=4, window=None,
+                                    segments=[(before, 2)])
+        batches = sampler.batches(0)
+        assert len(_shards_of(batches[0], starts)) == 1
+        rest += [i for b in batches for i in b.tolist()]
+    assert sorted(consumed + rest) == list(range(sum(sizes)))
+    # a full shuffle epoch (epoch 1 of a store whose cache holds it all) is not reordered
+    sampler, _ = _streamed(sizes, 24, 2, 1, ramp=True, first_window=4, window=None, epoch=1)
+    plain, _ = _streamed(sizes, 24, 2, 1, ramp=False, first_window=4, window=None, epoch=1)
+    assert torch.equal(torch.cat(sampler.batches(1)), torch.cat(plain.batches(1)))

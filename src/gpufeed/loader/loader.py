@@ -41,7 +41,7 @@ from gpufeed.loader.inputs import Input, open_input, reads_in_place
 from gpufeed.loader.jpeg import PREFETCH, JpegPipelines, default_workers, jpeg_feed, jpeg_pipelines, takes_workers
 from gpufeed.loader.planner import Planner
 from gpufeed.loader.producer import CLOSE_WAIT, Carried, Production
-from gpufeed.loader.sampler import Segment, ShardedBatchSampler, check_epoch, check_seed, resolve_rank
+from gpufeed.loader.sampler import RAMP, Segment, ShardedBatchSampler, check_epoch, check_seed, resolve_rank
 from gpufeed.loader.settings import Decoding, Output, resolve_device
 from gpufeed.loader.stats import Stats, stage_range
 from gpufeed.logs import logger
@@ -163,24 +163,26 @@ def _without(key: list, name: str) -> list:
     return [k for k in key if not (isinstance(k, dict) and name in k)]
 
 
-def _check_order(state: dict, mine: dict, segments: tuple[Segment, ...]) -> None:
+def _check_order(state: dict, mine: dict, segments: tuple[Segment, ...], ramped: bool) -> None:
     """Refuse `state` if its order key is not this loader's and the order it resumes in would differ.
-    Two keys of older gpufeeds are accepted where the order they resume in is the same: one saved before
-    a store in a bucket had a shard-aware first epoch (no "first_window") at epoch 1 or later, and one
-    saved before orders were drawn from a Philox stream (no `ORDER_RANDOM`) at an epoch's start, where
-    nothing of that epoch's order was consumed yet."""
+    Keys of older gpufeeds are accepted where the order they resume in is the same: one saved before a
+    store in a bucket had a shard-aware first epoch (no "first_window") at epoch 1 or later; one saved
+    before a bucket's spans started on one shard (no "ramp") in an epoch that is not `ramped` (a full
+    shuffle); and at an epoch's start, where nothing of that epoch's order was consumed yet, those
+    too and one saved before orders were drawn from a Philox stream (no `ORDER_RANDOM`)."""
     theirs, key = state.get("order", mine["order"]), mine["order"]
     if theirs == key:
         return
     epoch, start = state["epoch"], state["batch"] == 0 and not segments
     older = [key, _without(key, "first_window")] if epoch >= 1 else [key]
-    if theirs in older:
+    unramped = [_without(k, "ramp") for k in older]
+    if theirs in older or (theirs in unramped and not ramped):
         return
-    if theirs in [_without(k, "order_random") for k in older]:
+    if theirs in unramped + [_without(k, "order_random") for k in older + unramped]:
         if start:
             return
         raise ValueError(
-            f"state_dict was saved by an older gpufeed, whose shuffled order of an epoch was drawn otherwise: it "
+            f"state_dict was saved by an older gpufeed, whose order of an epoch was made otherwise: it "
             f"resumes only at an epoch's start, not at batch {state['batch']} of epoch {epoch} (set_epoch({epoch}) "
             f"starts that epoch again, set_epoch({epoch + 1}) the next)"
         )
@@ -713,7 +715,8 @@ class Loader:
                 f"({self.store.path}) is {mine['store'][:16]}...: another store, or this one packed again; "
                 "its position would go on over other images (set_epoch starts an epoch of this one afresh)"
             )
-        _check_order(state, mine, segments)
+        shards = self.batch_sampler.shards
+        _check_order(state, mine, segments, shards is not None and shards.ramped(state["epoch"]))
         epoch, batch = state["epoch"], state["batch"]
         if state["world_size"] != self.world_size and batch:  # what every rank yielded there is an earlier part now
             segments, batch = (*segments, Segment(state["world_size"], batch)), 0
@@ -748,6 +751,8 @@ class Loader:
         ]
         if shards is not None and shards.first_window is not None:
             key.append({"first_window": shards.first_window})
+        if shards is not None and shards.ramp:
+            key.append({"ramp": RAMP})
         if self.batch_sampler.groups is not None:
             key.append({"group_by_aspect": self._group_by_aspect})
         if self.clip is not None:  # which clips the samples are, and how many a video gives

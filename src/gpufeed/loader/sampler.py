@@ -11,6 +11,18 @@ around so all ranks get the same number of batches (DistributedSampler's way), o
 (evaluation) left unpadded: every sample exactly once over all ranks, the first spans one sample
 longer. A span of a shard-aware order reads about 1/world of the store's shards.
 
+**Spans that start on one shard** (`Shards.ramp`: a store streamed from a bucket, whose shards arrive
+one by one). In the global order a span that starts mid-epoch starts inside the windows of the shards
+before it: its first batch read about `window` shards (10 of 37 at 2 ranks, 174 of 1,281 for rank 1
+of 8 with ImageNet's first window), each to be downloaded before it. Each span of a shard-aware epoch
+is then ordered again, from its own contents: its shards that lie wholly in it first, in the global
+order's order, then those it shares with the span before or after it, the most samples first; the
+k-th of them (from 0) spread evenly over `min(window, RAMP**k)` places from its own, so the first
+batch reads one shard (where that shard holds a batch), the next ones a few more, and from the third
+shard on about `window` at a time, as in the global order. The shards a span shares with its
+neighbours come at its end, where the neighbour reads them too. A pure function of the span, as the
+grouping below.
+
 **Batches by group** (aspect ratio, for detection: `groups`). Each span is then reordered as
 torchvision's GroupedBatchSampler forms batches: walking the span, a sample joins its group's next
 batch, and a batch is yielded when it fills; what is left at the span's end follows, group after
@@ -107,9 +119,19 @@ class Shards:
     starts: np.ndarray
     window: int | None = None
     first_window: int | None = None
+    ramp: bool = False  # each span of a shard-aware epoch starts on one shard (the module's docstring)
 
     def window_of(self, epoch: int) -> int | None:
-        return self.first_window if epoch == 0 and self.first_window is not None else self.window
+        """Over how many shards' places `epoch` spreads each shard's samples; None for a full shuffle."""
+        window = self.first_window if epoch == 0 and self.first_window is not None else self.window
+        return None if window is None or window >= len(self.starts) - 1 else window
+
+    def ramped(self, epoch: int) -> bool:
+        """Whether `epoch`'s spans are ordered again to start on one shard (`_ramped`)."""
+        return self.ramp and self.window_of(epoch) is not None
+
+
+RAMP = 4  # a ramped span's k-th shard is spread over min(window, RAMP**k) places (Shards.ramp)
 
 
 class ShardedBatchSampler:
@@ -179,7 +201,7 @@ class ShardedBatchSampler:
             return torch.arange(self.n)
         random = order_random(self.seed, epoch)
         window = None if self.shards is None else self.shards.window_of(epoch)
-        if self.shards is None or window is None or window >= len(self.shards.starts) - 1:
+        if self.shards is None or window is None:
             return torch.from_numpy(random.permutation(self.n))
         # the shards in a seeded random order; each shard's samples spread at random over `window` shards'
         # places from its own: at any point of the epoch about `window` shards are being read, and a cache
@@ -199,14 +221,18 @@ class ShardedBatchSampler:
             return [-(-m // w)] * w
         return [m // w + (r < m % w) for r in range(w)]
 
-    def _spans(self, sequence: torch.Tensor, world: int) -> list[torch.Tensor]:
-        """`sequence` cut into `world` contiguous spans (padded by wrapping where they pad)."""
+    def _spans(self, sequence: torch.Tensor, world: int, epoch: int) -> list[torch.Tensor]:
+        """`sequence` (of `epoch`) cut into `world` contiguous spans (padded by wrapping where they pad),
+        each ordered again to start on one shard where the epoch is ramped, then grouped where asked."""
         sizes = self._span_sizes(len(sequence), world)
         total = sum(sizes)
         if total > len(sequence) and len(sequence):  # wrapped as often as it takes: more ranks than samples
             sequence = sequence.repeat(-(-total // len(sequence)))
         bounds = np.cumsum([0] + sizes)
         spans = [sequence[bounds[r] : bounds[r + 1]] for r in range(world)]
+        if self.shards is not None and self.shards.ramped(epoch):
+            window = self.shards.window_of(epoch)
+            spans = [_ramped(s, self.shards.starts, window) for s in spans]  # type: ignore[arg-type]  # (ramped: set)
         return spans if self.groups is None else [self._grouped(s) for s in spans]
 
     def _grouped(self, span: torch.Tensor) -> torch.Tensor:
@@ -228,7 +254,7 @@ class ShardedBatchSampler:
         sequence = self.order(epoch)
         for k, seg in enumerate(segments):
             self._check_segment(k, seg, len(sequence))
-            consumed = torch.cat([s[: seg.batches * self.batch_size] for s in self._spans(sequence, seg.world)])
+            consumed = torch.cat([s[: seg.batches * self.batch_size] for s in self._spans(sequence, seg.world, epoch)])
             left = torch.ones(self.n, dtype=torch.bool)
             left[consumed] = False
             sequence = sequence[left[sequence]]
@@ -254,10 +280,35 @@ class ShardedBatchSampler:
         """This rank's indices for `epoch`, in visiting order (its span, or its span of the rest)."""
         segments = self.segments(epoch)
         sequence = self._remaining(epoch, segments) if segments else self.order(epoch)
-        return self._spans(sequence, self.world_size)[self.rank]
+        return self._spans(sequence, self.world_size, epoch)[self.rank]
 
     def batches(self, epoch: int, start: int = 0) -> list[torch.Tensor]:
         """Index tensors of this rank's batches in `epoch`, from batch number `start` on."""
         shard = self.shard(epoch)
         count = self._count(len(shard))
         return [shard[b * self.batch_size : (b + 1) * self.batch_size] for b in range(start, count)]
+
+
+def _ramped(span: torch.Tensor, starts: np.ndarray, window: int) -> torch.Tensor:
+    """`span` ordered again to start on one shard (the module's docstring): its shards ranked (those
+    wholly in it first, by their first sample's place in it; then the others, the most samples
+    first), the k-th one's samples, in their order in the span, spread evenly over
+    `min(window, RAMP**k)` places from place k."""
+    if not len(span):
+        return span
+    index = span.numpy()
+    starts = np.asarray(starts, np.int64)
+    of = np.searchsorted(starts, index, side="right") - 1  # each sample's shard
+    found, inverse, counts = np.unique(of, return_inverse=True, return_counts=True)
+    first = np.full(len(found), len(index))
+    np.minimum.at(first, inverse, np.arange(len(index)))
+    shared = counts < np.diff(starts)[found]  # samples of it are in other spans too (or wrapped)
+    rank = np.empty(len(found), np.float64)
+    rank[np.lexsort((first, np.where(shared, -counts, 0), shared))] = np.arange(len(found))
+    by_shard = np.argsort(inverse, kind="stable")  # each sample's count among its shard's samples before it
+    within = np.empty(len(index), np.float64)
+    within[by_shard] = np.arange(len(index)) - np.repeat(np.cumsum(counts) - counts, counts)
+    place = rank[inverse]
+    spread = np.minimum(float(window), float(RAMP) ** np.minimum(place, 64.0))
+    keys = place + (within + 0.5) / counts[inverse] * spread
+    return span[torch.from_numpy(np.argsort(keys, kind="stable"))]

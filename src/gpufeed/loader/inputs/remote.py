@@ -100,12 +100,13 @@ def _shards(store: RemoteStore, asked: int | None, batch_size: int) -> Shards:
     """The store's shards and the shard-aware order's windows: `_window`'s, and for a jpeg store in a
     bucket whose cache holds all of it (no `cache_limit`, or one above the store), a first epoch over
     a quarter of the shards' places: with a full shuffle its first batch would wait for nearly every
-    shard, so the first epoch could not train while they download."""
+    shard, so the first epoch could not train while they download. Each rank's span of a shard-aware
+    epoch starts on one shard (`Shards.ramp`): the shards arrive one by one."""
     window = _window(store, asked, batch_size)
     shards = len(store.starts) - 1
     streamed = store.mode == "jpeg" and asked is None
     first = max(1, shards // 4) if streamed and (window is None or window >= shards) else None
-    return Shards(store.starts, window, first)
+    return Shards(store.starts, window, first, ramp=True)
 
 
 def _window(store: RemoteStore, asked: int | None, batch_size: int) -> int | None:
