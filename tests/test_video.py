@@ -1113,3 +1113,26 @@ def test_a_video_s_clips_going_back_are_not_decoded_in_one_pass(store: Path):
     assert len(jobs([18, 20, 22, 24], [0, 2, 4, 6])) == 2  # back to frame 0: a pass each
     assert len(jobs([0, 2, 4, 6], [18, 20, 22, 24])) == 2  # keyframe 16 past the pass's last frame, 6
     loader.close()
+
+
+def test_a_torchcodec_built_without_cuda_is_named_before_any_clip(monkeypatch):
+    """PyPI's TorchCodec wheels are CPU builds ("+cpu"): NVDEC is said to be unavailable, with the build
+    and where a CUDA one comes from, when the Loader is made (it failed at the first clip with
+    "Unsupported device: cuda", and the CUDA tests failed instead of skipping)."""
+    import sys
+    import types
+
+    from gpufeed.decode.codecs.nvdec import NvdecUnavailable, open_torchcodec
+
+    package, decoders = types.ModuleType("torchcodec"), types.ModuleType("torchcodec.decoders")
+    decoders.VideoDecoder, decoders.set_cuda_backend = object, object
+    package.decoders = decoders
+    for version, fine in (("0.11.1+cpu", False), ("0.11.1+cu130", True), ("0.11.1", True)):
+        package.__version__ = version
+        monkeypatch.setitem(sys.modules, "torchcodec", package)
+        monkeypatch.setitem(sys.modules, "torchcodec.decoders", decoders)
+        if fine:
+            assert open_torchcodec() == (object, object)
+        else:
+            with pytest.raises(NvdecUnavailable, match=r"TorchCodec 0\.11\.1\+cpu is built without CUDA: install"):
+                open_torchcodec()
