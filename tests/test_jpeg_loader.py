@@ -377,6 +377,8 @@ def test_stats_say_how_the_loader_started(jpeg_store, tmp_path):
     start = loader.stats()["start"]
     ready = start["workers_ready_s"]
     assert 0 < start["constructor_s"] <= start["first_pass_s"] <= start["first_plan_s"] <= start["first_batch_s"]
+    # the first batch's bytes in hand, then decoded, before it is handed over (where a cold bucket's went)
+    assert start["first_pass_s"] <= start["first_read_s"] <= start["first_decoded_s"] <= start["first_batch_s"]
     assert ready and ready == sorted(ready) and len(ready) <= 2 and ready[0] <= start["first_batch_s"]
     for _ in loader:
         pass

@@ -133,6 +133,7 @@ class JpegBatcher:
         parts, failed = self.scheduler.finish(started, pin=self.fused)
         t2 = time.perf_counter()
         self.counters.add("decode", t2 - t1)
+        self.counters.mark("first_decoded")  # (stats()["start"]: where a first batch's time went)
         if failed:
             instead = self._instead(idx, failed, params, replacing)
             if instead is not None:
@@ -243,6 +244,7 @@ class JpegBatcher:
         t0 = time.perf_counter()
         batch = self._encoded(i, params)
         self.counters.add("read", time.perf_counter() - t0, int((batch.ends - batch.begins).sum()))
+        self.counters.mark("first_read")  # its bytes in hand (a bucket's: its shards downloaded)
         return self.scheduler.start(batch, self._shapes[i], params.boxes.numpy().copy(), params.out_hw, pace)
 
     def _forget_next(self) -> None:
