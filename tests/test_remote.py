@@ -856,3 +856,32 @@ def test_masks_from_a_bucket_are_those_of_the_store_on_disk(bucket, tmp_path):
     pairs = list(zip(remote, local, strict=True))
     assert len(pairs) == 3 and pairs[0][1]["masks"].any()
     assert all(torch.equal(a["masks"], b["masks"]) and torch.equal(a["masks_count"], b["masks_count"]) for a, b in pairs)
+
+
+def test_a_batch_does_not_wait_for_the_downloads_of_the_batches_after_it(bucket, tmp_path, monkeypatch):
+    """A batch whose shards are in the cache is made while the next batches' shards still download:
+    those are started when they are made, not ahead of it (the cold epoch's first batch waited for
+    the next two batches' shards, 0.83 s on a 1 Gbit/s link)."""
+    loader = _loader(bucket, tmp_path, num_workers=0)
+    first = set(loader.store.locate(loader.plan(0, 0)[0].numpy())[0].tolist())
+    later = set(loader.store.locate(torch.cat([loader.plan(0, b)[0] for b in (1, 2)]).numpy())[0].tolist())
+    assert later - first  # (the next batches read shards the first does not)
+    go = threading.Event()
+    download = remote_module.ShardCache._download
+
+    def held_back(self, k, *a, **kw):
+        if k not in first:
+            assert go.wait(60)
+        return download(self, k, *a, **kw)
+
+    monkeypatch.setattr(remote_module.ShardCache, "_download", held_back)
+    got: list = []
+    it = iter(loader)
+    reader = threading.Thread(target=lambda: got.append(next(it)), daemon=True)
+    reader.start()
+    reader.join(30)
+    made = bool(got)
+    go.set()  # the rest download now
+    reader.join(60)
+    assert made, "the first batch waited for the downloads of the batches after it"
+    assert len(list(it)) == len(loader) - 1

@@ -61,6 +61,10 @@ class ByteSource(Protocol):
     def for_workers(self) -> WorkerView:
         """What the CPU decode worker processes read from."""
 
+    def ready(self, indices: np.ndarray) -> bool:
+        """Whether the bytes of images `indices` can be read now without waiting for a download (a
+        batch is started ahead only then: `JpegBatcher._start_ahead`)."""
+
     def opened(self, indices: np.ndarray) -> dict[int, Any] | None:
         """The shards of a sharded store that images `indices` (just read) are in, as opened (number ->
         shard), for their fields (`Batch.shards`); None for any other source."""
@@ -83,6 +87,9 @@ class OfAStore:
 
     def opened(self, indices: np.ndarray) -> dict[int, Any] | None:
         return None
+
+    def ready(self, indices: np.ndarray) -> bool:
+        return True
 
 
 class PackedBytes(OfAStore):
@@ -162,6 +169,17 @@ class ShardBytes(OfAStore):
 
         encoded = Encoded(torch.from_numpy(buffer), buffer, begins, ends, shards.astype(np.int64), begins_in_file, fill)
         return lambda: encoded
+
+    def ready(self, indices: np.ndarray) -> bool:
+        """Whether every shard of images `indices` is on this disk: held, or in a remote store's cache.
+        Reading a batch whose shards are still downloading waits for them, and a batch started ahead
+        so made the one before it wait: a cold bucket's first batch came 0.83 s after its bytes were in
+        hand, the next two batches' shards downloading (docs/benchmarks.md, "Training from a bucket")."""
+        if self._cache is None:
+            return True
+        with self._lock:
+            held = set(self._held)
+        return all(k in held or self._cache.present(k) for k in np.unique(self.store.locate(indices)[0]).tolist())
 
     def opened(self, indices: np.ndarray) -> dict[int, Any] | None:
         """The shards of images `indices`, as opened: held still, a batch made from them being just read

@@ -315,6 +315,9 @@ class FolderStore:
         """None: a folder has no shards (`ByteSource.opened`)."""
         return None
 
+    def ready(self, indices: np.ndarray) -> bool:
+        return True  # (files on a disk: read when asked)
+
     def source(self, i: int) -> str:
         """Where sample `i` is: its path, or `shard.tar:key`."""
         return self._names[i]

@@ -145,12 +145,15 @@ class JpegBatcher:
 
     def _start_ahead(self, ahead: tuple[Upcoming, ...], pace: Pace | None) -> None:
         """Start decoding the next batch (`ahead[0]`), and reading the one after it where the bytes are
-        read ahead (`ahead[1]`): both while this batch finishes."""
+        read ahead (`ahead[1]`): both while this batch finishes, each only where its bytes are there to
+        read (`ByteSource.ready`): one whose shards are still downloading is started when it is made,
+        so this batch does not wait for them."""
         if ahead:
             following = ahead[0].indices.numpy()
             self._forget_next()
-            self._next = following, self._start(following, ahead[0].params, pace)
-        if self.images.reads_ahead and len(ahead) > 1:  # read while this batch and the next decode
+            if self.images.ready(following):
+                self._next = following, self._start(following, ahead[0].params, pace)
+        if self.images.reads_ahead and len(ahead) > 1 and self.images.ready(ahead[1].indices.numpy()):
             later = ahead[1].indices.numpy()
             first = self._read_first(later, ahead[1].params)
             self._reads.append(ReadAhead(later, self.images.read_later(later, first)))
