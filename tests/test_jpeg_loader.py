@@ -389,3 +389,40 @@ def test_stats_say_how_the_loader_started(jpeg_store, tmp_path):
     next(iter(plain))
     assert set(plain.stats()["start"]) == {"constructor_s", "first_pass_s", "first_plan_s", "first_batch_s"}
     plain.close()
+
+
+def test_a_batch_not_started_ahead_for_want_of_its_bytes_is_read_once():
+    """Where the next batch's bytes are not there yet (a bucket's shard downloading), it is not started
+    ahead, and the batch after it is not read ahead either: that read would be found first by the next
+    batch's, thrown away and made again (each read of a bucket's batch holds its shards and counts its
+    samples off the fetch ahead's list: twice, a shard still wanted left the list)."""
+    from collections import deque
+    from types import SimpleNamespace
+
+    from gpufeed.loader.jpeg_batch import JpegBatcher, Upcoming
+
+    class Source:  # a bucket's shards as the batcher sees them: 4 samples a batch, batch k in shard k
+        reads_ahead, reads_in_part = True, False
+
+        def __init__(self):
+            self.reads, self.downloading = [], {1}
+
+        def ready(self, indices):
+            return int(indices[0]) // 4 not in self.downloading
+
+        def read_later(self, indices, first=None):
+            self.reads.append(int(indices[0]) // 4)
+            return lambda: SimpleNamespace(ends=np.ones(len(indices)), begins=np.zeros(len(indices)))
+
+    batcher = JpegBatcher.__new__(JpegBatcher)  # the reading ahead alone, without decoders
+    batcher.images, batcher._reads, batcher._next = Source(), deque(), None
+    batcher._shapes = np.ones((40, 2), np.int64)
+    batcher.counters = SimpleNamespace(add=lambda *a: None, mark=lambda *a: None)
+    batcher.scheduler = SimpleNamespace(start=lambda batch, shapes, boxes, *a: SimpleNamespace(boxes=boxes),
+                                        drop=lambda started: None)
+    params = SimpleNamespace(boxes=torch.zeros(4, 4), out_hw=(8, 8))
+    for k in range(3):  # what making batch k does before its decoders finish
+        batcher._started(np.arange(4 * k, 4 * k + 4), params)
+        batcher._start_ahead(tuple(Upcoming(torch.arange(4 * j, 4 * j + 4), params) for j in (k + 1, k + 2)), None)
+        batcher.images.downloading.clear()  # batch 1's shard came in while batch 0 finished
+    assert batcher.images.reads == [0, 1, 2, 3, 4]

@@ -145,14 +145,17 @@ class JpegBatcher:
 
     def _start_ahead(self, ahead: tuple[Upcoming, ...], pace: Pace | None) -> None:
         """Start decoding the next batch (`ahead[0]`), and reading the one after it where the bytes are
-        read ahead (`ahead[1]`): both while this batch finishes, each only where its bytes are there to
-        read (`ByteSource.ready`): one whose shards are still downloading is started when it is made,
-        so this batch does not wait for them."""
+        read ahead (`ahead[1]`): both while this batch finishes, only where their bytes are there to
+        read (`ByteSource.ready`): a batch whose shards are still downloading is started when it is
+        made, so this batch does not wait for them; and the one after it is then not read ahead either
+        (the next batch's read would find it first and read it again: a bucket's fetch ahead counted
+        its samples twice)."""
         if ahead:
             following = ahead[0].indices.numpy()
             self._forget_next()
-            if self.images.ready(following):
-                self._next = following, self._start(following, ahead[0].params, pace)
+            if not self.images.ready(following):
+                return
+            self._next = following, self._start(following, ahead[0].params, pace)
         if self.images.reads_ahead and len(ahead) > 1 and self.images.ready(ahead[1].indices.numpy()):
             later = ahead[1].indices.numpy()
             first = self._read_first(later, ahead[1].params)
