@@ -211,9 +211,11 @@ def fetch_alone(work: Path, storage_options: dict, n: int) -> dict:
     return {"bytes": got, "seconds": took, "bytes_per_s": got / took, "img_per_s": n / took}
 
 
-def epochs(loader, step, count: int, device: str) -> list[dict]:
+def epochs(loader, step, count: int, device: str, together=None) -> list[dict]:
     """Each of `count` epochs of `loader` trained on: images, seconds from its first batch asked for, and
-    how long that first batch took (a cold epoch's waits for its first shards)."""
+    how long that first batch took (a cold epoch's waits for its first shards); when it began and
+    ended on the wall clock (`began_at`, `ended_at`: the ranks of `rank_rows` are timed as a node).
+    `together(k)`: called before epoch k begins (the ranks' barrier)."""
     from gpufeed.bench.common import sync
 
     cache = getattr(getattr(loader, "store", None), "cache", None)  # gpufeed's (others.py's rows: none)
@@ -225,9 +227,11 @@ def epochs(loader, step, count: int, device: str) -> list[dict]:
         return getattr(cache, "downloaded", 0)
 
     out = []
-    for _ in range(count):
+    for k in range(count):
+        if together is not None:
+            together(k)
         fetched = downloaded()
-        began = time.monotonic()
+        began, began_at = time.monotonic(), time.time()
         t0 = time.perf_counter()
         images, first = 0, None
         for x, y in loader:
@@ -237,7 +241,8 @@ def epochs(loader, step, count: int, device: str) -> list[dict]:
             images += len(y)
         sync(device)
         after = downloaded()
-        row = {"images": images, "seconds": time.perf_counter() - t0, "first_batch_s": first}
+        row = {"images": images, "seconds": time.perf_counter() - t0, "first_batch_s": first,
+               "began_at": began_at, "ended_at": time.time()}
         if hasattr(loader, "cached"):  # another library's: the bytes its cache folder holds now
             row["cached"] = loader.cached()
         else:
@@ -308,40 +313,82 @@ def compare(a, work: Path, served: Served, limit: int, runs: dict) -> None:
 
 OTHER_ROW = "other-row "  # how `other_rows` prints a row to its parent
 RANK_ROWS = "rank-rows "  # how `one_rank` prints its epochs to its parent
+RANK_READY = "rank-ready "  # and says it is ready to begin epoch k (`rank_rows`' barrier)
 
 
 def rank_rows(a, work: Path, served: Served, shard_bytes: int, runs: dict) -> None:
     """The --ranks rows: `a.ranks` processes (`one_rank`), each a rank of the same job on this machine,
-    read the bucket through one cache folder for a cold and a warm epoch; per epoch the node's rate
-    (every rank's images over the slowest rank's seconds) and the bytes all of them downloaded, which
-    a cache shared by the node keeps at one download a shard (`shard_bytes`, every shard's, cold; none
-    warm)."""
+    read the bucket through one cache folder for a cold and a warm epoch, each epoch begun by all of
+    them at once (a barrier: each says it is ready, then all are told to go, as a training job's ranks
+    meet at every step); per epoch the node's rate (every rank's images over the time from the first
+    rank's start to the last one's end) and the bytes all of them downloaded, which a cache shared by
+    the node keeps at one download a shard (`shard_bytes`, every shard's, cold; none warm). Without
+    the barrier a rank that started later read shards the earlier one fetched for its next epoch,
+    and the node's cold epoch seemed to beat the link (114 %)."""
     with tempfile.TemporaryDirectory(dir=work) as cache:
         spec = {"cache": cache, "link": served.link, "batch": a.batch, "size": a.size, "device": a.device,
                 "model": a.model, "world": a.ranks}
-        children = []
+        children, lines, said = [], [], []
         for rank in range(a.ranks):
             env = os.environ | {"RANK": str(rank), "WORLD_SIZE": str(a.ranks), "LOCAL_RANK": str(rank),
                                 "LOCAL_WORLD_SIZE": str(a.ranks)}
-            children.append(subprocess.Popen([sys.executable, __file__, "--rank", json.dumps(spec)], env=env,
-                                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-        results, failed = [], []
-        for rank, child in enumerate(children):
-            out, err = child.communicate(timeout=1800)
-            got = [json.loads(line[len(RANK_ROWS):]) for line in out.splitlines() if line.startswith(RANK_ROWS)]
-            if child.returncode or not got:
-                failed.append(f"rank {rank}: exit {child.returncode}: {err.strip()[-1000:]}")
-            else:
-                results.append(got[0])
+            child = subprocess.Popen([sys.executable, __file__, "--rank", json.dumps(spec)], env=env, text=True,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            out: queue.Queue = queue.Queue()
+            err: list[str] = []
+            threading.Thread(target=_lines, args=(child.stdout, out), daemon=True).start()
+            threading.Thread(target=err.extend, args=(child.stderr,), daemon=True).start()
+            children.append(child)
+            lines.append(out)
+            said.append(err)
+        results: list = [None] * a.ranks
+        failed = []
+        for k in range(2):  # each epoch begun together
+            for rank, out in enumerate(lines):
+                line = _until(out, f"{RANK_READY}{k}")
+                if line is None:
+                    failed.append(f"rank {rank}: ended before epoch {k}")
+            if failed:
+                break
+            for child in children:
+                child.stdin.write("go\n")  # type: ignore[union-attr]
+                child.stdin.flush()  # type: ignore[union-attr]
+        for rank, (child, out) in enumerate(zip(children, lines)):
+            if not failed:
+                line = _until(out, RANK_ROWS)
+                results[rank] = None if line is None else json.loads(line[len(RANK_ROWS):])
+            child.stdin.close()  # type: ignore[union-attr]
+            child.wait(timeout=1800)
+            if child.returncode or results[rank] is None:
+                failed.append(f"rank {rank}: exit {child.returncode}: {''.join(said[rank]).strip()[-1000:]}")
     if failed:
         runs[f"{a.ranks} ranks: failed"] = {"exit": 1, "error": "\n".join(failed)}
         return
     for k, name in enumerate(("cold", "warm")):
         each = [r[k] for r in results]
         runs[f"{a.ranks} ranks, one cache folder: {name}"] = {
-            "images": sum(e["images"] for e in each), "seconds": max(e["seconds"] for e in each),
+            "images": sum(e["images"] for e in each),
+            "seconds": max(e["ended_at"] for e in each) - min(e["began_at"] for e in each),
             "first_batch_s": max(e["first_batch_s"] for e in each),
             "downloaded": sum(e["downloaded"] for e in each), "shard_bytes": shard_bytes, "ranks": each}
+
+
+def _lines(stream, out: queue.Queue) -> None:
+    """Each line of a rank's output into `out`, then None at its end (read on a thread of its own)."""
+    for line in stream:
+        out.put(line)
+    out.put(None)
+
+
+def _until(out: queue.Queue, prefix: str) -> str | None:
+    """The next line from a rank's output queue that starts with `prefix` (others skipped), or None
+    where the rank's output ended first."""
+    while True:
+        line = out.get()
+        if line is None:
+            return None
+        if line.startswith(prefix):
+            return line.strip()
 
 
 def one_rank(spec: dict) -> None:
@@ -360,7 +407,11 @@ def one_rank(spec: dict) -> None:
     step = training_step(spec["model"], device, 1000)
     loader = gpufeed.Loader("s3://bench/train", cache_dir=spec["cache"], storage_options=options(spec["link"]),
                             batch_size=spec["batch"], device=device, augment=ops(size=spec["size"]))
-    print(RANK_ROWS + json.dumps(epochs(loader, step, 2, device), default=str), flush=True)
+    def together(k: int) -> None:  # the parent's barrier: ready, then wait for its word
+        print(f"{RANK_READY}{k}", flush=True)
+        sys.stdin.readline()
+
+    print(RANK_ROWS + json.dumps(epochs(loader, step, 2, device, together), default=str), flush=True)
 
 
 def other_rows(spec: dict) -> None:

@@ -106,6 +106,10 @@ def test_smoke(name, bench, tmp_path, capsys):
         cold, warm = (written["runs"][f"2 ranks, one cache folder: {e}"] for e in ("cold", "warm"))
         assert cold["downloaded"] == cold["shard_bytes"] and warm["downloaded"] == 0  # each shard once a node
         assert cold["images"] == sum(r["images"] for r in cold["ranks"]) > 0 and len(cold["ranks"]) == 2
+        for node in (cold, warm):  # the ranks timed as a node: from the first one's start to the last one's end
+            began, ended = [r["began_at"] for r in node["ranks"]], [r["ended_at"] for r in node["ranks"]]
+            assert node["seconds"] == max(ended) - min(began) >= max(r["seconds"] for r in node["ranks"])
+            assert max(began) - min(began) < node["seconds"]  # begun together (a barrier at each epoch)
         if importlib.util.find_spec("litdata") is None:  # its process failed: its row says so, the benchmark goes on
             failed = written["runs"]["litdata: failed"]
             assert failed["exit"] != 0 and "litdata" in failed["error"] and "partial" not in written
