@@ -18,10 +18,10 @@ of 8 with ImageNet's first window), each to be downloaded before it. Each span o
 is then ordered again, from its own contents: its shards that lie wholly in it first, in the global
 order's order, then those it shares with the span before or after it, the most samples first; the
 k-th of them (from 0) spread evenly over `min(window, RAMP**k)` places from its own, so the first
-batch reads one shard (where that shard holds a batch), the next ones a few more, and from the third
-shard on about `window` at a time, as in the global order. The shards a span shares with its
-neighbours come at its end, where the neighbour reads them too. A pure function of the span, as the
-grouping below.
+batch reads one shard (where that shard holds a batch), and each later one about as many shards as
+the span has begun (fewer than the global order mixes at its start: the price of not waiting for
+them; docs/buckets.md has the counts). The shards a span shares with its neighbours come at its end,
+where the neighbour reads them too. A pure function of the span, as the grouping below.
 
 **Batches by group** (aspect ratio, for detection: `groups`). Each span is then reordered as
 torchvision's GroupedBatchSampler forms batches: walking the span, a sample joins its group's next
