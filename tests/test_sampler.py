@@ -158,3 +158,14 @@ def test_a_streamed_epoch_resumed_at_another_world_size_reads_exactly_the_rest(b
     sampler, _ = _streamed(sizes, 24, 2, 1, ramp=True, first_window=4, window=None, epoch=1)
     plain, _ = _streamed(sizes, 24, 2, 1, ramp=False, first_window=4, window=None, epoch=1)
     assert torch.equal(torch.cat(sampler.batches(1)), torch.cat(plain.batches(1)))
+
+
+def test_a_streamed_span_whose_batch_is_larger_than_a_shard_starts_on_as_few_shards_as_hold_it():
+    """Batches of 512 over shards of 100: each rank's first batch reads 6 to 8 shards (6 hold it), not
+    the 14-25 of the global order's windows (a ramp by powers of 4 read 13)."""
+    sizes = [100] * 40
+    for rank in range(3):
+        sampler, starts = _streamed(sizes, 512, 3, rank, ramp=True, window=20)
+        plain, _ = _streamed(sizes, 512, 3, rank, ramp=False, window=20)
+        first = len(_shards_of(sampler.batches(0)[0], starts))
+        assert 6 <= first <= 8 < len(_shards_of(plain.batches(0)[0], starts)), (rank, first)

@@ -17,11 +17,14 @@ before it: its first batch read about `window` shards (10 of 37 at 2 ranks, 174 
 of 8 with ImageNet's first window), each to be downloaded before it. Each span of a shard-aware epoch
 is then ordered again, from its own contents: its shards that lie wholly in it first, in the global
 order's order, then those it shares with the span before or after it, the most samples first; the
-k-th of them (from 0) spread evenly over `min(window, RAMP**k)` places from its own, so the first
-batch reads one shard (where that shard holds a batch), and each later one about as many shards as
-the span has begun (fewer than the global order mixes at its start: the price of not waiting for
-them; docs/buckets.md has the counts). The shards a span shares with its neighbours come at its end,
-where the neighbour reads them too. A pure function of the span, as the grouping below.
+k-th of them (from 0) spread evenly over as many places as it holds batches times k + 1 (one place
+at least, `window` at most), from its own: the first batch reads one shard (where that shard holds a
+batch), and from then on a batch takes about as much of each shard begun, the k-th batch about k
+shards at first (fewer than the global order mixes at its start: the price of not waiting for them;
+docs/buckets.md has the counts). A power of k instead (4**k) left ImageNet-sized shards' first four
+batches on one shard, and a batch larger than a shard read twice the shards it needed. The shards
+a span shares with its neighbours come at its end, where the neighbour reads them too. A pure
+function of the span, as the grouping below.
 
 **Batches by group** (aspect ratio, for detection: `groups`). Each span is then reordered as
 torchvision's GroupedBatchSampler forms batches: walking the span, a sample joins its group's next
@@ -131,7 +134,7 @@ class Shards:
         return self.ramp and self.window_of(epoch) is not None
 
 
-RAMP = 4  # a ramped span's k-th shard is spread over min(window, RAMP**k) places (Shards.ramp)
+RAMP = "(k + 1) * batches"  # how a ramped span's k-th shard is spread (Shards.ramp), in the order key
 
 
 class ShardedBatchSampler:
@@ -232,7 +235,7 @@ class ShardedBatchSampler:
         spans = [sequence[bounds[r] : bounds[r + 1]] for r in range(world)]
         if self.shards is not None and self.shards.ramped(epoch):
             window = self.shards.window_of(epoch)
-            spans = [_ramped(s, self.shards.starts, window) for s in spans]  # type: ignore[arg-type]  # (ramped: set)
+            spans = [_ramped(s, self.shards.starts, window, self.batch_size) for s in spans]  # type: ignore[arg-type]  # (ramped: set)
         return spans if self.groups is None else [self._grouped(s) for s in spans]
 
     def _grouped(self, span: torch.Tensor) -> torch.Tensor:
@@ -289,11 +292,11 @@ class ShardedBatchSampler:
         return [shard[b * self.batch_size : (b + 1) * self.batch_size] for b in range(start, count)]
 
 
-def _ramped(span: torch.Tensor, starts: np.ndarray, window: int) -> torch.Tensor:
+def _ramped(span: torch.Tensor, starts: np.ndarray, window: int, batch: int) -> torch.Tensor:
     """`span` ordered again to start on one shard (the module's docstring): its shards ranked (those
     wholly in it first, by their first sample's place in it; then the others, the most samples
-    first), the k-th one's samples, in their order in the span, spread evenly over
-    `min(window, RAMP**k)` places from place k."""
+    first), the k-th one's samples, in their order in the span, spread evenly over (k + 1) times
+    their count over `batch` places (1 to `window`) from place k."""
     if not len(span):
         return span
     index = span.numpy()
@@ -309,6 +312,6 @@ def _ramped(span: torch.Tensor, starts: np.ndarray, window: int) -> torch.Tensor
     within = np.empty(len(index), np.float64)
     within[by_shard] = np.arange(len(index)) - np.repeat(np.cumsum(counts) - counts, counts)
     place = rank[inverse]
-    spread = np.minimum(float(window), float(RAMP) ** np.minimum(place, 64.0))
+    spread = np.clip((place + 1) * counts[inverse] / batch, 1.0, float(window))
     keys = place + (within + 0.5) / counts[inverse] * spread
     return span[torch.from_numpy(np.argsort(keys, kind="stable"))]
