@@ -50,6 +50,7 @@ ended.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -314,6 +315,7 @@ def compare(a, work: Path, served: Served, limit: int, runs: dict) -> None:
 OTHER_ROW = "other-row "  # how `other_rows` prints a row to its parent
 RANK_ROWS = "rank-rows "  # how `one_rank` prints its epochs to its parent
 RANK_READY = "rank-ready "  # and says it is ready to begin epoch k (`rank_rows`' barrier)
+RANK_WAIT = 1800  # seconds a rank may say nothing before it is taken for hung
 
 
 def rank_rows(a, work: Path, served: Served, shard_bytes: int, runs: dict) -> None:
@@ -342,24 +344,39 @@ def rank_rows(a, work: Path, served: Served, shard_bytes: int, runs: dict) -> No
             lines.append(out)
             said.append(err)
         results: list = [None] * a.ranks
-        failed = []
+        failed: list[str] = []
         for k in range(2):  # each epoch begun together
             for rank, out in enumerate(lines):
-                line = _until(out, f"{RANK_READY}{k}")
-                if line is None:
-                    failed.append(f"rank {rank}: ended before epoch {k}")
+                if _until(out, f"{RANK_READY}{k}") is None:
+                    failed.append(f"rank {rank}: ended (or said nothing for {RANK_WAIT} s) before epoch {k}")
             if failed:
                 break
-            for child in children:
-                child.stdin.write("go\n")  # type: ignore[union-attr]
-                child.stdin.flush()  # type: ignore[union-attr]
-        for rank, (child, out) in enumerate(zip(children, lines)):
+            for rank, child in enumerate(children):
+                try:
+                    child.stdin.write("go\n")  # type: ignore[union-attr]
+                    child.stdin.flush()  # type: ignore[union-attr]
+                except OSError:  # it died waiting (the OOM killer's choice, say): its row says so below
+                    failed.append(f"rank {rank}: gone before epoch {k} began")
+            if failed:
+                break
+        for rank, out in enumerate(lines):
             if not failed:
                 line = _until(out, RANK_ROWS)
-                results[rank] = None if line is None else json.loads(line[len(RANK_ROWS):])
-            child.stdin.close()  # type: ignore[union-attr]
-            child.wait(timeout=1800)
-            if child.returncode or results[rank] is None:
+                results[rank] = None if line is None else json.loads(line[len(RANK_ROWS) :])
+                if line is None:
+                    failed.append(f"rank {rank}: no rows")
+        for rank, child in enumerate(children):  # a failed job stops every rank (each waits for the others)
+            if failed:
+                child.kill()
+            with contextlib.suppress(OSError):
+                child.stdin.close()  # type: ignore[union-attr]
+            try:
+                child.wait(timeout=RANK_WAIT)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+                failed.append(f"rank {rank}: did not end after its rows")
+            if child.returncode and child.returncode != -9:
                 failed.append(f"rank {rank}: exit {child.returncode}: {''.join(said[rank]).strip()[-1000:]}")
     if failed:
         runs[f"{a.ranks} ranks: failed"] = {"exit": 1, "error": "\n".join(failed)}
@@ -382,9 +399,12 @@ def _lines(stream, out: queue.Queue) -> None:
 
 def _until(out: queue.Queue, prefix: str) -> str | None:
     """The next line from a rank's output queue that starts with `prefix` (others skipped), or None
-    where the rank's output ended first."""
+    where the rank's output ended first, or it said nothing for `RANK_WAIT` seconds (hung)."""
     while True:
-        line = out.get()
+        try:
+            line = out.get(timeout=RANK_WAIT)
+        except queue.Empty:
+            return None
         if line is None:
             return None
         if line.startswith(prefix):
