@@ -91,12 +91,12 @@ def test_more_ranks_than_samples_padded_gives_every_rank_a_sample(n, world):
     assert sorted({int(s[0][0]) for s in shards}) == list(range(n))
 
 
-def _streamed(sizes, batch, world, rank, *, ramp, window=4, first_window=None, epoch=0, segments=()):
+def _streamed(sizes, batch, world, rank, *, ramp, window=4, first_window=None, epoch=0, segments=(), seed=5):
     """The sampler of `rank` for a shard-aware order over shards of `sizes` samples (a store in a bucket)."""
     from gpufeed.loader.sampler import Segment, Shards
 
     starts = np.concatenate([[0], np.cumsum(sizes)])
-    sampler = ShardedBatchSampler(int(starts[-1]), batch, shuffle=True, seed=5, rank=rank, world_size=world,
+    sampler = ShardedBatchSampler(int(starts[-1]), batch, shuffle=True, seed=seed, rank=rank, world_size=world,
                                   drop_last=False, pad=False,
                                   shards=Shards(starts, window, first_window, ramp=ramp))
     sampler.resume(epoch, tuple(Segment(w, b) for w, b in segments))
@@ -169,3 +169,12 @@ def test_a_streamed_span_whose_batch_is_larger_than_a_shard_starts_on_as_few_sha
         plain, _ = _streamed(sizes, 512, 3, rank, ramp=False, window=20)
         first = len(_shards_of(sampler.batches(0)[0], starts))
         assert 6 <= first <= 8 < len(_shards_of(plain.batches(0)[0], starts)), (rank, first)
+
+
+def test_a_streamed_span_starts_on_its_first_shard_that_holds_a_batch():
+    """Where the span's first whole shard holds fewer samples than a batch, the first one that holds a
+    batch goes first: the first batch still reads one shard (it read three)."""
+    sizes = [10, 100, 100, 100, 100, 100, 100, 100]
+    for seed in (1, 3):  # (seeds whose order puts the 10-sample shard first)
+        sampler, starts = _streamed(sizes, 50, 1, 0, ramp=True, window=2, seed=seed)
+        assert len(_shards_of(sampler.batches(0)[0], starts)) == 1

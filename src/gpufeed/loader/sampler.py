@@ -294,9 +294,10 @@ class ShardedBatchSampler:
 
 def _ramped(span: torch.Tensor, starts: np.ndarray, window: int, batch: int) -> torch.Tensor:
     """`span` ordered again to start on one shard (the module's docstring): its shards ranked (those
-    wholly in it first, by their first sample's place in it; then the others, the most samples
-    first), the k-th one's samples, in their order in the span, spread evenly over (k + 1) times
-    their count over `batch` places (1 to `window`) from place k."""
+    wholly in it first, by their first sample's place in it, the first of them that holds a batch
+    ahead of them all; then the others, the most samples first), the k-th one's samples, in their
+    order in the span, spread evenly over (k + 1) times their count over `batch` places (1 to
+    `window`) from place k."""
     if not len(span):
         return span
     index = span.numpy()
@@ -306,8 +307,12 @@ def _ramped(span: torch.Tensor, starts: np.ndarray, window: int, batch: int) -> 
     first = np.full(len(found), len(index))
     np.minimum.at(first, inverse, np.arange(len(index)))
     shared = counts < np.diff(starts)[found]  # samples of it are in other spans too (or wrapped)
+    ranked = np.lexsort((first, np.where(shared, -counts, 0), shared))
+    holds = np.flatnonzero(~shared[ranked] & (counts[ranked] >= batch))
+    if len(holds) and holds[0]:  # the first whole shard that holds a batch goes first: the first batch reads it alone
+        ranked = np.concatenate([ranked[holds[:1]], np.delete(ranked, holds[0])])
     rank = np.empty(len(found), np.float64)
-    rank[np.lexsort((first, np.where(shared, -counts, 0), shared))] = np.arange(len(found))
+    rank[ranked] = np.arange(len(found))
     by_shard = np.argsort(inverse, kind="stable")  # each sample's count among its shard's samples before it
     within = np.empty(len(index), np.float64)
     within[by_shard] = np.arange(len(index)) - np.repeat(np.cumsum(counts) - counts, counts)
