@@ -312,17 +312,18 @@ def _ramped(span: torch.Tensor, starts: np.ndarray, window: int, batch: int) -> 
     # shards and their samples by one stable sort of the shard numbers (a radix sort where they fit
     # 16 bits: np.unique and ufunc.at took most of an ImageNet-sized span's 0.3 s)
     kind = np.uint16 if len(starts) <= 1 << 16 else np.int64
-    of = np.repeat(np.arange(len(starts) - 1, dtype=kind), np.diff(starts))[index]
+    sizes = np.diff(starts)
+    of = np.repeat(np.arange(len(sizes), dtype=kind), sizes)[index]
     by_shard = np.argsort(of, kind="stable")  # each shard's samples together, in their order in the span
-    all_counts = np.bincount(of, minlength=len(starts) - 1)
+    all_counts = np.bincount(of, minlength=len(sizes))
     found = np.flatnonzero(all_counts)
     counts = all_counts[found]
     begins = np.cumsum(counts) - counts  # where each found shard's samples begin in `by_shard`
     first = by_shard[begins]  # its first sample's place in the span
-    inverse = np.empty(len(starts) - 1, np.int64)
+    inverse = np.empty(len(sizes), np.int64)
     inverse[found] = np.arange(len(found))
     inverse = inverse[of]  # each sample's found shard
-    shared = counts < np.diff(starts)[found]  # samples of it are in other spans too (or wrapped)
+    shared = counts < sizes[found]  # samples of it are in other spans too (or wrapped)
     ranked = np.lexsort((first, np.where(shared, -counts, 0), shared))
     holds = np.flatnonzero(~shared[ranked] & (counts[ranked] >= batch))
     if len(holds) and holds[0]:  # the first whole shard that holds a batch goes first: the first batch reads it alone

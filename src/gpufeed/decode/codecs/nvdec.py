@@ -52,18 +52,21 @@ def open_torchcodec():
             f"TorchCodec does not import ({type(e).__name__}: {first}); pip install torchcodec, with "
             "FFmpeg's shared libraries and NVIDIA NPP for this CUDA"
         ) from None
-    import torchcodec
-
-    version = str(getattr(torchcodec, "__version__", ""))
-    if version.endswith("+cpu"):  # PyPI's wheels; the CUDA builds say "+cu130" and the like
-        raise NvdecUnavailable(_cpu_build(version))
+    if _version().endswith("+cpu"):  # PyPI's wheels; the CUDA builds say "+cu130" and the like
+        raise NvdecUnavailable(_cpu_build())
     return VideoDecoder, set_cuda_backend
 
 
-def _cpu_build(version: str) -> str:
+def _version() -> str:
+    import torchcodec
+
+    return str(getattr(torchcodec, "__version__", "?"))
+
+
+def _cpu_build() -> str:
     return (
-        f"TorchCodec {version} is built without CUDA: install a CUDA build for this CUDA (pip install torchcodec "
-        "--index-url https://download.pytorch.org/whl/cu130, or your CUDA's index)"
+        f"TorchCodec {_version()} is built without CUDA: install a CUDA build for this CUDA (pip install "
+        "torchcodec --index-url https://download.pytorch.org/whl/cu130, or your CUDA's index)"
     )
 
 
@@ -94,9 +97,7 @@ def decode_on_gpu(clip: NvdecClip, device: torch.device) -> tuple[torch.Tensor, 
             decoder = VideoDecoder(data, device=str(device), dimension_order="NHWC", seek_mode="exact")
         except RuntimeError as e:  # a build without CUDA whose version does not say so
             if cuda and "Unsupported device" in str(e):
-                import torchcodec
-
-                raise NvdecUnavailable(_cpu_build(str(getattr(torchcodec, "__version__", "?")))) from None
+                raise NvdecUnavailable(_cpu_build()) from None
             raise
         frames = decoder.get_frames_at(indices=[int(i) for i in clip.frames]).data
     if tuple(frames.shape[1:3]) != (clip.height, clip.width):
