@@ -263,3 +263,49 @@ def test_a_gpu_share_still_in_its_files_is_read_before_the_gpu_turn_and_its_timi
     assert not failed and sum(len(pos) for _, pos in parts) == 4
     assert seen == [True] and read_under_turn and not any(read_under_turn)
     s.close()
+
+
+def test_the_engines_decoder_kept_idle_is_taken_back_by_the_next_pipeline_not_made_again(monkeypatch):
+    """A closed pipeline's engines' decoder is kept for the process (`keep_idle`); the next pipeline to
+    open the engines on that GPU takes that one (unwarmed: it decoded before) and makes none. Only
+    one pipeline has it at a time, and a taken-back decoder let go while another is kept is
+    destroyed like any other (no longer marked kept)."""
+    from gpufeed.decode.scheduling import choice
+
+    class Engines:
+        name, device = "hw", torch.device("cuda", 0)
+
+        def __init__(self):
+            self.kept = False
+
+        def keep_for_process(self):
+            self.kept = True
+
+        def taken_back(self):
+            self.kept = False
+
+    made = []
+
+    def make(device, name, *args):
+        made.append(Engines())
+        return made[-1]
+
+    def never_warmed(decoder, device):
+        raise AssertionError("a taken-back decoder decoded before: no warming")
+
+    monkeypatch.setattr(choice, "_kept", {})
+    monkeypatch.setattr(choice, "_nvimgcodec", make)
+    gpu = torch.device("cuda", 0)
+    first = choice.gpu_decoders(gpu, ("hw", "cpu"), 2)
+    choice.keep_idle(first)
+    assert first[0].kept and choice._kept == {0: first[0]}
+    monkeypatch.setattr(choice, "warmed", never_warmed)
+    again = choice.gpu_decoders(gpu, ("hw", "cpu"), 2, warm=True)
+    assert again == first and len(made) == 1 and not first[0].kept and choice._kept == {}
+    monkeypatch.setattr(choice, "warmed", lambda decoder, device: True)
+    beside = choice.gpu_decoders(gpu, None, 2, warm=True)  # another pipeline meanwhile: its own
+    assert len(made) == 2 and beside == [made[1]]
+    assert choice.gpu_decoders(torch.device("cuda", 1), ("hw",), 2) == [made[2]]  # another GPU's is its own
+    choice.keep_idle(beside)
+    choice.keep_idle(again)  # the GPU has one kept already
+    assert choice._kept == {0: made[1]} and made[1].kept and not made[0].kept

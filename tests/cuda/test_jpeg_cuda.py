@@ -94,7 +94,8 @@ def test_the_gpu_decoders_open_while_the_cpu_decodes_the_first_batches(store):
 def test_an_idle_engines_decoder_is_kept_for_the_process_after_a_loader_goes(store, monkeypatch):
     """Once a Loader closes, one of its engines' decoders is kept for the process (where its GPU has none
     kept yet), marked never to be destroyed (a later decoder's first decode then takes 0.1 s instead
-    of 1 s): it still decodes after the Loader is closed and collected."""
+    of 1 s): it still decodes after the Loader is closed and collected, and the next Loader takes it
+    back rather than making one."""
     import gc
 
     from gpufeed.decode.scheduling import choice
@@ -113,6 +114,15 @@ def test_an_idle_engines_decoder_is_kept_for_the_process_after_a_loader_goes(sto
     kept = choice._kept[torch.cuda.current_device()]
     assert any(kept is d for d in engines) and kept._batches.kept
     assert choice.warmed(kept, torch.device("cuda"))
+    # the next Loader takes it back rather than making one, and decodes its batches with it
+    after = gpufeed.Loader(store, batch_size=32, device="cuda", augment=OPS, num_workers=2)
+    assert after.jpeg.opened(60)
+    assert [d for p in after.jpeg.pipelines for d in p.scheduler.gpu if d.name == "hw"] == [kept]
+    assert not kept._batches.kept and torch.cuda.current_device() not in choice._kept
+    assert sum(len(batch[0]) for batch in after) == len(store)
+    assert after.stats()["decoded_by"].get("hw", 0) > 0
+    after.close()
+    assert choice._kept[torch.cuda.current_device()] is kept and kept._batches.kept
 
 
 def test_memory_flat_over_epochs(store):

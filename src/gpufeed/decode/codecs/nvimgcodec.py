@@ -58,6 +58,11 @@ class NvImgCodecDecoder:
         self.buffers.drain()  # (each once the kernels reading it have run; raises after a CUDA error)
         self._batches.kept = True
 
+    def taken_back(self) -> None:
+        """In use again after `keep_for_process`, by one pipeline (`choice._taken_back`): destroyed
+        when that pipeline lets it go, unless kept once more."""
+        self._batches.kept = False
+
     def decode(self, batch: Encoded, shapes: np.ndarray | None = None) -> Decoded:
         """Decode on the current CUDA stream into one buffer: HWC RGB, or with `planar` the 4:2:0
         photos' YCbCr planes. (`shapes`, the sizes the store records, are not trusted: each image's

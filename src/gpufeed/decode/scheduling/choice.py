@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 import torch
@@ -29,7 +30,7 @@ ROOM_PIXELS = 1 << 27
 
 _warned: set[str] = set()  # every pipeline of every loader builds its decoders: say each reason once
 # per CUDA device index: an idle engines' decoder kept for the process (`keep_idle`)
-_kept: dict[int, object] = {}
+_kept: dict[int, Any] = {}
 _keeping = threading.Lock()
 
 
@@ -119,6 +120,12 @@ def gpu_decoders(
     check_decoders(use)
     made = []
     for name in [name for name in KNOWN[:-1] if name in use] if device.type == "cuda" else []:
+        decoder = _taken_back(device) if name == "hw" else None
+        if decoder is not None:  # decoded before: no warming
+            made.append(decoder)
+            if first_only:
+                break
+            continue
         decoder = _nvjpeg(device) if name == "nvjpeg" else _nvimgcodec(device, name, host_threads, room, padding)
         if decoder is not None and (not warm or warmed(decoder, device)):
             made.append(decoder)
@@ -127,15 +134,27 @@ def gpu_decoders(
     return made
 
 
+def _taken_back(device: torch.device):
+    """The engines' decoder kept idle for `device` (`keep_idle`), taken out of the keeping for one
+    pipeline; None where none is kept (or another pipeline has it). Its room and host threads are
+    those of the pipeline that made it: nvJPEG grows a buffer a batch outgrows."""
+    with _keeping:
+        engines = _kept.pop(device.index or 0, None)
+    if engines is not None:
+        engines.taken_back()
+    return engines
+
+
 def keep_idle(decoders: list) -> None:
     """Keep an engines' decoder of `decoders` (a closing pipeline's: none is used again) for the rest of
     the process, where its GPU has none kept yet: never destroyed, as nvImageCodec's instance is, and
-    its output buffers let go. An engines' decoder's first decode takes 0.9-1.0 s while no other is
-    alive in the process, and 0.10-0.15 s beside one (H200, docs/benchmarks.md "Start-up and GPU
-    memory"): every later Loader of the process (an evaluation pass each epoch, an inference run after
-    training) then has its engines at work a second sooner. Kept at the close, it costs the loader's
-    start nothing (making an idle one while the decoders opened held the first Loader's engines back
-    by a second or more)."""
+    its output buffers let go. The next pipeline to open the engines on that GPU takes it back
+    (`_taken_back`) rather than making one: an engines' decoder made and warmed takes 0.9-1.0 s while
+    no other is alive in the process, and 0.10-0.15 s beside one (H200, docs/benchmarks.md "Start-up
+    and GPU memory"), so every later Loader of the process (an evaluation pass each epoch, an
+    inference run after training) has its engines at work as soon as its pipeline starts. Kept at
+    the close, it costs the loader's start nothing (making an idle one while the decoders opened held
+    the first Loader's engines back by a second or more)."""
     # (nvImageCodec's engines; a test's stand-in has no `keep_for_process`)
     engines = next((d for d in decoders if d.name == "hw" and hasattr(d, "keep_for_process")), None)
     if engines is None:
