@@ -383,6 +383,7 @@ def test_the_fetch_ahead_fills_the_rank_s_part_of_the_cache_beside_what_it_holds
         started: list[int] = []
         ahead = ReadAhead(cache)
         monkeypatch.setattr(ahead, "_fetch_ahead", started.append)
+        monkeypatch.setattr(ahead, "_leads_alone", lambda lead, held: False)  # (its own test: test_readahead)
         cache.limit = limit
         for k in held:
             cache.hold(k)

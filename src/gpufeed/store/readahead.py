@@ -61,7 +61,9 @@ class ReadAhead:
         self._most = 0  # the most samples one `read` reported
         self._early: dict[int, int] = {}  # samples read of shards no entry wanted: the next pass's, read before it
         self._ranks = 1  # this machine's ranks sharing the cache: each plans ahead within its part
+        self._asked: set[int] = set()  # shards whose files were asked for since `follow` (`_asked_for`)
         cache.order = self.places  # the cache evicts what this rank reads last, last
+        cache.on_files = self._asked_for
 
     def follow(self, wants: Sequence[Want], ranks: int = 1) -> int:
         """Download what the rank will read (`wants`, in the order it first reads each shard) ahead, on the
@@ -91,6 +93,7 @@ class ReadAhead:
             self._no_room.clear()
             self._failed.clear()
             self._finished.clear()
+            self._asked.clear()
             self._ranks = max(1, ranks)
         self._top_up()
         return told
@@ -151,7 +154,10 @@ class ReadAhead:
             room = self.cache.limit / self._ranks if self.cache.limit is not None else float("inf")
             room -= sum(sizes[k] for k in held)
             planned = 0
-            for k in dict.fromkeys(w.shard for w in self._wanted):
+            order = list(dict.fromkeys(w.shard for w in self._wanted))
+            if order and self._read == 0 and self._leads_alone(order[0], held):
+                order = order[:1]
+            for k in order:
                 if k in held:
                     continue
                 if planned and planned + sizes[k] > room:
@@ -160,6 +166,31 @@ class ReadAhead:
                 busy = k in self._ahead and not self._ahead[k].done()
                 if not busy and k not in self._no_room and k not in self._failed and not self.cache.present(k):
                     self._ahead[k] = self._pool.submit(self._fetch_ahead, k)  # type: ignore[union-attr]  # (follow made it)
+
+    def _leads_alone(self, lead: int, held) -> bool:
+        """Whether the shard the rank reads first (`lead`; nothing read yet of this list) downloads
+        alone: where the rank has none of it, its first batch waits for it, and the shards fetched
+        beside it would share the link with it (3 at once: its first batch after 3.1 shard-times,
+        docs/benchmarks.md "Training from a bucket"). Alone until its files are asked for
+        (`_asked_for`): the next shards' own manifests and requests then take the round trips its
+        files take to come, and the link is not left idle between them. Not where it failed or
+        found no room: those are fetched when read."""
+        return not (
+            lead in held
+            or lead in self._asked
+            or lead in self._failed
+            or lead in self._no_room
+            or self.cache.present(lead)
+        )
+
+    def _asked_for(self, k: int) -> None:
+        """The cache asked for shard `k`'s files (`ShardCache.on_files`): if it led alone, the next
+        shards start."""
+        with self._lock:
+            self._asked.add(k)
+            lead = next((w.shard for w in self._wanted), None)
+        if k == lead:
+            self._top_up()
 
     def _fetch_ahead(self, k: int) -> None:
         try:
@@ -188,3 +219,5 @@ class ReadAhead:
             self._pool.shutdown(wait=True, cancel_futures=True)
         if self.cache.order == self.places:  # the cache evicts by use alone again
             self.cache.order = dict
+        if self.cache.on_files == self._asked_for:
+            self.cache.on_files = lambda k: None

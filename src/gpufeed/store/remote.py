@@ -160,6 +160,9 @@ class ShardCache:
         # told of each shard this process downloads, on the thread that downloaded it (a benchmark's
         # timeline of the link: benchmarks/remote_bench.py sets it; nothing is kept here)
         self.on_download: Callable[[Download], None] | None = None
+        # told a shard's number as its files are asked for (its manifest in and checked), on the thread
+        # downloading it: the fetch ahead starts the next shards then (`readahead.ReadAhead._leads_alone`)
+        self.on_files: Callable[[int], None] = lambda k: None
         self.sizes = [s["bytes"] for s in manifest.shards]  # each shard's bytes, by number
         biggest = max(self.sizes, default=0)
         if limit is not None and limit < biggest:
@@ -491,7 +494,9 @@ class ShardCache:
             )
             ok = manifest_digest(temp / fmt.MANIFEST) == entry["digest"]
             self.fetch.check(f"{remote}/{fmt.MANIFEST}", ok)
-            self.fetch.checked(remote, Manifest.read(temp).files, temp)
+            files = Manifest.read(temp).files
+            self.on_files(k)
+            self.fetch.checked(remote, files, temp)
             shutil.rmtree(final, ignore_errors=True)
             let_go(temp)
             os.replace(temp, final)
