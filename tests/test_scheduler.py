@@ -309,3 +309,4 @@ def test_the_engines_decoder_kept_idle_is_taken_back_by_the_next_pipeline_not_ma
     choice.keep_idle(beside)
     choice.keep_idle(again)  # the GPU has one kept already
     assert choice._kept == {0: made[1]} and made[1].kept and not made[0].kept
+    assert choice.let_go_kept() == 1 and choice._kept == {} and not made[1].kept  # (a benchmark's first Loaders)

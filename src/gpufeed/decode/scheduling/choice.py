@@ -145,6 +145,18 @@ def _taken_back(device: torch.device):
     return engines
 
 
+def let_go_kept() -> int:
+    """Let go of the engines' decoders kept idle (`keep_idle`), destroyed once unreferenced, so that
+    the next Loader makes its own as a process's first does (a benchmark's rows of first Loaders,
+    as `pool.shared.stop_idle` stops the idle workers); how many."""
+    with _keeping:
+        kept = list(_kept.values())
+        _kept.clear()
+    for engines in kept:
+        engines.taken_back()
+    return len(kept)
+
+
 def keep_idle(decoders: list) -> None:
     """Keep an engines' decoder of `decoders` (a closing pipeline's: none is used again) for the rest of
     the process, where its GPU has none kept yet: never destroyed, as nvImageCodec's instance is, and
