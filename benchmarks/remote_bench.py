@@ -95,6 +95,8 @@ def parser():
     p.add_argument("--ranks", type=int, default=1, help="also N ranks through one cache_dir (rows 'N ranks, ...')")
     p.add_argument("--compare", default=None, help="other libraries' rows, comma-separated: streaming, litdata "
                    "(default: those installed; '' for none)")
+    p.add_argument("--compare-timeout", type=float, default=900,
+                   help="seconds a --compare library's process may run before it is killed (a hung download)")
     return p
 
 
@@ -302,14 +304,18 @@ def compare(a, work: Path, served: Served, limit: int, runs: dict) -> None:
         said: list[str] = []  # its error output, kept for a failure's row (read on a thread: a full pipe stalls it)
         reader = threading.Thread(target=said.extend, args=(child.stderr,), daemon=True)
         reader.start()
+        hung = threading.Timer(a.compare_timeout, child.kill)  # its rows so far stay; its output ends with it
+        hung.start()
         for line in child.stdout:  # type: ignore[union-attr]
             if line.startswith(OTHER_ROW):
                 row, figures = json.loads(line[len(OTHER_ROW):])
                 runs[f"{name}: {row}"] = figures
         code = child.wait()
+        hung.cancel()
         reader.join(10)
         if code != 0:
-            runs[f"{name}: failed"] = {"exit": code, "error": "".join(said)[-1500:]}
+            killed = f"killed after --compare-timeout {a.compare_timeout:g} s\n" if code == -9 else ""
+            runs[f"{name}: failed"] = {"exit": code, "error": ("".join(said) + killed)[-1500:]}
 
 
 OTHER_ROW = "other-row "  # how `other_rows` prints a row to its parent
