@@ -10,9 +10,9 @@ float16) over the folder (and a second with the same Loader), over a jpeg store 
 its bytes kept (`reencode=False`), over that store again with the same Loader (its steady state:
 nothing left to start), and through DALI (its pipeline build timed too); the CUDA context is made
 before them all. Each of those is the process's first Loader (no decode worker running, no GPU decoder kept
-idle: both are let go before each row); a next Loader made right after each (an evaluation each
-epoch) takes the running workers and the GPU decoder the one before kept, and its pass is a row of
-its own. Each pass is timed from the constructor call: to its return ("construct"), to the
+idle, no decoder rates learned: all let go before each row); a next Loader made right after each (an
+evaluation each epoch) takes the running workers, the GPU decoder the one before kept and the rates
+it measured, and its pass is a row of its own. Each pass is timed from the constructor call: to its return ("construct"), to the
 first batch on the device ("first batch") and to the last ("pass"); img/s is images over the whole.
 gpufeed's passes also give where the time went (the Loader's `stats()["start"]`, seconds from the
 constructor call): Triton's once-a-process work done (0: before the constructor), the last decode
@@ -196,6 +196,7 @@ def main(argv: list[str] | None = None) -> dict:
     import gpufeed
     from gpufeed.decode.pool.shared import stop_idle
     from gpufeed.decode.scheduling.choice import let_go_kept
+    from gpufeed.decode.scheduling.steering import forget
     from gpufeed.loader import folder
     from gpufeed.synth import make_image_folder
 
@@ -238,6 +239,7 @@ def main(argv: list[str] | None = None) -> dict:
             with the same Loader, is its steady state; then a next Loader's (the workers kept running)."""
             stop_idle()
             let_go_kept()
+            forget()
             first, _, third = gpufeed_passes(root / "store", a.device, a.batch, a.size, passes=3)
             steady.append(third)
             next_loader["store"] += gpufeed_passes(root / "store", a.device, a.batch, a.size)
@@ -248,6 +250,7 @@ def main(argv: list[str] | None = None) -> dict:
             state; then a next Loader's."""
             stop_idle()
             let_go_kept()
+            forget()
             first, second = gpufeed_passes(images, a.device, a.batch, a.size, passes=2)
             again.append(second)
             next_loader["folder"] += gpufeed_passes(images, a.device, a.batch, a.size)

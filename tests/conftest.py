@@ -101,6 +101,15 @@ def _own_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.getbasetemp() / "xdg-cache"))
 
 
+@pytest.fixture(autouse=True)
+def _first_rates():
+    """Each test's loaders start from the decoders' start rates, as a process's first does: what an
+    earlier test's loaders measured (`steering._learned`) is not carried into it."""
+    from gpufeed.decode.scheduling import steering
+
+    steering.forget()
+
+
 def mixed_folder(root: Path) -> Path:
     """A folder of every kind packing reads (each listed first as what the decoders can't read as it is),
     plus a file that is no image and a JPEG cut short after its header."""

@@ -310,3 +310,18 @@ def test_the_engines_decoder_kept_idle_is_taken_back_by_the_next_pipeline_not_ma
     choice.keep_idle(again)  # the GPU has one kept already
     assert choice._kept == {0: made[1]} and made[1].kept and not made[0].kept
     assert choice.let_go_kept() == 1 and choice._kept == {} and not made[1].kept  # (a benchmark's first Loaders)
+
+
+def test_a_closed_schedulers_measured_rates_start_the_next_one():
+    """A pipeline's scheduler leaves the rates it measured to the process's next (an evaluation pass
+    each epoch starts from them, not from the start rates)."""
+    from gpufeed.decode.scheduling.steering import CPU_START_RATE
+
+    batch, shapes, boxes = _four_jpegs()
+    s = scheduler.Scheduler(torch.device("cpu"), 1)
+    s.run(batch, shapes, boxes, (16, 16), pin=False)
+    measured = s.steering.rates["cpu"]
+    assert measured != CPU_START_RATE
+    assert scheduler.Scheduler(torch.device("cpu"), 1).steering.rates["cpu"] == CPU_START_RATE  # s still open
+    s.close()
+    assert scheduler.Scheduler(torch.device("cpu"), 1).steering.rates["cpu"] == pytest.approx(measured)

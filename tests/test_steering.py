@@ -52,6 +52,37 @@ def test_cpu_share_is_set_against_the_gpu_decoders_together():
     assert steering.shares(7, 1) == [5, 2, 0]
 
 
+def test_a_next_pipeline_starts_from_the_rates_a_closed_one_measured():
+    """A closed pipeline's measured rates (each decoder's, and its GPU decoders' together) are where the
+    process's next pipeline starts: its first batch is split so the two sides finish together at those
+    rates, not at the start rates. Nothing measured is nothing carried; `forget` starts afresh."""
+    from gpufeed.decode.scheduling import steering as module
+
+    fresh = Steering(["hw"], cpu_share=True)
+    assert fresh.rates == {"hw": 15_000.0, "cpu": module.CPU_START_RATE} and fresh.gpu_rate == 15_000.0
+    fresh.learn()  # nothing measured: nothing carried
+    assert Steering(["hw"], cpu_share=True).rates == fresh.rates
+
+    first = Steering(["hw"], cpu_share=True)
+    first.measured("cpu", 64, 0.1)  # 640 images/s a worker
+    first.measured("hw", 192, 0.016)  # 12,000
+    first.gpu_done(192, 0.02)
+    together = first.gpu_rate
+    assert fresh.shares(256, 14) == [200, 56]  # the start rates: the engines 78 % of a batch
+    first.learn()
+    after = Steering([], cpu_share=True)  # a next pipeline: the CPU's rate first, the GPU decoders' as they open
+    assert after.rates["cpu"] == pytest.approx(640.0)
+    after.use_gpu(["hw"])
+    assert after.rates["hw"] == pytest.approx(12_000.0) and after.gpu_rate == pytest.approx(together)
+    gpu, cpu = after.shares(256, 14)
+    assert gpu == round(256 * together / (640.0 * 14 + together)) and gpu + cpu == 256 and gpu < 200
+    assert Steering(["hw", "nvjpeg"], cpu_share=True).gpu_rate == pytest.approx(12_000.0 + 10_000.0)  # another set
+    after.measured("cpu", 64, 0.2)  # measuring goes on from the carried averages
+    assert after.rates["cpu"] == pytest.approx((0.7 * 64 + 0.3 * 64) / (0.7 * 0.1 + 0.3 * 0.2))
+    module.forget()
+    assert Steering(["hw"], cpu_share=True).rates == fresh.rates
+
+
 def test_the_gpu_part_is_steered_by_what_the_loop_and_the_producer_wait_for():
     """The first batches are split so that the CPU and the GPU decoders finish together; after, the
     GPU's part goes up while the training loop starves and the producer waits on the CPU more than on

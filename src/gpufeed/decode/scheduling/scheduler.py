@@ -399,7 +399,8 @@ class Scheduler:
         for pool in (self._early, self._helper):  # the early pool first: its jobs use the helpers
             if pool is not None:
                 pool.shutdown(wait=True)
-        keep_idle(self.gpu)  # the engines' first decode in a later Loader: 0.1 s instead of 1 s
+        keep_idle(self.gpu)  # a later Loader takes it back: no engines' decoder made again
+        self.steering.learn()  # and starts from the rates measured here
 
 
 def summed(names: list[str], snapshots: list[dict]) -> dict:

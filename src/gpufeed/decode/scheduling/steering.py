@@ -20,6 +20,7 @@ image per ready one at least, so a rate measured low (workers starting, a stall)
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -30,6 +31,23 @@ from gpufeed.decode.scheduling.shares import GpuShares
 from gpufeed.decode.tuning import Tuning
 
 CPU_START_RATE = 300.0  # images/s per thread or worker, until one was measured
+
+# what the pipelines of this process that closed measured (`Steering.learn`): per decoder the images
+# and seconds `Steering.measured` averages, and per set of GPU decoders their rate together. The next
+# pipeline starts from them (an evaluation pass each epoch): from the start rates alone a next Loader's
+# engines took 64-82 % of its images where the two sides finish together at 58 %, and its pass was
+# 1.3-1.6x its steady one (docs/benchmarks.md, "Reading a folder in place")
+_learned: dict[str, tuple[float, float]] = {}
+_learned_together: dict[tuple[str, ...], float] = {}
+_learning = threading.Lock()
+
+
+def forget() -> None:
+    """Start the next pipelines from the start rates, as a process's first does (a benchmark's rows of
+    first Loaders; tests)."""
+    with _learning:
+        _learned.clear()
+        _learned_together.clear()
 
 
 @dataclass
@@ -197,8 +215,11 @@ class Steering:
 
     def __init__(self, gpu: list[str], cpu_share: bool, tuning: Tuning = Tuning()):
         self.cpu_share, self.tuning = cpu_share, tuning
-        self.rates = {"cpu": CPU_START_RATE}
-        self._spent: dict[str, tuple[float, float]] = {}  # per decoder: averaged images and seconds
+        with _learning:  # per decoder: averaged images and seconds, from an earlier pipeline's where one closed
+            self._spent: dict[str, tuple[float, float]] = dict(_learned)
+            self._together = dict(_learned_together)
+        self.rates = {"cpu": self._rate("cpu", CPU_START_RATE)}
+        self._gpu_measured = False  # whether `gpu_rate` was measured here (`learn`)
         self.use_gpu(gpu)
         self.cpu_wait = self.gpu_wait = 0.0  # the producer's waits for the CPU's and GPU's shares since `steer`
         self.step: float | None = None  # the training loop's own seconds per batch (`Pace.step`), once known
@@ -208,15 +229,28 @@ class Steering:
     def use_gpu(self, gpu: list[str]) -> None:
         """Steer for GPU decoders named `gpu` from the next batch on (they open after the first
         batches: `Scheduler`), split at first so that they and the CPU finish together."""
-        self.rates = {name: START_RATES[name] for name in gpu} | {"cpu": self.rates["cpu"]}
+        self.rates = {name: self._rate(name, START_RATES[name]) for name in gpu} | {"cpu": self.rates["cpu"]}
         # the GPU decoders together: images per second of a batch until the last of them is done.
         # Below the sum of their own rates (starting them, handing results back); the CPU's share is
         # set against it, so the CPU finishes with the GPU rather than with the GPU decoders' calls
-        self.gpu_rate = sum(self.rates[name] for name in gpu)
+        self.gpu_rate = self._together.get(tuple(gpu), sum(self.rates[name] for name in gpu))
         # the GPU decoders' part of each batch; None until a batch was made with them, when the shares
         # are set so that the CPU and the GPU decoders finish together
         self.gpu_part: float | None = None
         self.gpu = gpu  # last: what `shares` reads first
+
+    def _rate(self, name: str, start: float) -> float:
+        """`name`'s rate as measured so far (here, or by an earlier pipeline: `learn`), else `start`."""
+        spent = self._spent.get(name)
+        return start if spent is None else spent[0] / spent[1]
+
+    def learn(self) -> None:
+        """Leave what this steering measured to the process's next pipelines (`_learned`): called as its
+        pipeline closes."""
+        with _learning:
+            _learned.update(self._spent)
+            if self._gpu_measured and self.gpu:
+                _learned_together[tuple(self.gpu)] = self.gpu_rate
 
     def shares(self, n: int, threads: int) -> list[int]:
         """Images per decoder (GPU decoders in order, then the CPU) for a batch of `n`: the GPU decoders
@@ -305,3 +339,4 @@ class Steering:
     def gpu_done(self, images: int, seconds: float) -> None:
         """The GPU decoders made `images` of a batch in `seconds`, from their start until the last was done."""
         self.gpu_rate = 0.7 * self.gpu_rate + 0.3 * images / max(seconds, 1e-6)
+        self._gpu_measured = True
