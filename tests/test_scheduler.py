@@ -3,6 +3,7 @@ the caller goes on, pipelines taking turns on the GPU, dropped batches, and the 
 
 from __future__ import annotations
 
+import threading
 from types import SimpleNamespace
 
 import numpy as np
@@ -325,3 +326,71 @@ def test_a_closed_schedulers_measured_rates_start_the_next_one():
     assert scheduler.Scheduler(torch.device("cpu"), 1).steering.rates["cpu"] == CPU_START_RATE  # s still open
     s.close()
     assert scheduler.Scheduler(torch.device("cpu"), 1).steering.rates["cpu"] == pytest.approx(measured)
+
+
+class _Engines:
+    """An engines' decoder stand-in: `decode` waits until `go` is set (a decode in flight)."""
+
+    name, device = "hw", torch.device("cuda", 0)
+
+    def __init__(self):
+        self.kept, self.go, self.decoding = False, threading.Event(), threading.Event()
+
+    def decode(self, batch, shapes):
+        self.decoding.set()
+        assert self.go.wait(10)
+        return "decoded"
+
+    def keep_for_process(self):
+        self.kept = True
+
+    def taken_back(self):
+        self.kept = False
+
+
+def test_a_pipeline_closed_while_its_engines_decode_keeps_no_decoder_and_decodes_no_more(monkeypatch):
+    """A producer that outlived its loader's close may still be decoding: that decoder is not kept for
+    the next pipeline (they would share it), and the closed pipeline's decoders decode no more."""
+    import threading
+    from types import SimpleNamespace
+
+    from gpufeed.decode.scheduling import choice
+
+    monkeypatch.setattr(choice, "_kept", {})
+    s = scheduler.Scheduler(torch.device("cpu"), 1)
+    engines, stream = _Engines(), SimpleNamespace(synchronize=lambda: None)
+    s.gpu = [engines]
+    straggler = threading.Thread(target=s._timed, args=(engines, None, None, stream))
+    straggler.start()
+    assert engines.decoding.wait(10)
+    s.close()
+    engines.go.set()
+    straggler.join(10)
+    assert choice._kept == {} and not engines.kept
+    with pytest.raises(RuntimeError, match="closed pipeline"):
+        s._timed(engines, None, None, stream)
+
+    idle = scheduler.Scheduler(torch.device("cpu"), 1)  # no decode running at its close: kept
+    other = _Engines()
+    other.go.set()
+    idle.gpu = [other]
+    assert idle._timed(other, None, None, stream)[0] == "decoded"
+    idle.close()
+    assert choice._kept == {0: other} and other.kept
+
+
+def test_a_pipeline_closed_before_taking_its_opened_decoders_into_use_still_keeps_the_engines(monkeypatch):
+    """The GPU decoders opened on their thread, and the pipeline closed before a batch took them into use
+    (a Loader closed before its first batches): its engines' decoder is kept all the same (one taken
+    back from the process was lost, and the next Loader made another)."""
+    from concurrent.futures import Future
+
+    from gpufeed.decode.scheduling import choice
+
+    monkeypatch.setattr(choice, "_kept", {})
+    s = scheduler.Scheduler(torch.device("cpu"), 1)
+    engines, opened = _Engines(), Future()
+    opened.set_result([engines])
+    s._opening = opened
+    s.close()
+    assert choice._kept == {0: engines} and engines.kept

@@ -79,6 +79,15 @@ def test_a_next_pipeline_starts_from_the_rates_a_closed_one_measured():
     assert Steering(["hw", "nvjpeg"], cpu_share=True).gpu_rate == pytest.approx(12_000.0 + 10_000.0)  # another set
     after.measured("cpu", 64, 0.2)  # measuring goes on from the carried averages
     assert after.rates["cpu"] == pytest.approx((0.7 * 64 + 0.3 * 64) / (0.7 * 0.1 + 0.3 * 0.2))
+    older = Steering(["hw"], cpu_share=True)  # carries the engines' 12,000 and measures only the CPU
+    newer = Steering(["hw"], cpu_share=True)
+    newer.measured("hw", 200, 0.01)
+    newer.learn()
+    older.measured("cpu", 64, 0.1)
+    older.learn()  # closes last: what it only carried is not written back over the newer measurement
+    assert Steering(["hw"], cpu_share=True).rates["hw"] == pytest.approx(
+        (0.7 * 192 + 0.3 * 200) / (0.7 * 0.016 + 0.3 * 0.01)
+    )
     module.forget()
     assert Steering(["hw"], cpu_share=True).rates == fresh.rates
 

@@ -495,7 +495,10 @@ class ShardCache:
             ok = manifest_digest(temp / fmt.MANIFEST) == entry["digest"]
             self.fetch.check(f"{remote}/{fmt.MANIFEST}", ok)
             files = Manifest.read(temp).files
-            self.on_files(k)
+            try:
+                self.on_files(k)
+            except Exception as e:  # noqa: BLE001  (the fetch ahead's; a pool shut at exit) not this download's
+                log.debug("gpufeed: told of shard %d's files: %s", k, e)
             self.fetch.checked(remote, files, temp)
             shutil.rmtree(final, ignore_errors=True)
             let_go(temp)

@@ -84,6 +84,8 @@ class Scheduler:
         # decode once in a fresh process, the CPU workers 0.3 s to start (docs/benchmarks.md,
         # "Start-up and GPU memory"), so the first batches come from the CPU while they open
         self._opening: Future | None = None
+        self._decoding = threading.Lock()  # `_timed`'s count of GPU decodes running, and `close`'s flag
+        self._in_flight, self._closed = 0, False
         self._open_lock = threading.RLock()  # `start` holds it while `_settle` takes it
         if device.type == "cuda" and tuning.open_ahead:
             opener = ThreadPoolExecutor(1, thread_name_prefix="gpufeed-gpuopen")
@@ -383,23 +385,41 @@ class Scheduler:
         return jobs
 
     def _timed(self, dec, batch: Encoded, shapes: np.ndarray, stream) -> tuple[Decoded, float]:
-        t0 = time.perf_counter()
-        with torch.cuda.stream(stream):
-            part = dec.decode(batch, shapes)
-            stream.synchronize()
-        return part, time.perf_counter() - t0
+        with self._decoding:  # a producer still running after its loader's close (`close`) decodes nothing
+            if self._closed:
+                raise RuntimeError(f"gpufeed: the {dec.name} decoder of a closed pipeline asked to decode")
+            self._in_flight += 1
+        try:
+            t0 = time.perf_counter()
+            with torch.cuda.stream(stream):
+                part = dec.decode(batch, shapes)
+                stream.synchronize()
+            return part, time.perf_counter() - t0
+        finally:
+            with self._decoding:
+                self._in_flight -= 1
 
     def close(self) -> None:
-        if self._opening is not None:  # its thread ends when the decoders are made; they are let go
-            if not self._opening.cancel():
-                self._opening.exception()  # waits for it
-            self._opening = None
+        """Stop the decoders: the GPU decoders' opening waited for, the helper threads ended. The engines'
+        decoder is kept for the process's next pipeline (`choice.keep_idle`) unless a decode of this
+        one is still running (a producer that outlived its loader's close: the next pipeline would
+        share it), and the rates measured here are left to it (`Steering.learn`)."""
+        opened: list = []
+        with self._open_lock:
+            opening, self._opening = self._opening, None
+        # its thread ends when the decoders are made (`exception` waits for it): made, not yet in use
+        if opening is not None and not opening.cancel() and opening.exception() is None:
+            opened = opening.result()
         if self._own_cpu:  # a shared CPU decoder (the worker processes) is its owner's to stop
             self.cpu.close()
         for pool in (self._early, self._helper):  # the early pool first: its jobs use the helpers
             if pool is not None:
                 pool.shutdown(wait=True)
-        keep_idle(self.gpu)  # a later Loader takes it back: no engines' decoder made again
+        with self._decoding:
+            self._closed = True
+            idle = self._in_flight == 0
+        if idle:
+            keep_idle(self.gpu + opened)  # a later Loader takes it back: no engines' decoder made again
         self.steering.learn()  # and starts from the rates measured here
 
 

@@ -220,6 +220,7 @@ class Steering:
             self._together = dict(_learned_together)
         self.rates = {"cpu": self._rate("cpu", CPU_START_RATE)}
         self._gpu_measured = False  # whether `gpu_rate` was measured here (`learn`)
+        self._measured: set[str] = set()  # the decoders whose rates were measured here (`learn`)
         self.use_gpu(gpu)
         self.cpu_wait = self.gpu_wait = 0.0  # the producer's waits for the CPU's and GPU's shares since `steer`
         self.step: float | None = None  # the training loop's own seconds per batch (`Pace.step`), once known
@@ -245,10 +246,11 @@ class Steering:
         return start if spent is None else spent[0] / spent[1]
 
     def learn(self) -> None:
-        """Leave what this steering measured to the process's next pipelines (`_learned`): called as its
-        pipeline closes."""
+        """Leave what this steering measured to the process's next pipelines (`_learned`; a rate it only
+        carried from an earlier one is not written back over a later one's): called as its pipeline
+        closes."""
         with _learning:
-            _learned.update(self._spent)
+            _learned.update({name: self._spent[name] for name in list(self._measured)})
             if self._gpu_measured and self.gpu:
                 _learned_together[tuple(self.gpu)] = self.gpu_rate
 
@@ -335,6 +337,7 @@ class Steering:
             )
             self._spent[name] = spent
             self.rates[name] = spent[0] / spent[1]
+            self._measured.add(name)
 
     def gpu_done(self, images: int, seconds: float) -> None:
         """The GPU decoders made `images` of a batch in `seconds`, from their start until the last was done."""
