@@ -300,44 +300,51 @@ def compare(a, work: Path, served: Served, limit: int, runs: dict) -> None:
         spec = {"name": name, "work": str(work), "direct": served.direct, "link": served.link, "limit": limit,
                 "batch": a.batch, "size": a.size, "device": a.device, "model": a.model, "epochs": a.epochs,
                 "shard_size": a.shard_size}
-        # a session of its own: its DataLoader workers hold its pipes too, and a hung one goes with it
-        child = subprocess.Popen([sys.executable, __file__, "--other", json.dumps(spec)], stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, text=True, start_new_session=True)
-        said: list[str] = []  # its error output, kept for a failure's row (read on a thread: a full pipe stalls it)
-        reader = threading.Thread(target=said.extend, args=(child.stderr,), daemon=True)
-        reader.start()
-        timed_out = threading.Event()
-
-        def kill(child=child) -> None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(child.pid, signal.SIGKILL)
-
-        def time_out(timed_out=timed_out, kill=kill) -> None:
-            timed_out.set()
-            kill()
-
-        hung = threading.Timer(a.compare_timeout, time_out)  # its rows so far stay; its output ends with it
-        hung.daemon = True
-        hung.start()
-        ended = False
-        try:
-            for line in child.stdout:  # type: ignore[union-attr]
-                if line.startswith(OTHER_ROW):
-                    row, figures = json.loads(line[len(OTHER_ROW):])
-                    runs[f"{name}: {row}"] = figures
-            ended = True
-        finally:
-            hung.cancel()
-            try:
-                child.wait(timeout=120 if ended else 0)
-            except subprocess.TimeoutExpired:  # this loop failed, or its output ended and it did not
-                kill()
-            code = child.wait()
-            kill()  # what is left of its session (workers it did not stop)
-        reader.join(10)
+        code, said, timed_out = rows_of([sys.executable, __file__, "--other", json.dumps(spec)], a.compare_timeout,
+                                        lambda row, figures, name=name: runs.__setitem__(f"{name}: {row}", figures))
         if code != 0:
-            killed = f"killed after --compare-timeout {a.compare_timeout:g} s\n" if timed_out.is_set() else ""
-            runs[f"{name}: failed"] = {"exit": code, "error": ("".join(said) + killed)[-1500:]}
+            killed = f"killed after --compare-timeout {a.compare_timeout:g} s\n" if timed_out else ""
+            runs[f"{name}: failed"] = {"exit": code, "error": (said + killed)[-1500:]}
+
+
+def rows_of(argv: list[str], timeout: float, row) -> tuple[int, str, bool]:
+    """Run `argv` (a library's rows, `other_rows`) in a session of its own, calling `row(name, figures)`
+    for each row it prints as it comes: (its exit code, its error output, whether it ran past `timeout`
+    seconds and was killed, its session with it: its DataLoader workers hold its pipes too, and a hung
+    one would keep this waiting). What is left of its session when it ends is killed."""
+    child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    said: list[str] = []  # its error output (read on a thread: a full pipe stalls it)
+    reader = threading.Thread(target=said.extend, args=(child.stderr,), daemon=True)
+    reader.start()
+    timed_out = threading.Event()
+
+    def kill() -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGKILL)
+
+    def time_out() -> None:
+        timed_out.set()
+        kill()
+
+    hung = threading.Timer(timeout, time_out)  # its rows so far stay; its output ends with it
+    hung.daemon = True
+    hung.start()
+    ended = False
+    try:
+        for line in child.stdout:  # type: ignore[union-attr]
+            if line.startswith(OTHER_ROW):
+                row(*json.loads(line[len(OTHER_ROW):]))
+        ended = True
+    finally:
+        hung.cancel()
+        try:
+            child.wait(timeout=120 if ended else 0)
+        except subprocess.TimeoutExpired:  # this loop failed, or its output ended and it did not
+            kill()
+        code = child.wait()
+        kill()  # what is left of its session (workers it did not stop)
+    reader.join(10)
+    return code, "".join(said), timed_out.is_set()
 
 
 OTHER_ROW = "other-row "  # how `other_rows` prints a row to its parent

@@ -131,6 +131,29 @@ def test_detection_bench_gives_segmentation_bench_its_own_settings(bench):
     assert b.model == "fcn_resnet50"
 
 
+def test_a_compared_library_that_hangs_is_killed_with_its_workers_and_its_rows_kept(bench):
+    """remote_bench's --compare-timeout: a library's process that runs past it is killed with its whole
+    session (a worker it started, holding its output, with it), its rows so far kept, and the call
+    returns in seconds, not when the hung worker would end."""
+    import time
+
+    remote = bench("remote_bench")
+    script = (
+        "import json, subprocess, sys, time\n"
+        f"print({remote.OTHER_ROW!r} + json.dumps(['cold', {{'images': 8}}]), flush=True)\n"
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])  # a worker: our pipes too\n"
+        "time.sleep(120)\n"
+    )
+    rows: dict = {}
+    t0 = time.perf_counter()
+    code, said, timed_out = remote.rows_of([sys.executable, "-c", script], 3.0, rows.__setitem__)
+    assert time.perf_counter() - t0 < 60
+    assert timed_out and code != 0 and rows == {"cold": {"images": 8}}
+    code, said, timed_out = remote.rows_of([sys.executable, "-c", "import sys; sys.exit('no such library')"], 60,
+                                           rows.__setitem__)
+    assert (code, timed_out) == (1, False) and "no such library" in said
+
+
 def test_a_rows_tuning_takes_every_field_of_tuning(bench):
     """A row's settings (`jpeg:pipelines=2,skip_nonref=False`) become a Tuning, each cast to its default's
     type; a field whose default is None (`skip_nonref`) takes the value as given."""
