@@ -63,6 +63,20 @@ def write(name: str, folder: Path, local: Path, shard_bytes: int) -> Path:
     return local
 
 
+# chunks a LitData worker keeps in its cache at once: max(4, max_pre_download) (its StreamingDataset;
+# its own warning puts the peak at workers x max_pre_download x chunk size)
+LITDATA_KEEP = 4
+
+
+def workers_for(name: str, workers: int, cache_limit: int | None, shard_bytes: int) -> int:
+    """The data loader workers library `name` gets for a cache of `cache_limit` bytes: LitData as many
+    as keep their chunks within it (one at least), by its own rule; its 16 workers through a quarter
+    cache (1 GB of chunks kept in 145 MB) thrashed and its downloads hung, twice. The others: `workers`."""
+    if name != "litdata" or cache_limit is None:
+        return workers
+    return max(1, min(workers, cache_limit // (LITDATA_KEEP * shard_bytes)))
+
+
 class _Decode:
     """PIL decode, then feeds.py's CPU recipe (crop, flip, uint8 CHW); a class, not a closure, so that
     spawned workers get it pickled."""

@@ -486,16 +486,17 @@ def other_rows(spec: dict) -> None:
         fs.mkdir("bench")
     fs.put(str(local), f"bench/{name}", recursive=True)
     step = training_step(spec["model"], spec["device"], 1000)
-    workers = len(os.sched_getaffinity(0))
+    cores = len(os.sched_getaffinity(0))
     quarter = [f"quarter cache, epoch {k}" for k in range(spec["epochs"])]
     for cache_limit, rows in ((None, ["cold", "warm"]), (spec["limit"], quarter)):
+        workers = others.workers_for(name, cores, cache_limit, parse_size(spec["shard_size"], "--shard-size"))
         # a failed row's own error is reported, not the cleanup's (LitData's download threads were still
         # writing into the folder when its quarter-cache row failed: "Directory not empty")
         with tempfile.TemporaryDirectory(dir=work, ignore_cleanup_errors=True) as cache:
             other = others.Other(name, f"s3://bench/{name}", Path(cache), spec["link"], (KEY, SECRET), spec["batch"],
                                  spec["size"], spec["device"], workers, cache_limit)
             for row, e in zip(rows, epochs(other, step, len(rows), spec["device"]), strict=True):
-                print(OTHER_ROW + json.dumps([row, e], default=str), flush=True)
+                print(OTHER_ROW + json.dumps([row, e | {"workers": workers}], default=str), flush=True)
             del other  # its loader's workers end before its cache folder goes
 
 

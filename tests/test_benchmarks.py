@@ -154,6 +154,17 @@ def test_a_compared_library_that_hangs_is_killed_with_its_workers_and_its_rows_k
     assert (code, timed_out) == (1, False) and "no such library" in said
 
 
+def test_litdata_gets_the_workers_whose_chunks_fit_its_cache(bench):
+    """remote_bench's LitData rows through a small cache: as many workers as keep their chunks within
+    it, by LitData's own rule (each keeps 4 at least); the other libraries and an unbounded cache: all."""
+    others = bench("others")
+    mb = 1 << 20
+    assert others.workers_for("litdata", 16, 145 * mb, 16 * mb) == 2
+    assert others.workers_for("litdata", 16, 10 * mb, 16 * mb) == 1
+    assert others.workers_for("litdata", 16, None, 16 * mb) == 16
+    assert others.workers_for("streaming", 16, 145 * mb, 16 * mb) == 16
+
+
 def test_a_rows_tuning_takes_every_field_of_tuning(bench):
     """A row's settings (`jpeg:pipelines=2,skip_nonref=False`) become a Tuning, each cast to its default's
     type; a field whose default is None (`skip_nonref`) takes the value as given."""
