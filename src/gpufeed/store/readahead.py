@@ -164,8 +164,13 @@ class ReadAhead:
                     break
                 planned += sizes[k]
                 busy = k in self._ahead and not self._ahead[k].done()
-                if not busy and k not in self._no_room and k not in self._failed and not self.cache.present(k):
+                if not busy and self._to_fetch(k, held):
                     self._ahead[k] = self._pool.submit(self._fetch_ahead, k)  # type: ignore[union-attr]  # (follow made it)
+
+    def _to_fetch(self, k: int, held) -> bool:
+        """Whether shard `k` is one to download ahead: not `held` by the rank, not in the cache, and not
+        one that failed or found no room (those are fetched when read). Under `_lock`."""
+        return k not in held and k not in self._no_room and k not in self._failed and not self.cache.present(k)
 
     def _leads_alone(self, lead: int, held) -> bool:
         """Whether the shard the rank reads first (`lead`; nothing read yet of this list) downloads
@@ -175,13 +180,7 @@ class ReadAhead:
         (`_asked_for`): the next shards' own manifests and requests then take the round trips its
         files take to come, and the link is not left idle between them. Not where it failed or
         found no room: those are fetched when read."""
-        return not (
-            lead in held
-            or lead in self._asked
-            or lead in self._failed
-            or lead in self._no_room
-            or self.cache.present(lead)
-        )
+        return lead not in self._asked and self._to_fetch(lead, held)
 
     def _asked_for(self, k: int) -> None:
         """The cache asked for shard `k`'s files (`ShardCache.on_files`): if it led alone, the next

@@ -121,13 +121,10 @@ def gpu_decoders(
     made = []
     for name in [name for name in KNOWN[:-1] if name in use] if device.type == "cuda" else []:
         decoder = _taken_back(device) if name == "hw" else None
-        if decoder is not None:  # decoded before: no warming
-            made.append(decoder)
-            if first_only:
-                break
-            continue
-        decoder = _nvjpeg(device) if name == "nvjpeg" else _nvimgcodec(device, name, host_threads, room, padding)
-        if decoder is not None and (not warm or warmed(decoder, device)):
+        fresh = decoder is None  # (one taken back decoded before: no warming)
+        if fresh:
+            decoder = _nvjpeg(device) if name == "nvjpeg" else _nvimgcodec(device, name, host_threads, room, padding)
+        if decoder is not None and (not fresh or not warm or warmed(decoder, device)):
             made.append(decoder)
             if first_only:
                 break
