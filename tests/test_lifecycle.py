@@ -240,6 +240,63 @@ except KeyboardInterrupt:
     assert proc.returncode == 0 and "LEFT []" in out and "Exception ignored" not in err, out + err
 
 
+READY = """
+import os, pathlib
+from gpufeed import processes
+
+def ready(parent, niceness):  # a pool worker's initializer that says it ran: the worker waits for work
+    processes._worker(parent, niceness)
+    (pathlib.Path(__file__).parent / f"ready-{os.getpid()}").touch()
+"""
+
+
+@pytest.mark.parametrize("where", ["worker", "manager"])
+def test_a_ctrl_c_as_a_spawning_pool_starts_a_worker_ends_the_pack(tmp_path, where):
+    """A pool in a process with threads (numpy's BLAS threads: on 2 cores, every pack) spawns its
+    workers inside `submit`, and records each a few steps after it started. A Ctrl-C in between left
+    a worker the pool never ended, and the exit waited on it for ever (test_a_killed_pack_leaves_no_worker
+    hung so once in CI); one as the pool's manager thread started ended the pack with "RuntimeError:
+    cannot join thread before it is started". Here the Ctrl-C comes right there, every time."""
+    for i in range(40):
+        save(tmp_path / "src" / f"c{i % 2}" / f"{i:04d}.png", smooth(i, 20, 24))
+    (tmp_path / "ready.py").write_text(READY)
+    code = f"""
+import pathlib, signal, sys, threading, time, gpufeed, ready
+from concurrent.futures import process
+from gpufeed import processes
+threading.Thread(target=time.sleep, args=(120,), daemon=True).start()  # a process with threads: spawned
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as from a terminal (see HOLDS)
+if {where!r} == "worker":
+    processes._worker = ready.ready
+    start = processes._SpawnWithoutMain._start_without_main
+    def interrupted(self):
+        start(self)  # the worker runs, and the pool has not recorded it yet
+        while not (pathlib.Path(ready.__file__).parent / f"ready-{{self.pid}}").exists():
+            time.sleep(0.01)
+        signal.raise_signal(signal.SIGINT)
+    processes._SpawnWithoutMain._start_without_main = interrupted
+else:
+    manager = process._ExecutorManagerThread.start
+    def interrupted(self):
+        signal.raise_signal(signal.SIGINT)
+        manager(self)
+    process._ExecutorManagerThread.start = interrupted
+gpufeed.pack(sys.argv[1], sys.argv[2], size=16, workers=2, progress=False)
+print("PACKED", flush=True)
+"""
+    path = _script(tmp_path, code)
+    proc = _run(path, str(tmp_path / "src"), str(tmp_path / "dest"), env=dict(os.environ, PYTHONPATH=str(tmp_path)))
+    try:
+        out, err = proc.communicate(timeout=90)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        raise AssertionError(f"the pack did not end after Ctrl-C: {err[-3000:]}") from None
+    assert proc.returncode != 0 and "PACKED" not in out and "KeyboardInterrupt" in err, out + err
+    assert "RuntimeError" not in err and "Exception ignored" not in err, err
+    assert not (tmp_path / "dest").exists() and not list(tmp_path.glob(".dest.*")), list(tmp_path.iterdir())
+
+
 RANK = """
 import sys, torch.distributed as dist, gpufeed
 from gpufeed.augment import RandomResizedCrop

@@ -16,8 +16,9 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
-from concurrent.futures import Executor, ProcessPoolExecutor
+from collections.abc import Callable, Iterator
+from concurrent.futures import Executor, Future, ProcessPoolExecutor
+from contextlib import contextmanager
 from typing import Any
 
 
@@ -26,8 +27,9 @@ def process_pool(workers: int, niceness: int = 0) -> ProcessPoolExecutor:
     `niceness` > 0: they run at that much lower a CPU priority than this process (a loader's decode
     processes yield to the training loop's thread, which launches the GPU's work)."""
     context = _context()
-    pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_worker, initargs=(os.getpid(), niceness))
-    if context.get_start_method() == "fork":
+    forks = context.get_start_method() == "fork"
+    pool = _Pool(workers, not forks, mp_context=context, initializer=_worker, initargs=(os.getpid(), niceness))
+    if forks:
         try:
             _fork_now(pool)
         except BaseException:  # (a Ctrl-C held back while they forked)
@@ -40,6 +42,57 @@ def process_pool(workers: int, niceness: int = 0) -> ProcessPoolExecutor:
     return pool
 
 
+_HELD = {signal.SIGINT, signal.SIGTERM}
+
+
+class _Pool(ProcessPoolExecutor):
+    """A ProcessPoolExecutor whose `submit` a Ctrl-C or SIGTERM does not cut in two (`_signals_deferred`).
+
+    A spawning pool starts a worker inside `submit`, and registers it a few steps after it started: a
+    KeyboardInterrupt raised between the two left a worker the pool did not know, so its shutdown did
+    not end it and the interpreter's exit waited on it for ever (a pack hung after Ctrl-C, once in a
+    CI run). Raised as the pool's manager thread started, it made shutdown fail ("cannot join thread
+    before it is started") in place of the KeyboardInterrupt. A forking pool starts its workers at
+    once in `_fork_now` and no submit starts one after; its workers would inherit the swapped handlers."""
+
+    def __init__(self, workers: int, defer_signals: bool, **kwargs) -> None:
+        super().__init__(workers, **kwargs)
+        self.defer_signals = defer_signals
+
+    def submit(self, fn, /, *args, **kwargs) -> Future:
+        if not self.defer_signals:
+            return super().submit(fn, *args, **kwargs)
+        with _signals_deferred():
+            return super().submit(fn, *args, **kwargs)
+
+
+@contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """SIGINT and SIGTERM that arrive inside the block are handled as they would have been, right after
+    it. Blocking them (`_fork_now`) holds nothing in a process with threads (the kernel hands the
+    signal to a thread that does not block it, and Python runs the handler in the main thread all the
+    same), so here their handlers are swapped for one that notes the signal, and it is raised again
+    once the handlers are back. Only in the main thread (the only one Python runs handlers in), and
+    only where each handler was set from Python (one set by other code could not be put back)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = {s: signal.getsignal(s) for s in _HELD}
+    if any(h is None for h in before.values()):
+        yield
+        return
+    came: list[int] = []
+    for s in _HELD:
+        signal.signal(s, lambda signum, frame: came.append(signum))
+    try:
+        yield
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+        for signum in dict.fromkeys(came):
+            signal.raise_signal(signum)
+
+
 def stop_now(executor: Executor) -> None:
     """End a local pool's work in flight at once, for a pack that failed or was stopped (an error,
     Ctrl-C, SIGTERM), so that its shutdown waits on no worker: each worker process is terminated.
@@ -49,9 +102,6 @@ def stop_now(executor: Executor) -> None:
     `_processes`; other executors are left to their shutdown."""
     for process in list((getattr(executor, "_processes", None) or {}).values()):
         process.terminate()
-
-
-_HELD = {signal.SIGINT, signal.SIGTERM}
 
 
 def _fork_now(pool: ProcessPoolExecutor) -> None:
