@@ -610,6 +610,27 @@ def test_a_state_saved_before_spans_started_on_one_shard_resumes_only_at_an_epoc
     assert loader.epoch == 1 and len(list(loader)) == len(loader)
 
 
+def test_a_state_saved_while_spans_ended_otherwise_resumes_only_where_the_order_is_the_same(bucket, tmp_path):
+    """A span's last shard now takes its last place alone (a new "ramp" in the order key): a state_dict
+    saved by a gpufeed that spread it further resumes a ramped epoch at its start, and a full-shuffle
+    epoch anywhere, and is refused part way through a ramped one, whose rest would be other samples."""
+    from gpufeed.loader.sampler import RAMPS_BEFORE
+
+    loader = _loader(bucket, tmp_path, shuffle_window=2)
+    old = loader.state_dict()
+    old["order"] = [{"ramp": RAMPS_BEFORE[-1]} if isinstance(k, dict) and "ramp" in k else k for k in old["order"]]
+    assert old["order"] != loader.state_dict()["order"]
+    with pytest.raises(ValueError, match="resumes only at an epoch's start, not at batch 2 of epoch 1"):
+        loader.load_state_dict(old | {"epoch": 1, "batch": 2})
+    loader.load_state_dict(old | {"epoch": 1, "batch": 0})
+    assert loader.epoch == 1 and len(list(loader)) == len(loader)
+    streamed = _loader(bucket, tmp_path)  # ramped in epoch 0 only: epoch 1 is a full shuffle
+    old = streamed.state_dict()
+    old["order"] = [{"ramp": RAMPS_BEFORE[-1]} if isinstance(k, dict) and "ramp" in k else k for k in old["order"]]
+    streamed.load_state_dict(old | {"epoch": 1, "batch": 2})
+    assert streamed.epoch == 1 and len(list(streamed)) == len(streamed) - 2
+
+
 def test_ranks_sharing_a_cache_folder_download_each_shard_once(bucket, tmp_path, monkeypatch):
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     loaders = [_loader(bucket, tmp_path, rank=r, world_size=2, drop_last=False, pad=False) for r in range(2)]

@@ -160,6 +160,23 @@ def test_a_streamed_epoch_resumed_at_another_world_size_reads_exactly_the_rest(b
     assert torch.equal(torch.cat(sampler.batches(1)), torch.cat(plain.batches(1)))
 
 
+@pytest.mark.parametrize("world, window", [(1, 4), (1, 10), (2, 4), (3, 6)])
+def test_a_streamed_span_ends_on_its_last_shard_alone(world, window):
+    """The shard a span reads first last (the last to be downloaded) takes the span's last place alone:
+    once it is in, only its own samples are left to train on. Spread over `window` places as the
+    others, it left about (window + 1) / 2 shards' samples for after the last download, the link idle."""
+    sizes = [60, 55, 70, 64, 58, 61, 66, 52, 63, 60, 57, 69, 62, 59, 65, 60, 61, 58, 66, 63]
+    for rank in range(world):
+        sampler, starts = _streamed(sizes, 16, world, rank, ramp=True, window=window)
+        read = (np.searchsorted(starts, torch.cat(sampler.batches(0)).numpy(), side="right") - 1).tolist()
+        first = {}
+        for i, k in enumerate(read):
+            first.setdefault(k, i)
+        last_shard = max(first, key=first.get)
+        assert set(read[first[last_shard]:]) == {last_shard}, (rank, read[first[last_shard]:][:20])
+        assert read.count(last_shard) == len(read) - first[last_shard]
+
+
 def test_a_streamed_span_whose_batch_is_larger_than_a_shard_starts_on_as_few_shards_as_hold_it():
     """Batches of 512 over shards of 100: each rank's first batch reads 6 to 8 shards (6 hold it), not
     the 14-25 of the global order's windows (a ramp by powers of 4 read 13)."""

@@ -41,7 +41,15 @@ from gpufeed.loader.inputs import Input, open_input, reads_in_place
 from gpufeed.loader.jpeg import PREFETCH, JpegPipelines, default_workers, jpeg_feed, jpeg_pipelines, takes_workers
 from gpufeed.loader.planner import Planner
 from gpufeed.loader.producer import CLOSE_WAIT, Carried, Production
-from gpufeed.loader.sampler import RAMP, Segment, ShardedBatchSampler, check_epoch, check_seed, resolve_rank
+from gpufeed.loader.sampler import (
+    RAMP,
+    RAMPS_BEFORE,
+    Segment,
+    ShardedBatchSampler,
+    check_epoch,
+    check_seed,
+    resolve_rank,
+)
 from gpufeed.loader.settings import Decoding, Output, resolve_device
 from gpufeed.loader.stats import Stats, stage_range
 from gpufeed.logs import logger
@@ -163,19 +171,25 @@ def _without(key: list, name: str) -> list:
     return [k for k in key if not (isinstance(k, dict) and name in k)]
 
 
+def _ramped_before(key: list) -> list[list]:
+    """An order key with each older gpufeed's "ramp" (`RAMPS_BEFORE`) in place of this one's."""
+    return [[{"ramp": old} if isinstance(k, dict) and "ramp" in k else k for k in key] for old in RAMPS_BEFORE]
+
+
 def _check_order(state: dict, mine: dict, segments: tuple[Segment, ...], ramped: bool) -> None:
     """Refuse `state` if its order key is not this loader's and the order it resumes in would differ.
     Keys of older gpufeeds are accepted where the order they resume in is the same: one saved before a
     store in a bucket had a shard-aware first epoch (no "first_window") at epoch 1 or later; one saved
-    before a bucket's spans started on one shard (no "ramp") in an epoch that is not `ramped` (a full
-    shuffle); and at an epoch's start, where nothing of that epoch's order was consumed yet, those
-    too and one saved before orders were drawn from a Philox stream (no `ORDER_RANDOM`)."""
+    before a bucket's spans started on one shard (no "ramp"), or while they ended otherwise (an older
+    "ramp"), in an epoch that is not `ramped` (a full shuffle); and at an epoch's start, where nothing
+    of that epoch's order was consumed yet, those too and one saved before orders were drawn from a
+    Philox stream (no `ORDER_RANDOM`)."""
     theirs, key = state.get("order", mine["order"]), mine["order"]
     if theirs == key:
         return
     epoch, start = state["epoch"], state["batch"] == 0 and not segments
     older = [key, _without(key, "first_window")] if epoch >= 1 else [key]
-    unramped = [_without(k, "ramp") for k in older]
+    unramped = [_without(k, "ramp") for k in older] + [r for k in older for r in _ramped_before(k)]
     if theirs in older or (theirs in unramped and not ramped):
         return
     if theirs in unramped + [_without(k, "order_random") for k in older + unramped]:
