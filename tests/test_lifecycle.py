@@ -297,6 +297,52 @@ print("PACKED", flush=True)
     assert not (tmp_path / "dest").exists() and not list(tmp_path.glob(".dest.*")), list(tmp_path.iterdir())
 
 
+def test_a_pools_deferred_signals_keep_ignored_ones_ignored_and_come_after_it_sigterm_first(monkeypatch):
+    """`processes._signals_deferred` (a spawning pool's submit): SIG_IGN stays as it is inside it (a
+    worker spawned then inherits it); a SIGINT and a SIGTERM that came inside come after it, SIGTERM
+    first (raising the KeyboardInterrupt first lost the SIGTERM); a Ctrl-C as the handlers are put back
+    (`signal.signal` runs a pending handler first, and swaps nothing then) leaves neither swapped."""
+    from gpufeed import processes
+
+    got = []
+    real = signal.signal
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, lambda n, f: got.append(n))
+        with processes._signals_deferred():
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+            signal.raise_signal(signal.SIGTERM)
+            assert got == []
+        assert got == [signal.SIGTERM]
+        got.clear()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        with pytest.raises(KeyboardInterrupt):
+            with processes._signals_deferred():
+                signal.raise_signal(signal.SIGINT)
+                signal.raise_signal(signal.SIGTERM)
+                assert got == []
+        assert got == [signal.SIGTERM]
+        term = signal.getsignal(signal.SIGTERM)
+        pending = [True]
+
+        def interrupted(signum, handler):  # a Ctrl-C pending as SIGTERM's handler is put back
+            if signum == signal.SIGTERM and handler is term and pending:
+                pending.clear()
+                raise KeyboardInterrupt
+            return real(signum, handler)
+
+        monkeypatch.setattr(signal, "signal", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            with processes._signals_deferred():
+                pass
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        assert signal.getsignal(signal.SIGTERM) is term
+    finally:
+        for s, handler in saved.items():
+            real(s, handler)
+
+
 RANK = """
 import sys, torch.distributed as dist, gpufeed
 from gpufeed.augment import RandomResizedCrop

@@ -91,13 +91,14 @@ def test_more_ranks_than_samples_padded_gives_every_rank_a_sample(n, world):
     assert sorted({int(s[0][0]) for s in shards}) == list(range(n))
 
 
-def _streamed(sizes, batch, world, rank, *, ramp, window=4, first_window=None, epoch=0, segments=(), seed=5):
+def _streamed(sizes, batch, world, rank, *, ramp, window=4, first_window=None, epoch=0, segments=(), seed=5,
+              drop_last=False):
     """The sampler of `rank` for a shard-aware order over shards of `sizes` samples (a store in a bucket)."""
     from gpufeed.loader.sampler import Segment, Shards
 
     starts = np.concatenate([[0], np.cumsum(sizes)])
     sampler = ShardedBatchSampler(int(starts[-1]), batch, shuffle=True, seed=seed, rank=rank, world_size=world,
-                                  drop_last=False, pad=False,
+                                  drop_last=drop_last, pad=False,
                                   shards=Shards(starts, window, first_window, ramp=ramp))
     sampler.resume(epoch, tuple(Segment(w, b) for w, b in segments))
     return sampler, starts
@@ -160,14 +161,17 @@ def test_a_streamed_epoch_resumed_at_another_world_size_reads_exactly_the_rest(b
     assert torch.equal(torch.cat(sampler.batches(1)), torch.cat(plain.batches(1)))
 
 
-@pytest.mark.parametrize("world, window", [(1, 4), (1, 10), (2, 4), (3, 6)])
-def test_a_streamed_span_ends_on_its_last_shard_alone(world, window):
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize("world, window", [(1, 4), (1, 10), (2, 4), (3, 6), (4, 10), (8, 10)])
+def test_a_streamed_span_ends_on_its_last_shard_alone(world, window, drop_last):
     """The shard a span reads first last (the last to be downloaded) takes the span's last place alone:
     once it is in, only its own samples are left to train on. Spread over `window` places as the
-    others, it left about (window + 1) / 2 shards' samples for after the last download, the link idle."""
-    sizes = [60, 55, 70, 64, 58, 61, 66, 52, 63, 60, 57, 69, 62, 59, 65, 60, 61, 58, 66, 63]
+    others, it left about (window + 1) / 2 shards' samples for after the last download, the link idle.
+    With drop_last, the last shard read is the last one before the cut (the last-ranked shards, those
+    shared with the next span that have fewest samples in this one, can lie wholly past it)."""
+    sizes = [60, 55, 70, 64, 58, 61, 66, 52, 63, 60, 57, 69, 62, 59, 65, 60, 61, 58, 66, 63] * 2
     for rank in range(world):
-        sampler, starts = _streamed(sizes, 16, world, rank, ramp=True, window=window)
+        sampler, starts = _streamed(sizes, 48, world, rank, ramp=True, window=window, drop_last=drop_last)
         read = (np.searchsorted(starts, torch.cat(sampler.batches(0)).numpy(), side="right") - 1).tolist()
         first = {}
         for i, k in enumerate(read):

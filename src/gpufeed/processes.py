@@ -72,24 +72,36 @@ def _signals_deferred() -> Iterator[None]:
     it. Blocking them (`_fork_now`) holds nothing in a process with threads (the kernel hands the
     signal to a thread that does not block it, and Python runs the handler in the main thread all the
     same), so here their handlers are swapped for one that notes the signal, and it is raised again
-    once the handlers are back. Only in the main thread (the only one Python runs handlers in), and
-    only where each handler was set from Python (one set by other code could not be put back)."""
+    once the handlers are back: SIGTERM first (a pack's SIGTERM then still ends it as `Terminated`
+    when the Ctrl-C's KeyboardInterrupt unwinds it). Only in the main thread (the only one Python
+    runs handlers in), and only handlers set from Python: SIG_IGN and SIG_DFL interrupt nothing half
+    way (and a worker spawned meanwhile must inherit SIG_IGN), and one set by other code (None) could
+    not be put back. `signal.signal` runs a signal's pending handler before it swaps: one that raises
+    then (a Ctrl-C between two swaps) is raised after every handler is back."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    before = {s: signal.getsignal(s) for s in _HELD}
-    if any(h is None for h in before.values()):
-        yield
-        return
     came: list[int] = []
-    for s in _HELD:
-        signal.signal(s, lambda signum, frame: came.append(signum))
+    swapped: dict[int, Any] = {}
     try:
+        for held in _HELD:
+            handler = signal.getsignal(held)
+            if callable(handler):
+                swapped[held] = handler
+                signal.signal(held, lambda signum, frame: came.append(signum))
         yield
     finally:
-        for s, handler in before.items():
-            signal.signal(s, handler)
-        for signum in dict.fromkeys(came):
+        error: BaseException | None = None
+        for number, handler in swapped.items():
+            while True:
+                try:
+                    signal.signal(number, handler)
+                    break
+                except BaseException as e:  # noqa: BLE001 - a pending signal's handler, run first: swapped nothing yet
+                    error = error or e
+        if error is not None:
+            raise error
+        for signum in sorted(set(came), key=lambda n: n != signal.SIGTERM):
             signal.raise_signal(signum)
 
 

@@ -21,14 +21,15 @@ k-th of them (from 0) spread evenly over as many places as it holds batches time
 at least, `window` at most), from its own: the first batch reads one shard (where that shard holds a
 batch), and from then on a batch takes about as much of each shard begun, the k-th batch about k
 shards at first (fewer than the global order mixes at its start: the price of not waiting for them;
-docs/buckets.md has the counts). No shard is spread past the place of the span's last one, which
-takes its own place alone: the last shard to arrive leaves only its own samples to train on once it
-is in. Spread over `window` places like the others, it left about (window + 1) / 2 shards' samples
-for after the last download, the link idle meanwhile (a cold epoch of 41 shards, window 10, on 2
-cores, three interleaved rounds after a first: 0.35-0.38 s of its 7 s after the last download; with
-the spread ended there 0.09-0.21 s). A power of k instead (4**k) left ImageNet-sized shards' first four
+docs/buckets.md has the counts). A power of k instead (4**k) left ImageNet-sized shards' first four
 batches on one shard, and a batch larger than a shard read twice the shards it needed. The shards
-a span shares with its neighbours come at its end, where the neighbour reads them too. A pure
+a span shares with its neighbours come at its end, where the neighbour reads them too. No shard is
+spread past the place of the last one the span reads, which takes its own place alone: once the
+last shard to arrive is in, only its own samples are left to train on (batches by group, below, move
+unfilled batches to the end and lose this). Spread over `window` places like the others, it left
+about (window + 1) / 2 shards' samples for after the last download, the link idle meanwhile (a cold
+epoch of 41 shards, window 10, on 2 cores, three interleaved rounds after a first: 0.35-0.38 s of
+its 7 s after the last download; with the spread ended there 0.09-0.21 s). A pure
 function of the span, as the grouping below.
 
 **Batches by group** (aspect ratio, for detection: `groups`). Each span is then reordered as
@@ -249,7 +250,8 @@ class ShardedBatchSampler:
         span = sequence[begin : begin + sizes[rank]]
         if self.shards is not None and self.shards.ramped(epoch):
             window = self.shards.window_of(epoch)
-            span = _ramped(span, self.shards.starts, window, self.batch_size)  # type: ignore[arg-type]  # (ramped: set)
+            kept = min(len(span), self._count(len(span)) * self.batch_size)  # (drop_last: the last batch's cut)
+            span = _ramped(span, self.shards.starts, window, self.batch_size, kept)  # type: ignore[arg-type]  # (ramped: set)
         return span if self.groups is None else self._grouped(span)
 
     def _grouped(self, span: torch.Tensor) -> torch.Tensor:
@@ -306,12 +308,14 @@ class ShardedBatchSampler:
         return [shard[b * self.batch_size : (b + 1) * self.batch_size] for b in range(start, count)]
 
 
-def _ramped(span: torch.Tensor, starts: np.ndarray, window: int, batch: int) -> torch.Tensor:
+def _ramped(span: torch.Tensor, starts: np.ndarray, window: int, batch: int, kept: int) -> torch.Tensor:
     """`span` ordered again to start on one shard (the module's docstring): its shards ranked (those
     wholly in it first, by their first sample's place in it, the first of them that holds a batch
     ahead of them all; then the others, the most samples first), the k-th one's samples, in their
     order in the span, spread evenly over (k + 1) times their count over `batch` places (1 to
-    `window`, and none past the last one's place) from place k."""
+    `window`, and none past the place of the last one read) from place k. Only the first `kept` of
+    the span are read (drop_last cuts the last batch): the last-ranked shards whose samples all lie
+    past it are never read, and the last one read is the one that ends the read part alone."""
     if not len(span):
         return span
     index = span.numpy()
@@ -342,8 +346,11 @@ def _ramped(span: torch.Tensor, starts: np.ndarray, window: int, batch: int) -> 
     within[by_shard] = np.arange(len(index)) - np.repeat(begins, counts)
     place = rank[inverse]
     spread = np.clip((place + 1) * counts[inverse] / batch, 1.0, float(window))
-    # and none past the place of the last: when it arrives, only its own samples are left to train on
-    spread = np.minimum(spread, np.maximum(len(found) - 1 - place, 1.0))
+    # and none past the place of the last one read: when it arrives, only its own samples are left to
+    # train on (those after it, wholly in the part drop_last cuts, are never read)
+    cut = np.cumsum(counts[ranked][::-1])  # the samples of the last 1, 2, ... ranked shards
+    last = len(found) - 1 - int(np.searchsorted(cut, len(index) - kept, side="right"))
+    spread = np.minimum(spread, np.maximum(last - place, 1.0))
     keys = place + (within + 0.5) / counts[inverse] * spread
     # sorted as runs, one a shard (each rises), ties in shard order: a stable sort of the span as it
     # stood took 2.4x as long
