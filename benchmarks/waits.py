@@ -9,6 +9,13 @@
 - with py-spy on PATH, `gil` (`--pyspy`: the GIL holders' shares) or `native` (`--pyspy native`:
   where the training thread is, running or not, native frames included).
 
+`Lateness` (remote_bench's epochs) says how long a thread that wants the GIL waits for it: a
+thread in Python that a C call holds it for, or that holds it without pause, keeps the others waiting
+one switch interval (5 ms) at a time. The fetch ahead's downloads are such a thread's work (s3fs's
+event loop takes the GIL for each piece of a response): beside a thread holding the GIL without
+pause they carried 25 MB/s of a 125 MB/s link, beside one holding it half the time in 2 ms turns
+103 (the development machine, 1 Gbit/s and 20 ms through remote_bench's link).
+
 Linux /proc; the counters are empty elsewhere.
 """
 
@@ -49,6 +56,38 @@ class Watch:
         if self.spy is not None:
             out.update(self.spy.result(wall, steps, self.mine))
         return out
+
+
+class Lateness:
+    """A thread that sleeps `tick` seconds at a time and records how late each wake-up came (a wait for
+    the GIL, or for a core); `stop()` gives the median and 99th percentile in ms, and the share of the
+    watched time spent in wake-ups later than `late` seconds."""
+
+    def __init__(self, tick: float = 0.002, late: float = 0.005):
+        self.tick, self.late = tick, late
+        self.delays: list[float] = []
+        self._stop = threading.Event()
+        self._began = time.perf_counter()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="bench-gil-lateness")
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:  # (one wake-up at least, however soon it is stopped)
+            t = time.perf_counter()
+            time.sleep(self.tick)
+            self.delays.append(time.perf_counter() - t - self.tick)
+            if self._stop.is_set():
+                return
+
+    def stop(self) -> dict:
+        self._stop.set()
+        self._thread.join()
+        wall = time.perf_counter() - self._began
+        delays = sorted(self.delays)
+        late = sum(d for d in delays if d > self.late)
+        return {"wakeups": len(delays), "p50_ms": round(1e3 * delays[len(delays) // 2], 2),
+                "p99_ms": round(1e3 * delays[min(len(delays) - 1, int(0.99 * len(delays)))], 2),
+                "late_share": round(late / wall, 3)}
 
 
 class _GcWatch:

@@ -103,6 +103,9 @@ def test_smoke(name, bench, tmp_path, capsys):
         assert start["constructor_s"] <= start["first_pass_s"] <= start["first_plan_s"] <= start["first_batch_s"]
         assert "loader_start" not in written["runs"]["warm"]
         assert written["runs"]["fetch"]["bytes"] == written["runs"]["cold"]["downloaded"] > 0  # every shard
+        for row in ("cold", "warm"):  # how long a thread waited for the GIL meanwhile
+            gil = written["runs"][row]["gil_lateness"]
+            assert gil["wakeups"] >= 1 and 0 <= gil["p50_ms"] <= gil["p99_ms"] and 0 <= gil["late_share"] <= 1
         cold, warm = (written["runs"][f"2 ranks, one cache folder: {e}"] for e in ("cold", "warm"))
         assert cold["downloaded"] == cold["shard_bytes"] and warm["downloaded"] == 0  # each shard once a node
         assert cold["images"] == sum(r["images"] for r in cold["ranks"]) > 0 and len(cold["ranks"]) == 2
@@ -214,3 +217,29 @@ def test_ddp_bench_reports_each_ranks_stages_under_torchrun(bench, tmp_path):
         assert stages["threads"]["MainThread"]["run_ms"] > 0 and stages["steal_ms_per_step"] is not None
     table = out.with_suffix(".md").read_text()
     assert "img/s per worker core" in table and "| jpeg | 2 | no | 1 |" in table
+
+
+def test_gil_lateness_sees_a_thread_that_holds_the_gil(bench):
+    """waits.Lateness (remote_bench's "GIL wait" column): beside a thread running Python without pause,
+    a thread that wants the GIL waits about a switch interval (5 ms) each time."""
+    import threading
+    import time
+
+    waits = bench("waits")
+    stop = threading.Event()
+
+    def hold() -> None:
+        x = 0
+        while not stop.is_set():
+            x += 1
+
+    holder = threading.Thread(target=hold, daemon=True)
+    holder.start()
+    try:
+        watch = waits.Lateness()
+        time.sleep(0.3)
+        held = watch.stop()
+    finally:
+        stop.set()
+        holder.join()
+    assert held["wakeups"] >= 5 and held["p50_ms"] >= 2 and held["late_share"] > 0.1, held
