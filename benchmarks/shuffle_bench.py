@@ -4,7 +4,8 @@ Orders only, no data: a store of `--n` samples in shards of `--shard` samples, r
 of a `--cache` fraction of the store. Rows: a full shuffle (the reference); gpufeed's shard-aware
 order (`ShardedBatchSampler.order`: the shards in a seeded random order, each one's samples spread at
 random over the places of `window` shards), with the window its Loader picks for that cache (what it
-holds less three shards) and smaller ones; MosaicML streaming's
+holds less three shards) and smaller ones, and as its Loader reads a store in a bucket (the span
+ordered again to start on one shard and end on its last download alone: `Shards.ramp`); MosaicML streaming's
 `py1e` shuffle (its default) with the shuffle block its cache allows; WebDataset's (shards in a random
 order, samples through a shuffle buffer of what the cache holds). The last two use the libraries'
 own functions where they are installed (`pip install mosaicml-streaming webdataset`), and are left
@@ -58,12 +59,15 @@ def spread(order: np.ndarray, shard_of: np.ndarray, shards: int) -> float:
     return float(np.sqrt(np.maximum(var, 0)).mean() / (len(order) / np.sqrt(12)))
 
 
-def gpufeed_order(starts: np.ndarray, window: int | None, epoch: int) -> np.ndarray:
+def gpufeed_order(starts: np.ndarray, window: int | None, epoch: int, ramp_batch: int = 0) -> np.ndarray:
+    """The global order; `ramp_batch` > 0: the one rank's span of it as a Loader reading a store in a
+    bucket orders it again in batches of that many (`Shards.ramp`: it starts on one shard and ends on
+    its last download alone)."""
     from gpufeed.loader.sampler import ShardedBatchSampler, Shards
 
-    sampler = ShardedBatchSampler(int(starts[-1]), 1, shuffle=True, seed=0, rank=0, world_size=1, drop_last=False,
-                                  shards=Shards(starts, window))
-    return sampler.order(epoch).numpy()
+    sampler = ShardedBatchSampler(int(starts[-1]), max(1, ramp_batch), shuffle=True, seed=0, rank=0, world_size=1,
+                                  drop_last=False, shards=Shards(starts, window, ramp=ramp_batch > 0))
+    return (sampler.shard(epoch) if ramp_batch else sampler.order(epoch)).numpy()
 
 
 def _library(package: str, module: str):
@@ -121,6 +125,8 @@ def main(argv: list[str] | None = None) -> dict:
     for w in sorted({1, max(1, window // 4), window}):
         label = f"gpufeed, spread over {w} shards" + (" (its Loader's for this cache)" if w == window else "")
         rows[label] = lambda e, w=w: gpufeed_order(starts, w, e)
+    rows[f"gpufeed, spread over {window} shards, from a bucket (each span starts on one shard, ends on its last "
+         "download alone)"] = lambda e: gpufeed_order(starts, window, e, a.batch)
     rows[f"MosaicML streaming py1e, block of {cached * a.shard} samples"] = (
         lambda e: streaming_order(sizes, cached * a.shard, e))
     for buffer in (10_000, cached * a.shard):  # its usual buffer (decoded samples in RAM), and the cache's size
