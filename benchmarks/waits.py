@@ -90,6 +90,17 @@ class Lateness:
                 "late_share": round(late / wall, 3)}
 
 
+def host_cpu() -> tuple[int, int]:
+    """(busy, all) clock ticks of every core of the host since it booted (/proc/stat's first line; idle
+    and I/O wait are not busy): two readings give the share of the host's CPU busy between them, the
+    benchmark's own processes and everything else. (0, 0) where /proc/stat can't be read."""
+    try:
+        ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    except (OSError, ValueError):
+        return 0, 0
+    return sum(ticks) - ticks[3] - ticks[4], sum(ticks)
+
+
 class _GcWatch:
     """The garbage collector's collections while it watches: (generation, seconds, thread name)."""
 

@@ -106,6 +106,7 @@ def test_smoke(name, bench, tmp_path, capsys):
         for row in ("cold", "warm"):  # how long a thread waited for the GIL meanwhile
             gil = written["runs"][row]["gil_lateness"]
             assert gil["wakeups"] >= 1 and 0 <= gil["p50_ms"] <= gil["p99_ms"] and 0 <= gil["late_share"] <= 1
+            assert 0 <= written["runs"][row]["host_cpu_busy"] <= 1
         cold, warm = (written["runs"][f"2 ranks, one cache folder: {e}"] for e in ("cold", "warm"))
         assert cold["downloaded"] == cold["shard_bytes"] and warm["downloaded"] == 0  # each shard once a node
         assert cold["images"] == sum(r["images"] for r in cold["ranks"]) > 0 and len(cold["ranks"]) == 2
