@@ -604,7 +604,7 @@ def test_a_state_saved_before_spans_started_on_one_shard_resumes_only_at_an_epoc
     assert loader.batch_sampler.shards.ramped(1)
     old = loader.state_dict()
     old["order"] = [k for k in old["order"] if not (isinstance(k, dict) and "ramp" in k)]
-    with pytest.raises(ValueError, match="resumes only at an epoch's start, not at batch 2 of epoch 1"):
+    with pytest.raises(ValueError, match="resumes only at an epoch's start or end, not at batch 2 of epoch 1"):
         loader.load_state_dict(old | {"epoch": 1, "batch": 2})
     loader.load_state_dict(old | {"epoch": 1, "batch": 0})
     assert loader.epoch == 1 and len(list(loader)) == len(loader)
@@ -620,10 +620,12 @@ def test_a_state_saved_while_spans_ended_otherwise_resumes_only_where_the_order_
     old = loader.state_dict()
     old["order"] = [{"ramp": RAMPS_BEFORE[-1]} if isinstance(k, dict) and "ramp" in k else k for k in old["order"]]
     assert old["order"] != loader.state_dict()["order"]
-    with pytest.raises(ValueError, match="resumes only at an epoch's start, not at batch 2 of epoch 1"):
+    with pytest.raises(ValueError, match="resumes only at an epoch's start or end, not at batch 2 of epoch 1"):
         loader.load_state_dict(old | {"epoch": 1, "batch": 2})
     loader.load_state_dict(old | {"epoch": 1, "batch": 0})
     assert loader.epoch == 1 and len(list(loader)) == len(loader)
+    loader.load_state_dict(old | {"epoch": 1, "batch": len(loader)})  # saved after its last batch: nothing left
+    assert loader.epoch == 1 and len(list(loader)) == len(loader) and loader.epoch == 3  # epoch 2's pass, whole
     streamed = _loader(bucket, tmp_path)  # ramped in epoch 0 only: epoch 1 is a full shuffle
     old = streamed.state_dict()
     old["order"] = [{"ramp": RAMPS_BEFORE[-1]} if isinstance(k, dict) and "ramp" in k else k for k in old["order"]]

@@ -176,18 +176,19 @@ def _ramped_before(key: list) -> list[list]:
     return [[{"ramp": old} if isinstance(k, dict) and "ramp" in k else k for k in key] for old in RAMPS_BEFORE]
 
 
-def _check_order(state: dict, mine: dict, segments: tuple[Segment, ...], ramped: bool) -> None:
+def _check_order(state: dict, mine: dict, segments: tuple[Segment, ...], ramped: bool, ended: bool = False) -> None:
     """Refuse `state` if its order key is not this loader's and the order it resumes in would differ.
     Keys of older gpufeeds are accepted where the order they resume in is the same: one saved before a
     store in a bucket had a shard-aware first epoch (no "first_window") at epoch 1 or later; one saved
     before a bucket's spans started on one shard (no "ramp"), or while they ended otherwise (an older
     "ramp"), in an epoch that is not `ramped` (a full shuffle); and at an epoch's start, where nothing
-    of that epoch's order was consumed yet, those too and one saved before orders were drawn from a
-    Philox stream (no `ORDER_RANDOM`)."""
+    of that epoch's order was consumed yet, or at its end (`ended`: every batch of it yielded), where
+    nothing of it is left, those too and one saved before orders were drawn from a Philox stream (no
+    `ORDER_RANDOM`)."""
     theirs, key = state.get("order", mine["order"]), mine["order"]
     if theirs == key:
         return
-    epoch, start = state["epoch"], state["batch"] == 0 and not segments
+    epoch, start = state["epoch"], (state["batch"] == 0 and not segments) or ended
     older = [key, _without(key, "first_window")] if epoch >= 1 else [key]
     unramped = [_without(k, "ramp") for k in older] + [r for k in older for r in _ramped_before(k)]
     if theirs in older or (theirs in unramped and not ramped):
@@ -196,8 +197,8 @@ def _check_order(state: dict, mine: dict, segments: tuple[Segment, ...], ramped:
         if start:
             return
         raise ValueError(
-            f"state_dict was saved by an older gpufeed, whose order of an epoch was made otherwise: it "
-            f"resumes only at an epoch's start, not at batch {state['batch']} of epoch {epoch} (set_epoch({epoch}) "
+            f"state_dict was saved by an older gpufeed, whose order of an epoch was made otherwise: it resumes "
+            f"only at an epoch's start or end, not at batch {state['batch']} of epoch {epoch} (set_epoch({epoch}) "
             f"starts that epoch again, set_epoch({epoch + 1}) the next)"
         )
     raise ValueError(f"state_dict has order={theirs}, this loader has {key}")
@@ -730,7 +731,6 @@ class Loader:
                 "its position would go on over other images (set_epoch starts an epoch of this one afresh)"
             )
         shards = self.batch_sampler.shards
-        _check_order(state, mine, segments, shards is not None and shards.ramped(state["epoch"]))
         epoch, batch = state["epoch"], state["batch"]
         if state["world_size"] != self.world_size and batch:  # what every rank yielded there is an earlier part now
             segments, batch = (*segments, Segment(state["world_size"], batch)), 0
@@ -738,6 +738,8 @@ class Loader:
             length = self.batch_sampler.length(epoch, segments)
         except ValueError as e:
             raise ValueError(f"state_dict: {e}") from None
+        ended = batch > 0 and batch == length  # (every batch of the epoch yielded: what is left is in no order)
+        _check_order(state, mine, segments, shards is not None and shards.ramped(epoch), ended)
         if batch > length:
             raise ValueError(f"state_dict has batch={batch}, past the {length} batches of its epoch")
         with self._passing:  # a pass still under way would move the position on after this
