@@ -24,6 +24,9 @@ the Loader's first batch asked for to its last one trained on, with ResNet-18 in
 - synthetic: the model on one fixed batch, --steps steps (the model's ceiling);
 - local: the same store on the local disk, one epoch after one to warm up;
 - cold: `Loader("s3://...")` with an empty cache, its first epoch (of the link's ceiling);
+- --fetch-process: "cold, downloads in a process" (`Tuning(fetch_process=True)`: store.fetch_process;
+  the shards downloaded there, the others in this process before it was ready), then "cold, again"
+  as the cold row, to compare them in one call;
 - warm: the same Loader's next epoch, every shard in its cache;
 - quarter: a new Loader with `cache_limit` a quarter of the store, --epochs epochs (each of the link's
   ceiling: a cache that small downloads about the whole store every epoch);
@@ -101,6 +104,9 @@ def parser():
     p.add_argument("--ranks", type=int, default=1, help="also N ranks through one cache_dir (rows 'N ranks, ...')")
     p.add_argument("--compare", default=None, help="other libraries' rows, comma-separated: streaming, litdata "
                    "(default: those installed; '' for none)")
+    p.add_argument("--fetch-process", action="store_true",
+                   help="also a cold epoch with the downloads in a process of their own (Tuning.fetch_process), "
+                        "then the plain cold epoch again")
     p.add_argument("--compare-timeout", type=float, default=900,
                    help="seconds a --compare library's process may run before it is killed (a hung download)")
     return p
@@ -624,6 +630,17 @@ def _measure(a, work: Path) -> dict:
             remote = gpufeed.Loader("s3://bench/train", cache_dir=cache, storage_options=options(served.link), **kw)
             runs["cold"], runs["warm"] = epochs(remote, step, 2, a.device)
             remote.close()
+        if a.fetch_process:  # the same cold epoch with the downloads in a process, then again in this one
+            from gpufeed.decode.tuning import Tuning
+
+            for name, away in (("cold, downloads in a process", True), ("cold, again (downloads here)", False)):
+                with tempfile.TemporaryDirectory(dir=work) as cache:
+                    remote = gpufeed.Loader("s3://bench/train", cache_dir=cache, storage_options=options(served.link),
+                                            tuning=Tuning(fetch_process=away), **kw)
+                    runs[name] = epochs(remote, step, 1, a.device)[0]
+                    elsewhere = remote.store.cache.elsewhere
+                    runs[name]["shards_downloaded_in_the_process"] = 0 if elsewhere is None else elsewhere.asked
+                    remote.close()
         # a quarter of the store, or what a Loader of these batches needs at least (a small store's quarter)
         peek = gpufeed.open("s3://bench/train", storage_options=options(direct), cache_dir=work / "peek")
         limit = max(total // 4, smallest_cache(peek, a.batch))

@@ -34,7 +34,7 @@ SMOKES = {  # script: extra arguments of its smoke (each benchmark once; ddp_ben
     "shuffle_bench": [],
     "detection_bench": [],
     "segmentation_bench": [],
-    "remote_bench": ["--compare", "litdata", "--ranks", "2", "--batch", "4"],
+    "remote_bench": ["--compare", "litdata", "--ranks", "2", "--batch", "4", "--fetch-process"],
     "video_bench": [],  # (not installed: a row that fails, and the others still written)
 }
 
@@ -103,6 +103,10 @@ def test_smoke(name, bench, tmp_path, capsys):
         assert start["constructor_s"] <= start["first_pass_s"] <= start["first_plan_s"] <= start["first_batch_s"]
         assert "loader_start" not in written["runs"]["warm"]
         assert written["runs"]["fetch"]["bytes"] == written["runs"]["cold"]["downloaded"] > 0  # every shard
+        away = written["runs"]["cold, downloads in a process"]  # all of its shards, or some before it was ready
+        assert away["downloaded"] == written["runs"]["cold, again (downloads here)"]["downloaded"] > 0
+        assert written["runs"]["cold, again (downloads here)"]["shards_downloaded_in_the_process"] == 0
+        assert 0 <= away["shards_downloaded_in_the_process"] <= away["downloads"]["shards"]
         for row in ("cold", "warm"):  # how long a thread waited for the GIL meanwhile
             gil = written["runs"][row]["gil_lateness"]
             assert gil["wakeups"] >= 1 and 0 <= gil["p50_ms"] <= gil["p99_ms"] and 0 <= gil["late_share"] <= 1

@@ -343,6 +343,46 @@ def test_a_pools_deferred_signals_keep_ignored_ones_ignored_and_come_after_it_si
             real(s, handler)
 
 
+FETCHES = """
+import socket, sys, threading, time, fsspec
+from gpufeed.store.fetch import Fetcher
+from gpufeed.store.fetch_process import FetchProcess
+
+silent = socket.create_server(("127.0.0.1", 0))  # never answers: the download below waits for ever
+url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+fetcher = Fetcher(fsspec.filesystem("http"), url, url, sys.argv[1])
+away = FetchProcess(fetcher)
+while not away.ready():
+    time.sleep(0.05)
+threading.Thread(target=away.checked, args=(f"{url}/shard", {"data.bin": {"bytes": 4, "digest": "0" * 64}},
+                                            __import__("pathlib").Path(sys.argv[1]), fetcher), daemon=True).start()
+print("CHILD", away._proc.pid, flush=True)
+time.sleep(0.5)
+if sys.argv[2] == "exit":
+    sys.exit(3)
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("how", ["exit", "SIGKILL"])
+def test_a_download_process_ends_with_its_parent_and_never_holds_its_exit(tmp_path, how):
+    """`store.fetch_process`: with a download in flight (a server that never answers), the parent exits at
+    once with its own status, and its download process ends with it, SIGKILL included."""
+    pytest.importorskip("aiohttp")
+    proc = _run(_script(tmp_path, FETCHES), str(tmp_path), how)
+    line = proc.stdout.readline()
+    assert line.startswith("CHILD"), line + proc.stderr.read()
+    child = int(line.split()[1])
+    if how == "SIGKILL":
+        time.sleep(0.6)
+        os.kill(proc.pid, signal.SIGKILL)
+    assert proc.wait(timeout=30) == (3 if how == "exit" else -signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while _alive({child}) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive({child}), f"the download process {child} outlived its parent"
+
+
 RANK = """
 import sys, torch.distributed as dist, gpufeed
 from gpufeed.augment import RandomResizedCrop

@@ -909,3 +909,134 @@ def test_a_batch_does_not_wait_for_the_downloads_of_the_batches_after_it(bucket,
     reader.join(60)
     assert made, "the first batch waited for the downloads of the batches after it"
     assert len(list(it)) == len(loader) - 1
+
+
+def test_downloads_in_a_process_of_their_own_give_the_same_batches(bucket, tmp_path):
+    """`Tuning(fetch_process=True)`: once its process is ready, each shard's files download there (one
+    `Ask` a shard), and the epoch's batches are those downloaded in this process; the process ends with
+    the store's cache."""
+    from gpufeed.decode.tuning import Tuning
+
+    here = [(x, y) for x, y in _loader(bucket, tmp_path / "here")]
+    loader = _loader(bucket, tmp_path / "away", tuning=Tuning(fetch_process=True))
+    away = loader.store.cache.elsewhere
+    deadline = time.monotonic() + 60
+    while not away.ready():
+        assert time.monotonic() < deadline, away._ended
+        time.sleep(0.05)
+    got = [(x, y) for x, y in loader]
+    assert len(got) == len(here) and all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(got, here))
+    assert away._number == len(loader.store.manifest.shards) == loader.store.cache.fetched
+    child = away._proc
+    loader.store.close()
+    assert child.wait(timeout=10) == 0 and not away.ready()
+
+
+def test_a_download_process_that_dies_hands_its_downloads_back_and_says_so(bucket, tmp_path, caplog):
+    """Its process killed before the pass: the downloads run in this process, and the log says so once."""
+    from gpufeed.decode.tuning import Tuning
+
+    loader = _loader(bucket, tmp_path, tuning=Tuning(fetch_process=True))
+    away = loader.store.cache.elsewhere
+    deadline = time.monotonic() + 60
+    while not away.ready():
+        assert time.monotonic() < deadline, away._ended
+        time.sleep(0.05)
+    away._proc.kill()
+    away._proc.wait()
+    deadline = time.monotonic() + 10
+    while away._ended is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    with caplog.at_level(logging.WARNING, logger="gpufeed"):
+        got = sum(len(y) for _, y in loader)
+    assert got == 40 and loader.store.cache.fetched == len(loader.store.manifest.shards)
+    said = [r for r in caplog.records if "download process ended" in r.getMessage()]
+    assert len(said) == 1, [r.getMessage() for r in caplog.records]
+
+
+def test_a_download_in_flight_when_its_process_dies_is_handed_back(tmp_path):
+    """A download the process ran when it died raises `Ended` (not a failed shard): the cache does it
+    again here, its leftovers removed (below). The download here waits on a server that never answers."""
+    import socket
+
+    import fsspec
+
+    from gpufeed.store.fetch import Fetcher
+    from gpufeed.store.fetch_process import Ended, FetchProcess
+
+    pytest.importorskip("aiohttp")
+    silent = socket.create_server(("127.0.0.1", 0))  # connections wait in its backlog, never answered
+    url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+    fetcher = Fetcher(fsspec.filesystem("http"), url, url, tmp_path)
+    away = FetchProcess(fetcher)
+    deadline = time.monotonic() + 60
+    while not away.ready():
+        assert time.monotonic() < deadline, away._ended
+        time.sleep(0.05)
+    (tmp_path / "into").mkdir()
+    failed = []
+
+    def download() -> None:
+        try:
+            away.checked(f"{url}/shard", {"data.bin": {"bytes": 4, "digest": "0" * 64}}, tmp_path / "into", fetcher)
+        except BaseException as e:  # noqa: BLE001
+            failed.append(e)
+
+    thread = threading.Thread(target=download)
+    thread.start()
+    time.sleep(0.5)
+    assert thread.is_alive(), failed  # (waiting for the server's answer in the process)
+    away._proc.kill()
+    thread.join(timeout=10)
+    silent.close()
+    assert not thread.is_alive() and len(failed) == 1 and isinstance(failed[0], Ended), failed
+    assert not away.ready()
+    away.close()
+
+
+def test_a_shard_whose_download_process_ended_downloads_here_without_its_leftovers(bucket, tmp_path):
+    """`ShardCache._checked`: a download the process left (`Ended`, a `.fetch-` folder half written in the
+    shard's folder) is done again in this process, and the shard holds only its own files."""
+    from gpufeed.store.fetch_process import Ended
+
+    class Ending:  # a download process that dies in each download, leaving its folder
+        asked = 0
+
+        def ready(self) -> bool:
+            return True
+
+        def checked(self, remote, files, into, fetcher) -> None:
+            Ending.asked += 1
+            (into / ".fetch-left").mkdir()
+            (into / ".fetch-left" / "data.bin").write_bytes(b"half")
+            raise Ended("the download process ended (killed)")
+
+        def close(self) -> None:
+            pass
+
+    loader = _loader(bucket, tmp_path)
+    cache = loader.store.cache
+    cache.elsewhere = Ending()
+    assert sum(len(y) for _, y in loader) == 40
+    shards = len(loader.store.manifest.shards)
+    assert Ending.asked == cache.fetched == shards
+    assert not any(p.name.startswith(".fetch-") for k in range(shards) for p in cache.path(k).iterdir())
+
+
+def test_a_download_that_fails_in_its_process_raises_its_error_here(bucket, tmp_path):
+    """An error of a download in the process (a file the bucket lacks) is raised in this process as
+    the same StoreError naming the file, and the process goes on downloading."""
+    from gpufeed.decode.tuning import Tuning
+
+    loader = _loader(bucket, tmp_path, tuning=Tuning(fetch_process=True))
+    cache = loader.store.cache
+    away = cache.elsewhere
+    deadline = time.monotonic() + 60
+    while not away.ready():
+        assert time.monotonic() < deadline, away._ended
+        time.sleep(0.05)
+    (tmp_path / "into").mkdir()
+    with pytest.raises(StoreError, match="s3://bucket/train/shards/99999: not found"):
+        away.checked(f"{cache.root}/shards/99999", {"data.bin": {"bytes": 4, "digest": "0" * 64}}, tmp_path / "into",
+                     cache.fetch)
+    assert away.ready() and sum(len(y) for _, y in loader) == 40 and away.asked == 1 + cache.fetched

@@ -14,7 +14,8 @@ from dataclasses import dataclass, fields
 
 @dataclass(frozen=True)
 class Tuning:
-    """The loader's measured settings: the JPEG path's, and which raw tiers gather in the augment kernel."""
+    """The loader's measured settings: the JPEG path's, which raw tiers gather in the augment kernel, and
+    where a bucket's downloads run."""
 
     # pipelines on a GPU, each a producer thread with its own GPU decoder and stream, sharing the CPU
     # workers: two were faster alone but slowed the training loop they fed (a second producer thread
@@ -49,6 +50,10 @@ class Tuning:
     # threads decoding a video store's clips on the GPU's engines (`decoders=("nvdec", ...)`): TorchCodec's
     # beta backend in one process gave 305-313 clips/s on 8 threads, 305-372 on 16 (decode.codecs.nvdec)
     nvdec_threads: int = 8
+    # a store in a bucket downloads its shards in a process of its own (`store.fetch_process`), out of
+    # reach of the training process's GIL: the fetch ahead carried a fifth of a 1 Gbit/s link beside a
+    # thread that kept the GIL, all of it alone (the development box); off until measured in training
+    fetch_process: bool = False
     # the batch kernels run once on a stand-in while the first batch decodes (Triton compiles a
     # kernel the first time a machine runs it)
     compile_ahead: bool = True

@@ -504,6 +504,8 @@ class Loader:
             _workers_ahead(store, device, decoders, num_workers, clip)
         self.input = open_input(store, cache_dir, cache_limit, storage_options)
         self.store = self.input.store
+        if self.tuning.fetch_process:
+            self.input.download_elsewhere()
         self.fields = tuple(fields) if fields is not None else None
         self.clip: Clip | None = None  # the video path's modules load only for a video store (or to refuse clip=)
         if self.store.mode == "video" or clip is not None:

@@ -38,6 +38,7 @@ from gpufeed.logs import logger
 from gpufeed.store import format as fmt
 from gpufeed.store import users
 from gpufeed.store.fetch import Fetcher, is_whole, retried
+from gpufeed.store.fetch_process import Ended, FetchProcess
 from gpufeed.store.format import Manifest, StoreError
 from gpufeed.store.locations import filesystem, parse_size, shown, store_url
 from gpufeed.store.scratch import held_folder, let_go, reclaim
@@ -163,6 +164,9 @@ class ShardCache:
         # told a shard's number as its files are asked for (its manifest in and checked), on the thread
         # downloading it: the fetch ahead starts the next shards then (`readahead.ReadAhead._leads_alone`)
         self.on_files: Callable[[int], None] = lambda k: None
+        # where the shards' files download: this process's threads, or a process of their own once it is
+        # ready (`download_elsewhere`)
+        self.elsewhere: FetchProcess | None = None
         self.sizes = [s["bytes"] for s in manifest.shards]  # each shard's bytes, by number
         biggest = max(self.sizes, default=0)
         if limit is not None and limit < biggest:
@@ -499,7 +503,7 @@ class ShardCache:
                 self.on_files(k)
             except Exception as e:  # noqa: BLE001  (the fetch ahead's; a pool shut at exit) not this download's
                 log.debug("gpufeed: told of shard %d's files: %s", k, e)
-            self.fetch.checked(remote, files, temp)
+            self._checked(remote, files, temp)
             shutil.rmtree(final, ignore_errors=True)
             let_go(temp)
             os.replace(temp, final)
@@ -512,13 +516,46 @@ class ShardCache:
             if told is not None:
                 told(Download(k, began, ended, ahead))
 
+    def _checked(self, remote: str, files: dict, temp: Path) -> None:
+        """A shard's files into `temp`, checked: in the download process where it is ready (`elsewhere`),
+        else, or where it ended before it answered (its leftovers removed), in this process."""
+        away = self.elsewhere
+        if away is not None and away.ready():
+            try:
+                away.checked(remote, files, temp, self.fetch)
+                return
+            except Ended:
+                for leftover in temp.glob(".fetch-*"):  # (`Fetcher.checked`'s folder, left by the ended process)
+                    shutil.rmtree(leftover, ignore_errors=True)
+        self.fetch.checked(remote, files, temp)
+
+    def download_elsewhere(self) -> None:
+        """Download the shards' files in a process of their own from now on (`store.fetch_process`: no
+        thread of this process then stands between them and the link), once it is ready; until then,
+        and where its filesystem can't be sent to one (said once), in this process."""
+        if self.elsewhere is not None:
+            return
+        try:
+            self.elsewhere = FetchProcess(self.fetch)
+        except Exception as e:  # noqa: BLE001 - a filesystem that does not pickle (fsspec's own do)
+            log.warning(
+                "gpufeed: %s: downloads stay in this process (its filesystem can't be sent to another: %s)",
+                shown(self.url),
+                e,
+            )
+            return
+        weakref.finalize(self, self.elsewhere.close)
+
     def close(self) -> None:
-        """Let go of the shards this process holds, and leave the folder's readers."""
+        """Let go of the shards this process holds, and leave the folder's readers (and end the download
+        process, if any)."""
         with self._lock:
             for _, fd in self._in_use.values():
                 os.close(fd)
             self._in_use.clear()
         self._unregister()
+        if self.elsewhere is not None:
+            self.elsewhere.close()
 
 
 class RemoteStore(ShardedStore):

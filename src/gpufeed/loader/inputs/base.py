@@ -25,6 +25,10 @@ class Input:
         data is not in shards (a full shuffle, or the order as it is)."""
         return None
 
+    def download_elsewhere(self) -> None:
+        """Download what the data needs in a process of its own (`Tuning.fetch_process`); nothing where
+        nothing downloads."""
+
     def tier(self, device: torch.device, cache: str) -> Tier:
         """Where a pass reads the images from (`Loader(cache=...)`)."""
         raise NotImplementedError

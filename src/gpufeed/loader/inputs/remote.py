@@ -33,6 +33,9 @@ class RemoteInput(ShardedInput):
     def shards(self, window: int | None, batch_size: int) -> Shards | None:
         return _shards(self.store, window, batch_size)
 
+    def download_elsewhere(self) -> None:
+        self.store.cache.download_elsewhere()
+
     begins_early = True
 
     def begin_early(self, order, epoch: int, start: int) -> None:
