@@ -352,7 +352,10 @@ silent = socket.create_server(("127.0.0.1", 0))  # never answers: the download b
 url = f"http://127.0.0.1:{silent.getsockname()[1]}"
 fetcher = Fetcher(fsspec.filesystem("http"), url, url, sys.argv[1])
 away = FetchProcess(fetcher)
+deadline = time.monotonic() + 60
 while not away.ready():
+    if time.monotonic() > deadline:
+        sys.exit("the download process was not ready in 60 s")
     time.sleep(0.05)
 threading.Thread(target=away.checked, args=(f"{url}/shard", {"data.bin": {"bytes": 4, "digest": "0" * 64}},
                                             __import__("pathlib").Path(sys.argv[1]), fetcher), daemon=True).start()

@@ -11,14 +11,16 @@ the cache's folder, never through the pipe. The cache decides what and where as 
 (`store.remote.ShardCache`); until the child says `Ready` (its imports and filesystem made: about a
 second), and after it ended, the downloads run in this process, and the second is said once.
 
-The child ends with this process, however it ends (it watches its parent, and its stdin closes): no
-exit waits on a download in flight.
+The child ends with this process, however it ends (it watches its parent, and its stdin closes), and
+is killed at the cache's `close`; it leaves Ctrl-C to this process (SIGINT ignored, as the decode
+workers do), and keeps its stdout, the messages' pipe, from anything else that writes to fd 1.
 """
 
 from __future__ import annotations
 
 import os
 import pickle
+import signal
 import subprocess
 import sys
 import threading
@@ -94,6 +96,7 @@ class FetchProcess:
         self._number = 0
         self._ready = threading.Event()
         self._ended: str | None = None  # why the child is gone, once it is
+        self.closed = False  # `close` ended it: its downloads are not to be done again here
         self._said = False
         self._write(warm)
         threading.Thread(target=self._listen, daemon=True, name="gpufeed-fetch-process").start()
@@ -105,10 +108,12 @@ class FetchProcess:
 
     def ready(self) -> bool:
         """Whether downloads go to the child now (it made its filesystem and has not ended); said once
-        where it ended."""
-        if self._ended is not None and not self._said:
-            self._said = True
-            log.warning("gpufeed: the download process ended (%s): downloads run in this process", self._ended)
+        where it ended before `close`."""
+        if self._ended is not None and not self.closed:
+            with self._lock:
+                said, self._said = self._said, True
+            if not said:
+                log.warning("gpufeed: the download process ended (%s): downloads run in this process", self._ended)
         return self._ready.is_set() and self._ended is None
 
     def checked(self, remote: str, files: dict[str, dict[str, Any]], into: Path, fetcher: Fetcher) -> None:
@@ -125,17 +130,21 @@ class FetchProcess:
         future.result()
 
     def close(self) -> None:
-        """End the child (its downloads in flight stop; their asks fail)."""
-        self._end("closed")
+        """End the child at once (its downloads in flight stop; their asks fail with `Ended`, and
+        `closed` says not to do them again here)."""
+        self.closed = True
+        self._stop("closed")
+
+    def _stop(self, why: str) -> None:
+        """Kill the child (a process a fork made after it holds its stdin too: its end can't be waited
+        for), then fail what it was asked."""
+        self._proc.kill()
+        self._proc.wait()
         try:
             self._proc.stdin.close()  # type: ignore[union-attr]  # (started with stdin=PIPE)
         except OSError:
             pass
-        try:
-            self._proc.wait(timeout=2)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait()
+        self._end(why)
 
     def _write(self, data: bytes) -> None:
         """One message, pickled whole before any of it is written (an object that does not pickle leaves
@@ -145,15 +154,15 @@ class FetchProcess:
                 self._proc.stdin.write(data)  # type: ignore[union-attr]  # (started with stdin=PIPE)
                 self._proc.stdin.flush()  # type: ignore[union-attr]
         except (OSError, ValueError) as e:  # (its end of the pipe closed: it ended)
-            self._end(f"its pipe: {e}")
+            self._stop(f"its pipe: {e}")
 
     def _listen(self) -> None:
         stdout: BinaryIO = self._proc.stdout  # type: ignore[assignment]  # (started with stdout=PIPE)
         while True:
             try:
                 message = pickle.load(stdout)
-            except Exception:  # noqa: BLE001 - EOF, a broken pipe, a message cut off: it ended
-                self._end(f"exit status {self._proc.poll()}")
+            except Exception:  # noqa: BLE001 - EOF, a broken pipe, a message cut off or unreadable: it is over
+                self._stop(f"exit status {self._proc.poll()}")  # (killed first: an unreadable one left it running)
                 return
             if isinstance(message, Ready):
                 self._ready.set()
@@ -179,9 +188,12 @@ def _child(parent: int) -> None:
     """The child: downloads what the parent asks, on `THREADS` threads, each answered as it ends."""
     from gpufeed.processes import watch_parent
 
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C (the whole foreground group's) is the parent's
     watch_parent(parent)
-    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
-    sys.stdout = sys.stderr  # (nothing else may write to the pipe)
+    stdin = sys.stdin.buffer
+    stdout = os.fdopen(os.dup(1), "wb")  # the messages' pipe, on a descriptor of its own
+    os.dup2(2, 1)  # what else writes to fd 1 (a library, a program it starts) goes to stderr
+    sys.stdout = sys.stderr
     said = threading.Lock()
 
     def answer(message: Ready | Done) -> None:
@@ -191,7 +203,11 @@ def _child(parent: int) -> None:
                 pickle.loads(data)  # (an exception whose class can't be made again from its args fails here)
         except Exception:  # noqa: BLE001 - an error that does not pickle (a client library's): said as text
             assert isinstance(message, Done)
-            data = pickle.dumps(Done(message.number, StoreError(f"{type(message.error).__name__}: {message.error}")))
+            try:
+                text = f"{type(message.error).__name__}: {message.error}"
+            except Exception:  # noqa: BLE001 - (its str() failing too)
+                text = type(message.error).__name__
+            data = pickle.dumps(Done(message.number, StoreError(text)))
         with said:
             stdout.write(data)
             stdout.flush()

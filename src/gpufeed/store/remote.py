@@ -525,6 +525,8 @@ class ShardCache:
                 away.checked(remote, files, temp, self.fetch)
                 return
             except Ended:
+                if away.closed:  # the cache was closed: its downloads stop
+                    raise
                 for leftover in temp.glob(".fetch-*"):  # (`Fetcher.checked`'s folder, left by the ended process)
                     shutil.rmtree(leftover, ignore_errors=True)
         self.fetch.checked(remote, files, temp)
@@ -537,6 +539,11 @@ class ShardCache:
             return
         try:
             self.elsewhere = FetchProcess(self.fetch)
+        except OSError as e:  # (the process could not start)
+            log.warning(
+                "gpufeed: %s: downloads stay in this process (their process did not start: %s)", shown(self.url), e
+            )
+            return
         except Exception as e:  # noqa: BLE001 - a filesystem that does not pickle (fsspec's own do)
             log.warning(
                 "gpufeed: %s: downloads stay in this process (its filesystem can't be sent to another: %s)",
