@@ -470,6 +470,9 @@ def test_a_loader_dropped_mid_epoch_shuts_down_in_order_as_it_is_collected(store
     from gpufeed.augment import RandomResizedCrop
     from gpufeed.loader import loader as loader_module
 
+    gc.collect()  # earlier tests' loaders left in cycles shut down now, before the recording (it saw two)
+    for thread in [t for t in threading.enumerate() if t.name == "gpufeed-shutdown"]:
+        thread.join(60)
     seen = []
     original = loader_module._shut_down
 
