@@ -663,14 +663,14 @@ def _measure(a, work: Path) -> dict:
             r["of_link"] = r["img_per_s"] / ceiling
     top = runs["synthetic"]["img_per_s"]
     lines = [[f"{name}: {what}", f"{runs[name]['img_per_s']:,.0f}", f"{runs[name]['bytes_per_s'] / 1e6:,.0f} MB/s",
-              "", "" if name != "fetch" else f"{100 * runs[name]['img_per_s'] / ceiling:.1f}", "", ""]
+              "", "" if name != "fetch" else f"{100 * runs[name]['img_per_s'] / ceiling:.1f}", "", "", ""]
              for name, what in PLAIN.items()]
     for name, r in runs.items():
         if name in PLAIN:
             continue
         if "error" in r:  # a library's process that failed: its last line
             last = (r["error"].strip().splitlines() or [""])[-1][:80]
-            lines.append([name, "-", "", "", "", "", f"exit {r['exit']}: {last}"])
+            lines.append([name, "-", "", "", "", "", f"exit {r['exit']}: {last}", ""])
             continue
         got = "" if "downloaded" not in r else f"{r['downloaded'] / 1e6:,.1f} MB"
         d = r.get("downloads")
@@ -683,7 +683,6 @@ def _measure(a, work: Path) -> dict:
         lines.append([name, f"{r['img_per_s']:,.0f}", got,
                       f"{100 * r['img_per_s'] / top:.1f}", "" if "of_link" not in r else f"{100 * r['of_link']:.1f}",
                       "" if r.get("first_batch_s") is None else f"{r['first_batch_s']:.2f}", link, gil])
-    lines = [line + [""] * (8 - len(line)) for line in lines]
     table = common.table(["row", "img/s", "downloaded", "% of synthetic", "% of link", "first batch s",
                           "first began / downloading / last in; shards on demand",
                           "GIL wait p50 / p99; time in waits > 5 ms; host CPU busy"], lines)

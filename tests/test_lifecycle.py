@@ -358,7 +358,7 @@ while not away.ready():
         sys.exit("the download process was not ready in 60 s")
     time.sleep(0.05)
 threading.Thread(target=away.checked, args=(f"{url}/shard", {"data.bin": {"bytes": 4, "digest": "0" * 64}},
-                                            __import__("pathlib").Path(sys.argv[1]), fetcher), daemon=True).start()
+                                            __import__("pathlib").Path(sys.argv[1])), daemon=True).start()
 print("CHILD", away._proc.pid, flush=True)
 time.sleep(0.5)
 if sys.argv[2] == "exit":

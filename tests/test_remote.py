@@ -984,7 +984,7 @@ def test_a_download_in_flight_when_its_process_dies_is_handed_back(tmp_path):
 
     def download() -> None:
         try:
-            away.checked(f"{url}/shard", {"data.bin": {"bytes": 4, "digest": "0" * 64}}, tmp_path / "into", fetcher)
+            away.checked(f"{url}/shard", {"data.bin": {"bytes": 4, "digest": "0" * 64}}, tmp_path / "into")
         except BaseException as e:  # noqa: BLE001
             failed.append(e)
 
@@ -1012,7 +1012,7 @@ def test_a_shard_whose_download_process_ended_downloads_here_without_its_leftove
         def ready(self) -> bool:
             return True
 
-        def checked(self, remote, files, into, fetcher) -> None:
+        def checked(self, remote, files, into) -> None:
             Ending.asked += 1
             (into / ".fetch-left").mkdir()
             (into / ".fetch-left" / "data.bin").write_bytes(b"half")
@@ -1047,6 +1047,5 @@ def test_a_download_that_fails_in_its_process_raises_its_error_here(bucket, tmp_
         time.sleep(0.05)
     (tmp_path / "into").mkdir()
     with pytest.raises(StoreError, match="s3://bucket/train/shards/99999: not found"):
-        away.checked(f"{cache.root}/shards/99999", {"data.bin": {"bytes": 4, "digest": "0" * 64}}, tmp_path / "into",
-                     cache.fetch)
+        away.checked(f"{cache.root}/shards/99999", {"data.bin": {"bytes": 4, "digest": "0" * 64}}, tmp_path / "into")
     assert away.ready() and sum(len(y) for _, y in loader) == 40 and away.asked == 1 + cache.fetched

@@ -5,8 +5,8 @@ An object store's client (s3fs's event loop) takes the GIL for each piece of eac
 thread that keeps the GIL (a training loop blocked in a kernel launch holds it) the fetch ahead
 carried 24-26 MB/s of a 125 MB/s link, alone 104-108 (docs/benchmarks.md, "Open questions"). Here
 one child process, started with exec (no fork, no multiprocessing, never the user's `__main__`),
-runs the downloads on threads of its own: the cache sends each shard's `Ask` (the `fetch.Fetcher`,
-picklable with its filesystem, and where the files go) and waits for its `Done`; the files land in
+runs the downloads on threads of its own: the cache sends the `fetch.Fetcher` once (`Warm`, pickled
+with its filesystem), then each shard's `Ask` (its files and where they go), and waits for its `Done`; the files land in
 the cache's folder, never through the pipe. The cache decides what and where as before
 (`store.remote.ShardCache`); until the child says `Ready` (its imports and filesystem made: about a
 second), and after it ended, the downloads run in this process, and the second is said once.
@@ -45,7 +45,8 @@ class Ended(StoreError):
 
 @dataclass
 class Warm:
-    """Sent first: the filesystem to make (and its libraries to import) before any download."""
+    """Sent first: the downloads' `Fetcher`, its filesystem made (and its libraries imported) before any
+    download, and kept for them all."""
 
     fetcher: Fetcher
 
@@ -61,7 +62,6 @@ class Ask:
     (`Fetcher.checked`)."""
 
     number: int
-    fetcher: Fetcher
     remote: str
     files: dict[str, dict[str, Any]]
     into: str
@@ -79,6 +79,7 @@ class FetchProcess:
     """The child process and this side of its pipes (the module's docstring)."""
 
     def __init__(self, fetcher: Fetcher):
+        self.fetcher = fetcher  # the child's too (`Warm`): each `Ask` is only what to download, and where
         warm = pickle.dumps(Warm(fetcher))  # (a filesystem that does not pickle: raised here, no child started)
         env = dict(
             os.environ, PYTHONPATH=os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
@@ -116,15 +117,15 @@ class FetchProcess:
                 log.warning("gpufeed: the download process ended (%s): downloads run in this process", self._ended)
         return self._ready.is_set() and self._ended is None
 
-    def checked(self, remote: str, files: dict[str, dict[str, Any]], into: Path, fetcher: Fetcher) -> None:
+    def checked(self, remote: str, files: dict[str, dict[str, Any]], into: Path) -> None:
         """`fetcher.checked(remote, files, into)` in the child: its error raised here; `Ended` where the
         child ended first (what it left in `into` is the caller's to remove)."""
         future: Future = Future()
         with self._lock:
             if self._ended is not None:
-                raise Ended(f"{fetcher.shown(remote)}: the download process ended ({self._ended})")
+                raise Ended(f"{self.fetcher.shown(remote)}: the download process ended ({self._ended})")
             self._number += 1
-            data = pickle.dumps(Ask(self._number, fetcher, remote, files, os.fspath(into)))
+            data = pickle.dumps(Ask(self._number, remote, files, os.fspath(into)))
             self._waiting[self._number] = future
         self._write(data)  # (failing, it ends the child's side: the future then holds `Ended`)
         future.result()
@@ -212,9 +213,9 @@ def _child(parent: int) -> None:
             stdout.write(data)
             stdout.flush()
 
-    def run(ask: Ask) -> None:
+    def run(fetcher: Fetcher, ask: Ask) -> None:
         try:
-            ask.fetcher.checked(ask.remote, ask.files, Path(ask.into))
+            fetcher.checked(ask.remote, ask.files, Path(ask.into))
             answer(Done(ask.number, None))
         except BaseException as e:  # noqa: BLE001 - every error goes back to the shard's download
             answer(Done(ask.number, e))
@@ -226,9 +227,10 @@ def _child(parent: int) -> None:
             except EOFError:  # the parent closed the pipe, or ended
                 os._exit(0)
             if isinstance(message, Warm):  # its filesystem made as it was unpickled
+                fetcher = message.fetcher
                 answer(Ready())
-            elif isinstance(message, Ask):
-                pool.submit(run, message)
+            elif isinstance(message, Ask):  # (after the `Warm` the parent sends first)
+                pool.submit(run, fetcher, message)
 
 
 if __name__ == "__main__":  # (run as a script: the messages' classes are the imported module's, not __main__'s)

@@ -522,7 +522,7 @@ class ShardCache:
         away = self.elsewhere
         if away is not None and away.ready():
             try:
-                away.checked(remote, files, temp, self.fetch)
+                away.checked(remote, files, temp)
                 return
             except Ended:
                 if away.closed:  # the cache was closed: its downloads stop
@@ -539,17 +539,9 @@ class ShardCache:
             return
         try:
             self.elsewhere = FetchProcess(self.fetch)
-        except OSError as e:  # (the process could not start)
-            log.warning(
-                "gpufeed: %s: downloads stay in this process (their process did not start: %s)", shown(self.url), e
-            )
-            return
-        except Exception as e:  # noqa: BLE001 - a filesystem that does not pickle (fsspec's own do)
-            log.warning(
-                "gpufeed: %s: downloads stay in this process (its filesystem can't be sent to another: %s)",
-                shown(self.url),
-                e,
-            )
+        except Exception as e:  # noqa: BLE001 - the process did not start, or a filesystem that does not pickle
+            why = "their process did not start" if isinstance(e, OSError) else "its filesystem can't be sent to another"
+            log.warning("gpufeed: %s: downloads stay in this process (%s: %s)", shown(self.url), why, e)
             return
         weakref.finalize(self, self.elsewhere.close)
 
