@@ -84,15 +84,17 @@ def after_first(runs: list[Pass]) -> str:
     return common.cell(rates) if rates else "-"
 
 
-def gpufeed_passes(path: Path, device: str, batch: int, size: int, passes: int = 1) -> list[Pass]:
-    """`passes` evaluation passes with one Loader (the later ones: its steady state)."""
+def gpufeed_passes(path: Path, device: str, batch: int, size: int, passes: int = 1, tuning=None) -> list[Pass]:
+    """`passes` evaluation passes with one Loader (the later ones: its steady state; `tuning`: its
+    `Tuning`, None the default)."""
     import gpufeed
     from gpufeed.augment import CenterCrop, Normalize, Resize
     from gpufeed.bench.common import sync
 
     recipe = [Resize(round(size * 8 / 7)), CenterCrop(size), Normalize()]
     t0 = time.perf_counter()
-    loader = gpufeed.Loader(path, batch_size=batch, device=device, shuffle=False, drop_last=False, augment=recipe)
+    loader = gpufeed.Loader(path, batch_size=batch, device=device, shuffle=False, drop_last=False, augment=recipe,
+                            **({} if tuning is None else {"tuning": tuning}))
     construct = time.perf_counter() - t0
     out = []
     for k in range(passes):
@@ -189,6 +191,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--root", default=None, help="work folder, kept, its images and store reused (default: a temporary one)")
     p.add_argument("--mixed", type=float, default=0.02, help="fraction made PNG, progressive or EXIF-rotated")
+    p.add_argument("--tuning", default="", help="KEY=VALUE,... of gpufeed's Tuning: rows of a process's first Loader "
+                   "with them (the folder and the store, one pass each), interleaved with the default's")
     p.add_argument("--cold-index", action=argparse.BooleanOptionalAction, default=True,
                    help="build the folder's index from the images first and time it (--no-cold-index: a kept "
                    "--root's cached index is used as it is, for runs that compare trees)")
@@ -257,6 +261,19 @@ def main(argv: list[str] | None = None) -> dict:
             return first
 
         rows = {"gpufeed, folder in place": in_place, "gpufeed, packed store": packed}
+        if a.tuning:  # the process's first Loader's pass again with other settings, interleaved with the default's
+            other = feeds.tuning(feeds.settings(":" + a.tuning))
+
+            def first_pass(path: Path):
+                def run() -> Pass:
+                    stop_idle()
+                    let_go_kept()
+                    forget()
+                    return gpufeed_passes(path, a.device, a.batch, a.size, tuning=other)[0]
+                return run
+
+            rows[f"gpufeed, folder in place, {a.tuning}"] = first_pass(images)
+            rows[f"gpufeed, packed store, {a.tuning}"] = first_pass(root / "store")
         if a.device.startswith("cuda") and feeds.has_dali():
             rows["DALI readers.file"] = lambda: dali_pass(images, a.batch, max(1, torch.get_num_threads()), a.size)
         results: dict[str, list[Pass]] = {name: [] for name in rows}
