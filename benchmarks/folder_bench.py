@@ -84,9 +84,9 @@ def after_first(runs: list[Pass]) -> str:
     return common.cell(rates) if rates else "-"
 
 
-def gpufeed_passes(path: Path, device: str, batch: int, size: int, passes: int = 1, tuning=None) -> list[Pass]:
+def gpufeed_passes(path: Path, device: str, batch: int, size: int, passes: int = 1, tuning=None, step=None) -> list[Pass]:
     """`passes` evaluation passes with one Loader (the later ones: its steady state; `tuning`: its
-    `Tuning`, None the default)."""
+    `Tuning`, None the default; `step`: what each batch goes through, a model's inference)."""
     import gpufeed
     from gpufeed.augment import CenterCrop, Normalize, Resize
     from gpufeed.bench.common import sync
@@ -103,6 +103,8 @@ def gpufeed_passes(path: Path, device: str, batch: int, size: int, passes: int =
             t0, construct = time.perf_counter(), 0.0
         for images, _ in loader:
             count += len(images)
+            if step is not None:
+                step(images)
             if first is None:
                 sync(device)
                 first, first_count = time.perf_counter() - t0, count
@@ -118,9 +120,39 @@ def gpufeed_passes(path: Path, device: str, batch: int, size: int, passes: int =
     return out
 
 
-def dali_pass(path: Path, batch: int, threads: int, size: int) -> Pass:
+def model_step(name: str, device: str):
+    """A torchvision model's inference on a batch (`name`, random weights; float16 and channels_last
+    on a GPU), as a function of the batch."""
+    import torchvision
+
+    dtype = torch.float16 if device.startswith("cuda") else torch.float32
+    net = getattr(torchvision.models, name)().eval().to(device, dtype, memory_format=torch.channels_last)
+
+    @torch.inference_mode()
+    def step(images: torch.Tensor) -> None:
+        net(images.to(dtype=dtype, memory_format=torch.channels_last))
+
+    return step
+
+
+def bound_pass(step, n: int, batch: int, size: int, device: str) -> Pass:
+    """The model's bound: `step` on one batch already on the device, as many times as a pass has
+    batches (after one untimed call)."""
+    from gpufeed.bench.common import sync
+
+    images = torch.randn(batch, 3, size, size, device=device)
+    step(images)
+    sync(device)
+    t0 = time.perf_counter()
+    for _ in range(-(-n // batch)):
+        step(images)
+    sync(device)
+    return Pass(0.0, 0.0, time.perf_counter() - t0, n)
+
+
+def dali_pass(path: Path, batch: int, threads: int, size: int, step=None) -> Pass:
     """The same evaluation pass through DALI: mixed decoder, resize shorter, crop + normalize; timed
-    from the pipeline's definition, its build included."""
+    from the pipeline's definition, its build included (`step`: as for `gpufeed_passes`)."""
     from nvidia.dali import fn, pipeline_def, types
     from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
@@ -146,6 +178,8 @@ def dali_pass(path: Path, batch: int, threads: int, size: int) -> Pass:
     construct = time.perf_counter() - t0
     first, count = None, 0
     for out in it:
+        if step is not None:
+            step(out[0]["images"])
         if first is None:
             torch.cuda.synchronize()
             first = time.perf_counter() - t0
@@ -191,6 +225,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--root", default=None, help="work folder, kept, its images and store reused (default: a temporary one)")
     p.add_argument("--mixed", type=float, default=0.02, help="fraction made PNG, progressive or EXIF-rotated")
+    p.add_argument("--model", default="", help="a torchvision model (e.g. resnet50): rows of a process's first "
+                   "Loader's pass (and DALI's) with its inference on each batch, and the model alone on one batch")
     p.add_argument("--tuning", default="", help="KEY=VALUE,... of gpufeed's Tuning: rows of a process's first Loader "
                    "with them (the folder and the store, one pass each), interleaved with the default's")
     p.add_argument("--cold-index", action=argparse.BooleanOptionalAction, default=True,
@@ -261,6 +297,24 @@ def main(argv: list[str] | None = None) -> dict:
             return first
 
         rows = {"gpufeed, folder in place": in_place, "gpufeed, packed store": packed}
+        if a.model:  # the first Loader's pass again with a model's inference on each batch, and the model alone
+            step = model_step(a.model, a.device)
+
+            def with_model(path: Path):
+                def run() -> Pass:
+                    stop_idle()
+                    let_go_kept()
+                    forget()
+                    return gpufeed_passes(path, a.device, a.batch, a.size, step=step)[0]
+                return run
+
+            rows[f"gpufeed, folder in place, with {a.model}"] = with_model(images)
+            rows[f"gpufeed, packed store, with {a.model}"] = with_model(root / "store")
+            if a.device.startswith("cuda") and feeds.has_dali():
+                rows[f"DALI readers.file, with {a.model}"] = lambda: dali_pass(
+                    images, a.batch, max(1, torch.get_num_threads()), a.size, step)
+            rows[f"{a.model} alone on one batch (the model's bound)"] = lambda: bound_pass(
+                step, a.n, a.batch, a.size, a.device)
         if a.tuning:  # the process's first Loader's pass again with other settings, interleaved with the default's
             other = feeds.tuning(feeds.settings(":" + a.tuning))
 
