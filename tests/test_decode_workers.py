@@ -376,35 +376,11 @@ def test_no_room_for_a_shared_buffer_decodes_on_threads(store, monkeypatch, capl
                                                    num_workers=0)]
     monkeypatch.setattr(workers_module, "Segment", full)
     with caplog.at_level(logging.WARNING, logger="gpufeed"):
-        # (no bridge: its shares, decoded on threads while the workers start, take no shared buffer)
-        loader = gpufeed.Loader(store, batch_size=4, device="cpu", augment=ops, seed=2, num_workers=2,
-                                tuning=Tuning(bridge=False))
+        loader = gpufeed.Loader(store, batch_size=4, device="cpu", augment=ops, seed=2, num_workers=2)
         got = [images for images, _ in loader]
     loader.close()
     assert "no shared buffer for decoded JPEGs" in caplog.text
     assert all(torch.equal(a, b) for a, b in zip(got, want)) and len(got) == len(want) == 3
-
-
-def test_a_share_asked_while_the_workers_start_is_decoded_on_threads_at_once(store):
-    """A process's first loader (`Tuning.bridge`): while no worker is ready, a share goes to this
-    process's threads at once instead of waiting for a worker's start; once one is ready, the workers
-    take every share. Without the bridge the first share waits for a worker."""
-    datas, shapes = _inputs(store, range(len(store)))
-    for bridge in (True, False):
-        shared.stop_idle()  # no running worker to take: this loader starts its own
-        workers = DecodeWorkers(store.data, 2, bridge=bridge)
-        try:
-            assert workers.threads == 0
-            first = workers.submit(datas, shapes)
-            assert isinstance(first, Job) is (not bridge)
-            assert workers.bridged == (len(store) if bridge else 0)
-            _same_as_pillow(workers.collect(first, CPU, pin=False), datas, shapes)
-            assert workers.wait_ready(60)
-            later = workers.submit(datas, shapes)
-            assert isinstance(later, Job) and workers.bridged == (len(store) if bridge else 0)
-            _same_as_pillow(workers.collect(later, CPU, pin=False), datas, shapes)
-        finally:
-            workers.close()
 
 
 def test_encoded_bytes_tiers_on_cpu(store):

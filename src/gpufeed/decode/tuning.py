@@ -76,10 +76,6 @@ class Tuning:
     cost_check: bool = True
     cost_probe: int = 32
     cost_margin: float = 0.02
-    # while no CPU decode worker is ready yet (a process's first Loader: each is a new interpreter, ready
-    # 0.3-0.5 s after the constructor call), CPU shares are decoded on threads of the loader's process
-    # rather than waiting for the first worker
-    bridge: bool = True
     # tickets per ready worker in each CPU share: the workers take them as they come free
     tickets: int = 2
     # nvImageCodec's allocations rounded up to this many MiB, on the device and page-locked

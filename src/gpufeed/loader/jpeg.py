@@ -76,7 +76,6 @@ class JpegPipelines:
             out["decode_seconds"] |= dict(self.workers.busy)
             out["workers_start_s"] = self.workers.start_seconds()
             out["workers_reused"] = self.workers.reused  # started for an earlier loader of this process
-            out["decoded_while_workers_started"] = self.workers.bridged  # on threads (`Tuning.bridge`)
         return out
 
     def close(self) -> None:
@@ -165,9 +164,7 @@ def jpeg_pipelines(images: ByteSource, output: Output, decoding: Decoding, count
     if takes_workers(workers, decoding.decoders, output.cuda) and len(images):
         try:
             view = images.for_workers()
-            pool = DecodeWorkers(
-                view.data, workers, device, files=view.files, tickets=tuning.tickets, bridge=tuning.bridge
-            )
+            pool = DecodeWorkers(view.data, workers, device, files=view.files, tickets=tuning.tickets)
         except (RuntimeError, OSError) as e:
             log.warning(
                 "gpufeed.Loader: CPU JPEG decode in worker processes unavailable (%s); decoding on "

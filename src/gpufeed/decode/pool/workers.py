@@ -14,8 +14,7 @@ it, with no thread of ours in between (`protocol` has the board and the records)
 
 Lifecycle: the workers are the process's (`shared`): a loader takes running ones where there are
 (no start at all), else they start in the background; until one says `Ready`, `threads` is 0 and
-the CPU's shares are decoded on threads of this process (`Tuning.bridge`: a worker is a new
-interpreter, ready 0.3-0.5 s after a process's first loader asked for it). A loader gives them
+the scheduler gives the CPU no share (the GPU decoders serve the first batches). A loader gives them
 back at `close()` or when it is garbage-collected; they end `shared.IDLE_SECONDS` after the last
 loader gave them back (or after they were started ahead of a loader that never took them:
 `shared.start_ahead`), when the interpreter exits, or within a quarter second of their process
@@ -65,14 +64,8 @@ class DecodeWorkers:
         device: torch.device = torch.device("cpu"),
         files=None,
         tickets: int = 2,
-        bridge: bool = False,
     ):
-        """`bridge` (`Tuning.bridge`): while no worker is ready yet and some are starting, a share is
-        decoded on threads of this process at once (`DecodeWorkers.bridged` counts its images) rather
-        than waiting for the first worker."""
         self.tickets = tickets  # per ready worker in each share (`Tuning.tickets`): taken as they come free
-        self.bridge = bridge
-        self.bridged = 0  # images decoded on threads because no worker was ready yet (`bridge`)
         why = unavailable()
         if why:
             raise RuntimeError(why)
@@ -182,18 +175,14 @@ class DecodeWorkers:
 
     def submit(self, batch: Encoded, shapes: np.ndarray, asks: Asks | None = None):
         """Put the images on the board and their tickets in the pipe, `tickets` per ready
-        worker (`asks` as for `CpuDecoder.submit`); with none ready, decode on threads (`bridge`) or
-        wait for one. Once the pool was stopped, raises `WorkersStopped` (so does `collect`, for a job
-        the stop left unanswered)."""
+        worker (`asks` as for `CpuDecoder.submit`); with none ready, wait for one. Once the pool was
+        stopped, raises `WorkersStopped` (so does `collect`, for a job the stop left unanswered)."""
         asks = asks if asks is not None else Asks.whole(len(batch))
         n = len(asks)
         if not n:
             return None
         if self.stopped:
             raise WorkersStopped(STOPPED)
-        if self.bridge and not self._live(wait=False) and self._pool.starting():
-            self.bridged += n  # the threads start at once; a worker is a new interpreter (0.3-0.4 s)
-            return self._fallback().submit(batch, shapes, asks)
         capacity = asks.nbytes(shapes)  # as asked: a region's pixels, or a DCT-reduced image's, not the whole
         at = np.cumsum(capacity) - capacity
         try:  # before waiting for a worker: a new segment is page-locked, which takes a while (0.15 s on an H200 host)
