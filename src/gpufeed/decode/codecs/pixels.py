@@ -13,6 +13,7 @@ import os
 import tempfile
 import threading
 import time
+from typing import IO
 
 import numpy as np
 from PIL import Image
@@ -35,23 +36,46 @@ def nvimgcodec():
     return module
 
 
+class _Quiet:
+    """The process's stderr while `quiet_codecs` holds it: one sink for all the threads inside at once
+    (the last one out puts stderr back). Each saving and putting back its own would leave stderr on a
+    sink where two overlap: the GPU decoders opening on their thread while CPU decode threads import
+    nvImageCodec's module."""
+
+    lock = threading.Lock()
+    inside: list[str] = []  # the `when`s of the threads inside
+    saved = -1  # stderr's own descriptor, kept while a sink is on it
+    sink: IO[bytes] | None = None
+
+
 @contextlib.contextmanager
 def quiet_codecs(when: str):
     """Loading nvImageCodec's extensions (on import, or for an instance of its C API) prints a report
     to stderr for every codec library it can't load (JPEG 2000, TIFF, ...); JPEG decoding needs none
-    of them, so the report goes to the debug log instead."""
-    with tempfile.TemporaryFile() as sink:
-        saved = os.dup(2)
-        os.dup2(sink.fileno(), 2)
-        try:
-            yield
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-        sink.seek(0)
-        report = sink.read().decode(errors="replace").strip()
-    if report:
-        log.debug("nvImageCodec %s: %s", when, report)
+    of them, so the report goes to the debug log instead. Threads may be inside at once (`_Quiet`)."""
+    with _Quiet.lock:
+        if not _Quiet.inside:
+            _Quiet.sink = tempfile.TemporaryFile()  # noqa: SIM115  closed by the last thread out
+            _Quiet.saved = os.dup(2)
+            os.dup2(_Quiet.sink.fileno(), 2)
+        _Quiet.inside.append(when)
+    report, whens = "", [when]
+    try:
+        yield
+    finally:
+        with _Quiet.lock:
+            whens = list(_Quiet.inside)
+            _Quiet.inside.remove(when)
+            sink = _Quiet.sink
+            if not _Quiet.inside and sink is not None:
+                os.dup2(_Quiet.saved, 2)
+                os.close(_Quiet.saved)
+                _Quiet.sink, _Quiet.saved = None, -1
+                sink.seek(0)
+                report = sink.read().decode(errors="replace").strip()
+                sink.close()
+        if report:
+            log.debug("nvImageCodec %s: %s", "; ".join(whens), report)
 
 
 def _cpu_decoder():
