@@ -52,7 +52,9 @@ class Tuning:
     nvdec_threads: int = 8
     # a store in a bucket downloads its shards in a process of its own (`store.fetch_process`), out of
     # reach of the training process's GIL: the fetch ahead carried a fifth of a 1 Gbit/s link beside a
-    # thread that kept the GIL, all of it alone (the development box); off until measured in training
+    # thread that kept the GIL, all of it alone (the development box). Off: in ResNet-18 training on an
+    # H100 host a cold epoch ran at 95.8 / 83.8 % of a 1 / 10 Gbit/s link with it, 97.8 / 95.8 % without
+    # (docs/benchmarks.md, "Training from a bucket")
     fetch_process: bool = False
     # the batch kernels run once on a stand-in while the first batch decodes (Triton compiles a
     # kernel the first time a machine runs it)
