@@ -25,7 +25,7 @@ SMOKES = {  # script: extra arguments of its smoke (each benchmark once; ddp_ben
     "jpeg_bench": [],
     "loader_bench": [],
     "ddp_bench": [],
-    "folder_bench": [],
+    "folder_bench": ["--model", "resnet18", "--tuning", "prealloc=False"],
     "index_bench": [],
     "pack_bench": [],
     "start_bench": [],
@@ -93,6 +93,10 @@ def test_smoke(name, bench, tmp_path, capsys):
                ("from packets", "through containers")]
         assert one[0]["frames_decoded_per_clip"] == one[1]["frames_decoded_per_clip"] > 0
         assert "gpufeed, 2 decode processes, evaluation (2 clips a video, in order)" in runs
+    if name == "folder_bench":  # first Loaders' passes with the model, the model alone, with other settings
+        assert {"gpufeed, packed store, with resnet18", "gpufeed, folder in place, with resnet18",
+                "resnet18 alone on one batch (the model's bound)", "gpufeed, packed store, prealloc=False",
+                "gpufeed, folder in place, prealloc=False"} <= set(written["runs"])
     if name == "remote_bench":  # each epoch's timeline of the link: the cold one downloads every shard
         cold, warm = written["runs"]["cold"]["downloads"], written["runs"]["warm"]["downloads"]
         assert cold["shards"] >= 2 and 0 < cold["busy_s"] <= written["runs"]["cold"]["seconds"]
