@@ -48,7 +48,9 @@ With --out, the JSON holds every row measured so far (`"partial": true`) until t
 Each epoch's row also says how long a thread of the benchmark's process waited for the GIL meanwhile
 (`gil_lateness`, waits.py's `Lateness`: the fetch ahead's downloads run on such threads), and how
 busy the host's cores were (`host_cpu_busy`: the link's relay and the server share them with the
-loader's workers, where a real network card would not). Each
+loader's workers, where a real network card would not), and the garbage collector's collections
+(`gc`, waits.py's `GcWatch`: a full one of a process this size holds the GIL for a quarter second or
+more, and every thread, the downloads' too, waits it out). Each
 gpufeed row's JSON also says where its epoch spent the link (`downloads`, from the cache's
 records of each shard it downloaded): the shards that came, those downloaded on demand (a batch
 asked before the fetch ahead did), the seconds with a download under way, and when the last one
@@ -247,7 +249,7 @@ def epochs(loader, step, count: int, device: str, together=None) -> list[dict]:
             together(k)
         fetched = downloaded()
         began, began_at = time.monotonic(), time.time()
-        lateness, cpu = waits.Lateness(), waits.host_cpu()
+        lateness, cpu, collections = waits.Lateness(), waits.host_cpu(), waits.GcWatch()
         t0 = time.perf_counter()
         images, first = 0, None
         for x, y in loader:
@@ -259,6 +261,8 @@ def epochs(loader, step, count: int, device: str, together=None) -> list[dict]:
         after = downloaded()
         row = {"images": images, "seconds": time.perf_counter() - t0, "first_batch_s": first,
                "began_at": began_at, "ended_at": time.time(), "gil_lateness": lateness.stop()}
+        collections.stop()
+        row["gc"] = collections.summary()  # a collection holds the GIL: every thread waits it out
         busy, ticks = (b - a for a, b in zip(cpu, waits.host_cpu()))
         row["host_cpu_busy"] = round(busy / ticks, 3) if ticks > 0 else None
         if hasattr(loader, "cached"):  # another library's: the bytes its cache folder holds now
@@ -680,12 +684,15 @@ def _measure(a, work: Path) -> dict:
         gil = "" if not g else f"{g['p50_ms']:.1f} / {g['p99_ms']:.1f} ms; {100 * g['late_share']:.0f} %"
         if r.get("host_cpu_busy") is not None:
             gil += f"; {100 * r['host_cpu_busy']:.0f} %"
+        full = (r.get("gc") or {}).get("gen2")
+        if full:
+            gil += f"; gen-2 GC {full['count']} x, longest {full['max_ms']:.0f} ms"
         lines.append([name, f"{r['img_per_s']:,.0f}", got,
                       f"{100 * r['img_per_s'] / top:.1f}", "" if "of_link" not in r else f"{100 * r['of_link']:.1f}",
                       "" if r.get("first_batch_s") is None else f"{r['first_batch_s']:.2f}", link, gil])
     table = common.table(["row", "img/s", "downloaded", "% of synthetic", "% of link", "first batch s",
                           "first began / downloading / last in; shards on demand",
-                          "GIL wait p50 / p99; time in waits > 5 ms; host CPU busy"], lines)
+                          "GIL wait p50 / p99; time in waits > 5 ms; host CPU busy; full collections"], lines)
     table += (f"\n\nlink {a.link}, latency {a.latency} one way; store {total / 1e6:,.1f} MB in {limit['shards']} "
               f"shards, {n} images; the small cache {limit['cache_limit'] / 1e6:,.1f} MB; batch {a.batch}, {a.model}")
     return common.write(a, __file__, runs, table, a.device, cache=limit, data=described(work))

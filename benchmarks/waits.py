@@ -45,7 +45,7 @@ class Watch:
     def __init__(self, pyspy: str | None = None, seconds: int = 2, rate: int = 0, mine: str = "run_row"):
         self.mine = mine
         self.spy = _PySpy(pyspy, seconds, rate or PYSPY_RATES[pyspy]) if pyspy else None
-        self.gc = _GcWatch()
+        self.gc = GcWatch()
         self.sched, self.os = schedstat(), os_counters()
 
     def stop(self, steps: int, wall: float) -> dict:
@@ -101,7 +101,7 @@ def host_cpu() -> tuple[int, int]:
     return sum(ticks) - ticks[3] - ticks[4], sum(ticks)
 
 
-class _GcWatch:
+class GcWatch:
     """The garbage collector's collections while it watches: (generation, seconds, thread name)."""
 
     def __init__(self):

@@ -98,6 +98,7 @@ def test_smoke(name, bench, tmp_path, capsys):
                 "resnet18 alone on one batch (the model's bound)", "gpufeed, packed store, prealloc=False",
                 "gpufeed, folder in place, prealloc=False"} <= set(written["runs"])
     if name == "remote_bench":  # each epoch's timeline of the link: the cold one downloads every shard
+        assert all(isinstance(written["runs"][row]["gc"], dict) for row in ("cold", "warm"))  # its collections
         cold, warm = written["runs"]["cold"]["downloads"], written["runs"]["warm"]["downloads"]
         assert cold["shards"] >= 2 and 0 < cold["busy_s"] <= written["runs"]["cold"]["seconds"]
         assert warm == {"shards": 0, "on_demand": 0, "busy_s": 0.0, "last_ended_s": 0.0, "first_began_s": 0.0,
