@@ -297,19 +297,19 @@ def main(argv: list[str] | None = None) -> dict:
             return first
 
         rows = {"gpufeed, folder in place": in_place, "gpufeed, packed store": packed}
+        def first_loader(path: Path, **kw):
+            """A row: a process's first Loader's one pass over `path` (`gpufeed_passes`'s `kw`)."""
+            def run() -> Pass:
+                stop_idle()
+                let_go_kept()
+                forget()
+                return gpufeed_passes(path, a.device, a.batch, a.size, **kw)[0]
+            return run
+
         if a.model:  # the first Loader's pass again with a model's inference on each batch, and the model alone
             step = model_step(a.model, a.device)
-
-            def with_model(path: Path):
-                def run() -> Pass:
-                    stop_idle()
-                    let_go_kept()
-                    forget()
-                    return gpufeed_passes(path, a.device, a.batch, a.size, step=step)[0]
-                return run
-
-            rows[f"gpufeed, folder in place, with {a.model}"] = with_model(images)
-            rows[f"gpufeed, packed store, with {a.model}"] = with_model(root / "store")
+            rows[f"gpufeed, folder in place, with {a.model}"] = first_loader(images, step=step)
+            rows[f"gpufeed, packed store, with {a.model}"] = first_loader(root / "store", step=step)
             if a.device.startswith("cuda") and feeds.has_dali():
                 rows[f"DALI readers.file, with {a.model}"] = lambda: dali_pass(
                     images, a.batch, max(1, torch.get_num_threads()), a.size, step)
@@ -317,17 +317,8 @@ def main(argv: list[str] | None = None) -> dict:
                 step, a.n, a.batch, a.size, a.device)
         if a.tuning:  # the process's first Loader's pass again with other settings, interleaved with the default's
             other = feeds.tuning(feeds.settings(":" + a.tuning))
-
-            def first_pass(path: Path):
-                def run() -> Pass:
-                    stop_idle()
-                    let_go_kept()
-                    forget()
-                    return gpufeed_passes(path, a.device, a.batch, a.size, tuning=other)[0]
-                return run
-
-            rows[f"gpufeed, folder in place, {a.tuning}"] = first_pass(images)
-            rows[f"gpufeed, packed store, {a.tuning}"] = first_pass(root / "store")
+            rows[f"gpufeed, folder in place, {a.tuning}"] = first_loader(images, tuning=other)
+            rows[f"gpufeed, packed store, {a.tuning}"] = first_loader(root / "store", tuning=other)
         if a.device.startswith("cuda") and feeds.has_dali():
             rows["DALI readers.file"] = lambda: dali_pass(images, a.batch, max(1, torch.get_num_threads()), a.size)
         results: dict[str, list[Pass]] = {name: [] for name in rows}
