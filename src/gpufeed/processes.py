@@ -19,7 +19,10 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
+
+SRC = Path(__file__).resolve().parents[1]  # the folder gpufeed is imported from
 
 
 def process_pool(workers: int, niceness: int = 0) -> ProcessPoolExecutor:
@@ -195,6 +198,14 @@ def _context() -> multiprocessing.context.BaseContext:
     if "fork" in multiprocessing.get_all_start_methods() and _threads() == 1:
         return multiprocessing.get_context("fork")
     return _SpawnWithoutMainContext()
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """The environment of a child interpreter gpufeed starts itself (`python -m gpufeed....`: decode
+    workers, index and download processes): this process's, `extra` set, and the folder gpufeed is
+    imported from first on PYTHONPATH (it may run from a source tree, not installed)."""
+    path = os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return dict(os.environ, **extra, PYTHONPATH=path)
 
 
 def watch_parent(parent: int) -> None:

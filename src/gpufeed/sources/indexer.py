@@ -24,19 +24,16 @@ import sys
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 from PIL import Image, ImageFile
 
-from gpufeed.processes import watch_parent
+from gpufeed.processes import child_env, watch_parent
 from gpufeed.sources import headers
 from gpufeed.sources.entries import Skip
 from gpufeed.sources.folders import Run, walk_run
 from gpufeed.sources.headers import Indexed, Job
-
-SRC = Path(__file__).resolve().parents[2]  # the folder gpufeed is imported from, for the processes' path
 
 
 class IndexFailed(Exception):
@@ -80,7 +77,7 @@ def _parts(items: list, processes: int) -> list[list]:
 def _answered(requests: list, threads: int) -> list:
     """Each request's answer, from a process of its own, all at once; the processes are stopped on any
     error (Ctrl-C, or one failed or did not start), not waited for."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+    env = child_env()
     procs: list[subprocess.Popen] = []
     pool = ThreadPoolExecutor(len(requests), thread_name_prefix="gpufeed-index")
     try:

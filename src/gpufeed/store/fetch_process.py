@@ -35,7 +35,6 @@ from gpufeed.store.format import StoreError
 
 log = logger(__name__)
 
-SRC = Path(__file__).resolve().parents[2]  # the folder gpufeed is imported from, for the child's path
 THREADS = 8  # downloads at once in the child: the fetch ahead's and the batches' own, with room
 
 
@@ -79,16 +78,15 @@ class FetchProcess:
     """The child process and this side of its pipes (the module's docstring)."""
 
     def __init__(self, fetcher: Fetcher):
+        from gpufeed.processes import child_env  # (multiprocessing's import: only where this runs)
+
         self.fetcher = fetcher  # the child's too (`Warm`): each `Ask` is only what to download, and where
         warm = pickle.dumps(Warm(fetcher))  # (a filesystem that does not pickle: raised here, no child started)
-        env = dict(
-            os.environ, PYTHONPATH=os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-        )
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "gpufeed.store.fetch_process", str(os.getpid())],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            env=env,
+            env=child_env(),
             close_fds=True,
         )
         self._lock = threading.Lock()  # the asks in flight and their numbers

@@ -14,11 +14,9 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 from gpufeed.decode.pool import protocol
-
-SRC = Path(__file__).resolve().parents[3]  # the folder gpufeed is imported from, for the workers' path
+from gpufeed.processes import child_env
 
 
 @dataclass
@@ -35,12 +33,7 @@ def start(setup: protocol.WorkerSetup, count: int) -> list[Worker]:
     """`count` workers on `setup` (numbered 0..count-1), started now (each says `protocol.Ready` once
     it decodes); they inherit the board and the pipes' worker ends, nothing else (what the rows read
     and the pixels' segments they open through /proc)."""
-    env = dict(
-        os.environ,
-        CUDA_VISIBLE_DEVICES="",
-        OMP_NUM_THREADS="1",
-        PYTHONPATH=os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-    )
+    env = child_env(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
     shared = (setup.board_fd, setup.tickets_fd, setup.done_fd)
     return [
         Worker(
