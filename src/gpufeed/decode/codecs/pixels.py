@@ -59,7 +59,7 @@ def quiet_codecs(when: str):
             _Quiet.saved = os.dup(2)
             os.dup2(_Quiet.sink.fileno(), 2)
         _Quiet.inside.append(when)
-    report, whens = "", [when]
+    report = ""
     try:
         yield
     finally:
