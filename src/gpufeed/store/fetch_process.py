@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from gpufeed.logs import logger
+from gpufeed.stderr import child_stderr
 from gpufeed.store.fetch import Fetcher
 from gpufeed.store.format import StoreError
 
@@ -82,13 +83,15 @@ class FetchProcess:
 
         self.fetcher = fetcher  # the child's too (`Warm`): each `Ask` is only what to download, and where
         warm = pickle.dumps(Warm(fetcher))  # (a filesystem that does not pickle: raised here, no child started)
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", "gpufeed.store.fetch_process", str(os.getpid())],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env=child_env(),
-            close_fds=True,
-        )
+        with child_stderr() as err:  # the process's own, even while nvImageCodec loads (`stderr_aside`)
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "gpufeed.store.fetch_process", str(os.getpid())],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                env=child_env(),
+                close_fds=True,
+            )
         self._lock = threading.Lock()  # the asks in flight and their numbers
         self._writing = threading.Lock()  # the pipe to the child (taken after `_lock`, never the other way)
         self._waiting: dict[int, Future] = {}

@@ -10,16 +10,16 @@ import contextlib
 import functools
 import io
 import os
-import tempfile
+import re
 import threading
 import time
-from typing import IO
 
 import numpy as np
 from PIL import Image
 
 from gpufeed.decode.asks import Region, draft_scale, tries_region
 from gpufeed.logs import logger
+from gpufeed.stderr import stderr_aside
 
 log = logger(__name__)
 _local = threading.local()  # a region decoder per thread: nvImageCodec decoders are not shared
@@ -36,46 +36,33 @@ def nvimgcodec():
     return module
 
 
-class _Quiet:
-    """The process's stderr while `quiet_codecs` holds it: one sink for all the threads inside at once
-    (the last one out puts stderr back). Each saving and putting back its own would leave stderr on a
-    sink where two overlap: the GPU decoders opening on their thread while CPU decode threads import
-    nvImageCodec's module."""
-
-    lock = threading.Lock()
-    inside: list[str] = []  # the `when`s of the threads inside
-    saved = -1  # stderr's own descriptor, kept while a sink is on it
-    sink: IO[bytes] | None = None
+# nvImageCodec's report lines: its log's ("[ERROR] [nvjpeg-ext] ...", coloured) and its extensions' own
+# about a library they can't load ("Failed to load nvjpeg library! ...", "Note: If using ...")
+_REPORT = re.compile(
+    rb"(?:\x1b\[[0-9;]*m)?\[(?:ERROR|WARNING|INFO|DEBUG|TRACE)\]|Failed to load \S+ library|Note: If using nvImageCodec"
+)
 
 
 @contextlib.contextmanager
 def quiet_codecs(when: str):
     """Loading nvImageCodec's extensions (on import, or for an instance of its C API) prints a report
     to stderr for every codec library it can't load (JPEG 2000, TIFF, ...); JPEG decoding needs none
-    of them, so the report goes to the debug log instead. Threads may be inside at once (`_Quiet`)."""
-    with _Quiet.lock:
-        if not _Quiet.inside:
-            _Quiet.sink = tempfile.TemporaryFile()  # noqa: SIM115  closed by the last thread out
-            _Quiet.saved = os.dup(2)
-            os.dup2(_Quiet.sink.fileno(), 2)
-        _Quiet.inside.append(when)
-    report = ""
-    try:
+    of them, so the report goes to the debug log instead (`gpufeed.stderr.stderr_aside`). What else the
+    process wrote meanwhile (another thread's warning) is written to stderr once it is back."""
+    with stderr_aside(when, _sorted):
         yield
-    finally:
-        with _Quiet.lock:
-            whens = list(_Quiet.inside)
-            _Quiet.inside.remove(when)
-            sink = _Quiet.sink
-            if not _Quiet.inside and sink is not None:
-                os.dup2(_Quiet.saved, 2)
-                os.close(_Quiet.saved)
-                _Quiet.sink, _Quiet.saved = None, -1
-                sink.seek(0)
-                report = sink.read().decode(errors="replace").strip()
-                sink.close()
-        if report:
-            log.debug("nvImageCodec %s: %s", "; ".join(whens), report)
+
+
+def _sorted(whens: list[str], data: bytes) -> None:
+    """nvImageCodec's report to the debug log; the rest of `data` to stderr, as it was written."""
+    lines = data.splitlines(keepends=True)
+    report = b"".join(line for line in lines if _REPORT.match(line))
+    rest = b"".join(line for line in lines if not _REPORT.match(line))
+    if report.strip():
+        log.debug("nvImageCodec %s: %s", "; ".join(whens), report.decode(errors="replace").strip())
+    left = memoryview(rest)
+    while left:
+        left = left[os.write(2, left) :]
 
 
 def _cpu_decoder():

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 
 from gpufeed.decode.pool import protocol
 from gpufeed.processes import child_env
+from gpufeed.stderr import child_stderr
 
 
 @dataclass
@@ -35,20 +36,22 @@ def start(setup: protocol.WorkerSetup, count: int) -> list[Worker]:
     and the pixels' segments they open through /proc)."""
     env = child_env(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
     shared = (setup.board_fd, setup.tickets_fd, setup.done_fd)
-    return [
-        Worker(
-            spawned_at=time.perf_counter(),
-            proc=subprocess.Popen(
-                [sys.executable, "-m", "gpufeed.decode.pool.worker", json.dumps(replace(setup, index=k).__dict__)],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                env=env,
-                close_fds=True,
-                pass_fds=shared,
-            ),
-        )
-        for k in range(count)
-    ]
+    with child_stderr() as err:  # the process's own, even while nvImageCodec loads (`stderr_aside`)
+        return [
+            Worker(
+                spawned_at=time.perf_counter(),
+                proc=subprocess.Popen(
+                    [sys.executable, "-m", "gpufeed.decode.pool.worker", json.dumps(replace(setup, index=k).__dict__)],
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=err,
+                    env=env,
+                    close_fds=True,
+                    pass_fds=shared,
+                ),
+            )
+            for k in range(count)
+        ]
 
 
 def stop(workers: list[Worker], tickets: int) -> None:
