@@ -10,7 +10,8 @@ float16) over the folder (and a second with the same Loader), over a jpeg store 
 its bytes kept (`reencode=False`), over that store again with the same Loader (its steady state:
 nothing left to start), and through DALI (its pipeline build timed too); the CUDA context is made
 before them all. Each of those is the process's first Loader (no decode worker running, no GPU decoder kept
-idle, no decoder rates learned: all let go before each row); a next Loader made right after each (an
+idle, no decoder rates learned: all let go before each row, DALI's too; a second DALI row runs beside
+the engines' decoder the gpufeed row before it kept, as DALI's rows did before 2026-12-07); a next Loader made right after each (an
 evaluation each epoch) takes the running workers, the GPU decoder the one before kept and the rates
 it measured, and its pass is a row of its own. Each pass is timed from the constructor call: to its return ("construct"), to the
 first batch on the device ("first batch") and to the last ("pass"); img/s is images over the whole.
@@ -150,9 +151,10 @@ def bound_pass(step, n: int, batch: int, size: int, device: str) -> Pass:
     return Pass(0.0, 0.0, time.perf_counter() - t0, n)
 
 
-def dali_pass(path: Path, batch: int, threads: int, size: int, step=None) -> Pass:
+def dali_pass(path: Path, batch: int, threads: int, size: int, step=None, let_go=None) -> Pass:
     """The same evaluation pass through DALI: mixed decoder, resize shorter, crop + normalize; timed
-    from the pipeline's definition, its build included (`step`: as for `gpufeed_passes`)."""
+    from the pipeline's definition, its build included (`step`: as for `gpufeed_passes`; `let_go`:
+    called first, to let go of what gpufeed's rows left running)."""
     from nvidia.dali import fn, pipeline_def, types
     from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
@@ -171,6 +173,8 @@ def dali_pass(path: Path, batch: int, threads: int, size: int, step=None) -> Pas
         )
         return images, labels
 
+    if let_go is not None:
+        let_go()
     t0 = time.perf_counter()
     p = pipe()
     p.build()
@@ -274,11 +278,15 @@ def main(argv: list[str] | None = None) -> dict:
         again: list[Pass] = []
         next_loader: dict[str, list[Pass]] = {"store": [], "folder": []}
 
+        def fresh() -> None:
+            """No decode worker running, no engines' decoder kept: as in a process's first Loader."""
+            stop_idle()
+            let_go_kept()
+
         def packed() -> Pass:
             """The store's first pass, the process's first Loader (no decode worker running); its third,
             with the same Loader, is its steady state; then a next Loader's (the workers kept running)."""
-            stop_idle()
-            let_go_kept()
+            fresh()
             forget()
             first, _, third = gpufeed_passes(root / "store", a.device, a.batch, a.size, passes=3)
             steady.append(third)
@@ -288,8 +296,7 @@ def main(argv: list[str] | None = None) -> dict:
         def in_place() -> Pass:
             """The folder's first pass (as the store's); its second, with the same Loader, is its steady
             state; then a next Loader's."""
-            stop_idle()
-            let_go_kept()
+            fresh()
             forget()
             first, second = gpufeed_passes(images, a.device, a.batch, a.size, passes=2)
             again.append(second)
@@ -297,11 +304,17 @@ def main(argv: list[str] | None = None) -> dict:
             return first
 
         rows = {"gpufeed, folder in place": in_place, "gpufeed, packed store": packed}
+        dali_threads = max(1, torch.get_num_threads())
+        if a.device.startswith("cuda") and feeds.has_dali():
+            # right after the store's row, as every DALI row ran before 2026-12-07: the engines' decoder
+            # that row's next Loader kept is alive (one made beside a live one is ready in 0.1 s)
+            rows["DALI readers.file, beside gpufeed's idle engines' decoder"] = lambda: dali_pass(
+                images, a.batch, dali_threads, a.size)
+
         def first_loader(path: Path, **kw):
             """A row: a process's first Loader's one pass over `path` (`gpufeed_passes`'s `kw`)."""
             def run() -> Pass:
-                stop_idle()
-                let_go_kept()
+                fresh()
                 forget()
                 return gpufeed_passes(path, a.device, a.batch, a.size, **kw)[0]
             return run
@@ -312,7 +325,7 @@ def main(argv: list[str] | None = None) -> dict:
             rows[f"gpufeed, packed store, with {a.model}"] = first_loader(root / "store", step=step)
             if a.device.startswith("cuda") and feeds.has_dali():
                 rows[f"DALI readers.file, with {a.model}"] = lambda: dali_pass(
-                    images, a.batch, max(1, torch.get_num_threads()), a.size, step)
+                    images, a.batch, dali_threads, a.size, step, let_go=fresh)
             rows[f"{a.model} alone on one batch (the model's bound)"] = lambda: bound_pass(
                 step, a.n, a.batch, a.size, a.device)
         if a.tuning:  # the process's first Loader's pass again with other settings, interleaved with the default's
@@ -320,7 +333,7 @@ def main(argv: list[str] | None = None) -> dict:
             rows[f"gpufeed, folder in place, {a.tuning}"] = first_loader(images, tuning=other)
             rows[f"gpufeed, packed store, {a.tuning}"] = first_loader(root / "store", tuning=other)
         if a.device.startswith("cuda") and feeds.has_dali():
-            rows["DALI readers.file"] = lambda: dali_pass(images, a.batch, max(1, torch.get_num_threads()), a.size)
+            rows["DALI readers.file"] = lambda: dali_pass(images, a.batch, dali_threads, a.size, let_go=fresh)
         results: dict[str, list[Pass]] = {name: [] for name in rows}
         for _ in range(a.rounds):
             for name, run in rows.items():
