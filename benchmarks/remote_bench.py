@@ -8,15 +8,18 @@ synthetic-data ceiling and the same store on a local disk, in one process.
 moto's S3 server runs on 127.0.0.1, and in front of it a link (`Link`): a TCP relay that holds every
 chunk it relays for --latency (one way, both directions) and sends what the server sends at most at
 --link bits per second, one pace for all connections (one link). Both run in a child process of
-their own: in the benchmark's process their threads would take the GIL from the loader's. The
+their own: in the benchmark's process their threads would take the GIL from the loader's. One such
+process sends 200-300 MB/s on a GPU host, below a 10 Gbit/s link: --servers N runs N, each with a
+copy of the bucket and a link of a N-th of the rate, their links on one port (the kernel hands each
+connection to one of them). The
 images (photo-like by default, as train_bench's: `--data`) are packed straight into the bucket as a
 sharded jpeg store (--shard-size), and into a local folder. Rows, each timed over whole epochs (from
 the Loader's first batch asked for to its last one trained on, with ResNet-18 in bf16 on batches of
 --batch):
 
-- server: every shard's file downloaded once from the server itself (no link) by --link-threads
-  threads (fsspec): what the server can send, which must be well above the link for the rows below
-  to measure the link;
+- server: every shard's file downloaded once from the servers themselves (no link; the files dealt
+  to the --servers in turn) by --link-threads threads (fsspec): what they can send, which must be
+  well above the link for the rows below to measure the link;
 - link: the same through the link, the link's ceiling in bytes/s, and in images/s (the store's
   images over that time);
 - fetch: every shard downloaded through the link by an empty cache's fetch ahead, nothing else
@@ -98,6 +101,9 @@ def parser():
     p.add_argument("--link", default="2gbit", help="the link's bandwidth: a number and bit, kbit, mbit or gbit")
     p.add_argument("--latency", default="20ms", help="one way, in ms (or s)")
     p.add_argument("--link-threads", type=int, default=16, help="threads of the plain parallel download")
+    p.add_argument("--servers", type=int, default=1,
+                   help="S3 servers, each a process with a copy of the bucket and its share of the link (one "
+                        "moto server sends 200-300 MB/s: 10gbit needs 4 or more)")
     p.add_argument("--epochs", type=int, default=2, help="epochs through the quarter-size cache")
     p.add_argument("--steps", type=int, default=60, help="synthetic row's steps")
     p.add_argument("--batch", type=int, default=256)
@@ -133,11 +139,13 @@ class Link:
     what the upstream sends paced at `rate` bytes/s shared by every connection. Daemon threads, two a
     direction a connection: enough for a benchmark's few dozen connections."""
 
-    def __init__(self, upstream: tuple[str, int], rate: float, latency: float):
+    def __init__(self, upstream: tuple[str, int], rate: float, latency: float, port: int = 0):
+        """`port` 0: a free port; else one another `Link` listens on too (SO_REUSEPORT: the kernel
+        hands each new connection to one of them, `Served`'s servers)."""
         self.upstream, self.rate, self.latency = upstream, rate, latency
         self._next = time.monotonic()
         self._lock = threading.Lock()
-        self._server = socket.create_server(("127.0.0.1", 0))
+        self._server = socket.create_server(("127.0.0.1", port), reuse_port=True)
         self.url = f"http://127.0.0.1:{self._server.getsockname()[1]}"
         threading.Thread(target=self._accept, daemon=True, name="link-accept").start()
 
@@ -198,11 +206,13 @@ def store_files(fs, root: str) -> list[tuple[str, int]]:
     return [(path, int(info["size"])) for path, info in fs.find(root, detail=True).items()]
 
 
-def plain_download(fs, files: list[tuple[str, int]], threads: int) -> tuple[float, int]:
-    """(seconds, bytes) to read every file once through `fs` on `threads` threads."""
+def plain_download(filesystems: list, files: list[tuple[str, int]], threads: int) -> tuple[float, int]:
+    """(seconds, bytes) to read every file once on `threads` threads, through `filesystems` in turn
+    (the servers' own: all of them at once)."""
     t0 = time.perf_counter()
     with ThreadPoolExecutor(threads) as pool:
-        got = sum(len(b) for b in pool.map(lambda f: fs.cat_file(f[0]), files))
+        got = sum(len(b) for b in pool.map(lambda k: filesystems[k % len(filesystems)].cat_file(files[k][0]),
+                                           range(len(files))))
     return time.perf_counter() - t0, got
 
 
@@ -315,7 +325,7 @@ def compare(a, work: Path, served: Served, limit: int, runs: dict) -> None:
     for name in names:
         if not served.alive():
             served.restart()
-        spec = {"name": name, "work": str(work), "direct": served.direct, "link": served.link, "limit": limit,
+        spec = {"name": name, "work": str(work), "directs": served.directs, "link": served.link, "limit": limit,
                 "batch": a.batch, "size": a.size, "device": a.device, "model": a.model, "epochs": a.epochs,
                 "shard_size": a.shard_size}
         code, said, timed_out = rows_of([sys.executable, __file__, "--other", json.dumps(spec)], a.compare_timeout,
@@ -499,10 +509,11 @@ def other_rows(spec: dict) -> None:
     os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")  # moto's region: a bucket made without a location
     name, work = spec["name"], Path(spec["work"])
     local = others.write(name, work / "images", work / name, parse_size(spec["shard_size"], "--shard-size"))
-    fs = s3fs.S3FileSystem(**options(spec["direct"]))
+    fs = s3fs.S3FileSystem(**options(spec["directs"][0]))
     if not fs.exists("bench"):  # (a server started again: empty)
         fs.mkdir("bench")
     fs.put(str(local), f"bench/{name}", recursive=True)
+    replicate(spec["directs"], f"bench/{name}")
     step = training_step(spec["model"], spec["device"], 1000)
     cores = len(os.sched_getaffinity(0))
     quarter = [f"quarter cache, epoch {k}" for k in range(spec["epochs"])]
@@ -518,54 +529,85 @@ def other_rows(spec: dict) -> None:
             del other  # its loader's workers end before its cache folder goes
 
 
-def serve(rate: float, latency: float) -> None:
-    """The child process: moto's server and the link in front of it, their URLs on stdout as one JSON
-    line; it ends when its parent closes its stdin (or ends)."""
+def serve(rate: float, latency: float, port: int) -> None:
+    """The child process: moto's server and the link in front of it (on `port`, 0: a free one), their
+    URLs on stdout as one JSON line; it ends when its parent closes its stdin (or ends)."""
     from moto.server import ThreadedMotoServer
 
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # moto's server logs every request
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
-    host, port = server.get_host_and_port()
-    link = Link((host, port), rate, latency)
-    print(json.dumps({"direct": f"http://{host}:{port}", "link": link.url}), flush=True)
+    host, port_ = server.get_host_and_port()
+    link = Link((host, port_), rate, latency, port)
+    print(json.dumps({"direct": f"http://{host}:{port_}", "link": link.url}), flush=True)
     sys.stdin.read()
     link.close()
     server.stop()
 
 
 class Served:
-    """`serve` in a child process: its `direct` and `link` URLs; `close()` ends it."""
+    """`count` `serve` processes, each a moto server with a copy of the bucket (`replicate`) and a link
+    of `rate / count` in front of it, the links on one port (`link`: the kernel gives each connection
+    to one of them); `direct`: the first server's URL, `directs`: all of them; `close()` ends them.
+    One moto server, a Python process, sends 200-300 MB/s on a GPU host, below a 10 Gbit/s link.
+    Split this way the link's rate is a cap per server, not one pace shared by every connection."""
 
-    def __init__(self, rate: float, latency: float):
-        self.rate, self.latency = rate, latency
-        self._proc = subprocess.Popen(
-            [sys.executable, __file__, "--serve", str(rate), str(latency)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-        )
-        line = self._proc.stdout.readline()  # type: ignore[union-attr]
-        try:
-            urls = json.loads(line)
-            self.direct, self.link = urls["direct"], urls["link"]
-        except (ValueError, KeyError, TypeError):
-            self._proc.kill()
-            raise SystemExit(f"remote_bench: the S3 server's process did not start ({line!r})") from None
+    def __init__(self, rate: float, latency: float, count: int = 1):
+        self.rate, self.latency, self.count = rate, latency, count
+        self._procs: list[subprocess.Popen] = []
+        self.directs: list[str] = []
+        port = 0
+        for _ in range(count):
+            proc = subprocess.Popen(
+                [sys.executable, __file__, "--serve", str(rate / count), str(latency), str(port)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            )
+            self._procs.append(proc)
+            line = proc.stdout.readline()  # type: ignore[union-attr]
+            try:
+                urls = json.loads(line)
+                self.directs.append(urls["direct"])
+                self.link = urls["link"]
+            except (ValueError, KeyError, TypeError):
+                self.close()
+                raise SystemExit(f"remote_bench: an S3 server's process did not start ({line!r})") from None
+            port = int(self.link.rsplit(":", 1)[1])
+        self.direct = self.directs[0]
 
     def alive(self) -> bool:
-        return self._proc.poll() is None
+        return all(proc.poll() is None for proc in self._procs)
 
     def restart(self) -> None:
-        """A new server and link (empty: the old one's bucket went with it), at new URLs."""
+        """New servers and links (empty: the old ones' buckets went with them), at new URLs."""
         self.close()
-        self.__init__(self.rate, self.latency)  # type: ignore[misc]
+        self.__init__(self.rate, self.latency, self.count)  # type: ignore[misc]
 
     def close(self) -> None:
-        self._proc.stdin.close()  # type: ignore[union-attr]
-        try:
-            self._proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait()
+        for proc in self._procs:
+            proc.stdin.close()  # type: ignore[union-attr]
+        for proc in self._procs:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def replicate(directs: list[str], prefix: str) -> None:
+    """Every object under `prefix` of the first server's bucket, written to the others' (`Served`:
+    each link relays to its own server, so each must hold the whole bucket)."""
+    import s3fs
+
+    if len(directs) < 2:
+        return
+    source = s3fs.S3FileSystem(**options(directs[0]), skip_instance_cache=True)
+    paths = source.find(prefix)
+    for url in directs[1:]:
+        target = s3fs.S3FileSystem(**options(url), skip_instance_cache=True)
+        if not target.exists(prefix.split("/")[0]):
+            target.mkdir(prefix.split("/")[0])
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(lambda path, target=target: target.pipe_file(path, source.cat_file(path)), paths))
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -595,7 +637,7 @@ def _measure(a, work: Path) -> dict:
     make_images(work, a.n, (width, height), a.data)
     if not (work / "local").exists():
         gpufeed.pack(work / "images", work / "local", mode="jpeg", reencode=False, progress=False)
-    served = Served(bits(a.link) / 8, seconds(a.latency))
+    served = Served(bits(a.link) / 8, seconds(a.latency), a.servers)
     direct = served.direct
     runs: dict = common.Rows(a.out, __file__)
     try:
@@ -603,14 +645,15 @@ def _measure(a, work: Path) -> dict:
         fs.mkdir("bench")
         gpufeed.pack(work / "images", "s3://bench/train", mode="jpeg", reencode=False, progress=False,
                      shard_size=a.shard_size, storage_options=options(direct))
+        replicate(served.directs, "bench/train")
         files = store_files(fs, "bench/train")
         total = sum(size for _, size in files)
         n = len(gpufeed.open(work / "local"))
-        took, got = plain_download(s3fs.S3FileSystem(**options(direct), skip_instance_cache=True), files,
-                                   a.link_threads)
+        took, got = plain_download([s3fs.S3FileSystem(**options(url), skip_instance_cache=True)
+                                    for url in served.directs], files, a.link_threads)
         runs["server"] = {"bytes": got, "seconds": took, "bytes_per_s": got / took, "img_per_s": n / took}
         through = s3fs.S3FileSystem(**options(served.link), skip_instance_cache=True)
-        took, got = plain_download(through, files, a.link_threads)
+        took, got = plain_download([through], files, a.link_threads)
         runs["link"] = {"bytes": got, "seconds": took, "bytes_per_s": got / took, "img_per_s": n / took,
                         "files": len(files), "threads": a.link_threads}
         ceiling = runs["link"]["img_per_s"]
@@ -693,14 +736,14 @@ def _measure(a, work: Path) -> dict:
     table = common.table(["row", "img/s", "downloaded", "% of synthetic", "% of link", "first batch s",
                           "first began / downloading / last in; shards on demand",
                           "GIL wait p50 / p99; time in waits > 5 ms; host CPU busy; full collections"], lines)
-    table += (f"\n\nlink {a.link}, latency {a.latency} one way; store {total / 1e6:,.1f} MB in {limit['shards']} "
+    table += (f"\n\nlink {a.link}, latency {a.latency} one way, {a.servers} server(s); store {total / 1e6:,.1f} MB in {limit['shards']} "
               f"shards, {n} images; the small cache {limit['cache_limit'] / 1e6:,.1f} MB; batch {a.batch}, {a.model}")
     return common.write(a, __file__, runs, table, a.device, cache=limit, data=described(work))
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--serve"]:
-        serve(float(sys.argv[2]), float(sys.argv[3]))
+        serve(float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]))
     elif sys.argv[1:2] == ["--other"]:
         other_rows(json.loads(sys.argv[2]))
     elif sys.argv[1:2] == ["--rank"]:

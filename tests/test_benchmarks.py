@@ -34,7 +34,7 @@ SMOKES = {  # script: extra arguments of its smoke (each benchmark once; ddp_ben
     "shuffle_bench": [],
     "detection_bench": [],
     "segmentation_bench": [],
-    "remote_bench": ["--compare", "litdata", "--ranks", "2", "--batch", "4", "--fetch-process"],
+    "remote_bench": ["--compare", "litdata", "--ranks", "2", "--batch", "4", "--fetch-process", "--servers", "2"],
     "video_bench": [],  # (not installed: a row that fails, and the others still written)
 }
 
@@ -108,6 +108,8 @@ def test_smoke(name, bench, tmp_path, capsys):
         assert start["constructor_s"] <= start["first_pass_s"] <= start["first_plan_s"] <= start["first_batch_s"]
         assert "loader_start" not in written["runs"]["warm"]
         assert written["runs"]["fetch"]["bytes"] == written["runs"]["cold"]["downloaded"] > 0  # every shard
+        # two servers, each with the whole bucket: the files dealt to both in turn all came
+        assert written["runs"]["server"]["bytes"] == written["runs"]["link"]["bytes"] > 0 and "2 server(s)" in table
         away = written["runs"]["cold, downloads in a process"]  # all of its shards, or some before it was ready
         assert away["downloaded"] == written["runs"]["cold, again (downloads here)"]["downloaded"] > 0
         assert written["runs"]["cold, again (downloads here)"]["shards_downloaded_in_the_process"] == 0
