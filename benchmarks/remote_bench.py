@@ -30,6 +30,8 @@ the Loader's first batch asked for to its last one trained on, with ResNet-18 in
 - --fetch-process: "cold, downloads in a process" (`Tuning(fetch_process=True)`: store.fetch_process;
   the shards downloaded there, the others in this process before it was ready), then "cold, again"
   as the cold row, to compare them in one call;
+- --tuning KEY=VALUE,...: "cold, KEY=VALUE,..." (a cold epoch with those `Tuning` settings), then
+  "cold, again (the defaults)", to compare them in one call;
 - warm: the same Loader's next epoch, every shard in its cache;
 - quarter: a new Loader with `cache_limit` a quarter of the store, --epochs epochs (each of the link's
   ceiling: a cache that small downloads about the whole store every epoch);
@@ -115,6 +117,8 @@ def parser():
     p.add_argument("--fetch-process", action="store_true",
                    help="also a cold epoch with the downloads in a process of their own (Tuning.fetch_process), "
                         "then the plain cold epoch again")
+    p.add_argument("--tuning", default="", help="KEY=VALUE,...: also a cold epoch with these `Tuning` settings "
+                   "(e.g. lead_lands_first=True), then the plain cold epoch again")
     p.add_argument("--compare-timeout", type=float, default=900,
                    help="seconds a --compare library's process may run before it is killed (a hung download)")
     return p
@@ -687,6 +691,16 @@ def _measure(a, work: Path) -> dict:
                     runs[name] = epochs(remote, step, 1, a.device)[0]
                     elsewhere = remote.store.cache.elsewhere
                     runs[name]["shards_downloaded_in_the_process"] = 0 if elsewhere is None else elsewhere.asked
+                    remote.close()
+        if a.tuning:  # the same cold epoch with other settings, then again with the defaults
+            from feeds import settings, tuning
+
+            other = tuning(settings(":" + a.tuning))
+            for name, chosen in ((f"cold, {a.tuning}", other), ("cold, again (the defaults)", None)):
+                with tempfile.TemporaryDirectory(dir=work) as cache:
+                    remote = gpufeed.Loader("s3://bench/train", cache_dir=cache, storage_options=options(served.link),
+                                            tuning=chosen, **kw)
+                    runs[name] = epochs(remote, step, 1, a.device)[0]
                     remote.close()
         # a quarter of the store, or what a Loader of these batches needs at least (a small store's quarter)
         peek = gpufeed.open("s3://bench/train", storage_options=options(direct), cache_dir=work / "peek")

@@ -34,7 +34,8 @@ SMOKES = {  # script: extra arguments of its smoke (each benchmark once; ddp_ben
     "shuffle_bench": [],
     "detection_bench": [],
     "segmentation_bench": [],
-    "remote_bench": ["--compare", "litdata", "--ranks", "2", "--batch", "4", "--fetch-process", "--servers", "2"],
+    "remote_bench": ["--compare", "litdata", "--ranks", "2", "--batch", "4", "--fetch-process", "--servers", "2",
+                     "--tuning", "lead_lands_first=True"],
     "video_bench": [],  # (not installed: a row that fails, and the others still written)
 }
 
@@ -113,6 +114,8 @@ def test_smoke(name, bench, tmp_path, capsys):
         away = written["runs"]["cold, downloads in a process"]  # all of its shards, or some before it was ready
         assert away["downloaded"] == written["runs"]["cold, again (downloads here)"]["downloaded"] > 0
         assert written["runs"]["cold, again (downloads here)"]["shards_downloaded_in_the_process"] == 0
+        tuned = written["runs"]["cold, lead_lands_first=True"]  # --tuning's cold epoch, then the defaults' again
+        assert tuned["downloaded"] == written["runs"]["cold, again (the defaults)"]["downloaded"] > 0
         assert 0 <= away["shards_downloaded_in_the_process"] <= away["downloads"]["shards"]
         for row in ("cold", "warm"):  # how long a thread waited for the GIL meanwhile
             gil = written["runs"][row]["gil_lateness"]

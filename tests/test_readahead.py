@@ -46,6 +46,24 @@ def _done(ahead: ReadAhead) -> None:
             future.result(10)
 
 
+class SlowLead(FakeCache):
+    """A cache whose shard 0, while not there, downloads in steps the test lets happen: `fetching` set
+    as it starts, its files asked for (`on_files`) once `may_ask` is, `asked` set, in once `may_land` is."""
+
+    def __init__(self, sizes, limit):
+        super().__init__(sizes, limit)
+        self.fetching, self.may_ask, self.asked, self.may_land = (threading.Event() for _ in range(4))
+
+    def ensure_if_room(self, k):
+        if k == 0 and not self.there:
+            self.fetching.set()
+            assert self.may_ask.wait(10)
+            self.on_files(0)
+            self.asked.set()
+            assert self.may_land.wait(10)
+        return super().ensure_if_room(k)
+
+
 def test_what_is_fetched_ahead_fits_the_rank_s_part_beside_what_it_holds():
     cache = FakeCache([10] * 8, limit=60, held=[0])
     ahead = ReadAhead(cache)
@@ -75,17 +93,6 @@ def test_the_shard_a_rank_reads_first_downloads_alone_until_its_files_are_asked_
     for that shard, so it downloads alone until its files are asked for (its manifest in); the others
     start then, before it lands. Where the rank has it (a warm cache), or once the rank has read, the
     next shards download at once."""
-    fetching, may_ask, may_land = threading.Event(), threading.Event(), threading.Event()
-
-    class Slow(FakeCache):
-        def ensure_if_room(self, k):
-            if k == 0 and not self.there:
-                fetching.set()
-                assert may_ask.wait(10)
-                self.on_files(0)
-                assert may_land.wait(10)
-            return super().ensure_if_room(k)
-
     def started(ahead, count):
         for _ in range(1000):
             if len(ahead._ahead) >= count:
@@ -93,14 +100,14 @@ def test_the_shard_a_rank_reads_first_downloads_alone_until_its_files_are_asked_
             time.sleep(0.01)
         return sorted(ahead._ahead)
 
-    cache = Slow([10] * 5, limit=100)
+    cache = SlowLead([10] * 5, limit=100)
     ahead = ReadAhead(cache)
     ahead.follow([Want(k, 0, 1, k) for k in range(5)])
-    assert fetching.wait(10)
+    assert cache.fetching.wait(10)
     assert list(ahead._ahead) == [0]  # nothing else started beside it
-    may_ask.set()
+    cache.may_ask.set()
     assert started(ahead, 5) == [0, 1, 2, 3, 4] and 0 not in cache.there  # before it landed
-    may_land.set()
+    cache.may_land.set()
     _done(ahead)
     assert cache.fetched[-1] == 0 and sorted(cache.fetched) == [0, 1, 2, 3, 4]
     ahead.close()
@@ -115,13 +122,29 @@ def test_the_shard_a_rank_reads_first_downloads_alone_until_its_files_are_asked_
     ahead.close()
 
     # the rank read its first batch (its own download of the shard landed first): the rest go at once
-    fetching.clear(), may_ask.clear(), may_land.clear()
-    cache = Slow([10] * 5, limit=100)
+    cache = SlowLead([10] * 5, limit=100)
     ahead = ReadAhead(cache)
     ahead.follow([Want(0, 0, 2, 1)] + [Want(k, 0, 1, k + 1) for k in range(1, 5)])
-    assert fetching.wait(10) and list(ahead._ahead) == [0]
+    assert cache.fetching.wait(10) and list(ahead._ahead) == [0]
     ahead.read([0], [1])
     assert sorted(ahead._ahead) == [0, 1, 2, 3, 4]
-    may_ask.set(), may_land.set()
+    cache.may_ask.set(), cache.may_land.set()
     _done(ahead)
+    ahead.close()
+
+
+def test_with_lead_lands_first_the_first_shard_downloads_alone_until_it_is_in_the_cache():
+    """`Tuning.lead_lands_first`: its files asked for, the rank's first shard still downloads alone; the
+    others start once it landed (its download's end tops the list up)."""
+    cache = SlowLead([10] * 4, limit=100)
+    ahead = ReadAhead(cache)
+    ahead.lead_lands_first = True
+    ahead.follow([Want(k, 0, 1, k) for k in range(4)])
+    assert cache.fetching.wait(10)
+    cache.may_ask.set()
+    assert cache.asked.wait(10)  # (the ask tops the list up in its own thread: without the setting the others started)
+    assert list(ahead._ahead) == [0]
+    cache.may_land.set()
+    _done(ahead)
+    assert cache.fetched[0] == 0 and sorted(cache.fetched) == [0, 1, 2, 3]
     ahead.close()

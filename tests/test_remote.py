@@ -911,6 +911,19 @@ def test_a_batch_does_not_wait_for_the_downloads_of_the_batches_after_it(bucket,
     assert len(list(it)) == len(loader) - 1
 
 
+def test_a_first_shard_that_lands_before_the_others_start_gives_the_same_batches(bucket, tmp_path):
+    """`Tuning(lead_lands_first=True)` reaches the pass's downloads ahead, and a cold epoch through it
+    gives the batches of one without it, each shard downloaded once."""
+    from gpufeed.decode.tuning import Tuning
+
+    here = [(x, y) for x, y in _loader(bucket, tmp_path / "here")]
+    loader = _loader(bucket, tmp_path / "lead", tuning=Tuning(lead_lands_first=True))
+    assert loader.input.ahead.lead_lands_first
+    got = [(x, y) for x, y in loader]
+    assert len(got) == len(here) and all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(got, here))
+    assert loader.store.cache.fetched == len(loader.store.manifest.shards)
+
+
 def test_downloads_in_a_process_of_their_own_give_the_same_batches(bucket, tmp_path):
     """`Tuning(fetch_process=True)`: once its process is ready, each shard's files download there (one
     `Ask` a shard), and the epoch's batches are those downloaded in this process; the process ends with

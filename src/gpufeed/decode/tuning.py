@@ -56,6 +56,11 @@ class Tuning:
     # H100 host a cold epoch ran at 95.8 / 83.8 % of a 1 / 10 Gbit/s link with it, 97.8 / 95.8 % without
     # (docs/benchmarks.md, "Training from a bucket")
     fetch_process: bool = False
+    # a store in a bucket: the shard a rank reads first (a cold pass's first batch waits for it) downloads
+    # alone until it is in the cache, where off it does until its files are asked for (the next shards
+    # then share the link with it: a cold epoch's first batch after 2.9-3.1 shard-times at 1 Gbit/s,
+    # issue 66's goal 2). Off until measured on a GPU host (`remote_bench.py --tuning`)
+    lead_lands_first: bool = False
     # the batch kernels run once on a stand-in while the first batch decodes (Triton compiles a
     # kernel the first time a machine runs it)
     compile_ahead: bool = True

@@ -506,6 +506,8 @@ class Loader:
         self.store = self.input.store
         if self.tuning.fetch_process:
             self.input.download_elsewhere()
+        if self.tuning.lead_lands_first:
+            self.input.lead_lands_first()
         self.fields = tuple(fields) if fields is not None else None
         self.clip: Clip | None = None  # the video path's modules load only for a video store (or to refuse clip=)
         if self.store.mode == "video" or clip is not None:

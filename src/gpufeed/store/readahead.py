@@ -62,6 +62,7 @@ class ReadAhead:
         self._early: dict[int, int] = {}  # samples read of shards no entry wanted: the next pass's, read before it
         self._ranks = 1  # this machine's ranks sharing the cache: each plans ahead within its part
         self._asked: set[int] = set()  # shards whose files were asked for since `follow` (`_asked_for`)
+        self.lead_lands_first = False  # the first shard alone until it lands, not until asked (`Tuning`)
         cache.order = self.places  # the cache evicts what this rank reads last, last
         cache.on_files = self._asked_for
 
@@ -178,9 +179,10 @@ class ReadAhead:
         beside it would share the link with it (3 at once: its first batch after 3.1 shard-times,
         docs/benchmarks.md "Training from a bucket"). Alone until its files are asked for
         (`_asked_for`): the next shards' own manifests and requests then take the round trips its
-        files take to come, and the link is not left idle between them. Not where it failed or
-        found no room: those are fetched when read."""
-        return lead not in self._asked and self._to_fetch(lead, held)
+        files take to come, and the link is not left idle between them; with `lead_lands_first`
+        (`Tuning.lead_lands_first`) until it is in the cache: the link all its own, idle for a
+        round trip after it. Not where it failed or found no room: those are fetched when read."""
+        return (self.lead_lands_first or lead not in self._asked) and self._to_fetch(lead, held)
 
     def _asked_for(self, k: int) -> None:
         """The cache asked for shard `k`'s files (`ShardCache.on_files`): if it led alone, the next

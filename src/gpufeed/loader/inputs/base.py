@@ -29,6 +29,10 @@ class Input:
         """Download what the data needs in a process of its own (`Tuning.fetch_process`); nothing where
         nothing downloads."""
 
+    def lead_lands_first(self) -> None:
+        """The shard a pass reads first downloads alone until it lands (`Tuning.lead_lands_first`);
+        nothing where nothing downloads."""
+
     def tier(self, device: torch.device, cache: str) -> Tier:
         """Where a pass reads the images from (`Loader(cache=...)`)."""
         raise NotImplementedError

@@ -36,6 +36,9 @@ class RemoteInput(ShardedInput):
     def download_elsewhere(self) -> None:
         self.store.cache.download_elsewhere()
 
+    def lead_lands_first(self) -> None:
+        self.ahead.lead_lands_first = True
+
     begins_early = True
 
     def begin_early(self, order, epoch: int, start: int) -> None:
