@@ -20,6 +20,10 @@ constructor call): Triton's once-a-process work done (0: before the constructor)
 worker's ready heard, the GPU decoders taken into use, and the rate after the first batch; and
 each decode worker's start in steps: to its `main` (interpreter, numpy), imports, nvImageCodec's
 decoder, heard.
+With `--fresh`, the store's, the folder's and DALI's first pass also run each in a new interpreter
+(its CUDA context and the reader's imports made before the timer, their seconds noted under the
+table): a process's first Loader as an evaluation script has it, with nothing of an earlier row's
+in the process (nvImageCodec's library loaded, DALI's state).
 The rows are interleaved over `--rounds`, so host drift hits each alike; the table gives median
 (min-max) over the rounds.
 
@@ -33,6 +37,8 @@ import json
 import os
 import shutil
 import statistics
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -119,6 +125,40 @@ def gpufeed_passes(path: Path, device: str, batch: int, size: int, passes: int =
         out.append(Pass(construct, first or 0.0, total, count, decoded, after, stats))
     loader.close()
     return out
+
+
+def fresh_process(spec: dict, let_go) -> Pass:
+    """One pass (`one_pass`'s `spec`) in a new interpreter, after `let_go` (what this process's rows left
+    running); its `Pass`, with the seconds its imports took before the timer in `stats["imports_s"]`."""
+    let_go()
+    done = subprocess.run([sys.executable, __file__, "--one", json.dumps(spec)], capture_output=True, text=True,
+                          timeout=600)
+    if done.returncode != 0:
+        raise SystemExit(f"folder_bench: a fresh process's pass failed:\n{done.stderr[-3000:]}")
+    return Pass(**json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def one_pass(spec: dict) -> None:
+    """A fresh process's one pass (`fresh_process`): the CUDA context and the reader's imports made, then
+    gpufeed's pass (`gpufeed_passes`) or DALI's (`dali_pass`), timed as in the other rows; its `Pass` as
+    the last line of stdout."""
+    os.environ["XDG_CACHE_HOME"] = spec["cache"]  # the folder's cached index, as the other rows read it
+    if spec["device"].startswith("cuda"):
+        torch.zeros(1, device=spec["device"])
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    if spec["kind"] == "dali":
+        import nvidia.dali.plugin.pytorch  # noqa: F401  (as dali_pass imports it)
+    else:
+        import gpufeed.augment  # noqa: F401  (gpufeed and its augment, as gpufeed_passes imports them)
+    imports = time.perf_counter() - t0
+    path = Path(spec["path"])
+    if spec["kind"] == "dali":
+        done = dali_pass(path, spec["batch"], spec["threads"], spec["size"])
+    else:
+        done = gpufeed_passes(path, spec["device"], spec["batch"], spec["size"])[0]
+    done.stats = (done.stats or {}) | {"imports_s": imports}
+    print(json.dumps(vars(done), default=str))
 
 
 def model_step(name: str, device: str):
@@ -233,6 +273,8 @@ def main(argv: list[str] | None = None) -> dict:
                    "Loader's pass (and DALI's) with its inference on each batch, and the model alone on one batch")
     p.add_argument("--tuning", default="", help="KEY=VALUE,... of gpufeed's Tuning: rows of a process's first Loader "
                    "with them (the folder and the store, one pass each), interleaved with the default's")
+    p.add_argument("--fresh", action="store_true", help="also rows of a fresh process's one pass (the store, the "
+                   "folder, DALI): each a new interpreter, its imports and CUDA context made before the timer")
     p.add_argument("--cold-index", action=argparse.BooleanOptionalAction, default=True,
                    help="build the folder's index from the images first and time it (--no-cold-index: a kept "
                    "--root's cached index is used as it is, for runs that compare trees)")
@@ -334,6 +376,14 @@ def main(argv: list[str] | None = None) -> dict:
             rows[f"gpufeed, packed store, {a.tuning}"] = first_loader(root / "store", tuning=other)
         if a.device.startswith("cuda") and feeds.has_dali():
             rows["DALI readers.file"] = lambda: dali_pass(images, a.batch, dali_threads, a.size, let_go=fresh)
+        if a.fresh:  # each pass in a new interpreter: nothing of this process's (its library loads, its workers)
+            kinds = {"gpufeed, packed store": ("gpufeed", root / "store"), "gpufeed, folder in place": ("gpufeed", images)}
+            if a.device.startswith("cuda") and feeds.has_dali():
+                kinds["DALI readers.file"] = ("dali", images)
+            for name, (kind, path) in kinds.items():
+                spec = {"kind": kind, "path": str(path), "device": a.device, "batch": a.batch, "size": a.size,
+                        "threads": dali_threads, "cache": str(root / "cache")}
+                rows[f"{name}, a fresh process"] = lambda spec=spec: fresh_process(spec, fresh)
         results: dict[str, list[Pass]] = {name: [] for name in rows}
         for _ in range(a.rounds):
             for name, run in rows.items():
@@ -368,9 +418,18 @@ def main(argv: list[str] | None = None) -> dict:
         if any(steps):
             markdown += f"\n\n{name}: a decode worker's start, seconds (median over the workers, by round): " + "; ".join(
                 ", ".join(f"{k} {v:.3f}" for k, v in step.items()) for step in steps if step)
+    imports = {name: [(r.stats or {}).get("imports_s") for r in runs] for name, runs in results.items()
+               if name.endswith("a fresh process")}
+    if imports:
+        markdown += "\n\nFresh processes, their reader's imports before the timer, s: " + "; ".join(
+            f"{name.removesuffix(', a fresh process')} {common.cell([v for v in values if v is not None], '{:.2f}')}"
+            for name, values in imports.items())
     raw = {name: [vars(r) for r in runs] for name, runs in results.items()}
     return common.write(a, __file__, raw, markdown, a.device, index_build_s=cold, index_cached_open_s=warm)
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["--one"]:
+        one_pass(json.loads(sys.argv[2]))
+    else:
+        main()

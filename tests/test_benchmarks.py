@@ -25,7 +25,7 @@ SMOKES = {  # script: extra arguments of its smoke (each benchmark once; ddp_ben
     "jpeg_bench": [],
     "loader_bench": [],
     "ddp_bench": [],
-    "folder_bench": ["--model", "resnet18", "--tuning", "prealloc=False"],
+    "folder_bench": ["--model", "resnet18", "--tuning", "prealloc=False", "--fresh"],
     "index_bench": [],
     "pack_bench": [],
     "start_bench": [],
@@ -98,6 +98,11 @@ def test_smoke(name, bench, tmp_path, capsys):
         assert {"gpufeed, packed store, with resnet18", "gpufeed, folder in place, with resnet18",
                 "resnet18 alone on one batch (the model's bound)", "gpufeed, packed store, prealloc=False",
                 "gpufeed, folder in place, prealloc=False"} <= set(written["runs"])
+        for name in ("gpufeed, packed store, a fresh process", "gpufeed, folder in place, a fresh process"):
+            fresh = written["runs"][name][0]  # a pass in a new interpreter: every image, its imports timed apart
+            assert fresh["images"] == written["runs"]["gpufeed, packed store"][0]["images"] > 0
+            assert fresh["stats"]["imports_s"] > 0 and fresh["stats"]["start"]["first_batch_s"] <= fresh["total"]
+        assert "Fresh processes, their reader's imports" in table
     if name == "remote_bench":  # each epoch's timeline of the link: the cold one downloads every shard
         assert all(isinstance(written["runs"][row]["gc"], dict) for row in ("cold", "warm"))  # its collections
         cold, warm = written["runs"]["cold"]["downloads"], written["runs"]["warm"]["downloads"]
