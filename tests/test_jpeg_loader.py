@@ -257,9 +257,11 @@ def test_the_engines_buffers_are_made_for_a_batch_of_the_stores_images():
     assert choice.decoder_room(np.zeros((0, 2), np.int64), 8) is None
 
 
-def test_a_jpeg_loader_is_made_without_importing_torchvision(jpeg_store):
-    """torchvision's import brings torch._dynamo's: seconds before a first batch that never uses it
-    (the GPU path's decoders and kernel are ours); a CPU decode or crop imports it when it first runs."""
+def test_a_jpeg_loader_is_made_and_crops_on_a_cpu_without_importing_torchvision(jpeg_store):
+    """torchvision's import brings torch._dynamo's and sympy's: seconds before a first batch that never
+    uses it (the GPU path's decoders and kernel are ours). The crops on a CPU (and with uint8 output,
+    or without Triton) take torchvision's roi_align op alone: its import made a CPU Loader's first
+    batch 2.2 s late on the development box, against 0.5 s."""
     import subprocess
     import sys
 
@@ -267,10 +269,24 @@ def test_a_jpeg_loader_is_made_without_importing_torchvision(jpeg_store):
             "import gpufeed.decode.codecs.nvimgcodec, gpufeed.augment.fused, gpufeed.loader.jpeg_batch\n"
             "from gpufeed.augment import RandomResizedCrop\n"
             f"loader = gpufeed.Loader({str(jpeg_store.path)!r}, batch_size=8, device='cpu', augment=[RandomResizedCrop(24)])\n"
-            "print(sorted(m for m in ('torchvision', 'torch._dynamo') if m in sys.modules))\n")
+            "print(sorted(m for m in ('torchvision', 'torch._dynamo') if m in sys.modules))\n"
+            "images, _ = next(iter(loader))\n"
+            "print(sorted(m for m in ('torchvision', 'torch._dynamo') if m in sys.modules), tuple(images.shape[1:]))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip().splitlines()[-1] == "[]"
+    assert out.stdout.strip().splitlines()[-2:] == ["[]", "[] (3, 24, 24)"]
+
+
+def test_the_box_pass_crops_as_torchvision_s_roi_align():
+    """`pipeline.roi_align` is torchvision's op, loaded alone: the same numbers as `torchvision.ops.roi_align`."""
+    from torchvision.ops import roi_align as torchvision_roi_align
+
+    from gpufeed.augment.pipeline import roi_align
+
+    x = torch.rand(2, 3, 40, 50) * 255
+    rois = torch.tensor([[0, 1.5, 2.0, 30.0, 35.5], [1, -3.0, 0.0, 50.0, 40.0]])
+    want = torchvision_roi_align(x, rois, (16, 24), spatial_scale=1.0, sampling_ratio=-1, aligned=True)
+    assert torch.equal(roi_align()(x, rois, 1.0, 16, 24, -1, True), want)
 
 
 def test_an_image_loader_loads_neither_the_video_path_nor_the_buckets(jpeg_store):

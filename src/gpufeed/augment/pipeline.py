@@ -13,9 +13,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
+import importlib.util
 import threading
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, overload
 
 import numpy as np
@@ -348,15 +350,38 @@ def box_pass(images: torch.Tensor, params: Params) -> torch.Tensor:
     """The crops, resizes and left-right flips of NHWC uint8 `images` with torch ops: float NCHW 0..255."""
     y = images.permute(0, 3, 1, 2).to(torch.float32, memory_format=torch.contiguous_format)
     if not params.identity:
-        # imported here: torchvision's import brings torch._dynamo's, seconds that a GPU batch never needs
-        from torchvision.ops import roi_align
-
         idx = torch.arange(len(y), device=y.device, dtype=torch.float32)[:, None]
         rois = torch.cat([idx, params.boxes], 1)
-        y = roi_align(y, rois, params.out_hw, spatial_scale=1.0, sampling_ratio=-1, aligned=True)
+        out_h, out_w = params.out_hw
+        # torchvision.ops.roi_align's own call: spatial scale 1, adaptive sampling, aligned
+        y = roi_align()(y, rois, 1.0, out_h, out_w, -1, True)
     if params.any_flip:
         y = torch.where(params.flip.view(-1, 1, 1, 1).bool(), y.flip(3), y)
     return y
+
+
+@functools.cache
+def roi_align():
+    """torchvision's `roi_align` op (`torch.ops.torchvision.roi_align`), loaded without importing
+    torchvision's Python package where its C extension can be loaded alone: that import brings
+    torch._dynamo's and sympy's, 2.2 s at the first batch of a process's CPU Loader on the development
+    box (a Loader on a CPU, one with uint8 output, one without Triton), where the op is all the box pass
+    needs. Else (a torchvision laid out otherwise) through its import, which registers the same op."""
+    try:
+        return torch.ops.torchvision.roi_align  # registered already: torchvision imported, or loaded before
+    except (AttributeError, RuntimeError):
+        pass
+    spec = importlib.util.find_spec("torchvision")  # (finds the package without importing it)
+    folders = spec.submodule_search_locations if spec is not None else None
+    for lib in sorted(Path(folders[0]).glob("_C*.so")) if folders else []:
+        try:
+            torch.ops.load_library(str(lib))
+            return torch.ops.torchvision.roi_align
+        except (OSError, RuntimeError, AttributeError):
+            continue
+    import torchvision.ops  # noqa: F401  (registers the op)
+
+    return torch.ops.torchvision.roi_align
 
 
 def pad_outside(y: torch.Tensor, content: torch.Tensor) -> torch.Tensor:
