@@ -59,6 +59,7 @@ with pixels.quiet_codecs("loading"):
     os.write(2, b"Note: If using nvImageCodec's Python distribution, it is enough to install the nvJPEG2000 wheel\\n")
     os.write(2, b"\\x1b[0;31m[ERROR] \\x1b[0m[nvjpeg2k_ext] Failed to load nvJPEG2000 library\\n")
     os.write(2, b"\\xff raw bytes\\n")
+    os.write(2, b"[WARNING] a user's log line, as its format has it\\n")
 print("done")
 """
 
@@ -71,7 +72,7 @@ def test_what_else_is_written_while_the_codecs_load_reaches_stderr_and_their_rep
     done = subprocess.run([sys.executable, "-c", SORTED], capture_output=True, timeout=120,
                           env={**os.environ, "LOG": str(log)})
     assert done.stdout == b"done\n", done.stderr
-    assert done.stderr == b"a warning meanwhile\n\xff raw bytes\n"
+    assert done.stderr == b"a warning meanwhile\n\xff raw bytes\n[WARNING] a user's log line, as its format has it\n"
     said = log.read_text(errors="replace")
     assert "nvImageCodec loading" in said and "Failed to load nvjpeg2k library" in said and "[nvjpeg2k_ext]" in said
     assert "a warning meanwhile" not in said.split("nvImageCodec loading")[1]
@@ -97,3 +98,25 @@ def test_a_decode_worker_started_while_the_codecs_load_keeps_the_process_stderr(
     done = _run(STARTED_MEANWHILE)
     assert done.stdout.split() == [b"1"], done.stderr
     assert b"Traceback" in done.stderr and b"mmap" in done.stderr, done.stderr
+
+
+UNWRITABLE = """
+import os, sys
+from gpufeed.decode.codecs import pixels
+with pixels.quiet_codecs("loading"):
+    os.write(2, b"a line nobody will read\\n")
+os.close(2)
+with pixels.quiet_codecs("loading again"):
+    os.write(1, b"")
+print("done", flush=True)
+"""
+
+
+def test_a_stderr_that_cannot_be_written_or_is_closed_fails_nothing():
+    """What went to the sink is written back to stderr once it is back: where nobody reads stderr any
+    more (a pipe closed) that write failed, and the error escaped the codecs' loading. With stderr
+    closed, sending it aside failed the same way."""
+    proc = subprocess.Popen([sys.executable, "-c", UNWRITABLE], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stderr.close()  # nobody reads it: a write gets EPIPE
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and out == b"done\n", out

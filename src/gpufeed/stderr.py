@@ -40,9 +40,13 @@ def stderr_aside(when: str, written: Callable[[list[str], bytes], None]) -> Iter
     the `when` of every thread that was inside, once stderr is the process's own again."""
     with _Aside.lock:
         if not _Aside.inside:
-            _Aside.sink = tempfile.TemporaryFile()  # noqa: SIM115  closed by the last thread out
-            _Aside.saved = os.dup(2)
-            os.dup2(_Aside.sink.fileno(), 2)
+            try:
+                _Aside.saved = os.dup(2)
+            except OSError:  # no stderr open (a daemon's): nothing to send aside
+                _Aside.saved = -1
+            if _Aside.saved >= 0:
+                _Aside.sink = tempfile.TemporaryFile()  # noqa: SIM115  closed by the last thread out
+                os.dup2(_Aside.sink.fileno(), 2)
         _Aside.inside.append(when)
     data, whens = b"", []
     try:
@@ -64,12 +68,17 @@ def stderr_aside(when: str, written: Callable[[list[str], bytes], None]) -> Iter
 
 
 @contextmanager
-def child_stderr() -> Iterator[int]:
+def child_stderr() -> Iterator[int | None]:
     """A descriptor of the process's own stderr, for a child process started in the block
-    (`subprocess.Popen(..., stderr=fd)`), even while `stderr_aside` holds descriptor 2."""
+    (`subprocess.Popen(..., stderr=fd)`), even while `stderr_aside` holds descriptor 2; None (the
+    child inherits descriptor 2 as it is) where the process has no stderr open."""
     with _Aside.lock:
-        fd = os.dup(_Aside.saved if _Aside.inside else 2)
+        try:
+            fd: int | None = os.dup(_Aside.saved if _Aside.inside else 2)
+        except OSError:  # closed (a daemon's)
+            fd = None
     try:
         yield fd
     finally:
-        os.close(fd)
+        if fd is not None:
+            os.close(fd)

@@ -36,10 +36,12 @@ def nvimgcodec():
     return module
 
 
-# nvImageCodec's report lines: its log's ("[ERROR] [nvjpeg-ext] ...", coloured) and its extensions' own
-# about a library they can't load ("Failed to load nvjpeg library! ...", "Note: If using ...")
+# nvImageCodec's report lines: its log's (coloured even into a file: "\x1b[0;31m[ERROR] \x1b[0m[nvjpeg-ext]
+# ...") and its extensions' own about a library they can't load ("Failed to load nvjpeg library! ...",
+# "Note: If using nvImageCodec's ..."). A plain "[WARNING] ..." is someone else's (a user's log format)
 _REPORT = re.compile(
-    rb"(?:\x1b\[[0-9;]*m)?\[(?:ERROR|WARNING|INFO|DEBUG|TRACE)\]|Failed to load \S+ library|Note: If using nvImageCodec"
+    rb"\x1b\[[0-9;]*m\[(?:ERROR|WARNING|INFO|DEBUG|TRACE)\] ?\x1b\[0m\[[\w-]+\]"
+    rb"|Failed to load \S+ library|Note: If using nvImageCodec"
 )
 
 
@@ -61,8 +63,11 @@ def _sorted(whens: list[str], data: bytes) -> None:
     if report.strip():
         log.debug("nvImageCodec %s: %s", "; ".join(whens), report.decode(errors="replace").strip())
     left = memoryview(rest)
-    while left:
-        left = left[os.write(2, left) :]
+    try:
+        while left:
+            left = left[os.write(2, left) :]
+    except OSError:  # stderr closed, or a pipe nobody reads: what the process wrote there is lost as it would be
+        pass
 
 
 def _cpu_decoder():
