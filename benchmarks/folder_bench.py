@@ -127,15 +127,21 @@ def gpufeed_passes(path: Path, device: str, batch: int, size: int, passes: int =
     return out
 
 
-def fresh_process(spec: dict, let_go) -> Pass:
+def fresh_process(spec: dict, let_go) -> Pass | None:
     """One pass (`one_pass`'s `spec`) in a new interpreter, after `let_go` (what this process's rows left
-    running); its `Pass`, with the seconds its imports took before the timer in `stats["imports_s"]`."""
+    running); its `Pass`, with the seconds its imports took before the timer in `stats["imports_s"]`;
+    None, said on stderr, where it failed or ran past 600 s (the other rows go on)."""
     let_go()
-    done = subprocess.run([sys.executable, __file__, "--one", json.dumps(spec)], capture_output=True, text=True,
-                          timeout=600)
-    if done.returncode != 0:
-        raise SystemExit(f"folder_bench: a fresh process's pass failed:\n{done.stderr[-3000:]}")
-    return Pass(**json.loads(done.stdout.strip().splitlines()[-1]))
+    try:
+        done = subprocess.run([sys.executable, __file__, "--one", json.dumps(spec)], capture_output=True, text=True,
+                              timeout=600)
+        if done.returncode == 0:
+            return Pass(**json.loads(done.stdout.strip().splitlines()[-1]))
+        why = done.stderr[-3000:]
+    except (subprocess.TimeoutExpired, ValueError, IndexError, TypeError) as e:
+        why = repr(e)
+    print(f"folder_bench: a fresh process's {spec['kind']} pass failed: {why}", file=sys.stderr)
+    return None
 
 
 def one_pass(spec: dict) -> None:
@@ -387,7 +393,10 @@ def main(argv: list[str] | None = None) -> dict:
         results: dict[str, list[Pass]] = {name: [] for name in rows}
         for _ in range(a.rounds):
             for name, run in rows.items():
-                results[name].append(run())
+                done = run()
+                if done is not None:  # (a fresh process's that failed: said, and left out)
+                    results[name].append(done)
+        results = {name: runs for name, runs in results.items() if runs}
         stop_idle()
         results["gpufeed, folder in place, steady state (second pass)"] = again
         results["gpufeed, packed store, steady state (third pass)"] = steady

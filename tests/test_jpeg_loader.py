@@ -278,15 +278,22 @@ def test_a_jpeg_loader_is_made_and_crops_on_a_cpu_without_importing_torchvision(
 
 
 def test_the_box_pass_crops_as_torchvision_s_roi_align():
-    """`pipeline.roi_align` is torchvision's op, loaded alone: the same numbers as `torchvision.ops.roi_align`."""
-    from torchvision.ops import roi_align as torchvision_roi_align
+    """`pipeline.roi_align` is torchvision's op, loaded alone (before torchvision is imported): the same
+    numbers as `torchvision.ops.roi_align`, imported after it."""
+    import subprocess
+    import sys
 
-    from gpufeed.augment.pipeline import roi_align
-
-    x = torch.rand(2, 3, 40, 50) * 255
-    rois = torch.tensor([[0, 1.5, 2.0, 30.0, 35.5], [1, -3.0, 0.0, 50.0, 40.0]])
-    want = torchvision_roi_align(x, rois, (16, 24), spatial_scale=1.0, sampling_ratio=-1, aligned=True)
-    assert torch.equal(roi_align()(x, rois, 1.0, 16, 24, -1, True), want)
+    code = ("import sys, torch\n"
+            "from gpufeed.augment.pipeline import roi_align\n"
+            "x = torch.rand(2, 3, 40, 50, generator=torch.Generator().manual_seed(0)) * 255\n"
+            "rois = torch.tensor([[0, 1.5, 2.0, 30.0, 35.5], [1, -3.0, 0.0, 50.0, 40.0]])\n"
+            "ours = roi_align()(x, rois, 1.0, 16, 24, -1, True)\n"
+            "print('torchvision' in sys.modules)\n"
+            "from torchvision.ops import roi_align as theirs\n"
+            "print(torch.equal(ours, theirs(x, rois, (16, 24), spatial_scale=1.0, sampling_ratio=-1, aligned=True)))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "True"]
 
 
 def test_an_image_loader_loads_neither_the_video_path_nor_the_buckets(jpeg_store):
