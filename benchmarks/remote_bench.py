@@ -10,8 +10,8 @@ chunk it relays for --latency (one way, both directions) and sends what the serv
 --link bits per second, one pace for all connections (one link). Both run in a child process of
 their own: in the benchmark's process their threads would take the GIL from the loader's. One such
 process sends 200-300 MB/s on a GPU host, below a 10 Gbit/s link: --servers N runs N, each with a
-copy of the bucket and a link of a N-th of the rate, their links on one port (the kernel hands each
-connection to one of them). The
+copy of the bucket and its relay, the relays on one port (the kernel hands each connection to one of
+them) and one pace (the link's rate for all of them together). The
 images (photo-like by default, as train_bench's: `--data`) are packed straight into the bucket as a
 sharded jpeg store (--shard-size), and into a local folder. Rows, each timed over whole epochs (from
 the Loader's first batch asked for to its last one trained on, with ResNet-18 in bf16 on batches of
@@ -65,12 +65,15 @@ ended.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import logging
+import mmap
 import os
 import queue
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -104,8 +107,8 @@ def parser():
     p.add_argument("--latency", default="20ms", help="one way, in ms (or s)")
     p.add_argument("--link-threads", type=int, default=16, help="threads of the plain parallel download")
     p.add_argument("--servers", type=int, default=1,
-                   help="S3 servers, each a process with a copy of the bucket and its share of the link (one "
-                        "moto server sends 200-300 MB/s: 10gbit needs 4 or more)")
+                   help="S3 servers, each a process with a copy of the bucket and a relay, all on one link "
+                        "(one moto server sends 200-300 MB/s: 10gbit needs 4 or more)")
     p.add_argument("--epochs", type=int, default=2, help="epochs through the quarter-size cache")
     p.add_argument("--steps", type=int, default=60, help="synthetic row's steps")
     p.add_argument("--batch", type=int, default=256)
@@ -138,17 +141,39 @@ def seconds(text: str) -> float:
     return float(t[:-2]) / 1e3 if t.endswith("ms") else float(t.rstrip("s"))
 
 
+class Pace:
+    """One link's pace, shared by the relays of every server process (`Served`): when the link is free
+    next (CLOCK_MONOTONIC, one clock for the machine's processes), 8 bytes of the file `path`, taken
+    under a lock of the file (processes) and a thread lock (a process's relay threads: a file lock is
+    the open file's, which they share)."""
+
+    def __init__(self, path: str, rate: float):
+        self.rate = rate
+        self._fd = os.open(path, os.O_RDWR)
+        self._next = mmap.mmap(self._fd, 8)
+        self._threads = threading.Lock()
+
+    def until(self, nbytes: int) -> float:
+        """When `nbytes` more will have gone: the link taken for them from when it is free."""
+        with self._threads:
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+            try:
+                end = max(time.monotonic(), struct.unpack("d", self._next[:8])[0]) + nbytes / self.rate
+                self._next[:8] = struct.pack("d", end)
+            finally:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+        return end
+
+
 class Link:
     """A TCP relay on 127.0.0.1 in front of `upstream`: each chunk held `latency` seconds (one way), and
-    what the upstream sends paced at `rate` bytes/s shared by every connection. Daemon threads, two a
-    direction a connection: enough for a benchmark's few dozen connections."""
+    what the upstream sends paced by `pace`, one for every connection of every relay. Daemon threads,
+    two a direction a connection: enough for a benchmark's few dozen connections."""
 
-    def __init__(self, upstream: tuple[str, int], rate: float, latency: float, port: int = 0):
+    def __init__(self, upstream: tuple[str, int], pace: Pace, latency: float, port: int = 0):
         """`port` 0: a free port; else one another `Link` listens on too (SO_REUSEPORT: the kernel
         hands each new connection to one of them, `Served`'s servers)."""
-        self.upstream, self.rate, self.latency = upstream, rate, latency
-        self._next = time.monotonic()
-        self._lock = threading.Lock()
+        self.upstream, self.pace, self.latency = upstream, pace, latency
         self._server = socket.create_server(("127.0.0.1", port), reuse_port=True)
         self.url = f"http://127.0.0.1:{self._server.getsockname()[1]}"
         threading.Thread(target=self._accept, daemon=True, name="link-accept").start()
@@ -185,10 +210,7 @@ class Link:
                     pass
                 return
             if paced:  # the link is busy until the bytes before these have gone
-                with self._lock:
-                    start = max(time.monotonic(), self._next)
-                    self._next = start + len(data) / self.rate
-                due = max(due, self._next)
+                due = max(due, self.pace.until(len(data)))
             wait = due - time.monotonic()
             if wait > 0:
                 time.sleep(wait)
@@ -533,16 +555,17 @@ def other_rows(spec: dict) -> None:
             del other  # its loader's workers end before its cache folder goes
 
 
-def serve(rate: float, latency: float, port: int) -> None:
-    """The child process: moto's server and the link in front of it (on `port`, 0: a free one), their
-    URLs on stdout as one JSON line; it ends when its parent closes its stdin (or ends)."""
+def serve(rate: float, latency: float, port: int, pace: str) -> None:
+    """The child process: moto's server and the link in front of it (on `port`, 0: a free one; paced by
+    the file `pace`, `Pace`), their URLs on stdout as one JSON line; it ends when its parent closes its
+    stdin (or ends)."""
     from moto.server import ThreadedMotoServer
 
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # moto's server logs every request
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port_ = server.get_host_and_port()
-    link = Link((host, port_), rate, latency, port)
+    link = Link((host, port_), Pace(pace, rate), latency, port)
     print(json.dumps({"direct": f"http://{host}:{port_}", "link": link.url}), flush=True)
     sys.stdin.read()
     link.close()
@@ -550,20 +573,23 @@ def serve(rate: float, latency: float, port: int) -> None:
 
 
 class Served:
-    """`count` `serve` processes, each a moto server with a copy of the bucket (`replicate`) and a link
-    of `rate / count` in front of it, the links on one port (`link`: the kernel gives each connection
-    to one of them); `direct`: the first server's URL, `directs`: all of them; `close()` ends them.
-    One moto server, a Python process, sends 200-300 MB/s on a GPU host, below a 10 Gbit/s link.
-    Split this way the link's rate is a cap per server, not one pace shared by every connection."""
+    """`count` `serve` processes, each a moto server with a copy of the bucket (`replicate`) and a relay
+    in front of it, the relays on one port (`link`: the kernel gives each connection to one of them)
+    and one pace (`Pace`: one link, whichever relay a connection went to); `direct`: the first
+    server's URL, `directs`: all of them; `close()` ends them. One moto server, a Python process,
+    sends 200-300 MB/s on a GPU host, below a 10 Gbit/s link."""
 
     def __init__(self, rate: float, latency: float, count: int = 1):
         self.rate, self.latency, self.count = rate, latency, count
         self._procs: list[subprocess.Popen] = []
         self.directs: list[str] = []
+        handle, self._pace = tempfile.mkstemp(prefix="remote-bench-pace-")
+        os.write(handle, struct.pack("d", 0.0))
+        os.close(handle)
         port = 0
         for _ in range(count):
             proc = subprocess.Popen(
-                [sys.executable, __file__, "--serve", str(rate / count), str(latency), str(port)],
+                [sys.executable, __file__, "--serve", str(rate), str(latency), str(port), self._pace],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
             )
             self._procs.append(proc)
@@ -595,6 +621,8 @@ class Served:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        with contextlib.suppress(OSError):
+            os.unlink(self._pace)
 
 
 def replicate(directs: list[str], prefix: str) -> None:
@@ -757,7 +785,7 @@ def _measure(a, work: Path) -> dict:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--serve"]:
-        serve(float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]))
+        serve(float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), sys.argv[5])
     elif sys.argv[1:2] == ["--other"]:
         other_rows(json.loads(sys.argv[2]))
     elif sys.argv[1:2] == ["--rank"]:
