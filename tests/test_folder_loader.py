@@ -511,7 +511,7 @@ def test_the_gpu_decoders_library_loads_while_a_folder_is_indexed(tmp_path, monk
     assert order == ["index"]
 
     threads = []
-    monkeypatch.setattr(nvimgcodec_api, "load_library", lambda: threads.append(threading.current_thread().name) or 1 / 0)
+    monkeypatch.setattr(nvimgcodec_api, "open_library", lambda: threads.append(threading.current_thread().name) or 1 / 0)
     cuda = torch.device("cuda", 0)
     for device, use in [(torch.device("cpu"), None), (cuda, ("cpu",)), (cuda, ("nvjpeg", "cpu"))]:
         choice.load_ahead(device, use)  # nothing to load for these

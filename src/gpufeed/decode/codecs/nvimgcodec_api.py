@@ -112,15 +112,6 @@ def open_library() -> tuple[Library, int]:
         return _open_library()
 
 
-def load_library() -> None:
-    """What of `open_library` prints nothing, done ahead (`choice.load_ahead`): the library and its
-    JPEG extensions' modules loaded, an instance made. Making the extensions is left to
-    `open_library`: it sends the process's stderr elsewhere meanwhile (`quiet_codecs`), which must
-    not overlap a folder's index being made (its warnings) or decode workers starting (their stderr)."""
-    with LIFECYCLE:
-        _instance()
-
-
 @functools.cache
 def _instance() -> tuple[Library, int, list, str]:
     """The library of the installed `nvidia.nvimgcodec`, an instance of it, its JPEG extensions'

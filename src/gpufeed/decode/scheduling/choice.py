@@ -72,13 +72,16 @@ def _nvjpeg(device: torch.device):
 
 
 def load_ahead(device: torch.device, use: tuple[str, ...] | None) -> None:
-    """Start loading nvImageCodec (its library, its JPEG extensions' modules and an instance, once a
-    process: `nvimgcodec_api.load_library`) on a thread of its own where `use` would make one of its
+    """Start opening nvImageCodec (its library, an instance and its JPEG extensions made, once a
+    process: `nvimgcodec_api.open_library`) on a thread of its own where `use` would make one of its
     decoders on `device`. A Loader reading a folder in place calls this before it indexes the folder:
-    indexing 50,000 files takes 0.6-1.2 s, opening the library 1 s in a fresh process, and the two
-    then overlap, since the load lets go of the GIL. The decoders' opening (`gpu_decoders`, on the
-    pipeline's own thread) then finds it loaded, or waits for it, and makes the extensions. Nothing is
-    said here: where the load fails, that opening fails the same way and says why."""
+    indexing 50,000 files takes 0.6-1.2 s, opening the library 1 s in a fresh process (0.57 s of it
+    making the extensions), and the two then overlap, since the opening lets go of the GIL. The
+    decoders' opening (`gpu_decoders`, on the pipeline's own thread) then finds it open, or waits for
+    it. Making the extensions sends stderr aside meanwhile (`pixels.quiet_codecs`): decode workers
+    started then get the process's own (`gpufeed.stderr.child_stderr`), and the index's warnings reach
+    stderr once it is back. Nothing is said here: where the opening fails, the decoders' opening
+    fails the same way and says why."""
     names = DEFAULT if use is None else use
     if device.type != "cuda" or not {"hw", "cuda"} & set(names):
         return
@@ -86,7 +89,7 @@ def load_ahead(device: torch.device, use: tuple[str, ...] | None) -> None:
 
     def load() -> None:
         try:
-            nvimgcodec_api.load_library()
+            nvimgcodec_api.open_library()
         except Exception:  # noqa: BLE001  said by the decoders' opening, which tries again
             pass
 
