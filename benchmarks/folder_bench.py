@@ -327,15 +327,16 @@ def main(argv: list[str] | None = None) -> dict:
         next_loader: dict[str, list[Pass]] = {"store": [], "folder": []}
 
         def fresh() -> None:
-            """No decode worker running, no engines' decoder kept: as in a process's first Loader."""
+            """No decode worker running, no engines' decoder kept, no decoder rates learned: as in a
+            process's first Loader."""
             stop_idle()
             let_go_kept()
+            forget()
 
         def packed() -> Pass:
             """The store's first pass, the process's first Loader (no decode worker running); its third,
             with the same Loader, is its steady state; then a next Loader's (the workers kept running)."""
             fresh()
-            forget()
             first, _, third = gpufeed_passes(root / "store", a.device, a.batch, a.size, passes=3)
             steady.append(third)
             next_loader["store"] += gpufeed_passes(root / "store", a.device, a.batch, a.size)
@@ -345,7 +346,6 @@ def main(argv: list[str] | None = None) -> dict:
             """The folder's first pass (as the store's); its second, with the same Loader, is its steady
             state; then a next Loader's."""
             fresh()
-            forget()
             first, second = gpufeed_passes(images, a.device, a.batch, a.size, passes=2)
             again.append(second)
             next_loader["folder"] += gpufeed_passes(images, a.device, a.batch, a.size)
@@ -363,7 +363,6 @@ def main(argv: list[str] | None = None) -> dict:
             """A row: a process's first Loader's one pass over `path` (`gpufeed_passes`'s `kw`)."""
             def run() -> Pass:
                 fresh()
-                forget()
                 return gpufeed_passes(path, a.device, a.batch, a.size, **kw)[0]
             return run
 

@@ -633,13 +633,19 @@ def replicate(directs: list[str], prefix: str) -> None:
     if len(directs) < 2:
         return
     source = s3fs.S3FileSystem(**options(directs[0]), skip_instance_cache=True)
-    paths = source.find(prefix)
-    for url in directs[1:]:
-        target = s3fs.S3FileSystem(**options(url), skip_instance_cache=True)
-        if not target.exists(prefix.split("/")[0]):
-            target.mkdir(prefix.split("/")[0])
-        with ThreadPoolExecutor(8) as pool:
-            list(pool.map(lambda path, target=target: target.pipe_file(path, source.cat_file(path)), paths))
+    targets = [s3fs.S3FileSystem(**options(url), skip_instance_cache=True) for url in directs[1:]]
+    bucket = prefix.split("/")[0]
+    for target in targets:
+        if not target.exists(bucket):
+            target.mkdir(bucket)
+
+    def copy(path: str) -> None:  # read once, written to every other server
+        data = source.cat_file(path)
+        for target in targets:
+            target.pipe_file(path, data)
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(copy, source.find(prefix)))
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -709,27 +715,25 @@ def _measure(a, work: Path) -> dict:
             remote = gpufeed.Loader("s3://bench/train", cache_dir=cache, storage_options=options(served.link), **kw)
             runs["cold"], runs["warm"] = epochs(remote, step, 2, a.device)
             remote.close()
-        if a.fetch_process:  # the same cold epoch with the downloads in a process, then again in this one
+        # the same cold epoch with other settings, then again without them, each a new Loader
+        cold: list = []
+        if a.fetch_process:  # the downloads in a process, then in this one
             from gpufeed.decode.tuning import Tuning
 
-            for name, away in (("cold, downloads in a process", True), ("cold, again (downloads here)", False)):
-                with tempfile.TemporaryDirectory(dir=work) as cache:
-                    remote = gpufeed.Loader("s3://bench/train", cache_dir=cache, storage_options=options(served.link),
-                                            tuning=Tuning(fetch_process=away), **kw)
-                    runs[name] = epochs(remote, step, 1, a.device)[0]
-                    elsewhere = remote.store.cache.elsewhere
-                    runs[name]["shards_downloaded_in_the_process"] = 0 if elsewhere is None else elsewhere.asked
-                    remote.close()
-        if a.tuning:  # the same cold epoch with other settings, then again with the defaults
+            cold += [("cold, downloads in a process", Tuning(fetch_process=True)),
+                     ("cold, again (downloads here)", Tuning(fetch_process=False))]
+        if a.tuning:  # --tuning's settings, then the defaults
             from feeds import settings, tuning
 
-            other = tuning(settings(":" + a.tuning))
-            for name, chosen in ((f"cold, {a.tuning}", other), ("cold, again (the defaults)", None)):
-                with tempfile.TemporaryDirectory(dir=work) as cache:
-                    remote = gpufeed.Loader("s3://bench/train", cache_dir=cache, storage_options=options(served.link),
-                                            tuning=chosen, **kw)
-                    runs[name] = epochs(remote, step, 1, a.device)[0]
-                    remote.close()
+            cold += [(f"cold, {a.tuning}", tuning(settings(":" + a.tuning))), ("cold, again (the defaults)", None)]
+        for name, chosen in cold:
+            with tempfile.TemporaryDirectory(dir=work) as cache:
+                remote = gpufeed.Loader("s3://bench/train", cache_dir=cache, storage_options=options(served.link),
+                                        tuning=chosen, **kw)
+                runs[name] = epochs(remote, step, 1, a.device)[0]
+                elsewhere = remote.store.cache.elsewhere
+                runs[name]["shards_downloaded_in_the_process"] = 0 if elsewhere is None else elsewhere.asked
+                remote.close()
         # a quarter of the store, or what a Loader of these batches needs at least (a small store's quarter)
         peek = gpufeed.open("s3://bench/train", storage_options=options(direct), cache_dir=work / "peek")
         limit = max(total // 4, smallest_cache(peek, a.batch))
