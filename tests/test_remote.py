@@ -1062,3 +1062,63 @@ def test_a_download_that_fails_in_its_process_raises_its_error_here(bucket, tmp_
     with pytest.raises(StoreError, match="s3://bucket/train/shards/99999: not found"):
         away.checked(f"{cache.root}/shards/99999", {"data.bin": {"bytes": 4, "digest": "0" * 64}}, tmp_path / "into")
     assert away.ready() and sum(len(y) for _, y in loader) == 40 and away.asked == 1 + cache.fetched
+
+
+class _HoldRecorder:
+    """What `ShardBytes` asks of a bucket's `ShardCache`: `use` and `release` of each shard, recorded."""
+
+    def __init__(self):
+        self.held: dict[int, int] = {}
+
+    def use(self, k):
+        self.held[k] = self.held.get(k, 0) + 1
+
+    def release(self, k):
+        self.held[k] -= 1
+        if not self.held[k]:
+            del self.held[k]
+
+    def present(self, k):
+        return True
+
+
+def test_a_shard_is_let_go_once_no_batch_being_made_reads_it(tmp_path):
+    """A bucket's shards are held in the cache while a batch read from them is being made, and let go
+    as soon as none is (`Encoded.let_go`), not only `HELD_FOR` reads later: held so long, a cache of 9
+    shards for batches of about a shard each held 6, and fetched ahead 2 at once for stretches of an
+    epoch. A shard two batches read waits for both; a batch that never says it is made holds its
+    shards `HELD_FOR` reads at most; closing lets go of all."""
+    from conftest import jpeg_bytes
+    from gpufeed.loader.bytes import ShardBytes
+
+    src = tmp_path / "src"
+    for i in range(64):
+        (src / f"c{i % 2}").mkdir(parents=True, exist_ok=True)
+        (src / f"c{i % 2}" / f"{i:02d}.jpg").write_bytes(jpeg_bytes(smooth(i, 24 + i % 7, 32), quality=90))
+    gpufeed.pack(src, tmp_path / "s", mode="jpeg", reencode=False, workers=1, progress=False, shard_size="4KB")
+    store = gpufeed.open(tmp_path / "s")
+    cache = store.cache = _HoldRecorder()
+    source = ShardBytes(store)
+    shard = lambda k: np.arange(store.starts[k], store.starts[k + 1])  # noqa: E731
+    assert len(store.starts) - 1 >= 4 + ShardBytes.HELD_FOR
+
+    a = source.read_later(shard(0))()
+    b = source.read_later(np.concatenate([shard(0)[:1], shard(1)]))()
+    assert set(cache.held) == {0, 1}
+    a.let_go()
+    assert set(cache.held) == {0, 1}  # b reads shard 0 too
+    b.let_go()
+    assert cache.held == {}
+    b.let_go()  # (once only)
+    assert cache.held == {}
+
+    forgotten = source.read_later(shard(2))()
+    for k in range(3, 3 + ShardBytes.HELD_FOR):
+        source.read_later(shard(k))().let_go()
+        assert 2 in cache.held
+    source.read_later(shard(3 + ShardBytes.HELD_FOR))()
+    assert 2 not in cache.held
+    forgotten.let_go()
+    assert set(cache.held) == {3 + ShardBytes.HELD_FOR}
+    source.close()
+    assert cache.held == {}

@@ -56,6 +56,8 @@ class Encoded:
     file_begins: np.ndarray | None = None  # the folder's `files`), and where it starts in that file
     # images whose bytes are still in their files, read into `array` by `readable` (None: they are there)
     fill: Callable[[Encoded], None] | None = None
+    # lets go of what reading the batch holds (a bucket's shards in its cache), once: `let_go`
+    release: Callable[[], None] | None = None
 
     @classmethod
     def of(cls, data: torch.Tensor, offsets: np.ndarray, indices: np.ndarray) -> Encoded:
@@ -73,6 +75,13 @@ class Encoded:
 
     def __len__(self) -> int:
         return len(self.begins)
+
+    def let_go(self) -> None:
+        """The batch is made (or dropped): what its read holds may go (`ShardBytes`: a bucket's shards
+        become evictable as soon as no batch being made reads them). Its parts (`take`) hold nothing."""
+        release, self.release = self.release, None
+        if release is not None:
+            release()
 
     def take(self, positions) -> Encoded:
         """The images at `positions` (anything numpy indexes with)."""
@@ -96,7 +105,7 @@ class Encoded:
         if self.fill is None:
             return self
         self.fill(self)
-        return replace(self, fill=None)
+        return replace(self, fill=None, release=None)  # (the batch's own copy lets go: `let_go`)
 
     def _read(self) -> None:
         if self.fill is not None:

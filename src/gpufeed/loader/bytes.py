@@ -14,6 +14,7 @@ batch's bytes and never look at what is behind it. Three sources exist:
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -119,12 +120,16 @@ class ShardBytes(OfAStore):
     buffer when they ask (`Encoded.readable`). Copying every image there, as before, held the GIL for
     about a millisecond a batch beside the training loop (a sharded store trained 4-16 points below the
     same photos packed whole, H100). A remote store's shards are downloaded when a batch is read ahead
-    (if the fetch-ahead has not), and held in its cache until no batch of the last few reads them."""
+    (if the fetch-ahead has not), and held in its cache until no batch being made reads them (the
+    batch's `Encoded.let_go`), or at most `HELD_FOR` reads after their last."""
 
     reads_ahead = True
     reads_in_part = False  # (its decoders copy what they take from the maps as they ask)
-    # reads (batches) a shard stays held after its last use: a pipeline reads batch k + 2 while it makes
-    # batch k, and a batch made is decoded (its pixels on the device): 4 covers those in flight
+    # reads (batches) a shard stays held after its last use at most, where its batches do not say they
+    # are made: a pipeline reads batch k + 2 while it makes batch k, and a batch made is decoded (its
+    # pixels on the device): 4 covers those in flight. Held so for every batch, a cache of 9 shards
+    # for batches of about one shard each held 6 of them, and fetched ahead 2 at once for stretches
+    # of an epoch (docs/benchmarks.md, "Training from a bucket")
     HELD_FOR = 4
 
     def __init__(self, store, on_read: Callable[[list[int], list[int]], None] | None = None):
@@ -134,6 +139,7 @@ class ShardBytes(OfAStore):
         self._cache = getattr(store, "cache", None)  # a remote store's ShardCache
         self._on_read = on_read
         self._held: dict[int, int] = {}  # shard -> the read that last used it
+        self._making: dict[int, int] = {}  # shard -> batches read from it and not yet made (or dropped)
         self._reads = 0
         self._lock = threading.Lock()
 
@@ -147,7 +153,7 @@ class ShardBytes(OfAStore):
     def read_later(self, indices: np.ndarray, first: np.ndarray | None = None) -> Callable[[], Encoded]:
         shards, local = self.store.locate(indices)
         used, inverse, counts = np.unique(shards, return_inverse=True, return_counts=True)
-        self._use(used.tolist(), counts.tolist())
+        release = self._use(used.tolist(), counts.tolist())
         maps = [self.store.shard(k) for k in used.tolist()]
         begins_in_file, sizes = np.empty(len(indices), np.int64), np.empty(len(indices), np.int64)
         for u, shard in enumerate(maps):  # (plain arrays: a memory map's slices cost a Python object each)
@@ -167,7 +173,9 @@ class ShardBytes(OfAStore):
             for b, e, k, at in zip(part.begins.tolist(), part.ends.tolist(), files.tolist(), starts.tolist()):
                 buffer[b:e] = datas[k][at : at + e - b]
 
-        encoded = Encoded(torch.from_numpy(buffer), buffer, begins, ends, shards.astype(np.int64), begins_in_file, fill)
+        encoded = Encoded(
+            torch.from_numpy(buffer), buffer, begins, ends, shards.astype(np.int64), begins_in_file, fill, release
+        )
         return lambda: encoded
 
     def ready(self, indices: np.ndarray) -> bool:
@@ -182,30 +190,48 @@ class ShardBytes(OfAStore):
         return all(k in held or self._cache.present(k) for k in np.unique(self.store.locate(indices)[0]).tolist())
 
     def opened(self, indices: np.ndarray) -> dict[int, Any] | None:
-        """The shards of images `indices`, as opened: held still, a batch made from them being just read
-        (`HELD_FOR`), so a remote store's are in its cache and none is downloaded."""
+        """The shards of images `indices`, as opened: held still, the batch made from them being made (its
+        `Encoded.let_go` comes after), so a remote store's are in its cache and none is downloaded."""
         shards, _ = self.store.locate(indices)
         return {int(k): self.store.shard(int(k)) for k in np.unique(shards)}
 
-    def _use(self, shards: list[int], counts: list[int]) -> None:
-        """Hold `shards` in a remote store's cache (downloaded if needed), and let go of those no batch
-        of the last `HELD_FOR` reads used; tell the fetch-ahead what was read (`counts` samples of each)."""
+    def _use(self, shards: list[int], counts: list[int]) -> Callable[[], None] | None:
+        """Hold `shards` in a remote store's cache (downloaded if needed) for a batch read from them, and
+        let go of those no batch being made reads and of those no batch of the last `HELD_FOR` reads
+        used; tell the fetch-ahead what was read (`counts` samples of each). Returns what says the batch
+        is made (its `Encoded.release`): its shards that no other batch being made reads go then."""
         if self._cache is None:
-            return
+            return None
         with self._lock:
             self._reads += 1
             for k in shards:
                 if k not in self._held:
                     self._cache.use(k)
                 self._held[k] = self._reads
-            for k in [k for k, last in self._held.items() if self._reads - last > self.HELD_FOR]:
-                del self._held[k]
-                self._cache.release(k)
+                self._making[k] = self._making.get(k, 0) + 1
+            self._let_go([k for k, last in self._held.items() if self._reads - last > self.HELD_FOR])
         if self._on_read is not None:
             self._on_read(shards, counts)
+        return functools.partial(self._made, shards)
+
+    def _made(self, shards: list[int]) -> None:
+        """A batch read from `shards` is made or dropped: those no other batch being made reads go."""
+        with self._lock:
+            for k in shards:
+                left = self._making.get(k, 0) - 1
+                if left > 0:
+                    self._making[k] = left
+                else:
+                    self._making.pop(k, None)
+            self._let_go([k for k in shards if k in self._held and k not in self._making])
+
+    def _let_go(self, shards: list[int]) -> None:
+        """Release `shards` in the cache (it may evict them now). Under `_lock`."""
+        for k in shards:  # (`_making` keeps its counts: a batch let go past `HELD_FOR` still says when it is made)
+            del self._held[k]
+            self._cache.release(k)  # type: ignore[union-attr]  # (held: with a cache)
 
     def close(self) -> None:
         with self._lock:
-            for k in list(self._held):
-                self._cache.release(k)  # type: ignore[union-attr]  # (held: with a cache)
-            self._held.clear()
+            self._let_go(list(self._held))
+            self._making.clear()

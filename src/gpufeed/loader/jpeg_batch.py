@@ -126,6 +126,22 @@ class JpegBatcher:
         tries the next samples), never another replacement within it."""
         i = idx.numpy()
         started = self._started(i, params)
+        try:
+            return self._finished(idx, params, started, ahead, pace, replacing)
+        finally:
+            started.batch.let_go()  # (a bucket's shards it alone reads may be evicted from now)
+
+    def _finished(
+        self,
+        idx: torch.Tensor,
+        params: Params,
+        started: Started,
+        ahead: tuple[Upcoming, ...],
+        pace: Pace | None,
+        replacing: bool,
+    ) -> Batch:
+        """Batch `idx`, `started`: the next ones started, its shares waited for, resized (`_make`)."""
+        i = idx.numpy()
         self._start_ahead(ahead, pace)
         if not self._compiled:
             self._compile(len(i), params)
@@ -257,6 +273,7 @@ class JpegBatcher:
         """Drop a started batch nobody asked for (an epoch left early, a batch made again)."""
         if self._next is not None:
             self.scheduler.drop(self._next[1])
+            self._next[1].batch.let_go()
             self._next = None
 
     def _encoded(self, i: np.ndarray, params: Params) -> Encoded:
@@ -265,6 +282,7 @@ class JpegBatcher:
             read = ahead.result()  # waited for even if unused: no reads left running behind the loader
             if np.array_equal(ahead.indices, i):
                 return read
+            read.let_go()
         return self.images.read_later(i, self._read_first(i, params))()
 
     def _read_first(self, i: np.ndarray, params: Params) -> np.ndarray | None:
