@@ -67,6 +67,19 @@ def jpeg_bytes(array: np.ndarray, **kw) -> bytes:
     return buf.getvalue()
 
 
+def small_sharded_store(root: Path, count: int, shard_size: str = "4KB"):
+    """A jpeg store of `count` small photos in two classes, their bytes kept, in shards of `shard_size`,
+    opened."""
+    import gpufeed
+
+    src = root / "src"
+    for i in range(count):
+        (src / f"c{i % 2}").mkdir(parents=True, exist_ok=True)
+        (src / f"c{i % 2}" / f"{i:02d}.jpg").write_bytes(jpeg_bytes(smooth(i, 24 + i % 7, 32), quality=90))
+    gpufeed.pack(src, root / "s", mode="jpeg", reencode=False, workers=1, progress=False, shard_size=shard_size)
+    return gpufeed.open(root / "s")
+
+
 def decoded(data) -> torch.Tensor:
     """CHW uint8 RGB pixels of the encoded image `data` (bytes, array or tensor) as Pillow decodes them:
     the reference for gpufeed's CPU decoders (libjpeg-turbo all, so the same pixels)."""

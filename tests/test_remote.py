@@ -18,9 +18,10 @@ import pytest
 import torch
 
 import gpufeed
-from conftest import save, smooth
+from conftest import save, small_sharded_store, smooth
 import gpufeed.store.fetch as fetch_module
 import gpufeed.store.remote as remote_module
+from gpufeed.loader.bytes import ShardBytes
 from gpufeed.loader.inputs.remote import smallest_cache
 from gpufeed.store.readahead import ReadAhead, Want
 from gpufeed.augment import Normalize, RandomResizedCrop
@@ -1088,15 +1089,7 @@ def test_a_shard_is_let_go_once_no_batch_being_made_reads_it(tmp_path):
     shards for batches of about a shard each held 6, and fetched ahead 2 at once for stretches of an
     epoch. A shard two batches read waits for both; a batch that never says it is made holds its
     shards `HELD_FOR` reads at most; closing lets go of all."""
-    from conftest import jpeg_bytes
-    from gpufeed.loader.bytes import ShardBytes
-
-    src = tmp_path / "src"
-    for i in range(64):
-        (src / f"c{i % 2}").mkdir(parents=True, exist_ok=True)
-        (src / f"c{i % 2}" / f"{i:02d}.jpg").write_bytes(jpeg_bytes(smooth(i, 24 + i % 7, 32), quality=90))
-    gpufeed.pack(src, tmp_path / "s", mode="jpeg", reencode=False, workers=1, progress=False, shard_size="4KB")
-    store = gpufeed.open(tmp_path / "s")
+    store = small_sharded_store(tmp_path, 64)
     cache = store.cache = _HoldRecorder()
     source = ShardBytes(store)
     shard = lambda k: np.arange(store.starts[k], store.starts[k + 1])  # noqa: E731

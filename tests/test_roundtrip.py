@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import gpufeed
-from conftest import jpeg_bytes, pixels, save, smooth
+from conftest import jpeg_bytes, pixels, save, small_sharded_store, smooth
 
 
 def test_raw_roundtrip_is_pixel_exact(image_folder, tmp_path):
@@ -97,12 +97,7 @@ def test_a_sharded_stores_batch_reads_each_images_bytes_when_asked(tmp_path):
     image's stored bytes, for any part of a batch over many shards; unasked, its bytes can't be read."""
     from gpufeed.loader.bytes import ShardBytes
 
-    src = tmp_path / "src"
-    for i in range(40):
-        (src / f"c{i % 2}").mkdir(parents=True, exist_ok=True)
-        (src / f"c{i % 2}" / f"{i:02d}.jpg").write_bytes(jpeg_bytes(smooth(i, 24 + i % 7, 32), quality=90))
-    gpufeed.pack(src, tmp_path / "s", mode="jpeg", reencode=False, workers=1, progress=False, shard_size="4KB")
-    store = gpufeed.open(tmp_path / "s")
+    store = small_sharded_store(tmp_path, 40)
     assert len(store.starts) - 1 > 5
     source = ShardBytes(store)
     rng = np.random.default_rng(0)
