@@ -120,3 +120,31 @@ def test_a_stderr_that_cannot_be_written_or_is_closed_fails_nothing():
     proc.stderr.close()  # nobody reads it: a write gets EPIPE
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0 and out == b"done\n", out
+
+
+SPAWNED_MEANWHILE = """
+import os, threading, time
+from gpufeed.processes import process_pool
+from gpufeed.stderr import stderr_aside
+inside = threading.Event()
+def loading():
+    with stderr_aside("loading", lambda whens, data: None):
+        inside.set()
+        time.sleep(1.0)
+threading.Thread(target=loading).start()
+inside.wait()
+pool = process_pool(1)  # (this process has threads: spawned, at the first submit)
+job = pool.submit(exec, "import os, time; time.sleep(1.5); os.write(2, b'written by the pool worker')")
+job.result()
+pool.shutdown()
+print("done", flush=True)
+"""
+
+
+def test_a_pool_worker_spawned_while_the_codecs_load_keeps_the_process_stderr():
+    """A spawned pool's worker (a video Loader's decode processes, a pack's workers where the process
+    has threads) inherits descriptor 2 as it is: spawned while nvImageCodec's report went to a sink,
+    what it wrote once the sink was read went nowhere. It is spawned once stderr is back."""
+    done = _run(SPAWNED_MEANWHILE)
+    assert done.stdout == b"done\n", done.stderr
+    assert b"written by the pool worker" in done.stderr, done.stderr

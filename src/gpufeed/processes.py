@@ -22,6 +22,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from gpufeed.stderr import steady
+
 SRC = Path(__file__).resolve().parents[1]  # the folder gpufeed is imported from
 
 
@@ -171,7 +173,9 @@ class _SpawnWithoutMain(multiprocessing.get_context("spawn").Process):  # type: 
     main guard would run again in every worker). The pools' workers need nothing from it."""
 
     def start(self) -> None:
-        with _MAIN:  # two threads starting pools at once would restore each other's half-changed state
+        # two threads starting pools at once would restore each other's half-changed state; the child
+        # inherits descriptor 2 as it is, so not while nvImageCodec loads with it sent aside (`steady`)
+        with _MAIN, steady():
             self._start_without_main()
 
     def _start_without_main(self) -> None:

@@ -7,8 +7,9 @@ points at a sink, whatever else the process writes there (another thread's warni
 goes to the sink too, and a child process started then keeps the sink as its stderr for its whole
 life (a decode worker's traceback was lost so). `stderr_aside` hands what went to the sink to its
 caller once the last thread is out, to be sorted (the library's report from the rest);
-`child_stderr` is the process's own stderr for a child, at any time. Light: the decode workers
-import it.
+`child_stderr` is the process's own stderr for a child, at any time; `steady` holds descriptor 2
+as the process's own for a child that can only inherit it (multiprocessing's spawn). Light: the
+decode workers import it.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ class _Aside:
     overlap: the GPU decoders opening on their thread while CPU decode threads import nvImageCodec's
     module."""
 
-    lock = threading.Lock()
+    lock = threading.Condition()  # (notified as the last thread leaves: `steady` waits for it)
     inside: list[str] = []  # the `when`s of the threads inside
     saved = -1  # stderr's own descriptor, kept while a sink is on it
     sink: IO[bytes] | None = None
@@ -63,6 +64,8 @@ def stderr_aside(when: str, written: Callable[[list[str], bytes], None]) -> Iter
                 sink.seek(0)
                 data = sink.read()
                 sink.close()
+            if not _Aside.inside:
+                _Aside.lock.notify_all()
         if data:
             written(whens, data)
 
@@ -82,3 +85,19 @@ def child_stderr() -> Iterator[int | None]:
     finally:
         if fd is not None:
             os.close(fd)
+
+
+# how long `steady` waits for descriptor 2 to come back before it lets the block run with the sink on it
+STEADY_WAIT = 30.0
+
+
+@contextmanager
+def steady() -> Iterator[None]:
+    """Descriptor 2 the process's own for the block: waits for every thread in `stderr_aside` to be out
+    (`STEADY_WAIT` seconds at most), and keeps any from coming in until the block ends. For starting
+    a child that inherits descriptor 2 and can't be handed another (multiprocessing's spawn: a video
+    Loader's decode processes, a pack's workers in a process with threads): started while
+    nvImageCodec loaded, it kept the sink for life, and what it wrote after went nowhere."""
+    with _Aside.lock:
+        _Aside.lock.wait_for(lambda: not _Aside.inside, timeout=STEADY_WAIT)
+        yield
