@@ -1085,15 +1085,21 @@ class _HoldRecorder:
 
 def test_a_shard_is_let_go_once_no_batch_being_made_reads_it(tmp_path):
     """A bucket's shards are held in the cache while a batch read from them is being made, and let go
-    as soon as none is (`Encoded.let_go`), not only `HELD_FOR` reads later: held so long, a cache of 9
+    as soon as none is (`Encoded.let_go`), not `HELD_FOR` reads later: held so long, a cache of 9
     shards for batches of about a shard each held 6, and fetched ahead 2 at once for stretches of an
-    epoch. A shard two batches read waits for both; a batch that never says it is made holds its
-    shards `HELD_FOR` reads at most; closing lets go of all."""
+    epoch. A shard two batches read waits for both. One a batch being made reads is not let go by
+    age (`HELD_FOR` reads of other batches: another pipeline's, a failed batch's replacements), which
+    evicted it under its decode workers; after an error in a batch's making its shards go `HELD_FOR`
+    reads later, and a batch never said to be made holds them `FORGOTTEN` reads; closing lets go."""
     store = small_sharded_store(tmp_path, 64)
     cache = store.cache = _HoldRecorder()
     source = ShardBytes(store)
     shard = lambda k: np.arange(store.starts[k], store.starts[k + 1])  # noqa: E731
-    assert len(store.starts) - 1 >= 4 + ShardBytes.HELD_FOR
+    assert len(store.starts) - 1 >= 6
+
+    def others(reads: int) -> None:
+        for r in range(reads):
+            source.read_later(shard(4 + r % 2))().let_go()
 
     a = source.read_later(shard(0))()
     b = source.read_later(np.concatenate([shard(0)[:1], shard(1)]))()
@@ -1105,13 +1111,21 @@ def test_a_shard_is_let_go_once_no_batch_being_made_reads_it(tmp_path):
     b.let_go()  # (once only)
     assert cache.held == {}
 
-    forgotten = source.read_later(shard(2))()
-    for k in range(3, 3 + ShardBytes.HELD_FOR):
-        source.read_later(shard(k))().let_go()
-        assert 2 in cache.held
-    source.read_later(shard(3 + ShardBytes.HELD_FOR))()
+    making = source.read_later(shard(2))()
+    others(ShardBytes.HELD_FOR + 3)
+    assert 2 in cache.held  # being made still
+    making.let_go(now=False)  # (an error while it was made)
+    others(ShardBytes.HELD_FOR)
+    assert 2 in cache.held
+    others(1)
     assert 2 not in cache.held
+
+    forgotten = source.read_later(shard(3))()
+    others(ShardBytes.FORGOTTEN)
+    assert 3 in cache.held
+    others(1)
+    assert 3 not in cache.held
     forgotten.let_go()
-    assert set(cache.held) == {3 + ShardBytes.HELD_FOR}
+    assert 3 not in cache.held
     source.close()
     assert cache.held == {}

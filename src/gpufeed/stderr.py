@@ -30,6 +30,7 @@ class _Aside:
 
     lock = threading.Condition()  # (notified as the last thread leaves: `steady` waits for it)
     inside: list[str] = []  # the `when`s of the threads inside
+    threads: list[int] = []  # and their idents
     saved = -1  # stderr's own descriptor, kept while a sink is on it
     sink: IO[bytes] | None = None
 
@@ -49,6 +50,7 @@ def stderr_aside(when: str, written: Callable[[list[str], bytes], None]) -> Iter
                 _Aside.sink = tempfile.TemporaryFile()  # noqa: SIM115  closed by the last thread out
                 os.dup2(_Aside.sink.fileno(), 2)
         _Aside.inside.append(when)
+        _Aside.threads.append(threading.get_ident())
     data, whens = b"", []
     try:
         yield
@@ -56,6 +58,7 @@ def stderr_aside(when: str, written: Callable[[list[str], bytes], None]) -> Iter
         with _Aside.lock:
             whens = list(_Aside.inside)
             _Aside.inside.remove(when)
+            _Aside.threads.remove(threading.get_ident())
             sink = _Aside.sink
             if not _Aside.inside and sink is not None:
                 os.dup2(_Aside.saved, 2)
@@ -88,16 +91,18 @@ def child_stderr() -> Iterator[int | None]:
 
 
 # how long `steady` waits for descriptor 2 to come back before it lets the block run with the sink on it
-STEADY_WAIT = 30.0
+STEADY_WAIT = 10.0
 
 
 @contextmanager
 def steady() -> Iterator[None]:
     """Descriptor 2 the process's own for the block: waits for every thread in `stderr_aside` to be out
-    (`STEADY_WAIT` seconds at most), and keeps any from coming in until the block ends. For starting
-    a child that inherits descriptor 2 and can't be handed another (multiprocessing's spawn: a video
-    Loader's decode processes, a pack's workers in a process with threads): started while
-    nvImageCodec loaded, it kept the sink for life, and what it wrote after went nowhere."""
+    (`STEADY_WAIT` seconds at most; not in a thread inside it), and keeps any from coming in until the
+    block ends. For starting a child that inherits descriptor 2 and can't be handed another
+    (multiprocessing's spawn: a video Loader's decode processes, a pack's workers in a process with
+    threads): started while nvImageCodec loaded, it kept the sink for life, and what it wrote after
+    went nowhere."""
     with _Aside.lock:
-        _Aside.lock.wait_for(lambda: not _Aside.inside, timeout=STEADY_WAIT)
+        if threading.get_ident() not in _Aside.threads:  # (one inside itself would wait for itself)
+            _Aside.lock.wait_for(lambda: not _Aside.inside, timeout=STEADY_WAIT)
         yield

@@ -57,7 +57,7 @@ class Encoded:
     # images whose bytes are still in their files, read into `array` by `readable` (None: they are there)
     fill: Callable[[Encoded], None] | None = None
     # lets go of what reading the batch holds (a bucket's shards in its cache), once: `let_go`
-    release: Callable[[], None] | None = None
+    release: Callable[[bool], None] | None = None
 
     @classmethod
     def of(cls, data: torch.Tensor, offsets: np.ndarray, indices: np.ndarray) -> Encoded:
@@ -76,12 +76,14 @@ class Encoded:
     def __len__(self) -> int:
         return len(self.begins)
 
-    def let_go(self) -> None:
+    def let_go(self, now: bool = True) -> None:
         """The batch is made (or dropped): what its read holds may go (`ShardBytes`: a bucket's shards
-        become evictable as soon as no batch being made reads them). Its parts (`take`) hold nothing."""
+        become evictable as soon as no batch being made reads them), at once where `now`, else a few
+        batches later (an error while it was made: its decode workers may still read its files). Its
+        parts (`take`) hold nothing."""
         release, self.release = self.release, None
         if release is not None:
-            release()
+            release(now)
 
     def take(self, positions) -> Encoded:
         """The images at `positions` (anything numpy indexes with)."""

@@ -121,16 +121,20 @@ class ShardBytes(OfAStore):
     about a millisecond a batch beside the training loop (a sharded store trained 4-16 points below the
     same photos packed whole, H100). A remote store's shards are downloaded when a batch is read ahead
     (if the fetch-ahead has not), and held in its cache until no batch being made reads them (the
-    batch's `Encoded.let_go`), or at most `HELD_FOR` reads after their last."""
+    batch's `Encoded.let_go`; after an error in its making, `HELD_FOR` reads more)."""
 
     reads_ahead = True
     reads_in_part = False  # (its decoders copy what they take from the maps as they ask)
-    # reads (batches) a shard stays held after its last use at most, where its batches do not say they
-    # are made: a pipeline reads batch k + 2 while it makes batch k, and a batch made is decoded (its
-    # pixels on the device): 4 covers those in flight. Held so for every batch, a cache of 9 shards
-    # for batches of about one shard each held 6 of them, and fetched ahead 2 at once for stretches
-    # of an epoch (docs/benchmarks.md, "Training from a bucket")
+    # reads (batches) a shard stays held after its last use where its batches are made but not said to
+    # be (an error while one was made: its decode workers may read on): a pipeline reads batch k + 2
+    # while it makes batch k, and 4 covers those in flight. Made batches let go at once (`let_go`):
+    # held `HELD_FOR` reads after their last use, a cache of 9 shards for batches of about a shard
+    # each held 6 of them, and fetched ahead 2 at once for stretches of an epoch
+    # (docs/benchmarks.md, "Training from a bucket")
     HELD_FOR = 4
+    # reads after which a batch never said to be made no longer holds its shards (a count left by an
+    # error between its read and its start): not one being made, whatever the pipelines and retries
+    FORGOTTEN = 64
 
     def __init__(self, store, on_read: Callable[[list[int], list[int]], None] | None = None):
         """`on_read(shards, counts)`: told of each batch's reads (a bucket's fetch ahead, `ReadAhead.read`)."""
@@ -154,7 +158,12 @@ class ShardBytes(OfAStore):
         shards, local = self.store.locate(indices)
         used, inverse, counts = np.unique(shards, return_inverse=True, return_counts=True)
         release = self._use(used.tolist(), counts.tolist())
-        maps = [self.store.shard(k) for k in used.tolist()]
+        try:
+            maps = [self.store.shard(k) for k in used.tolist()]
+        except BaseException:
+            if release is not None:
+                release(True)  # (nothing reads them: not read)
+            raise
         begins_in_file, sizes = np.empty(len(indices), np.int64), np.empty(len(indices), np.int64)
         for u, shard in enumerate(maps):  # (plain arrays: a memory map's slices cost a Python object each)
             at = np.flatnonzero(inverse == u)
@@ -195,39 +204,65 @@ class ShardBytes(OfAStore):
         shards, _ = self.store.locate(indices)
         return {int(k): self.store.shard(int(k)) for k in np.unique(shards)}
 
-    def _use(self, shards: list[int], counts: list[int]) -> Callable[[], None] | None:
+    def _use(self, shards: list[int], counts: list[int]) -> Callable[[bool], None] | None:
         """Hold `shards` in a remote store's cache (downloaded if needed) for a batch read from them, and
-        let go of those no batch being made reads and of those no batch of the last `HELD_FOR` reads
-        used; tell the fetch-ahead what was read (`counts` samples of each). Returns what says the batch
-        is made (its `Encoded.release`): its shards that no other batch being made reads go then."""
+        let go of those whose time is up (`_expired`); tell the fetch-ahead what was read (`counts`
+        samples of each). Returns what says the batch is made or dropped (its `Encoded.release`)."""
         if self._cache is None:
             return None
         with self._lock:
             self._reads += 1
-            for k in shards:
-                if k not in self._held:
-                    self._cache.use(k)
-                self._held[k] = self._reads
-                self._making[k] = self._making.get(k, 0) + 1
-            self._let_go([k for k, last in self._held.items() if self._reads - last > self.HELD_FOR])
+            taken: list[int] = []
+            try:
+                for k in shards:
+                    if k not in self._held:
+                        self._cache.use(k)
+                    self._held[k] = self._reads
+                    self._making[k] = self._making.get(k, 0) + 1
+                    taken.append(k)
+            except BaseException:
+                self._done(taken)  # (held still: they go as their time is up)
+                raise
+            self._let_go(self._expired())
         if self._on_read is not None:
             self._on_read(shards, counts)
         return functools.partial(self._made, shards)
 
-    def _made(self, shards: list[int]) -> None:
-        """A batch read from `shards` is made or dropped: those no other batch being made reads go."""
+    def _expired(self) -> list[int]:
+        """Held shards whose time is up: no batch being made reads them and none read them in the last
+        `HELD_FOR` reads, or their last read was `FORGOTTEN` reads ago. A shard a batch being made
+        reads is never let go by age alone (pipelines read batches up to 2 a pipeline ahead, and a
+        batch none of whose images decoded reads up to 8 more in its making). Under `_lock`."""
+        reads = self._reads
+        return [
+            k
+            for k, last in self._held.items()
+            if reads - last > self.FORGOTTEN or (reads - last > self.HELD_FOR and k not in self._making)
+        ]
+
+    def _made(self, shards: list[int], now: bool = True) -> None:
+        """A batch read from `shards` is made or dropped: those no other batch being made reads go, at
+        once where `now`, else `HELD_FOR` reads later (an error while it was made: its decode workers
+        may still read them)."""
         with self._lock:
-            for k in shards:
-                left = self._making.get(k, 0) - 1
-                if left > 0:
-                    self._making[k] = left
-                else:
-                    self._making.pop(k, None)
-            self._let_go([k for k in shards if k in self._held and k not in self._making])
+            self._done(shards)
+            if now:
+                self._let_go([k for k in shards if k in self._held and k not in self._making])
+            else:  # `HELD_FOR` reads from now
+                self._held.update({k: self._reads for k in shards if k in self._held})
+
+    def _done(self, shards: list[int]) -> None:
+        """One batch fewer being made of each of `shards`. Under `_lock`."""
+        for k in shards:
+            left = self._making.get(k, 0) - 1
+            if left > 0:
+                self._making[k] = left
+            else:
+                self._making.pop(k, None)
 
     def _let_go(self, shards: list[int]) -> None:
         """Release `shards` in the cache (it may evict them now). Under `_lock`."""
-        for k in shards:  # (`_making` keeps its counts: a batch let go past `HELD_FOR` still says when it is made)
+        for k in shards:  # (`_making` keeps its counts: a batch forgotten still says when it is made)
             del self._held[k]
             self._cache.release(k)  # type: ignore[union-attr]  # (held: with a cache)
 

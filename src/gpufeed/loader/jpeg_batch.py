@@ -127,9 +127,12 @@ class JpegBatcher:
         i = idx.numpy()
         started = self._started(i, params)
         try:
-            return self._finished(idx, params, started, ahead, pace, replacing)
-        finally:
-            started.batch.let_go()  # (a bucket's shards it alone reads may be evicted from now)
+            made = self._finished(idx, params, started, ahead, pace, replacing)
+        except BaseException:
+            started.batch.let_go(now=False)  # (its workers may read on: its shards go a few batches later)
+            raise
+        started.batch.let_go()  # (a bucket's shards it alone reads may be evicted from now)
+        return made
 
     def _finished(
         self,
@@ -267,14 +270,22 @@ class JpegBatcher:
         batch = self._encoded(i, params)
         self.counters.add("read", time.perf_counter() - t0, int((batch.ends - batch.begins).sum()))
         self.counters.mark("first_read")  # its bytes in hand (a bucket's: its shards downloaded)
-        return self.scheduler.start(batch, self._shapes[i], params.boxes.numpy().copy(), params.out_hw, pace)
+        try:
+            return self.scheduler.start(batch, self._shapes[i], params.boxes.numpy().copy(), params.out_hw, pace)
+        except BaseException:
+            batch.let_go(now=False)  # (part of it may be with the workers)
+            raise
 
     def _forget_next(self) -> None:
         """Drop a started batch nobody asked for (an epoch left early, a batch made again)."""
         if self._next is not None:
-            self.scheduler.drop(self._next[1])
-            self._next[1].batch.let_go()
-            self._next = None
+            started, self._next = self._next[1], None
+            try:
+                self.scheduler.drop(started)
+            except BaseException:
+                started.batch.let_go(now=False)
+                raise
+            started.batch.let_go()
 
     def _encoded(self, i: np.ndarray, params: Params) -> Encoded:
         while self._reads:
