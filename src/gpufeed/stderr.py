@@ -29,8 +29,7 @@ class _Aside:
     module."""
 
     lock = threading.Condition()  # (notified as the last thread leaves: `steady` waits for it)
-    inside: list[str] = []  # the `when`s of the threads inside
-    threads: list[int] = []  # and their idents
+    inside: list[tuple[str, int]] = []  # (`when`, thread ident) of each thread inside
     saved = -1  # stderr's own descriptor, kept while a sink is on it
     sink: IO[bytes] | None = None
 
@@ -49,16 +48,14 @@ def stderr_aside(when: str, written: Callable[[list[str], bytes], None]) -> Iter
             if _Aside.saved >= 0:
                 _Aside.sink = tempfile.TemporaryFile()  # noqa: SIM115  closed by the last thread out
                 os.dup2(_Aside.sink.fileno(), 2)
-        _Aside.inside.append(when)
-        _Aside.threads.append(threading.get_ident())
+        _Aside.inside.append((when, threading.get_ident()))
     data, whens = b"", []
     try:
         yield
     finally:
         with _Aside.lock:
-            whens = list(_Aside.inside)
-            _Aside.inside.remove(when)
-            _Aside.threads.remove(threading.get_ident())
+            whens = [w for w, _ in _Aside.inside]
+            _Aside.inside.remove((when, threading.get_ident()))
             sink = _Aside.sink
             if not _Aside.inside and sink is not None:
                 os.dup2(_Aside.saved, 2)
@@ -103,6 +100,6 @@ def steady() -> Iterator[None]:
     threads): started while nvImageCodec loaded, it kept the sink for life, and what it wrote after
     went nowhere."""
     with _Aside.lock:
-        if threading.get_ident() not in _Aside.threads:  # (one inside itself would wait for itself)
+        if all(thread != threading.get_ident() for _, thread in _Aside.inside):  # (one inside waits for none)
             _Aside.lock.wait_for(lambda: not _Aside.inside, timeout=STEADY_WAIT)
         yield

@@ -11,7 +11,8 @@ from __future__ import annotations
 import threading
 import warnings
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -84,6 +85,17 @@ class Encoded:
         release, self.release = self.release, None
         if release is not None:
             release(now)
+
+    @contextmanager
+    def made(self) -> Iterator[None]:
+        """The block makes or drops the batch: `let_go` after it, at once, or a few batches later where
+        it raised (its decode workers may still read its files)."""
+        try:
+            yield
+        except BaseException:
+            self.let_go(now=False)
+            raise
+        self.let_go()
 
     def take(self, positions) -> Encoded:
         """The images at `positions` (anything numpy indexes with)."""

@@ -126,41 +126,23 @@ class JpegBatcher:
         tries the next samples), never another replacement within it."""
         i = idx.numpy()
         started = self._started(i, params)
-        try:
-            made = self._finished(idx, params, started, ahead, pace, replacing)
-        except BaseException:
-            started.batch.let_go(now=False)  # (its workers may read on: its shards go a few batches later)
-            raise
-        started.batch.let_go()  # (a bucket's shards it alone reads may be evicted from now)
-        return made
-
-    def _finished(
-        self,
-        idx: torch.Tensor,
-        params: Params,
-        started: Started,
-        ahead: tuple[Upcoming, ...],
-        pace: Pace | None,
-        replacing: bool,
-    ) -> Batch:
-        """Batch `idx`, `started`: the next ones started, its shares waited for, resized (`_make`)."""
-        i = idx.numpy()
-        self._start_ahead(ahead, pace)
-        if not self._compiled:
-            self._compile(len(i), params)
-        t1 = time.perf_counter()
-        parts, failed = self.scheduler.finish(started, pin=self.fused)
-        t2 = time.perf_counter()
-        self.counters.add("decode", t2 - t1)
-        self.counters.mark("first_decoded")  # (stats()["start"]: where a first batch's time went)
-        if failed:
-            instead = self._instead(idx, failed, params, replacing)
-            if instead is not None:
-                return instead
-        samples, labels, copies = self._stand_ins(i, failed)
-        images, targets = self._resized(parts, started, labels, params, len(i))
-        self.counters.add("resize", time.perf_counter() - t2)
-        return self._batch(i, images, targets, samples, failed, copies)
+        with started.batch.made():  # (then a bucket's shards it alone reads may be evicted)
+            self._start_ahead(ahead, pace)
+            if not self._compiled:
+                self._compile(len(i), params)
+            t1 = time.perf_counter()
+            parts, failed = self.scheduler.finish(started, pin=self.fused)
+            t2 = time.perf_counter()
+            self.counters.add("decode", t2 - t1)
+            self.counters.mark("first_decoded")  # (stats()["start"]: where a first batch's time went)
+            if failed:
+                instead = self._instead(idx, failed, params, replacing)
+                if instead is not None:
+                    return instead
+            samples, labels, copies = self._stand_ins(i, failed)
+            images, targets = self._resized(parts, started, labels, params, len(i))
+            self.counters.add("resize", time.perf_counter() - t2)
+            return self._batch(i, images, targets, samples, failed, copies)
 
     def _start_ahead(self, ahead: tuple[Upcoming, ...], pace: Pace | None) -> None:
         """Start decoding the next batch (`ahead[0]`), and reading the one after it where the bytes are
@@ -280,12 +262,8 @@ class JpegBatcher:
         """Drop a started batch nobody asked for (an epoch left early, a batch made again)."""
         if self._next is not None:
             started, self._next = self._next[1], None
-            try:
+            with started.batch.made():
                 self.scheduler.drop(started)
-            except BaseException:
-                started.batch.let_go(now=False)
-                raise
-            started.batch.let_go()
 
     def _encoded(self, i: np.ndarray, params: Params) -> Encoded:
         while self._reads:
