@@ -59,7 +59,8 @@ class Tuning:
     # a store in a bucket: the shard a rank reads first (a cold pass's first batch waits for it) downloads
     # alone until it is in the cache, where off it does until its files are asked for (the next shards
     # then share the link with it: a cold epoch's first batch after 2.9-3.1 shard-times at 1 Gbit/s,
-    # issue 66's goal 2). Off until measured on a GPU host (`remote_bench.py --tuning`)
+    # issue 66's goal 2). Off: on an H100 host its first batch came 0.05-0.11 s sooner at 1 Gbit/s and
+    # 0.04-0.07 s later at 10, its cold epochs no faster (docs/benchmarks.md, "Training from a bucket")
     lead_lands_first: bool = False
     # the batch kernels run once on a stand-in while the first batch decodes (Triton compiles a
     # kernel the first time a machine runs it)
