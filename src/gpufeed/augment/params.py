@@ -46,13 +46,25 @@ class Params:
         return replace(self.take(slice(a, b)), any_flip=any_flip, out_hw=out_hw, batch_hw=None)
 
     def take(self, rows: torch.Tensor | slice) -> Params:
-        """The parameters of samples `rows` (host int64 positions, or a slice), in that order."""
-        pick = lambda t: None if t is None else t[rows]  # noqa: E731
-        warp = None if self.warp is None else replace(self.warp, matrices=self.warp.matrices[:, rows])
+        """The parameters of samples `rows` (int64 positions, or a slice), in that order. Positions on the
+        host are copied to each parameter's device without waiting: a tensor on a GPU indexed with host
+        positions copies them itself and waits for its stream, the training step queued there included
+        (a video Loader's consumer took each batch's parameters so: a sync with the GPU every step)."""
+        moved: dict[torch.device, torch.Tensor] = {}
+
+        def at(t: torch.Tensor) -> torch.Tensor | slice:
+            if isinstance(rows, slice) or rows.device == t.device:
+                return rows
+            if t.device not in moved:
+                moved[t.device] = rows.to(t.device, non_blocking=t.device.type != "cpu")  # (to a host: waits)
+            return moved[t.device]
+
+        pick = lambda t: None if t is None else t[at(t)]  # noqa: E731
+        warp = None if self.warp is None else replace(self.warp, matrices=self.warp.matrices[:, at(self.warp.matrices)])
         return replace(
             self,
-            boxes=self.boxes[rows],
-            flip=self.flip[rows],
+            boxes=self.boxes[at(self.boxes)],
+            flip=self.flip[at(self.flip)],
             pixel=pick(self.pixel),
             vflip=pick(self.vflip),
             warp=warp,
