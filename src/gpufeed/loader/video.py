@@ -53,6 +53,7 @@ from gpufeed.processes import process_pool
 from gpufeed.sources.videos import VideoError
 from gpufeed.store.format import JPEG_DATA, VIDEO_DECODERS, VideoIndex
 from gpufeed.transfer.ring import Turns, hand_over
+from gpufeed.transfer.upload import upload
 
 SLOTS_WARN = 8 << 30  # page-locked bytes of decode slots above which a Loader says so when it is made
 
@@ -702,13 +703,13 @@ def video_batch_dict(
         if name == "label":
             out["label"] = labels
         elif name == "video":
-            out["video"] = torch.from_numpy(which.videos).to(device, non_blocking=True)
+            out["video"] = upload(torch.from_numpy(which.videos), device)
         elif name == "frames":
-            out["frames"] = torch.from_numpy(which.frames).to(device, non_blocking=True)
+            out["frames"] = upload(torch.from_numpy(which.frames), device)
         elif name == "source":
             out["source"] = [store.source(int(v)) for v in which.videos]
         else:
             column = store.column(name)
             rows = column.rows(which.videos)
-            out[name] = torch.from_numpy(np.ascontiguousarray(rows)).to(device) if column.fixed else rows
+            out[name] = upload(torch.from_numpy(np.ascontiguousarray(rows)), device) if column.fixed else rows
     return out
