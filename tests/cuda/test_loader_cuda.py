@@ -213,3 +213,24 @@ def test_parameters_taken_with_host_positions_wait_for_nothing_on_the_gpu():
     assert taken.boxes.is_cuda and torch.equal(taken.boxes.cpu(), params.boxes.cpu()[rows])
     assert torch.equal(taken.flip.cpu(), params.flip.cpu()[rows])
     assert torch.equal(taken.pixel.cpu(), params.pixel.cpu()[rows])
+
+
+def test_masks_stored_pixels_from_host_geometry_wait_for_nothing_on_the_gpu():
+    """The masks' torch path (no Triton, no augment ops, or a warp the kernel does not take) located
+    each batch's stored pixels on the consumer's thread with blocking copies of the host geometry."""
+    import numpy as np
+
+    from gpufeed.augment.masks import stored_pixels
+    from gpufeed.augment.pipeline import Augment
+
+    params = Augment([RandomResizedCrop(28), RandomHorizontalFlip()]).sample(4, 40, 50, torch.Generator().manual_seed(1))
+    hw = np.array([[40, 50]] * 4)
+    expected = stored_pixels(params, hw, torch.device("cpu"))
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        got = stored_pixels(params, hw, torch.device("cuda"))
+        plain = stored_pixels(None, hw, torch.device("cuda"), (40, 50))
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert torch.equal(got.cpu(), expected)
+    assert torch.equal(plain.cpu(), stored_pixels(None, hw, torch.device("cpu"), (40, 50)))

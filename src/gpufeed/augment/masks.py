@@ -39,8 +39,9 @@ def stored_pixels(
     takes (its image being hw[i] = (h, w)), or -1 where it takes the fill. `params`: the samples'
     geometry on the host (None: no augment, the stored images as they are, at the top left of
     `size`, by default the largest of `hw`)."""
-    h_i = torch.as_tensor(hw[:, 0], dtype=torch.float64, device=device).view(-1, 1, 1)
-    w_i = torch.as_tensor(hw[:, 1], dtype=torch.float64, device=device).view(-1, 1, 1)
+    # (the consumer's thread, every batch: host tensors go up without waiting for the training step)
+    h_i = upload(torch.from_numpy(np.ascontiguousarray(hw[:, 0])), device, torch.float64).view(-1, 1, 1)
+    w_i = upload(torch.from_numpy(np.ascontiguousarray(hw[:, 1])), device, torch.float64).view(-1, 1, 1)
     if params is None:
         height, width = size or ((int(hw[:, 0].max()), int(hw[:, 1].max())) if len(hw) else (1, 1))
         y = torch.arange(height, dtype=torch.float64, device=device).view(1, -1, 1).expand(len(hw), -1, width)
@@ -54,7 +55,7 @@ def stored_pixels(
     inside = torch.ones((len(hw), height, width), dtype=torch.bool, device=device)
     if params.warp is not None:  # back to the box pass's output, its nearest pixel's centre
         w = params.warp
-        m = w.matrices.to(device, torch.float64)
+        m = upload(w.matrices, device, torch.float64)
         at = xs, ys  # every bound from the output pixel's centre, as the image's warp samples them
         for k, (h_k, w_k) in enumerate(w.sizes):
             a = m[k].view(-1, 6, 1, 1).unbind(1)  # (N, 2, 3) -> six (N, 1, 1) columns
@@ -66,11 +67,11 @@ def stored_pixels(
             inside &= (ru >= 0) & (ru <= w_k - 1) & (rv >= 0) & (rv <= h_k - 1)
             if k == 0:
                 xs, ys = ru + 0.5, rv + 0.5
-    flip = params.flip.to(device).view(-1, 1, 1).bool()
+    flip = upload(params.flip, device).view(-1, 1, 1).bool()
     xs = torch.where(flip, out_w - xs, xs)
     if params.vflip is not None:
-        ys = torch.where(params.vflip.to(device).view(-1, 1, 1).bool(), out_h - ys, ys)
-    b = params.boxes.to(device, torch.float64)
+        ys = torch.where(upload(params.vflip, device).view(-1, 1, 1).bool(), out_h - ys, ys)
+    b = upload(params.boxes, device, torch.float64)
     x = torch.floor(b[:, 0, None, None] + xs * ((b[:, 2] - b[:, 0]) / out_w)[:, None, None])
     y = torch.floor(b[:, 1, None, None] + ys * ((b[:, 3] - b[:, 1]) / out_h)[:, None, None])
     inside &= (x >= 0) & (x < w_i) & (y >= 0) & (y < h_i)
@@ -112,8 +113,8 @@ def transform_masks(
         where = stored_pixels(part, hw[a:b], device, (height, width)).reshape(b - a, -1)
         lengths, values = _expanded(runs[a:b], slots, size, fill)
         planes = torch.repeat_interleave(
-            torch.from_numpy(values).to(device, dtype),
-            torch.from_numpy(lengths).to(device),
+            upload(torch.from_numpy(values), device, dtype),
+            upload(torch.from_numpy(lengths), device),
             output_size=(b - a) * slots * size,
         ).view(b - a, slots, size)
         index = torch.where(where < 0, size - 1, where)[:, None, :].expand(-1, slots, -1)

@@ -34,6 +34,7 @@ from gpufeed.loader.settings import Decoding, Output
 from gpufeed.loader.stats import Reading, Stats, stage_range
 from gpufeed.logs import logger
 from gpufeed.transfer.ring import hand_over
+from gpufeed.transfer.upload import upload
 
 log = logger(__name__)
 
@@ -212,7 +213,7 @@ class JpegBatcher:
         else full, a failed position's image a copy of the one it stands in for."""
         if failed and self.exact:
             good = [p for p in range(len(i)) if p not in failed]
-            kept = torch.tensor(good, device=images.device)
+            kept = upload(torch.tensor(good), images.device)
             return Batch(
                 images.index_select(0, kept),
                 labels.index_select(0, kept.to(labels.device)),

@@ -12,7 +12,7 @@ def upload(t: torch.Tensor, device: torch.device, dtype: torch.dtype | None = No
     not prepare the next batch while the GPU trains on this one."""
     if dtype is not None and t.dtype != dtype:
         t = t.to(dtype)
-    if device.type != "cuda":
+    if device.type != "cuda" or t.device.type != "cpu":  # (on a GPU already: nothing to pin)
         return t.to(device)
     if not t.is_pinned():
         try:
