@@ -400,6 +400,8 @@ def test_stats_say_how_the_loader_started(jpeg_store, tmp_path):
     start = loader.stats()["start"]
     ready = start["workers_ready_s"]
     assert 0 < start["constructor_s"] <= start["first_pass_s"] <= start["first_plan_s"] <= start["first_batch_s"]
+    # the constructor's own steps: the store open, then the decode pipelines made and the workers started
+    assert 0 <= start["store_opened_s"] <= start["decoding_made_s"] <= start["constructor_s"]
     # the first batch's bytes in hand, then decoded, before it is handed over (where a cold bucket's went)
     assert start["first_pass_s"] <= start["first_read_s"] <= start["first_decoded_s"] <= start["first_batch_s"]
     assert ready and ready == sorted(ready) and len(ready) <= 2 and ready[0] <= start["first_batch_s"]
@@ -410,7 +412,7 @@ def test_stats_say_how_the_loader_started(jpeg_store, tmp_path):
     gpufeed.pack(jpeg_store.path.parent / "src", tmp_path / "raw", mode="raw", size=24, workers=1, progress=False)
     plain = gpufeed.Loader(tmp_path / "raw", batch_size=12, device="cpu")
     next(iter(plain))
-    assert set(plain.stats()["start"]) == {"constructor_s", "first_pass_s", "first_plan_s", "first_batch_s"}
+    assert set(plain.stats()["start"]) == {"store_opened_s", "constructor_s", "first_pass_s", "first_plan_s", "first_batch_s"}
     plain.close()
 
 

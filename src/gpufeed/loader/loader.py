@@ -503,6 +503,7 @@ class Loader:
         if in_place and isinstance(store, (str, Path)):  # (its listing and index take a while: its workers start)
             _workers_ahead(store, device, decoders, num_workers, clip)
         self.input = open_input(store, cache_dir, cache_limit, storage_options)
+        opened = time.perf_counter()  # (`stats()["start"]`: where a constructor's time goes)
         self.store = self.input.store
         if self.tuning.fetch_process:
             self.input.download_elsewhere()
@@ -559,6 +560,7 @@ class Loader:
         self.tier = self.input.tier(self.device, cache)
         log.info("gpufeed.Loader: tier %s (%s)", self.tier.name, self.tier.reason)
         self.counters = Stats(self.tier.name, origin=called)
+        self.counters.mark("store_opened", opened)
         self._production = Production(max(1, prefetch), self.counters)
         self.jpeg: JpegPipelines | None = None
         self.video: VideoClips | None = None
@@ -588,6 +590,7 @@ class Loader:
                 fields=self.fields is not None,
             )
             self.jpeg = jpeg_pipelines(images, self.output, decoding, self.counters)
+            self.counters.mark("decoding_made")
         self._pid = os.getpid()
         self._closed = False
         _LIVE.add(self)

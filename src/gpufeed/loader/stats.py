@@ -91,15 +91,18 @@ class Stats:
         pace = Pace(starved=now.waited - last.waited, interval=now.at - last.at, step=step, full=now.full - last.full)
         return pace, now
 
-    def mark(self, event: str) -> None:
-        """Keep the first time `event` happens (e.g. "first_batch"), for `start`."""
+    def mark(self, event: str, at: float | None = None) -> None:
+        """Keep the first time `event` happens (e.g. "first_batch"; `at`: when it did, time.perf_counter,
+        for one before these counters were made), for `start`."""
         if event not in self._marks:  # (read without the lock: a later one would only be dropped under it)
             with self._lock:
-                self._marks.setdefault(event, time.perf_counter())
+                self._marks.setdefault(event, time.perf_counter() if at is None else at)
 
     def start(self, more: dict[str, float | list[float] | None] | None = None) -> dict:
         """How the loader started, in seconds since its constructor was called: the events `mark`ed
-        (`constructor` when it returned, `first_pass` when the first pass began, `first_plan` when it had
+        (`store_opened` when the constructor had the store open, `decoding_made` when it had made a jpeg
+        store's pipelines and started its decode workers, `constructor` when it returned, `first_pass`
+        when the first pass began, `first_plan` when it had
         its epoch's plan, `first_read` when a jpeg store's first batch's bytes were in hand, `first_decoded`
         when its decoders were done with it, `first_batch` when the first batch was handed over) and `more`
         (times from time.perf_counter, or lists of them, None for what has not happened)."""
