@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from gpufeed.augment.affine import Warp
+from gpufeed.transfer.upload import upload
 
 
 @dataclass
@@ -47,7 +48,7 @@ class Params:
 
     def take(self, rows: torch.Tensor | slice) -> Params:
         """The parameters of samples `rows` (int64 positions, or a slice), in that order. Positions on the
-        host are copied to each parameter's device without waiting: a tensor on a GPU indexed with host
+        host go to each parameter's device without waiting (`upload`): a tensor on a GPU indexed with host
         positions copies them itself and waits for its stream, the training step queued there included
         (a video Loader's consumer took each batch's parameters so: a sync with the GPU every step)."""
         moved: dict[torch.device, torch.Tensor] = {}
@@ -56,7 +57,7 @@ class Params:
             if isinstance(rows, slice) or rows.device == t.device:
                 return rows
             if t.device not in moved:
-                moved[t.device] = rows.to(t.device, non_blocking=t.device.type != "cpu")  # (to a host: waits)
+                moved[t.device] = upload(rows, t.device) if t.device.type == "cuda" else rows.to(t.device)
             return moved[t.device]
 
         pick = lambda t: None if t is None else t[at(t)]  # noqa: E731

@@ -786,7 +786,8 @@ class Loader:
     def stats(self) -> dict:
         """Per-stage times (among them the consumer's: "wait" for batches, and "consumer" between taking
         one and asking for the next), bytes moved, tier, consumer stalls, how the loader started ("start":
-        seconds from the constructor's call to its return, to the first batch handed over, on a GPU to
+        seconds from the constructor's call to its store open, to a jpeg store's pipelines made and
+        workers started, to its return, to the first batch handed over, on a GPU to
         the end of Triton's once-a-process work (negative: it ended before), and for jpeg
         stores to the GPU decoders taken into use and to each decode worker's `Ready`), and for jpeg
         stores the decoders, how many images each decoded (and CPU fallbacks, failures), their rates in img/s, and the

@@ -5,7 +5,7 @@ and looking at each file found (`headers.file_looks`), for an open from the cach
 
 Why processes: reading a header is mostly Python (the marker walk, the entry), which holds the GIL,
 so threads of one process index no faster than one thread with the page cache warm
-(docs/benchmarks.md, "Indexing a folder"); ImageNet's 1.28M files on one core take over a minute,
+(docs/benchmarks.md, "Reading a folder in place"); ImageNet's 1.28M files on one core take over a minute,
 and their listing and stats alone ~6 s. Why exec and not multiprocessing: as the decode workers
 (`decode.pool.spawn`), a process started with exec shares no threads or locks with the loader's and
 never imports the user's `__main__`. It imports no torch (0.2 s to start). It reads its `Request`
