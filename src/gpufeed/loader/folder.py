@@ -376,9 +376,8 @@ class FolderStore:
         # a run of files per thread, not a task per file: each task's hand-over takes the GIL from the
         # training thread, and per file that made a folder's pass half as fast as its packed store's
         # (85ef19c; docs/benchmarks.md, "Reading a folder in place": 8.7k img/s against 5.8k; fewer runs
-        # than threads were tried: one call
-        # favoured 4 on page-cached photos, another did not, and files read from a network filesystem
-        # or a cold disk want reads in flight)
+        # than threads were tried: one call favoured 4 on page-cached photos, another did not, and files
+        # read from a network filesystem or a cold disk want reads in flight)
         now = list(range(len(indices))) if first is None else np.sort(first).tolist()
         n, runs = len(now), self._threads
         step = max(1, -(-n // runs))
