@@ -199,10 +199,11 @@ def test_parameters_taken_with_host_positions_wait_for_nothing_on_the_gpu():
     """A video Loader's consumer takes each batch's parameters once per frame with positions on the
     host; indexing the GPU's copies with them waited for the training step queued on the stream (a
     sync with the GPU every step, r2plus1d_18 at 83-90 % of its ceiling)."""
-    from gpufeed.augment import ColorJitter
+    from gpufeed.augment import ColorJitter, RandomAffine, RandomVerticalFlip
     from gpufeed.augment.pipeline import Augment
 
-    aug = Augment([RandomResizedCrop(28), RandomHorizontalFlip(), ColorJitter(0.4, 0.4, 0.4), Normalize()])
+    flips = [RandomHorizontalFlip(), RandomVerticalFlip()]
+    aug = Augment([RandomResizedCrop(28), *flips, RandomAffine(10), ColorJitter(0.4, 0.4, 0.4), Normalize()])
     params = aug.sample(6, 40, 50, torch.Generator().manual_seed(0)).to("cuda")
     rows = torch.arange(6).repeat_interleave(4)
     torch.cuda.set_sync_debug_mode("error")
@@ -213,6 +214,8 @@ def test_parameters_taken_with_host_positions_wait_for_nothing_on_the_gpu():
     assert taken.boxes.is_cuda and torch.equal(taken.boxes.cpu(), params.boxes.cpu()[rows])
     assert torch.equal(taken.flip.cpu(), params.flip.cpu()[rows])
     assert torch.equal(taken.pixel.cpu(), params.pixel.cpu()[rows])
+    assert torch.equal(taken.vflip.cpu(), params.vflip.cpu()[rows])
+    assert torch.equal(taken.warp.matrices.cpu(), params.warp.matrices.cpu()[:, rows])
 
 
 def test_masks_stored_pixels_from_host_geometry_wait_for_nothing_on_the_gpu():
@@ -223,7 +226,8 @@ def test_masks_stored_pixels_from_host_geometry_wait_for_nothing_on_the_gpu():
     from gpufeed.augment.masks import stored_pixels
     from gpufeed.augment.pipeline import Augment
 
-    params = Augment([RandomResizedCrop(28), RandomHorizontalFlip()]).sample(4, 40, 50, torch.Generator().manual_seed(1))
+    aug = Augment([RandomResizedCrop(28), RandomHorizontalFlip()])
+    params = aug.sample(4, 40, 50, torch.Generator().manual_seed(1))
     hw = np.array([[40, 50]] * 4)
     expected = stored_pixels(params, hw, torch.device("cpu"))
     torch.cuda.set_sync_debug_mode("error")
