@@ -57,7 +57,7 @@ class Params:
             if isinstance(rows, slice) or rows.device == t.device:
                 return rows
             if t.device not in moved:
-                moved[t.device] = upload(rows, t.device) if t.device.type == "cuda" else rows.to(t.device)
+                moved[t.device] = upload(rows, t.device)
             return moved[t.device]
 
         pick = lambda t: None if t is None else t[at(t)]  # noqa: E731

@@ -102,10 +102,10 @@ class Stats:
         """How the loader started, in seconds since its constructor was called: the events `mark`ed
         (`store_opened` when the constructor had the store open, `decoding_made` when it had made a jpeg
         store's pipelines and started its decode workers, `constructor` when it returned, `first_pass`
-        when the first pass began, `first_plan` when it had
-        its epoch's plan, `first_read` when a jpeg store's first batch's bytes were in hand, `first_decoded`
-        when its decoders were done with it, `first_batch` when the first batch was handed over) and `more`
-        (times from time.perf_counter, or lists of them, None for what has not happened)."""
+        when the first pass began, `first_plan` when it had its epoch's plan, `first_read` when a jpeg
+        store's first batch's bytes were in hand, `first_decoded` when its decoders were done with it,
+        `first_batch` when the first batch was handed over) and `more` (times from time.perf_counter, or
+        lists of them, None for what has not happened)."""
 
         def since(at):
             if at is None:

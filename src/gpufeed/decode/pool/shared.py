@@ -3,10 +3,10 @@
 A training Loader and the evaluation Loader made beside it every epoch, or a Loader made again
 after one was dropped, use the same workers: starting 14 interpreters costs a pass 0.5-1 s (5e46ada;
 docs/benchmarks.md, "Reading a folder in place": a next Loader's workers ready in 0.03-0.07 s), and two
-sets at once would take twice the cores. One
-`WorkerPool` runs per worker count; `take` hands it to a loader (`workers.DecodeWorkers`) and
-`release` gives it back. Its rows of the job board, tickets and answers are the pool's; each
-loader names what its rows read (`protocol.Source`) and counts its own seconds (`jobs.Tally`).
+sets at once would take twice the cores. One `WorkerPool` runs per worker count; `take` hands it to a
+loader (`workers.DecodeWorkers`) and `release` gives it back. Its rows of the job board, tickets and
+answers are the pool's; each loader names what its rows read (`protocol.Source`) and counts its own
+seconds (`jobs.Tally`).
 
 How long they live: while any loader holds them, then `IDLE_SECONDS` more (a timer thread waits
 for a next loader), then they are stopped; a pool started ahead of its loader (`start_ahead`: a
