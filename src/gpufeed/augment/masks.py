@@ -30,6 +30,8 @@ from gpufeed.transfer.upload import upload
 DTYPES = {"|u1": torch.uint8, "|i1": torch.int8, "<i2": torch.int16, "<i4": torch.int32}
 _EXPANDED = 1 << 28  # bytes of expanded planes at once (a batch's samples go in groups under this)
 _PIXELS = 1 << 24  # output pixels located at once (their float64 coordinates on the way: 128 MiB each)
+_COLUMNS = 8  # `_geometry`'s columns before the warp's bounds (`fused_masks.GEOMETRY`)
+_BOUND_COLUMNS = 8  # `_geometry`'s columns a warp bound: its matrix (6), then its size (`fused_masks.PER_BOUND`)
 
 
 def stored_pixels(
@@ -39,15 +41,17 @@ def stored_pixels(
     takes (its image being hw[i] = (h, w)), or -1 where it takes the fill. `params`: the samples'
     geometry on the host (None: no augment, the stored images as they are, at the top left of
     `size`, by default the largest of `hw`)."""
-    # (the consumer's thread, every batch: host tensors go up without waiting for the training step)
-    h_i = upload(torch.from_numpy(np.ascontiguousarray(hw[:, 0])), device, torch.float64).view(-1, 1, 1)
-    w_i = upload(torch.from_numpy(np.ascontiguousarray(hw[:, 1])), device, torch.float64).view(-1, 1, 1)
+    # (the consumer's thread, every batch: what the host holds goes up in one copy that waits for nothing)
     if params is None:
+        hw_t = upload(torch.from_numpy(np.ascontiguousarray(hw, np.float64)), device)
+        h_i, w_i = hw_t[:, 0].view(-1, 1, 1), hw_t[:, 1].view(-1, 1, 1)
         height, width = size or ((int(hw[:, 0].max()), int(hw[:, 1].max())) if len(hw) else (1, 1))
         y = torch.arange(height, dtype=torch.float64, device=device).view(1, -1, 1).expand(len(hw), -1, width)
         x = torch.arange(width, dtype=torch.float64, device=device).view(1, 1, -1).expand(len(hw), height, -1)
         inside = (x < w_i) & (y < h_i)
         return torch.where(inside, y * w_i + x, -1).long()
+    geo = upload(_geometry(params, hw), device)  # (N, columns): `_geometry`'s, as the kernel takes them
+    x0, x_scale, y0, y_scale, flip, vflip, h_i, w_i = (c.view(-1, 1, 1) for c in geo[:, :_COLUMNS].unbind(1))
     height, width = params.final_hw
     out_h, out_w = params.out_hw
     xs = torch.arange(width, dtype=torch.float64, device=device).view(1, 1, -1) + 0.5
@@ -55,10 +59,10 @@ def stored_pixels(
     inside = torch.ones((len(hw), height, width), dtype=torch.bool, device=device)
     if params.warp is not None:  # back to the box pass's output, its nearest pixel's centre
         w = params.warp
-        m = upload(w.matrices, device, torch.float64)
         at = xs, ys  # every bound from the output pixel's centre, as the image's warp samples them
         for k, (h_k, w_k) in enumerate(w.sizes):
-            a = m[k].view(-1, 6, 1, 1).unbind(1)  # (N, 2, 3) -> six (N, 1, 1) columns
+            first = _COLUMNS + _BOUND_COLUMNS * k
+            a = [c.view(-1, 1, 1) for c in geo[:, first : first + 6].unbind(1)]  # its (2, 3) matrix, row by row
             u = a[0] * at[0] + a[1] * at[1] + a[2]
             v = a[3] * at[0] + a[4] * at[1] + a[5]
             if k == 0 and w.resampling.padding != "constant":
@@ -67,13 +71,11 @@ def stored_pixels(
             inside &= (ru >= 0) & (ru <= w_k - 1) & (rv >= 0) & (rv <= h_k - 1)
             if k == 0:
                 xs, ys = ru + 0.5, rv + 0.5
-    flip = upload(params.flip, device).view(-1, 1, 1).bool()
-    xs = torch.where(flip, out_w - xs, xs)
+    xs = torch.where(flip != 0, out_w - xs, xs)
     if params.vflip is not None:
-        ys = torch.where(upload(params.vflip, device).view(-1, 1, 1).bool(), out_h - ys, ys)
-    b = upload(params.boxes, device, torch.float64)
-    x = torch.floor(b[:, 0, None, None] + xs * ((b[:, 2] - b[:, 0]) / out_w)[:, None, None])
-    y = torch.floor(b[:, 1, None, None] + ys * ((b[:, 3] - b[:, 1]) / out_h)[:, None, None])
+        ys = torch.where(vflip != 0, out_h - ys, ys)
+    x = torch.floor(x0 + xs * x_scale)
+    y = torch.floor(y0 + ys * y_scale)
     inside &= (x >= 0) & (x < w_i) & (y >= 0) & (y < h_i)
     return torch.where(inside, y * w_i + x, -1).long()
 
@@ -161,9 +163,9 @@ def _in_kernel(
 
 
 def _geometry(params: Params, hw: np.ndarray) -> torch.Tensor:
-    """(N, columns) float64 per sample as `fused_masks` takes it: the source box's origin and scale
-    (computed as `stored_pixels` computes them: the same float64 operations), flips, the stored size,
-    then each warp bound's matrix and size. numpy: a batch's few small arrays, on the loader's thread."""
+    """(N, columns) float64 per sample as `fused_masks` takes it and `stored_pixels` too (one copy up
+    for either): the source box's origin and scale, flips, the stored size, then each warp bound's
+    matrix and size. numpy: a batch's few small arrays, on the loader's thread."""
     out_h, out_w = params.out_hw
     b = params.boxes.cpu().numpy().astype(np.float64)
     n = len(b)
