@@ -522,3 +522,29 @@ def test_the_gpu_decoders_library_loads_while_a_folder_is_indexed(tmp_path, monk
             t.join(5)
     # each on a thread of its own, its failure left for the decoders' opening to say
     assert len(threads) == 2 and all(name.startswith("gpufeed-nvimgcodec") for name in threads)
+
+
+def test_a_jpeg_stores_gpu_decoders_library_loads_once_the_store_is_open(tmp_path, monkeypatch):
+    """A jpeg store's Loader starts loading nvImageCodec as soon as it has the store open, before it
+    makes its pipelines (whose thread opens the decoders, and waited for the library there); a raw
+    store's never does, nor with `open_ahead=False`."""
+    from gpufeed.loader import jpeg as jpeg_module
+    from gpufeed.loader import loader as loader_module
+
+    _jpegs(tmp_path / "img", n=4)
+    for mode in ("jpeg", "raw"):
+        gpufeed.pack(tmp_path / "img", tmp_path / mode, mode=mode, reencode=False, progress=False, workers=1,
+                     **({"size": 24} if mode == "raw" else {}))
+    order = []
+    monkeypatch.setattr(loader_module, "load_ahead", lambda device, use: order.append(("load", use)))
+    real = jpeg_module.jpeg_pipelines
+    monkeypatch.setattr(loader_module, "jpeg_pipelines", lambda *a: order.append("pipelines") or real(*a))
+    gpufeed.Loader(tmp_path / "jpeg", batch_size=2, device="cpu", augment=OPS, num_workers=0, decoders=("cuda", "cpu")).close()
+    assert order == [("load", ("cuda", "cpu")), "pipelines"]
+    order.clear()
+    gpufeed.Loader(tmp_path / "jpeg", batch_size=2, device="cpu", augment=OPS, num_workers=0,
+                   tuning=Tuning(open_ahead=False)).close()
+    assert order == ["pipelines"]
+    order.clear()
+    gpufeed.Loader(tmp_path / "raw", batch_size=2, device="cpu", augment=OPS).close()
+    assert order == []

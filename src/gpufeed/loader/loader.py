@@ -521,6 +521,10 @@ class Loader:
         )
         augment, dtype, one_size = _default_augment(self.store, augment, dtype, group_by_aspect)
         self.device = resolve_device(device)
+        if self.tuning.open_ahead and not in_place and self.store.mode == "jpeg":
+            # a store's GPU decoders open on a thread of their own once its pipelines are made; the
+            # library they need starts loading now (a folder's started at the call, before its index)
+            load_ahead(self.device, decoders)
         self.rank, self.world_size = resolve_rank(rank, world_size)
         shape = self.store.image_shape or one_size  # a jpeg store of one size is planned as a raw store
         sizes = torch.from_numpy(np.array(self.store.shapes)) if shape is None else (shape[0], shape[1])

@@ -76,7 +76,8 @@ def load_ahead(device: torch.device, use: tuple[str, ...] | None) -> None:
     process: `nvimgcodec_api.open_library`) on a thread of its own where `use` would make one of its
     decoders on `device`. A Loader reading a folder in place calls this before it indexes the folder:
     indexing 50,000 files takes 0.6-1.2 s, opening the library 1 s in a fresh process (0.57 s of it
-    making the extensions), and the two then overlap, since the opening lets go of the GIL. The
+    making the extensions), and the two then overlap, since the opening lets go of the GIL; one of a
+    jpeg store calls it once the store is open, before it makes its pipelines and what they hold. The
     decoders' opening (`gpu_decoders`, on the pipeline's own thread) then finds it open, or waits for
     it. Making the extensions sends stderr aside meanwhile (`pixels.quiet_codecs`): decode workers
     started then get the process's own (`gpufeed.stderr.child_stderr`), and the index's warnings reach
