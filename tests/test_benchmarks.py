@@ -37,6 +37,7 @@ SMOKES = {  # script: extra arguments of its smoke (each benchmark once; ddp_ben
     "remote_bench": ["--compare", "litdata", "--ranks", "2", "--batch", "4", "--fetch-process", "--servers", "2",
                      "--tuning", "lead_lands_first=True"],
     "video_bench": [],  # (not installed: a row that fails, and the others still written)
+    "worker_start_bench": [],
 }
 
 
