@@ -3,7 +3,8 @@ context, `Loader(...)` (the constructor), its first batch, and the GPU memory th
 imports torch, makes the context, builds feeds.py's row (`--row`, default `jpeg`: the jpeg store
 with train_bench's recipe) and takes one batch; it also says whether it imported torchvision or
 nvImageCodec's Python module (each costs seconds of a start). The table: median (min-max) over
-`--repeats` processes.
+`--repeats` processes. `--profile N` also gives each start's N functions of most seconds within
+`Loader(...)` (where a fresh process's constructor spends 0.4 s where a warm one's spends 0.07).
 
     python benchmarks/start_bench.py --workdir /tmp/tb10 --repeats 3 --out start.json
 
@@ -13,8 +14,10 @@ nvImageCodec's Python module (each costs seconds of a start). The table: median 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
 import os
+import pstats
 import subprocess
 import sys
 import tempfile
@@ -24,7 +27,7 @@ from pathlib import Path
 import common
 import feeds
 
-SMOKE = dict(n=20, image="64x48", size=32, batch=4, device="cpu", repeats=1, workdir=None, in_process=True)
+SMOKE = dict(n=20, image="64x48", size=32, batch=4, device="cpu", repeats=1, workdir=None, in_process=True, profile=5)
 STEPS = ("torch_and_context_s", "loader_s", "first_batch_s", "gpu_used_gb")
 
 
@@ -37,9 +40,16 @@ def one(a, work: Path) -> dict:
 
     torch.zeros(1, device=a.device)
     sync(a.device)
+    profile = cProfile.Profile() if a.profile else None
+    if profile is not None:  # the constructor's own work, not the imports of gpufeed's loader modules
+        import gpufeed.loader  # noqa: F401
     t1 = time.perf_counter()
+    if profile is not None:
+        profile.enable()
     feed = feeds.feed(a.row, work, a.batch, a.device, a.size)
     t2 = time.perf_counter()
+    if profile is not None:
+        profile.disable()
     next(feed.batches)
     sync(a.device)
     t3 = time.perf_counter()
@@ -50,7 +60,16 @@ def one(a, work: Path) -> dict:
     feed.close()
     return {"torch_and_context_s": t1 - t0, "loader_s": t2 - t1, "first_batch_s": t3 - t2, "gpu_used_gb": used,
             "imported_torchvision": "torchvision" in sys.modules,
-            "imported_nvimgcodec_module": "nvidia.nvimgcodec" in sys.modules}
+            "imported_nvimgcodec_module": "nvidia.nvimgcodec" in sys.modules,
+            "profile": _top(profile, a.profile) if profile is not None else None}
+
+
+def _top(profile: cProfile.Profile, n: int) -> list[tuple[str, float, float]]:
+    """The constructor's `n` functions of most cumulative seconds on its own thread (waits included:
+    cProfile's clock is the wall's): (file:line(function), cumulative s, own s)."""
+    stats = pstats.Stats(profile).stats  # type: ignore[attr-defined]
+    rows = [(f"{Path(f).name}:{line}({name})", ct, tt) for (f, line, name), (_, _, tt, ct, _) in stats.items()]
+    return [(where, round(ct, 4), round(tt, 4)) for where, ct, tt in sorted(rows, key=lambda r: -r[1])[:n]]
 
 
 def main(argv: list[str] | None = None) -> dict | None:
@@ -68,6 +87,10 @@ def main(argv: list[str] | None = None) -> dict | None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--in-process", action=argparse.BooleanOptionalAction, default=False,
                    help="start in this process (--smoke: torch is imported already, so its figures mean little)")
+    p.add_argument("--profile", type=int, default=0,
+                   help="also profile each start's Loader(...) on its thread (cProfile) and keep its N functions of"
+                        " most cumulative seconds (in the JSON and printed after the table); gpufeed's loader"
+                        " modules are then imported before the Loader(...) timer")
     p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     a = common.parse(p, argv, SMOKE)
     if a.one:
@@ -83,7 +106,7 @@ def main(argv: list[str] | None = None) -> dict | None:
                 runs.append(one(a, work))
             else:
                 cmd = [sys.executable, __file__, "--one", "--workdir", str(work), "--device", a.device, "--row", a.row,
-                       "--size", str(a.size), "--batch", str(a.batch)]
+                       "--size", str(a.size), "--batch", str(a.batch), "--profile", str(a.profile)]
                 done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
                 result = [ln[7:] for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
                 if not result:
@@ -96,6 +119,10 @@ def main(argv: list[str] | None = None) -> dict | None:
               "yes" if any(r["imported_nvimgcodec_module"] for r in runs) else "no"]]
     markdown = common.table(["row", "torch + context s", "Loader(...) s", "first batch s", "GPU GB",
                              "torchvision imported", "nvImageCodec module imported"], lines)
+    for k, r in enumerate(runs):
+        if r.get("profile"):
+            markdown += f"\n\nLoader(...) of start {k}, cumulative s (own s):\n" + "\n".join(
+                f"- {where}: {ct:.3f} ({tt:.3f})" for where, ct, tt in r["profile"])
     return common.write(a, __file__, runs, markdown, a.device)
 
 
