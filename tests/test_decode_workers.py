@@ -137,6 +137,28 @@ def test_jobs_collected_out_of_order_get_their_own_images(store, pool):
     assert pool.decoded - decoded == 11 and pool.rate == pytest.approx(11 / pool.busy_seconds, rel=1e-5)
 
 
+def test_a_share_while_workers_start_is_cut_for_all_of_them(store, monkeypatch):
+    """A share submitted while one worker is ready and the others start goes in tickets for all of
+    them, each taken as its worker comes up: cut for the ready one alone (two halves), the first
+    batches of a fresh Loader were decoded by two workers while the others, ready a moment later,
+    had nothing to take."""
+    workers = DecodeWorkers(store.data, 4)
+    try:
+        cuts = []
+        post = workers._pool.post
+        monkeypatch.setattr(workers._pool, "post", lambda *a: cuts.append(a[5]) or post(*a))
+        monkeypatch.setattr(workers._pool, "live", lambda wait: [0])  # one heard ready, three starting
+        monkeypatch.setattr(workers._pool, "living", lambda: 4)
+        batch = _inputs(store, range(12))
+        job = workers.submit(*batch)
+        monkeypatch.undo()
+        assert cuts == [2]  # 12 images in 8 tickets of at most 2 (2 tickets a worker), not 2 of 6
+        assert len(set(job.sequence.values())) == 6
+        _same_as_pillow(workers.collect(job, CPU, pin=False), *batch)
+    finally:
+        workers.close()
+
+
 def test_two_pipelines_share_the_pool_at_once(store, pool):
     """Each pipeline thread submits and collects its own batches while the other does too: the reader
     thread routes every reply to its own job."""

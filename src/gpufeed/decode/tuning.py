@@ -84,7 +84,7 @@ class Tuning:
     cost_check: bool = True
     cost_probe: int = 32
     cost_margin: float = 0.02
-    # tickets per ready worker in each CPU share: the workers take them as they come free
+    # tickets per living worker (ready or starting) in each CPU share: the workers take them as they come free
     tickets: int = 2
     # nvImageCodec's allocations rounded up to this many MiB, on the device and page-locked
     nv_padding_mb: int = 32

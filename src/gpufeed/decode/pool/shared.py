@@ -98,6 +98,10 @@ class WorkerPool:
     def starting(self) -> bool:
         return self.relay.starting()
 
+    def living(self) -> int:
+        """Workers ready or starting (not dead)."""
+        return sum(w.dead is None for w in self.workers)
+
     def live(self, wait: bool) -> list[int]:
         """Indices of the ready, living workers; with `wait`, wait for one while any is starting."""
         while True:

@@ -65,7 +65,7 @@ class DecodeWorkers:
         files=None,
         tickets: int = 2,
     ):
-        self.tickets = tickets  # per ready worker in each share (`Tuning.tickets`): taken as they come free
+        self.tickets = tickets  # per living worker in each share (`Tuning.tickets`): taken as they come free
         why = unavailable()
         if why:
             raise RuntimeError(why)
@@ -174,8 +174,8 @@ class DecodeWorkers:
         return all(w.ready for w in self._workers)
 
     def submit(self, batch: Encoded, shapes: np.ndarray, asks: Asks | None = None):
-        """Put the images on the board and their tickets in the pipe, `tickets` per ready
-        worker (`asks` as for `CpuDecoder.submit`); with none ready, wait for one. Once the pool was
+        """Put the images on the board and their tickets in the pipe, `tickets` per living worker, ready
+        or starting (`asks` as for `CpuDecoder.submit`); with none ready, wait for one. Once the pool was
         stopped, raises `WorkersStopped` (so does `collect`, for a job the stop left unanswered)."""
         asks = asks if asks is not None else Asks.whole(len(batch))
         n = len(asks)
@@ -208,7 +208,10 @@ class DecodeWorkers:
         else:  # read in place: the worker reads the file (file_begins: given with file_index)
             begins, files = batch.file_begins, batch.file_index  # type: ignore[assignment]
             ends = begins + (batch.ends - batch.begins)
-        size = math.ceil(n / (self.tickets * len(live)))
+        # while workers start, the share is cut for every living one: each takes a ticket as it comes up,
+        # where one or two ready first took all of the first shares, and the others, ready a moment
+        # later, had none (a first batch waited for two workers' halves: issue 65's start marks)
+        size = math.ceil(n / (self.tickets * max(len(live), self._pool.living())))
         try:
             job = self._pool.post(
                 self._source, batch, asks, (begins, ends, files), (at, capacity, segment), size, self.tally
