@@ -159,6 +159,37 @@ def test_a_share_while_workers_start_is_cut_for_all_of_them(store, monkeypatch):
         workers.close()
 
 
+def test_a_share_waits_for_no_worker_to_be_heard_ready(store, monkeypatch):
+    """With every worker still starting (none heard ready), a share goes to them all the same: they
+    take its tickets once up. (A fresh process's loader heard its workers 0.2 s after they were ready,
+    its threads busy with Triton and the GPU decoders' start, and waited for that.)"""
+    workers = DecodeWorkers(store.data, 2)
+    try:
+        monkeypatch.setattr(workers._pool, "live", lambda wait: [])  # none heard ready
+        batch = _inputs(store, range(12))
+        job = workers.submit(*batch)
+        monkeypatch.undo()
+        assert isinstance(job, Job) and len(job.sequence) == 4  # on the workers, 2 tickets each
+        _same_as_pillow(workers.collect(job, CPU, pin=False), *batch)
+        assert workers.busy["threads_wall"] == 0
+    finally:
+        workers.close()
+
+
+def test_a_share_given_to_starting_workers_that_all_die_is_decoded_on_threads(store, caplog):
+    """A share posted while the workers start, every one of them killed then: its images are decoded on
+    threads, each once, none lost."""
+    workers = DecodeWorkers(store.data, 2)
+    try:
+        batch = _inputs(store, range(12))
+        job = workers.submit(*batch)
+        for pid in workers.pids:
+            os.kill(pid, signal.SIGKILL)
+        _same_as_pillow(workers.collect(job, CPU, pin=False), *batch)
+    finally:
+        workers.close()
+
+
 def test_two_pipelines_share_the_pool_at_once(store, pool):
     """Each pipeline thread submits and collects its own batches while the other does too: the reader
     thread routes every reply to its own job."""

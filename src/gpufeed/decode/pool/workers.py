@@ -175,7 +175,8 @@ class DecodeWorkers:
 
     def submit(self, batch: Encoded, shapes: np.ndarray, asks: Asks | None = None):
         """Put the images on the board and their tickets in the pipe, `tickets` per living worker, ready
-        or starting (`asks` as for `CpuDecoder.submit`); with none ready, wait for one. Once the pool was
+        or starting (`asks` as for `CpuDecoder.submit`): a worker takes them once it is up, whether or
+        not the loader has heard it say so yet; with none living, on threads. Once the pool was
         stopped, raises `WorkersStopped` (so does `collect`, for a job the stop left unanswered)."""
         asks = asks if asks is not None else Asks.whole(len(batch))
         n = len(asks)
@@ -185,20 +186,22 @@ class DecodeWorkers:
             raise WorkersStopped(STOPPED)
         capacity = asks.nbytes(shapes)  # as asked: a region's pixels, or a DCT-reduced image's, not the whole
         at = np.cumsum(capacity) - capacity
-        try:  # before waiting for a worker: a new segment is page-locked, which takes a while (0.15 s on an H200 host)
+        try:  # a new segment is page-locked, which takes a while (0.15 s on an H200 host)
             segment = self._staging.take(max(1, int(capacity.sum())))
         except (RuntimeError, OSError) as e:  # no memory to share or page-lock
             self._say(f"no shared buffer for decoded JPEGs ({e})")
             return self._fallback().submit(batch, shapes, asks)
+        # workers still starting take the tickets as they come up (none is waited for: one that dies
+        # first leaves its tickets to `shared.WorkerPool.recover`, which decodes them on threads)
         try:
-            live = self._live(wait=True)
+            live, living = self._live(wait=False), self._pool.living() if self._stop.alive else 0
         except BaseException:
             self._staging.give_back(segment, None)
             raise
-        if self.stopped:  # stopped while waiting: its staging was drained, and this goes with it
+        if self.stopped:  # stopped meanwhile: its staging was drained, and this goes with it
             segment.close()
             raise WorkersStopped(STOPPED)
-        if not live:
+        if not live and not living:
             self._staging.give_back(segment, None)
             return self._fallback().submit(batch, shapes, asks)
         files: np.ndarray | int
@@ -211,7 +214,7 @@ class DecodeWorkers:
         # while workers start, the share is cut for every living one: each takes a ticket as it comes up,
         # where one or two ready first took all of the first shares, and the others, ready a moment
         # later, had none (a first batch waited for two workers' halves: issue 65's start marks)
-        size = math.ceil(n / (self.tickets * max(len(live), self._pool.living())))
+        size = math.ceil(n / (self.tickets * max(len(live), living)))
         try:
             job = self._pool.post(
                 self._source, batch, asks, (begins, ends, files), (at, capacity, segment), size, self.tally
