@@ -137,48 +137,33 @@ def test_jobs_collected_out_of_order_get_their_own_images(store, pool):
     assert pool.decoded - decoded == 11 and pool.rate == pytest.approx(11 / pool.busy_seconds, rel=1e-5)
 
 
-def test_a_share_while_workers_start_is_cut_for_all_of_them(store, monkeypatch):
-    """A share submitted while one worker is ready and the others start goes in tickets for all of
-    them, each taken as its worker comes up: cut for the ready one alone (two halves), the first
-    batches of a fresh Loader were decoded by two workers while the others, ready a moment later,
-    had nothing to take."""
+def test_a_share_goes_to_starting_workers_cut_for_all_of_them(store, monkeypatch):
+    """A share submitted as the workers start waits for none to be heard ready, and is cut for all of
+    them, each taking a ticket as it comes up. (Cut for the first one heard, a fresh Loader's first
+    batch went in two halves to two workers while the rest, ready a moment later, had none to take;
+    and a fresh process heard its workers 0.2 s after they were ready, its threads busy with Triton
+    and the GPU decoders' start.)"""
+    shared.stop_idle()  # a pool an earlier test left idle would be ready
     workers = DecodeWorkers(store.data, 4)
     try:
         cuts = []
         post = workers._pool.post
-        monkeypatch.setattr(workers._pool, "post", lambda *a: cuts.append(a[5]) or post(*a))
-        monkeypatch.setattr(workers._pool, "live", lambda wait: [0])  # one heard ready, three starting
-        monkeypatch.setattr(workers._pool, "living", lambda: 4)
-        batch = _inputs(store, range(12))
-        job = workers.submit(*batch)
-        monkeypatch.undo()
-        assert cuts == [2]  # 12 images in 8 tickets of at most 2 (2 tickets a worker), not 2 of 6
-        assert len(set(job.sequence.values())) == 6
+        with monkeypatch.context() as m:
+            m.setattr(workers._pool, "post", lambda *a: cuts.append(a[5]) or post(*a))
+            batch = _inputs(store, range(12))
+            job = workers.submit(*batch)
+        assert not any(w.ready for w in workers._workers)  # none heard before the share went
+        assert isinstance(job, Job) and cuts == [2]  # 12 images in tickets of 2, 2 a worker: not 2 of 6
         _same_as_pillow(workers.collect(job, CPU, pin=False), *batch)
+        assert workers.busy["threads_wall"] == 0 and workers.decoded == 12  # all by the workers
     finally:
         workers.close()
 
 
-def test_a_share_waits_for_no_worker_to_be_heard_ready(store, monkeypatch):
-    """With every worker still starting (none heard ready), a share goes to them all the same: they
-    take its tickets once up. (A fresh process's loader heard its workers 0.2 s after they were ready,
-    its threads busy with Triton and the GPU decoders' start, and waited for that.)"""
-    workers = DecodeWorkers(store.data, 2)
-    try:
-        monkeypatch.setattr(workers._pool, "live", lambda wait: [])  # none heard ready
-        batch = _inputs(store, range(12))
-        job = workers.submit(*batch)
-        monkeypatch.undo()
-        assert isinstance(job, Job) and len(job.sequence) == 4  # on the workers, 2 tickets each
-        _same_as_pillow(workers.collect(job, CPU, pin=False), *batch)
-        assert workers.busy["threads_wall"] == 0
-    finally:
-        workers.close()
-
-
-def test_a_share_given_to_starting_workers_that_all_die_is_decoded_on_threads(store, caplog):
-    """A share posted while the workers start, every one of them killed then: its images are decoded on
-    threads, each once, none lost."""
+def test_a_share_given_to_starting_workers_that_all_die_is_decoded_on_threads(store):
+    """A share posted while the workers start, every one of them killed before it read a ticket: its
+    images are decoded on threads, each once, none lost."""
+    shared.stop_idle()
     workers = DecodeWorkers(store.data, 2)
     try:
         batch = _inputs(store, range(12))
@@ -186,6 +171,32 @@ def test_a_share_given_to_starting_workers_that_all_die_is_decoded_on_threads(st
         for pid in workers.pids:
             os.kill(pid, signal.SIGKILL)
         _same_as_pillow(workers.collect(job, CPU, pin=False), *batch)
+        assert workers.busy["threads_wall"] > 0 and workers.decoded == 12
+    finally:
+        workers.close()
+
+
+def test_polling_a_pool_whose_workers_all_exited_waits_instead_of_spinning(store, monkeypatch):
+    """Once every worker has exited, the done pipe is at its end and always readable: a poll with a
+    timeout must still wait (it returned at once, so a share's wait spun a core until the workers'
+    ends were read)."""
+    from gpufeed.decode.pool import relay as relay_module
+
+    workers = DecodeWorkers(store.data, 2)
+    try:
+        assert workers.wait_ready(60)
+        for pid in workers.pids:
+            os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while any(w.dead is None for w in workers._workers) and time.monotonic() < deadline:
+            workers._poll(0.05)
+        calls = []
+        real = relay_module.select.select
+        monkeypatch.setattr(relay_module.select, "select", lambda *a: calls.append(1) or real(*a))
+        end = time.monotonic() + 0.3
+        while time.monotonic() < end:
+            workers._poll(0.05)
+        assert len(calls) < 20, len(calls)  # about 6 waits of 0.05 s, not thousands of returns
     finally:
         workers.close()
 
@@ -331,7 +342,7 @@ def test_a_region_refused_alone_is_cut_on_threads_too(store, tmp_path):
         deadline = time.monotonic() + 30
         while workers._workers[0].dead is None and time.monotonic() < deadline:
             workers._poll(0.05)  # reads its stdout's end: nothing else polls the pool
-        workers._live = lambda wait: [0]  # as if read before it was found dead: its tickets go to threads
+        workers._living = lambda: 1  # as if read before it was found dead: its tickets go to threads
         batch = Encoded.of(as_tensor(data), np.array([0, len(data)]), np.array([0]))
         asks = Asks(np.zeros((1, 2), np.int64), np.array([[3, 4, 30, 50]]))
         part = workers.collect(workers.submit(batch, np.array([[40, 60]]), asks), CPU, pin=False)
@@ -384,7 +395,7 @@ def test_a_job_given_a_worker_already_known_dead_is_decoded_on_threads(store, mo
         deadline = time.monotonic() + 30
         while any(w.dead is None for w in workers._workers) and time.monotonic() < deadline:
             workers._poll(0.05)  # reads their stdout's end: nothing else polls the pool
-        monkeypatch.setattr(workers, "_live", lambda wait: [0, 1])  # as read before they were found dead
+        monkeypatch.setattr(workers, "_living", lambda: 2)  # as read before they were found dead
         inputs, got = _inputs(store, range(0, 4)), []
         collect = threading.Thread(target=lambda: got.append(workers.collect(workers.submit(*inputs),
                                                                              CPU, pin=False)), daemon=True)

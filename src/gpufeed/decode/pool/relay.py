@@ -41,6 +41,7 @@ class Relay:
         self._outs = {w.proc.stdout.fileno(): k for k, w in enumerate(self.workers)}  # type: ignore[union-attr]  # PIPE
         self.written = 0  # tickets written so far
         self._unread = b""
+        self._done_ended = False  # every worker's end of the done pipe closed (read to its end)
         self._lock = threading.Lock()  # one thread polls at a time
 
     @property
@@ -92,9 +93,14 @@ class Relay:
         if not self.alive:
             return False
         try:
-            readable, _, _ = select.select([self._done_r, *self._outs], [], [], timeout)
+            # (the done pipe at its end, every worker gone, stays readable: it is left out then, so a
+            # wait for their stdout's ends does not spin)
+            watched = [*self._outs] if self._done_ended else [self._done_r, *self._outs]
+            readable, _, _ = select.select(watched, [], [], timeout)
             if self._done_r in readable:
-                data, size = self._unread + os.read(self._done_r, 1 << 16), protocol.DONE.itemsize
+                chunk = os.read(self._done_r, 1 << 16)
+                self._done_ended = not chunk
+                data, size = self._unread + chunk, protocol.DONE.itemsize
                 whole = len(data) // size * size
                 self._unread = data[whole:]
                 done(np.frombuffer(data[:whole], protocol.DONE))

@@ -102,13 +102,9 @@ class WorkerPool:
         """Workers ready or starting (not dead)."""
         return sum(w.dead is None for w in self.workers)
 
-    def live(self, wait: bool) -> list[int]:
-        """Indices of the ready, living workers; with `wait`, wait for one while any is starting."""
-        while True:
-            live = self.relay.live(self._answered, self._died)
-            if live or not wait or not self.relay.starting() or not self.alive:
-                return live
-            time.sleep(0.01)
+    def live(self) -> list[int]:
+        """Indices of the ready, living workers."""
+        return self.relay.live(self._answered, self._died)
 
     def post(
         self,

@@ -126,7 +126,7 @@ class DecodeWorkers:
     @property
     def threads(self) -> int:
         """Workers ready to decode (0 while they start): the scheduler sizes the CPU's share by it."""
-        return len(self._pool.live(wait=False))
+        return len(self._pool.live())
 
     @property
     def busy_seconds(self) -> float:
@@ -193,15 +193,11 @@ class DecodeWorkers:
             return self._fallback().submit(batch, shapes, asks)
         # workers still starting take the tickets as they come up (none is waited for: one that dies
         # first leaves its tickets to `shared.WorkerPool.recover`, which decodes them on threads)
-        try:
-            live, living = self._live(wait=False), self._pool.living() if self._stop.alive else 0
-        except BaseException:
-            self._staging.give_back(segment, None)
-            raise
+        living = self._living()
         if self.stopped:  # stopped meanwhile: its staging was drained, and this goes with it
             segment.close()
             raise WorkersStopped(STOPPED)
-        if not live and not living:
+        if not living:
             self._staging.give_back(segment, None)
             return self._fallback().submit(batch, shapes, asks)
         files: np.ndarray | int
@@ -214,7 +210,7 @@ class DecodeWorkers:
         # while workers start, the share is cut for every living one: each takes a ticket as it comes up,
         # where one or two ready first took all of the first shares, and the others, ready a moment
         # later, had none (a first batch waited for two workers' halves: issue 65's start marks)
-        size = math.ceil(n / (self.tickets * max(len(live), living)))
+        size = math.ceil(n / (self.tickets * living))
         try:
             job = self._pool.post(
                 self._source, batch, asks, (begins, ends, files), (at, capacity, segment), size, self.tally
@@ -266,11 +262,9 @@ class DecodeWorkers:
             raise ValueError("decode workers can only decode byte ranges of the store they were started on")
         return begins, ends
 
-    def _live(self, wait: bool) -> list[int]:
-        """Indices of the ready, living workers; with `wait`, wait for one while any is starting."""
-        if not self._stop.alive:
-            return []
-        return self._pool.live(wait)
+    def _living(self) -> int:
+        """Workers ready or starting (0 once this loader gave them back)."""
+        return self._pool.living() if self._stop.alive else 0
 
     def _poll(self, timeout: float) -> None:
         """Read what the workers sent, waiting up to `timeout` (`shared.WorkerPool.poll`)."""
