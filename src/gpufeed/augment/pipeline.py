@@ -462,7 +462,8 @@ def triton_ready_at() -> float | None:
 def triton_ahead(device: torch.device) -> None:
     """Start what Triton does once a process before its first kernel, on a thread of its own, as a GPU
     Loader starts: its import, and the hashes of its own files and of its compiler backend that key its
-    kernel cache (0.3-0.5 s on an H200 host, mostly hashing its library, which lets go of the GIL).
+    kernel cache (0.3-0.5 s on an H200 host, mostly hashing its library, which lets go of the GIL; kept
+    for the next process by `triton_key.known`).
     Without this, a first batch waited for them: they come with the first kernel's launch, even when
     every kernel is in the cache on disk. `fused_kernels` waits for the thread before a launch (two
     threads hashing at once would both pay: Triton keeps the key without a lock). Once a process;
@@ -485,10 +486,13 @@ def _prepare_triton(device: torch.device) -> None:
         if _kernels("fused") is None:
             return
         from triton.compiler.compiler import make_backend
-        from triton.runtime.cache import triton_key
+        from triton.runtime import cache
         from triton.runtime.driver import driver
 
-        triton_key()
+        from gpufeed.augment.triton_key import known
+
+        known()  # the key a process before computed for these files, if one did
+        cache.triton_key()
         with torch.cuda.device(device):
             make_backend(driver.active.get_current_target()).hash()
     except Exception as e:  # noqa: BLE001  another Triton's internals: its first kernel does this instead
