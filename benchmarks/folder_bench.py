@@ -134,7 +134,7 @@ def fresh_process(spec: dict, let_go) -> Pass | None:
     let_go()
     try:
         done = subprocess.run([sys.executable, __file__, "--one", json.dumps(spec)], capture_output=True, text=True,
-                              timeout=600)
+                              timeout=600, env=_with_nvimgcodec_libs(os.environ))
         if done.returncode == 0:
             return Pass(**json.loads(done.stdout.strip().splitlines()[-1]))
         why = done.stderr[-3000:]
@@ -142,6 +142,21 @@ def fresh_process(spec: dict, let_go) -> Pass | None:
         why = repr(e)
     print(f"folder_bench: a fresh process's {spec['kind']} pass failed: {why}", file=sys.stderr)
     return None
+
+
+def _with_nvimgcodec_libs(env) -> dict:
+    """`env` with nvImageCodec's wheel's library folder on LD_LIBRARY_PATH, where that wheel is installed:
+    DALI dlopens libnvimgcodec by name, which a fresh process finds only there (in this process gpufeed
+    had loaded it first; a fresh DALI row failed without it, 2026-12-07)."""
+    import importlib.util
+
+    env = dict(env)
+    spec = importlib.util.find_spec("nvidia.nvimgcodec") if importlib.util.find_spec("nvidia") else None
+    for folder in spec.submodule_search_locations or [] if spec is not None else []:
+        if any(Path(folder).glob("libnvimgcodec.so*")):
+            env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in [folder, env.get("LD_LIBRARY_PATH", "")] if p)
+            break
+    return env
 
 
 def one_pass(spec: dict) -> None:
