@@ -9,7 +9,9 @@ system-wide on Linux), and in the parent how long the `Popen` calls themselves t
 - `-c pass`: with `site`;
 - `-c "import numpy"`;
 - `-c "import gpufeed.decode.pool.worker"`: what a worker imports before its `main`;
-- the same with `pixels` too (`gpufeed.decode.codecs.pixels`, what it imports in `main`).
+- the same with `pixels` too (`gpufeed.decode.codecs.pixels`, what it imports in `main`);
+- a pool of decode workers started as a Loader starts them, each to its `Ready` heard, with its start's
+  steps (to `main`, imports, decoder, heard), as `folder_bench` gives them.
 
 Rows run with `--at-once` 1 and the process's cores, first before this process makes its CUDA
 context and again after it (`--device cuda`: a parent holding a GPU context may spawn more slowly).
@@ -60,6 +62,26 @@ def start(args: list[str], at_once: int) -> dict:
     return {"child_s": ends, "popen_s": spawn}
 
 
+def pool(n: int, repeats: int) -> dict:
+    """`n` decode workers started as a Loader starts them (`DecodeWorkers`, a pool of its own each time):
+    each one's seconds from the pool's making to its `Ready` heard, and its start's steps
+    (`DecodeWorkers.start_seconds`: to its `main`, imports, its decoder made, heard)."""
+    from gpufeed.decode.pool import shared
+    from gpufeed.decode.pool.workers import DecodeWorkers
+
+    ready, steps = [], []
+    for _ in range(repeats):
+        shared.stop_idle()  # (a pool left idle would be taken as it is)
+        t = time.perf_counter()
+        workers = DecodeWorkers(None, n, files=[])
+        workers.wait_ready(60)
+        ready += [r - t for r in workers.ready_times]
+        steps.append(workers.start_seconds())
+        workers.close()
+    shared.stop_idle()
+    return {"child_s": ready, "popen_s": [], "steps": steps}
+
+
 def main(argv: list[str] | None = None) -> dict:
     p = common.parser(__doc__)
     p.add_argument("--repeats", type=int, default=3)
@@ -84,12 +106,18 @@ def main(argv: list[str] | None = None) -> dict:
                     "child_s": [s for r in runs for s in r["child_s"]],
                     "popen_s": [s for r in runs for s in r["popen_s"]],
                 }
+        for n in widths:
+            rows[f"a pool of {n} decode workers, each to its Ready heard, {phase}"] = pool(n, a.repeats)
     lines = [
         [name, common.cell(r["child_s"], "{:.3f}"), f"{max(r['child_s']):.3f}", common.cell(r["popen_s"], "{:.4f}")]
         for name, r in rows.items()
     ]
     header = ["start", "child s", "slowest child s", "its Popen s"]
     markdown = f"{cores} cores, {a.repeats} repeats\n\n" + common.table(header, lines)
+    for name, r in rows.items():
+        if r.get("steps"):
+            steps = "; ".join(", ".join(f"{k} {v:.3f}" for k, v in step.items()) for step in r["steps"])
+            markdown += f"\n\n{name}: a worker's start in steps, s (median over the workers, by repeat): {steps}"
     return common.write(a, __file__, dict(rows), markdown, a.device, cores=cores)
 
 
