@@ -25,6 +25,7 @@ import tempfile
 from pathlib import Path
 
 from gpufeed.logs import logger
+from gpufeed.user_cache import user_cache
 
 log = logger(__name__)
 
@@ -52,7 +53,6 @@ def known() -> None:
     def triton_key() -> str:
         return key
 
-    triton_key.__wrapped__ = original  # type: ignore[attr-defined]  # (as functools' wrappers keep it)
     cache.triton_key = triton_key  # `get_cache_key` looks it up here at each compile
 
 
@@ -74,7 +74,7 @@ def fingerprint(root: Path) -> str:
 
 
 def _record_path() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpufeed" / "triton-key.json"
+    return user_cache() / "triton-key.json"
 
 
 def _read(path: Path, seen: str) -> str | None:

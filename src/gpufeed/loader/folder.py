@@ -63,6 +63,7 @@ from gpufeed.sources import (
 from gpufeed.sources.folders import IMAGE_EXTS, IMAGE_WORDS, Run, walk_folder
 from gpufeed.sources.headers import JPEG_MAX_SIDE
 from gpufeed.store.format import MANIFEST
+from gpufeed.user_cache import user_cache
 
 log = logger(__name__)
 # an entry: [height, width, bytes] of an image read as it is, [height, width, bytes, 1] of one re-encoded
@@ -689,8 +690,7 @@ def _prune(folder: Path, kept: set[str]) -> None:
 def _cache_path(source: Path) -> Path:
     """In the user's cache ($XDG_CACHE_HOME or ~/.cache, then gpufeed/), named by the source's absolute
     path: never inside the source, which may be read-only, shared or packed later."""
-    home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpufeed"
-    return home / f"index-{hashlib.sha1(os.fsencode(source.absolute())).hexdigest()[:16]}.json"
+    return user_cache() / f"index-{hashlib.sha1(os.fsencode(source.absolute())).hexdigest()[:16]}.json"
 
 
 def _load(path: Path) -> dict:

@@ -44,6 +44,7 @@ from gpufeed.store.locations import filesystem, parse_size, shown, store_url
 from gpufeed.store.scratch import held_folder, let_go, reclaim
 from gpufeed.store.sharded import ShardedStore, manifest_digest, open_shard
 from gpufeed.store.users import Registration, User
+from gpufeed.user_cache import user_cache
 
 log = logger(__name__)
 
@@ -66,7 +67,7 @@ def reclaim_downloads(folder: Path) -> list[str]:
 
 
 def default_cache_dir(url: str) -> Path:
-    home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpufeed" / "stores"
+    home = user_cache() / "stores"
     return home / hashlib.sha1(shown(url).encode()).hexdigest()[:16]
 
 
