@@ -151,11 +151,14 @@ def _with_nvimgcodec_libs(env) -> dict:
     import importlib.util
 
     env = dict(env)
-    spec = importlib.util.find_spec("nvidia.nvimgcodec") if importlib.util.find_spec("nvidia") else None
-    for folder in spec.submodule_search_locations or [] if spec is not None else []:
-        if any(Path(folder).glob("libnvimgcodec.so*")):
-            env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in [folder, env.get("LD_LIBRARY_PATH", "")] if p)
-            break
+    try:
+        spec = importlib.util.find_spec("nvidia.nvimgcodec")
+    except ModuleNotFoundError:  # no `nvidia` namespace package at all
+        spec = None
+    folders = list(spec.submodule_search_locations or []) if spec is not None else []
+    found = next((f for f in folders if any(Path(f).glob("libnvimgcodec.so*"))), None)
+    if found is not None:
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in [found, env.get("LD_LIBRARY_PATH", "")] if p)
     return env
 
 
