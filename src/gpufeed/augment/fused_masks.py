@@ -20,14 +20,14 @@ import torch
 import triton
 import triton.language as tl
 
+from gpufeed.augment.masks import BOUND_COLUMNS, GEOMETRY_COLUMNS
 from gpufeed.transfer.ring import pinned_empty
 from gpufeed.transfer.upload import upload
 
 BLOCK = 1024
 STEPS_AT_LEAST = 8  # binary search steps: planes of up to 255 runs (a Triton variant per count of steps)
-# float64 columns per sample: x0, x scale, y0, y scale (the source box), flip, vflip, h, w
-GEOMETRY = tl.constexpr(8)
-PER_BOUND = tl.constexpr(8)  # float64 columns per sample and bound of a warp: its 2x3 matrix, then the bound's h, w
+GEOMETRY = tl.constexpr(GEOMETRY_COLUMNS)  # float64 columns per sample, then `PER_BOUND` per warp bound (`masks`)
+PER_BOUND = tl.constexpr(BOUND_COLUMNS)
 BOX = tl.constexpr(8)  # int32 columns per plane: x0, x1, y0, y1 (its box of changes), w, offset, first value, 0
 MAX_BOUNDS = 4  # warp bounds the kernel locates through (a compiled variant per count); more: `stored_pixels`
 

@@ -30,8 +30,10 @@ from gpufeed.transfer.upload import upload
 DTYPES = {"|u1": torch.uint8, "|i1": torch.int8, "<i2": torch.int16, "<i4": torch.int32}
 _EXPANDED = 1 << 28  # bytes of expanded planes at once (a batch's samples go in groups under this)
 _PIXELS = 1 << 24  # output pixels located at once (their float64 coordinates on the way: 128 MiB each)
-_COLUMNS = 8  # `_geometry`'s columns before the warp's bounds (`fused_masks.GEOMETRY`)
-_BOUND_COLUMNS = 8  # `_geometry`'s columns a warp bound: its matrix (6), then its size (`fused_masks.PER_BOUND`)
+# `_geometry`'s float64 columns a sample, as the mask kernel (`fused_masks`) reads them: x0, x scale,
+# y0, y scale (the source box), flip, vflip, h, w; then per bound of a warp its 2x3 matrix and its h, w
+GEOMETRY_COLUMNS = 8
+BOUND_COLUMNS = 8
 
 
 def stored_pixels(
@@ -51,7 +53,7 @@ def stored_pixels(
         inside = (x < w_i) & (y < h_i)
         return torch.where(inside, y * w_i + x, -1).long()
     geo = upload(_geometry(params, hw), device)  # (N, columns): `_geometry`'s, as the kernel takes them
-    x0, x_scale, y0, y_scale, flip, vflip, h_i, w_i = (c.view(-1, 1, 1) for c in geo[:, :_COLUMNS].unbind(1))
+    x0, x_scale, y0, y_scale, flip, vflip, h_i, w_i = (c.view(-1, 1, 1) for c in geo[:, :GEOMETRY_COLUMNS].unbind(1))
     height, width = params.final_hw
     out_h, out_w = params.out_hw
     xs = torch.arange(width, dtype=torch.float64, device=device).view(1, 1, -1) + 0.5
@@ -61,7 +63,7 @@ def stored_pixels(
         w = params.warp
         at = xs, ys  # every bound from the output pixel's centre, as the image's warp samples them
         for k, (h_k, w_k) in enumerate(w.sizes):
-            first = _COLUMNS + _BOUND_COLUMNS * k
+            first = GEOMETRY_COLUMNS + BOUND_COLUMNS * k
             a = [c.view(-1, 1, 1) for c in geo[:, first : first + 6].unbind(1)]  # its (2, 3) matrix, row by row
             u = a[0] * at[0] + a[1] * at[1] + a[2]
             v = a[3] * at[0] + a[4] * at[1] + a[5]
