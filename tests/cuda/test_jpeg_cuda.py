@@ -90,6 +90,36 @@ def test_the_gpu_decoders_open_while_the_cpu_decodes_the_first_batches(store):
     made.close()
 
 
+def test_a_gpu_loaders_constructor_leaves_triton_to_its_thread(store, monkeypatch):
+    """Whether Triton's kernels import is first asked by a batch, not by the constructor (which, in a
+    fresh process, waited 0.35-0.39 s there for the import `triton_ahead`'s thread was making); the
+    batches are still finished by the kernels, and the engines give them YCbCr planes where they
+    import, as before."""
+    from gpufeed.augment.pipeline import fused_kernels
+    from gpufeed.loader import jpeg_batch
+
+    asked: list[bool] = []
+    constructing = [True]
+
+    def spy(*args, **kwargs):
+        asked.append(constructing[0])
+        return fused_kernels(*args, **kwargs)
+
+    monkeypatch.setattr(jpeg_batch, "fused_kernels", spy)
+    gpu = gpufeed.Loader(store, batch_size=32, device="cuda", augment=OPS, dtype=torch.float32, seed=3)
+    constructing[0] = False
+    assert True not in asked, "the constructor asked whether Triton's kernels import"
+    cpu = gpufeed.Loader(store, batch_size=32, device="cpu", augment=OPS, dtype=torch.float32, seed=3)
+    for (g, gl), (c, cl) in zip(gpu, cpu, strict=True):
+        assert g.is_cuda and torch.equal(gl.cpu(), cl) and (g.cpu() - c).abs().mean() < 0.05
+    assert asked and gpu.jpeg.opened(60)
+    kernels = fused_kernels(launch=False) is not None
+    for pipeline in gpu.jpeg.pipelines:
+        assert pipeline.fused == kernels
+        assert all(d.planar == kernels for d in pipeline.scheduler.gpu if d.name == "hw")
+    gpu.close()
+
+
 @pytest.mark.skipif(not importlib.util.find_spec("nvidia.nvimgcodec"), reason="needs nvImageCodec")
 def test_an_idle_engines_decoder_is_kept_for_the_process_after_a_loader_goes(store, monkeypatch):
     """Once a Loader closes, one of its engines' decoders is kept for the process (where its GPU has none

@@ -12,6 +12,7 @@ raise naming the index (`"raise"`).
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections import deque
@@ -80,7 +81,11 @@ class JpegBatcher:
         device = output.device
         self._shapes = images.shapes.astype(np.int64)
         room = decoder_room(self._shapes, decoding.batch_size, tuning.prealloc) if output.cuda else None
-        self.fused = output.cuda and fused_kernels(launch=False) is not None
+        # on a GPU, whether Triton's kernels import is asked when a batch first needs to know (`fused`):
+        # asked here, a fresh process's constructor waited 0.35-0.39 s for the import that
+        # `triton_ahead`'s thread was making, while the workers and the engines started anyway
+        self._fused: bool | None = None if output.cuda else False
+        self._compile_ahead = tuning.compile_ahead
         self.scheduler = Scheduler(
             device,
             threads,
@@ -90,7 +95,7 @@ class JpegBatcher:
             room,
             tuning,
             decoding.host_threads,
-            planar=self.fused and tuning.planar,  # the resize kernel converts the engines' YCbCr planes itself
+            planar=functools.partial(_planar, tuning.planar),  # the resize kernel converts the engines' YCbCr planes
         )
         self.stream = torch.cuda.Stream(device, priority=tuning.priority) if output.cuda else None
         # the per-batch tables go up on a stream of their own: a copy from pageable memory first waits
@@ -102,8 +107,16 @@ class JpegBatcher:
         self._reads: deque[ReadAhead] = deque()  # coming batches being read (a source that reads ahead)
         self._next: tuple[np.ndarray, Started] | None = None  # the next batch (its indices), started
         self._read: Reading | None = None  # the loader's counters when `make` was last called
-        self._compiled = not (self.fused and tuning.compile_ahead)  # the batch kernels compiled once, during a decode
+        self._compiled: bool | None = None  # the batch kernels compiled once, during a decode (None: not asked yet)
         log.debug("gpufeed.Loader: jpeg decoders %s", " + ".join(self.scheduler.names))
+
+    @property
+    def fused(self) -> bool:
+        """Whether batches are finished by the Triton kernels (a GPU where they import) rather than by
+        torch ops; the first ask imports them, or waits for `triton_ahead`'s thread doing so."""
+        if self._fused is None:
+            self._fused = fused_kernels(launch=False) is not None
+        return self._fused
 
     def make(self, idx: torch.Tensor, params: Params, ahead: tuple[Upcoming, ...] = ()) -> Batch:
         """The finished batch, with the store index of each sample (a failed one's replacement's; in an
@@ -129,6 +142,8 @@ class JpegBatcher:
         started = self._started(i, params)
         with started.batch.made():  # (then a bucket's shards it alone reads may be evicted)
             self._start_ahead(ahead, pace)
+            if self._compiled is None:
+                self._compiled = not (self._compile_ahead and self.fused)
             if not self._compiled:
                 self._compile(len(i), params)
             t1 = time.perf_counter()
@@ -438,3 +453,8 @@ def _from(images: ByteSource, i: int) -> str:
     """The suffix "; <its source>" where the source knows it."""
     where = _source(images, i)
     return f"; {where}" if where else ""
+
+
+def _planar(wanted: bool) -> bool:
+    """Whether the engines give the resize kernel YCbCr planes (`Tuning.planar`): only where it imports."""
+    return wanted and fused_kernels(launch=False) is not None

@@ -23,6 +23,7 @@ import functools
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -53,7 +54,7 @@ class Scheduler:
         room: tuple[int, int, int] | None = None,
         tuning: Tuning = Tuning(),
         host_threads: int | None = None,
-        planar: bool = False,
+        planar: Callable[[], bool] = lambda: False,
     ):
         """`cpu_threads`: the CPU decoder's threads where `cpu` is None (and for what it can't take);
         `host_threads`: nvImageCodec's host threads (default: `cpu_threads`, at least two).
@@ -62,8 +63,9 @@ class Scheduler:
         resizes and Python of one pipeline then overlap another's GPU decode, never two decodes).
         `room`: (images, width, height) of the batches the GPU decoders make their buffers for.
         `tuning`: the JPEG path's measured settings (stream priority, early GPU shares, steering).
-        `planar`: the engines decode YCbCr 4:2:0 photos to their planes (`base.YCC420`), for a consumer
-        whose kernel converts them."""
+        `planar`: asked as the engines are taken into use (at a batch, where they open on a thread):
+        whether they decode YCbCr 4:2:0 photos to their planes (`base.YCC420`), for a consumer whose
+        kernel converts them (the answer may wait for Triton's import, which the constructor should not)."""
         self.tuning, self._planar = tuning, planar
         self._gpu_turn = gpu_turn or contextlib.nullcontext()
         self.device = device
@@ -114,9 +116,10 @@ class Scheduler:
         self._streams = {
             d.name: torch.cuda.Stream(self.device, priority=self.tuning.priority) if cuda else None for d in decoders
         }
+        planar = self._planar() if any(d.name == "hw" for d in decoders) else False
         for dec in decoders:
             if dec.name == "hw":
-                dec.planar = self._planar
+                dec.planar = planar
         self.steering.use_gpu([d.name for d in decoders])
         self.gpu = decoders
 
