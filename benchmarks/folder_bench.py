@@ -48,7 +48,9 @@ import torch
 import common
 import feeds
 import photos
+import waits
 
+PYSPY_SECONDS = 2  # py-spy's record of a watched pass (`--pyspy`), from its attaching (about a second) on
 SMOKE = dict(n=16, image="64x48", size=32, device="cpu", batch=4, rounds=1, root=None, mixed=0.25)
 
 
@@ -91,9 +93,11 @@ def after_first(runs: list[Pass]) -> str:
     return common.cell(rates) if rates else "-"
 
 
-def gpufeed_passes(path: Path, device: str, batch: int, size: int, passes: int = 1, tuning=None, step=None) -> list[Pass]:
+def gpufeed_passes(path: Path, device: str, batch: int, size: int, passes: int = 1, tuning=None, step=None,
+                   watch: str | None = None) -> list[Pass]:
     """`passes` evaluation passes with one Loader (the later ones: its steady state; `tuning`: its
-    `Tuning`, None the default; `step`: what each batch goes through, a model's inference)."""
+    `Tuning`, None the default; `step`: what each batch goes through, a model's inference; `watch`: the
+    last pass watched by `waits.Watch` with py-spy in this mode, its findings in its stats' "waits")."""
     import gpufeed
     from gpufeed.augment import CenterCrop, Normalize, Resize
     from gpufeed.bench.common import sync
@@ -106,6 +110,7 @@ def gpufeed_passes(path: Path, device: str, batch: int, size: int, passes: int =
     out = []
     for k in range(passes):
         first, first_count, count = None, 0, 0
+        watching = waits.Watch(watch, PYSPY_SECONDS, mine="gpufeed_passes") if watch and k == passes - 1 else None
         if k:
             t0, construct = time.perf_counter(), 0.0
         for images, _ in loader:
@@ -122,6 +127,8 @@ def gpufeed_passes(path: Path, device: str, batch: int, size: int, passes: int =
         if out:  # the loader's counts are since its start: this pass's alone
             decoded = {k: v - sum(p.decoded_by.get(k, 0) for p in out) for k, v in decoded.items()}  # type: ignore[union-attr]
         stats = json.loads(json.dumps(loader.stats(), default=str))
+        if watching is not None:  # (per batch: its "steps")
+            stats["waits"] = json.loads(json.dumps(watching.stop(max(1, -(-count // batch)), total), default=str))
         out.append(Pass(construct, first or 0.0, total, count, decoded, after, stats))
     loader.close()
     return out
@@ -298,6 +305,10 @@ def main(argv: list[str] | None = None) -> dict:
                    "Loader's pass (and DALI's) with its inference on each batch, and the model alone on one batch")
     p.add_argument("--tuning", default="", help="KEY=VALUE,... of gpufeed's Tuning: rows of a process's first Loader "
                    "with them (the folder and the store, one pass each), interleaved with the default's")
+    p.add_argument("--pyspy", nargs="?", const="gil", choices=tuple(waits.PYSPY_RATES), default=None,
+                   help="watch the steady passes (the folder's second, the store's third) with py-spy on PATH "
+                        "(gil: the GIL holders; native: where the main thread waits) and the threads' "
+                        "counters, in each pass's stats' waits: passes of 3 s or more (--n 50000)")
     p.add_argument("--fresh", action="store_true", help="also rows of a fresh process's one pass (the store, the "
                    "folder, DALI): each a new interpreter, its imports and CUDA context made before the timer")
     p.add_argument("--cold-index", action=argparse.BooleanOptionalAction, default=True,
@@ -356,7 +367,7 @@ def main(argv: list[str] | None = None) -> dict:
             """The store's first pass, the process's first Loader (no decode worker running); its third,
             with the same Loader, is its steady state; then a next Loader's (the workers kept running)."""
             fresh()
-            first, _, third = gpufeed_passes(root / "store", a.device, a.batch, a.size, passes=3)
+            first, _, third = gpufeed_passes(root / "store", a.device, a.batch, a.size, passes=3, watch=a.pyspy)
             steady.append(third)
             next_loader["store"] += gpufeed_passes(root / "store", a.device, a.batch, a.size)
             return first
@@ -365,7 +376,7 @@ def main(argv: list[str] | None = None) -> dict:
             """The folder's first pass (as the store's); its second, with the same Loader, is its steady
             state; then a next Loader's."""
             fresh()
-            first, second = gpufeed_passes(images, a.device, a.batch, a.size, passes=2)
+            first, second = gpufeed_passes(images, a.device, a.batch, a.size, passes=2, watch=a.pyspy)
             again.append(second)
             next_loader["folder"] += gpufeed_passes(images, a.device, a.batch, a.size)
             return first
@@ -451,6 +462,13 @@ def main(argv: list[str] | None = None) -> dict:
         markdown += "\n\nFresh processes, their reader's imports before the timer, s: " + "; ".join(
             f"{name.removesuffix(', a fresh process')} {common.cell([v for v in values if v is not None], '{:.2f}')}"
             for name, values in imports.items())
+    for name in ("gpufeed, folder in place, steady state (second pass)", "gpufeed, packed store, steady state (third pass)"):
+        for r in results.get(name, []):  # (--pyspy: who held the GIL while the pass ran)
+            gil = ((r.stats or {}).get("waits") or {}).get("gil")
+            if gil:
+                top = "; ".join(f"{stack.split(';')[-1]} {n}" for stack, n in gil["other_top"][:6])
+                markdown += (f"\n\n{name}: GIL held by the loop's thread {gil['train_thread_share']:.0%}, by the "
+                             f"others {gil['other_threads_share']:.0%} (top: {top})")
     raw = {name: [vars(r) for r in runs] for name, runs in results.items()}
     return common.write(a, __file__, raw, markdown, a.device, index_build_s=cold, index_cached_open_s=warm)
 
