@@ -25,7 +25,7 @@ SMOKES = {  # script: extra arguments of its smoke (each benchmark once; ddp_ben
     "jpeg_bench": [],
     "loader_bench": [],
     "ddp_bench": [],
-    "folder_bench": ["--model", "resnet18", "--tuning", "prealloc=False", "--fresh"],
+    "folder_bench": ["--model", "resnet18", "--tuning", "prealloc=False", "--fresh", "--pyspy"],
     "index_bench": [],
     "pack_bench": [],
     "start_bench": [],
@@ -104,6 +104,9 @@ def test_smoke(name, bench, tmp_path, capsys):
             assert fresh["images"] == written["runs"]["gpufeed, packed store"][0]["images"] > 0
             assert fresh["stats"]["imports_s"] > 0 and fresh["stats"]["start"]["first_batch_s"] <= fresh["total"]
         assert "Fresh processes, their reader's imports" in table
+        for name in ("gpufeed, folder in place, steady state (second pass)", "gpufeed, packed store, steady state (third pass)"):
+            watched = written["runs"][name][0]["stats"]["waits"]  # --pyspy: the steady pass watched (py-spy if on PATH)
+            assert "MainThread" in watched["threads"] and isinstance(watched["gc"], dict)
     if name == "remote_bench":  # each epoch's timeline of the link: the cold one downloads every shard
         assert all(isinstance(written["runs"][row]["gc"], dict) for row in ("cold", "warm"))  # its collections
         cold, warm = written["runs"]["cold"]["downloads"], written["runs"]["warm"]["downloads"]
