@@ -394,3 +394,27 @@ def test_a_pipeline_closed_before_taking_its_opened_decoders_into_use_still_keep
     s._opening = opened
     s.close()
     assert choice._kept == {0: engines} and engines.kept
+
+
+def test_the_engines_planar_choice_is_asked_as_they_are_taken_into_use():
+    """`planar` (whether the engines give YCbCr planes: only where Triton's resize kernel imports) is
+    asked when GPU decoders opened on their thread are taken into use, not by the constructor, which
+    would wait for Triton's import (0.35-0.39 s of a fresh process's start); the answer is the engines'."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    asked: list[str] = []
+    gate = threading.Event()
+    engines = SimpleNamespace(name="hw", planar=None)
+
+    def planar() -> bool:
+        asked.append(threading.current_thread().name)
+        return False
+
+    with ThreadPoolExecutor(1) as pool:
+        s = scheduler.Scheduler(torch.device("cpu"), 1, planar=planar)
+        s._opening = pool.submit(lambda: [engines] if gate.wait(10) else [])
+        assert not asked
+        gate.set()
+        assert s.opened(10) and s.names == ["hw", "cpu"]
+        assert asked == [threading.current_thread().name] and engines.planar is False
+        s.close()
