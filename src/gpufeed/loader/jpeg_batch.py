@@ -85,7 +85,6 @@ class JpegBatcher:
         # asked here, a fresh process's constructor waited 0.35-0.39 s for the import that
         # `triton_ahead`'s thread was making, while the workers and the engines started anyway
         self._fused: bool | None = None if output.cuda else False
-        self._compile_ahead = tuning.compile_ahead
         self.scheduler = Scheduler(
             device,
             threads,
@@ -107,7 +106,7 @@ class JpegBatcher:
         self._reads: deque[ReadAhead] = deque()  # coming batches being read (a source that reads ahead)
         self._next: tuple[np.ndarray, Started] | None = None  # the next batch (its indices), started
         self._read: Reading | None = None  # the loader's counters when `make` was last called
-        self._compiled: bool | None = None  # the batch kernels compiled once, during a decode (None: not asked yet)
+        self._compiled = not tuning.compile_ahead  # the batch kernels compiled once, during a decode (where `fused`)
         log.debug("gpufeed.Loader: jpeg decoders %s", " + ".join(self.scheduler.names))
 
     @property
@@ -142,9 +141,7 @@ class JpegBatcher:
         started = self._started(i, params)
         with started.batch.made():  # (then a bucket's shards it alone reads may be evicted)
             self._start_ahead(ahead, pace)
-            if self._compiled is None:
-                self._compiled = not (self._compile_ahead and self.fused)
-            if not self._compiled:
+            if not self._compiled and self.fused:
                 self._compile(len(i), params)
             t1 = time.perf_counter()
             parts, failed = self.scheduler.finish(started, pin=self.fused)

@@ -233,7 +233,7 @@ class WorkerPool:
         """Worker `k` is found gone (said once, unless the pool is stopping; `recover` takes its tickets)."""
         worker = self.workers[k]
         if worker.dead is None and self.alive:
-            left = sum(w.dead is None for w in self.workers) - 1
+            left = self.living() - 1
             self.say(
                 f"JPEG decode worker {worker.proc.pid} stopped ({why}); {left} of "
                 f"{len(self.workers)} workers remain, its images are decoded on threads"
@@ -281,7 +281,7 @@ class WorkerPool:
                 self._thread_decoders.append((threading.current_thread(), threads))
             for decoder in gone:
                 decoder.close()
-        if not any(w.dead is None for w in self.workers):
+        if not self.living():
             self.say(f"no JPEG decode worker is left: the CPU decodes on {threads.threads} threads")
         return threads
 
