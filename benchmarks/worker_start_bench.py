@@ -48,7 +48,9 @@ CODE = {
 def start(args: list[str], at_once: int) -> dict:
     """`at_once` children of `args` started together: each one's seconds from before its Popen to its
     print, and the Popen calls' own seconds."""
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
+    from gpufeed.processes import child_env
+
+    env = child_env(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")  # a decode worker's, as `spawn.start` gives it
     begun, spawn, procs = [], [], []
     for _ in range(at_once):
         t = time.perf_counter()
