@@ -155,17 +155,15 @@ def _with_nvimgcodec_libs(env) -> dict:
     """`env` with nvImageCodec's wheel's library folder on LD_LIBRARY_PATH, where that wheel is installed:
     DALI dlopens libnvimgcodec by name, which a fresh process finds only there (in this process gpufeed
     had loaded it first; a fresh DALI row failed without it, 2026-12-07)."""
-    import importlib.util
+    from gpufeed.decode.codecs.nvimgcodec_api import library_folder
 
     env = dict(env)
     try:
-        spec = importlib.util.find_spec("nvidia.nvimgcodec")
-    except ModuleNotFoundError:  # no `nvidia` namespace package at all
-        spec = None
-    folders = list(spec.submodule_search_locations or []) if spec is not None else []
-    found = next((f for f in folders if any(Path(f).glob("libnvimgcodec.so*"))), None)
-    if found is not None:
-        env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in [found, env.get("LD_LIBRARY_PATH", "")] if p)
+        found = library_folder()  # (where gpufeed loads it from)
+    except ImportError:
+        return env
+    if any(found.glob("libnvimgcodec.so*")):
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in [str(found), env.get("LD_LIBRARY_PATH", "")] if p)
     return env
 
 

@@ -112,6 +112,15 @@ def open_library() -> tuple[Library, int]:
         return _open_library()
 
 
+def library_folder() -> Path:
+    """The folder of the installed `nvidia.nvimgcodec` wheel, where its libnvimgcodec is (its Python
+    module not imported); ImportError where it is not installed."""
+    spec = importlib.util.find_spec("nvidia.nvimgcodec")  # (ModuleNotFoundError without any `nvidia`)
+    if spec is None or spec.origin is None:
+        raise ImportError("No module named 'nvidia.nvimgcodec'")
+    return Path(spec.origin).parent
+
+
 @functools.cache
 def _instance() -> tuple[Library, int, list, str]:
     """The library of the installed `nvidia.nvimgcodec`, an instance of it, its JPEG extensions'
@@ -119,10 +128,7 @@ def _instance() -> tuple[Library, int, list, str]:
     module is not imported: that makes an instance with every extension (JPEG 2000, TIFF, OpenCV,
     ...), which took about half of a GPU Loader's start (docs/benchmarks.md, "Start-up and GPU
     memory"). ImportError where it is not installed."""
-    spec = importlib.util.find_spec("nvidia.nvimgcodec")
-    if spec is None or spec.origin is None:
-        raise ImportError("No module named 'nvidia.nvimgcodec'")
-    home = Path(spec.origin).parent
+    home = library_folder()
     lib = Library(str(home / "libnvimgcodec.so.0"))
     properties = filled(Properties, T_PROPERTIES)
     check(lib.fast.nvimgcodecGetProperties(C.byref(properties)), "reading its version")
